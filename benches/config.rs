@@ -1,0 +1,2 @@
+//! Placeholder until the config benchmarks land.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Placeholder until the ringbuf benchmarks land.
+fn main() {}

@@ -1,0 +1,1 @@
+//! The composition root: builds runtime objects from a validated spec.

@@ -1,0 +1,1 @@
+//! Clocks: BOOTTIME and the other builtin clocks Perfetto traces use.

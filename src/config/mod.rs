@@ -1,0 +1,1 @@
+//! TraceConfig loading (text and binary), validation into typed specs.

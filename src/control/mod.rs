@@ -1,0 +1,1 @@
+//! The control plane: triggers, query and stop over unix sockets.

@@ -1,0 +1,1 @@
+//! Tracing-session lifecycle decisions (pure).

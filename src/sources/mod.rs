@@ -1,0 +1,1 @@
+//! Data sources: ftrace, /proc process and system stats, `for_testing`.

@@ -1,0 +1,288 @@
+//! A small protobuf writer that encodes straight into a caller's byte slice
+//! (a ring-buffer chunk), with no allocation: the hot-path encoder of data
+//! sources. Nested messages reserve a 4-byte redundant varint for their
+//! length and patch it when they end, as protobuf allows non-minimal varints.
+//!
+//! ```text
+//!  tag | len (4 bytes: 0x80|b0 0x80|b1 0x80|b2 b3) | nested fields ...
+//! ```
+//!
+//! Every write checks bounds; once a write does not fit the encoder is marked
+//! overflowed and further writes are ignored, so callers check once at the end
+//! ([`ProtoEncoder::finish`]) instead of after every field.
+
+/// Bytes reserved for the length of a nested message.
+pub const NESTED_LEN_BYTES: usize = 4;
+/// Largest length a 4-byte redundant varint can hold.
+pub const MAX_NESTED_LEN: usize = (1 << 28) - 1;
+
+/// Protobuf wire types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WireType {
+    Varint = 0,
+    Fixed64 = 1,
+    Len = 2,
+    Fixed32 = 5,
+}
+
+/// The encoder ran out of room (or a nested message outgrew 2^28 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("encoded message does not fit in the space given")]
+pub struct Overflow;
+
+/// Position of an open nested message, returned by [`ProtoEncoder::begin_nested`].
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a nested message must be closed with end_nested"]
+pub struct Nested(usize);
+
+/// Encodes protobuf fields into `buf`, starting at offset 0.
+pub struct ProtoEncoder<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+    overflow: bool,
+}
+
+/// Number of bytes `v` takes as a minimal varint.
+pub const fn varint_len(v: u64) -> usize {
+    // 1 byte per 7 bits, at least one.
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Writes `v` as a minimal varint into `out`, returning the bytes used, or
+/// `None` when `out` is too short.
+#[inline]
+pub fn put_varint(out: &mut [u8], mut v: u64) -> Option<usize> {
+    let mut i = 0;
+    loop {
+        let byte = out.get_mut(i)?;
+        if v < 0x80 {
+            *byte = v as u8;
+            return Some(i + 1);
+        }
+        *byte = (v as u8) | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+}
+
+/// Writes `v` (< 2^28) as a 4-byte redundant varint.
+#[inline]
+pub fn put_redundant_varint4(out: &mut [u8; 4], v: u32) {
+    out[0] = (v as u8 & 0x7f) | 0x80;
+    out[1] = ((v >> 7) as u8 & 0x7f) | 0x80;
+    out[2] = ((v >> 14) as u8 & 0x7f) | 0x80;
+    out[3] = (v >> 21) as u8 & 0x7f;
+}
+
+impl<'a> ProtoEncoder<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            overflow: false,
+        }
+    }
+
+    /// Bytes written so far.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+
+    /// Bytes still free.
+    #[inline]
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Whether some write did not fit.
+    #[inline]
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// The encoded length, or [`Overflow`] if any write did not fit.
+    pub fn finish(self) -> Result<usize, Overflow> {
+        if self.overflow {
+            Err(Overflow)
+        } else {
+            Ok(self.pos)
+        }
+    }
+
+    /// Rewinds to `len` bytes (drops what was written after it), clearing an
+    /// overflow: lets a caller try to add an element and back out if it fails.
+    pub fn truncate(&mut self, len: usize) {
+        if len <= self.pos {
+            self.pos = len;
+            self.overflow = false;
+        }
+    }
+
+    #[inline]
+    fn varint(&mut self, v: u64) {
+        if self.overflow {
+            return;
+        }
+        match put_varint(&mut self.buf[self.pos..], v) {
+            Some(n) => self.pos += n,
+            None => self.overflow = true,
+        }
+    }
+
+    #[inline]
+    fn bytes_raw(&mut self, b: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        match self.buf.get_mut(self.pos..self.pos + b.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(b);
+                self.pos += b.len();
+            }
+            None => self.overflow = true,
+        }
+    }
+
+    #[inline]
+    pub fn tag(&mut self, field: u32, wt: WireType) {
+        self.varint(((field as u64) << 3) | wt as u64);
+    }
+
+    /// A `uint32`/`uint64`/`bool`/enum field, or an `int32`/`int64` holding a
+    /// non-negative value.
+    #[inline]
+    pub fn uint(&mut self, field: u32, v: u64) {
+        self.tag(field, WireType::Varint);
+        self.varint(v);
+    }
+
+    /// An `int32`/`int64` field (negative values take 10 bytes, as protobuf
+    /// requires for these types).
+    #[inline]
+    pub fn int(&mut self, field: u32, v: i64) {
+        self.uint(field, v as u64);
+    }
+
+    /// A `sint32`/`sint64` field (zigzag).
+    #[inline]
+    pub fn sint(&mut self, field: u32, v: i64) {
+        self.uint(field, ((v << 1) ^ (v >> 63)) as u64);
+    }
+
+    #[inline]
+    pub fn bool(&mut self, field: u32, v: bool) {
+        self.uint(field, v as u64);
+    }
+
+    #[inline]
+    pub fn fixed64(&mut self, field: u32, v: u64) {
+        self.tag(field, WireType::Fixed64);
+        self.bytes_raw(&v.to_le_bytes());
+    }
+
+    #[inline]
+    pub fn double(&mut self, field: u32, v: f64) {
+        self.fixed64(field, v.to_bits());
+    }
+
+    #[inline]
+    pub fn fixed32(&mut self, field: u32, v: u32) {
+        self.tag(field, WireType::Fixed32);
+        self.bytes_raw(&v.to_le_bytes());
+    }
+
+    /// A `bytes` or `string` field.
+    #[inline]
+    pub fn bytes(&mut self, field: u32, b: &[u8]) {
+        self.tag(field, WireType::Len);
+        self.varint(b.len() as u64);
+        self.bytes_raw(b);
+    }
+
+    #[inline]
+    pub fn string(&mut self, field: u32, s: &str) {
+        self.bytes(field, s.as_bytes());
+    }
+
+    /// Raw, already-encoded bytes (for example a pre-encoded field).
+    #[inline]
+    pub fn raw(&mut self, b: &[u8]) {
+        self.bytes_raw(b);
+    }
+
+    /// Opens a nested message (or a packed repeated field) under `field`.
+    #[inline]
+    pub fn begin_nested(&mut self, field: u32) -> Nested {
+        self.tag(field, WireType::Len);
+        let at = self.pos;
+        self.bytes_raw(&[0; NESTED_LEN_BYTES]);
+        Nested(at)
+    }
+
+    /// A varint inside an open packed field (no tag).
+    #[inline]
+    pub fn packed_varint(&mut self, v: u64) {
+        self.varint(v);
+    }
+
+    /// Closes a nested message, patching its length.
+    #[inline]
+    pub fn end_nested(&mut self, n: Nested) {
+        if self.overflow {
+            return;
+        }
+        let len = self.pos - n.0 - NESTED_LEN_BYTES;
+        if len > MAX_NESTED_LEN {
+            self.overflow = true;
+            return;
+        }
+        let slot: &mut [u8; 4] = match (&mut self.buf[n.0..n.0 + NESTED_LEN_BYTES]).try_into() {
+            Ok(s) => s,
+            Err(_) => {
+                self.overflow = true;
+                return;
+            }
+        };
+        put_redundant_varint4(slot, len as u32);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varint_lengths() {
+        for (v, n) in [(0u64, 1), (127, 1), (128, 2), (16383, 2), (16384, 3), (u64::MAX, 10)] {
+            assert_eq!(varint_len(v), n, "{v}");
+            let mut b = [0u8; 10];
+            assert_eq!(put_varint(&mut b, v), Some(n));
+        }
+    }
+
+    #[test]
+    fn nested_and_overflow() {
+        let mut buf = [0u8; 64];
+        let mut e = ProtoEncoder::new(&mut buf);
+        let n = e.begin_nested(1);
+        e.uint(2, 300);
+        e.string(3, "ab");
+        e.end_nested(n);
+        let len = e.finish().expect("fits");
+        // tag 0x0a, len 4 bytes redundant (7), then 0x10 0xac 0x02, 0x1a 0x02 'a' 'b'
+        assert_eq!(&buf[..len], &[0x0a, 0x87, 0x80, 0x80, 0x00, 0x10, 0xac, 0x02, 0x1a, 2, b'a', b'b']);
+        let mut small = [0u8; 3];
+        let mut e = ProtoEncoder::new(&mut small);
+        e.string(1, "hello");
+        assert!(e.overflowed());
+        assert_eq!(e.finish(), Err(Overflow));
+    }
+}

@@ -1,0 +1,3 @@
+//! Trace encoding (packets we emit) and trace reading (framing, inspection).
+
+pub mod encoder;
