@@ -1,0 +1,4 @@
+//! The one integration-test binary: it drives the built `recorder` binary
+//! and the library, and decodes every trace with an independent decoder.
+
+mod common;
