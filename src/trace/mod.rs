@@ -1,3 +1,4 @@
 //! Trace encoding (packets we emit) and trace reading (framing, inspection).
 
 pub mod encoder;
+pub mod service;
