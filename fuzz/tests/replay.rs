@@ -20,3 +20,8 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
+
+#[test]
+fn control_message() {
+    replay_nonempty("control_message", recorder_fuzz::control_message::check);
+}
