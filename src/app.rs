@@ -1,1 +1,200 @@
-//! The composition root: builds runtime objects from a validated spec.
+//! The composition root: builds the runtime objects of a session from a
+//! validated [`RecorderSpec`] — buffers, data sources (each on its own
+//! sequence), the output sink, the service packets, the control endpoints —
+//! and hands them to the event loop. The only module that knows every
+//! concrete type.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::spec::{self, RecorderSpec, SourceKind};
+use crate::control::history::TriggerHistory;
+use crate::control::runtime_dir;
+use crate::control::server::ControlServer;
+use crate::event_loop::{self, Outcome, Recording, SessionBuffer};
+use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+use crate::session::{self, Session, Timeline, TriggerMode, TriggerRule};
+use crate::sources::DataSource;
+use crate::sources::for_testing::{ForTesting, TestOptions};
+use crate::storage::{self, IoChoice, OpenOptions, OutputPath};
+use crate::trace::service::SystemInfo;
+use crate::trace::service_log::{ServiceLog, random_uuid};
+
+/// Errors of building a session.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("buffers[{index}]: {msg}")]
+    Buffer { index: usize, msg: String },
+    #[error("output: {0}")]
+    Output(String),
+    #[error("data_sources[{index}] ({name}): {msg}")]
+    Source { index: usize, name: String, msg: String },
+    #[error("triggers[{index}].producer_name_regex: {msg}")]
+    Regex { index: usize, msg: String },
+    #[error("control socket: {0} (needed for triggers)")]
+    Control(String),
+}
+
+/// How to run, from the command line.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub output: OutputPath,
+    pub no_clobber: bool,
+    pub io: IoChoice,
+    /// The config's path (or `stdin`), for `recorder query`.
+    pub config_label: String,
+    /// Draw a live status line when stderr is a terminal.
+    pub status_line: bool,
+}
+
+/// The first sequence id of data sources; 1 is the recorder's own.
+const FIRST_SOURCE_SEQUENCE: u32 = 2;
+
+/// Builds the session's timeline from the spec.
+pub fn timeline(spec: &RecorderSpec) -> Result<Timeline, AppError> {
+    let (mode, trigger_timeout, rules) = match &spec.trigger {
+        None => (TriggerMode::None, std::time::Duration::ZERO, Vec::new()),
+        Some(plan) => {
+            let mode = match plan.mode {
+                spec::TriggerMode::StartTracing => TriggerMode::StartTracing,
+                spec::TriggerMode::StopTracing => TriggerMode::StopTracing,
+                spec::TriggerMode::CloneSnapshot => TriggerMode::CloneSnapshot,
+            };
+            let mut rules = Vec::new();
+            for (index, t) in plan.triggers.iter().enumerate() {
+                let producer_regex = match &t.producer_name_regex {
+                    Some(p) => Some(session::anchored(p).map_err(|e| AppError::Regex { index, msg: e.to_string() })?),
+                    None => None,
+                };
+                rules.push(TriggerRule {
+                    name: t.name.clone(),
+                    producer_regex,
+                    stop_delay: t.stop_delay,
+                    max_per_24h: t.max_per_24_h.unwrap_or(0),
+                    skip_probability: t.skip_probability,
+                });
+            }
+            (mode, plan.timeout, rules)
+        }
+    };
+    Ok(Timeline {
+        duration: spec.duration,
+        mode,
+        trigger_timeout,
+        rules,
+        write_period: spec.file.as_ref().map(|f| f.write_period),
+        stats_period: std::time::Duration::from_secs(10),
+    })
+}
+
+/// Builds every runtime object of the session.
+pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppError> {
+    let mut buffers = Vec::with_capacity(spec.buffers.len());
+    for (index, b) in spec.buffers.iter().enumerate() {
+        let policy = match b.fill_policy {
+            spec::FillPolicy::RingBuffer => FillPolicy::RingBuffer,
+            spec::FillPolicy::Discard => FillPolicy::Discard,
+        };
+        let params = BufferParams::new(b.size.0 as usize, policy);
+        let buffer = Buffer::new(params).map_err(|e| AppError::Buffer { index, msg: e.to_string() })?;
+        buffers.push(SessionBuffer {
+            buffer,
+            policy: match policy {
+                FillPolicy::RingBuffer => "RING_BUFFER",
+                FillPolicy::Discard => "DISCARD",
+            },
+            transfer_on_clone: b.transfer_on_clone,
+            clear_before_clone: b.clear_before_clone,
+        });
+    }
+
+    let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
+    let mut next_seq = FIRST_SOURCE_SEQUENCE;
+    for (index, ds) in spec.data_sources.iter().enumerate() {
+        let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
+            return Err(AppError::Source { index, name: ds.name.clone(), msg: "target buffer missing".into() });
+        };
+        let buffer: &Arc<Buffer> = &target.buffer;
+        match &ds.kind {
+            SourceKind::ForTesting(t) => {
+                let writer = buffer.writer(WriterId(next_seq));
+                next_seq += 1;
+                let opts = TestOptions {
+                    message_count: t.message_count as u64,
+                    max_messages_per_second: t.max_messages_per_second,
+                    message_size: t.message_size,
+                    seed: t.seed,
+                    send_batch_on_register: t.send_batch_on_register,
+                };
+                sources.push(Box::new(ForTesting::new(&ds.name, opts, writer)));
+            }
+            _ => log::info!("data source {:?} has no built-in provider here: nothing recorded for it", ds.name),
+        }
+    }
+
+    let sink = storage::open_output(opts.output.clone(), OpenOptions { no_clobber: opts.no_clobber, io: opts.io })
+        .map_err(|e| AppError::Output(e.to_string()))?;
+    let output_label = match &opts.output {
+        OutputPath::File(p) => p.display().to_string(),
+        OutputPath::Stdout => "stdout".to_string(),
+    };
+    let snapshot_base = match &opts.output {
+        OutputPath::File(p) => Some(p.clone()),
+        OutputPath::Stdout => None,
+    };
+
+    let uid = rustix::process::getuid().as_raw();
+    let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
+    let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
+    log.disable_clock_snapshotting = spec.builtin.disable_clock_snapshotting;
+    log.disable_trace_config = spec.builtin.disable_trace_config;
+    log.disable_system_info = spec.builtin.disable_system_info;
+    log.disable_service_events = spec.builtin.disable_service_events;
+
+    let timeline = timeline(spec)?;
+    let needs_control = timeline.mode != TriggerMode::None;
+    let (control, history) = match runtime_dir::for_server() {
+        Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
+            Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
+            Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
+            Err(e) => {
+                log::warn!("control socket unavailable ({e}): `recorder query/stop` will not see this session");
+                (None, None)
+            }
+        },
+        Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
+        Err(e) => {
+            log::warn!("no runtime directory ({e}): `recorder query/stop` will not see this session");
+            (None, None)
+        }
+    };
+
+    Ok(Recording {
+        session: Session::new(timeline),
+        buffers,
+        sources,
+        sink,
+        output_label,
+        snapshot_base,
+        snapshot_open: OpenOptions { no_clobber: false, io: opts.io },
+        log,
+        max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),
+        fsync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
+        flush_timeout: spec.flush_timeout,
+        control,
+        history,
+        config_label: opts.config_label.clone(),
+        status_line: opts.status_line,
+    })
+}
+
+/// Builds and runs a session to its end.
+pub fn record(spec: &RecorderSpec, opts: &RunOptions) -> Result<Outcome, AppError> {
+    let rec = build(spec, opts)?;
+    Ok(event_loop::run(rec))
+}
+
+/// The output path made absolute, so it survives `--background`'s chdir.
+pub fn absolute_output(p: &std::path::Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}

@@ -48,5 +48,6 @@ pub mod event_loop;
 pub mod session;
 
 pub mod app;
+pub mod summary;
 
 pub mod cli;

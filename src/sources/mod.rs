@@ -1,1 +1,44 @@
 //! Data sources: ftrace, /proc process and system stats, `for_testing`.
+//!
+//! Every built-in source appears under the producer name
+//! [`PRODUCER_NAME`], so configs that filter on it work, and writes on its
+//! own sequence (`trusted_packet_sequence_id` ≥ 2) through its own
+//! [`crate::ringbuf::Writer`]. Sources run their own threads: a write pass
+//! reads what they committed without their cooperation, so `flush` only has
+//! to push out data a source still holds back (ftrace's kernel buffers).
+
+use std::time::Duration;
+
+pub mod for_testing;
+
+/// The producer name of the built-in sources (Perfetto's probes daemon).
+pub const PRODUCER_NAME: &str = "perfetto.traced_probes";
+
+/// Errors of data sources.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{source_name}: {msg}")]
+    Failed { source_name: String, msg: String },
+    #[error("{source_name}: flush did not finish within {timeout:?}")]
+    FlushTimeout { source_name: String, timeout: Duration },
+}
+
+/// A data source instance of one session.
+pub trait DataSource: Send {
+    /// The data source name (`linux.ftrace`, …).
+    fn name(&self) -> &str;
+    /// Starts producing.
+    fn start(&mut self) -> Result<(), SourceError>;
+    /// Makes everything produced so far visible to the next write pass.
+    fn flush(&mut self, timeout: Duration) -> Result<(), SourceError>;
+    /// Stops producing; afterwards the source writes nothing more.
+    fn stop(&mut self) -> Result<(), SourceError>;
+    /// A failure raised on the source's own thread since the last call.
+    fn take_failure(&mut self) -> Option<String> {
+        None
+    }
+    /// Packets the source could not store (buffer full), for the summary.
+    fn packets_dropped(&self) -> u64 {
+        0
+    }
+}

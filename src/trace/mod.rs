@@ -2,3 +2,4 @@
 
 pub mod encoder;
 pub mod service;
+pub mod service_log;

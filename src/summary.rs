@@ -1,0 +1,106 @@
+//! The summary printed when a session ends: what was written, how it ended,
+//! and, for every buffer that lost data, what to change.
+
+use std::fmt::Write;
+
+use crate::event_loop::{Outcome, describe, human_bytes};
+use crate::session::{StopReason, Timeline, TriggerMode};
+
+/// The summary for people (several lines, no trailing newline).
+pub fn render(o: &Outcome, t: &Timeline) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "recorder: {} — {} in {:.1} s ({}, {} write passes)",
+        o.output_label,
+        human_bytes(o.bytes_written),
+        o.elapsed.as_secs_f64(),
+        o.sink_kind,
+        o.passes
+    );
+    let _ = writeln!(s, "  ended: {}", describe(&o.reason));
+    match (&o.reason, t.mode) {
+        (StopReason::TriggerTimeout, m) if m != TriggerMode::None => {
+            let _ = writeln!(
+                s,
+                "  no trigger fired within trigger_timeout_ms ({} ms), so nothing was written: as with Perfetto, an untriggered {} session leaves the output empty.",
+                t.trigger_timeout.as_millis(),
+                mode_name(m)
+            );
+            let names: Vec<&str> = t.rules.iter().map(|r| r.name.as_str()).collect();
+            let _ = writeln!(s, "  listed triggers: {}", names.join(", "));
+        }
+        (StopReason::Signal | StopReason::StopRequested, TriggerMode::StopTracing | TriggerMode::StartTracing)
+            if !o.triggered =>
+        {
+            let _ = writeln!(s, "  stopped before any trigger fired: nothing was written (Perfetto's semantics).");
+        }
+        _ => {}
+    }
+    if t.mode == TriggerMode::CloneSnapshot {
+        if o.snapshots.is_empty() {
+            let _ = writeln!(s, "  no snapshot was taken (the main output of a CLONE_SNAPSHOT session stays empty)");
+        }
+        for p in &o.snapshots {
+            let _ = writeln!(s, "  snapshot: {}", p.display());
+        }
+    }
+    let mut packets = 0;
+    for (i, b) in o.buffers.iter().enumerate() {
+        let st = &b.stats;
+        packets += st.packets_written;
+        let lost = st.bytes_overwritten + st.bytes_discarded;
+        let _ = write!(
+            s,
+            "  buffer {i} ({}, {}): {} packets, {} written",
+            b.policy,
+            human_bytes(st.buffer_size),
+            st.packets_written,
+            human_bytes(st.bytes_written)
+        );
+        if lost == 0 && st.packets_refused == 0 {
+            let _ = writeln!(s, ", nothing lost");
+            continue;
+        }
+        let _ = writeln!(s);
+        if st.bytes_overwritten > 0 {
+            let advice = if t.write_period.is_some() {
+                "raise size_kb or shorten file_write_period_ms"
+            } else {
+                "raise size_kb, or stream with write_into_file"
+            };
+            let _ = writeln!(
+                s,
+                "    {} overwritten ({} packets, RING_BUFFER): {advice}",
+                human_bytes(st.bytes_overwritten),
+                st.packets_overwritten
+            );
+        }
+        if st.bytes_discarded > 0 || st.packets_discarded > 0 {
+            let _ = writeln!(
+                s,
+                "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
+                human_bytes(st.bytes_discarded),
+                st.packets_discarded,
+                if t.write_period.is_some() { " or shorten file_write_period_ms" } else { "" }
+            );
+        }
+        if st.packets_refused > 0 {
+            let _ = writeln!(s, "    {} packets refused as too big for the buffer", st.packets_refused);
+        }
+    }
+    let _ = write!(s, "  {packets} packets in all");
+    for w in &o.warnings {
+        let _ = write!(s, "\n  warning: {w}");
+    }
+    s
+}
+
+fn mode_name(m: TriggerMode) -> &'static str {
+    match m {
+        TriggerMode::None => "untriggered",
+        TriggerMode::StartTracing => "START_TRACING",
+        TriggerMode::StopTracing => "STOP_TRACING",
+        TriggerMode::CloneSnapshot => "CLONE_SNAPSHOT",
+    }
+}

@@ -1,0 +1,194 @@
+//! What the recorder writes of its own in each write pass, and in which
+//! order (facts §5.5–5.6): on the first pass the initial clock snapshot,
+//! `trace_config`, `trace_uuid` and `system_info`; on every pass the queued
+//! clock snapshots, the sync marker when due, received triggers and the
+//! pending service events sorted by time; after the buffers,
+//! `read_tracing_buffers_completed` and, when due, `trace_stats`.
+
+use crate::clock::{self, ClockReadings};
+use crate::trace::service::{
+    self, ServiceEvent, SystemInfo, TraceStatsRecord, TriggerRecord,
+};
+
+/// The service packets of one session.
+#[derive(Debug)]
+pub struct ServiceLog {
+    uid: u32,
+    config_bytes: Vec<u8>,
+    uuid: (i64, i64),
+    system_info: SystemInfo,
+    first_pass_done: bool,
+    initial_snapshot: Option<ClockReadings>,
+    queued_snapshots: Vec<ClockReadings>,
+    events: Vec<(u64, ServiceEvent)>,
+    triggers: Vec<TriggerRecord>,
+    sync_due: bool,
+    stats_due: bool,
+    /// Leave out trace_config and triggers (`disable_trace_config`).
+    pub disable_trace_config: bool,
+    /// Leave out system_info (`disable_system_info`).
+    pub disable_system_info: bool,
+    /// Leave out service events (`disable_service_events`).
+    pub disable_service_events: bool,
+    /// Leave out clock snapshots (`disable_clock_snapshotting`).
+    pub disable_clock_snapshotting: bool,
+}
+
+/// Most queued clock snapshots kept between passes (as the service does).
+const MAX_QUEUED_SNAPSHOTS: usize = 16;
+
+impl ServiceLog {
+    pub fn new(uid: u32, config_bytes: Vec<u8>, uuid: (i64, i64), system_info: SystemInfo) -> Self {
+        Self {
+            uid,
+            config_bytes,
+            uuid,
+            system_info,
+            first_pass_done: false,
+            initial_snapshot: None,
+            queued_snapshots: Vec::new(),
+            events: Vec::new(),
+            triggers: Vec::new(),
+            sync_due: true,
+            stats_due: true,
+            disable_trace_config: false,
+            disable_system_info: false,
+            disable_service_events: false,
+            disable_clock_snapshotting: false,
+        }
+    }
+
+    /// Tracing started: the initial clock snapshot and `tracing_started`.
+    pub fn started(&mut self) {
+        self.initial_snapshot = Some(clock::snapshot());
+        self.event(ServiceEvent::TracingStarted);
+    }
+
+    /// Records a lifecycle event now.
+    pub fn event(&mut self, ev: ServiceEvent) {
+        self.events.push((clock::boottime_ns(), ev));
+        if matches!(ev, ServiceEvent::AllDataSourcesFlushed | ServiceEvent::TracingDisabled) {
+            self.add_snapshot();
+        }
+    }
+
+    /// Records an accepted trigger.
+    pub fn trigger(&mut self, t: TriggerRecord) {
+        self.triggers.push(t);
+        self.add_snapshot();
+    }
+
+    /// The periodic tick (every 10 s): a clock snapshot, and the sync marker
+    /// and trace_stats on the next pass.
+    pub fn tick(&mut self) {
+        self.add_snapshot();
+        self.sync_due = true;
+        self.stats_due = true;
+    }
+
+    /// Asks for trace_stats and a sync marker on the next pass (the final one).
+    pub fn want_stats(&mut self) {
+        self.sync_due = true;
+        self.stats_due = true;
+    }
+
+    fn add_snapshot(&mut self) {
+        if self.queued_snapshots.len() < MAX_QUEUED_SNAPSHOTS {
+            self.queued_snapshots.push(clock::snapshot());
+        }
+    }
+
+    /// The framed packets that go before the buffers in this pass.
+    pub fn head(&mut self) -> Vec<Vec<u8>> {
+        let now = clock::boottime_ns();
+        let mut out = Vec::new();
+        if !self.disable_clock_snapshotting {
+            if let Some(s) = self.initial_snapshot.take() {
+                out.push(service::clock_snapshot(self.uid, &s));
+            }
+            for s in self.queued_snapshots.drain(..) {
+                out.push(service::clock_snapshot(self.uid, &s));
+            }
+        } else {
+            self.initial_snapshot = None;
+            self.queued_snapshots.clear();
+        }
+        if std::mem::take(&mut self.sync_due) {
+            out.push(service::sync_marker(self.uid));
+        }
+        let first = !self.first_pass_done;
+        self.first_pass_done = true;
+        if !self.disable_trace_config {
+            if first {
+                out.push(service::trace_config(self.uid, now, &self.config_bytes));
+            }
+            for t in self.triggers.drain(..) {
+                out.push(service::trigger(self.uid, &t, false));
+            }
+        } else {
+            self.triggers.clear();
+        }
+        if first {
+            out.push(service::trace_uuid(self.uid, now, self.uuid.0, self.uuid.1));
+            if !self.disable_system_info {
+                out.push(service::system_info(self.uid, now, &self.system_info));
+            }
+        }
+        if !self.disable_service_events {
+            self.events.sort_by_key(|(ts, _)| *ts);
+            for (ts, ev) in self.events.drain(..) {
+                out.push(service::service_event(self.uid, ts, ev));
+            }
+        } else {
+            self.events.clear();
+        }
+        out
+    }
+
+    /// The framed packets that go after the buffers in this pass.
+    pub fn tail(&mut self, stats: impl FnOnce() -> TraceStatsRecord) -> Vec<Vec<u8>> {
+        let now = clock::boottime_ns();
+        let mut out = Vec::new();
+        if !self.disable_service_events {
+            out.push(service::service_event(self.uid, now, ServiceEvent::ReadTracingBuffersCompleted));
+        }
+        if std::mem::take(&mut self.stats_due) {
+            out.push(service::trace_stats(self.uid, now, &stats()));
+        }
+        out
+    }
+
+    /// The packets that head a snapshot file (CLONE_SNAPSHOT): a fresh
+    /// clock snapshot, the config, the trigger, uuid and system info.
+    pub fn snapshot_head(&self, trigger: Option<&TriggerRecord>) -> Vec<Vec<u8>> {
+        let now = clock::boottime_ns();
+        let mut out = vec![service::clock_snapshot(self.uid, &clock::snapshot()), service::sync_marker(self.uid)];
+        if !self.disable_trace_config {
+            out.push(service::trace_config(self.uid, now, &self.config_bytes));
+            if let Some(t) = trigger {
+                out.push(service::trigger(self.uid, t, true));
+            }
+        }
+        out.push(service::trace_uuid(self.uid, now, self.uuid.0, self.uuid.1));
+        if !self.disable_system_info {
+            out.push(service::system_info(self.uid, now, &self.system_info));
+        }
+        out.push(service::service_event(self.uid, now, ServiceEvent::CloneStarted));
+        out
+    }
+
+    /// The session's uid (the trusted_uid of service packets).
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+}
+
+/// A random version-4 UUID as (msb, lsb).
+pub fn random_uuid() -> (i64, i64) {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let msb = i64::from_be_bytes(b[..8].try_into().unwrap_or([0; 8]));
+    let lsb = i64::from_be_bytes(b[8..].try_into().unwrap_or([0; 8]));
+    (msb, lsb)
+}

@@ -1,0 +1,386 @@
+//! Recording end to end on the built binary: durations, streaming passes,
+//! the size cap, signals, `--background`, stdout, crashes and a full disk.
+//! Every trace is decoded with the independent decoders.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// A config and a place to record it.
+pub struct Run {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub out: PathBuf,
+}
+
+impl Run {
+    pub fn new(config_text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("test.cfg");
+        std::fs::write(&config, config_text).expect("write config");
+        let out = dir.path().join("trace.pftrace");
+        Self { dir, config, out }
+    }
+
+    pub fn command(&self, io: &str) -> Command {
+        self.command_to(io, &self.out)
+    }
+
+    pub fn command_to(&self, io: &str, out: &Path) -> Command {
+        let mut c = Command::new(recorder_bin());
+        c.arg("--config").arg(&self.config).arg("-o").arg(out);
+        c.env("RECORDER_RUNTIME_DIR", self.dir.path().join("run"));
+        c.env("RECORDER_IO", io);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, io: &str) -> Output {
+        self.command(io).output().expect("recorder runs")
+    }
+
+    pub fn spawn(&self, io: &str) -> Child {
+        self.command(io).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("recorder starts")
+    }
+
+    pub fn trace(&self) -> Vec<u8> {
+        std::fs::read(&self.out).expect("trace file exists")
+    }
+}
+
+/// The io choices to test: io_uring where the kernel allows it, and pwritev.
+pub fn sinks() -> Vec<&'static str> {
+    let mut v = vec!["pwritev"];
+    match recorder::storage::io_uring_available() {
+        Ok(()) => v.push("io_uring"),
+        Err(why) => {
+            skip_unless(Some(format!("io_uring unavailable: {why}")));
+        }
+    }
+    v
+}
+
+pub fn test_config(buffer_kb: u32, policy: &str, extra_top: &str, test_fields: &str) -> String {
+    format!(
+        r#"
+buffers {{ size_kb: {buffer_kb} fill_policy: {policy} }}
+data_sources {{
+  config {{
+    name: "for_testing"
+    target_buffer: 0
+    for_testing {{ {test_fields} }}
+  }}
+}}
+{extra_top}
+"#
+    )
+}
+
+fn signal(child: &Child, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    rustix::process::kill_process(pid, sig).expect("signal delivered");
+}
+
+fn wait_for_size(path: &Path, at_least: u64, timeout: Duration) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        let n = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if n >= at_least || t0.elapsed() > timeout {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kinds_in_order(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
+    packets
+        .iter()
+        .map(|p| match &p.data {
+            Some(d) => format!("{d:?}").split('(').next().unwrap_or("").to_string(),
+            None => "none".into(),
+        })
+        .collect()
+}
+
+fn service_events(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
+    packets
+        .iter()
+        .filter(|p| p.has_service_event())
+        .map(|p| format!("{:?}", p.service_event().event_type).split('(').nth(1).unwrap_or("").to_string())
+        .collect()
+}
+
+/// The checks every complete trace passes: service packets first and in
+/// order, one sequence per source, counters in order, stats at the end
+/// agreeing with the loss seen.
+fn check_complete(run: &Run, expected_packets: Option<u64>) -> Vec<perfetto_protos::trace_packet::TracePacket> {
+    let data = run.trace();
+    assert_eq!(whole_prefix(&data), data.len(), "a finished trace has no torn tail");
+    let packets = decode(&data);
+    let kinds = kinds_in_order(&packets);
+    assert!(kinds[0].contains("ClockSnapshot"), "first packet is the initial clock snapshot: {kinds:?}");
+    let pos = |k: &str| kinds.iter().position(|x| x.contains(k)).unwrap_or_else(|| panic!("no {k} in {kinds:?}"));
+    assert!(pos("SynchronizationMarker") < pos("TraceConfig"));
+    assert!(pos("TraceConfig") < pos("TraceUuid"));
+    assert!(pos("TraceUuid") < pos("SystemInfo"));
+    assert!(kinds.last().is_some_and(|k| k.contains("TraceStats")), "the last packet is trace_stats");
+    let events = service_events(&packets);
+    assert!(events.first().is_some_and(|e| e.contains("TracingStarted")), "{events:?}");
+    assert!(events.iter().any(|e| e.contains("TracingDisabled")), "{events:?}");
+    for p in &packets {
+        if p.has_for_testing() {
+            assert!(p.trusted_packet_sequence_id() >= 2, "sources write on their own sequences");
+        } else if p.has_clock_snapshot() || p.has_trace_config() || p.has_trace_stats() {
+            assert_eq!(p.trusted_packet_sequence_id(), 1);
+        }
+    }
+    let counters = test_counters(&packets);
+    let stats = packets.iter().rev().find(|p| p.has_trace_stats()).expect("trace_stats").trace_stats().clone();
+    let b0 = &stats.buffer_stats[0];
+    for (seq, c) in &counters {
+        let (missing, before) = gaps(c);
+        if b0.chunks_overwritten() == 0 && b0.chunks_discarded() == 0 {
+            assert_eq!((missing, before), (0, 0), "sequence {seq} lost packets though the stats report none");
+        }
+        if let Some(n) = expected_packets {
+            if b0.chunks_overwritten() == 0 && b0.chunks_discarded() == 0 {
+                assert_eq!(c.len() as u64, n, "sequence {seq}");
+            }
+        }
+    }
+    if let Some(py) = python_summary(&run.out) {
+        assert_eq!(py["packets"].as_u64(), Some(packets.len() as u64), "both decoders see the same packets");
+        assert_eq!(py["torn_bytes"].as_u64(), Some(0));
+    }
+    packets
+}
+
+#[test]
+fn duration_stop_keeps_every_packet() {
+    for io in sinks() {
+        let run = Run::new(&test_config(
+            8192,
+            "RING_BUFFER",
+            "duration_ms: 1000",
+            "message_count: 20000 message_size: 32 seed: 7",
+        ));
+        let out = run.run(io);
+        assert!(out.status.success(), "{io}: {}", String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("duration_ms elapsed"), "{stderr}");
+        let packets = check_complete(&run, Some(20000));
+        assert_eq!(test_counters(&packets).len(), 1);
+    }
+}
+
+#[test]
+fn streaming_writes_between_passes() {
+    for io in sinks() {
+        let run = Run::new(&test_config(
+            4096,
+            "RING_BUFFER",
+            "duration_ms: 1500 write_into_file: true file_write_period_ms: 100",
+            "message_count: 0 max_messages_per_second: 5000 message_size: 16",
+        ));
+        let mut child = run.spawn(io);
+        let mut sizes = Vec::new();
+        let t0 = Instant::now();
+        while child.try_wait().expect("wait").is_none() && t0.elapsed() < Duration::from_secs(10) {
+            let n = std::fs::metadata(&run.out).map(|m| m.len()).unwrap_or(0);
+            if sizes.last() != Some(&n) {
+                sizes.push(n);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = child.wait().expect("exit");
+        assert!(status.success());
+        let growing: Vec<_> = sizes.iter().filter(|n| **n > 0).collect();
+        assert!(growing.len() >= 3, "{io}: the file grew only at {sizes:?}");
+        check_complete(&run, None);
+    }
+}
+
+#[test]
+fn size_cap_stops_on_a_packet_boundary() {
+    for io in sinks() {
+        let cap = 300_000u64;
+        let run = Run::new(&test_config(
+            4096,
+            "RING_BUFFER",
+            &format!("write_into_file: true file_write_period_ms: 100 max_file_size_bytes: {cap}"),
+            "message_count: 0 max_messages_per_second: 200000 message_size: 64",
+        ));
+        let out = run.run(io);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{io}: {stderr}");
+        assert!(stderr.contains("max_file_size_bytes"), "{stderr}");
+        let data = run.trace();
+        assert!((data.len() as u64) < cap, "{} bytes against a cap of {cap}", data.len());
+        assert!(data.len() as u64 > cap / 2, "the cap was reached, not an early stop");
+        assert_eq!(whole_prefix(&data), data.len(), "ends on a whole packet");
+        let packets = decode(&data);
+        for c in test_counters(&packets).values() {
+            assert_eq!(gaps(c), (0, 0));
+        }
+    }
+}
+
+fn signal_run(io: &str, signals: &[rustix::process::Signal]) -> Run {
+    let run = Run::new(&test_config(
+        16384,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100",
+        "message_count: 0 max_messages_per_second: 20000 message_size: 16",
+    ));
+    let mut child = run.spawn(io);
+    assert!(wait_for_size(&run.out, 1, Duration::from_secs(10)) > 0, "the first pass wrote something");
+    for s in signals {
+        signal(&child, *s);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = child.wait().expect("exit");
+    assert!(status.success(), "{io}: exit {status:?}");
+    run
+}
+
+#[test]
+fn sigint_and_sigterm_stop_gracefully() {
+    use rustix::process::Signal;
+    for io in sinks() {
+        for sig in [Signal::INT, Signal::TERM] {
+            let run = signal_run(io, &[sig]);
+            let packets = check_complete(&run, None);
+            let events = service_events(&packets);
+            assert!(events.iter().any(|e| e.contains("AllDataSourcesFlushed")), "{events:?}");
+        }
+    }
+}
+
+#[test]
+fn a_second_signal_finalizes_at_once() {
+    use rustix::process::Signal;
+    for io in sinks() {
+        let run = signal_run(io, &[Signal::INT, Signal::INT]);
+        let data = run.trace();
+        assert_eq!(whole_prefix(&data), data.len());
+        let packets = decode(&data);
+        for c in test_counters(&packets).values() {
+            assert_eq!(gaps(c), (0, 0));
+        }
+    }
+}
+
+#[test]
+fn background_then_sigterm() {
+    let run = Run::new(&test_config(
+        4096,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100",
+        "message_count: 0 max_messages_per_second: 5000 message_size: 16",
+    ));
+    // A relative output path must still work after the child's chdir("/").
+    let mut c = Command::new(recorder_bin());
+    c.current_dir(run.dir.path())
+        .arg("--config")
+        .arg("test.cfg")
+        .arg("-o")
+        .arg("trace.pftrace")
+        .arg("--background")
+        .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
+    let out = c.output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.ends_with('\n'), "{stdout:?}");
+    let pid: i32 = stdout.trim().parse().expect("stdout is the pid");
+    assert!(wait_for_size(&run.out, 1, Duration::from_secs(10)) > 0);
+    let p = rustix::process::Pid::from_raw(pid).expect("pid");
+    rustix::process::kill_process(p, rustix::process::Signal::TERM).expect("kill");
+    let t0 = Instant::now();
+    while rustix::process::test_kill_process(p).is_ok() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rustix::process::test_kill_process(p).is_err(), "the background recorder exited");
+    check_complete(&run, None);
+}
+
+#[test]
+fn stdout_output_is_a_valid_trace() {
+    let run = Run::new(&test_config(4096, "RING_BUFFER", "duration_ms: 500", "message_count: 5000 message_size: 8"));
+    let mut c = Command::new(recorder_bin());
+    c.arg("--config").arg(&run.config).arg("-o").arg("-").env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
+    let out = c.output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(whole_prefix(&out.stdout), out.stdout.len());
+    let packets = decode(&out.stdout);
+    let counters = test_counters(&packets);
+    assert_eq!(counters.values().next().map(|c| c.len()), Some(5000));
+}
+
+#[test]
+fn sigkill_leaves_a_valid_prefix() {
+    for io in sinks() {
+        for delay_ms in [150u64, 420, 900] {
+            let run = Run::new(&test_config(
+                8192,
+                "RING_BUFFER",
+                "write_into_file: true file_write_period_ms: 100",
+                "message_count: 0 max_messages_per_second: 50000 message_size: 200",
+            ));
+            let mut child = run.spawn(io);
+            wait_for_size(&run.out, 1, Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            signal(&child, rustix::process::Signal::KILL);
+            child.wait().expect("reaped");
+            let data = run.trace();
+            let whole = whole_prefix(&data);
+            // At most one torn record at the end.
+            let packets = decode(&data);
+            assert!(!packets.is_empty());
+            assert!(data.len() - whole < 64 * 1024, "torn tail of {} bytes", data.len() - whole);
+            for c in test_counters(&packets).values() {
+                assert_eq!(gaps(c), (0, 0), "everything up to the last pass is there");
+            }
+        }
+    }
+}
+
+#[test]
+fn full_disk_stops_with_exit_1_and_a_valid_file() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    for io in sinks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("small");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if skip_unless((!ok).then(|| "cannot mount a tmpfs".to_string())) {
+            return;
+        }
+        let run = Run::new(&test_config(
+            8192,
+            "RING_BUFFER",
+            "write_into_file: true file_write_period_ms: 100",
+            "message_count: 0 max_messages_per_second: 100000 message_size: 100",
+        ));
+        let out_path = mnt.join("trace.pftrace");
+        let mut c = run.command_to(io, &out_path);
+        let out = c.output().expect("runs");
+        let data = std::fs::read(&out_path).expect("file");
+        let _ = Command::new("umount").arg(&mnt).status();
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("No space left") || stderr.contains("ENOSPC"), "{stderr}");
+        assert_eq!(whole_prefix(&data), data.len(), "{io}: the file stays valid up to the last complete pass");
+        let packets = decode(&data);
+        for c in test_counters(&packets).values() {
+            assert_eq!(gaps(c), (0, 0));
+        }
+    }
+}
