@@ -20,3 +20,8 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
+
+#[test]
+fn ringbuf_model_corpus() {
+    replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
+}

@@ -12,6 +12,7 @@ use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, Wri
 /// between its writers and the flusher.
 pub struct Buffer {
     memory: Memory,
+    size_bytes: usize,
     chunk_size: usize,
     chunk_count: usize,
     policy: FillPolicy,
@@ -49,7 +50,7 @@ impl WriterTotals {
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Buffer")
-            .field("size_bytes", &self.memory.len())
+            .field("size_bytes", &self.size_bytes)
             .field("chunk_size", &self.chunk_size)
             .field("chunk_count", &self.chunk_count)
             .field("policy", &self.policy)
@@ -72,7 +73,8 @@ impl Buffer {
             return Err(too_small);
         }
         let memory = Memory::new(params.size_bytes, params.prefault)?;
-        let chunk_count = memory.len() / chunk_size;
+        // Exactly the capacity asked for; the page-rounding tail is slack.
+        let chunk_count = params.size_bytes / chunk_size;
         if u32::try_from(chunk_count).is_err() {
             return Err(too_small);
         }
@@ -81,6 +83,7 @@ impl Buffer {
         let committed = (0..chunk_count).map(|_| AtomicU64::new(0)).collect();
         Ok(Arc::new(Buffer {
             memory,
+            size_bytes: params.size_bytes,
             chunk_size,
             chunk_count,
             policy: params.policy,
@@ -122,7 +125,7 @@ impl Buffer {
         for c in &inner.writers {
             w.add(&c.load());
         }
-        s.buffer_size = self.memory.len() as u64;
+        s.buffer_size = self.size_bytes as u64;
         s.packets_discarded = w.packets_discarded;
         s.bytes_discarded = w.bytes_discarded;
         s.packets_refused = w.packets_refused;
@@ -150,8 +153,14 @@ impl Buffer {
         self.lock().table.clear(&self.live);
     }
 
-    /// Mapped size in bytes (the requested size rounded up to the page size).
+    /// The size asked for. The mapping is this rounded up to the page size;
+    /// `chunk_count() * chunk_size()` bytes of it hold chunks.
     pub fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
+    /// Bytes actually mapped (page-rounded).
+    pub fn mapped_bytes(&self) -> usize {
         self.memory.len()
     }
 

@@ -5,7 +5,7 @@
 /// count chunks (a span of k chunks counts k).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferStats {
-    /// Mapped size in bytes.
+    /// Configured size in bytes.
     pub buffer_size: u64,
     /// Bytes committed by writers (including the committed prefix of chunks
     /// still being written).

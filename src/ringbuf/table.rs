@@ -345,7 +345,9 @@ impl Table {
             ..
         } = self;
         for (&id, seq) in sequences.iter_mut() {
-            let mut pending = seq.loss_tail;
+            // A tail loss comes after every region listed.
+            let mut pending = false;
+            let tail = seq.loss_tail;
             if !snapshot {
                 seq.loss_tail = false;
             }
@@ -383,6 +385,7 @@ impl Table {
                     }
                 }
             }
+            pending |= tail;
             if pending {
                 // Nothing follows the loss yet: keep it where the writer's
                 // next bytes will go, or mark the end of a finished stream.

@@ -62,6 +62,8 @@ pub struct Writer {
     /// Generation and size of the last refused acquisition: until the
     /// generation moves, an acquisition at least as big fails without the lock.
     refused_at: Option<(u64, usize)>,
+    /// `buffer.max_packet_len()`, kept here for the fast path.
+    max_len: usize,
 }
 
 impl std::fmt::Debug for Writer {
@@ -83,13 +85,14 @@ fn varint_len(v: usize) -> usize {
 impl Writer {
     pub(crate) fn new(buffer: Arc<Buffer>, id: WriterId, counters: Arc<WriterCounters>) -> Writer {
         Writer {
-            buffer,
             id,
             cur: None,
             counters,
             local: WriterTotals::default(),
             lost: false,
             refused_at: None,
+            max_len: buffer.max_packet_len(),
+            buffer,
         }
     }
 
@@ -108,7 +111,8 @@ impl Writer {
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
         let len = packet.len();
         let framed = 1 + varint_len(len) + len;
-        if let Some(c) = self.cur.as_mut()
+        if len <= self.max_len
+            && let Some(c) = self.cur.as_mut()
             && c.cap - c.pos >= framed
         {
             put_packet(&self.buffer, c, packet);
@@ -133,7 +137,7 @@ impl Writer {
     #[inline]
     pub fn begin_packet(&mut self, max_len: usize) -> Result<PacketSlot<'_>, WriteError> {
         let framed = SLOT_HEADER_BYTES + max_len;
-        let fits = matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
+        let fits = max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
         if !fits {
             self.make_room(max_len, framed)?;
         }
@@ -154,7 +158,7 @@ impl Writer {
 
     /// Gets a region with `framed` free bytes, or counts the packet dropped.
     fn make_room(&mut self, len: usize, framed: usize) -> Result<(), WriteError> {
-        if len > self.buffer.max_packet_len() || len > MAX_SLOT_LEN {
+        if len > self.max_len || len > MAX_SLOT_LEN {
             self.local.packets_refused += 1;
             self.local.bytes_refused += framed as u64;
             let c = &self.counters;
