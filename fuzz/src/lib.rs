@@ -2,3 +2,5 @@
 //! its oracle is violated; the libFuzzer targets in `fuzz_targets/` and the
 //! corpus replay in `tests/replay.rs` both call them.
 pub mod control_message;
+
+pub mod ringbuf_model;

@@ -24,4 +24,6 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
 #[test]
 fn control_message() {
     replay_nonempty("control_message", recorder_fuzz::control_message::check);
+fn ringbuf_model_corpus() {
+    replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
 }

@@ -1,2 +1,197 @@
 //! The buffer engine: zero-copy, mmap'd, chunked ring buffers.
+//!
+//! One [`Buffer`] is one anonymous mapping of `size_bytes` (rounded up to the
+//! page size), cut into fixed-size chunks. [`Writer`]s encode packets in place
+//! into the chunk they own; the flusher takes byte ranges of the mapping
+//! ([`FlushBatch`]) and hands them to the kernel as iovecs. No byte is copied
+//! between the writer's encoder and the file.
+//!
+//! # Layout
+//!
+//! ```text
+//!  mapping (size_bytes, page-rounded)
+//!  ┌──────────┬──────────┬──────────┬─────┬────────────┬───────┐
+//!  │ chunk 0  │ chunk 1  │ chunk 2  │ ... │ chunk n-1  │ slack │
+//!  └──────────┴──────────┴──────────┴─────┴────────────┴───────┘
+//!   ◄─chunk_size─►       write cursor ─► (chunks are taken in address order,
+//!                                         wrapping: write_wrap_count)
+//!
+//!  one chunk: packets in the file's own framing, back to back, no header
+//!  ┌────┬──────────┬─────────────┬────┬──────────┬──────────┬────────────┐
+//!  │ 0A │ len (1-4 │ TracePacket │ 0A │ len      │ packet   │ unused     │
+//!  │    │  varint) │  (len B)    │    │          │          │ (padding)  │
+//!  └────┴──────────┴─────────────┴────┴──────────┴──────────┴────────────┘
+//!   0                                             ▲ committed ▲ chunk_size
+//!                                  (bytes, packets) published by the writer
+//!                                  with one Release store after each packet
+//!
+//!  begin_packet reserves a 4-byte redundant varint and patches it at commit:
+//!   0A  80|l0  80|l1  80|l2  l3  <packet>
+//!
+//!  a packet larger than a chunk: a span of k adjacent chunks, one region
+//!  ┌──────────┬──────────┬──────────┐
+//!  │ 0A len … big packet …  │ 0A …  │   flushed as one contiguous range;
+//!  └──────────┴──────────┴──────────┘   lost (overwritten) only as a whole
+//! ```
+//!
+//! Chunk metadata (owner, state, read offset, pins) lives out of band in the
+//! chunk table under the buffer's mutex, so chunk bytes are exactly the bytes
+//! of the file. A *region* is one chunk or a span of adjacent chunks; every
+//! state change applies to a whole region. States:
+//! free → writing (one writer) → complete → free, where the flusher may read
+//! the committed prefix of a writing region and pin any region it read until
+//! the batch is released.
+//!
+//! # Policies
+//!
+//! * [`FillPolicy::RingBuffer`]: when no chunk is free the writer takes the
+//!   next chunk under the write cursor that is complete and not pinned (the
+//!   oldest one it can reuse), counting what it held as overwritten.
+//! * [`FillPolicy::Discard`]: unflushed data is never overwritten. While no
+//!   chunk is free, new packets are dropped and counted; once a flush has
+//!   been released and freed space, writers are accepted again. (Perfetto's
+//!   default buffer stops accepting for good at the first overflow; this one
+//!   resumes after a flush, on purpose: a long capture should recover from a
+//!   burst.)
+//!
+//! Where a writer's data was lost, the next batch yields
+//! [`FlushItem::Loss`] at exactly that place in the writer's stream.
+//!
+//! # Invariants
+//!
+//! Contract (DESIGN §3):
+//! * **R1** The file receives only whole, well-formed packets: a range handed
+//!   out ends at a packet boundary, a region is lost only as a whole.
+//! * **R2** Packets of one writer reach the file in the order written, none
+//!   twice: each region keeps a read offset that only grows, and a writer's
+//!   regions are read in acquisition order.
+//! * **R3** Accounting balances at every moment:
+//!   `bytes_written = bytes_read + bytes_overwritten + bytes_cleared +
+//!   bytes_buffered`, likewise for packets; a dropped packet is counted in
+//!   exactly one of overwritten, discarded, refused or cleared.
+//! * **R4** Writers never wait for I/O and the flusher never blocks a writer:
+//!   the per-packet path takes no lock; the mutex is held only for table
+//!   bookkeeping, never across I/O; a writer that finds no chunk drops.
+//!
+//! Memory safety rests on three more, cited by every `// SAFETY:`:
+//! * **M1** The mapping is created once, never moved or unmapped while the
+//!   [`Buffer`] lives; every access is within `[0, chunk_count * chunk_size)`.
+//! * **M2** Only the writer that owns a writing region writes to it, and only
+//!   at or above its published committed length; bytes below that length are
+//!   never written again while the region is not free.
+//! * **M3** A region referenced by an unreleased [`FlushBatch`] is pinned: it
+//!   is never handed to a writer, so the bytes of the batch stay unchanged
+//!   until `release`.
+//!
+//! # Chunk size
+//!
+//! [`BufferParams::DEFAULT_CHUNK_SIZE`] is 64 KiB, chosen by the `ringbuf`
+//! benchmark (see `BENCHMARKS.md`, "Buffer engine"): per-packet cost is
+//! flat from 16 KiB up, while smaller chunks pay the chunk hand-over
+//! (a mutex round trip) too often for small packets, and larger ones make
+//! overwrite loss coarser and leave more of a slow writer's chunk idle.
 #![allow(unsafe_code)]
+
+mod buffer;
+mod flush;
+mod memory;
+mod stats;
+mod table;
+mod writer;
+
+pub use buffer::Buffer;
+pub use flush::{FlushBatch, FlushItem};
+pub use stats::BufferStats;
+pub use writer::{PacketSlot, Writer};
+
+/// What a full buffer does with new data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FillPolicy {
+    /// Reuse the oldest complete, unpinned chunk (flight recorder).
+    #[default]
+    RingBuffer,
+    /// Never overwrite unflushed data; drop new packets while full.
+    Discard,
+}
+
+/// Identity of one writer sequence: the packets' `trusted_packet_sequence_id`,
+/// chosen by the caller, unique per session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WriterId(pub u32);
+
+/// How to build a [`Buffer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferParams {
+    /// Bytes of trace data the buffer holds (rounded up to the page size).
+    pub size_bytes: usize,
+    /// Bytes per chunk; the unit of hand-over, reuse and loss.
+    pub chunk_size: usize,
+    /// What to do when full.
+    pub policy: FillPolicy,
+    /// Fault every page in at creation (`MADV_POPULATE_WRITE`), so writers
+    /// never take a page fault.
+    pub prefault: bool,
+}
+
+impl BufferParams {
+    /// Default chunk size (see the module docs for why).
+    pub const DEFAULT_CHUNK_SIZE: usize = 64 * 1024;
+    /// Smallest chunk accepted.
+    pub const MIN_CHUNK_SIZE: usize = 16;
+    /// Largest chunk accepted (offsets in a region are 32-bit).
+    pub const MAX_CHUNK_SIZE: usize = 64 * 1024 * 1024;
+    /// Packets up to this length are accepted whole (if the buffer holds at
+    /// least four times as much; see [`Buffer::max_packet_len`]).
+    pub const MAX_PACKET_LEN: usize = 1024 * 1024;
+
+    /// Params with the default chunk size, shrunk (by halves, down to 4 KiB)
+    /// so that a small buffer still holds at least 4 chunks; prefault on.
+    pub fn new(size_bytes: usize, policy: FillPolicy) -> Self {
+        let mut chunk_size = Self::DEFAULT_CHUNK_SIZE;
+        while chunk_size > 4096 && chunk_size.saturating_mul(4) > size_bytes {
+            chunk_size /= 2;
+        }
+        BufferParams {
+            size_bytes,
+            chunk_size,
+            policy,
+            prefault: true,
+        }
+    }
+}
+
+/// Why a buffer could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RingbufError {
+    #[error(
+        "chunk_size {chunk_size} is out of range ({min}..={max})",
+        min = BufferParams::MIN_CHUNK_SIZE,
+        max = BufferParams::MAX_CHUNK_SIZE
+    )]
+    ChunkSize { chunk_size: usize },
+    #[error("buffer of {size_bytes} bytes holds fewer than 2 chunks of {chunk_size} bytes")]
+    TooSmall {
+        size_bytes: usize,
+        chunk_size: usize,
+    },
+    #[error("cannot map a buffer of {size_bytes} bytes: {source}")]
+    Map {
+        size_bytes: usize,
+        source: std::io::Error,
+    },
+}
+
+/// Why a packet was not stored. Tiny and `Copy`: counted, never logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum WriteError {
+    /// No chunk could be had (DISCARD while full, or every chunk pinned or
+    /// being written); counted in `packets_discarded`.
+    #[error("buffer full: packet discarded")]
+    Discarded,
+    /// Larger than [`Buffer::max_packet_len`]; counted in `packets_refused`.
+    #[error("packet too big for this buffer")]
+    TooBig,
+}
+
+#[cfg(test)]
+mod tests;

@@ -3,3 +3,4 @@
 
 mod common;
 mod recording;
+mod ringbuf;

@@ -1,0 +1,497 @@
+//! The chunk table: who owns which chunk, what of it was read, what is
+//! pinned. Pure bookkeeping under the buffer's mutex; it never touches chunk
+//! bytes, only the writers' published committed lengths.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{BufferStats, FillPolicy, WriterId};
+
+/// What writers and the table share without the mutex.
+pub(crate) struct Live {
+    /// Per head chunk: the writing region's committed `(bytes, packets)`,
+    /// packed by [`pack`]; stored by the owning writer after every packet.
+    pub(crate) committed: Box<[AtomicU64]>,
+    /// Bumped whenever a chunk may have become available, so that a writer
+    /// refused once can fail fast, without the lock, until something changed.
+    pub(crate) generation: AtomicU64,
+}
+
+/// Packs a committed length and packet count into one word, so that one
+/// Release store publishes both consistently.
+#[inline]
+pub(crate) fn pack(bytes: u32, packets: u32) -> u64 {
+    (u64::from(packets) << 32) | u64::from(bytes)
+}
+
+#[inline]
+pub(crate) fn unpack(word: u64) -> (u32, u32) {
+    // Truncations are the packing's inverse: low half bytes, high half packets.
+    (word as u32, (word >> 32) as u32)
+}
+
+/// One chunk or a span of adjacent chunks, described at its first chunk.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    chunks: u32,
+    writer: WriterId,
+    writing: bool,
+    /// Final length and packet count, valid once complete.
+    used: u32,
+    packets: u32,
+    /// What the flusher already took (or `clear` dropped).
+    read: u32,
+    read_packets: u32,
+    /// Unreleased batches referencing this region (M3).
+    pins: u32,
+    /// The writer lost data right before `read`: the next batch emits a loss
+    /// marker before this region's next bytes.
+    loss_pending: bool,
+    /// Some of it was dropped by `clear` (so it is not counted as read).
+    cleared: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    Free,
+    Head(Region),
+    /// A later chunk of a span; its state is the head's.
+    Member,
+}
+
+/// One writer sequence: its live regions in acquisition (= write) order.
+#[derive(Debug, Default)]
+struct Sequence {
+    regions: VecDeque<usize>,
+    /// Data was lost after every region listed: the loss goes before the
+    /// writer's next region.
+    loss_tail: bool,
+    writers: u32,
+}
+
+/// A piece of a flush batch, as offsets into the mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RawItem {
+    Data { offset: usize, len: usize },
+    Loss(WriterId),
+}
+
+/// What `take` gathered.
+pub(crate) struct Taken {
+    pub(crate) items: Vec<RawItem>,
+    pub(crate) pins: Vec<u32>,
+    pub(crate) bytes: u64,
+}
+
+pub(crate) struct Table {
+    slots: Vec<Slot>,
+    chunk_size: usize,
+    policy: FillPolicy,
+    cursor: usize,
+    free_chunks: usize,
+    sequences: BTreeMap<WriterId, Sequence>,
+    totals: BufferStats,
+    generation: u64,
+}
+
+/// A chunk acquisition was refused; the generation at that moment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Refused(pub(crate) u64);
+
+impl Table {
+    pub(crate) fn new(chunk_count: usize, chunk_size: usize, policy: FillPolicy) -> Table {
+        Table {
+            slots: vec![Slot::Free; chunk_count],
+            chunk_size,
+            policy,
+            cursor: 0,
+            free_chunks: chunk_count,
+            sequences: BTreeMap::new(),
+            totals: BufferStats::default(),
+            generation: 0,
+        }
+    }
+
+    fn bump(&mut self, live: &Live) {
+        self.generation += 1;
+        live.generation.store(self.generation, Ordering::Release);
+    }
+
+    pub(crate) fn attach(&mut self, id: WriterId) {
+        self.sequences.entry(id).or_default().writers += 1;
+    }
+
+    /// The last writer of `id` went away; `lost` if it dropped packets after
+    /// its last region.
+    pub(crate) fn detach(&mut self, id: WriterId, lost: bool) {
+        let seq = self.sequences.entry(id).or_default();
+        seq.writers = seq.writers.saturating_sub(1);
+        seq.loss_tail |= lost;
+    }
+
+    fn region_mut(&mut self, head: usize) -> Option<&mut Region> {
+        match self.slots.get_mut(head) {
+            Some(Slot::Head(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Where a region's readable data ends: the writer's published length
+    /// while it writes, the final one after.
+    fn end_of(r: &Region, head: usize, live: &Live) -> (u32, u32) {
+        if r.writing {
+            // Acquire pairs with the writer's Release store: the bytes below
+            // the length are visible (M2).
+            unpack(live.committed[head].load(Ordering::Acquire))
+        } else {
+            (r.used, r.packets)
+        }
+    }
+
+    /// Returns a region to the free chunks. `lost`: the writer's stream has a
+    /// gap here, which moves to its next region (or its tail).
+    fn free_region(&mut self, head: usize, lost: bool) {
+        let Some(&mut r) = self.region_mut(head) else {
+            return;
+        };
+        if let Some(seq) = self.sequences.get_mut(&r.writer)
+            && let Some(i) = seq.regions.iter().position(|&h| h == head)
+        {
+            seq.regions.remove(i);
+            if lost {
+                match seq.regions.get(i).copied() {
+                    Some(next) => {
+                        if let Some(Slot::Head(n)) = self.slots.get_mut(next) {
+                            n.loss_pending = true;
+                        }
+                    }
+                    None => seq.loss_tail = true,
+                }
+            }
+        }
+        let end = head + r.chunks as usize;
+        for s in &mut self.slots[head..end] {
+            *s = Slot::Free;
+        }
+        self.free_chunks += r.chunks as usize;
+    }
+
+    /// Whether the slot at `j` may be taken: `Ok(chunks it covers)` or
+    /// `Err(chunks to skip)`.
+    fn takeable(&self, j: usize) -> Result<usize, usize> {
+        match &self.slots[j] {
+            Slot::Free => Ok(1),
+            Slot::Member => Err(1),
+            Slot::Head(r) => {
+                // M3: pinned regions are never reused; writing ones belong to
+                // their writer (M2).
+                let reusable = !r.writing
+                    && r.pins == 0
+                    && (self.policy == FillPolicy::RingBuffer || r.read == r.used);
+                if reusable {
+                    Ok(r.chunks as usize)
+                } else {
+                    Err(r.chunks as usize)
+                }
+            }
+        }
+    }
+
+    /// Gives `id` a region of `k` adjacent chunks at the write cursor (or the
+    /// first place after it where k chunks can be had), reusing complete
+    /// unpinned chunks under RING_BUFFER. `lost`: the writer dropped packets
+    /// since its previous region.
+    pub(crate) fn acquire(
+        &mut self,
+        live: &Live,
+        id: WriterId,
+        k: usize,
+        lost: bool,
+    ) -> Result<usize, Refused> {
+        let n = self.slots.len();
+        let refused = |t: &mut Table| {
+            t.totals.chunks_discarded += 1;
+            Err(Refused(t.generation))
+        };
+        if k == 0 || k > n || (self.policy == FillPolicy::Discard && self.free_chunks < k) {
+            return refused(self);
+        }
+        let mut start = self.cursor;
+        let mut scanned = 0usize;
+        let mut wrapped = false;
+        let found_end = loop {
+            if scanned >= n {
+                return refused(self);
+            }
+            if start + k > n {
+                scanned += n - start;
+                start = 0;
+                wrapped = true;
+                continue;
+            }
+            let mut j = start;
+            let blocked = loop {
+                if j >= start + k {
+                    break None;
+                }
+                match self.takeable(j) {
+                    Ok(len) => j += len,
+                    Err(skip) => break Some(j + skip),
+                }
+            };
+            match blocked {
+                None => break j,
+                Some(next) => {
+                    scanned += next - start;
+                    start = next;
+                    if start >= n {
+                        start = 0;
+                        wrapped = true;
+                    }
+                }
+            }
+        };
+        // Reclaim everything in [start, found_end): free chunks stay free,
+        // complete regions are overwritten (RING_BUFFER) or were fully read.
+        let mut i = start;
+        while i < found_end {
+            match self.slots[i] {
+                Slot::Head(r) => {
+                    let unread = r.used - r.read;
+                    if unread > 0 {
+                        self.totals.chunks_overwritten += u64::from(r.chunks);
+                        self.totals.bytes_overwritten += u64::from(unread);
+                        self.totals.packets_overwritten += u64::from(r.packets - r.read_packets);
+                    }
+                    self.free_region(i, unread > 0 || r.loss_pending);
+                    i += r.chunks as usize;
+                }
+                Slot::Free | Slot::Member => i += 1,
+            }
+        }
+        let seq = self.sequences.entry(id).or_default();
+        let loss_pending = lost || seq.loss_tail;
+        seq.loss_tail = false;
+        seq.regions.push_back(start);
+        self.slots[start] = Slot::Head(Region {
+            chunks: k as u32,
+            writer: id,
+            writing: true,
+            used: 0,
+            packets: 0,
+            read: 0,
+            read_packets: 0,
+            pins: 0,
+            loss_pending,
+            cleared: false,
+        });
+        for s in &mut self.slots[start + 1..start + k] {
+            *s = Slot::Member;
+        }
+        self.free_chunks -= k;
+        live.committed[start].store(0, Ordering::Release);
+        if wrapped {
+            self.totals.write_wrap_count += 1;
+        }
+        self.cursor = start + k;
+        if self.cursor >= n {
+            self.cursor = 0;
+            self.totals.write_wrap_count += 1;
+        }
+        Ok(start)
+    }
+
+    /// The writer is done with the region at `head`, holding `used` bytes in
+    /// `packets` packets.
+    pub(crate) fn complete(&mut self, live: &Live, head: usize, used: u32, packets: u32) {
+        let chunk_size = self.chunk_size as u64;
+        let Some(r) = self.region_mut(head) else {
+            return;
+        };
+        r.writing = false;
+        r.used = used;
+        r.packets = packets;
+        let r = *r;
+        if used > 0 {
+            let t = &mut self.totals;
+            t.bytes_written += u64::from(used);
+            t.packets_written += u64::from(packets);
+            t.chunks_written += u64::from(r.chunks);
+            t.padding_bytes_written += u64::from(r.chunks) * chunk_size - u64::from(used);
+            if r.read == used && !r.cleared {
+                t.chunks_read += u64::from(r.chunks);
+            }
+        }
+        if r.pins == 0 && r.read == used {
+            self.free_region(head, r.loss_pending);
+        }
+        self.bump(live);
+    }
+
+    /// Everything committed and not yet read, grouped by writer (ascending
+    /// id), each writer's data in write order, with loss markers in place.
+    /// `snapshot`: leave read offsets and loss flags as they are.
+    pub(crate) fn take(&mut self, live: &Live, snapshot: bool) -> Taken {
+        let mut taken = Taken {
+            items: Vec::new(),
+            pins: Vec::new(),
+            bytes: 0,
+        };
+        let chunk_size = self.chunk_size;
+        let Table {
+            slots,
+            sequences,
+            totals,
+            ..
+        } = self;
+        for (&id, seq) in sequences.iter_mut() {
+            // A tail loss comes after every region listed.
+            let mut pending = false;
+            let tail = seq.loss_tail;
+            if !snapshot {
+                seq.loss_tail = false;
+            }
+            for &h in &seq.regions {
+                let Some(Slot::Head(r)) = slots.get_mut(h) else {
+                    continue;
+                };
+                if r.loss_pending {
+                    pending = true;
+                    if !snapshot {
+                        r.loss_pending = false;
+                    }
+                }
+                let (end, end_packets) = Self::end_of(r, h, live);
+                if end <= r.read {
+                    continue;
+                }
+                if pending {
+                    taken.items.push(RawItem::Loss(id));
+                    pending = false;
+                }
+                let offset = h * chunk_size + r.read as usize;
+                let len = (end - r.read) as usize;
+                push_data(&mut taken.items, offset, len);
+                r.pins += 1;
+                taken.pins.push(h as u32);
+                taken.bytes += len as u64;
+                if !snapshot {
+                    totals.bytes_read += len as u64;
+                    totals.packets_read += u64::from(end_packets - r.read_packets);
+                    r.read = end;
+                    r.read_packets = end_packets;
+                    if !r.writing && !r.cleared {
+                        totals.chunks_read += u64::from(r.chunks);
+                    }
+                }
+            }
+            pending |= tail;
+            if pending {
+                // Nothing follows the loss yet: keep it where the writer's
+                // next bytes will go, or mark the end of a finished stream.
+                let last_writing = seq.regions.back().and_then(|&h| match slots.get_mut(h) {
+                    Some(Slot::Head(r)) if r.writing => Some(r),
+                    _ => None,
+                });
+                match last_writing {
+                    Some(r) => r.loss_pending |= !snapshot,
+                    None if seq.writers > 0 => seq.loss_tail |= !snapshot,
+                    None => taken.items.push(RawItem::Loss(id)),
+                }
+            }
+        }
+        if !snapshot {
+            sequences.retain(|_, s| s.writers > 0 || !s.regions.is_empty() || s.loss_tail);
+        }
+        taken
+    }
+
+    /// A batch is done with these regions.
+    pub(crate) fn release(&mut self, live: &Live, pins: &[u32]) {
+        for &h in pins {
+            let h = h as usize;
+            let Some(r) = self.region_mut(h) else {
+                continue;
+            };
+            r.pins = r.pins.saturating_sub(1);
+            let r = *r;
+            if r.pins == 0 && !r.writing && r.read == r.used {
+                self.free_region(h, r.loss_pending);
+            }
+        }
+        self.bump(live);
+    }
+
+    /// Drops all unread data, counted as cleared; each writer that lost data
+    /// gets a loss marker before its next bytes.
+    pub(crate) fn clear(&mut self, live: &Live) {
+        let mut freeable = Vec::new();
+        let Table {
+            slots,
+            sequences,
+            totals,
+            ..
+        } = self;
+        for seq in sequences.values() {
+            for &h in &seq.regions {
+                let Some(Slot::Head(r)) = slots.get_mut(h) else {
+                    continue;
+                };
+                let (end, end_packets) = Self::end_of(r, h, live);
+                if end > r.read {
+                    totals.bytes_cleared += u64::from(end - r.read);
+                    totals.packets_cleared += u64::from(end_packets - r.read_packets);
+                    if !r.writing {
+                        totals.chunks_cleared += u64::from(r.chunks);
+                    }
+                    r.read = end;
+                    r.read_packets = end_packets;
+                    r.loss_pending = true;
+                    r.cleared = true;
+                }
+                if !r.writing && r.pins == 0 {
+                    freeable.push((h, r.loss_pending));
+                }
+            }
+        }
+        for (h, lost) in freeable {
+            self.free_region(h, lost);
+        }
+        self.bump(live);
+    }
+
+    /// The table's counters plus what the writing regions hold right now.
+    pub(crate) fn stats(&self, live: &Live) -> BufferStats {
+        let mut s = self.totals;
+        for seq in self.sequences.values() {
+            for &h in &seq.regions {
+                let Some(Slot::Head(r)) = self.slots.get(h) else {
+                    continue;
+                };
+                let (end, end_packets) = Self::end_of(r, h, live);
+                if r.writing {
+                    s.bytes_written += u64::from(end);
+                    s.packets_written += u64::from(end_packets);
+                }
+                s.bytes_buffered += u64::from(end - r.read);
+                s.packets_buffered += u64::from(end_packets - r.read_packets);
+            }
+        }
+        s
+    }
+}
+
+/// Appends a data range, merging it with the previous one when adjacent in
+/// the mapping (fewer iovecs; the bytes are the same).
+fn push_data(items: &mut Vec<RawItem>, offset: usize, len: usize) {
+    if let Some(RawItem::Data {
+        offset: o,
+        len: l,
+    }) = items.last_mut()
+        && *o + *l == offset
+    {
+        *l += len;
+        return;
+    }
+    items.push(RawItem::Data { offset, len });
+}

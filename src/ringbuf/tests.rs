@@ -1,0 +1,392 @@
+//! Unit tests of the buffer engine. The model test (proptest) and the
+//! multi-thread stress test are in `tests/integration/ringbuf.rs`; these are
+//! small enough for miri (`cargo +nightly miri test --lib ringbuf::`).
+
+use std::sync::Arc;
+
+use super::*;
+
+fn params(chunks: usize, chunk_size: usize, policy: FillPolicy) -> BufferParams {
+    BufferParams {
+        size_bytes: chunks * chunk_size,
+        chunk_size,
+        policy,
+        prefault: false,
+    }
+}
+
+fn buffer(chunks: usize, chunk_size: usize, policy: FillPolicy) -> Arc<Buffer> {
+    Buffer::new(params(chunks, chunk_size, policy)).expect("valid params")
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Piece {
+    Packet(Vec<u8>),
+    Loss(u32),
+}
+
+/// Parses a batch into packets and loss markers; panics on a malformed frame.
+fn pieces(batch: &FlushBatch) -> Vec<Piece> {
+    let mut out = Vec::new();
+    for item in batch.items() {
+        match item {
+            FlushItem::Loss { writer } => out.push(Piece::Loss(writer.0)),
+            FlushItem::Data(mut d) => {
+                while !d.is_empty() {
+                    assert_eq!(d[0], 0x0A, "frame tag");
+                    let (mut len, mut i, mut shift) = (0usize, 1, 0);
+                    loop {
+                        let b = d[i];
+                        len |= usize::from(b & 0x7F) << shift;
+                        shift += 7;
+                        i += 1;
+                        if b & 0x80 == 0 {
+                            break;
+                        }
+                    }
+                    out.push(Piece::Packet(d[i..i + len].to_vec()));
+                    d = &d[i + len..];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn drain(b: &Arc<Buffer>) -> Vec<Piece> {
+    let batch = b.take_flush();
+    let p = pieces(&batch);
+    batch.release();
+    p
+}
+
+fn pkt(tag: u8, len: usize) -> Vec<u8> {
+    vec![tag; len]
+}
+
+#[test]
+fn write_then_flush_round_trips() {
+    let b = buffer(4, 256, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    for i in 0..5 {
+        w.write_packet(&pkt(i, 10 + usize::from(i))).expect("fits");
+    }
+    let got = drain(&b);
+    let want: Vec<_> = (0..5).map(|i| Piece::Packet(pkt(i, 10 + usize::from(i)))).collect();
+    assert_eq!(got, want);
+    assert!(drain(&b).is_empty(), "no byte twice");
+    let s = b.stats();
+    assert!(s.is_balanced(), "{s:#?}");
+    assert_eq!(s.packets_written, 5);
+    assert_eq!(s.packets_read, 5);
+    assert_eq!(s.bytes_read, (0..5).map(|i| 2 + 10 + i).sum::<u64>());
+}
+
+#[test]
+fn flush_continues_in_the_writers_chunk() {
+    let b = buffer(4, 256, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 20)).expect("fits");
+    assert_eq!(drain(&b), vec![Piece::Packet(pkt(1, 20))]);
+    w.write_packet(&pkt(2, 20)).expect("fits");
+    w.write_packet(&pkt(3, 20)).expect("fits");
+    assert_eq!(
+        drain(&b),
+        vec![Piece::Packet(pkt(2, 20)), Piece::Packet(pkt(3, 20))]
+    );
+    drop(w);
+    assert!(drain(&b).is_empty());
+    let s = b.stats();
+    assert_eq!(s.chunks_read, 1, "{s:#?}");
+    assert_eq!(s.chunks_written, 1);
+    assert_eq!(s.bytes_buffered, 0);
+}
+
+#[test]
+fn writers_are_grouped_in_id_order() {
+    let b = buffer(8, 64, FillPolicy::Discard);
+    let mut w3 = b.writer(WriterId(3));
+    let mut w2 = b.writer(WriterId(2));
+    w3.write_packet(&pkt(3, 5)).expect("fits");
+    w2.write_packet(&pkt(2, 5)).expect("fits");
+    w3.write_packet(&pkt(4, 5)).expect("fits");
+    assert_eq!(
+        drain(&b),
+        vec![
+            Piece::Packet(pkt(2, 5)),
+            Piece::Packet(pkt(3, 5)),
+            Piece::Packet(pkt(4, 5))
+        ]
+    );
+}
+
+#[test]
+fn ring_buffer_overwrites_oldest_and_marks_the_loss() {
+    let b = buffer(4, 64, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    // 30-byte packets: 2 per chunk; 20 packets = 10 chunks through 4.
+    for i in 0..20 {
+        w.write_packet(&pkt(i, 30)).expect("ring never refuses when nothing is pinned");
+    }
+    let got = drain(&b);
+    assert_eq!(got[0], Piece::Loss(2), "loss marked where the data went");
+    let tags: Vec<u8> = got[1..]
+        .iter()
+        .map(|p| match p {
+            Piece::Packet(p) => p[0],
+            Piece::Loss(_) => panic!("one loss only"),
+        })
+        .collect();
+    assert_eq!(tags, (12..20).collect::<Vec<u8>>(), "the newest 4 chunks survive");
+    let s = b.stats();
+    assert!(s.is_balanced(), "{s:#?}");
+    assert_eq!(s.chunks_overwritten, 6);
+    assert_eq!(s.packets_overwritten, 12);
+    assert_eq!(s.bytes_overwritten, 12 * 32);
+    assert_eq!(s.write_wrap_count, 2);
+}
+
+#[test]
+fn discard_drops_while_full_and_resumes_after_a_flush() {
+    let b = buffer(2, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    for i in 0..4 {
+        w.write_packet(&pkt(i, 30)).expect("room for 4");
+    }
+    assert_eq!(w.write_packet(&pkt(9, 30)), Err(WriteError::Discarded));
+    assert_eq!(w.write_packet(&pkt(9, 30)), Err(WriteError::Discarded));
+    let s = b.stats();
+    assert_eq!((s.packets_discarded, s.bytes_discarded), (2, 64));
+    assert_eq!(s.chunks_discarded, 1, "the second drop fails fast, unchanged state");
+    let got = drain(&b);
+    assert_eq!(got.len(), 4);
+    // Space is back: accepted again, after a loss marker.
+    w.write_packet(&pkt(5, 30)).expect("resumes after the flush");
+    assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(5, 30))]);
+    assert_eq!(b.stats().bytes_overwritten, 0);
+}
+
+#[test]
+fn pinned_chunks_are_not_reused() {
+    let b = buffer(3, 64, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 55)).expect("fits");
+    w.write_packet(&pkt(2, 55)).expect("fits");
+    let held = b.take_flush();
+    let before = pieces(&held);
+    // Chunks 0 and 1 are pinned: the writer cycles through chunk 2 alone.
+    w.write_packet(&pkt(3, 55)).expect("the free chunk");
+    w.write_packet(&pkt(4, 55)).expect("reuses chunk 2, overwriting 3");
+    let held2 = b.take_flush();
+    assert_eq!(pieces(&held2), vec![Piece::Loss(2), Piece::Packet(pkt(4, 55))]);
+    // Now every chunk is pinned: nothing can be had.
+    assert_eq!(w.write_packet(&pkt(5, 55)), Err(WriteError::Discarded));
+    assert_eq!(pieces(&held), before, "pinned bytes unchanged");
+    held.release();
+    w.write_packet(&pkt(6, 55)).expect("released chunks are free again");
+    held2.release();
+    assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(6, 55))]);
+    let s = b.stats();
+    assert_eq!(s.packets_discarded, 1);
+    assert_eq!(s.packets_overwritten, 1);
+    assert!(s.is_balanced());
+}
+
+#[test]
+fn big_packets_span_chunks_and_arrive_whole() {
+    let b = buffer(16, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 10)).expect("fits");
+    w.write_packet(&pkt(2, 200)).expect("spans 4 chunks");
+    w.write_packet(&pkt(3, 10)).expect("fits after it");
+    {
+        let mut slot = w.begin_packet(150).expect("slot span");
+        slot.buf()[..100].fill(4);
+        slot.commit(100);
+    }
+    assert_eq!(
+        drain(&b),
+        vec![
+            Piece::Packet(pkt(1, 10)),
+            Piece::Packet(pkt(2, 200)),
+            Piece::Packet(pkt(3, 10)),
+            Piece::Packet(pkt(4, 100)),
+        ]
+    );
+    assert_eq!(b.max_packet_len(), 256, "a quarter of a 1 KiB buffer");
+    assert_eq!(w.write_packet(&pkt(5, 257)), Err(WriteError::TooBig));
+    assert!(matches!(w.begin_packet(257), Err(WriteError::TooBig)));
+    let s = b.stats();
+    assert_eq!(s.packets_refused, 2);
+    assert!(s.is_balanced());
+}
+
+#[test]
+fn an_overwritten_span_loses_its_packet_whole() {
+    let b = buffer(16, 64, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 150)).expect("span of 3");
+    for i in 2..40 {
+        w.write_packet(&pkt(i, 55)).expect("single chunks");
+    }
+    let got = drain(&b);
+    assert_eq!(got[0], Piece::Loss(2));
+    assert!(
+        !got.iter().any(|p| matches!(p, Piece::Packet(p) if p[0] == 1)),
+        "the big packet is lost whole, not in part"
+    );
+    let s = b.stats();
+    assert!(s.is_balanced(), "{s:#?}");
+}
+
+#[test]
+fn slot_dropped_uncommitted_writes_nothing() {
+    let b = buffer(4, 64, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    {
+        let mut slot = w.begin_packet(20).expect("fits");
+        slot.buf().fill(9);
+    }
+    w.write_packet(&pkt(1, 5)).expect("fits");
+    assert_eq!(drain(&b), vec![Piece::Packet(pkt(1, 5))]);
+}
+
+#[test]
+fn snapshot_does_not_consume() {
+    let b = buffer(4, 64, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 10)).expect("fits");
+    let snap = b.snapshot();
+    assert_eq!(pieces(&snap), vec![Piece::Packet(pkt(1, 10))]);
+    snap.release();
+    assert_eq!(b.stats().bytes_read, 0);
+    assert_eq!(drain(&b), vec![Piece::Packet(pkt(1, 10))]);
+}
+
+#[test]
+fn clear_drops_unflushed_data_and_marks_it() {
+    let b = buffer(4, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 10)).expect("fits");
+    w.write_packet(&pkt(2, 60)).expect("next chunk");
+    b.clear();
+    let s = b.stats();
+    assert_eq!((s.packets_cleared, s.bytes_cleared), (2, 74));
+    assert_eq!(s.bytes_buffered, 0);
+    assert!(s.is_balanced());
+    assert!(drain(&b).is_empty(), "no marker until data follows");
+    w.write_packet(&pkt(3, 10)).expect("fits");
+    assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(3, 10))]);
+}
+
+#[test]
+fn dropping_a_writer_commits_and_flush_hands_over() {
+    let b = buffer(4, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 10)).expect("fits");
+    w.flush();
+    w.write_packet(&pkt(2, 10)).expect("a new chunk");
+    drop(w);
+    let s = b.stats();
+    assert_eq!(s.chunks_written, 2);
+    assert_eq!(s.padding_bytes_written, 2 * (64 - 12));
+    assert_eq!(
+        drain(&b),
+        vec![Piece::Packet(pkt(1, 10)), Piece::Packet(pkt(2, 10))]
+    );
+}
+
+#[test]
+fn a_dead_writers_trailing_loss_is_marked_once() {
+    let b = buffer(2, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 55)).expect("fits");
+    w.write_packet(&pkt(2, 55)).expect("fits");
+    assert_eq!(w.write_packet(&pkt(3, 55)), Err(WriteError::Discarded));
+    drop(w);
+    assert_eq!(
+        drain(&b),
+        vec![Piece::Packet(pkt(1, 55)), Piece::Packet(pkt(2, 55)), Piece::Loss(2)]
+    );
+    assert!(drain(&b).is_empty());
+}
+
+#[test]
+fn params_are_checked() {
+    assert!(matches!(
+        Buffer::new(params(1, 4096, FillPolicy::Discard)),
+        Err(RingbufError::TooSmall { .. })
+    ));
+    assert!(matches!(
+        Buffer::new(params(4, 8, FillPolicy::Discard)),
+        Err(RingbufError::ChunkSize { .. })
+    ));
+    let p = BufferParams::new(16 * 1024, FillPolicy::RingBuffer);
+    assert_eq!(p.chunk_size, 4096, "small buffers get smaller chunks");
+    assert_eq!(BufferParams::new(64 << 20, FillPolicy::RingBuffer).chunk_size, BufferParams::DEFAULT_CHUNK_SIZE);
+    let b = Buffer::new(params(3, 1000, FillPolicy::Discard)).expect("valid");
+    assert_eq!(b.size_bytes(), 3000);
+    assert_eq!(b.mapped_bytes(), 4096, "page-rounded");
+    assert_eq!(b.chunk_count(), 3);
+    assert_eq!(b.stats().buffer_size, 3000);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "mmap and madvise are not available under miri")]
+fn prefaulted_buffer_maps() {
+    let b = Buffer::new(BufferParams::new(1 << 20, FillPolicy::RingBuffer)).expect("1 MiB");
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&[1, 2, 3]).expect("fits");
+    assert_eq!(drain(&b), vec![Piece::Packet(vec![1, 2, 3])]);
+}
+
+#[test]
+fn threads_write_while_the_flusher_drains() {
+    let (threads, per) = if cfg!(miri) { (2, 40) } else { (3, 3000) };
+    let b = buffer(8, 128, FillPolicy::RingBuffer);
+    let handles: Vec<_> = (0..threads)
+        .map(|t: u8| {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                let mut w = b.writer(WriterId(u32::from(t)));
+                let mut ok = 0u64;
+                for n in 0..per {
+                    let mut p = vec![t; 8 + n % 40];
+                    p[1..5].copy_from_slice(&(n as u32).to_le_bytes());
+                    if w.write_packet(&p).is_ok() {
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut last = vec![None::<u32>; usize::from(threads)];
+    let mut seen = 0u64;
+    let mut check = |batch: &FlushBatch| {
+        for piece in pieces(batch) {
+            if let Piece::Packet(p) = piece {
+                let t = usize::from(p[0]);
+                let n = u32::from_le_bytes([p[1], p[2], p[3], p[4]]);
+                assert!(p[5..].iter().all(|&x| x == p[0]), "R1: intact");
+                assert!(last[t].is_none_or(|l| n > l), "R2: in order, none twice");
+                last[t] = Some(n);
+                seen += 1;
+            }
+        }
+    };
+    while !handles.iter().all(|h| h.is_finished()) {
+        let batch = b.take_flush();
+        check(&batch);
+        batch.release();
+    }
+    let ok: u64 = handles.into_iter().map(|h| h.join().expect("writer")).sum();
+    let batch = b.take_flush();
+    check(&batch);
+    batch.release();
+    let s = b.stats();
+    assert!(s.is_balanced(), "{s:#?}");
+    assert_eq!(s.packets_written, ok);
+    assert_eq!(ok, seen + s.packets_overwritten);
+    assert_eq!(s.bytes_buffered, 0);
+}

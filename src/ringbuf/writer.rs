@@ -1,0 +1,328 @@
+//! Writers: encode packets in place into the region they own.
+//!
+//! The per-packet path is a bounds check, the copy (or the caller's own
+//! encoding, through [`PacketSlot`]) and one Release store of the committed
+//! length: no lock, no syscall, no allocation, no read-modify-write.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::buffer::{Buffer, WriterTotals};
+use super::table::pack;
+use super::{WriteError, WriterId};
+
+/// Bytes `begin_packet` reserves before the packet: the 0x0A tag and a
+/// 4-byte redundant varint length.
+const SLOT_HEADER_BYTES: usize = 5;
+/// Largest length a 4-byte varint holds.
+const MAX_SLOT_LEN: usize = (1 << 28) - 1;
+
+/// A writer's own counters, stored (never RMW'd) by the writer and summed by
+/// `Buffer::stats`.
+#[derive(Debug, Default)]
+pub(crate) struct WriterCounters {
+    packets_discarded: AtomicU64,
+    bytes_discarded: AtomicU64,
+    packets_refused: AtomicU64,
+    bytes_refused: AtomicU64,
+}
+
+impl WriterCounters {
+    pub(crate) fn load(&self) -> WriterTotals {
+        WriterTotals {
+            packets_discarded: self.packets_discarded.load(Ordering::Relaxed),
+            bytes_discarded: self.bytes_discarded.load(Ordering::Relaxed),
+            packets_refused: self.packets_refused.load(Ordering::Relaxed),
+            bytes_refused: self.bytes_refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The region a writer holds.
+#[derive(Debug)]
+struct Current {
+    head: usize,
+    /// Offset of the region in the mapping.
+    offset: usize,
+    cap: usize,
+    pos: usize,
+    packets: u32,
+}
+
+/// Writes one sequence's packets into a [`Buffer`]. `Send`, used by one
+/// thread at a time. Dropping it commits what it holds.
+pub struct Writer {
+    buffer: Arc<Buffer>,
+    id: WriterId,
+    cur: Option<Current>,
+    counters: Arc<WriterCounters>,
+    local: WriterTotals,
+    /// Packets were dropped since the current region was acquired.
+    lost: bool,
+    /// Generation and size of the last refused acquisition: until the
+    /// generation moves, an acquisition at least as big fails without the lock.
+    refused_at: Option<(u64, usize)>,
+    /// `buffer.max_packet_len()`, kept here for the fast path.
+    max_len: usize,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("id", &self.id)
+            .field("cur", &self.cur)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Minimal varint length of `v`.
+#[inline]
+fn varint_len(v: usize) -> usize {
+    let bits = usize::BITS - (v | 1).leading_zeros();
+    bits.div_ceil(7) as usize
+}
+
+impl Writer {
+    pub(crate) fn new(buffer: Arc<Buffer>, id: WriterId, counters: Arc<WriterCounters>) -> Writer {
+        Writer {
+            id,
+            cur: None,
+            counters,
+            local: WriterTotals::default(),
+            lost: false,
+            refused_at: None,
+            max_len: buffer.max_packet_len(),
+            buffer,
+        }
+    }
+
+    /// The sequence this writer writes.
+    pub fn id(&self) -> WriterId {
+        self.id
+    }
+
+    /// The buffer written to.
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
+
+    /// Stores `packet` as `0x0A <varint len> packet`.
+    #[inline]
+    pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
+        let len = packet.len();
+        let framed = 1 + varint_len(len) + len;
+        if len <= self.max_len
+            && let Some(c) = self.cur.as_mut()
+            && c.cap - c.pos >= framed
+        {
+            put_packet(&self.buffer, c, packet);
+            return Ok(());
+        }
+        self.write_slow(packet, framed)
+    }
+
+    #[cold]
+    fn write_slow(&mut self, packet: &[u8], framed: usize) -> Result<(), WriteError> {
+        self.make_room(packet.len(), framed)?;
+        let c = self
+            .cur
+            .as_mut()
+            .expect("make_room succeeded, so the writer holds a region");
+        put_packet(&self.buffer, c, packet);
+        Ok(())
+    }
+
+    /// Reserves room for a packet of at most `max_len` bytes, encoded in
+    /// place through the returned slot (zero-copy).
+    #[inline]
+    pub fn begin_packet(&mut self, max_len: usize) -> Result<PacketSlot<'_>, WriteError> {
+        let framed = SLOT_HEADER_BYTES + max_len;
+        let fits = max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
+        if !fits {
+            self.make_room(max_len, framed)?;
+        }
+        Ok(PacketSlot {
+            writer: self,
+            max_len,
+        })
+    }
+
+    /// Hands the current region over (commits it), e.g. before going idle.
+    /// Not needed for the data to be flushed: `take_flush` takes committed
+    /// prefixes too.
+    pub fn flush(&mut self) {
+        if let Some(c) = self.cur.take() {
+            self.buffer.complete(c.head, c.pos as u32, c.packets);
+        }
+    }
+
+    /// Gets a region with `framed` free bytes, or counts the packet dropped.
+    fn make_room(&mut self, len: usize, framed: usize) -> Result<(), WriteError> {
+        if len > self.max_len || len > MAX_SLOT_LEN {
+            self.local.packets_refused += 1;
+            self.local.bytes_refused += framed as u64;
+            let c = &self.counters;
+            c.packets_refused.store(self.local.packets_refused, Ordering::Relaxed);
+            c.bytes_refused.store(self.local.bytes_refused, Ordering::Relaxed);
+            return Err(WriteError::TooBig);
+        }
+        let k = framed.div_ceil(self.buffer.chunk_size());
+        if self.cur.is_none()
+            && let Some((generation, refused_k)) = self.refused_at
+            && k >= refused_k
+            && generation == self.buffer.generation()
+        {
+            return Err(self.discard(framed));
+        }
+        let done = self
+            .cur
+            .take()
+            .map(|c| (c.head, c.pos as u32, c.packets));
+        match self.buffer.swap_region(self.id, done, k, self.lost) {
+            Ok(head) => {
+                let cs = self.buffer.chunk_size();
+                self.cur = Some(Current {
+                    head,
+                    offset: head * cs,
+                    cap: k * cs,
+                    pos: 0,
+                    packets: 0,
+                });
+                self.lost = false;
+                self.refused_at = None;
+                Ok(())
+            }
+            Err(refused) => {
+                self.refused_at = Some((refused.0, k));
+                Err(self.discard(framed))
+            }
+        }
+    }
+
+    fn discard(&mut self, framed: usize) -> WriteError {
+        self.lost = true;
+        self.local.packets_discarded += 1;
+        self.local.bytes_discarded += framed as u64;
+        let c = &self.counters;
+        c.packets_discarded.store(self.local.packets_discarded, Ordering::Relaxed);
+        c.bytes_discarded.store(self.local.bytes_discarded, Ordering::Relaxed);
+        WriteError::Discarded
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let done = self
+            .cur
+            .take()
+            .map(|c| (c.head, c.pos as u32, c.packets));
+        self.buffer.detach(self.id, done, self.lost, &self.counters);
+    }
+}
+
+/// Writes a framed packet at the region's write position and publishes it.
+#[inline(always)]
+fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
+    let len = packet.len();
+    let mut header = [0u8; 11];
+    header[0] = 0x0A;
+    let mut n = 1;
+    let mut v = len;
+    while v >= 0x80 {
+        header[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    header[n] = v as u8;
+    n += 1;
+    debug_assert!(c.cap - c.pos >= n + len);
+    // SAFETY: M1, M2 — the caller checked that `n + len` bytes are free at
+    // `pos` in the region this writer owns; nobody else writes there and the
+    // flusher reads only below the committed length published after this.
+    unsafe {
+        let dst = buffer.base().add(c.offset + c.pos);
+        std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
+        std::ptr::copy_nonoverlapping(packet.as_ptr(), dst.add(n), len);
+    }
+    publish(buffer, c, n + len);
+}
+
+/// Moves the committed length past a packet of `framed` bytes.
+#[inline(always)]
+fn publish(buffer: &Buffer, c: &mut Current, framed: usize) {
+    c.pos += framed;
+    c.packets += 1;
+    // Release: the packet's bytes are visible to whoever Acquire-loads the
+    // new length (R1: the flusher only ever sees whole packets).
+    buffer
+        .committed(c.head)
+        .store(pack(c.pos as u32, c.packets), Ordering::Release);
+}
+
+/// Room for one packet, encoded in place. Dropped without
+/// [`commit`](PacketSlot::commit), nothing is written.
+pub struct PacketSlot<'a> {
+    writer: &'a mut Writer,
+    max_len: usize,
+}
+
+impl PacketSlot<'_> {
+    /// The packet's bytes: exactly the `max_len` asked for, contiguous.
+    #[inline]
+    pub fn buf(&mut self) -> &mut [u8] {
+        let base = self.writer.buffer.base();
+        let c = self
+            .writer
+            .cur
+            .as_ref()
+            .expect("a slot exists only while its writer holds a region");
+        // SAFETY: M1, M2 — begin_packet made sure `SLOT_HEADER_BYTES +
+        // max_len` bytes are free at `pos` in the writer's own region; the
+        // memory is initialised (zeroed or old data) and only this writer
+        // touches it until it publishes a larger committed length.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                base.add(c.offset + c.pos + SLOT_HEADER_BYTES),
+                self.max_len,
+            )
+        }
+    }
+
+    /// The reserved length.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Stores the first `len` bytes of [`buf`](Self::buf) as one packet.
+    ///
+    /// # Panics
+    /// If `len` exceeds the reserved length (a caller bug).
+    #[inline]
+    pub fn commit(self, len: usize) {
+        assert!(
+            len <= self.max_len,
+            "PacketSlot::commit: {len} bytes exceed the {} reserved",
+            self.max_len
+        );
+        let w = self.writer;
+        let c = w
+            .cur
+            .as_mut()
+            .expect("a slot exists only while its writer holds a region");
+        // Lengths fit: len <= max_len <= MAX_SLOT_LEN < 2^28.
+        let header = [
+            0x0A,
+            (len as u8) | 0x80,
+            ((len >> 7) as u8) | 0x80,
+            ((len >> 14) as u8) | 0x80,
+            ((len >> 21) as u8) & 0x7F,
+        ];
+        // SAFETY: M1, M2 — the header bytes precede the slot's buffer in the
+        // space begin_packet reserved in this writer's own region.
+        unsafe {
+            let dst = w.buffer.base().add(c.offset + c.pos);
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, SLOT_HEADER_BYTES);
+        }
+        publish(&w.buffer, c, SLOT_HEADER_BYTES + len);
+    }
+}
