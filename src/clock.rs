@@ -87,7 +87,10 @@ mod tests {
         let m = BuiltinClock::Monotonic.now_ns();
         let b = boottime_ns();
         assert!(b >= a);
-        assert!(b >= m, "BOOTTIME includes suspend, so it never trails MONOTONIC");
+        assert!(
+            b >= m,
+            "BOOTTIME includes suspend, so it never trails MONOTONIC"
+        );
     }
 
     #[test]

@@ -1,3 +1,4 @@
 //! Thin, audited wrappers over the Linux system calls the recorder needs.
 //! `unsafe` is allowed here; every block cites an invariant.
 #![allow(unsafe_code)]
+pub mod iov;

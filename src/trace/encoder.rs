@@ -261,7 +261,14 @@ mod tests {
 
     #[test]
     fn varint_lengths() {
-        for (v, n) in [(0u64, 1), (127, 1), (128, 2), (16383, 2), (16384, 3), (u64::MAX, 10)] {
+        for (v, n) in [
+            (0u64, 1),
+            (127, 1),
+            (128, 2),
+            (16383, 2),
+            (16384, 3),
+            (u64::MAX, 10),
+        ] {
             assert_eq!(varint_len(v), n, "{v}");
             let mut b = [0u8; 10];
             assert_eq!(put_varint(&mut b, v), Some(n));
@@ -278,7 +285,12 @@ mod tests {
         e.end_nested(n);
         let len = e.finish().expect("fits");
         // tag 0x0a, len 4 bytes redundant (7), then 0x10 0xac 0x02, 0x1a 0x02 'a' 'b'
-        assert_eq!(&buf[..len], &[0x0a, 0x87, 0x80, 0x80, 0x00, 0x10, 0xac, 0x02, 0x1a, 2, b'a', b'b']);
+        assert_eq!(
+            &buf[..len],
+            &[
+                0x0a, 0x87, 0x80, 0x80, 0x00, 0x10, 0xac, 0x02, 0x1a, 2, b'a', b'b'
+            ]
+        );
         let mut small = [0u8; 3];
         let mut e = ProtoEncoder::new(&mut small);
         e.string(1, "hello");

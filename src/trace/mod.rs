@@ -1,3 +1,5 @@
 //! Trace encoding (packets we emit) and trace reading (framing, inspection).
 
 pub mod encoder;
+pub mod inspect;
+pub mod reader;
