@@ -1,1 +1,154 @@
-//! The output path: file sinks (io_uring, `pwritev`, a stream) and write passes.
+//! The output path: file sinks (io_uring, `pwritev`, a stream) that move the
+//! ring buffer's bytes to the trace file without copying them.
+//!
+//! ```text
+//!  ring mmap ── &[IoSlice] ──► FileSink::write_all ──► kernel ──► trace file
+//!                  (iovecs point into the mmap; batches ≤ IOV_MAX)
+//! ```
+//!
+//! - [`open_output`] opens the file (`O_CREAT|O_TRUNC`, or `O_EXCL` with
+//!   no-clobber, mode 0600) and picks the sink: io_uring when a real ring
+//!   setup and a NOP succeed, else `pwritev` (logged), or a [`SinkKind::Stream`]
+//!   sink with plain `writev` for stdout.
+//! - Positioned sinks keep the file offset themselves and append at it.
+//! - The first failed write poisons a sink: that call and every later one
+//!   return the same [`SinkError`]; nothing is retried. A failed call leaves
+//!   a regular file truncated back to where that call began (best effort), so
+//!   a caller that hands whole packets to each call keeps a valid trace.
+//! - [`cut_at_packet_boundary`] trims a write to the last whole packet under
+//!   a byte cap (`max_file_size_bytes`).
+
+mod batch;
+mod cut;
+mod output;
+mod pwritev_sink;
+mod stream_sink;
+mod uring_sink;
+
+use std::io::IoSlice;
+
+pub use batch::IOV_MAX;
+pub use cut::{Cut, cut_at_packet_boundary};
+pub use output::{IoChoice, OpenOptions, OutputPath, io_uring_available, open_output};
+pub use pwritev_sink::PwritevSink;
+pub use stream_sink::StreamSink;
+pub use uring_sink::UringSink;
+
+/// Which implementation a sink uses (reported in the trace and the summary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum SinkKind {
+    /// io_uring WRITEV at explicit offsets.
+    IoUring,
+    /// `pwritev(2)` at explicit offsets.
+    Pwritev,
+    /// `writev(2)` on a stream (stdout: a pipe or a file), no positioned writes.
+    Stream,
+}
+
+impl SinkKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SinkKind::IoUring => "io_uring",
+            SinkKind::Pwritev => "pwritev",
+            SinkKind::Stream => "stream",
+        }
+    }
+}
+
+impl std::fmt::Display for SinkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed sink operation. `Copy`, so a poisoned sink can hand it out again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The kernel refused a write (ENOSPC, EIO, EPIPE, ...).
+    #[error("write at file offset {offset} failed: {errno}")]
+    Write {
+        errno: rustix::io::Errno,
+        offset: u64,
+    },
+    /// A write returned 0 bytes with data left: it cannot continue.
+    #[error("write at file offset {offset} made no progress")]
+    NoProgress { offset: u64 },
+    /// `fdatasync` failed.
+    #[error("fdatasync failed: {0}")]
+    Sync(rustix::io::Errno),
+    /// The io_uring ring itself failed (submission or completion wait).
+    #[error("io_uring failed: {0}")]
+    Ring(rustix::io::Errno),
+}
+
+impl SinkError {
+    /// The errno behind the error, if there is one (`ENOSPC` is 28).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            SinkError::Write { errno, .. } | SinkError::Sync(errno) | SinkError::Ring(errno) => {
+                Some(errno.raw_os_error())
+            }
+            SinkError::NoProgress { .. } => None,
+        }
+    }
+
+    /// True for a full disk (ENOSPC, or EDQUOT / EFBIG which mean the same to a user).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(
+            self.raw_os_error(),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
+        )
+    }
+}
+
+/// Opening the output failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{path}: already exists (no-clobber)")]
+    Exists { path: std::path::PathBuf },
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot use stdout for the trace: {0}")]
+    Stdout(#[source] std::io::Error),
+    #[error("io_uring was requested but is unavailable: {0}")]
+    IoUringUnavailable(String),
+}
+
+/// Where trace bytes go. Implementations never copy the data: the kernel
+/// reads the caller's memory (the ring buffer's mmap) directly.
+pub trait FileSink: Send {
+    fn kind(&self) -> SinkKind;
+    /// Appends all of `bufs`, in order, at the end of what was written so far;
+    /// returns when every byte is on its way to the file (completions
+    /// reaped), with the bytes this call wrote.
+    /// On the first error (ENOSPC, EIO, a short write that cannot continue)
+    /// the sink is poisoned: this and every later call return the error, and
+    /// nothing is retried.
+    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError>;
+    /// `fdatasync` (a no-op for a pipe). Fails with the poison error too.
+    fn sync_data(&mut self) -> Result<(), SinkError>;
+    /// Bytes in the file as far as the sink knows (after a failure, what the
+    /// file holds).
+    fn bytes_written(&self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_full_is_recognised() {
+        let e = SinkError::Write {
+            errno: rustix::io::Errno::NOSPC,
+            offset: 3,
+        };
+        assert!(e.is_disk_full());
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert!(!SinkError::Sync(rustix::io::Errno::IO).is_disk_full());
+        assert!(e.to_string().contains("offset 3"));
+    }
+}

@@ -2,3 +2,4 @@
 //! `unsafe` is allowed here; every block cites an invariant.
 #![allow(unsafe_code)]
 pub mod daemon;
+pub mod iov;

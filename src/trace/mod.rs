@@ -3,3 +3,5 @@
 pub mod encoder;
 pub mod service;
 pub mod service_log;
+pub mod inspect;
+pub mod reader;

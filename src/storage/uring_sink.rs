@@ -1,0 +1,268 @@
+//! The io_uring sink: WRITEV at explicit offsets (the sink's own counter),
+//! a few requests in flight, no SQPOLL (it would spin a core).
+//!
+//! ```text
+//!  bufs ──Cursor──► slot 0: ≤ IOV_MAX iovecs, ≤ SQE_MAX_BYTES @ off
+//!                   slot 1: ...                               @ off + len0
+//!                   ... ≤ QUEUE_DEPTH slots ──► submit_and_wait ──► reap
+//!  short completion → the slot's iovecs advance, resubmitted at off + res
+//! ```
+//!
+//! Invariants the `unsafe` blocks rely on:
+//! - U1 Every iovec array handed to the kernel (a slot's `Vec<IoSlice>`) and
+//!   the memory its entries point to stay alive and unmoved until that
+//!   request's completion is reaped: slots live for the whole `write_all`
+//!   call, a slot's vector is not touched while it is in flight, `bufs` is
+//!   borrowed for the call, and the call returns only when nothing is in
+//!   flight. If the ring itself fails mid-call the slots are leaked instead,
+//!   so the arrays stay valid for whatever the kernel still holds (the kernel
+//!   only reads that memory).
+//! - U2 The file descriptor (raw, or registered at index 0) stays open for as
+//!   long as the ring exists: the sink owns both, and `ring` is declared (so
+//!   dropped) before `fd`.
+//! - U3 A request's `user_data` is the index of a busy slot.
+#![allow(unsafe_code)]
+
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use io_uring::{IoUring, opcode, squeue, types};
+use rustix::io::Errno;
+
+use super::batch::{Cursor, IOV_MAX, advance_owned};
+use super::pwritev_sink::poison;
+use super::{FileSink, SinkError, SinkKind};
+
+/// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
+pub const QUEUE_DEPTH: usize = 8;
+/// Bytes per request at most, so one pass spreads over several requests and
+/// a short write resubmits little.
+pub const SQE_MAX_BYTES: usize = 4 << 20;
+
+/// One request's iovecs and where it writes.
+struct Slot<'a> {
+    iov: Vec<IoSlice<'a>>,
+    offset: u64,
+    len: usize,
+    busy: bool,
+}
+
+/// Appends at its own offset with io_uring WRITEV.
+pub struct UringSink {
+    // Declared before `fd`: dropped first (U2).
+    ring: IoUring,
+    fd: OwnedFd,
+    registered: bool,
+    offset: u64,
+    poisoned: Option<SinkError>,
+}
+
+fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_io_error(e).unwrap_or(Errno::IO)
+}
+
+impl UringSink {
+    /// Sets up a ring for `fd`, appending from `offset`. Registers the fd
+    /// (saves a file lookup per request) when the kernel allows it.
+    pub fn new(fd: OwnedFd, offset: u64) -> std::io::Result<Self> {
+        let ring = IoUring::builder().build(QUEUE_DEPTH as u32)?;
+        let registered = ring.submitter().register_files(&[fd.as_raw_fd()]).is_ok();
+        Ok(UringSink {
+            ring,
+            fd,
+            registered,
+            offset,
+            poisoned: None,
+        })
+    }
+
+    fn entry(&self, slot: &Slot<'_>, index: usize) -> squeue::Entry {
+        let iov = slot.iov.as_ptr().cast::<libc::iovec>();
+        // IOV_MAX bounds a slot's length, so it fits a u32.
+        let n = slot.iov.len() as u32;
+        let op = if self.registered {
+            opcode::Writev::new(types::Fixed(0), iov, n)
+        } else {
+            opcode::Writev::new(types::Fd(self.fd.as_raw_fd()), iov, n)
+        };
+        op.offset(slot.offset).build().user_data(index as u64)
+    }
+
+    fn push(&mut self, slot: &Slot<'_>, index: usize) {
+        let entry = self.entry(slot, index);
+        // SAFETY: U1 keeps the iovec array and the data alive until this
+        // request completes; U2 keeps the fd open; `IoSlice` is ABI-compatible
+        // with `iovec` on Unix (std guarantees it).
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        // At most QUEUE_DEPTH requests are queued or in flight and the
+        // submission queue has QUEUE_DEPTH entries.
+        pushed.expect("submission queue has room for every slot");
+    }
+}
+
+impl FileSink for UringSink {
+    fn kind(&self) -> SinkKind {
+        SinkKind::IoUring
+    }
+
+    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+        if let Some(e) = self.poisoned {
+            return Err(e);
+        }
+        let start = self.offset;
+        let mut cursor = Cursor::new(bufs);
+        let mut slots: Vec<Slot<'_>> = (0..QUEUE_DEPTH)
+            .map(|_| Slot {
+                iov: Vec::new(),
+                offset: 0,
+                len: 0,
+                busy: false,
+            })
+            .collect();
+        let mut next = start;
+        let mut in_flight = 0usize;
+        let mut failure: Option<SinkError> = None;
+        // The lowest file offset a failed or abandoned request did not write.
+        let mut hole = u64::MAX;
+        loop {
+            if failure.is_none() {
+                for i in 0..QUEUE_DEPTH {
+                    if slots[i].busy || cursor.is_done() {
+                        continue;
+                    }
+                    let len = cursor.take_batch(IOV_MAX, SQE_MAX_BYTES, &mut slots[i].iov);
+                    let slot = &mut slots[i];
+                    slot.offset = next;
+                    slot.len = len;
+                    slot.busy = true;
+                    next += len as u64;
+                    self.push(&slots[i], i);
+                    in_flight += 1;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(errno_of(&e), Errno::INTR | Errno::AGAIN | Errno::BUSY) => {}
+                Err(e) => {
+                    let err = SinkError::Ring(errno_of(&e));
+                    // Requests may still be in the kernel: keep their iovec
+                    // arrays alive for good (U1).
+                    std::mem::forget(slots);
+                    self.poisoned = Some(err);
+                    log::error!("trace file sink poisoned: {err}");
+                    return Err(err);
+                }
+            }
+            let mut resubmit = Vec::new();
+            for cqe in self.ring.completion() {
+                // U3: user_data is a busy slot's index.
+                let i = cqe.user_data() as usize;
+                let slot = &mut slots[i];
+                let res = cqe.result();
+                if res < 0 {
+                    failure.get_or_insert(SinkError::Write {
+                        errno: Errno::from_raw_os_error(-res),
+                        offset: slot.offset,
+                    });
+                    hole = hole.min(slot.offset);
+                } else if res == 0 {
+                    failure.get_or_insert(SinkError::NoProgress {
+                        offset: slot.offset,
+                    });
+                    hole = hole.min(slot.offset);
+                } else if (res as usize) < slot.len {
+                    let n = res as usize;
+                    advance_owned(&mut slot.iov, n);
+                    slot.offset += n as u64;
+                    slot.len -= n;
+                    if failure.is_none() {
+                        resubmit.push(i);
+                        continue;
+                    }
+                    hole = hole.min(slot.offset);
+                }
+                slot.busy = false;
+                in_flight -= 1;
+            }
+            for i in resubmit {
+                if failure.is_some() {
+                    hole = hole.min(slots[i].offset);
+                    slots[i].busy = false;
+                    in_flight -= 1;
+                } else {
+                    self.push(&slots[i], i);
+                }
+            }
+        }
+        match failure {
+            None => {
+                self.offset = next;
+                Ok(next - start)
+            }
+            Some(err) => {
+                let written_to = hole.min(next);
+                Err(poison(
+                    &self.fd,
+                    &mut self.poisoned,
+                    &mut self.offset,
+                    start,
+                    written_to,
+                    err,
+                ))
+            }
+        }
+    }
+
+    fn sync_data(&mut self) -> Result<(), SinkError> {
+        if let Some(e) = self.poisoned {
+            return Err(e);
+        }
+        rustix::fs::fdatasync(&self.fd).map_err(|errno| {
+            let e = SinkError::Sync(errno);
+            self.poisoned = Some(e);
+            e
+        })
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// Probes io_uring the way the sink will use it: a real ring setup, a NOP
+/// through it, and WRITEV support.
+pub fn probe() -> Result<(), String> {
+    let mut ring = IoUring::new(QUEUE_DEPTH as u32).map_err(|e| {
+        format!("io_uring_setup failed: {e} (blocked by seccomp or kernel.io_uring_disabled?)")
+    })?;
+    let mut probe = io_uring::Probe::new();
+    if ring.submitter().register_probe(&mut probe).is_ok()
+        && !probe.is_supported(opcode::Writev::CODE)
+    {
+        return Err("io_uring does not support WRITEV".to_string());
+    }
+    let nop = opcode::Nop::new().build().user_data(7);
+    // SAFETY: a NOP references no memory and no fd (nothing for U1/U2 to keep).
+    unsafe { ring.submission().push(&nop) }.map_err(|e| format!("io_uring push failed: {e}"))?;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("io_uring_enter failed: {e}")),
+        }
+    }
+    let cqe = ring
+        .completion()
+        .next()
+        .ok_or("io_uring NOP did not complete")?;
+    if cqe.result() < 0 || cqe.user_data() != 7 {
+        return Err(format!(
+            "io_uring NOP failed: {}",
+            Errno::from_raw_os_error(-cqe.result())
+        ));
+    }
+    Ok(())
+}
