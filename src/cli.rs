@@ -1,6 +1,13 @@
-//! Command-line surface (clap derive) and exit codes. No logic lives here.
+//! Command-line surface (clap derive) and exit codes. No logic lives here: it
+//! parses arguments, calls the library, prints, and maps outcomes to exit codes.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, ConfigError, ConfigForm, LoadOptions, RecorderSpec};
 
 /// Exit code: success.
 pub const EXIT_OK: u8 = 0;
@@ -9,6 +16,277 @@ pub const EXIT_RUNTIME: u8 = 1;
 /// Exit code: bad usage or a config error.
 pub const EXIT_USAGE: u8 = 2;
 
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success
+  1  runtime failure (I/O error, full disk, kernel refused)
+  2  usage or config error (unlike Perfetto, a rejected config is not a success)
+
+Configs are Perfetto TraceConfigs, text (.cfg, .pbtx) or binary; the form is
+detected unless --txt is given.";
+
+/// Records Linux traces in the Perfetto format, storage-first.
+#[derive(Debug, Parser)]
+#[command(name = "recorder", version, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// A subcommand; without one, the main job runs (`--config`).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The main job's arguments.
+    #[command(flatten)]
+    pub main: MainArgs,
+    /// More logging (-v debug, -vv trace). RUST_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Less logging (-q warnings only, -qq errors only).
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub quiet: u8,
+}
+
+/// Arguments of the main job: record a trace as the config says.
+#[derive(Debug, Clone, Args)]
+pub struct MainArgs {
+    /// The TraceConfig, text or binary; `-` reads stdin.
+    #[arg(short = 'c', long, value_name = "FILE|-")]
+    pub config: Option<PathBuf>,
+    /// Where the trace goes; `-` is stdout.
+    #[arg(short = 'o', long = "out", value_name = "OUT|-")]
+    pub out: Option<PathBuf>,
+    /// Parse the config as text (no detection).
+    #[arg(long, conflicts_with = "txt_lossy")]
+    pub txt: bool,
+    /// Parse as text and skip unknown fields, listing them in one warning.
+    #[arg(long)]
+    pub txt_lossy: bool,
+    /// Detach and run in the background; prints the PID.
+    #[arg(short = 'd', long)]
+    pub background: bool,
+    /// Refuse to overwrite an existing output file.
+    #[arg(long)]
+    pub no_clobber: bool,
+}
+
+/// Subcommands. Room is left for `inspect`, `trigger`, `query`, `stop`, `bench`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check or convert a config.
+    Config(ConfigArgs),
+}
+
+/// `recorder config …`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: ConfigAction,
+}
+
+/// How to read a config file.
+#[derive(Debug, Clone, Args)]
+pub struct FormArgs {
+    /// Parse as text (no detection).
+    #[arg(long, conflicts_with = "txt_lossy")]
+    pub txt: bool,
+    /// Parse as text and skip unknown fields.
+    #[arg(long)]
+    pub txt_lossy: bool,
+}
+
+impl FormArgs {
+    fn options(&self) -> LoadOptions {
+        LoadOptions {
+            force_text: self.txt,
+            lossy: self.txt_lossy,
+        }
+    }
+}
+
+/// Output form of `config convert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetForm {
+    /// Protobuf binary (what `protoc --encode` makes).
+    Binary,
+    /// Protobuf text format.
+    Text,
+}
+
+/// `recorder config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Validate a config and print the plan: buffers, sources, timeline, warnings.
+    Check {
+        /// The config; `-` reads stdin.
+        #[arg(value_name = "FILE|-")]
+        file: PathBuf,
+        /// Form options.
+        #[command(flatten)]
+        form: FormArgs,
+    },
+    /// Convert a config between text and binary.
+    Convert {
+        /// The config; `-` reads stdin.
+        #[arg(value_name = "FILE|-")]
+        file: PathBuf,
+        /// Target form (default: the other one).
+        #[arg(long, value_enum)]
+        to: Option<TargetForm>,
+        /// Output file (default stdout).
+        #[arg(short = 'o', long = "out", value_name = "OUT|-")]
+        out: Option<PathBuf>,
+        /// Form options.
+        #[command(flatten)]
+        form: FormArgs,
+    },
+}
+
+fn init_logging(verbose: u8, quiet: u8) {
+    let level = match i16::from(verbose) - i16::from(quiet) {
+        i16::MIN..=-2 => "error",
+        -1 => "warn",
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .target(env_logger::Target::Stderr)
+        .format_timestamp(None)
+        .try_init();
+}
+
+fn report(e: &ConfigError) -> u8 {
+    eprintln!("{e}");
+    EXIT_USAGE
+}
+
+fn warn_all(spec: &RecorderSpec) {
+    for n in &spec.notes {
+        log::info!("{n}");
+    }
+    for w in &spec.warnings {
+        log::warn!("{w}");
+    }
+}
+
+/// Runs the binary: parse arguments, dispatch, return the exit code.
 pub fn main() -> ExitCode {
-    ExitCode::from(EXIT_OK)
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
+        }
+    };
+    init_logging(cli.verbose, cli.quiet);
+    ExitCode::from(run(cli))
+}
+
+/// Dispatches parsed arguments; returns the exit code.
+pub fn run(cli: Cli) -> u8 {
+    match cli.command {
+        Some(Command::Config(ConfigArgs { action })) => match action {
+            ConfigAction::Check { file, form } => config_check(&file, form.options()),
+            ConfigAction::Convert {
+                file,
+                to,
+                out,
+                form,
+            } => config_convert(&file, to, out.as_deref(), form.options()),
+        },
+        None => {
+            let Some(path) = cli.main.config.clone() else {
+                eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
+                return EXIT_USAGE;
+            };
+            let opts = LoadOptions {
+                force_text: cli.main.txt,
+                lossy: cli.main.txt_lossy,
+            };
+            match config::load_spec(&path, opts) {
+                Ok(spec) => {
+                    warn_all(&spec);
+                    run_main_job(&spec, &cli.main)
+                }
+                Err(e) => report(&e),
+            }
+        }
+    }
+}
+
+/// The main job: record as `spec` says. Recording is not wired in yet, so for
+/// now this explains the plan (on stderr when the trace would go to stdout).
+pub fn run_main_job(spec: &RecorderSpec, args: &MainArgs) -> u8 {
+    let plan = config::plan::describe(spec);
+    let to_stdout = args.out.as_deref() == Some(Path::new("-"));
+    let out = args.out.as_ref().map_or_else(
+        || "(no output file given)".to_string(),
+        |p| p.display().to_string(),
+    );
+    let text =
+        format!("plan (recording is not available in this build yet; output: {out}):\n{plan}");
+    if to_stdout {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+    EXIT_OK
+}
+
+fn config_check(file: &Path, opts: LoadOptions) -> u8 {
+    let loaded = match config::load_path(file, opts) {
+        Ok(l) => l,
+        Err(e) => return report(&e),
+    };
+    match loaded.validate() {
+        Ok(spec) => {
+            let form = match loaded.form {
+                ConfigForm::Text => "text",
+                ConfigForm::Binary => "binary",
+            };
+            println!("{}: valid {form} config", loaded.origin);
+            print!("{}", config::plan::describe(&spec));
+            EXIT_OK
+        }
+        Err(e) => report(&e),
+    }
+}
+
+fn config_convert(
+    file: &Path,
+    to: Option<TargetForm>,
+    out: Option<&Path>,
+    opts: LoadOptions,
+) -> u8 {
+    let loaded = match config::load_path(file, opts) {
+        Ok(l) => l,
+        Err(e) => return report(&e),
+    };
+    let to = to.unwrap_or(match loaded.form {
+        ConfigForm::Text => TargetForm::Binary,
+        ConfigForm::Binary => TargetForm::Text,
+    });
+    let bytes = match to {
+        TargetForm::Binary => loaded.bytes.clone(),
+        TargetForm::Text => {
+            let (text, dropped) = loaded.to_text();
+            if dropped > 0 {
+                log::warn!(
+                    "{dropped} field(s) our schema does not know have no text form and were left out: {}",
+                    loaded.unknown_fields.join(", ")
+                );
+            }
+            text.into_bytes()
+        }
+    };
+    let result = match out {
+        None => std::io::stdout().write_all(&bytes),
+        Some(p) if p == Path::new("-") => std::io::stdout().write_all(&bytes),
+        Some(p) => std::fs::write(p, &bytes),
+    };
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("error: cannot write output: {e}");
+            EXIT_RUNTIME
+        }
+    }
 }

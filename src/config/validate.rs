@@ -1,0 +1,892 @@
+//! Validation of a decoded TraceConfig into a [`RecorderSpec`], following the
+//! tracing service's rules (facts §5.1) and saying so where Perfetto would do
+//! something surprising without a word.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use prost::Message;
+use prost_reflect::DescriptorPool;
+
+use super::spec::*;
+use super::wire;
+use crate::protos;
+use crate::protos::trace_config::{BufferConfig, TriggerConfig};
+
+/// One semantic error: where, and what would be valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Field path, e.g. `buffers[1].size_kb`.
+    pub path: String,
+    /// What is wrong and what would be valid.
+    pub message: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Longest duration and trigger timeout the service accepts: 7 days.
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Most buffers per session.
+pub const MAX_BUFFERS: usize = 128;
+/// A buffer must be under 4 GiB.
+pub const MAX_BUFFER_KB: u64 = 4 * 1024 * 1024 - 1;
+/// write_into_file period defaults.
+pub const DEFAULT_WRITE_PERIOD_MS: u32 = 5000;
+/// Smallest write_into_file period.
+pub const MIN_WRITE_PERIOD_MS: u32 = 100;
+/// The flush cadence the service uses under write_into_file in AUTO mode.
+pub const AUTO_FLUSH_PERIOD_MS: u32 = 5000;
+
+/// Names of the sources recorder provides itself.
+pub const FTRACE: &str = "linux.ftrace";
+/// `linux.process_stats`.
+pub const PROCESS_STATS: &str = "linux.process_stats";
+/// `linux.sys_stats`.
+pub const SYS_STATS: &str = "linux.sys_stats";
+/// The synthetic test source, under our name...
+pub const FOR_TESTING: &str = "for_testing";
+/// ...and under the name Perfetto's own test producer registers.
+pub const FAKE_PRODUCER: &str = "android.perfetto.FakeProducer";
+
+struct Ctx<'a> {
+    errors: Vec<Invalid>,
+    warnings: Vec<Warning>,
+    notes: Vec<Warning>,
+    pool: &'a DescriptorPool,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(Invalid {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+    fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(Warning {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+    fn note(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.notes.push(Warning {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn ms(v: u32) -> Duration {
+    Duration::from_millis(u64::from(v))
+}
+
+fn nonzero_ms(v: Option<u32>) -> Option<Duration> {
+    v.filter(|v| *v > 0).map(ms)
+}
+
+fn check_regex(cx: &mut Ctx<'_>, path: String, pattern: &str) {
+    if let Err(e) = regex::Regex::new(&format!("^(?:{pattern})$")) {
+        let first = e
+            .to_string()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        cx.err(
+            path,
+            format!("invalid regular expression {pattern:?}: {first}"),
+        );
+    }
+}
+
+/// Validates `config_bytes`, a serialized TraceConfig. `unknown_fields` are the
+/// paths the loader found our schema does not know; they are carried along.
+pub fn validate(
+    config_bytes: &[u8],
+    unknown_fields: Vec<String>,
+    pool: &DescriptorPool,
+) -> Result<RecorderSpec, Vec<Invalid>> {
+    let tc = protos::TraceConfig::decode(config_bytes).map_err(|e| {
+        vec![Invalid {
+            path: String::new(),
+            message: format!("not a TraceConfig: {e}"),
+        }]
+    })?;
+    let raw_configs = wire::data_source_configs(config_bytes).map_err(|e| {
+        vec![Invalid {
+            path: "data_sources".into(),
+            message: format!("malformed: {e}"),
+        }]
+    })?;
+    let mut cx = Ctx {
+        errors: Vec::new(),
+        warnings: Vec::new(),
+        notes: Vec::new(),
+        pool,
+    };
+    let buffers = buffers(&mut cx, &tc);
+    let data_sources = data_sources(&mut cx, &tc, &buffers, raw_configs);
+    let trigger = triggers(&mut cx, &tc);
+
+    let duration_ms = tc.duration_ms();
+    if u64::from(duration_ms) > MAX_DURATION_MS {
+        cx.err(
+            "duration_ms",
+            format!("{duration_ms} is over the 7-day maximum ({MAX_DURATION_MS})"),
+        );
+    }
+    let file = file(&mut cx, &tc, trigger.as_ref());
+    let flush = flush(&mut cx, &tc);
+
+    if let Some(f) = &tc.trace_filter {
+        let _ = f;
+        cx.err(
+            "trace_filter",
+            "trace filtering is not supported by recorder; remove trace_filter (Perfetto refuses to trace unfiltered when a filter cannot be applied, and so do we)",
+        );
+    }
+    let compression = compression(&mut cx, &tc);
+    if let Some(name) = tc.bugreport_filename.as_deref()
+        && !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            cx.err(
+                "bugreport_filename",
+                "only [a-zA-Z0-9-_.] characters are allowed",
+            );
+        }
+    if tc.deferred_start() {
+        cx.warn(
+            "deferred_start",
+            "recorder has no separate start request; the session starts at once",
+        );
+    }
+    for (i, s) in tc.session_semaphores.iter().enumerate() {
+        let _ = s;
+        cx.warn(
+            format!("session_semaphores[{i}]"),
+            "session semaphores are not enforced",
+        );
+    }
+    if tc.statsd_metadata.is_some()
+        || tc.incident_report_config.is_some()
+        || tc.android_report_config.is_some()
+        || tc.notify_traceur()
+    {
+        cx.warn("", "Android reporting fields (statsd_metadata, incident/android_report_config, notify_traceur) have no effect");
+    }
+    if !tc.activate_triggers.is_empty() {
+        cx.note(
+            "activate_triggers",
+            format!(
+                "this config only sends triggers ({}); nothing is recorded",
+                tc.activate_triggers.join(", ")
+            ),
+        );
+    }
+
+    let builtin = {
+        let b = tc.builtin_data_sources.unwrap_or_default();
+        let clock = b.primary_trace_clock.unwrap_or(0);
+        BuiltinSourcesSpec {
+            disable_clock_snapshotting: b.disable_clock_snapshotting(),
+            disable_trace_config: b.disable_trace_config(),
+            disable_system_info: b.disable_system_info(),
+            disable_service_events: b.disable_service_events(),
+            primary_trace_clock: if clock <= 0 { 6 } else { clock as u32 },
+            snapshot_interval: nonzero_ms(b.snapshot_interval_ms)
+                .unwrap_or(Duration::from_secs(10)),
+            prefer_suspend_clock_for_snapshot: b.prefer_suspend_clock_for_snapshot(),
+            disable_chunk_usage_histograms: b.disable_chunk_usage_histograms(),
+        }
+    };
+
+    if !cx.errors.is_empty() {
+        return Err(cx.errors);
+    }
+    Ok(RecorderSpec {
+        buffers,
+        data_sources,
+        duration: nonzero_ms(tc.duration_ms),
+        trigger,
+        file,
+        flush,
+        flush_timeout: nonzero_ms(tc.flush_timeout_ms).unwrap_or(Duration::from_secs(5)),
+        data_source_stop_timeout: nonzero_ms(tc.data_source_stop_timeout_ms)
+            .unwrap_or(Duration::from_secs(5)),
+        incremental_state_clear_period: tc
+            .incremental_state_config
+            .as_ref()
+            .and_then(|c| nonzero_ms(c.clear_period_ms)),
+        activate_triggers: tc.activate_triggers.clone(),
+        unique_session_name: tc.unique_session_name.clone().filter(|s| !s.is_empty()),
+        deferred_start: tc.deferred_start(),
+        trace_uuid: match (tc.trace_uuid_msb, tc.trace_uuid_lsb) {
+            (None, None) => None,
+            (m, l) => Some((m.unwrap_or(0), l.unwrap_or(0))),
+        },
+        builtin,
+        compression,
+        config_bytes: config_bytes.to_vec(),
+        unknown_fields,
+        warnings: cx.warnings,
+        notes: cx.notes,
+    })
+}
+
+fn buffers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Vec<BufferSpec> {
+    if tc.buffers.is_empty() && tc.activate_triggers.is_empty() {
+        cx.err(
+            "buffers",
+            "at least one buffer is required, e.g. buffers { size_kb: 65536 }",
+        );
+    }
+    if tc.buffers.len() > MAX_BUFFERS {
+        cx.err(
+            "buffers",
+            format!(
+                "{} buffers given; at most {MAX_BUFFERS} are allowed",
+                tc.buffers.len()
+            ),
+        );
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, b) in tc.buffers.iter().enumerate() {
+        let path = format!("buffers[{i}]");
+        let kb = u64::from(b.size_kb());
+        if kb == 0 {
+            cx.err(
+                format!("{path}.size_kb"),
+                "must be > 0 (a size in KiB, under 4 GiB)",
+            );
+        } else if kb > MAX_BUFFER_KB {
+            cx.err(
+                format!("{path}.size_kb"),
+                format!("{kb} KiB is 4 GiB or more; the largest buffer is {MAX_BUFFER_KB} KiB"),
+            );
+        }
+        let fill_policy = match b.fill_policy.map(BufferConfig::fill_policy_from) {
+            None | Some(Some(protos::trace_config::buffer_config::FillPolicy::Unspecified)) => {
+                FillPolicy::RingBuffer
+            }
+            Some(Some(protos::trace_config::buffer_config::FillPolicy::RingBuffer)) => {
+                FillPolicy::RingBuffer
+            }
+            Some(Some(protos::trace_config::buffer_config::FillPolicy::Discard)) => {
+                FillPolicy::Discard
+            }
+            Some(None) => {
+                cx.err(
+                    format!("{path}.fill_policy"),
+                    format!(
+                        "unknown value {}; valid: RING_BUFFER, DISCARD",
+                        b.fill_policy.unwrap_or_default()
+                    ),
+                );
+                FillPolicy::RingBuffer
+            }
+        };
+        if let Some(name) = b.name.as_deref().filter(|n| !n.is_empty())
+            && !names.insert(name.to_string()) {
+                cx.err(
+                    format!("{path}.name"),
+                    format!("buffer name {name:?} is used twice; names must be unique"),
+                );
+            }
+        if b.experimental_mode.unwrap_or(0) != 0 {
+            cx.warn(
+                format!("{path}.experimental_mode"),
+                "ignored: recorder has one buffer engine",
+            );
+        }
+        out.push(BufferSpec {
+            id: BufferId(i as u32),
+            name: b.name.clone().filter(|n| !n.is_empty()),
+            size: ByteSize::from_kb(kb),
+            fill_policy,
+            transfer_on_clone: b.transfer_on_clone(),
+            clear_before_clone: b.clear_before_clone(),
+        });
+    }
+    out
+}
+
+impl BufferConfig {
+    fn fill_policy_from(v: i32) -> Option<protos::trace_config::buffer_config::FillPolicy> {
+        protos::trace_config::buffer_config::FillPolicy::try_from(v).ok()
+    }
+}
+
+fn data_sources(
+    cx: &mut Ctx<'_>,
+    tc: &protos::TraceConfig,
+    buffers: &[BufferSpec],
+    raw: Vec<Vec<u8>>,
+) -> Vec<DataSourceSpec> {
+    let mut out = Vec::new();
+    for (i, (ds, raw_config)) in tc.data_sources.iter().zip(raw).enumerate() {
+        let path = format!("data_sources[{i}]");
+        let cfg = ds.config.clone().unwrap_or_default();
+        let name = cfg.name().to_string();
+        if name.is_empty() {
+            cx.err(
+                format!("{path}.config.name"),
+                "a data source needs a name, e.g. \"linux.ftrace\"",
+            );
+            continue;
+        }
+        for (j, p) in ds.producer_name_regex_filter.iter().enumerate() {
+            check_regex(cx, format!("{path}.producer_name_regex_filter[{j}]"), p);
+        }
+        if !ds.machine_name_filter.is_empty() {
+            cx.warn(
+                format!("{path}.machine_name_filter"),
+                "ignored: recorder traces one machine",
+            );
+        }
+        let target = target_buffer(cx, &path, &cfg, buffers);
+        let kind = source_kind(cx, &path, &name, &cfg);
+        out.push(DataSourceSpec {
+            name,
+            target_buffer: target,
+            raw_config,
+            producer_name_filter: ds.producer_name_filter.clone(),
+            producer_name_regex_filter: ds.producer_name_regex_filter.clone(),
+            kind,
+        });
+    }
+    out
+}
+
+fn target_buffer(
+    cx: &mut Ctx<'_>,
+    path: &str,
+    cfg: &protos::DataSourceConfig,
+    buffers: &[BufferSpec],
+) -> BufferId {
+    let by_index = cfg.target_buffer();
+    if let Some(bname) = cfg.target_buffer_name.as_deref().filter(|n| !n.is_empty()) {
+        let found = buffers.iter().find(|b| b.name.as_deref() == Some(bname));
+        match found {
+            None => {
+                let known: Vec<String> = buffers.iter().filter_map(|b| b.name.clone()).collect();
+                cx.err(
+                    format!("{path}.config.target_buffer_name"),
+                    format!(
+                        "no buffer is named {bname:?}; named buffers: [{}]",
+                        known.join(", ")
+                    ),
+                );
+                BufferId(0)
+            }
+            Some(b) if by_index > 0 && b.id.0 != by_index => {
+                cx.err(
+                    format!("{path}.config.target_buffer"),
+                    format!(
+                        "{by_index} disagrees with target_buffer_name {bname:?} (buffer {})",
+                        b.id.0
+                    ),
+                );
+                b.id
+            }
+            Some(b) => b.id,
+        }
+    } else {
+        if by_index as usize >= buffers.len() && !buffers.is_empty() {
+            cx.err(
+                format!("{path}.config.target_buffer"),
+                format!(
+                    "buffer {by_index} does not exist; valid: 0..={} ({} buffers)",
+                    buffers.len() - 1,
+                    buffers.len()
+                ),
+            );
+        } else if buffers.is_empty() {
+            cx.err(
+                format!("{path}.config.target_buffer"),
+                "there are no buffers to write into",
+            );
+        }
+        BufferId(by_index)
+    }
+}
+
+fn source_kind(
+    cx: &mut Ctx<'_>,
+    path: &str,
+    name: &str,
+    cfg: &protos::DataSourceConfig,
+) -> SourceKind {
+    match name {
+        FTRACE => SourceKind::Ftrace(ftrace(
+            cx,
+            path,
+            cfg.ftrace_config.clone().unwrap_or_default(),
+        )),
+        PROCESS_STATS => SourceKind::ProcessStats(process_stats(
+            cx,
+            path,
+            cfg.process_stats_config.clone().unwrap_or_default(),
+        )),
+        SYS_STATS => SourceKind::SysStats(sys_stats(
+            cx,
+            path,
+            cfg.sys_stats_config.clone().unwrap_or_default(),
+        )),
+        FOR_TESTING | FAKE_PRODUCER => {
+            let t = cfg.for_testing.clone().unwrap_or_default();
+            SourceKind::ForTesting(TestSourceSpec {
+                message_count: t.message_count(),
+                max_messages_per_second: t.max_messages_per_second(),
+                seed: t.seed(),
+                message_size: t.message_size(),
+                send_batch_on_register: t.send_batch_on_register(),
+                dummy_fields: t.dummy_fields.is_some(),
+            })
+        }
+        "track_event" => {
+            cx.note(
+                format!("{path}.config.name"),
+                "track_event: written only by SDK apps that connect to recorder's producer socket",
+            );
+            SourceKind::TrackEvent
+        }
+        "linux.system_info" => {
+            cx.note(
+                format!("{path}.config.name"),
+                "linux.system_info: recorder writes the system_info packet itself",
+            );
+            SourceKind::SystemInfo
+        }
+        other => {
+            let why = if other.starts_with("android.") {
+                "exists only on Android"
+            } else {
+                "is not provided by any built-in source"
+            };
+            cx.warn(
+                format!("{path}.config.name"),
+                format!(
+                    "data source {other:?} {why}; it records nothing unless a producer provides it"
+                ),
+            );
+            SourceKind::Other
+        }
+    }
+}
+
+fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
+    let drain = match f.drain_period_ms() {
+        0 => 100,
+        v @ 1..=60000 => v,
+        v => {
+            cx.warn(
+                format!("{path}.config.ftrace_config.drain_period_ms"),
+                format!("{v} is outside 1..=60000; using 100"),
+            );
+            100
+        }
+    };
+    if f.ftrace_events.is_empty() && f.atrace_categories.is_empty() && f.atrace_apps.is_empty() {
+        cx.warn(
+            format!("{path}.config.ftrace_config"),
+            "no ftrace_events: linux.ftrace records nothing",
+        );
+    }
+    if !f.atrace_categories.is_empty() || !f.atrace_apps.is_empty() {
+        cx.warn(
+            format!("{path}.config.ftrace_config"),
+            "atrace categories and apps only work on Android; only ftrace/print is added",
+        );
+    }
+    if !f.kprobe_events.is_empty() || f.print_filter.is_some() || !f.tracefs_options.is_empty() {
+        cx.warn(
+            format!("{path}.config.ftrace_config"),
+            "kprobe_events, print_filter and tracefs_options are not supported and are ignored",
+        );
+    }
+    if let Some(inst) = f.instance_name.as_deref()
+        && (inst == "hyp" || inst == "hypervisor") {
+            cx.err(
+                format!("{path}.config.ftrace_config.instance_name"),
+                format!("{inst:?} is reserved; choose another tracefs instance name"),
+            );
+        }
+    FtraceSpec {
+        events: f.ftrace_events.clone(),
+        atrace_categories: f.atrace_categories.clone(),
+        atrace_apps: f.atrace_apps.clone(),
+        buffer_size: Some(f.buffer_size_kb())
+            .filter(|v| *v > 0)
+            .map(|v| ByteSize::from_kb(u64::from(v))),
+        buffer_size_lower_bound: f.buffer_size_lower_bound(),
+        drain_period: ms(drain),
+        drain_buffer_percent: f.drain_buffer_percent.filter(|v| *v > 0),
+        compact_sched: f
+            .compact_sched
+            .as_ref()
+            .and_then(|c| c.enabled)
+            .unwrap_or(true),
+        symbolize_ksyms: f.symbolize_ksyms(),
+        throttle_rss_stat: f.throttle_rss_stat(),
+        disable_generic_events: f.disable_generic_events(),
+        denser_generic_event_encoding: f.denser_generic_event_encoding.unwrap_or(true),
+        syscall_events: f.syscall_events.clone(),
+        enable_function_graph: f.enable_function_graph(),
+        function_filters: f.function_filters.clone(),
+        function_graph_roots: f.function_graph_roots.clone(),
+        preserve_ftrace_buffer: f.preserve_ftrace_buffer(),
+        use_monotonic_raw_clock: f.use_monotonic_raw_clock(),
+        instance_name: f.instance_name.clone().filter(|s| !s.is_empty()),
+        tracing_cpumask: f.tracing_cpumask.clone().filter(|s| !s.is_empty()),
+        tids_to_trace: f.tids_to_trace.clone(),
+    }
+}
+
+fn process_stats(cx: &mut Ctx<'_>, path: &str, p: protos::ProcessStatsConfig) -> ProcessStatsSpec {
+    let poll = match p.proc_stats_poll_ms() {
+        0 => None,
+        v if v < 100 => {
+            cx.warn(
+                format!("{path}.config.process_stats_config.proc_stats_poll_ms"),
+                format!("{v} ms is under the 100 ms minimum; raised to 100"),
+            );
+            Some(ms(100))
+        }
+        v => Some(ms(v)),
+    };
+    ProcessStatsSpec {
+        scan_all_processes_on_start: p.scan_all_processes_on_start(),
+        record_thread_names: p.record_thread_names(),
+        poll_period: poll,
+        cache_ttl: nonzero_ms(p.proc_stats_cache_ttl_ms),
+        disable_on_demand: p.quirks.contains(&2),
+        scan_smaps_rollup: p.scan_smaps_rollup(),
+        record_process_age: p.record_process_age(),
+        record_process_runtime: p.record_process_runtime(),
+        record_process_dmabuf_rss: p.record_process_dmabuf_rss(),
+        resolve_process_fds: p.resolve_process_fds(),
+        skip_main_thread_message: p.skip_main_thread_message(),
+    }
+}
+
+fn counters(cx: &mut Ctx<'_>, path: String, enum_name: &str, values: &[i32]) -> Vec<Counter> {
+    let Some(ed) = cx.pool.get_enum_by_name(enum_name) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for v in values {
+        match ed.get_value(*v) {
+            Some(ev) if ev.number() != 0 => out.push(Counter {
+                id: ev.number(),
+                name: ev.name().to_string(),
+            }),
+            _ => cx.warn(path.clone(), format!("counter {v} is not known; skipped")),
+        }
+    }
+    out
+}
+
+fn sys_stats(cx: &mut Ctx<'_>, path: &str, s: protos::SysStatsConfig) -> SysStatsSpec {
+    let base = format!("{path}.config.sys_stats_config");
+    let period = |cx: &mut Ctx<'_>, field: &str, v: Option<u32>| -> Option<Duration> {
+        match v.unwrap_or(0) {
+            0 => None,
+            v if v < 10 => {
+                cx.warn(
+                    format!("{base}.{field}"),
+                    format!("{v} ms is under the 10 ms minimum; raised to 10"),
+                );
+                Some(ms(10))
+            }
+            v => Some(ms(v)),
+        }
+    };
+    let spec = SysStatsSpec {
+        meminfo_period: period(cx, "meminfo_period_ms", s.meminfo_period_ms),
+        meminfo_counters: Vec::new(),
+        vmstat_period: period(cx, "vmstat_period_ms", s.vmstat_period_ms),
+        vmstat_counters: Vec::new(),
+        stat_period: period(cx, "stat_period_ms", s.stat_period_ms),
+        stat_counters: s
+            .stat_counters
+            .iter()
+            .filter_map(|c| match c {
+                1 => Some(StatCounter::CpuTimes),
+                2 => Some(StatCounter::IrqCounts),
+                3 => Some(StatCounter::SoftirqCounts),
+                4 => Some(StatCounter::ForkCount),
+                _ => None,
+            })
+            .collect(),
+        devfreq_period: period(cx, "devfreq_period_ms", s.devfreq_period_ms),
+        cpufreq_period: period(cx, "cpufreq_period_ms", s.cpufreq_period_ms),
+        buddyinfo_period: period(cx, "buddyinfo_period_ms", s.buddyinfo_period_ms),
+        diskstat_period: period(cx, "diskstat_period_ms", s.diskstat_period_ms),
+        psi_period: period(cx, "psi_period_ms", s.psi_period_ms),
+        thermal_period: period(cx, "thermal_period_ms", s.thermal_period_ms),
+        cpuidle_period: period(cx, "cpuidle_period_ms", s.cpuidle_period_ms),
+        gpufreq_period: period(cx, "gpufreq_period_ms", s.gpufreq_period_ms),
+        slab_period: period(cx, "slab_period_ms", s.slab_period_ms),
+    };
+    let meminfo_counters = counters(
+        cx,
+        format!("{base}.meminfo_counters"),
+        "perfetto.protos.MeminfoCounters",
+        &s.meminfo_counters,
+    );
+    let vmstat_counters = counters(
+        cx,
+        format!("{base}.vmstat_counters"),
+        "perfetto.protos.VmstatCounters",
+        &s.vmstat_counters,
+    );
+    // One tick drives every reader, so each period must be a multiple of the
+    // smallest; Perfetto then schedules nothing at all, silently.
+    let periods: Vec<Duration> = [
+        spec.meminfo_period,
+        spec.vmstat_period,
+        spec.stat_period,
+        spec.devfreq_period,
+        spec.cpufreq_period,
+        spec.buddyinfo_period,
+        spec.diskstat_period,
+        spec.psi_period,
+        spec.thermal_period,
+        spec.cpuidle_period,
+        spec.gpufreq_period,
+        spec.slab_period,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if let Some(tick) = periods.iter().min()
+        && let Some(bad) = periods
+            .iter()
+            .find(|p| p.as_millis() % tick.as_millis() != 0)
+        {
+            cx.err(
+                base.clone(),
+                format!(
+                    "every *_period_ms must be a multiple of the smallest ({} ms); {} ms is not",
+                    tick.as_millis(),
+                    bad.as_millis()
+                ),
+            );
+        }
+    SysStatsSpec {
+        meminfo_counters,
+        vmstat_counters,
+        ..spec
+    }
+}
+
+fn triggers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Option<TriggerPlan> {
+    let t: &TriggerConfig = tc.trigger_config.as_ref()?;
+    let raw_mode = t.trigger_mode.unwrap_or(0);
+    let mode = match raw_mode {
+        0 => {
+            if !t.triggers.is_empty() {
+                cx.err(
+                    "trigger_config.trigger_mode",
+                    "triggers are listed but trigger_mode is UNSPECIFIED (Perfetto would then never write any data); set START_TRACING, STOP_TRACING or CLONE_SNAPSHOT",
+                );
+            }
+            if t.use_clone_snapshot_if_available() {
+                cx.err(
+                    "trigger_config.use_clone_snapshot_if_available",
+                    "only valid with trigger_mode: STOP_TRACING",
+                );
+            }
+            return None;
+        }
+        1 => TriggerMode::StartTracing,
+        2 if t.use_clone_snapshot_if_available() => TriggerMode::CloneSnapshot,
+        2 => TriggerMode::StopTracing,
+        4 => TriggerMode::CloneSnapshot,
+        v => {
+            cx.err(
+                "trigger_config.trigger_mode",
+                format!("unknown value {v}; valid: START_TRACING, STOP_TRACING, CLONE_SNAPSHOT"),
+            );
+            return None;
+        }
+    };
+    if t.use_clone_snapshot_if_available() && raw_mode != 2 {
+        cx.err(
+            "trigger_config.use_clone_snapshot_if_available",
+            "only valid with trigger_mode: STOP_TRACING",
+        );
+    }
+    let timeout = t.trigger_timeout_ms();
+    if timeout == 0 {
+        cx.err(
+            "trigger_config.trigger_timeout_ms",
+            format!("required with a trigger mode: a value in 1..={MAX_DURATION_MS} ms (7 days)"),
+        );
+    } else if u64::from(timeout) > MAX_DURATION_MS {
+        cx.err(
+            "trigger_config.trigger_timeout_ms",
+            format!("{timeout} is over the 7-day maximum; valid: 1..={MAX_DURATION_MS} ms"),
+        );
+    }
+    if tc.duration_ms() != 0 {
+        cx.err(
+            "duration_ms",
+            "must be 0 (unset) with a trigger mode: the triggers' stop_delay_ms and trigger_timeout_ms bound the session",
+        );
+    }
+    if tc.write_into_file() && matches!(mode, TriggerMode::StopTracing | TriggerMode::CloneSnapshot)
+    {
+        cx.err(
+            "trigger_config.trigger_mode",
+            "STOP_TRACING and CLONE_SNAPSHOT cannot be combined with write_into_file (START_TRACING can)",
+        );
+    }
+    if t.triggers.is_empty() {
+        cx.warn(
+            "trigger_config.triggers",
+            "no triggers listed: the session waits for its timeout",
+        );
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (i, tr) in t.triggers.iter().enumerate() {
+        let path = format!("trigger_config.triggers[{i}]");
+        let name = tr.name().to_string();
+        if name.is_empty() {
+            cx.err(format!("{path}.name"), "a trigger needs a name");
+        } else if !seen.insert(name.clone()) {
+            cx.err(
+                format!("{path}.name"),
+                format!("trigger name {name:?} is used twice; names must be unique"),
+            );
+        }
+        if let Some(p) = tr.producer_name_regex.as_deref().filter(|p| !p.is_empty()) {
+            check_regex(cx, format!("{path}.producer_name_regex"), p);
+        }
+        let p = tr.skip_probability();
+        if !(0.0..=1.0).contains(&p) {
+            cx.err(
+                format!("{path}.skip_probability"),
+                format!("{p} is not a probability in [0, 1]"),
+            );
+        }
+        out.push(TriggerSpec {
+            name,
+            producer_name_regex: tr.producer_name_regex.clone().filter(|p| !p.is_empty()),
+            stop_delay: ms(tr.stop_delay_ms()),
+            max_per_24_h: tr.max_per_24_h.filter(|v| *v > 0),
+            skip_probability: p,
+        });
+    }
+    Some(TriggerPlan {
+        mode,
+        timeout: ms(timeout),
+        triggers: out,
+    })
+}
+
+fn file(
+    cx: &mut Ctx<'_>,
+    tc: &protos::TraceConfig,
+    _trigger: Option<&TriggerPlan>,
+) -> Option<FileSpec> {
+    if !tc.write_into_file() {
+        if tc.file_write_period_ms.is_some_and(|v| v > 0)
+            || tc.max_file_size_bytes.is_some_and(|v| v > 0)
+        {
+            cx.warn(
+                "write_into_file",
+                "file_write_period_ms and max_file_size_bytes are ignored without write_into_file: true",
+            );
+        }
+        if tc.fflush_post_write.unwrap_or(0) != 0 {
+            cx.warn("fflush_post_write", "ignored without write_into_file: true");
+        }
+        return None;
+    }
+    let period = match tc.file_write_period_ms() {
+        0 => DEFAULT_WRITE_PERIOD_MS,
+        v if v < MIN_WRITE_PERIOD_MS => {
+            cx.warn(
+                "file_write_period_ms",
+                format!("{v} ms is under the {MIN_WRITE_PERIOD_MS} ms minimum; raised to {MIN_WRITE_PERIOD_MS}"),
+            );
+            MIN_WRITE_PERIOD_MS
+        }
+        v => v,
+    };
+    Some(FileSpec {
+        write_period: ms(period),
+        max_size: tc.max_file_size_bytes.filter(|v| *v > 0).map(ByteSize),
+        fdatasync_each_pass: tc.fflush_post_write()
+            == protos::trace_config::FFlushMode::FflushEnabled,
+        output_path: tc.output_path.clone().filter(|p| !p.is_empty()),
+    })
+}
+
+fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> FlushPlan {
+    let flush_period = tc.flush_period_ms();
+    if !tc.write_into_file() {
+        return if flush_period > 0 {
+            FlushPlan::Periodic(ms(flush_period))
+        } else {
+            FlushPlan::AtStop
+        };
+    }
+    let write_period = match tc.file_write_period_ms() {
+        0 => DEFAULT_WRITE_PERIOD_MS,
+        v => v.max(MIN_WRITE_PERIOD_MS),
+    };
+    // facts §5.7: the write_flush_mode decides; flush_period_ms is honoured only
+    // with WRITE_FLUSH_DISABLED.
+    match tc.write_flush_mode.unwrap_or(0) {
+        2 => {
+            if flush_period > 0 {
+                FlushPlan::Periodic(ms(flush_period))
+            } else {
+                FlushPlan::AtStop
+            }
+        }
+        mode => {
+            if flush_period > 0 {
+                cx.warn(
+                    "flush_period_ms",
+                    "ignored with write_into_file (as in Perfetto) unless write_flush_mode is WRITE_FLUSH_DISABLED",
+                );
+            }
+            if mode == 3 || write_period > AUTO_FLUSH_PERIOD_MS {
+                FlushPlan::BeforeEachWritePass
+            } else {
+                FlushPlan::Periodic(ms(AUTO_FLUSH_PERIOD_MS))
+            }
+        }
+    }
+}
+
+fn compression(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Compression {
+    if let Some(c) = &tc.compression {
+        if let Some(z) = &c.zstd {
+            return Compression::Zstd { level: z.level() };
+        }
+        if c.deflate.is_some() {
+            cx.warn(
+                "compression.deflate",
+                "deflate is not supported; the trace is written uncompressed (zstd is)",
+            );
+        }
+    }
+    if tc.compression_type.unwrap_or(0) == 1 {
+        cx.warn("compression_type", "deflate is not supported; the trace is written uncompressed (use compression { zstd {} })");
+    }
+    Compression::None
+}
