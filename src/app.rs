@@ -28,7 +28,11 @@ pub enum AppError {
     #[error("output: {0}")]
     Output(String),
     #[error("data_sources[{index}] ({name}): {msg}")]
-    Source { index: usize, name: String, msg: String },
+    Source {
+        index: usize,
+        name: String,
+        msg: String,
+    },
     #[error("triggers[{index}].producer_name_regex: {msg}")]
     Regex { index: usize, msg: String },
     #[error("control socket: {0} (needed for triggers)")]
@@ -63,7 +67,10 @@ pub fn timeline(spec: &RecorderSpec) -> Result<Timeline, AppError> {
             let mut rules = Vec::new();
             for (index, t) in plan.triggers.iter().enumerate() {
                 let producer_regex = match &t.producer_name_regex {
-                    Some(p) => Some(session::anchored(p).map_err(|e| AppError::Regex { index, msg: e.to_string() })?),
+                    Some(p) => Some(session::anchored(p).map_err(|e| AppError::Regex {
+                        index,
+                        msg: e.to_string(),
+                    })?),
                     None => None,
                 };
                 rules.push(TriggerRule {
@@ -96,7 +103,10 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             spec::FillPolicy::Discard => FillPolicy::Discard,
         };
         let params = BufferParams::new(b.size.0 as usize, policy);
-        let buffer = Buffer::new(params).map_err(|e| AppError::Buffer { index, msg: e.to_string() })?;
+        let buffer = Buffer::new(params).map_err(|e| AppError::Buffer {
+            index,
+            msg: e.to_string(),
+        })?;
         buffers.push(SessionBuffer {
             buffer,
             policy: match policy {
@@ -112,7 +122,11 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     let mut next_seq = FIRST_SOURCE_SEQUENCE;
     for (index, ds) in spec.data_sources.iter().enumerate() {
         let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
-            return Err(AppError::Source { index, name: ds.name.clone(), msg: "target buffer missing".into() });
+            return Err(AppError::Source {
+                index,
+                name: ds.name.clone(),
+                msg: "target buffer missing".into(),
+            });
         };
         let buffer: &Arc<Buffer> = &target.buffer;
         match &ds.kind {
@@ -128,12 +142,21 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                 };
                 sources.push(Box::new(ForTesting::new(&ds.name, opts, writer)));
             }
-            _ => log::info!("data source {:?} has no built-in provider here: nothing recorded for it", ds.name),
+            _ => log::info!(
+                "data source {:?} has no built-in provider here: nothing recorded for it",
+                ds.name
+            ),
         }
     }
 
-    let sink = storage::open_output(opts.output.clone(), OpenOptions { no_clobber: opts.no_clobber, io: opts.io })
-        .map_err(|e| AppError::Output(e.to_string()))?;
+    let sink = storage::open_output(
+        opts.output.clone(),
+        OpenOptions {
+            no_clobber: opts.no_clobber,
+            io: opts.io,
+        },
+    )
+    .map_err(|e| AppError::Output(e.to_string()))?;
     let output_label = match &opts.output {
         OutputPath::File(p) => p.display().to_string(),
         OutputPath::Stdout => "stdout".to_string(),
@@ -158,13 +181,17 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
             Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
             Err(e) => {
-                log::warn!("control socket unavailable ({e}): `recorder query/stop` will not see this session");
+                log::warn!(
+                    "control socket unavailable ({e}): `recorder query/stop` will not see this session"
+                );
                 (None, None)
             }
         },
         Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
         Err(e) => {
-            log::warn!("no runtime directory ({e}): `recorder query/stop` will not see this session");
+            log::warn!(
+                "no runtime directory ({e}): `recorder query/stop` will not see this session"
+            );
             (None, None)
         }
     };
@@ -176,7 +203,10 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         sink,
         output_label,
         snapshot_base,
-        snapshot_open: OpenOptions { no_clobber: false, io: opts.io },
+        snapshot_open: OpenOptions {
+            no_clobber: false,
+            io: opts.io,
+        },
         log,
         max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),
         fsync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),

@@ -71,6 +71,29 @@ pub struct MainArgs {
 pub enum Command {
     /// Check or convert a config.
     Config(ConfigArgs),
+    /// Fire triggers at every running session (any user may).
+    Trigger {
+        /// Trigger names.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// The producer name the triggers come from (matched by `producer_name_regex`).
+        #[arg(long, default_value = "recorder_trigger")]
+        producer: String,
+    },
+    /// List the running sessions with live statistics.
+    Query {
+        /// One JSON array instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a running session gracefully (its owner or root).
+    Stop {
+        /// The session's PID (optional when only one runs).
+        pid: Option<u32>,
+        /// Stop every session you may stop.
+        #[arg(long, conflicts_with = "pid")]
+        all: bool,
+    },
 }
 
 /// `recorder config …`.
@@ -192,6 +215,11 @@ pub fn run(cli: Cli) -> u8 {
                 form,
             } => config_convert(&file, to, out.as_deref(), form.options()),
         },
+        Some(Command::Trigger { names, producer }) => {
+            crate::command::control::fire(&names, &producer)
+        }
+        Some(Command::Query { json }) => crate::command::control::query(json),
+        Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
         None => {
             let Some(path) = cli.main.config.clone() else {
                 eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
@@ -212,23 +240,9 @@ pub fn run(cli: Cli) -> u8 {
     }
 }
 
-/// The main job: record as `spec` says. Recording is not wired in yet, so for
-/// now this explains the plan (on stderr when the trace would go to stdout).
+/// The main job: record as `spec` says.
 pub fn run_main_job(spec: &RecorderSpec, args: &MainArgs) -> u8 {
-    let plan = config::plan::describe(spec);
-    let to_stdout = args.out.as_deref() == Some(Path::new("-"));
-    let out = args.out.as_ref().map_or_else(
-        || "(no output file given)".to_string(),
-        |p| p.display().to_string(),
-    );
-    let text =
-        format!("plan (recording is not available in this build yet; output: {out}):\n{plan}");
-    if to_stdout {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
-    EXIT_OK
+    crate::command::record::run(spec, args)
 }
 
 fn config_check(file: &Path, opts: LoadOptions) -> u8 {

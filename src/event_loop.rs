@@ -101,8 +101,14 @@ impl Signals {
         let mut ids = Vec::new();
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             // Once hurried, a further signal takes the default action.
-            ids.push(signal_hook::flag::register_conditional_default(sig, hurried.clone())?);
-            ids.push(signal_hook::low_level::pipe::register(sig, tx.try_clone()?)?);
+            ids.push(signal_hook::flag::register_conditional_default(
+                sig,
+                hurried.clone(),
+            )?);
+            ids.push(signal_hook::low_level::pipe::register(
+                sig,
+                tx.try_clone()?,
+            )?);
         }
         Ok(Self { rx, hurried, ids })
     }
@@ -238,7 +244,10 @@ impl Loop {
     }
 
     fn wait(&self, timeout: Duration) {
-        let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
         let mut fds = Vec::with_capacity(2);
         if let Some(s) = &self.signals {
             fds.push(PollFd::new(&s.rx, PollFlags::IN));
@@ -268,7 +277,12 @@ impl Loop {
                 Action::CancelTimer(t) => {
                     self.timers.remove(&t);
                 }
-                Action::AcceptTrigger { name, producer, uid, stop_delay } => {
+                Action::AcceptTrigger {
+                    name,
+                    producer,
+                    uid,
+                    stop_delay,
+                } => {
                     let rec = TriggerRecord {
                         name: name.clone(),
                         producer,
@@ -276,8 +290,12 @@ impl Loop {
                         stop_delay_ms: stop_delay.as_millis() as u64,
                         boot_ns: crate::clock::boottime_ns(),
                     };
-                    log::info!("trigger {name:?} accepted (stop delay {} ms)", rec.stop_delay_ms);
-                    self.trigger_records.insert(self.rec.session.snapshots().saturating_sub(1), rec.clone());
+                    log::info!(
+                        "trigger {name:?} accepted (stop delay {} ms)",
+                        rec.stop_delay_ms
+                    );
+                    self.trigger_records
+                        .insert(self.rec.session.snapshots().saturating_sub(1), rec.clone());
                     self.rec.log.trigger(rec);
                     if let Some(h) = &self.rec.history {
                         if let Err(e) = h.record(&name, history::now_secs()) {
@@ -319,7 +337,12 @@ impl Loop {
 
     fn fire_due_timers(&mut self) {
         let now = Instant::now();
-        let due: Vec<Timer> = self.timers.iter().filter(|(_, at)| **at <= now).map(|(t, _)| *t).collect();
+        let due: Vec<Timer> = self
+            .timers
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(t, _)| *t)
+            .collect();
         for t in due {
             self.timers.remove(&t);
             self.dispatch(Event::TimerFired(t));
@@ -327,7 +350,11 @@ impl Loop {
     }
 
     fn check_sources(&mut self) {
-        let failure = self.rec.sources.iter_mut().find_map(|s| s.take_failure().map(|f| format!("{}: {f}", s.name())));
+        let failure = self
+            .rec
+            .sources
+            .iter_mut()
+            .find_map(|s| s.take_failure().map(|f| format!("{}: {f}", s.name())));
         if let Some(f) = failure {
             self.dispatch(Event::SourceFailed(f));
         }
@@ -339,11 +366,14 @@ impl Loop {
             self.rec.log.tick();
             self.next_tick = now + TICK;
         }
-        if let (Some(at), Some(period)) = (self.next_pass, self.rec.session.timeline().write_period) {
+        if let (Some(at), Some(period)) = (self.next_pass, self.rec.session.timeline().write_period)
+        {
             if now >= at {
                 let ms = crate::clock::ms_to_next_multiple(period.as_millis() as u64);
                 self.next_pass = Some(now + Duration::from_millis(ms));
-                if self.rec.session.state() == State::Recording && !self.rec.session.waiting_for_trigger() {
+                if self.rec.session.state() == State::Recording
+                    && !self.rec.session.waiting_for_trigger()
+                {
                     self.pass(Take::Consume, false);
                 }
             }
@@ -357,16 +387,33 @@ impl Loop {
     /// Runs a write pass; a failure or the cap becomes a session event.
     fn pass(&mut self, take: Take, is_final: bool) -> Option<PassReport> {
         let head = self.rec.log.head();
-        let plan: Vec<(Arc<Buffer>, Take)> = self.rec.buffers.iter().map(|b| (b.buffer.clone(), take)).collect();
+        let plan: Vec<(Arc<Buffer>, Take)> = self
+            .rec
+            .buffers
+            .iter()
+            .map(|b| (b.buffer.clone(), take))
+            .collect();
         let buffers = &self.rec.buffers;
         let log = &mut self.rec.log;
         let tail = || log.tail(|| trace_stats(buffers));
         let sync = self.rec.fsync_each_pass || is_final;
-        let r = write_pass(self.rec.sink.as_mut(), &head, &plan, tail, self.rec.max_file_size, sync);
+        let r = write_pass(
+            self.rec.sink.as_mut(),
+            &head,
+            &plan,
+            tail,
+            self.rec.max_file_size,
+            sync,
+        );
         self.passes += 1;
         match r {
             Ok(rep) => {
-                log::debug!("pass {}: {} bytes in {:?}", self.passes, rep.bytes, rep.duration);
+                log::debug!(
+                    "pass {}: {} bytes in {:?}",
+                    self.passes,
+                    rep.bytes,
+                    rep.duration
+                );
                 if rep.cap_reached && !is_final {
                     log::info!("max_file_size_bytes reached: stopping");
                     self.dispatch(Event::SizeCapReached);
@@ -411,7 +458,10 @@ impl Loop {
                 self.warnings.push(format!("flush before snapshot: {e}"));
             }
         }
-        let opened = crate::storage::open_output(OutputPath::File(path.clone()), self.rec.snapshot_open.clone());
+        let opened = crate::storage::open_output(
+            OutputPath::File(path.clone()),
+            self.rec.snapshot_open.clone(),
+        );
         let mut sink = match opened {
             Ok(s) => s,
             Err(e) => {
@@ -425,7 +475,16 @@ impl Loop {
             .rec
             .buffers
             .iter()
-            .map(|b| (b.buffer.clone(), if b.transfer_on_clone { Take::Consume } else { Take::Snapshot }))
+            .map(|b| {
+                (
+                    b.buffer.clone(),
+                    if b.transfer_on_clone {
+                        Take::Consume
+                    } else {
+                        Take::Snapshot
+                    },
+                )
+            })
             .collect();
         let buffers = &self.rec.buffers;
         let uid = self.rec.log.uid();
@@ -434,9 +493,21 @@ impl Loop {
             let mut t: Vec<Vec<u8>> = (0..buffers.len() as u32)
                 .map(|i| crate::trace::service::buffer_cloned(uid, now, i))
                 .collect();
-            t.push(crate::trace::service::service_event(uid, now, ServiceEvent::TracingDisabled));
-            t.push(crate::trace::service::service_event(uid, now, ServiceEvent::ReadTracingBuffersCompleted));
-            t.push(crate::trace::service::trace_stats(uid, now, &trace_stats(buffers)));
+            t.push(crate::trace::service::service_event(
+                uid,
+                now,
+                ServiceEvent::TracingDisabled,
+            ));
+            t.push(crate::trace::service::service_event(
+                uid,
+                now,
+                ServiceEvent::ReadTracingBuffersCompleted,
+            ));
+            t.push(crate::trace::service::trace_stats(
+                uid,
+                now,
+                &trace_stats(buffers),
+            ));
             t
         };
         match write_pass(sink.as_mut(), &head, &plan, tail, None, true) {
@@ -450,7 +521,11 @@ impl Loop {
 
     fn finalize(&mut self, reason: StopReason, skip_flush: bool) {
         log::info!("stopping: {}", describe(&reason));
-        let flush_ok = if skip_flush { false } else { self.flush_sources() };
+        let flush_ok = if skip_flush {
+            false
+        } else {
+            self.flush_sources()
+        };
         for s in &mut self.rec.sources {
             if let Err(e) = s.stop() {
                 self.warnings.push(e.to_string());
@@ -511,7 +586,12 @@ impl Loop {
             Request::Trigger { names, producer } => {
                 let mut outcomes = Vec::new();
                 for name in names {
-                    let count = self.rec.history.as_ref().and_then(|h| h.count(&name, history::now_secs()).ok()).unwrap_or(0);
+                    let count = self
+                        .rec
+                        .history
+                        .as_ref()
+                        .and_then(|h| h.count(&name, history::now_secs()).ok())
+                        .unwrap_or(0);
                     self.dispatch(Event::Trigger {
                         name: name.clone(),
                         producer: producer.clone(),
@@ -519,7 +599,12 @@ impl Loop {
                         draw: rand::random::<f64>(),
                         matches_last_24h: count,
                     });
-                    let res = self.rec.session.last_trigger().cloned().unwrap_or(Err(TriggerRefusal::NotListed));
+                    let res = self
+                        .rec
+                        .session
+                        .last_trigger()
+                        .cloned()
+                        .unwrap_or(Err(TriggerRefusal::NotListed));
                     outcomes.push(TriggerOutcome {
                         name,
                         accepted: res.is_ok(),
@@ -542,7 +627,9 @@ impl Loop {
     fn status(&self) -> SessionStatus {
         let state = match self.rec.session.state() {
             State::WaitingForTrigger => "waiting for trigger",
-            State::Recording if self.rec.session.waiting_for_trigger() => "recording (waiting for trigger)",
+            State::Recording if self.rec.session.waiting_for_trigger() => {
+                "recording (waiting for trigger)"
+            }
             State::Recording => "recording",
             State::Stopping => "stopping",
             State::Finished => "finished",
@@ -570,7 +657,9 @@ impl Loop {
                         bytes_written: s.bytes_written,
                         bytes_overwritten: s.bytes_overwritten,
                         bytes_discarded: s.bytes_discarded,
-                        packets_lost: s.packets_overwritten + s.packets_discarded + s.packets_refused,
+                        packets_lost: s.packets_overwritten
+                            + s.packets_discarded
+                            + s.packets_refused,
                     }
                 })
                 .collect(),
@@ -583,7 +672,11 @@ impl Loop {
         let now = Instant::now();
         let bytes = self.rec.sink.bytes_written();
         let dt = now.duration_since(self.last_bytes.0).as_secs_f64();
-        let rate = if dt > 0.0 { (bytes - self.last_bytes.1.min(bytes)) as f64 / dt / 1e6 } else { 0.0 };
+        let rate = if dt > 0.0 {
+            (bytes - self.last_bytes.1.min(bytes)) as f64 / dt / 1e6
+        } else {
+            0.0
+        };
         if dt >= 1.0 {
             self.last_bytes = (now, bytes);
         }
@@ -596,7 +689,11 @@ impl Loop {
         );
         for (i, b) in self.rec.buffers.iter().enumerate() {
             let s = b.buffer.stats();
-            let fill = if s.buffer_size > 0 { 100.0 * s.bytes_buffered as f64 / s.buffer_size as f64 } else { 0.0 };
+            let fill = if s.buffer_size > 0 {
+                100.0 * s.bytes_buffered as f64 / s.buffer_size as f64
+            } else {
+                0.0
+            };
             let lost = s.bytes_overwritten + s.bytes_discarded;
             msg.push_str(&format!("  buf{i} {fill:.0}%"));
             if lost > 0 {
@@ -622,12 +719,15 @@ impl Loop {
                 .rec
                 .buffers
                 .iter()
-                .map(|b| BufferSummary { policy: b.policy, stats: b.buffer.stats() })
+                .map(|b| BufferSummary {
+                    policy: b.policy,
+                    stats: b.buffer.stats(),
+                })
                 .collect(),
             snapshots: self.snapshots.clone(),
             passes: self.passes,
             triggered: self.rec.session.triggered(),
-            sink_kind: format!("{:?}", self.rec.sink.kind()),
+            sink_kind: self.rec.sink.kind().to_string(),
             warnings: self.warnings.clone(),
         }
     }
@@ -682,7 +782,9 @@ pub fn describe(r: &StopReason) -> String {
         StopReason::StopRequested => "stopped by `recorder stop`".into(),
         StopReason::Trigger(n) => format!("stop trigger {n:?}"),
         StopReason::TriggerTimeout => "trigger_timeout_ms passed with no trigger".into(),
-        StopReason::CloneTimeout => "trigger_timeout_ms passed (clone-snapshot session ends)".into(),
+        StopReason::CloneTimeout => {
+            "trigger_timeout_ms passed (clone-snapshot session ends)".into()
+        }
         StopReason::SizeCap => "max_file_size_bytes reached".into(),
         StopReason::OutputFailed(e) => format!("writing the output failed: {e}"),
         StopReason::SourceFailed(e) => format!("a data source failed: {e}"),

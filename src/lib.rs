@@ -51,3 +51,4 @@ pub mod app;
 pub mod summary;
 
 pub mod cli;
+pub mod command;

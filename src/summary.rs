@@ -30,16 +30,23 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             let names: Vec<&str> = t.rules.iter().map(|r| r.name.as_str()).collect();
             let _ = writeln!(s, "  listed triggers: {}", names.join(", "));
         }
-        (StopReason::Signal | StopReason::StopRequested, TriggerMode::StopTracing | TriggerMode::StartTracing)
-            if !o.triggered =>
-        {
-            let _ = writeln!(s, "  stopped before any trigger fired: nothing was written (Perfetto's semantics).");
+        (
+            StopReason::Signal | StopReason::StopRequested,
+            TriggerMode::StopTracing | TriggerMode::StartTracing,
+        ) if !o.triggered => {
+            let _ = writeln!(
+                s,
+                "  stopped before any trigger fired: nothing was written (Perfetto's semantics)."
+            );
         }
         _ => {}
     }
     if t.mode == TriggerMode::CloneSnapshot {
         if o.snapshots.is_empty() {
-            let _ = writeln!(s, "  no snapshot was taken (the main output of a CLONE_SNAPSHOT session stays empty)");
+            let _ = writeln!(
+                s,
+                "  no snapshot was taken (the main output of a CLONE_SNAPSHOT session stays empty)"
+            );
         }
         for p in &o.snapshots {
             let _ = writeln!(s, "  snapshot: {}", p.display());
@@ -82,11 +89,19 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
                 "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
                 human_bytes(st.bytes_discarded),
                 st.packets_discarded,
-                if t.write_period.is_some() { " or shorten file_write_period_ms" } else { "" }
+                if t.write_period.is_some() {
+                    " or shorten file_write_period_ms"
+                } else {
+                    ""
+                }
             );
         }
         if st.packets_refused > 0 {
-            let _ = writeln!(s, "    {} packets refused as too big for the buffer", st.packets_refused);
+            let _ = writeln!(
+                s,
+                "    {} packets refused as too big for the buffer",
+                st.packets_refused
+            );
         }
     }
     let _ = write!(s, "  {packets} packets in all");

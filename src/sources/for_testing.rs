@@ -126,11 +126,17 @@ pub fn max_packet_len(filler_len: usize) -> usize {
 
 fn run(mut writer: Writer, opts: TestOptions, stop: Arc<AtomicBool>, progress: Arc<TestProgress>) {
     let seq = writer.id().0;
-    let filler: Vec<u8> = (0..opts.message_size).map(|i| b'a' + (i % 26) as u8).collect();
+    let filler: Vec<u8> = (0..opts.message_size)
+        .map(|i| b'a' + (i % 26) as u8)
+        .collect();
     let max_len = max_packet_len(filler.len());
     let mut values = SeqValues::new(opts.seed);
     let unlimited = opts.message_count == 0;
-    let rate = if opts.send_batch_on_register { 0 } else { opts.max_messages_per_second };
+    let rate = if opts.send_batch_on_register {
+        0
+    } else {
+        opts.max_messages_per_second
+    };
     let started = Instant::now();
     let mut n: u64 = 0;
     let mut ts = boottime_ns();
@@ -156,10 +162,12 @@ fn run(mut writer: Writer, opts: TestOptions, stop: Arc<AtomicBool>, progress: A
         let is_last = !unlimited && n + 1 == opts.message_count;
         let value = values.next();
         match writer.begin_packet(max_len) {
-            Ok(mut slot) => match encode_test_packet(slot.buf(), seq, ts, n, value, &filler, is_last) {
-                Some(len) => slot.commit(len),
-                None => dropped += 1,
-            },
+            Ok(mut slot) => {
+                match encode_test_packet(slot.buf(), seq, ts, n, value, &filler, is_last) {
+                    Some(len) => slot.commit(len),
+                    None => dropped += 1,
+                }
+            }
             Err(_) => dropped += 1,
         }
         ts += 1;
@@ -184,7 +192,10 @@ impl DataSource for ForTesting {
         let t = std::thread::Builder::new()
             .name("recorder-for_testing".into())
             .spawn(move || run(writer, opts, stop, progress))
-            .map_err(|e| SourceError::Failed { source_name: self.name.clone(), msg: e.to_string() })?;
+            .map_err(|e| SourceError::Failed {
+                source_name: self.name.clone(),
+                msg: e.to_string(),
+            })?;
         self.thread = Some(t);
         Ok(())
     }
@@ -197,7 +208,10 @@ impl DataSource for ForTesting {
     fn stop(&mut self) -> Result<(), SourceError> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
-            t.join().map_err(|_| SourceError::Failed { source_name: self.name.clone(), msg: "writer thread panicked".into() })?;
+            t.join().map_err(|_| SourceError::Failed {
+                source_name: self.name.clone(),
+                msg: "writer thread panicked".into(),
+            })?;
         }
         // Never started: drop the writer so its (empty) chunk is released.
         self.writer = None;

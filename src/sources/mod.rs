@@ -20,7 +20,10 @@ pub enum SourceError {
     #[error("{source_name}: {msg}")]
     Failed { source_name: String, msg: String },
     #[error("{source_name}: flush did not finish within {timeout:?}")]
-    FlushTimeout { source_name: String, timeout: Duration },
+    FlushTimeout {
+        source_name: String,
+        timeout: Duration,
+    },
 }
 
 /// A data source instance of one session.

@@ -152,3 +152,4 @@ mod tests {
         assert!(e.to_string().contains("offset 3"));
     }
 }
+pub mod write_pass;

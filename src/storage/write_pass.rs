@@ -96,7 +96,11 @@ pub fn write_pass(
             }
             None => iov.clone(),
         };
-        let bytes = if kept.is_empty() { 0 } else { sink.write_all(&kept)? };
+        let bytes = if kept.is_empty() {
+            0
+        } else {
+            sink.write_all(&kept)?
+        };
         if sync || cap_reached {
             sink.sync_data()?;
         }
@@ -107,5 +111,10 @@ pub fn write_pass(
         b.release();
     }
     let bytes = result?;
-    Ok(PassReport { bytes, buffer_bytes, cap_reached, duration: started.elapsed() })
+    Ok(PassReport {
+        bytes,
+        buffer_bytes,
+        cap_reached,
+        duration: started.elapsed(),
+    })
 }

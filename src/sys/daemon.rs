@@ -12,7 +12,10 @@ use std::os::unix::net::UnixStream;
 /// Which side of the fork this is.
 pub enum Forked {
     /// The original process; `child` is the detached recorder.
-    Parent { child: u32, status: Result<(), String> },
+    Parent {
+        child: u32,
+        status: Result<(), String>,
+    },
     /// The detached process: report start-up through this.
     Child(StartupReport),
 }
@@ -55,12 +58,18 @@ pub fn fork_detached() -> std::io::Result<Forked> {
             "" => Err("the background process exited before it started recording".to_string()),
             m => Err(m.strip_prefix("error: ").unwrap_or(m).to_string()),
         };
-        return Ok(Forked::Parent { child: pid as u32, status });
+        return Ok(Forked::Parent {
+            child: pid as u32,
+            status,
+        });
     }
     drop(parent_end);
     rustix::process::setsid()?;
     std::env::set_current_dir("/")?;
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     rustix::stdio::dup2_stdin(&null)?;
     rustix::stdio::dup2_stdout(&null)?;
     rustix::stdio::dup2_stderr(&null)?;

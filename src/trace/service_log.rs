@@ -6,9 +6,7 @@
 //! `read_tracing_buffers_completed` and, when due, `trace_stats`.
 
 use crate::clock::{self, ClockReadings};
-use crate::trace::service::{
-    self, ServiceEvent, SystemInfo, TraceStatsRecord, TriggerRecord,
-};
+use crate::trace::service::{self, ServiceEvent, SystemInfo, TraceStatsRecord, TriggerRecord};
 
 /// The service packets of one session.
 #[derive(Debug)]
@@ -67,7 +65,10 @@ impl ServiceLog {
     /// Records a lifecycle event now.
     pub fn event(&mut self, ev: ServiceEvent) {
         self.events.push((clock::boottime_ns(), ev));
-        if matches!(ev, ServiceEvent::AllDataSourcesFlushed | ServiceEvent::TracingDisabled) {
+        if matches!(
+            ev,
+            ServiceEvent::AllDataSourcesFlushed | ServiceEvent::TracingDisabled
+        ) {
             self.add_snapshot();
         }
     }
@@ -150,7 +151,11 @@ impl ServiceLog {
         let now = clock::boottime_ns();
         let mut out = Vec::new();
         if !self.disable_service_events {
-            out.push(service::service_event(self.uid, now, ServiceEvent::ReadTracingBuffersCompleted));
+            out.push(service::service_event(
+                self.uid,
+                now,
+                ServiceEvent::ReadTracingBuffersCompleted,
+            ));
         }
         if std::mem::take(&mut self.stats_due) {
             out.push(service::trace_stats(self.uid, now, &stats()));
@@ -162,7 +167,10 @@ impl ServiceLog {
     /// clock snapshot, the config, the trigger, uuid and system info.
     pub fn snapshot_head(&self, trigger: Option<&TriggerRecord>) -> Vec<Vec<u8>> {
         let now = clock::boottime_ns();
-        let mut out = vec![service::clock_snapshot(self.uid, &clock::snapshot()), service::sync_marker(self.uid)];
+        let mut out = vec![
+            service::clock_snapshot(self.uid, &clock::snapshot()),
+            service::sync_marker(self.uid),
+        ];
         if !self.disable_trace_config {
             out.push(service::trace_config(self.uid, now, &self.config_bytes));
             if let Some(t) = trigger {
@@ -173,7 +181,11 @@ impl ServiceLog {
         if !self.disable_system_info {
             out.push(service::system_info(self.uid, now, &self.system_info));
         }
-        out.push(service::service_event(self.uid, now, ServiceEvent::CloneStarted));
+        out.push(service::service_event(
+            self.uid,
+            now,
+            ServiceEvent::CloneStarted,
+        ));
         out
     }
 

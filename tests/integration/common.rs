@@ -80,7 +80,8 @@ pub fn whole_prefix(data: &[u8]) -> usize {
 /// rust-protobuf); a torn tail is ignored, corruption panics.
 pub fn decode(data: &[u8]) -> Vec<TracePacket> {
     let whole = whole_prefix(data);
-    let trace = perfetto_protos::trace::Trace::parse_from_bytes(&data[..whole]).expect("trace decodes");
+    let trace =
+        perfetto_protos::trace::Trace::parse_from_bytes(&data[..whole]).expect("trace decodes");
     trace.packet.into_iter().collect()
 }
 
@@ -89,7 +90,9 @@ pub fn test_counters(packets: &[TracePacket]) -> std::collections::BTreeMap<u32,
     let mut m = std::collections::BTreeMap::new();
     for p in packets {
         if p.has_for_testing() {
-            m.entry(p.trusted_packet_sequence_id()).or_insert_with(Vec::new).push(p.for_testing().counter());
+            m.entry(p.trusted_packet_sequence_id())
+                .or_insert_with(Vec::new)
+                .push(p.for_testing().counter());
         }
     }
     m
@@ -101,7 +104,12 @@ pub fn test_counters(packets: &[TracePacket]) -> std::collections::BTreeMap<u32,
 pub fn gaps(counters: &[u64]) -> (u64, u64) {
     let mut missing = 0;
     for w in counters.windows(2) {
-        assert!(w[1] > w[0], "counters out of order or duplicated: {} then {}", w[0], w[1]);
+        assert!(
+            w[1] > w[0],
+            "counters out of order or duplicated: {} then {}",
+            w[0],
+            w[1]
+        );
         missing += w[1] - w[0] - 1;
     }
     (missing, counters.first().copied().unwrap_or(0))
@@ -111,9 +119,14 @@ pub fn gaps(counters: &[u64]) -> (u64, u64) {
 /// when Python lacks the `perfetto` package (a failure under CI).
 pub fn python_summary(path: &std::path::Path) -> Option<serde_json::Value> {
     let script = repo_root().join("tests/oracle/trace_summary.py");
-    let out = std::process::Command::new("python3").arg(&script).arg(path).output();
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(path)
+        .output();
     match out {
-        Ok(o) if o.status.success() => Some(serde_json::from_slice(&o.stdout).expect("oracle prints JSON")),
+        Ok(o) if o.status.success() => {
+            Some(serde_json::from_slice(&o.stdout).expect("oracle prints JSON"))
+        }
         Ok(o) => {
             let err = String::from_utf8_lossy(&o.stderr);
             if err.contains("No module named") {

@@ -42,7 +42,11 @@ impl Run {
     }
 
     pub fn spawn(&self, io: &str) -> Child {
-        self.command(io).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("recorder starts")
+        self.command(io)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("recorder starts")
     }
 
     pub fn trace(&self) -> Vec<u8> {
@@ -108,41 +112,84 @@ fn service_events(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec
     packets
         .iter()
         .filter(|p| p.has_service_event())
-        .map(|p| format!("{:?}", p.service_event().event_type).split('(').nth(1).unwrap_or("").to_string())
+        .map(|p| {
+            format!("{:?}", p.service_event().event_type)
+                .split('(')
+                .nth(1)
+                .unwrap_or("")
+                .to_string()
+        })
         .collect()
 }
 
 /// The checks every complete trace passes: service packets first and in
 /// order, one sequence per source, counters in order, stats at the end
 /// agreeing with the loss seen.
-fn check_complete(run: &Run, expected_packets: Option<u64>) -> Vec<perfetto_protos::trace_packet::TracePacket> {
+fn check_complete(
+    run: &Run,
+    expected_packets: Option<u64>,
+) -> Vec<perfetto_protos::trace_packet::TracePacket> {
     let data = run.trace();
-    assert_eq!(whole_prefix(&data), data.len(), "a finished trace has no torn tail");
+    assert_eq!(
+        whole_prefix(&data),
+        data.len(),
+        "a finished trace has no torn tail"
+    );
     let packets = decode(&data);
     let kinds = kinds_in_order(&packets);
-    assert!(kinds[0].contains("ClockSnapshot"), "first packet is the initial clock snapshot: {kinds:?}");
-    let pos = |k: &str| kinds.iter().position(|x| x.contains(k)).unwrap_or_else(|| panic!("no {k} in {kinds:?}"));
+    assert!(
+        kinds[0].contains("ClockSnapshot"),
+        "first packet is the initial clock snapshot: {kinds:?}"
+    );
+    let pos = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| x.contains(k))
+            .unwrap_or_else(|| panic!("no {k} in {kinds:?}"))
+    };
     assert!(pos("SynchronizationMarker") < pos("TraceConfig"));
     assert!(pos("TraceConfig") < pos("TraceUuid"));
     assert!(pos("TraceUuid") < pos("SystemInfo"));
-    assert!(kinds.last().is_some_and(|k| k.contains("TraceStats")), "the last packet is trace_stats");
+    assert!(
+        kinds.last().is_some_and(|k| k.contains("TraceStats")),
+        "the last packet is trace_stats"
+    );
     let events = service_events(&packets);
-    assert!(events.first().is_some_and(|e| e.contains("TracingStarted")), "{events:?}");
-    assert!(events.iter().any(|e| e.contains("TracingDisabled")), "{events:?}");
+    assert!(
+        events.first().is_some_and(|e| e.contains("TracingStarted")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains("TracingDisabled")),
+        "{events:?}"
+    );
     for p in &packets {
         if p.has_for_testing() {
-            assert!(p.trusted_packet_sequence_id() >= 2, "sources write on their own sequences");
+            assert!(
+                p.trusted_packet_sequence_id() >= 2,
+                "sources write on their own sequences"
+            );
         } else if p.has_clock_snapshot() || p.has_trace_config() || p.has_trace_stats() {
             assert_eq!(p.trusted_packet_sequence_id(), 1);
         }
     }
     let counters = test_counters(&packets);
-    let stats = packets.iter().rev().find(|p| p.has_trace_stats()).expect("trace_stats").trace_stats().clone();
+    let stats = packets
+        .iter()
+        .rev()
+        .find(|p| p.has_trace_stats())
+        .expect("trace_stats")
+        .trace_stats()
+        .clone();
     let b0 = &stats.buffer_stats[0];
     for (seq, c) in &counters {
         let (missing, before) = gaps(c);
         if b0.chunks_overwritten() == 0 && b0.chunks_discarded() == 0 {
-            assert_eq!((missing, before), (0, 0), "sequence {seq} lost packets though the stats report none");
+            assert_eq!(
+                (missing, before),
+                (0, 0),
+                "sequence {seq} lost packets though the stats report none"
+            );
         }
         if let Some(n) = expected_packets {
             if b0.chunks_overwritten() == 0 && b0.chunks_discarded() == 0 {
@@ -151,7 +198,11 @@ fn check_complete(run: &Run, expected_packets: Option<u64>) -> Vec<perfetto_prot
         }
     }
     if let Some(py) = python_summary(&run.out) {
-        assert_eq!(py["packets"].as_u64(), Some(packets.len() as u64), "both decoders see the same packets");
+        assert_eq!(
+            py["packets"].as_u64(),
+            Some(packets.len() as u64),
+            "both decoders see the same packets"
+        );
         assert_eq!(py["torn_bytes"].as_u64(), Some(0));
     }
     packets
@@ -167,7 +218,11 @@ fn duration_stop_keeps_every_packet() {
             "message_count: 20000 message_size: 32 seed: 7",
         ));
         let out = run.run(io);
-        assert!(out.status.success(), "{io}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{io}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("duration_ms elapsed"), "{stderr}");
         let packets = check_complete(&run, Some(20000));
@@ -217,8 +272,15 @@ fn size_cap_stops_on_a_packet_boundary() {
         assert!(out.status.success(), "{io}: {stderr}");
         assert!(stderr.contains("max_file_size_bytes"), "{stderr}");
         let data = run.trace();
-        assert!((data.len() as u64) < cap, "{} bytes against a cap of {cap}", data.len());
-        assert!(data.len() as u64 > cap / 2, "the cap was reached, not an early stop");
+        assert!(
+            (data.len() as u64) < cap,
+            "{} bytes against a cap of {cap}",
+            data.len()
+        );
+        assert!(
+            data.len() as u64 > cap / 2,
+            "the cap was reached, not an early stop"
+        );
         assert_eq!(whole_prefix(&data), data.len(), "ends on a whole packet");
         let packets = decode(&data);
         for c in test_counters(&packets).values() {
@@ -235,7 +297,10 @@ fn signal_run(io: &str, signals: &[rustix::process::Signal]) -> Run {
         "message_count: 0 max_messages_per_second: 20000 message_size: 16",
     ));
     let mut child = run.spawn(io);
-    assert!(wait_for_size(&run.out, 1, Duration::from_secs(10)) > 0, "the first pass wrote something");
+    assert!(
+        wait_for_size(&run.out, 1, Duration::from_secs(10)) > 0,
+        "the first pass wrote something"
+    );
     for s in signals {
         signal(&child, *s);
         std::thread::sleep(Duration::from_millis(5));
@@ -253,7 +318,10 @@ fn sigint_and_sigterm_stop_gracefully() {
             let run = signal_run(io, &[sig]);
             let packets = check_complete(&run, None);
             let events = service_events(&packets);
-            assert!(events.iter().any(|e| e.contains("AllDataSourcesFlushed")), "{events:?}");
+            assert!(
+                events.iter().any(|e| e.contains("AllDataSourcesFlushed")),
+                "{events:?}"
+            );
         }
     }
 }
@@ -290,7 +358,11 @@ fn background_then_sigterm() {
         .arg("--background")
         .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
     let out = c.output().expect("runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.ends_with('\n'), "{stdout:?}");
     let pid: i32 = stdout.trim().parse().expect("stdout is the pid");
@@ -301,17 +373,33 @@ fn background_then_sigterm() {
     while rustix::process::test_kill_process(p).is_ok() && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(rustix::process::test_kill_process(p).is_err(), "the background recorder exited");
+    assert!(
+        rustix::process::test_kill_process(p).is_err(),
+        "the background recorder exited"
+    );
     check_complete(&run, None);
 }
 
 #[test]
 fn stdout_output_is_a_valid_trace() {
-    let run = Run::new(&test_config(4096, "RING_BUFFER", "duration_ms: 500", "message_count: 5000 message_size: 8"));
+    let run = Run::new(&test_config(
+        4096,
+        "RING_BUFFER",
+        "duration_ms: 500",
+        "message_count: 5000 message_size: 8",
+    ));
     let mut c = Command::new(recorder_bin());
-    c.arg("--config").arg(&run.config).arg("-o").arg("-").env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
+    c.arg("--config")
+        .arg(&run.config)
+        .arg("-o")
+        .arg("-")
+        .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
     let out = c.output().expect("runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(whole_prefix(&out.stdout), out.stdout.len());
     let packets = decode(&out.stdout);
     let counters = test_counters(&packets);
@@ -338,7 +426,11 @@ fn sigkill_leaves_a_valid_prefix() {
             // At most one torn record at the end.
             let packets = decode(&data);
             assert!(!packets.is_empty());
-            assert!(data.len() - whole < 64 * 1024, "torn tail of {} bytes", data.len() - whole);
+            assert!(
+                data.len() - whole < 64 * 1024,
+                "torn tail of {} bytes",
+                data.len() - whole
+            );
             for c in test_counters(&packets).values() {
                 assert_eq!(gaps(c), (0, 0), "everything up to the last pass is there");
             }
@@ -374,10 +466,22 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
         let out = c.output().expect("runs");
         let data = std::fs::read(&out_path).expect("file");
         let _ = Command::new("umount").arg(&mnt).status();
-        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("No space left") || stderr.contains("ENOSPC"), "{stderr}");
-        assert_eq!(whole_prefix(&data), data.len(), "{io}: the file stays valid up to the last complete pass");
+        assert!(
+            stderr.contains("No space left") || stderr.contains("ENOSPC"),
+            "{stderr}"
+        );
+        assert_eq!(
+            whole_prefix(&data),
+            data.len(),
+            "{io}: the file stays valid up to the last complete pass"
+        );
         let packets = decode(&data);
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
