@@ -447,7 +447,12 @@ impl BundleEncoder {
             return Fit::Skipped;
         }
         if let Some(plan) = &entry.compact {
-            if enc.remaining() < reserve + COMPACT_EVENT_MAX || self.compact.intern.len() >= MAX_INTERNED {
+            let last = match plan {
+                CompactPlan::Switch(_) => self.compact.last_switch_ts,
+                CompactPlan::Waking(_) => self.compact.last_waking_ts,
+            };
+            // Columns are delta-coded: a step back in time starts a new bundle.
+            if enc.remaining() < reserve + COMPACT_EVENT_MAX || self.compact.intern.len() >= MAX_INTERNED || ev.timestamp < last {
                 return Fit::NoRoom;
             }
             self.compact_event(plan, entry, ev);

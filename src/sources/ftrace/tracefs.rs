@@ -6,7 +6,7 @@
 //! opened: sandboxes refuse even that.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// Roots tried in order.
@@ -85,9 +85,23 @@ impl Tracefs {
         self.root.join(rel)
     }
 
+    /// Reads a whole tracefs file. Large reads only: some tracefs files
+    /// (`events/header_page`) answer a small first read, as the standard
+    /// library's probe read is, with a cut line and then continue wrongly.
     pub fn read(&self, rel: &str) -> Result<String, TracefsError> {
         let p = self.path(rel);
-        fs::read_to_string(&p).map_err(|e| io_err(&p, e))
+        let mut f = fs::File::open(&p).map_err(|e| io_err(&p, e))?;
+        let mut out = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match f.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&p, e)),
+            }
+        }
+        String::from_utf8(out).map_err(|e| io_err(&p, io::Error::new(io::ErrorKind::InvalidData, e)))
     }
 
     pub fn write(&self, rel: &str, value: &str) -> Result<(), TracefsError> {
