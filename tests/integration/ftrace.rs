@@ -22,7 +22,8 @@ use recorder::sources::ftrace::page::{EventIter, parse_header};
 use recorder::sources::ftrace::stats::{CpuStats, Phase, StatsReport, encode_stats_packet};
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{
-    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, VecOutput, load_layouts, resolve_event,
+    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, VecOutput, load_layouts,
+    resolve_event,
 };
 
 use crate::common;
@@ -52,21 +53,32 @@ fn encode(pages: &[u8], compact: bool, filter: &PrintFilter) -> (Vec<TracePacket
     let (l, table) = fixture_table(compact);
     let mut out = VecOutput::new();
     let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
-    let mut cur = CpuCursor { cpu: 3, ..Default::default() };
+    let mut cur = CpuCursor {
+        cpu: 3,
+        ..Default::default()
+    };
     enc.encode_pages(&mut out, &table, filter, &l, &mut cur, pages);
     (decode(&out.bytes), enc)
 }
 
 fn decode(bytes: &[u8]) -> Vec<TracePacket> {
-    Trace::parse_from_bytes(bytes).expect("independent decoder parses the trace").packet
+    Trace::parse_from_bytes(bytes)
+        .expect("independent decoder parses the trace")
+        .packet
 }
 
 fn bundles(p: &[TracePacket]) -> Vec<&FtraceEventBundle> {
-    p.iter().filter(|p| p.has_ftrace_events()).map(|p| p.ftrace_events()).collect()
+    p.iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| p.ftrace_events())
+        .collect()
 }
 
 fn events(p: &[TracePacket]) -> Vec<FtraceEvent> {
-    bundles(p).iter().flat_map(|b| b.event.iter().cloned()).collect()
+    bundles(p)
+        .iter()
+        .flat_map(|b| b.event.iter().cloned())
+        .collect()
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -77,14 +89,25 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 fn fixture_formats_parse_with_kernel_offsets() {
     let t = Tracefs::at(fixtures().join("tree")).expect("fixture tree");
     let (l, table) = fixture_table(false);
-    assert_eq!((l.data_offset, l.data_size, l.commit_size, l.page_size()), (16, 4080, 8, 4096));
+    assert_eq!(
+        (l.data_offset, l.data_size, l.commit_size, l.page_size()),
+        (16, 4080, 8, 4096)
+    );
     let sw = table.get(372).expect("sched_switch is id 372 here");
     assert_eq!(sw.format.name, "sched_switch");
-    let f = |n: &str| sw.format.field(n).map(|f| (f.offset, f.size, f.signed)).expect("field");
+    let f = |n: &str| {
+        sw.format
+            .field(n)
+            .map(|f| (f.offset, f.size, f.signed))
+            .expect("field")
+    };
     assert_eq!(f("prev_comm"), (8, 16, false));
     assert_eq!(f("prev_state"), (32, 8, true));
     assert_eq!(f("next_pid"), (56, 4, true));
-    assert_eq!(resolve_event(&t, "sched_switch"), [("sched".to_string(), "sched_switch".to_string())]);
+    assert_eq!(
+        resolve_event(&t, "sched_switch"),
+        [("sched".to_string(), "sched_switch".to_string())]
+    );
     assert!(resolve_event(&t, "sched/nope").is_empty());
     assert!(resolve_event(&t, "sched/*").len() >= 8);
 }
@@ -97,10 +120,15 @@ fn fixture_pages_decode_exactly() {
     let h = parse_header(page, &l).expect("header");
     // Known bytes: page ts at 0, commit 0x0ff0 at 8, first event a cpu_idle
     // (type_len 4, delta 0) with state u32::MAX on cpu 0.
-    assert_eq!(h.timestamp, u64::from_le_bytes(page[0..8].try_into().expect("8")));
+    assert_eq!(
+        h.timestamp,
+        u64::from_le_bytes(page[0..8].try_into().expect("8"))
+    );
     assert_eq!(h.data_len, 0xff0);
     assert!(!h.missed_events);
-    let evs: Vec<_> = EventIter::new(page, &l, &h).collect::<Result<_, _>>().expect("clean page");
+    let evs: Vec<_> = EventIter::new(page, &l, &h)
+        .collect::<Result<_, _>>()
+        .expect("clean page");
     assert_eq!(evs[0].timestamp, h.timestamp);
     assert_eq!(evs[0].offset, 20);
     assert_eq!(table.event_id(evs[0].payload), Some(568));
@@ -164,7 +192,9 @@ fn typed_events_match_the_raw_records_field_by_field() {
         raws.extend(EventIter::new(page, &l, &h).map(|e| e.expect("clean")));
     }
     assert_eq!(raws.len(), ev.len());
-    let comm = |b: &[u8]| String::from_utf8(b.split(|&c| c == 0).next().unwrap_or_default().to_vec()).expect("utf8");
+    let comm = |b: &[u8]| {
+        String::from_utf8(b.split(|&c| c == 0).next().unwrap_or_default().to_vec()).expect("utf8")
+    };
     let i32_at = |b: &[u8], at: usize| u32_at(b, at) as i32;
     let mut seen = BTreeSet::new();
     for (r, e) in raws.iter().zip(&ev) {
@@ -180,7 +210,10 @@ fn typed_events_match_the_raw_records_field_by_field() {
                 assert_eq!(s.prev_comm(), comm(&rec[8..24]));
                 assert_eq!(s.prev_pid(), i32_at(rec, 24));
                 assert_eq!(s.prev_prio(), i32_at(rec, 28));
-                assert_eq!(s.prev_state(), i64::from_le_bytes(rec[32..40].try_into().expect("8")));
+                assert_eq!(
+                    s.prev_state(),
+                    i64::from_le_bytes(rec[32..40].try_into().expect("8"))
+                );
                 assert_eq!(s.next_comm(), comm(&rec[40..56]));
                 assert_eq!(s.next_pid(), i32_at(rec, 56));
                 assert_eq!(s.next_prio(), i32_at(rec, 60));
@@ -213,7 +246,10 @@ fn typed_events_match_the_raw_records_field_by_field() {
             "sched_process_exec" => {
                 let loc = u32_at(rec, 8);
                 let (off, len) = ((loc & 0xffff) as usize, (loc >> 16) as usize);
-                assert_eq!(e.sched_process_exec().filename(), comm(&rec[off..off + len]));
+                assert_eq!(
+                    e.sched_process_exec().filename(),
+                    comm(&rec[off..off + len])
+                );
                 assert_eq!(e.sched_process_exec().pid(), i32_at(rec, 12));
             }
             "sched_process_fork" => {
@@ -240,14 +276,24 @@ fn typed_events_match_the_raw_records_field_by_field() {
             other => panic!("unexpected event {other}"),
         }
     }
-    for must in ["sched_switch", "sched_wakeup", "sched_waking", "sched_process_exec", "task_newtask", "print"] {
+    for must in [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_waking",
+        "sched_process_exec",
+        "task_newtask",
+        "print",
+    ] {
         assert!(seen.contains(must), "{must} not in the fixture: {seen:?}");
     }
     // previous_bundle_end_timestamp: 0 first, then the last event of the previous bundle.
     let b = bundles(&p);
     assert_eq!(b[0].previous_bundle_end_timestamp(), 0);
     for w in b.windows(2) {
-        assert_eq!(w[1].previous_bundle_end_timestamp(), w[0].event.last().expect("nonempty").timestamp());
+        assert_eq!(
+            w[1].previous_bundle_end_timestamp(),
+            w[0].event.last().expect("nonempty").timestamp()
+        );
     }
     assert!(b.iter().all(|b| b.cpu() == 3 && !b.has_ftrace_clock()));
 }
@@ -262,19 +308,37 @@ fn compact_sched_matches_the_typed_encoding() {
     let mut switches = Vec::new();
     let mut wakings = Vec::new();
     for b in bundles(&compact) {
-        assert!(b.event.iter().all(|e| !e.has_sched_switch() && !e.has_sched_waking()));
-        let Some(c) = b.compact_sched.as_ref() else { continue };
+        assert!(
+            b.event
+                .iter()
+                .all(|e| !e.has_sched_switch() && !e.has_sched_waking())
+        );
+        let Some(c) = b.compact_sched.as_ref() else {
+            continue;
+        };
         let mut ts = 0u64;
         for i in 0..c.switch_timestamp.len() {
             ts += c.switch_timestamp[i];
             let comm = &c.intern_table[c.switch_next_comm_index[i] as usize];
-            switches.push((ts, c.switch_prev_state[i], c.switch_next_pid[i], c.switch_next_prio[i], comm.clone()));
+            switches.push((
+                ts,
+                c.switch_prev_state[i],
+                c.switch_next_pid[i],
+                c.switch_next_prio[i],
+                comm.clone(),
+            ));
         }
         let mut ts = 0u64;
         for i in 0..c.waking_timestamp.len() {
             ts += c.waking_timestamp[i];
             let comm = &c.intern_table[c.waking_comm_index[i] as usize];
-            wakings.push((ts, c.waking_pid[i], c.waking_target_cpu[i], c.waking_prio[i], comm.clone()));
+            wakings.push((
+                ts,
+                c.waking_pid[i],
+                c.waking_target_cpu[i],
+                c.waking_prio[i],
+                comm.clone(),
+            ));
         }
     }
     let ev = events(&typed);
@@ -283,7 +347,13 @@ fn compact_sched_matches_the_typed_encoding() {
         .filter(|e| e.has_sched_switch())
         .map(|e| {
             let s = e.sched_switch();
-            (e.timestamp(), s.prev_state(), s.next_pid(), s.next_prio(), s.next_comm().to_string())
+            (
+                e.timestamp(),
+                s.prev_state(),
+                s.next_pid(),
+                s.next_prio(),
+                s.next_comm().to_string(),
+            )
         })
         .collect();
     let want_wk: Vec<_> = ev
@@ -291,13 +361,24 @@ fn compact_sched_matches_the_typed_encoding() {
         .filter(|e| e.has_sched_waking())
         .map(|e| {
             let s = e.sched_waking();
-            (e.timestamp(), s.pid(), s.target_cpu(), s.prio(), s.comm().to_string())
+            (
+                e.timestamp(),
+                s.pid(),
+                s.target_cpu(),
+                s.prio(),
+                s.comm().to_string(),
+            )
         })
         .collect();
     assert_eq!(switches, want_sw);
     assert_eq!(wakings, want_wk);
     // The other events are unchanged.
-    let rest = |p: &[TracePacket]| events(p).into_iter().filter(|e| !e.has_sched_switch() && !e.has_sched_waking()).count();
+    let rest = |p: &[TracePacket]| {
+        events(p)
+            .into_iter()
+            .filter(|e| !e.has_sched_switch() && !e.has_sched_waking())
+            .count()
+    };
     assert_eq!(rest(&typed), rest(&compact));
 }
 
@@ -305,14 +386,24 @@ fn compact_sched_matches_the_typed_encoding() {
 fn print_filter_drops_matching_prints() {
     let filter = PrintFilter {
         rules: vec![
-            PrintRule { matches: PrintMatch::Prefix("hello marker 1".into()), allow: true },
-            PrintRule { matches: PrintMatch::Prefix("hello".into()), allow: false },
+            PrintRule {
+                matches: PrintMatch::Prefix("hello marker 1".into()),
+                allow: true,
+            },
+            PrintRule {
+                matches: PrintMatch::Prefix("hello".into()),
+                allow: false,
+            },
         ],
     };
     let mut pages = raw("cpu0.raw");
     pages.extend(raw("cpu1.raw"));
     let (p, enc) = encode(&pages, true, &filter);
-    let prints: Vec<_> = events(&p).iter().filter(|e| e.has_print()).map(|e| e.print().buf().to_string()).collect();
+    let prints: Vec<_> = events(&p)
+        .iter()
+        .filter(|e| e.has_print())
+        .map(|e| e.print().buf().to_string())
+        .collect();
     // The kernel ends trace_marker text with a newline.
     assert_eq!(prints, ["hello marker 1\n"]);
     assert_eq!(enc.stats.filtered_prints, 2);
@@ -324,7 +415,10 @@ fn synthetic_padding_extend_and_generic_events() {
     // An event the table has no typed message for is encoded generically.
     let mut t2 = EventTable::new();
     let text = "name: my_ev\nID: 900\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:int v;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:unsigned long u;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:char s[8];\toffset:24;\tsize:8;\tsigned:0;\n";
-    t2.insert(recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"), true);
+    t2.insert(
+        recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"),
+        true,
+    );
     let mut rec = vec![0u8; 32];
     rec[0..2].copy_from_slice(&900u16.to_le_bytes());
     rec[4..8].copy_from_slice(&77i32.to_le_bytes());
@@ -346,10 +440,17 @@ fn synthetic_padding_extend_and_generic_events() {
     assert_eq!(b.len(), 1);
     assert!(b[0].lost_events());
     let ev = &b[0].event;
-    assert_eq!(ev.iter().map(|e| e.timestamp()).collect::<Vec<_>>(), [101, 101 + (1 << 33) + 2]);
+    assert_eq!(
+        ev.iter().map(|e| e.timestamp()).collect::<Vec<_>>(),
+        [101, 101 + (1 << 33) + 2]
+    );
     let g = ev[0].generic();
     assert_eq!(g.event_name(), "my_ev");
-    let f: Vec<_> = g.field.iter().map(|f| (f.name().to_string(), format!("{:?}", f.value))).collect();
+    let f: Vec<_> = g
+        .field
+        .iter()
+        .map(|f| (f.name().to_string(), format!("{:?}", f.value)))
+        .collect();
     assert_eq!(f.len(), 3);
     assert_eq!(g.field[0].int_value(), -3);
     assert_eq!(g.field[1].uint_value(), 1 << 40);
@@ -369,7 +470,14 @@ fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
     let mut out = VecOutput::new();
     let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
     let mut cur = CpuCursor::default();
-    enc.encode_pages(&mut out, &table, &PrintFilter::default(), &l, &mut cur, &pages);
+    enc.encode_pages(
+        &mut out,
+        &table,
+        &PrintFilter::default(),
+        &l,
+        &mut cur,
+        &pages,
+    );
     let total: usize = pages
         .chunks_exact(l.page_size())
         .map(|p| recorder::sources::ftrace::encode::count_page_events(p, &l).expect("clean"))
@@ -378,15 +486,28 @@ fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
     let p = decode(&out.bytes);
     let got: usize = bundles(&p)
         .iter()
-        .map(|b| b.event.len() + b.compact_sched.as_ref().map_or(0, |c| c.switch_timestamp.len() + c.waking_timestamp.len()))
+        .map(|b| {
+            b.event.len()
+                + b.compact_sched
+                    .as_ref()
+                    .map_or(0, |c| c.switch_timestamp.len() + c.waking_timestamp.len())
+        })
         .sum();
     assert_eq!(got, total);
-    assert!(out.bytes.len() < pages.len(), "encoded {} vs raw {}", out.bytes.len(), pages.len());
+    assert!(
+        out.bytes.len() < pages.len(),
+        "encoded {} vs raw {}",
+        out.bytes.len(),
+        pages.len()
+    );
 }
 
 #[test]
 fn ftrace_stats_packet_decodes() {
-    let cpus = [CpuStats::parse(0, "entries: 5\noverrun: 2\ncommit overrun: 1\nbytes: 100\noldest event ts: 1.5\nnow ts: 2.25\ndropped events: 3\nread events: 9\n")];
+    let cpus = [CpuStats::parse(
+        0,
+        "entries: 5\noverrun: 2\ncommit overrun: 1\nbytes: 100\noldest event ts: 1.5\nnow ts: 2.25\ndropped events: 3\nread events: 9\n",
+    )];
     let unknown = vec!["sched/nope".to_string()];
     let report = StatsReport {
         cpus: &cpus,
@@ -400,9 +521,23 @@ fn ftrace_stats_packet_decodes() {
     let p = TracePacket::parse_from_bytes(&buf[..n]).expect("decodes");
     assert_eq!((p.timestamp(), p.trusted_packet_sequence_id()), (1234, SEQ));
     let s = p.ftrace_stats();
-    assert_eq!(s.phase(), perfetto_protos::ftrace_stats::ftrace_stats::Phase::END_OF_TRACE);
+    assert_eq!(
+        s.phase(),
+        perfetto_protos::ftrace_stats::ftrace_stats::Phase::END_OF_TRACE
+    );
     let c = &s.cpu_stats[0];
-    assert_eq!((c.cpu(), c.entries(), c.overrun(), c.commit_overrun(), c.bytes_read(), c.dropped_events(), c.read_events()), (0, 5, 2, 1, 100, 3, 9));
+    assert_eq!(
+        (
+            c.cpu(),
+            c.entries(),
+            c.overrun(),
+            c.commit_overrun(),
+            c.bytes_read(),
+            c.dropped_events(),
+            c.read_events()
+        ),
+        (0, 5, 2, 1, 100, 3, 9)
+    );
     assert_eq!((c.oldest_event_ts(), c.now_ts()), (1.5, 2.25));
     assert_eq!(s.unknown_ftrace_events, ["sched/nope"]);
     assert_eq!(s.ftrace_parse_errors.len(), 1);
@@ -453,9 +588,15 @@ fn real_kernel_ping_pong_recording() {
         .flatten()
         .map(|e| e.file_name())
         .collect();
-    let enable_before = top.read("events/sched/sched_switch/enable").expect("enable");
+    let enable_before = top
+        .read("events/sched/sched_switch/enable")
+        .expect("enable");
     let opts = FtraceOptions {
-        events: vec!["sched/sched_switch".into(), "sched_wakeup".into(), "sched/no_such_event".into()],
+        events: vec![
+            "sched/sched_switch".into(),
+            "sched_wakeup".into(),
+            "sched/no_such_event".into(),
+        ],
         buffer_size_kb: 2048,
         drain_period: Duration::from_millis(20),
         compact_sched: false,
@@ -465,10 +606,12 @@ fn real_kernel_ping_pong_recording() {
     let seen = Arc::new(Mutex::new(BTreeSet::new()));
     let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
     let s2 = seen.clone();
-    src.on_pids(Box::new(move |p: &[i32]| s2.lock().expect("lock").extend(p.iter().copied())));
+    src.on_pids(Box::new(move |p: &[i32]| {
+        s2.lock().expect("lock").extend(p.iter().copied())
+    }));
     src.start().expect("start");
     let inst = src.tracefs_dir().expect("dir").clone();
-    assert_eq!(inst.read("trace_clock").expect("clock").contains("[boot]"), true);
+    assert!(inst.read("trace_clock").expect("clock").contains("[boot]"));
     let (a, b) = ping_pong(2000);
     src.flush().expect("flush");
     let summary = src.stop().expect("stop");
@@ -477,13 +620,30 @@ fn real_kernel_ping_pong_recording() {
 
     // Both threads switch in and out.
     let ev = events(&p);
-    let prev: BTreeSet<i32> = ev.iter().filter(|e| e.has_sched_switch()).map(|e| e.sched_switch().prev_pid()).collect();
-    let next: BTreeSet<i32> = ev.iter().filter(|e| e.has_sched_switch()).map(|e| e.sched_switch().next_pid()).collect();
+    let prev: BTreeSet<i32> = ev
+        .iter()
+        .filter(|e| e.has_sched_switch())
+        .map(|e| e.sched_switch().prev_pid())
+        .collect();
+    let next: BTreeSet<i32> = ev
+        .iter()
+        .filter(|e| e.has_sched_switch())
+        .map(|e| e.sched_switch().next_pid())
+        .collect();
     for t in [a, b] {
-        assert!(prev.contains(&t) && next.contains(&t), "tid {t} missing from sched_switch");
-        assert!(seen.lock().expect("lock").contains(&t), "tid {t} not reported");
+        assert!(
+            prev.contains(&t) && next.contains(&t),
+            "tid {t} missing from sched_switch"
+        );
+        assert!(
+            seen.lock().expect("lock").contains(&t),
+            "tid {t} not reported"
+        );
     }
-    assert!(ev.iter().any(|e| e.has_sched_wakeup() && [a, b].contains(&e.sched_wakeup().pid())));
+    assert!(
+        ev.iter()
+            .any(|e| e.has_sched_wakeup() && [a, b].contains(&e.sched_wakeup().pid()))
+    );
     // Timestamps increase per CPU; nothing lost.
     let mut last: BTreeMap<u32, u64> = BTreeMap::new();
     for bd in bundles(&p) {
@@ -494,7 +654,11 @@ fn real_kernel_ping_pong_recording() {
             *l = e.timestamp();
         }
     }
-    let stats: Vec<_> = p.iter().filter(|p| p.has_ftrace_stats()).map(|p| p.ftrace_stats()).collect();
+    let stats: Vec<_> = p
+        .iter()
+        .filter(|p| p.has_ftrace_stats())
+        .map(|p| p.ftrace_stats())
+        .collect();
     assert_eq!(stats.len(), 2);
     assert_eq!(stats[1].unknown_ftrace_events, ["sched/no_such_event"]);
     for c in &stats[1].cpu_stats {
@@ -511,5 +675,9 @@ fn real_kernel_ping_pong_recording() {
         .collect();
     assert_eq!(instances_before, instances_after);
     assert!(!inst.root().exists());
-    assert_eq!(top.read("events/sched/sched_switch/enable").expect("enable"), enable_before);
+    assert_eq!(
+        top.read("events/sched/sched_switch/enable")
+            .expect("enable"),
+        enable_before
+    );
 }

@@ -242,7 +242,11 @@ impl CompactCols {
 /// are not are replaced by a fixed marker rather than copied and repaired.
 #[inline]
 fn utf8_or_placeholder(b: &[u8]) -> &[u8] {
-    if std::str::from_utf8(b).is_ok() { b } else { b"<invalid utf-8>" }
+    if std::str::from_utf8(b).is_ok() {
+        b
+    } else {
+        b"<invalid utf-8>"
+    }
 }
 
 /// Encodes pages into bundles. One per recording; reused across drains.
@@ -432,7 +436,13 @@ impl BundleEncoder {
         }
     }
 
-    fn encode_event(&mut self, enc: &mut ProtoEncoder<'_>, table: &EventTable, filter: &PrintFilter, ev: &RawEvent<'_>) -> Fit {
+    fn encode_event(
+        &mut self,
+        enc: &mut ProtoEncoder<'_>,
+        table: &EventTable,
+        filter: &PrintFilter,
+        ev: &RawEvent<'_>,
+    ) -> Fit {
         let rec = ev.payload;
         let Some(entry) = table.event_id(rec).and_then(|id| table.get(id)) else {
             self.stats.unknown_ids += 1;
@@ -452,7 +462,10 @@ impl BundleEncoder {
                 CompactPlan::Waking(_) => self.compact.last_waking_ts,
             };
             // Columns are delta-coded: a step back in time starts a new bundle.
-            if enc.remaining() < reserve + COMPACT_EVENT_MAX || self.compact.intern.len() >= MAX_INTERNED || ev.timestamp < last {
+            if enc.remaining() < reserve + COMPACT_EVENT_MAX
+                || self.compact.intern.len() >= MAX_INTERNED
+                || ev.timestamp < last
+            {
                 return Fit::NoRoom;
             }
             self.compact_event(plan, entry, ev);
@@ -552,22 +565,47 @@ impl BundleEncoder {
         match plan {
             CompactPlan::Switch(p) => {
                 let idx = c.intern(read_str(rec, &p.next_comm).unwrap_or_default());
-                push_varint(&mut c.switch_ts, ev.timestamp.wrapping_sub(c.last_switch_ts));
+                push_varint(
+                    &mut c.switch_ts,
+                    ev.timestamp.wrapping_sub(c.last_switch_ts),
+                );
                 c.last_switch_ts = ev.timestamp;
-                push_varint(&mut c.switch_prev_state, read_int(rec, &p.prev_state).unwrap_or(0) as u64);
-                push_varint(&mut c.switch_next_pid, read_int(rec, &p.next_pid).unwrap_or(0) as u64);
-                push_varint(&mut c.switch_next_prio, read_int(rec, &p.next_prio).unwrap_or(0) as u64);
+                push_varint(
+                    &mut c.switch_prev_state,
+                    read_int(rec, &p.prev_state).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.switch_next_pid,
+                    read_int(rec, &p.next_pid).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.switch_next_prio,
+                    read_int(rec, &p.next_prio).unwrap_or(0) as u64,
+                );
                 push_varint(&mut c.switch_comm, idx as u64);
             }
             CompactPlan::Waking(p) => {
                 let idx = c.intern(read_str(rec, &p.comm).unwrap_or_default());
-                push_varint(&mut c.waking_ts, ev.timestamp.wrapping_sub(c.last_waking_ts));
+                push_varint(
+                    &mut c.waking_ts,
+                    ev.timestamp.wrapping_sub(c.last_waking_ts),
+                );
                 c.last_waking_ts = ev.timestamp;
                 push_varint(&mut c.waking_pid, read_int(rec, &p.pid).unwrap_or(0) as u64);
-                push_varint(&mut c.waking_target_cpu, read_int(rec, &p.target_cpu).unwrap_or(0) as u64);
-                push_varint(&mut c.waking_prio, read_int(rec, &p.prio).unwrap_or(0) as u64);
+                push_varint(
+                    &mut c.waking_target_cpu,
+                    read_int(rec, &p.target_cpu).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.waking_prio,
+                    read_int(rec, &p.prio).unwrap_or(0) as u64,
+                );
                 push_varint(&mut c.waking_comm, idx as u64);
-                let flags = p.common_flags.as_ref().and_then(|f| read_uint(rec, f.offset, f.size)).unwrap_or(0);
+                let flags = p
+                    .common_flags
+                    .as_ref()
+                    .and_then(|f| read_uint(rec, f.offset, f.size))
+                    .unwrap_or(0);
                 push_varint(&mut c.waking_flags, flags);
             }
         }

@@ -18,9 +18,20 @@ pub enum ProtoKind {
 use ProtoKind::{Int as I, Str as S, Uint as U};
 
 /// A typed event Perfetto knows: (group, name, FtraceEvent field, fields).
-type TypedSpec = (&'static str, &'static str, u32, &'static [(u32, &'static str, ProtoKind)]);
+type TypedSpec = (
+    &'static str,
+    &'static str,
+    u32,
+    &'static [(u32, &'static str, ProtoKind)],
+);
 
-const WAKEUP_FIELDS: &[(u32, &str, ProtoKind)] = &[(1, "comm", S), (2, "pid", I), (3, "prio", I), (4, "success", I), (5, "target_cpu", I)];
+const WAKEUP_FIELDS: &[(u32, &str, ProtoKind)] = &[
+    (1, "comm", S),
+    (2, "pid", I),
+    (3, "prio", I),
+    (4, "success", I),
+    (5, "target_cpu", I),
+];
 
 /// Field numbers from Perfetto's `ftrace_event.proto` and the per-event
 /// messages (facts §4.4).
@@ -30,33 +41,146 @@ const TYPED: &[TypedSpec] = &[
         "sched",
         "sched_switch",
         4,
-        &[(1, "prev_comm", S), (2, "prev_pid", I), (3, "prev_prio", I), (4, "prev_state", I), (5, "next_comm", S), (6, "next_pid", I), (7, "next_prio", I)],
+        &[
+            (1, "prev_comm", S),
+            (2, "prev_pid", I),
+            (3, "prev_prio", I),
+            (4, "prev_state", I),
+            (5, "next_comm", S),
+            (6, "next_pid", I),
+            (7, "next_prio", I),
+        ],
     ),
-    ("power", "cpu_frequency", 11, &[(1, "state", U), (2, "cpu_id", U)]),
-    ("power", "cpu_frequency_limits", 12, &[(1, "min_freq", U), (2, "max_freq", U), (3, "cpu_id", U)]),
-    ("power", "cpu_idle", 13, &[(1, "state", U), (2, "cpu_id", U)]),
+    (
+        "power",
+        "cpu_frequency",
+        11,
+        &[(1, "state", U), (2, "cpu_id", U)],
+    ),
+    (
+        "power",
+        "cpu_frequency_limits",
+        12,
+        &[(1, "min_freq", U), (2, "max_freq", U), (3, "cpu_id", U)],
+    ),
+    (
+        "power",
+        "cpu_idle",
+        13,
+        &[(1, "state", U), (2, "cpu_id", U)],
+    ),
     ("sched", "sched_wakeup", 17, WAKEUP_FIELDS),
-    ("sched", "sched_blocked_reason", 18, &[(1, "pid", I), (2, "caller", U), (3, "io_wait", U)]),
+    (
+        "sched",
+        "sched_blocked_reason",
+        18,
+        &[(1, "pid", I), (2, "caller", U), (3, "io_wait", U)],
+    ),
     ("sched", "sched_waking", 20, WAKEUP_FIELDS),
     ("ipi", "ipi_entry", 21, &[(1, "reason", S)]),
     ("ipi", "ipi_exit", 22, &[(1, "reason", S)]),
     ("irq", "softirq_entry", 24, &[(1, "vec", U)]),
     ("irq", "softirq_exit", 25, &[(1, "vec", U)]),
     ("irq", "softirq_raise", 26, &[(1, "vec", U)]),
-    ("irq", "irq_handler_entry", 36, &[(1, "irq", I), (2, "name", S), (3, "handler", U)]),
-    ("irq", "irq_handler_exit", 37, &[(1, "irq", I), (2, "ret", I)]),
-    ("workqueue", "workqueue_execute_start", 58, &[(1, "work", U), (2, "function", U)]),
-    ("power", "suspend_resume", 113, &[(1, "action", S), (2, "val", I), (3, "start", U)]),
+    (
+        "irq",
+        "irq_handler_entry",
+        36,
+        &[(1, "irq", I), (2, "name", S), (3, "handler", U)],
+    ),
+    (
+        "irq",
+        "irq_handler_exit",
+        37,
+        &[(1, "irq", I), (2, "ret", I)],
+    ),
+    (
+        "workqueue",
+        "workqueue_execute_start",
+        58,
+        &[(1, "work", U), (2, "function", U)],
+    ),
+    (
+        "power",
+        "suspend_resume",
+        113,
+        &[(1, "action", S), (2, "val", I), (3, "start", U)],
+    ),
     ("sched", "sched_wakeup_new", 114, WAKEUP_FIELDS),
-    ("task", "task_newtask", 235, &[(1, "pid", I), (2, "comm", S), (3, "clone_flags", U), (4, "oom_score_adj", I)]),
-    ("task", "task_rename", 236, &[(1, "pid", I), (2, "oldcomm", S), (3, "newcomm", S), (4, "oom_score_adj", I)]),
-    ("sched", "sched_process_exec", 237, &[(1, "filename", S), (2, "pid", I), (3, "old_pid", I)]),
-    ("sched", "sched_process_exit", 238, &[(1, "comm", S), (2, "pid", I), (3, "tgid", I), (4, "prio", I)]),
-    ("sched", "sched_process_fork", 239, &[(1, "parent_comm", S), (2, "parent_pid", I), (3, "child_comm", S), (4, "child_pid", I)]),
-    ("sched", "sched_process_free", 240, &[(1, "comm", S), (2, "pid", I), (3, "prio", I)]),
-    ("sched", "sched_process_hang", 241, &[(1, "comm", S), (2, "pid", I)]),
-    ("sched", "sched_process_wait", 242, &[(1, "comm", S), (2, "pid", I), (3, "prio", I)]),
-    ("oom", "oom_score_adj_update", 326, &[(1, "comm", S), (2, "oom_score_adj", I), (3, "pid", I)]),
+    (
+        "task",
+        "task_newtask",
+        235,
+        &[
+            (1, "pid", I),
+            (2, "comm", S),
+            (3, "clone_flags", U),
+            (4, "oom_score_adj", I),
+        ],
+    ),
+    (
+        "task",
+        "task_rename",
+        236,
+        &[
+            (1, "pid", I),
+            (2, "oldcomm", S),
+            (3, "newcomm", S),
+            (4, "oom_score_adj", I),
+        ],
+    ),
+    (
+        "sched",
+        "sched_process_exec",
+        237,
+        &[(1, "filename", S), (2, "pid", I), (3, "old_pid", I)],
+    ),
+    (
+        "sched",
+        "sched_process_exit",
+        238,
+        &[
+            (1, "comm", S),
+            (2, "pid", I),
+            (3, "tgid", I),
+            (4, "prio", I),
+        ],
+    ),
+    (
+        "sched",
+        "sched_process_fork",
+        239,
+        &[
+            (1, "parent_comm", S),
+            (2, "parent_pid", I),
+            (3, "child_comm", S),
+            (4, "child_pid", I),
+        ],
+    ),
+    (
+        "sched",
+        "sched_process_free",
+        240,
+        &[(1, "comm", S), (2, "pid", I), (3, "prio", I)],
+    ),
+    (
+        "sched",
+        "sched_process_hang",
+        241,
+        &[(1, "comm", S), (2, "pid", I)],
+    ),
+    (
+        "sched",
+        "sched_process_wait",
+        242,
+        &[(1, "comm", S), (2, "pid", I), (3, "prio", I)],
+    ),
+    (
+        "oom",
+        "oom_score_adj_update",
+        326,
+        &[(1, "comm", S), (2, "oom_score_adj", I), (3, "pid", I)],
+    ),
 ];
 
 /// Kernel fields that name a thread worth describing (process_stats).
@@ -128,7 +252,12 @@ fn int_field(f: &EventFormat, name: &str) -> Option<Field> {
 
 fn text_field(f: &EventFormat, name: &str) -> Option<Field> {
     f.field(name)
-        .filter(|x| matches!(x.kind, FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString))
+        .filter(|x| {
+            matches!(
+                x.kind,
+                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString
+            )
+        })
         .cloned()
 }
 
@@ -139,21 +268,27 @@ impl EventTable {
 
     /// Adds an event; `compact_sched` selects the compact plans.
     pub fn insert(&mut self, format: EventFormat, compact_sched: bool) {
-        let typed = TYPED.iter().find(|t| t.0 == format.group && t.1 == format.name).map(|t| TypedPlan {
-            proto_field: t.2,
-            fields: t
-                .3
-                .iter()
-                .filter_map(|&(no, name, kind)| {
-                    let f = format.field(name)?;
-                    let ok = match kind {
-                        ProtoKind::Str => matches!(f.kind, FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString),
-                        _ => f.kind == FieldKind::Int,
-                    };
-                    ok.then(|| (no, kind, f.clone()))
-                })
-                .collect(),
-        });
+        let typed = TYPED
+            .iter()
+            .find(|t| t.0 == format.group && t.1 == format.name)
+            .map(|t| TypedPlan {
+                proto_field: t.2,
+                fields: t
+                    .3
+                    .iter()
+                    .filter_map(|&(no, name, kind)| {
+                        let f = format.field(name)?;
+                        let ok = match kind {
+                            ProtoKind::Str => matches!(
+                                f.kind,
+                                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString
+                            ),
+                            _ => f.kind == FieldKind::Int,
+                        };
+                        ok.then(|| (no, kind, f.clone()))
+                    })
+                    .collect(),
+            });
         let compact = if !compact_sched || format.group != "sched" {
             None
         } else if format.name == "sched_switch" {
@@ -183,7 +318,10 @@ impl EventTable {
         }
         let pid = int_field(&format, "common_pid");
         let pid_fields = if typed.is_some() {
-            PID_FIELDS.iter().filter_map(|n| int_field(&format, n)).collect()
+            PID_FIELDS
+                .iter()
+                .filter_map(|n| int_field(&format, n))
+                .collect()
         } else {
             Vec::new()
         };

@@ -81,7 +81,10 @@ pub struct EventFormat {
 impl EventFormat {
     /// The field named `name`, common or own.
     pub fn field(&self, name: &str) -> Option<&Field> {
-        self.fields.iter().chain(self.common.iter()).find(|f| f.name == name)
+        self.fields
+            .iter()
+            .chain(self.common.iter())
+            .find(|f| f.name == name)
     }
 }
 
@@ -122,7 +125,9 @@ fn classify(decl: &str, size: usize) -> (String, String, FieldKind) {
     };
     let type_name = type_part.to_string();
     let is_char = matches!(
-        type_part.trim_start_matches("unsigned ").trim_start_matches("signed "),
+        type_part
+            .trim_start_matches("unsigned ")
+            .trim_start_matches("signed "),
         "char" | "u8" | "s8" | "const char"
     );
     let kind = if type_part.starts_with("__data_loc") {
@@ -183,13 +188,21 @@ pub fn parse_header_page(text: &str) -> Result<PageLayout, FormatError> {
     let commit = get("commit")?;
     let data = get("data")?;
     if ts.size != 8 {
-        return Err(FormatError::Unsupported(format!("page timestamp of {} bytes", ts.size)));
+        return Err(FormatError::Unsupported(format!(
+            "page timestamp of {} bytes",
+            ts.size
+        )));
     }
     if !matches!(commit.size, 4 | 8) {
-        return Err(FormatError::Unsupported(format!("page commit of {} bytes", commit.size)));
+        return Err(FormatError::Unsupported(format!(
+            "page commit of {} bytes",
+            commit.size
+        )));
     }
     if data.offset < commit.offset + commit.size || data.size == 0 {
-        return Err(FormatError::Unsupported("page data before its header".into()));
+        return Err(FormatError::Unsupported(
+            "page data before its header".into(),
+        ));
     }
     Ok(PageLayout {
         timestamp_offset: ts.offset,
@@ -213,7 +226,9 @@ pub fn check_header_event(text: &str) -> Result<(), FormatError> {
         ("data max type_len == 28", "data max type_len == 28"),
     ] {
         if !squash.contains(needle) {
-            return Err(FormatError::Unsupported(format!("header_event lacks `{what}`")));
+            return Err(FormatError::Unsupported(format!(
+                "header_event lacks `{what}`"
+            )));
         }
     }
     // Older kernels name the absolute stamp differently or lack it; 31 is
@@ -235,13 +250,17 @@ pub fn parse_event_format(group: &str, text: &str) -> Result<EventFormat, Format
     let name = name.ok_or(FormatError::Missing("name:"))?;
     let id = id.ok_or(FormatError::Missing("ID:"))?;
     let all = parse_fields(text)?;
-    let (common, fields): (Vec<_>, Vec<_>) = all.into_iter().partition(|f| f.name.starts_with("common_"));
+    let (common, fields): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|f| f.name.starts_with("common_"));
     let ct = common
         .iter()
         .find(|f| f.name == "common_type")
         .ok_or(FormatError::Missing("common_type"))?;
     if !matches!(ct.size, 1 | 2 | 4) {
-        return Err(FormatError::Unsupported(format!("common_type of {} bytes", ct.size)));
+        return Err(FormatError::Unsupported(format!(
+            "common_type of {} bytes",
+            ct.size
+        )));
     }
     Ok(EventFormat {
         group: group.to_string(),

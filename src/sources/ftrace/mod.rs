@@ -99,7 +99,11 @@ impl Default for FtraceOptions {
 /// at the highest rates measured here (67 MB/s over 2 CPUs), more on big
 /// machines as Perfetto does.
 pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
-    if mem_total_kb >= 7 * 1024 * 1024 { 8192 } else { 4096 }
+    if mem_total_kb >= 7 * 1024 * 1024 {
+        8192
+    } else {
+        4096
+    }
 }
 
 fn mem_total_kb(proc: &std::path::Path) -> u64 {
@@ -118,7 +122,10 @@ pub enum FtraceError {
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
     #[error("{file}: {source}")]
-    Format { file: String, source: format::FormatError },
+    Format {
+        file: String,
+        source: format::FormatError,
+    },
     #[error("none of the requested ftrace events exist: {0:?}")]
     NoEvents(Vec<String>),
     #[error("the source is not in the state this needs ({0})")]
@@ -142,7 +149,11 @@ pub struct FtraceSummary {
 /// The events `spec` names in `dir`, or none.
 pub fn resolve_event(dir: &Tracefs, spec: &str) -> Vec<(String, String)> {
     match spec.split_once('/') {
-        Some((g, "*")) => dir.events_of(g).into_iter().map(|n| (g.to_string(), n)).collect(),
+        Some((g, "*")) => dir
+            .events_of(g)
+            .into_iter()
+            .map(|n| (g.to_string(), n))
+            .collect(),
         Some((g, n)) => {
             if dir.path(&format!("events/{g}/{n}/format")).is_file() {
                 vec![(g.to_string(), n.to_string())]
@@ -161,7 +172,11 @@ pub fn resolve_event(dir: &Tracefs, spec: &str) -> Vec<(String, String)> {
 
 /// Loads the page layout and the formats of `events` from `dir` into a
 /// table. Events whose format does not parse are returned as failed.
-pub fn load_layouts(dir: &Tracefs, events: &[(String, String)], compact_sched: bool) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
+pub fn load_layouts(
+    dir: &Tracefs,
+    events: &[(String, String)],
+    compact_sched: bool,
+) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
     let read = |rel: &str| dir.read(rel);
     let hp = read("events/header_page")?;
     let layout = format::parse_header_page(&hp).map_err(|source| FtraceError::Format {
@@ -178,7 +193,10 @@ pub fn load_layouts(dir: &Tracefs, events: &[(String, String)], compact_sched: b
     for (g, n) in events {
         let rel = format!("events/{g}/{n}/format");
         match read(&rel).map_err(FtraceError::from).and_then(|t| {
-            format::parse_event_format(g, &t).map_err(|source| FtraceError::Format { file: rel.clone(), source })
+            format::parse_event_format(g, &t).map_err(|source| FtraceError::Format {
+                file: rel.clone(),
+                source,
+            })
         }) {
             Ok(f) => table.insert(f, compact_sched),
             Err(e) => {
@@ -241,10 +259,19 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     }
 
     fn cpu_stats(&self) -> Vec<CpuStats> {
-        let Some(s) = &self.session else { return Vec::new() };
+        let Some(s) = &self.session else {
+            return Vec::new();
+        };
         self.cpus
             .iter()
-            .map(|&c| CpuStats::parse(c as u64, &s.dir().read(&format!("per_cpu/cpu{c}/stats")).unwrap_or_default()))
+            .map(|&c| {
+                CpuStats::parse(
+                    c as u64,
+                    &s.dir()
+                        .read(&format!("per_cpu/cpu{c}/stats"))
+                        .unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
@@ -267,9 +294,25 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             parse_errors: &parse_errors,
             cpu_buffer_size_pages: self.buffer_size_kb as u64 * 1024 / page,
         };
-        let max = 256 + 128 * cpus.len() + report.unknown_events.iter().chain(report.failed_events).map(|s| s.len() + 4).sum::<usize>();
-        let buf = output.begin(max).ok_or(FtraceError::NoRoom("FtraceStats"))?;
-        let n = stats::encode_stats_packet(buf, self.opts.sequence_id, crate::clock::boottime_ns(), phase, &report).ok_or(FtraceError::NoRoom("FtraceStats"))?;
+        let max = 256
+            + 128 * cpus.len()
+            + report
+                .unknown_events
+                .iter()
+                .chain(report.failed_events)
+                .map(|s| s.len() + 4)
+                .sum::<usize>();
+        let buf = output
+            .begin(max)
+            .ok_or(FtraceError::NoRoom("FtraceStats"))?;
+        let n = stats::encode_stats_packet(
+            buf,
+            self.opts.sequence_id,
+            crate::clock::boottime_ns(),
+            phase,
+            &report,
+        )
+        .ok_or(FtraceError::NoRoom("FtraceStats"))?;
         output.commit(n);
         Ok(())
     }
@@ -283,7 +326,11 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if !self.opts.atrace_categories.is_empty() || !self.opts.atrace_apps.is_empty() {
             log::warn!("atrace_categories/atrace_apps are Android-only; ignored");
         }
-        let mut session = TracefsSession::open(&self.top, self.opts.instance_name.as_deref(), &self.opts.proc_root)?;
+        let mut session = TracefsSession::open(
+            &self.top,
+            self.opts.instance_name.as_deref(),
+            &self.opts.proc_root,
+        )?;
         let mut selected = Vec::new();
         for spec in &self.opts.events {
             let found = resolve_event(session.dir(), spec);
@@ -297,12 +344,16 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             }
         }
         if !self.summary.unknown_events.is_empty() {
-            log::warn!("unknown ftrace events ignored: {}", self.summary.unknown_events.join(", "));
+            log::warn!(
+                "unknown ftrace events ignored: {}",
+                self.summary.unknown_events.join(", ")
+            );
         }
         if selected.is_empty() {
             return Err(FtraceError::NoEvents(self.opts.events.clone()));
         }
-        let (layout, table, failed) = load_layouts(session.dir(), &selected, self.opts.compact_sched)?;
+        let (layout, table, failed) =
+            load_layouts(session.dir(), &selected, self.opts.compact_sched)?;
         self.summary.failed_events = failed;
         self.layout = Some(layout);
 
@@ -331,12 +382,17 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         self.cpus = session.dir().cpus();
         let mut pipes = Vec::new();
         for &cpu in &self.cpus {
-            let p = session.dir().path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+            let p = session
+                .dir()
+                .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let file = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NONBLOCK)
                 .open(&p)
-                .map_err(|source| TracefsError::Io { path: p.clone(), source })?;
+                .map_err(|source| TracefsError::Io {
+                    path: p.clone(),
+                    source,
+                })?;
             pipes.push(CpuPipe {
                 cpu,
                 file,
@@ -373,28 +429,45 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .spawn(move || state.run(period, rx))
             .map_err(|e| FtraceError::Thread(e.to_string()))?;
         self.running = Some(Running { tx, handle });
-        log::info!("ftrace: recording {} events on {} CPUs, {} KiB per CPU", selected.len(), self.cpus.len(), self.buffer_size_kb);
+        log::info!(
+            "ftrace: recording {} events on {} CPUs, {} KiB per CPU",
+            selected.len(),
+            self.cpus.len(),
+            self.buffer_size_kb
+        );
         Ok(())
     }
 
     /// Drains every CPU now and returns once the data is in the output.
     pub fn flush(&mut self) -> Result<(), FtraceError> {
-        let r = self.running.as_ref().ok_or(FtraceError::State("flush before start"))?;
+        let r = self
+            .running
+            .as_ref()
+            .ok_or(FtraceError::State("flush before start"))?;
         let (ack_tx, ack_rx) = mpsc::channel();
-        r.tx.send(Command::Flush(ack_tx)).map_err(|e| FtraceError::Thread(e.to_string()))?;
-        ack_rx.recv().map_err(|e| FtraceError::Thread(e.to_string()))
+        r.tx.send(Command::Flush(ack_tx))
+            .map_err(|e| FtraceError::Thread(e.to_string()))?;
+        ack_rx
+            .recv()
+            .map_err(|e| FtraceError::Thread(e.to_string()))
     }
 
     /// Stops tracing, drains a last time, writes the end FtraceStats and
     /// restores tracefs. The output can then be taken back.
     pub fn stop(&mut self) -> Result<FtraceSummary, FtraceError> {
-        let r = self.running.take().ok_or(FtraceError::State("stop before start"))?;
+        let r = self
+            .running
+            .take()
+            .ok_or(FtraceError::State("stop before start"))?;
         if let Some(s) = &self.session {
             // Nothing new after this; the last drain then empties the buffers.
             let _ = s.dir().write("tracing_on", "0");
         }
         let _ = r.tx.send(Command::Stop);
-        let state = r.handle.join().map_err(|_| FtraceError::Thread("reader panicked".into()))?;
+        let state = r
+            .handle
+            .join()
+            .map_err(|_| FtraceError::Thread("reader panicked".into()))?;
         let ReaderState {
             mut output,
             encoder,

@@ -85,10 +85,15 @@ pub struct RawEvent<'p> {
 
 /// Parses the header of `page` with `layout`.
 pub fn parse_header(page: &[u8], layout: &PageLayout) -> Result<PageHeader, PageError> {
-    let timestamp = read_uint(page, layout.timestamp_offset, 8).ok_or(PageError::InvalidPageHeader)?;
-    let commit = read_uint(page, layout.commit_offset, layout.commit_size).ok_or(PageError::InvalidPageHeader)?;
+    let timestamp =
+        read_uint(page, layout.timestamp_offset, 8).ok_or(PageError::InvalidPageHeader)?;
+    let commit = read_uint(page, layout.commit_offset, layout.commit_size)
+        .ok_or(PageError::InvalidPageHeader)?;
     let data_len = (commit & COMMIT_LEN_MASK) as usize;
-    let room = page.len().saturating_sub(layout.data_offset).min(layout.data_size);
+    let room = page
+        .len()
+        .saturating_sub(layout.data_offset)
+        .min(layout.data_size);
     if page.len() < layout.data_offset || data_len > room {
         return Err(PageError::InvalidPageHeader);
     }
@@ -151,7 +156,9 @@ impl<'p> EventIter<'p> {
                         return Ok(None);
                     }
                     let len = self.u32_at(body).ok_or(PageError::ShortPaddingLength)? as usize;
-                    let next = body.checked_add(len).ok_or(PageError::InvalidPaddingLength)?;
+                    let next = body
+                        .checked_add(len)
+                        .ok_or(PageError::InvalidPaddingLength)?;
                     if next > self.end || len < 4 {
                         return Err(PageError::InvalidPaddingLength);
                     }
@@ -244,7 +251,8 @@ pub mod build {
         }
 
         fn header(&mut self, type_len: u32, delta: u32) {
-            self.buf.extend_from_slice(&((delta << 5) | type_len).to_le_bytes());
+            self.buf
+                .extend_from_slice(&((delta << 5) | type_len).to_le_bytes());
         }
 
         /// A data record; `payload` is padded to 4 bytes.
@@ -254,7 +262,8 @@ pub mod build {
                 self.header((padded / 4) as u32, delta);
             } else {
                 self.header(0, delta);
-                self.buf.extend_from_slice(&((padded + 4) as u32).to_le_bytes());
+                self.buf
+                    .extend_from_slice(&((padded + 4) as u32).to_le_bytes());
             }
             self.buf.extend_from_slice(payload);
             self.buf.resize(self.buf.len() + padded - payload.len(), 0);
@@ -263,13 +272,15 @@ pub mod build {
 
         pub fn time_extend(&mut self, delta: u64) -> &mut Self {
             self.header(30, (delta & ((1 << 27) - 1)) as u32);
-            self.buf.extend_from_slice(&((delta >> 27) as u32).to_le_bytes());
+            self.buf
+                .extend_from_slice(&((delta >> 27) as u32).to_le_bytes());
             self
         }
 
         pub fn time_stamp(&mut self, ts: u64) -> &mut Self {
             self.header(31, (ts & ((1 << 27) - 1)) as u32);
-            self.buf.extend_from_slice(&((ts >> 27) as u32).to_le_bytes());
+            self.buf
+                .extend_from_slice(&((ts >> 27) as u32).to_le_bytes());
             self
         }
 
@@ -315,7 +326,9 @@ mod tests {
         data_size: 4080,
     };
 
-    fn walk(page: &[u8]) -> (PageHeader, Vec<(u64, Vec<u8>)>, Option<PageError>) {
+    type Walk = (PageHeader, Vec<(u64, Vec<u8>)>, Option<PageError>);
+
+    fn walk(page: &[u8]) -> Walk {
         let h = parse_header(page, &LAYOUT).expect("header");
         let mut evs = Vec::new();
         let mut err = None;
@@ -349,13 +362,17 @@ mod tests {
 
     #[test]
     fn missed_events_flags() {
-        let page = PageBuilder::new(1, 4096).event(1, &[1; 8]).finish(Some(Some(42)));
+        let page = PageBuilder::new(1, 4096)
+            .event(1, &[1; 8])
+            .finish(Some(Some(42)));
         let (h, evs, _) = walk(&page);
         assert!(h.missed_events);
         assert_eq!(h.missed_count, Some(42));
         assert_eq!(h.data_len, 12);
         assert_eq!(evs.len(), 1);
-        let page = PageBuilder::new(1, 4096).event(1, &[1; 8]).finish(Some(None));
+        let page = PageBuilder::new(1, 4096)
+            .event(1, &[1; 8])
+            .finish(Some(None));
         let (h, _, _) = walk(&page);
         assert!(h.missed_events);
         assert_eq!(h.missed_count, None);
@@ -382,7 +399,13 @@ mod tests {
     fn bad_commit_refused() {
         let mut page = vec![0u8; 4096];
         page[8..16].copy_from_slice(&5000u64.to_le_bytes());
-        assert_eq!(parse_header(&page, &LAYOUT), Err(PageError::InvalidPageHeader));
-        assert_eq!(parse_header(&page[..10], &LAYOUT), Err(PageError::InvalidPageHeader));
+        assert_eq!(
+            parse_header(&page, &LAYOUT),
+            Err(PageError::InvalidPageHeader)
+        );
+        assert_eq!(
+            parse_header(&page[..10], &LAYOUT),
+            Err(PageError::InvalidPageHeader)
+        );
     }
 }

@@ -57,7 +57,15 @@ pub struct ReaderState<O: PacketOutput> {
 }
 
 impl<O: PacketOutput> ReaderState<O> {
-    pub fn new(output: O, encoder: BundleEncoder, pipes: Vec<CpuPipe>, table: Arc<EventTable>, filter: PrintFilter, layout: PageLayout, pid_sink: Option<PidSink>) -> Self {
+    pub fn new(
+        output: O,
+        encoder: BundleEncoder,
+        pipes: Vec<CpuPipe>,
+        table: Arc<EventTable>,
+        filter: PrintFilter,
+        layout: PageLayout,
+        pid_sink: Option<PidSink>,
+    ) -> Self {
         let staging = vec![0u8; BATCH_PAGES * layout.page_size()];
         Self {
             output,
@@ -109,7 +117,14 @@ impl<O: PacketOutput> ReaderState<O> {
                 if filled > 0 {
                     let pipe = &mut self.pipes[i];
                     let before = pipe.cursor.last_ts;
-                    self.encoder.encode_pages(&mut self.output, &self.table, &self.filter, &self.layout, &mut pipe.cursor, &self.staging[..filled]);
+                    self.encoder.encode_pages(
+                        &mut self.output,
+                        &self.table,
+                        &self.filter,
+                        &self.layout,
+                        &mut pipe.cursor,
+                        &self.staging[..filled],
+                    );
                     if pipe.cursor.last_ts < before {
                         self.non_monotonic += 1;
                     }

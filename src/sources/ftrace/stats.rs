@@ -65,7 +65,13 @@ pub struct StatsReport<'a> {
 
 /// Encodes an FtraceStats packet into `buf`, returning its length, or
 /// `None` when it does not fit.
-pub fn encode_stats_packet(buf: &mut [u8], seq_id: u32, timestamp: u64, phase: Phase, r: &StatsReport<'_>) -> Option<usize> {
+pub fn encode_stats_packet(
+    buf: &mut [u8],
+    seq_id: u32,
+    timestamp: u64,
+    phase: Phase,
+    r: &StatsReport<'_>,
+) -> Option<usize> {
     let mut enc = ProtoEncoder::new(buf);
     enc.uint(8, timestamp);
     enc.uint(10, seq_id as u64);
@@ -108,7 +114,17 @@ mod tests {
     fn parses_kernel_stats() {
         let text = "entries: 12\noverrun: 3\ncommit overrun: 0\nbytes: 4096\noldest event ts:   647.000001\nnow ts:   647.753985\ndropped events: 1\nread events: 40\n";
         let s = CpuStats::parse(1, text);
-        assert_eq!((s.cpu, s.entries, s.overrun, s.bytes_read, s.dropped_events, s.read_events), (1, 12, 3, 4096, 1, 40));
+        assert_eq!(
+            (
+                s.cpu,
+                s.entries,
+                s.overrun,
+                s.bytes_read,
+                s.dropped_events,
+                s.read_events
+            ),
+            (1, 12, 3, 4096, 1, 40)
+        );
         assert!((s.now_ts - 647.753985).abs() < 1e-9);
     }
 }

@@ -16,7 +16,9 @@ pub const INSTANCE_PREFIX: &str = "recorder-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
-    #[error("tracefs not found at {tried}; mount it (mount -t tracefs nodev /sys/kernel/tracing) or run as root")]
+    #[error(
+        "tracefs not found at {tried}; mount it (mount -t tracefs nodev /sys/kernel/tracing) or run as root"
+    )]
     NotFound { tried: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
@@ -64,7 +66,13 @@ impl Tracefs {
         }
         if rustix::process::geteuid().is_root() {
             let target = Path::new(TRACEFS_ROOTS[0]);
-            let mounted = rustix::mount::mount("nodev", target, "tracefs", rustix::mount::MountFlags::empty(), None::<&std::ffi::CStr>);
+            let mounted = rustix::mount::mount(
+                "nodev",
+                target,
+                "tracefs",
+                rustix::mount::MountFlags::empty(),
+                None::<&std::ffi::CStr>,
+            );
             if mounted.is_ok()
                 && let Ok(t) = Self::at(target)
             {
@@ -101,7 +109,8 @@ impl Tracefs {
                 Err(e) => return Err(io_err(&p, e)),
             }
         }
-        String::from_utf8(out).map_err(|e| io_err(&p, io::Error::new(io::ErrorKind::InvalidData, e)))
+        String::from_utf8(out)
+            .map_err(|e| io_err(&p, io::Error::new(io::ErrorKind::InvalidData, e)))
     }
 
     pub fn write(&self, rel: &str, value: &str) -> Result<(), TracefsError> {
@@ -146,7 +155,10 @@ impl Tracefs {
     pub fn remove_stale_instances(&self, proc: &Path) -> Vec<String> {
         let mut removed = Vec::new();
         for name in list_dirs(&self.path("instances")) {
-            let Some(pid) = name.strip_prefix(INSTANCE_PREFIX).and_then(|p| p.parse::<u32>().ok()) else {
+            let Some(pid) = name
+                .strip_prefix(INSTANCE_PREFIX)
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
                 continue;
             };
             if proc.join(pid.to_string()).exists() {
@@ -184,10 +196,10 @@ fn list_dirs(p: &Path) -> Vec<String> {
 /// `[boot] local global` → `boot`; `7 (expanded: 1408)` → `7`.
 pub fn restorable_value(rel: &str, text: &str) -> String {
     let t = text.trim();
-    if rel.ends_with("trace_clock") {
-        if let (Some(a), Some(b)) = (t.find('['), t.find(']')) {
-            return t[a + 1..b].to_string();
-        }
+    if rel.ends_with("trace_clock")
+        && let (Some(a), Some(b)) = (t.find('['), t.find(']'))
+    {
+        return t[a + 1..b].to_string();
     }
     if rel.ends_with("buffer_size_kb") {
         return t.split_whitespace().next().unwrap_or("").to_string();
@@ -210,11 +222,21 @@ impl TracefsSession {
     /// Opens the directory to record in: `instance_name` if given (created
     /// if absent), else our own `recorder-<pid>`. Stale instances of dead
     /// runs are removed first.
-    pub fn open(top: &Tracefs, instance_name: Option<&str>, proc: &Path) -> Result<Self, TracefsError> {
+    pub fn open(
+        top: &Tracefs,
+        instance_name: Option<&str>,
+        proc: &Path,
+    ) -> Result<Self, TracefsError> {
         top.remove_stale_instances(proc);
         let name = match instance_name {
             Some(n) => {
-                if n.is_empty() || n.contains('/') || n == "." || n == ".." || n == "hyp" || n == "hypervisor" {
+                if n.is_empty()
+                    || n.contains('/')
+                    || n == "."
+                    || n == ".."
+                    || n == "hyp"
+                    || n == "hypervisor"
+                {
                     return Err(TracefsError::BadInstanceName(n.to_string()));
                 }
                 n.to_string()
@@ -265,7 +287,8 @@ impl TracefsSession {
     pub fn set(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
         if !self.saved.iter().any(|(r, _)| r == rel) {
             let old = self.dir.read(rel)?;
-            self.saved.push((rel.to_string(), restorable_value(rel, &old)));
+            self.saved
+                .push((rel.to_string(), restorable_value(rel, &old)));
         }
         self.dir.write(rel, value)
     }
@@ -293,7 +316,10 @@ impl TracefsSession {
         if self.created_instance
             && let Err(e) = fs::remove_dir(self.dir.root())
         {
-            log::warn!("removing tracefs instance {}: {e}", self.dir.root().display());
+            log::warn!(
+                "removing tracefs instance {}: {e}",
+                self.dir.root().display()
+            );
         }
     }
 }
@@ -310,9 +336,18 @@ mod tests {
 
     #[test]
     fn restorable_values() {
-        assert_eq!(restorable_value("trace_clock", "[local] global boot\n"), "local");
-        assert_eq!(restorable_value("buffer_size_kb", "7 (expanded: 1408)\n"), "7");
-        assert_eq!(restorable_value("events/sched/sched_switch/enable", "0\n"), "0");
+        assert_eq!(
+            restorable_value("trace_clock", "[local] global boot\n"),
+            "local"
+        );
+        assert_eq!(
+            restorable_value("buffer_size_kb", "7 (expanded: 1408)\n"),
+            "7"
+        );
+        assert_eq!(
+            restorable_value("events/sched/sched_switch/enable", "0\n"),
+            "0"
+        );
     }
 
     #[test]
