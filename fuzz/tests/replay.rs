@@ -20,3 +20,8 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
+
+#[test]
+fn ftrace_page_corpus() {
+    replay_nonempty("ftrace_page", recorder_fuzz::ftrace_page::check);
+}
