@@ -4,3 +4,4 @@
 pub mod control_message;
 
 pub mod ringbuf_model;
+pub mod ftrace_page;

@@ -26,4 +26,6 @@ fn control_message() {
     replay_nonempty("control_message", recorder_fuzz::control_message::check);
 fn ringbuf_model_corpus() {
     replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
+fn ftrace_page_corpus() {
+    replay_nonempty("ftrace_page", recorder_fuzz::ftrace_page::check);
 }

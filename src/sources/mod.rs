@@ -45,3 +45,4 @@ pub trait DataSource: Send {
         0
     }
 }
+pub mod ftrace;

@@ -4,3 +4,4 @@
 mod common;
 mod recording;
 mod ringbuf;
+mod ftrace;

@@ -1,0 +1,625 @@
+//! Raw pages → `TracePacket { ftrace_events: FtraceEventBundle }`, encoded in
+//! place into the space a [`PacketOutput`] lends, with no allocation per
+//! event (the compact_sched columns live in scratch buffers reused across
+//! bundles).
+//!
+//! ```text
+//!  TracePacket
+//!   ├ 10 trusted_packet_sequence_id
+//!   └ 1 ftrace_events (FtraceEventBundle)
+//!        ├ 1 cpu
+//!        ├ 2 event*  (FtraceEvent: 1 timestamp, 2 pid, N typed | 327 generic)
+//!        ├ 4 compact_sched (packed columns + intern_table)
+//!        ├ 3 lost_events
+//!        └ 10 previous_bundle_end_timestamp
+//! ```
+
+use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
+use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
+use super::output::PacketOutput;
+use super::page::{EventIter, PageError, RawEvent, parse_header};
+use crate::trace::encoder::{ProtoEncoder, put_varint};
+
+/// Room kept free in a bundle for its trailer (compact header, lost flag,
+/// previous_bundle_end_timestamp, nested lengths).
+const TRAILER_BYTES: usize = 64;
+/// Worst case one compact event adds: five 10-byte varints and a new
+/// interned comm.
+const COMPACT_EVENT_MAX: usize = 5 * 10 + 2 + 16;
+/// Interned comms per bundle before it is closed (keeps lookups short).
+const MAX_INTERNED: usize = 256;
+
+/// One rule of the print filter: the first matching rule decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrintMatch {
+    /// The message starts with this prefix.
+    Prefix(String),
+    /// An atrace message `T|pid|name...` of type `T` whose name starts with prefix.
+    Atrace { kind: String, prefix: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrintRule {
+    pub matches: PrintMatch,
+    pub allow: bool,
+}
+
+/// `FtraceConfig.print_filter`: keeps or drops `ftrace/print` events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrintFilter {
+    pub rules: Vec<PrintRule>,
+}
+
+impl PrintFilter {
+    /// Whether a print with text `buf` is kept (no matching rule: kept).
+    pub fn allows(&self, buf: &[u8]) -> bool {
+        for r in &self.rules {
+            let hit = match &r.matches {
+                PrintMatch::Prefix(p) => buf.starts_with(p.as_bytes()),
+                PrintMatch::Atrace { kind, prefix } => {
+                    let mut parts = buf.splitn(3, |&c| c == b'|');
+                    let t = parts.next().unwrap_or_default();
+                    let _pid = parts.next();
+                    let name = parts.next().unwrap_or_default();
+                    t == kind.as_bytes() && name.starts_with(prefix.as_bytes())
+                }
+            };
+            if hit {
+                return r.allow;
+            }
+        }
+        true
+    }
+}
+
+/// Counters of the encoder, summed over the recording.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EncodeStats {
+    pub pages: u64,
+    pub events: u64,
+    pub typed_events: u64,
+    pub compact_events: u64,
+    pub generic_events: u64,
+    /// Records whose id is not in the table (not enabled by us).
+    pub unknown_ids: u64,
+    /// Prints the print filter dropped.
+    pub filtered_prints: u64,
+    /// Events larger than a whole packet, dropped.
+    pub oversized_events: u64,
+    pub bundles: u64,
+    /// Bundles lost because the output had no space.
+    pub dropped_bundles: u64,
+    /// Pages with the kernel's RB_MISSED_EVENTS flag.
+    pub lost_pages: u64,
+    /// Events the kernel reported missing (when it stored the count).
+    pub lost_events: u64,
+    /// Per Perfetto `FtraceParseStatus` value.
+    pub parse_errors: [u64; 18],
+}
+
+/// Per-CPU state carried from one bundle to the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCursor {
+    pub cpu: u32,
+    /// Timestamp of the last event of the previous bundle on this CPU.
+    pub prev_bundle_end_ts: u64,
+    /// Last timestamp seen on this CPU (monotonicity check).
+    pub last_ts: u64,
+}
+
+/// Packed compact_sched columns of the bundle being written.
+#[derive(Default)]
+struct CompactCols {
+    switch_ts: Vec<u8>,
+    switch_prev_state: Vec<u8>,
+    switch_next_pid: Vec<u8>,
+    switch_next_prio: Vec<u8>,
+    switch_comm: Vec<u8>,
+    waking_ts: Vec<u8>,
+    waking_pid: Vec<u8>,
+    waking_target_cpu: Vec<u8>,
+    waking_prio: Vec<u8>,
+    waking_comm: Vec<u8>,
+    waking_flags: Vec<u8>,
+    last_switch_ts: u64,
+    last_waking_ts: u64,
+    /// Interned comms (NUL-padded to 16 bytes, compared as one u128).
+    intern: Vec<(u128, u8)>,
+    intern_bytes: usize,
+}
+
+fn push_varint(v: &mut Vec<u8>, x: u64) {
+    let mut b = [0u8; 10];
+    let n = put_varint(&mut b, x).expect("10 bytes hold any u64 varint");
+    v.extend_from_slice(&b[..n]);
+}
+
+impl CompactCols {
+    fn clear(&mut self) {
+        for c in self.cols_mut() {
+            c.clear();
+        }
+        self.intern.clear();
+        self.intern_bytes = 0;
+        self.last_switch_ts = 0;
+        self.last_waking_ts = 0;
+    }
+
+    fn cols_mut(&mut self) -> [&mut Vec<u8>; 11] {
+        [
+            &mut self.switch_ts,
+            &mut self.switch_prev_state,
+            &mut self.switch_next_pid,
+            &mut self.switch_next_prio,
+            &mut self.switch_comm,
+            &mut self.waking_ts,
+            &mut self.waking_pid,
+            &mut self.waking_target_cpu,
+            &mut self.waking_prio,
+            &mut self.waking_comm,
+            &mut self.waking_flags,
+        ]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.switch_ts.is_empty() && self.waking_ts.is_empty()
+    }
+
+    /// Upper bound of the encoded compact_sched field.
+    fn encoded_len(&self) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        let cols: usize = [
+            &self.switch_ts,
+            &self.switch_prev_state,
+            &self.switch_next_pid,
+            &self.switch_next_prio,
+            &self.switch_comm,
+            &self.waking_ts,
+            &self.waking_pid,
+            &self.waking_target_cpu,
+            &self.waking_prio,
+            &self.waking_comm,
+            &self.waking_flags,
+        ]
+        .iter()
+        .map(|c| if c.is_empty() { 0 } else { c.len() + 6 })
+        .sum();
+        6 + cols + self.intern_bytes
+    }
+
+    fn intern(&mut self, comm: &[u8]) -> u32 {
+        let mut key = [0u8; 16];
+        let n = comm.len().min(16);
+        key[..n].copy_from_slice(&comm[..n]);
+        let k = u128::from_le_bytes(key);
+        if let Some(i) = self.intern.iter().position(|e| e.0 == k) {
+            return i as u32;
+        }
+        self.intern.push((k, n as u8));
+        self.intern_bytes += 2 + n;
+        (self.intern.len() - 1) as u32
+    }
+
+    fn write(&self, enc: &mut ProtoEncoder<'_>) {
+        if self.is_empty() {
+            return;
+        }
+        let cs = enc.begin_nested(4);
+        for (field, col) in [
+            (1, &self.switch_ts),
+            (2, &self.switch_prev_state),
+            (3, &self.switch_next_pid),
+            (4, &self.switch_next_prio),
+        ] {
+            if !col.is_empty() {
+                enc.bytes(field, col);
+            }
+        }
+        for (k, n) in &self.intern {
+            let b = k.to_le_bytes();
+            enc.bytes(5, utf8_or_placeholder(&b[..*n as usize]));
+        }
+        for (field, col) in [
+            (6, &self.switch_comm),
+            (7, &self.waking_ts),
+            (8, &self.waking_pid),
+            (9, &self.waking_target_cpu),
+            (10, &self.waking_prio),
+            (11, &self.waking_comm),
+            (12, &self.waking_flags),
+        ] {
+            if !col.is_empty() {
+                enc.bytes(field, col);
+            }
+        }
+        enc.end_nested(cs);
+    }
+}
+
+/// Protobuf strings must be UTF-8; kernel text almost always is. Bytes that
+/// are not are replaced by a fixed marker rather than copied and repaired.
+#[inline]
+fn utf8_or_placeholder(b: &[u8]) -> &[u8] {
+    if std::str::from_utf8(b).is_ok() {
+        b
+    } else {
+        b"<invalid utf-8>"
+    }
+}
+
+/// Encodes pages into bundles. One per recording; reused across drains.
+pub struct BundleEncoder {
+    seq_id: u32,
+    max_packet_bytes: usize,
+    compact: CompactCols,
+    /// Thread ids seen since the last [`BundleEncoder::take_pids`].
+    pids: Vec<i32>,
+    pub stats: EncodeStats,
+}
+
+enum Step<'a> {
+    Event(RawEvent<'a>),
+    Done,
+}
+
+/// Walks the events of consecutive pages, noting page-level loss.
+struct PageCursor<'a> {
+    pages: std::slice::ChunksExact<'a, u8>,
+    iter: Option<EventIter<'a>>,
+    layout: PageLayout,
+    /// A page flagged RB_MISSED_EVENTS was entered and not yet reported.
+    lost: bool,
+}
+
+impl<'a> PageCursor<'a> {
+    fn next(&mut self, stats: &mut EncodeStats) -> Step<'a> {
+        loop {
+            if let Some(it) = &mut self.iter {
+                match it.next() {
+                    Some(Ok(e)) => return Step::Event(e),
+                    Some(Err(e)) => {
+                        stats.parse_errors[e.parse_status() as usize] += 1;
+                        self.iter = None;
+                    }
+                    None => self.iter = None,
+                }
+            }
+            let Some(page) = self.pages.next() else {
+                return Step::Done;
+            };
+            stats.pages += 1;
+            match parse_header(page, &self.layout) {
+                Ok(h) => {
+                    if h.missed_events {
+                        self.lost = true;
+                        stats.lost_pages += 1;
+                        stats.lost_events += h.missed_count.unwrap_or(0);
+                    }
+                    self.iter = Some(EventIter::new(page, &self.layout, &h));
+                }
+                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            }
+        }
+    }
+}
+
+/// What happened to one event offered to a bundle.
+enum Fit {
+    Written,
+    Skipped,
+    NoRoom,
+}
+
+impl BundleEncoder {
+    /// `seq_id` is the packets' trusted_packet_sequence_id; bundles are at
+    /// most `max_packet_bytes` long (a whole page must fit: ≥ 16 KiB).
+    pub fn new(seq_id: u32, max_packet_bytes: usize) -> Self {
+        Self {
+            seq_id,
+            max_packet_bytes: max_packet_bytes.max(16 * 1024),
+            compact: CompactCols::default(),
+            pids: Vec::new(),
+            stats: EncodeStats::default(),
+        }
+    }
+
+    /// Thread ids seen since the last call, sorted, without duplicates.
+    pub fn take_pids(&mut self, out: &mut Vec<i32>) {
+        self.pids.sort_unstable();
+        self.pids.dedup();
+        out.clear();
+        out.append(&mut self.pids);
+    }
+
+    /// Encodes `pages` (whole pages of one CPU, in read order) as bundles.
+    pub fn encode_pages(
+        &mut self,
+        out: &mut dyn PacketOutput,
+        table: &EventTable,
+        filter: &PrintFilter,
+        layout: &PageLayout,
+        cursor: &mut CpuCursor,
+        pages: &[u8],
+    ) {
+        let mut pc = PageCursor {
+            pages: pages.chunks_exact(layout.page_size()),
+            iter: None,
+            layout: *layout,
+            lost: false,
+        };
+        let mut pending: Option<RawEvent<'_>> = None;
+        let mut done = false;
+        while !done || pending.is_some() || pc.lost {
+            if pending.is_none() && !done {
+                match pc.next(&mut self.stats) {
+                    Step::Event(e) => pending = Some(e),
+                    Step::Done => done = true,
+                }
+            }
+            if pending.is_none() && !pc.lost {
+                break;
+            }
+            let Some(buf) = out.begin(self.max_packet_bytes) else {
+                self.stats.dropped_bundles += 1;
+                // Nothing can be written now; the rest of these pages is lost.
+                return;
+            };
+            let mut enc = ProtoEncoder::new(buf);
+            enc.uint(10, self.seq_id as u64);
+            let bundle = enc.begin_nested(1);
+            enc.uint(1, cursor.cpu as u64);
+            self.compact.clear();
+            let mut bundle_lost = std::mem::take(&mut pc.lost);
+            let mut wrote = 0usize;
+            let mut last_ts = None;
+            loop {
+                let ev = match pending.take() {
+                    Some(e) => e,
+                    None if done => break,
+                    None => match pc.next(&mut self.stats) {
+                        Step::Event(e) => {
+                            if pc.lost {
+                                if wrote > 0 {
+                                    // Loss starts a new bundle so it is marked where it happened.
+                                    pending = Some(e);
+                                    break;
+                                }
+                                bundle_lost = true;
+                                pc.lost = false;
+                            }
+                            e
+                        }
+                        Step::Done => {
+                            done = true;
+                            break;
+                        }
+                    },
+                };
+                match self.encode_event(&mut enc, table, filter, &ev) {
+                    Fit::Written => {
+                        wrote += 1;
+                        last_ts = Some(ev.timestamp);
+                        cursor.last_ts = ev.timestamp;
+                    }
+                    Fit::Skipped => {}
+                    Fit::NoRoom if wrote == 0 => {
+                        self.stats.oversized_events += 1;
+                    }
+                    Fit::NoRoom => {
+                        pending = Some(ev);
+                        break;
+                    }
+                }
+            }
+            self.compact.write(&mut enc);
+            if bundle_lost {
+                enc.bool(3, true);
+            }
+            enc.uint(10, cursor.prev_bundle_end_ts);
+            enc.end_nested(bundle);
+            match enc.finish() {
+                Ok(len) => {
+                    out.commit(len);
+                    self.stats.bundles += 1;
+                }
+                Err(_) => {
+                    // Unreachable by the reserve kept; drop rather than write a torn packet.
+                    out.commit(0);
+                    self.stats.dropped_bundles += 1;
+                }
+            }
+            if let Some(ts) = last_ts {
+                cursor.prev_bundle_end_ts = ts;
+            }
+        }
+    }
+
+    fn encode_event(
+        &mut self,
+        enc: &mut ProtoEncoder<'_>,
+        table: &EventTable,
+        filter: &PrintFilter,
+        ev: &RawEvent<'_>,
+    ) -> Fit {
+        let rec = ev.payload;
+        let Some(entry) = table.event_id(rec).and_then(|id| table.get(id)) else {
+            self.stats.unknown_ids += 1;
+            return Fit::Skipped;
+        };
+        let reserve = self.compact.encoded_len() + TRAILER_BYTES;
+        if entry.is_print
+            && let Some(buf) = entry.format.field("buf").and_then(|f| read_str(rec, f))
+            && !filter.allows(buf)
+        {
+            self.stats.filtered_prints += 1;
+            return Fit::Skipped;
+        }
+        if let Some(plan) = &entry.compact {
+            let last = match plan {
+                CompactPlan::Switch(_) => self.compact.last_switch_ts,
+                CompactPlan::Waking(_) => self.compact.last_waking_ts,
+            };
+            // Columns are delta-coded: a step back in time starts a new bundle.
+            if enc.remaining() < reserve + COMPACT_EVENT_MAX
+                || self.compact.intern.len() >= MAX_INTERNED
+                || ev.timestamp < last
+            {
+                return Fit::NoRoom;
+            }
+            self.compact_event(plan, entry, ev);
+            self.note_pids(entry, rec);
+            self.stats.events += 1;
+            self.stats.compact_events += 1;
+            return Fit::Written;
+        }
+        let mark = enc.len();
+        let e = enc.begin_nested(2);
+        enc.uint(1, ev.timestamp);
+        if let Some(p) = entry.pid.as_ref().and_then(|f| read_int(rec, f)) {
+            enc.uint(2, p as u32 as u64);
+        }
+        if let Some(plan) = &entry.typed {
+            let m = enc.begin_nested(plan.proto_field);
+            for (no, kind, f) in &plan.fields {
+                match kind {
+                    ProtoKind::Int => {
+                        if let Some(v) = read_int(rec, f) {
+                            enc.int(*no, v);
+                        }
+                    }
+                    ProtoKind::Uint => {
+                        if let Some(v) = read_uint(rec, f.offset, f.size) {
+                            enc.uint(*no, v);
+                        }
+                    }
+                    ProtoKind::Str => {
+                        if let Some(s) = read_str(rec, f) {
+                            enc.bytes(*no, utf8_or_placeholder(s));
+                        }
+                    }
+                }
+            }
+            enc.end_nested(m);
+        } else {
+            Self::generic_event(enc, entry, rec);
+        }
+        enc.end_nested(e);
+        if enc.overflowed() || enc.remaining() < reserve {
+            enc.truncate(mark);
+            return Fit::NoRoom;
+        }
+        self.note_pids(entry, rec);
+        self.stats.events += 1;
+        if entry.typed.is_some() {
+            self.stats.typed_events += 1;
+        } else {
+            self.stats.generic_events += 1;
+        }
+        Fit::Written
+    }
+
+    fn note_pids(&mut self, entry: &EventEntry, rec: &[u8]) {
+        for f in &entry.pid_fields {
+            if let Some(p) = read_int(rec, f)
+                && p > 0
+            {
+                self.pids.push(p as i32);
+            }
+        }
+    }
+
+    fn generic_event(enc: &mut ProtoEncoder<'_>, entry: &EventEntry, rec: &[u8]) {
+        let g = enc.begin_nested(327);
+        enc.string(1, &entry.format.name);
+        for f in &entry.format.fields {
+            match f.kind {
+                FieldKind::Int => {
+                    let fe = enc.begin_nested(2);
+                    enc.string(1, &f.name);
+                    if f.signed {
+                        if let Some(v) = read_int(rec, f) {
+                            enc.int(4, v);
+                        }
+                    } else if let Some(v) = read_uint(rec, f.offset, f.size) {
+                        enc.uint(5, v);
+                    }
+                    enc.end_nested(fe);
+                }
+                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString => {
+                    let fe = enc.begin_nested(2);
+                    enc.string(1, &f.name);
+                    enc.bytes(3, utf8_or_placeholder(read_str(rec, f).unwrap_or_default()));
+                    enc.end_nested(fe);
+                }
+                FieldKind::Opaque => {}
+            }
+        }
+        enc.end_nested(g);
+    }
+
+    fn compact_event(&mut self, plan: &CompactPlan, _entry: &EventEntry, ev: &RawEvent<'_>) {
+        let rec = ev.payload;
+        let c = &mut self.compact;
+        match plan {
+            CompactPlan::Switch(p) => {
+                let idx = c.intern(read_str(rec, &p.next_comm).unwrap_or_default());
+                push_varint(
+                    &mut c.switch_ts,
+                    ev.timestamp.wrapping_sub(c.last_switch_ts),
+                );
+                c.last_switch_ts = ev.timestamp;
+                push_varint(
+                    &mut c.switch_prev_state,
+                    read_int(rec, &p.prev_state).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.switch_next_pid,
+                    read_int(rec, &p.next_pid).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.switch_next_prio,
+                    read_int(rec, &p.next_prio).unwrap_or(0) as u64,
+                );
+                push_varint(&mut c.switch_comm, idx as u64);
+            }
+            CompactPlan::Waking(p) => {
+                let idx = c.intern(read_str(rec, &p.comm).unwrap_or_default());
+                push_varint(
+                    &mut c.waking_ts,
+                    ev.timestamp.wrapping_sub(c.last_waking_ts),
+                );
+                c.last_waking_ts = ev.timestamp;
+                push_varint(&mut c.waking_pid, read_int(rec, &p.pid).unwrap_or(0) as u64);
+                push_varint(
+                    &mut c.waking_target_cpu,
+                    read_int(rec, &p.target_cpu).unwrap_or(0) as u64,
+                );
+                push_varint(
+                    &mut c.waking_prio,
+                    read_int(rec, &p.prio).unwrap_or(0) as u64,
+                );
+                push_varint(&mut c.waking_comm, idx as u64);
+                let flags = p
+                    .common_flags
+                    .as_ref()
+                    .and_then(|f| read_uint(rec, f.offset, f.size))
+                    .unwrap_or(0);
+                push_varint(&mut c.waking_flags, flags);
+            }
+        }
+    }
+}
+
+/// Counts the events of one page with the walker alone (no decoding): the
+/// second, independent walk the fuzz oracle compares against.
+pub fn count_page_events(page: &[u8], layout: &PageLayout) -> Result<usize, PageError> {
+    let h = parse_header(page, layout)?;
+    let mut n = 0;
+    for e in EventIter::new(page, layout, &h) {
+        e?;
+        n += 1;
+    }
+    Ok(n)
+}

@@ -1,0 +1,51 @@
+//! Where the ftrace source puts its packets. The buffer engine's writer
+//! implements [`PacketOutput`]; [`VecOutput`] keeps them in memory in the
+//! trace file's framing (tests, benches).
+
+/// A sink of whole TracePackets.
+pub trait PacketOutput: Send {
+    /// Appends one already-encoded packet.
+    fn write_packet(&mut self, packet: &[u8]);
+    /// Space to encode one packet of at most `max_len` bytes in place, or
+    /// `None` when no space can be had (the packet is then dropped, counted).
+    fn begin(&mut self, max_len: usize) -> Option<&mut [u8]>;
+    /// Commits the first `len` bytes of the space [`PacketOutput::begin`] gave.
+    fn commit(&mut self, len: usize);
+}
+
+/// Packets framed as a serialized `Trace` (`0x0A <varint len> <packet>`).
+#[derive(Default)]
+pub struct VecOutput {
+    pub bytes: Vec<u8>,
+    pub packets: usize,
+    scratch: Vec<u8>,
+}
+
+impl VecOutput {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl PacketOutput for VecOutput {
+    fn write_packet(&mut self, packet: &[u8]) {
+        let mut len = [0u8; 10];
+        let n = crate::trace::encoder::put_varint(&mut len, packet.len() as u64)
+            .expect("10 bytes hold any u64 varint");
+        self.bytes.push(0x0a);
+        self.bytes.extend_from_slice(&len[..n]);
+        self.bytes.extend_from_slice(packet);
+        self.packets += 1;
+    }
+
+    fn begin(&mut self, max_len: usize) -> Option<&mut [u8]> {
+        self.scratch.resize(max_len, 0);
+        Some(&mut self.scratch[..max_len])
+    }
+
+    fn commit(&mut self, len: usize) {
+        let s = std::mem::take(&mut self.scratch);
+        self.write_packet(&s[..len.min(s.len())]);
+        self.scratch = s;
+    }
+}

@@ -1,0 +1,130 @@
+//! `per_cpu/cpuN/stats` and the FtraceStats packet (TracePacket field 34).
+
+use crate::trace::encoder::ProtoEncoder;
+
+/// FtraceStats.phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    StartOfTrace = 1,
+    EndOfTrace = 2,
+}
+
+/// One CPU's kernel ring-buffer counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuStats {
+    pub cpu: u64,
+    pub entries: u64,
+    pub overrun: u64,
+    pub commit_overrun: u64,
+    pub bytes_read: u64,
+    pub oldest_event_ts: f64,
+    pub now_ts: f64,
+    pub dropped_events: u64,
+    pub read_events: u64,
+}
+
+impl CpuStats {
+    /// Parses the text of `per_cpu/cpuN/stats` (`key: value` lines).
+    pub fn parse(cpu: u64, text: &str) -> Self {
+        let mut s = CpuStats {
+            cpu,
+            ..Default::default()
+        };
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            let v = v.trim();
+            let int = || v.parse::<u64>().unwrap_or(0);
+            match k.trim() {
+                "entries" => s.entries = int(),
+                "overrun" => s.overrun = int(),
+                "commit overrun" => s.commit_overrun = int(),
+                "bytes" => s.bytes_read = int(),
+                "oldest event ts" => s.oldest_event_ts = v.parse().unwrap_or(0.0),
+                "now ts" => s.now_ts = v.parse().unwrap_or(0.0),
+                "dropped events" => s.dropped_events = int(),
+                "read events" => s.read_events = int(),
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+/// What one FtraceStats packet reports.
+#[derive(Clone, Debug, Default)]
+pub struct StatsReport<'a> {
+    pub cpus: &'a [CpuStats],
+    pub unknown_events: &'a [String],
+    pub failed_events: &'a [String],
+    /// Perfetto `FtraceParseStatus` values seen, one entry each.
+    pub parse_errors: &'a [u32],
+    pub cpu_buffer_size_pages: u64,
+}
+
+/// Encodes an FtraceStats packet into `buf`, returning its length, or
+/// `None` when it does not fit.
+pub fn encode_stats_packet(
+    buf: &mut [u8],
+    seq_id: u32,
+    timestamp: u64,
+    phase: Phase,
+    r: &StatsReport<'_>,
+) -> Option<usize> {
+    let mut enc = ProtoEncoder::new(buf);
+    enc.uint(8, timestamp);
+    enc.uint(10, seq_id as u64);
+    let st = enc.begin_nested(34);
+    enc.uint(1, phase as u64);
+    for c in r.cpus {
+        let m = enc.begin_nested(2);
+        enc.uint(1, c.cpu);
+        enc.uint(2, c.entries);
+        enc.uint(3, c.overrun);
+        enc.uint(4, c.commit_overrun);
+        enc.uint(5, c.bytes_read);
+        enc.double(6, c.oldest_event_ts);
+        enc.double(7, c.now_ts);
+        enc.uint(8, c.dropped_events);
+        enc.uint(9, c.read_events);
+        enc.end_nested(m);
+    }
+    for u in r.unknown_events {
+        enc.string(6, u);
+    }
+    for f in r.failed_events {
+        enc.string(7, f);
+    }
+    for e in r.parse_errors {
+        enc.uint(9, *e as u64);
+    }
+    if r.cpu_buffer_size_pages > 0 {
+        enc.uint(11, r.cpu_buffer_size_pages);
+    }
+    enc.end_nested(st);
+    enc.finish().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kernel_stats() {
+        let text = "entries: 12\noverrun: 3\ncommit overrun: 0\nbytes: 4096\noldest event ts:   647.000001\nnow ts:   647.753985\ndropped events: 1\nread events: 40\n";
+        let s = CpuStats::parse(1, text);
+        assert_eq!(
+            (
+                s.cpu,
+                s.entries,
+                s.overrun,
+                s.bytes_read,
+                s.dropped_events,
+                s.read_events
+            ),
+            (1, 12, 3, 4096, 1, 40)
+        );
+        assert!((s.now_ts - 647.753985).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,387 @@
+//! tracefs: finding it, our own instance, and every setting we change
+//! remembered so it can be put back (at stop, after an error, and — for
+//! instances left by a crashed run — at the next start).
+//!
+//! `set_ftrace_pid`, `set_ftrace_filter` and `set_ftrace_notrace` are never
+//! opened: sandboxes refuse even that.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// Roots tried in order.
+pub const TRACEFS_ROOTS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+/// Prefix of the instances this program creates (`recorder-<pid>`).
+pub const INSTANCE_PREFIX: &str = "recorder-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    #[error(
+        "tracefs not found at {tried}; mount it (mount -t tracefs nodev /sys/kernel/tracing) or run as root"
+    )]
+    NotFound { tried: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("instance name {0:?} is reserved or not a plain name")]
+    BadInstanceName(String),
+}
+
+fn io_err(path: &Path, source: io::Error) -> TracefsError {
+    TracefsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A tracefs directory: the top level or an instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracefs {
+    root: PathBuf,
+}
+
+fn looks_like_tracefs(p: &Path) -> bool {
+    p.join("events/header_page").is_file()
+}
+
+impl Tracefs {
+    /// Uses `root` as is (fixture trees in tests, or a known mount).
+    pub fn at(root: impl Into<PathBuf>) -> Result<Self, TracefsError> {
+        let root = root.into();
+        if looks_like_tracefs(&root) {
+            Ok(Self { root })
+        } else {
+            Err(TracefsError::NotFound {
+                tried: root.display().to_string(),
+            })
+        }
+    }
+
+    /// Finds tracefs at the usual places, mounting it when we are root and
+    /// it is absent.
+    pub fn discover() -> Result<Self, TracefsError> {
+        for r in TRACEFS_ROOTS {
+            if let Ok(t) = Self::at(*r) {
+                return Ok(t);
+            }
+        }
+        if rustix::process::geteuid().is_root() {
+            let target = Path::new(TRACEFS_ROOTS[0]);
+            let mounted = rustix::mount::mount(
+                "nodev",
+                target,
+                "tracefs",
+                rustix::mount::MountFlags::empty(),
+                None::<&std::ffi::CStr>,
+            );
+            if mounted.is_ok()
+                && let Ok(t) = Self::at(target)
+            {
+                log::info!("mounted tracefs at {}", target.display());
+                return Ok(t);
+            }
+        }
+        Err(TracefsError::NotFound {
+            tried: TRACEFS_ROOTS.join(", "),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Reads a whole tracefs file. Large reads only: some tracefs files
+    /// (`events/header_page`) answer a small first read, as the standard
+    /// library's probe read is, with a cut line and then continue wrongly.
+    pub fn read(&self, rel: &str) -> Result<String, TracefsError> {
+        let p = self.path(rel);
+        let mut f = fs::File::open(&p).map_err(|e| io_err(&p, e))?;
+        let mut out = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match f.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&p, e)),
+            }
+        }
+        String::from_utf8(out)
+            .map_err(|e| io_err(&p, io::Error::new(io::ErrorKind::InvalidData, e)))
+    }
+
+    pub fn write(&self, rel: &str, value: &str) -> Result<(), TracefsError> {
+        let p = self.path(rel);
+        fs::write(&p, value).map_err(|e| io_err(&p, e))
+    }
+
+    /// The instance `name` (which may not exist yet).
+    pub fn instance(&self, name: &str) -> Tracefs {
+        Tracefs {
+            root: self.root.join("instances").join(name),
+        }
+    }
+
+    /// CPUs with a `per_cpu/cpuN` directory, ascending.
+    pub fn cpus(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = fs::read_dir(self.path("per_cpu"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("cpu")?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Event groups (directories under `events/`).
+    pub fn groups(&self) -> Vec<String> {
+        list_dirs(&self.path("events"))
+    }
+
+    /// Events of `group` that have a format file.
+    pub fn events_of(&self, group: &str) -> Vec<String> {
+        list_dirs(&self.path(&format!("events/{group}")))
+            .into_iter()
+            .filter(|n| self.path(&format!("events/{group}/{n}/format")).is_file())
+            .collect()
+    }
+
+    /// Removes `recorder-<pid>` instances whose process is gone (`proc` is
+    /// the procfs root). Returns the names removed.
+    pub fn remove_stale_instances(&self, proc: &Path) -> Vec<String> {
+        let mut removed = Vec::new();
+        for name in list_dirs(&self.path("instances")) {
+            let Some(pid) = name
+                .strip_prefix(INSTANCE_PREFIX)
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if proc.join(pid.to_string()).exists() {
+                continue;
+            }
+            let inst = self.instance(&name);
+            if inst.path("tracing_on").exists() {
+                let _ = inst.write("tracing_on", "0");
+            }
+            match fs::remove_dir(inst.root()) {
+                Ok(()) => {
+                    log::info!("removed stale tracefs instance {name}");
+                    removed.push(name);
+                }
+                Err(e) => log::warn!("stale tracefs instance {name} not removed: {e}"),
+            }
+        }
+        removed
+    }
+}
+
+fn list_dirs(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The value of a tracefs setting as it is to be written back:
+/// `[boot] local global` → `boot`; `7 (expanded: 1408)` → `7`.
+pub fn restorable_value(rel: &str, text: &str) -> String {
+    let t = text.trim();
+    if rel.ends_with("trace_clock")
+        && let (Some(a), Some(b)) = (t.find('['), t.find(']'))
+    {
+        return t[a + 1..b].to_string();
+    }
+    if rel.ends_with("buffer_size_kb") {
+        return t.split_whitespace().next().unwrap_or("").to_string();
+    }
+    t.to_string()
+}
+
+/// The tracefs directory a recording uses, with everything it changed.
+/// Dropping it restores the changes (and removes an instance it created).
+pub struct TracefsSession {
+    top: Tracefs,
+    dir: Tracefs,
+    created_instance: bool,
+    /// (relative path, value to write back), in the order first touched.
+    saved: Vec<(String, String)>,
+    restored: bool,
+}
+
+impl TracefsSession {
+    /// Opens the directory to record in: `instance_name` if given (created
+    /// if absent), else our own `recorder-<pid>`. Stale instances of dead
+    /// runs are removed first.
+    pub fn open(
+        top: &Tracefs,
+        instance_name: Option<&str>,
+        proc: &Path,
+    ) -> Result<Self, TracefsError> {
+        top.remove_stale_instances(proc);
+        let name = match instance_name {
+            Some(n) => {
+                if n.is_empty()
+                    || n.contains('/')
+                    || n == "."
+                    || n == ".."
+                    || n == "hyp"
+                    || n == "hypervisor"
+                {
+                    return Err(TracefsError::BadInstanceName(n.to_string()));
+                }
+                n.to_string()
+            }
+            None => format!("{INSTANCE_PREFIX}{}", std::process::id()),
+        };
+        let dir = top.instance(&name);
+        let mut created = false;
+        if !dir.root().is_dir() {
+            fs::create_dir(dir.root()).map_err(|e| io_err(dir.root(), e))?;
+            created = true;
+        }
+        Ok(Self {
+            top: top.clone(),
+            dir,
+            created_instance: created,
+            saved: Vec::new(),
+            restored: false,
+        })
+    }
+
+    /// Records in `top` itself (no instance).
+    pub fn top_level(top: &Tracefs) -> Self {
+        Self {
+            top: top.clone(),
+            dir: top.clone(),
+            created_instance: false,
+            saved: Vec::new(),
+            restored: false,
+        }
+    }
+
+    /// The directory being recorded in.
+    pub fn dir(&self) -> &Tracefs {
+        &self.dir
+    }
+
+    /// The tracefs top level.
+    pub fn top(&self) -> &Tracefs {
+        &self.top
+    }
+
+    pub fn created_instance(&self) -> bool {
+        self.created_instance
+    }
+
+    /// Writes `value` to `rel`, remembering the old value the first time.
+    pub fn set(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
+        if !self.saved.iter().any(|(r, _)| r == rel) {
+            let old = self.dir.read(rel)?;
+            self.saved
+                .push((rel.to_string(), restorable_value(rel, &old)));
+        }
+        self.dir.write(rel, value)
+    }
+
+    /// Puts back every setting, newest first; removes an instance we
+    /// created. Idempotent; errors are logged, the rest still restored.
+    pub fn restore(&mut self) {
+        if self.restored {
+            return;
+        }
+        self.restored = true;
+        // Stop tracing first so nothing more is written while restoring.
+        if let Some(pos) = self.saved.iter().position(|(r, _)| r == "tracing_on") {
+            let (r, v) = self.saved.remove(pos);
+            if let Err(e) = self.dir.write(&r, "0") {
+                log::warn!("restoring tracefs: {e}");
+            }
+            self.saved.push((r, v));
+        }
+        for (rel, value) in self.saved.iter().rev() {
+            if let Err(e) = self.dir.write(rel, value) {
+                log::warn!("restoring tracefs {rel}: {e}");
+            }
+        }
+        if self.created_instance
+            && let Err(e) = fs::remove_dir(self.dir.root())
+        {
+            log::warn!(
+                "removing tracefs instance {}: {e}",
+                self.dir.root().display()
+            );
+        }
+    }
+}
+
+impl Drop for TracefsSession {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restorable_values() {
+        assert_eq!(
+            restorable_value("trace_clock", "[local] global boot\n"),
+            "local"
+        );
+        assert_eq!(
+            restorable_value("buffer_size_kb", "7 (expanded: 1408)\n"),
+            "7"
+        );
+        assert_eq!(
+            restorable_value("events/sched/sched_switch/enable", "0\n"),
+            "0"
+        );
+    }
+
+    #[test]
+    fn session_restores_a_plain_directory() {
+        let d = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(d.path().join("events")).expect("mkdir");
+        fs::write(d.path().join("events/header_page"), "").expect("write");
+        fs::write(d.path().join("trace_clock"), "[local] boot\n").expect("write");
+        fs::write(d.path().join("tracing_on"), "1\n").expect("write");
+        let t = Tracefs::at(d.path()).expect("tracefs");
+        {
+            let mut s = TracefsSession::top_level(&t);
+            s.set("trace_clock", "boot").expect("set");
+            s.set("tracing_on", "0").expect("set");
+            s.set("trace_clock", "mono").expect("set again");
+            assert_eq!(t.read("trace_clock").expect("read"), "mono");
+        }
+        assert_eq!(t.read("trace_clock").expect("read"), "local");
+        assert_eq!(t.read("tracing_on").expect("read"), "1");
+    }
+
+    #[test]
+    fn stale_instances_of_dead_pids_are_removed() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let proc = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(d.path().join("events")).expect("mkdir");
+        fs::write(d.path().join("events/header_page"), "").expect("write");
+        for n in ["recorder-1", "recorder-2", "other"] {
+            fs::create_dir_all(d.path().join("instances").join(n)).expect("mkdir");
+        }
+        fs::create_dir(proc.path().join("2")).expect("mkdir");
+        let t = Tracefs::at(d.path()).expect("tracefs");
+        assert_eq!(t.remove_stale_instances(proc.path()), ["recorder-1"]);
+        assert!(d.path().join("instances/recorder-2").is_dir());
+        assert!(d.path().join("instances/other").is_dir());
+    }
+}

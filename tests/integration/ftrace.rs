@@ -1,0 +1,683 @@
+//! linux.ftrace: formats and raw pages captured on a real kernel
+//! (`tests/fixtures/ftrace/`), bundles decoded with the independent decoder
+//! (`perfetto_protos`) and compared field by field, and a real-kernel
+//! recording of a pipe ping-pong.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use perfetto_protos::ftrace_event::FtraceEvent;
+use perfetto_protos::ftrace_event_bundle::FtraceEventBundle;
+use perfetto_protos::trace::Trace;
+use perfetto_protos::trace_packet::TracePacket;
+use protobuf::Message;
+
+use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor};
+use recorder::sources::ftrace::event_table::EventTable;
+use recorder::sources::ftrace::format::PageLayout;
+use recorder::sources::ftrace::page::build::PageBuilder;
+use recorder::sources::ftrace::page::{EventIter, parse_header};
+use recorder::sources::ftrace::stats::{CpuStats, Phase, StatsReport, encode_stats_packet};
+use recorder::sources::ftrace::tracefs::Tracefs;
+use recorder::sources::ftrace::{
+    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, VecOutput, load_layouts,
+    resolve_event,
+};
+
+use crate::common;
+
+const SEQ: u32 = 7;
+
+fn fixtures() -> PathBuf {
+    common::repo_root().join("tests/fixtures/ftrace")
+}
+
+fn raw(name: &str) -> Vec<u8> {
+    std::fs::read(fixtures().join(name)).expect("fixture readable")
+}
+
+fn fixture_table(compact: bool) -> (PageLayout, EventTable) {
+    let t = Tracefs::at(fixtures().join("tree")).expect("fixture tree");
+    let mut evs = Vec::new();
+    for g in t.groups() {
+        evs.extend(resolve_event(&t, &format!("{g}/*")));
+    }
+    let (l, table, failed) = load_layouts(&t, &evs, compact).expect("layouts");
+    assert!(failed.is_empty(), "{failed:?}");
+    (l, table)
+}
+
+fn encode(pages: &[u8], compact: bool, filter: &PrintFilter) -> (Vec<TracePacket>, BundleEncoder) {
+    let (l, table) = fixture_table(compact);
+    let mut out = VecOutput::new();
+    let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
+    let mut cur = CpuCursor {
+        cpu: 3,
+        ..Default::default()
+    };
+    enc.encode_pages(&mut out, &table, filter, &l, &mut cur, pages);
+    (decode(&out.bytes), enc)
+}
+
+fn decode(bytes: &[u8]) -> Vec<TracePacket> {
+    Trace::parse_from_bytes(bytes)
+        .expect("independent decoder parses the trace")
+        .packet
+}
+
+fn bundles(p: &[TracePacket]) -> Vec<&FtraceEventBundle> {
+    p.iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| p.ftrace_events())
+        .collect()
+}
+
+fn events(p: &[TracePacket]) -> Vec<FtraceEvent> {
+    bundles(p)
+        .iter()
+        .flat_map(|b| b.event.iter().cloned())
+        .collect()
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+#[test]
+fn fixture_formats_parse_with_kernel_offsets() {
+    let t = Tracefs::at(fixtures().join("tree")).expect("fixture tree");
+    let (l, table) = fixture_table(false);
+    assert_eq!(
+        (l.data_offset, l.data_size, l.commit_size, l.page_size()),
+        (16, 4080, 8, 4096)
+    );
+    let sw = table.get(372).expect("sched_switch is id 372 here");
+    assert_eq!(sw.format.name, "sched_switch");
+    let f = |n: &str| {
+        sw.format
+            .field(n)
+            .map(|f| (f.offset, f.size, f.signed))
+            .expect("field")
+    };
+    assert_eq!(f("prev_comm"), (8, 16, false));
+    assert_eq!(f("prev_state"), (32, 8, true));
+    assert_eq!(f("next_pid"), (56, 4, true));
+    assert_eq!(
+        resolve_event(&t, "sched_switch"),
+        [("sched".to_string(), "sched_switch".to_string())]
+    );
+    assert!(resolve_event(&t, "sched/nope").is_empty());
+    assert!(resolve_event(&t, "sched/*").len() >= 8);
+}
+
+#[test]
+fn fixture_pages_decode_exactly() {
+    let (l, table) = fixture_table(false);
+    let page = raw("cpu0.raw");
+    let page = &page[..4096];
+    let h = parse_header(page, &l).expect("header");
+    // Known bytes: page ts at 0, commit 0x0ff0 at 8, first event a cpu_idle
+    // (type_len 4, delta 0) with state u32::MAX on cpu 0.
+    assert_eq!(
+        h.timestamp,
+        u64::from_le_bytes(page[0..8].try_into().expect("8"))
+    );
+    assert_eq!(h.data_len, 0xff0);
+    assert!(!h.missed_events);
+    let evs: Vec<_> = EventIter::new(page, &l, &h)
+        .collect::<Result<_, _>>()
+        .expect("clean page");
+    assert_eq!(evs[0].timestamp, h.timestamp);
+    assert_eq!(evs[0].offset, 20);
+    assert_eq!(table.event_id(evs[0].payload), Some(568));
+    assert_eq!(u32_at(evs[0].payload, 8), u32::MAX);
+    // Timestamps never go back within a page; events stay inside the data.
+    for w in evs.windows(2) {
+        assert!(w[0].timestamp <= w[1].timestamp);
+    }
+    for e in &evs {
+        assert!(e.offset >= 16 && e.offset + e.payload.len() <= 16 + h.data_len);
+    }
+}
+
+#[test]
+fn time_extend_from_a_real_gap() {
+    let page = raw("gap_cpu0.raw");
+    let ts0 = u64::from_le_bytes(page[0..8].try_into().expect("8"));
+    // Bytes 0x30..0x38 are a time extend (type 30) the kernel wrote for the 300 ms gap.
+    let ext = u32_at(&page, 0x30);
+    assert_eq!(ext & 0x1f, 30);
+    let delta = ((u32_at(&page, 0x34) as u64) << 27) | (ext >> 5) as u64;
+    assert!(delta > 300_000_000, "{delta}");
+    let (p, _) = encode(&page, true, &PrintFilter::default());
+    let ev = events(&p);
+    assert_eq!(ev.len(), 2);
+    assert_eq!(ev[0].timestamp(), ts0);
+    assert_eq!(ev[1].timestamp(), ts0 + delta);
+    assert_eq!(ev[0].print().buf(), "before gap\n");
+    assert_eq!(ev[1].print().buf(), "after gap\n");
+    assert_eq!(ev[0].print().ip(), 0xffff_ffff_814a_a7c1);
+    assert_eq!(ev[0].pid(), 0x4b69);
+}
+
+#[test]
+fn lost_events_from_an_overwritten_buffer() {
+    let pages = raw("lossy_cpu0.raw");
+    let (p, enc) = encode(&pages, false, &PrintFilter::default());
+    let b = bundles(&p);
+    assert!(b[0].lost_events(), "first page carries RB_MISSED_EVENTS");
+    assert!(b.iter().skip(1).all(|b| !b.lost_events()));
+    assert_eq!(enc.stats.lost_pages, 1);
+    assert!(events(&p).iter().all(|e| e.has_sched_switch()));
+}
+
+#[test]
+fn typed_events_match_the_raw_records_field_by_field() {
+    let (l, table) = fixture_table(false);
+    let mut pages = raw("cpu0.raw");
+    pages.extend(raw("cpu1.raw"));
+    let (p, enc) = encode(&pages, false, &PrintFilter::default());
+    assert_eq!(enc.stats.unknown_ids, 0);
+    assert_eq!(enc.stats.oversized_events, 0);
+    for pk in &p {
+        assert_eq!(pk.trusted_packet_sequence_id(), SEQ);
+    }
+    let ev = events(&p);
+    // Every raw record, in order, against its decoded event.
+    let mut raws = Vec::new();
+    for page in pages.chunks_exact(l.page_size()) {
+        let h = parse_header(page, &l).expect("header");
+        raws.extend(EventIter::new(page, &l, &h).map(|e| e.expect("clean")));
+    }
+    assert_eq!(raws.len(), ev.len());
+    let comm = |b: &[u8]| {
+        String::from_utf8(b.split(|&c| c == 0).next().unwrap_or_default().to_vec()).expect("utf8")
+    };
+    let i32_at = |b: &[u8], at: usize| u32_at(b, at) as i32;
+    let mut seen = BTreeSet::new();
+    for (r, e) in raws.iter().zip(&ev) {
+        let rec = r.payload;
+        assert_eq!(e.timestamp(), r.timestamp);
+        assert_eq!(e.pid(), u32_at(rec, 4));
+        let id = table.event_id(rec).expect("id");
+        let name = table.get(id).expect("known").format.name.as_str();
+        seen.insert(name.to_string());
+        match name {
+            "sched_switch" => {
+                let s = e.sched_switch();
+                assert_eq!(s.prev_comm(), comm(&rec[8..24]));
+                assert_eq!(s.prev_pid(), i32_at(rec, 24));
+                assert_eq!(s.prev_prio(), i32_at(rec, 28));
+                assert_eq!(
+                    s.prev_state(),
+                    i64::from_le_bytes(rec[32..40].try_into().expect("8"))
+                );
+                assert_eq!(s.next_comm(), comm(&rec[40..56]));
+                assert_eq!(s.next_pid(), i32_at(rec, 56));
+                assert_eq!(s.next_prio(), i32_at(rec, 60));
+            }
+            "sched_wakeup" | "sched_waking" | "sched_wakeup_new" => {
+                let (c, pid, prio, cpu) = match name {
+                    "sched_wakeup" => {
+                        let w = e.sched_wakeup();
+                        (w.comm().to_string(), w.pid(), w.prio(), w.target_cpu())
+                    }
+                    "sched_waking" => {
+                        let w = e.sched_waking();
+                        (w.comm().to_string(), w.pid(), w.prio(), w.target_cpu())
+                    }
+                    _ => {
+                        let w = e.sched_wakeup_new();
+                        (w.comm().to_string(), w.pid(), w.prio(), w.target_cpu())
+                    }
+                };
+                assert_eq!(c, comm(&rec[8..24]));
+                assert_eq!(pid, i32_at(rec, 24));
+                assert_eq!(prio, i32_at(rec, 28));
+                assert_eq!(cpu, i32_at(rec, 32));
+            }
+            "cpu_idle" => {
+                assert_eq!(e.cpu_idle().state(), u32_at(rec, 8));
+                assert_eq!(e.cpu_idle().cpu_id(), u32_at(rec, 12));
+            }
+            "softirq_entry" => assert_eq!(e.softirq_entry().vec(), u32_at(rec, 8)),
+            "sched_process_exec" => {
+                let loc = u32_at(rec, 8);
+                let (off, len) = ((loc & 0xffff) as usize, (loc >> 16) as usize);
+                assert_eq!(
+                    e.sched_process_exec().filename(),
+                    comm(&rec[off..off + len])
+                );
+                assert_eq!(e.sched_process_exec().pid(), i32_at(rec, 12));
+            }
+            "sched_process_fork" => {
+                let f = e.sched_process_fork();
+                assert_eq!(f.parent_pid(), i32_at(rec, 12));
+                assert_eq!(f.child_pid(), i32_at(rec, 20));
+                assert!(!f.child_comm().is_empty());
+            }
+            "sched_process_exit" | "sched_process_wait" | "sched_process_free" => {
+                let pid = match name {
+                    "sched_process_exit" => e.sched_process_exit().pid(),
+                    "sched_process_wait" => e.sched_process_wait().pid(),
+                    _ => e.sched_process_free().pid(),
+                };
+                // exit has a fixed comm here, wait and free a __data_loc one.
+                let at = if name == "sched_process_exit" { 24 } else { 12 };
+                assert_eq!(pid, i32_at(rec, at));
+            }
+            "task_newtask" => {
+                assert_eq!(e.task_newtask().pid(), i32_at(rec, 8));
+                assert_eq!(e.task_newtask().comm(), comm(&rec[12..28]));
+            }
+            "print" => assert!(e.print().buf().starts_with("hello marker")),
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    for must in [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_waking",
+        "sched_process_exec",
+        "task_newtask",
+        "print",
+    ] {
+        assert!(seen.contains(must), "{must} not in the fixture: {seen:?}");
+    }
+    // previous_bundle_end_timestamp: 0 first, then the last event of the previous bundle.
+    let b = bundles(&p);
+    assert_eq!(b[0].previous_bundle_end_timestamp(), 0);
+    for w in b.windows(2) {
+        assert_eq!(
+            w[1].previous_bundle_end_timestamp(),
+            w[0].event.last().expect("nonempty").timestamp()
+        );
+    }
+    assert!(b.iter().all(|b| b.cpu() == 3 && !b.has_ftrace_clock()));
+}
+
+#[test]
+fn compact_sched_matches_the_typed_encoding() {
+    let mut pages = raw("cpu0.raw");
+    pages.extend(raw("cpu1.raw"));
+    let (typed, _) = encode(&pages, false, &PrintFilter::default());
+    let (compact, enc) = encode(&pages, true, &PrintFilter::default());
+    assert!(enc.stats.compact_events > 0);
+    let mut switches = Vec::new();
+    let mut wakings = Vec::new();
+    for b in bundles(&compact) {
+        assert!(
+            b.event
+                .iter()
+                .all(|e| !e.has_sched_switch() && !e.has_sched_waking())
+        );
+        let Some(c) = b.compact_sched.as_ref() else {
+            continue;
+        };
+        let mut ts = 0u64;
+        for i in 0..c.switch_timestamp.len() {
+            ts += c.switch_timestamp[i];
+            let comm = &c.intern_table[c.switch_next_comm_index[i] as usize];
+            switches.push((
+                ts,
+                c.switch_prev_state[i],
+                c.switch_next_pid[i],
+                c.switch_next_prio[i],
+                comm.clone(),
+            ));
+        }
+        let mut ts = 0u64;
+        for i in 0..c.waking_timestamp.len() {
+            ts += c.waking_timestamp[i];
+            let comm = &c.intern_table[c.waking_comm_index[i] as usize];
+            wakings.push((
+                ts,
+                c.waking_pid[i],
+                c.waking_target_cpu[i],
+                c.waking_prio[i],
+                comm.clone(),
+            ));
+        }
+    }
+    let ev = events(&typed);
+    let want_sw: Vec<_> = ev
+        .iter()
+        .filter(|e| e.has_sched_switch())
+        .map(|e| {
+            let s = e.sched_switch();
+            (
+                e.timestamp(),
+                s.prev_state(),
+                s.next_pid(),
+                s.next_prio(),
+                s.next_comm().to_string(),
+            )
+        })
+        .collect();
+    let want_wk: Vec<_> = ev
+        .iter()
+        .filter(|e| e.has_sched_waking())
+        .map(|e| {
+            let s = e.sched_waking();
+            (
+                e.timestamp(),
+                s.pid(),
+                s.target_cpu(),
+                s.prio(),
+                s.comm().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(switches, want_sw);
+    assert_eq!(wakings, want_wk);
+    // The other events are unchanged.
+    let rest = |p: &[TracePacket]| {
+        events(p)
+            .into_iter()
+            .filter(|e| !e.has_sched_switch() && !e.has_sched_waking())
+            .count()
+    };
+    assert_eq!(rest(&typed), rest(&compact));
+}
+
+#[test]
+fn print_filter_drops_matching_prints() {
+    let filter = PrintFilter {
+        rules: vec![
+            PrintRule {
+                matches: PrintMatch::Prefix("hello marker 1".into()),
+                allow: true,
+            },
+            PrintRule {
+                matches: PrintMatch::Prefix("hello".into()),
+                allow: false,
+            },
+        ],
+    };
+    let mut pages = raw("cpu0.raw");
+    pages.extend(raw("cpu1.raw"));
+    let (p, enc) = encode(&pages, true, &filter);
+    let prints: Vec<_> = events(&p)
+        .iter()
+        .filter(|e| e.has_print())
+        .map(|e| e.print().buf().to_string())
+        .collect();
+    // The kernel ends trace_marker text with a newline.
+    assert_eq!(prints, ["hello marker 1\n"]);
+    assert_eq!(enc.stats.filtered_prints, 2);
+}
+
+#[test]
+fn synthetic_padding_extend_and_generic_events() {
+    let (l, table) = fixture_table(false);
+    // An event the table has no typed message for is encoded generically.
+    let mut t2 = EventTable::new();
+    let text = "name: my_ev\nID: 900\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:int v;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:unsigned long u;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:char s[8];\toffset:24;\tsize:8;\tsigned:0;\n";
+    t2.insert(
+        recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"),
+        true,
+    );
+    let mut rec = vec![0u8; 32];
+    rec[0..2].copy_from_slice(&900u16.to_le_bytes());
+    rec[4..8].copy_from_slice(&77i32.to_le_bytes());
+    rec[8..12].copy_from_slice(&(-3i32).to_le_bytes());
+    rec[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    rec[24..27].copy_from_slice(b"abc");
+    let page = PageBuilder::new(100, 4096)
+        .event(1, &rec)
+        .padding(16)
+        .time_extend(1 << 33)
+        .event(2, &rec)
+        .finish(Some(None));
+    let mut out = VecOutput::new();
+    let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
+    let mut cur = CpuCursor::default();
+    enc.encode_pages(&mut out, &t2, &PrintFilter::default(), &l, &mut cur, &page);
+    let p = decode(&out.bytes);
+    let b = bundles(&p);
+    assert_eq!(b.len(), 1);
+    assert!(b[0].lost_events());
+    let ev = &b[0].event;
+    assert_eq!(
+        ev.iter().map(|e| e.timestamp()).collect::<Vec<_>>(),
+        [101, 101 + (1 << 33) + 2]
+    );
+    let g = ev[0].generic();
+    assert_eq!(g.event_name(), "my_ev");
+    let f: Vec<_> = g
+        .field
+        .iter()
+        .map(|f| (f.name().to_string(), format!("{:?}", f.value)))
+        .collect();
+    assert_eq!(f.len(), 3);
+    assert_eq!(g.field[0].int_value(), -3);
+    assert_eq!(g.field[1].uint_value(), 1 << 40);
+    assert_eq!(g.field[2].str_value(), "abc");
+    assert_eq!(ev[0].pid(), 77);
+    drop(table);
+}
+
+#[test]
+fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
+    // Many pages into small packets: every event must come out once, in order.
+    let mut pages = Vec::new();
+    for _ in 0..6 {
+        pages.extend(raw("cpu0.raw"));
+    }
+    let (l, table) = fixture_table(true);
+    let mut out = VecOutput::new();
+    let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
+    let mut cur = CpuCursor::default();
+    enc.encode_pages(
+        &mut out,
+        &table,
+        &PrintFilter::default(),
+        &l,
+        &mut cur,
+        &pages,
+    );
+    let total: usize = pages
+        .chunks_exact(l.page_size())
+        .map(|p| recorder::sources::ftrace::encode::count_page_events(p, &l).expect("clean"))
+        .sum();
+    assert_eq!(enc.stats.events as usize, total);
+    let p = decode(&out.bytes);
+    let got: usize = bundles(&p)
+        .iter()
+        .map(|b| {
+            b.event.len()
+                + b.compact_sched
+                    .as_ref()
+                    .map_or(0, |c| c.switch_timestamp.len() + c.waking_timestamp.len())
+        })
+        .sum();
+    assert_eq!(got, total);
+    assert!(
+        out.bytes.len() < pages.len(),
+        "encoded {} vs raw {}",
+        out.bytes.len(),
+        pages.len()
+    );
+}
+
+#[test]
+fn ftrace_stats_packet_decodes() {
+    let cpus = [CpuStats::parse(
+        0,
+        "entries: 5\noverrun: 2\ncommit overrun: 1\nbytes: 100\noldest event ts: 1.5\nnow ts: 2.25\ndropped events: 3\nread events: 9\n",
+    )];
+    let unknown = vec!["sched/nope".to_string()];
+    let report = StatsReport {
+        cpus: &cpus,
+        unknown_events: &unknown,
+        failed_events: &[],
+        parse_errors: &[13],
+        cpu_buffer_size_pages: 2048,
+    };
+    let mut buf = vec![0u8; 1024];
+    let n = encode_stats_packet(&mut buf, SEQ, 1234, Phase::EndOfTrace, &report).expect("fits");
+    let p = TracePacket::parse_from_bytes(&buf[..n]).expect("decodes");
+    assert_eq!((p.timestamp(), p.trusted_packet_sequence_id()), (1234, SEQ));
+    let s = p.ftrace_stats();
+    assert_eq!(
+        s.phase(),
+        perfetto_protos::ftrace_stats::ftrace_stats::Phase::END_OF_TRACE
+    );
+    let c = &s.cpu_stats[0];
+    assert_eq!(
+        (
+            c.cpu(),
+            c.entries(),
+            c.overrun(),
+            c.commit_overrun(),
+            c.bytes_read(),
+            c.dropped_events(),
+            c.read_events()
+        ),
+        (0, 5, 2, 1, 100, 3, 9)
+    );
+    assert_eq!((c.oldest_event_ts(), c.now_ts()), (1.5, 2.25));
+    assert_eq!(s.unknown_ftrace_events, ["sched/nope"]);
+    assert_eq!(s.ftrace_parse_errors.len(), 1);
+}
+
+fn kernel_missing() -> Option<String> {
+    common::need_root().or_else(|| {
+        Tracefs::discover()
+            .err()
+            .map(|e| format!("no tracefs: {e}"))
+            .or_else(|| {
+                let t = Tracefs::discover().ok()?;
+                (!t.path("instances").is_dir()).then(|| "tracefs has no instances".to_string())
+            })
+    })
+}
+
+/// Two threads bounce a byte over a pair of pipes; returns their tids.
+fn ping_pong(rounds: usize) -> (i32, i32) {
+    let (r1, w1) = rustix::pipe::pipe().expect("pipe");
+    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    let t = std::thread::spawn(move || {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let mut b = [0u8; 1];
+        for _ in 0..rounds {
+            rustix::io::read(&r1, &mut b).expect("read");
+            rustix::io::write(&w2, &b).expect("write");
+        }
+        tid
+    });
+    let me = rustix::thread::gettid().as_raw_nonzero().get();
+    let mut b = [1u8; 1];
+    for _ in 0..rounds {
+        rustix::io::write(&w1, &b).expect("write");
+        rustix::io::read(&r2, &mut b).expect("read");
+    }
+    (me, t.join().expect("pong thread"))
+}
+
+#[test]
+fn real_kernel_ping_pong_recording() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let top = Tracefs::discover().expect("tracefs");
+    let instances_before: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
+        .expect("instances")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let enable_before = top
+        .read("events/sched/sched_switch/enable")
+        .expect("enable");
+    let opts = FtraceOptions {
+        events: vec![
+            "sched/sched_switch".into(),
+            "sched_wakeup".into(),
+            "sched/no_such_event".into(),
+        ],
+        buffer_size_kb: 2048,
+        drain_period: Duration::from_millis(20),
+        compact_sched: false,
+        sequence_id: SEQ,
+        ..Default::default()
+    };
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
+    let s2 = seen.clone();
+    src.on_pids(Box::new(move |p: &[i32]| {
+        s2.lock().expect("lock").extend(p.iter().copied())
+    }));
+    src.start().expect("start");
+    let inst = src.tracefs_dir().expect("dir").clone();
+    assert!(inst.read("trace_clock").expect("clock").contains("[boot]"));
+    let (a, b) = ping_pong(2000);
+    src.flush().expect("flush");
+    let summary = src.stop().expect("stop");
+    let out = src.take_output().expect("output");
+    let p = decode(&out.bytes);
+
+    // Both threads switch in and out.
+    let ev = events(&p);
+    let prev: BTreeSet<i32> = ev
+        .iter()
+        .filter(|e| e.has_sched_switch())
+        .map(|e| e.sched_switch().prev_pid())
+        .collect();
+    let next: BTreeSet<i32> = ev
+        .iter()
+        .filter(|e| e.has_sched_switch())
+        .map(|e| e.sched_switch().next_pid())
+        .collect();
+    for t in [a, b] {
+        assert!(
+            prev.contains(&t) && next.contains(&t),
+            "tid {t} missing from sched_switch"
+        );
+        assert!(
+            seen.lock().expect("lock").contains(&t),
+            "tid {t} not reported"
+        );
+    }
+    assert!(
+        ev.iter()
+            .any(|e| e.has_sched_wakeup() && [a, b].contains(&e.sched_wakeup().pid()))
+    );
+    // Timestamps increase per CPU; nothing lost.
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for bd in bundles(&p) {
+        assert!(!bd.lost_events(), "lost events at this load");
+        for e in &bd.event {
+            let l = last.entry(bd.cpu()).or_default();
+            assert!(e.timestamp() >= *l, "cpu {} went back", bd.cpu());
+            *l = e.timestamp();
+        }
+    }
+    let stats: Vec<_> = p
+        .iter()
+        .filter(|p| p.has_ftrace_stats())
+        .map(|p| p.ftrace_stats())
+        .collect();
+    assert_eq!(stats.len(), 2);
+    assert_eq!(stats[1].unknown_ftrace_events, ["sched/no_such_event"]);
+    for c in &stats[1].cpu_stats {
+        assert_eq!(c.overrun(), 0, "cpu {} overran", c.cpu());
+    }
+    assert_eq!(summary.encode.lost_pages, 0);
+    assert_eq!(summary.encode.unknown_ids, 0);
+    assert_eq!(summary.non_monotonic, 0);
+    // tracefs left as found.
+    let instances_after: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
+        .expect("instances")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(instances_before, instances_after);
+    assert!(!inst.root().exists());
+    assert_eq!(
+        top.read("events/sched/sched_switch/enable")
+            .expect("enable"),
+        enable_before
+    );
+}
