@@ -48,7 +48,10 @@ pub(crate) mod packet_field {
 /// Writes the fields every packet of a polled source starts with.
 pub(crate) fn write_packet_header(e: &mut ProtoEncoder<'_>, timestamp_ns: u64, sequence_id: u32) {
     e.uint(packet_field::TIMESTAMP, timestamp_ns);
-    e.uint(packet_field::TRUSTED_PACKET_SEQUENCE_ID, u64::from(sequence_id));
+    e.uint(
+        packet_field::TRUSTED_PACKET_SEQUENCE_ID,
+        u64::from(sequence_id),
+    );
 }
 
 /// A source the [`Poller`] drives. All calls come from the poller's thread.
@@ -191,7 +194,9 @@ impl<O: PacketOutput + Send + 'static> Poller<O> {
     pub fn stop(mut self) -> Result<O, PollerError> {
         self.signal_stop();
         match self.thread.take() {
-            Some(t) => t.join().map_err(|_| PollerError::Panicked(self.name.clone())),
+            Some(t) => t
+                .join()
+                .map_err(|_| PollerError::Panicked(self.name.clone())),
             None => Err(PollerError::Panicked(self.name.clone())),
         }
     }
@@ -283,7 +288,12 @@ fn wait_for_work(shared: &Shared, next_tick: Option<Instant>, mut spare: Vec<i32
         }
         let now = Instant::now();
         work.tick = !work.stop && next_tick.is_some_and(|t| now >= t);
-        if work.stop || work.clear || !work.pids.is_empty() || work.flush_ticket.is_some() || work.tick {
+        if work.stop
+            || work.clear
+            || !work.pids.is_empty()
+            || work.flush_ticket.is_some()
+            || work.tick
+        {
             return work;
         }
         c = match next_tick {
@@ -330,13 +340,29 @@ mod tests {
     fn start_first_tick_pids_then_stop() {
         // An hour-long period: only the immediate first tick can happen, and
         // stop must still return at once.
-        let p = Poller::start("test-poller", Script { period: Some(3_600_000) }, Vec::new()).expect("spawn");
+        let p = Poller::start(
+            "test-poller",
+            Script {
+                period: Some(3_600_000),
+            },
+            Vec::new(),
+        )
+        .expect("spawn");
         let h = p.handle();
         h.on_pids_seen(&[7, 8]);
         assert!(p.flush(Duration::from_secs(60)));
         h.on_pids_seen(&[9]);
         let out = p.stop().expect("joins");
-        assert_eq!(out, vec![b"s".to_vec(), b"t".to_vec(), b"7".to_vec(), b"8".to_vec(), b"9".to_vec()]);
+        assert_eq!(
+            out,
+            vec![
+                b"s".to_vec(),
+                b"t".to_vec(),
+                b"7".to_vec(),
+                b"8".to_vec(),
+                b"9".to_vec()
+            ]
+        );
     }
 
     #[test]

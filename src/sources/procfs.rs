@@ -78,7 +78,10 @@ impl PolledFile {
             Ok(_) => None,
             Err(e) => {
                 buf.clear();
-                log::warn!("reading {}: {e}; its counters are skipped from now on", self.path.display());
+                log::warn!(
+                    "reading {}: {e}; its counters are skipped from now on",
+                    self.path.display()
+                );
                 self.file = None;
                 None
             }
@@ -119,7 +122,8 @@ pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Words of a line, split on spaces and tabs.
 pub fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
-    line.split(|b| *b == b' ' || *b == b'\t').filter(|w| !w.is_empty())
+    line.split(|b| *b == b' ' || *b == b'\t')
+        .filter(|w| !w.is_empty())
 }
 
 /// The leading decimal digits of `s` as a number (saturating), 0 when there
@@ -150,7 +154,10 @@ pub fn parse_i32_exact(s: &[u8]) -> Option<i32> {
 }
 
 fn trim_start(s: &[u8]) -> &[u8] {
-    let start = s.iter().position(|b| *b != b' ' && *b != b'\t').unwrap_or(s.len());
+    let start = s
+        .iter()
+        .position(|b| *b != b' ' && *b != b'\t')
+        .unwrap_or(s.len());
     &s[start..]
 }
 
@@ -189,7 +196,10 @@ pub fn numeric_dirs(dir: &Path) -> io::Result<Vec<i32>> {
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok())
+        if let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
             && id > 0
         {
             ids.push(id);

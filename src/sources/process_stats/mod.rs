@@ -19,8 +19,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 pub use packets::{
-    MAX_PACKET_BYTES, ProcessRecord, SOFT_PACKET_LIMIT_BYTES, SplitOutcome, StatsRecord, ThreadRecord,
-    TreeEntry,
+    MAX_PACKET_BYTES, ProcessRecord, SOFT_PACKET_LIMIT_BYTES, SplitOutcome, StatsRecord,
+    ThreadRecord, TreeEntry,
 };
 
 use crate::sources::poller::{PacketOutput, PolledSource};
@@ -189,7 +189,9 @@ impl ProcessStatsSource {
                 continue; // exited since the listing
             }
             let namespaced = self.collect_process(pid, &status);
-            let Ok(tids) = procfs::numeric_dirs(&self.paths.proc_root.join(pid.to_string()).join("task")) else {
+            let Ok(tids) =
+                procfs::numeric_dirs(&self.paths.proc_root.join(pid.to_string()).join("task"))
+            else {
                 continue;
             };
             for tid in tids {
@@ -239,7 +241,9 @@ impl ProcessStatsSource {
     fn write_process_or_thread(&mut self, pid: i32) {
         let mut status = std::mem::take(&mut self.status);
         if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_ok() {
-            let field = |k: &[u8]| procfs::status_field(&status, k).map_or(0, |v| procfs::parse_i64(v) as i32);
+            let field = |k: &[u8]| {
+                procfs::status_field(&status, k).map_or(0, |v| procfs::parse_i64(v) as i32)
+            };
             let (tgid, tid) = (field(b"Tgid"), field(b"Pid"));
             if tgid > 0 && tid > 0 {
                 let nstid = procfs::namespaced_ids(&status);
@@ -272,7 +276,12 @@ impl ProcessStatsSource {
     }
 
     fn push_thread(&mut self, tid: i32, tgid: i32, name: Option<String>, nstid: Vec<i32>) {
-        self.tree.push(TreeEntry::Thread(ThreadRecord { tid, tgid, name, nstid }));
+        self.tree.push(TreeEntry::Thread(ThreadRecord {
+            tid,
+            tgid,
+            name,
+            nstid,
+        }));
         self.seen.insert(tid);
     }
 
@@ -302,13 +311,14 @@ impl ProcessStatsSource {
             cmdline.push(String::from_utf8_lossy(name).into_owned());
             cmdline_is_comm = true;
         }
-        let is_kthread = match procfs::status_field(status, b"Kthread").and_then(procfs::parse_i32_exact) {
-            Some(k @ (0 | 1)) => Some(k == 1),
-            _ => match procfs::read_file(&self.proc_path(pid, "stat"), &mut buf) {
-                Ok(_) => stat_flags(&buf).map(|f| f & PF_KTHREAD != 0),
-                Err(_) => None,
-            },
-        };
+        let is_kthread =
+            match procfs::status_field(status, b"Kthread").and_then(procfs::parse_i32_exact) {
+                Some(k @ (0 | 1)) => Some(k == 1),
+                _ => match procfs::read_file(&self.proc_path(pid, "stat"), &mut buf) {
+                    Ok(_) => stat_flags(&buf).map(|f| f & PF_KTHREAD != 0),
+                    Err(_) => None,
+                },
+            };
         self.scratch = buf;
         self.tree.push(TreeEntry::Process(ProcessRecord {
             pid,
@@ -368,7 +378,9 @@ impl ProcessStatsSource {
             if self.skip_mem.contains(&pid) {
                 continue;
             }
-            if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_err() || status.is_empty() {
+            if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_err()
+                || status.is_empty()
+            {
                 continue;
             }
             let Some(mem) = MemCounters::parse(&status) else {
@@ -383,15 +395,34 @@ impl ProcessStatsSource {
                 .filter(|n| *n > 0)
                 .map(|_| procfs::parse_i64(&buf));
             let cached = self.cache.entry(pid).or_default();
-            let mut rec = StatsRecord { pid, ..StatsRecord::default() };
+            let mut rec = StatsRecord {
+                pid,
+                ..StatsRecord::default()
+            };
             let pairs = [
                 (mem.vm_size_kb, &mut cached.vm_size_kb, &mut rec.vm_size_kb),
                 (mem.vm_rss_kb, &mut cached.vm_rss_kb, &mut rec.vm_rss_kb),
-                (mem.rss_anon_kb, &mut cached.rss_anon_kb, &mut rec.rss_anon_kb),
-                (mem.rss_file_kb, &mut cached.rss_file_kb, &mut rec.rss_file_kb),
-                (mem.rss_shmem_kb, &mut cached.rss_shmem_kb, &mut rec.rss_shmem_kb),
+                (
+                    mem.rss_anon_kb,
+                    &mut cached.rss_anon_kb,
+                    &mut rec.rss_anon_kb,
+                ),
+                (
+                    mem.rss_file_kb,
+                    &mut cached.rss_file_kb,
+                    &mut rec.rss_file_kb,
+                ),
+                (
+                    mem.rss_shmem_kb,
+                    &mut cached.rss_shmem_kb,
+                    &mut rec.rss_shmem_kb,
+                ),
                 (mem.vm_swap_kb, &mut cached.vm_swap_kb, &mut rec.vm_swap_kb),
-                (mem.vm_locked_kb, &mut cached.vm_locked_kb, &mut rec.vm_locked_kb),
+                (
+                    mem.vm_locked_kb,
+                    &mut cached.vm_locked_kb,
+                    &mut rec.vm_locked_kb,
+                ),
                 (mem.vm_hwm_kb, &mut cached.vm_hwm_kb, &mut rec.vm_hwm_kb),
             ];
             for (now, last, field) in pairs {
@@ -518,7 +549,9 @@ impl MemCounters {
 /// which may itself hold spaces and parentheses.
 fn stat_flags(stat: &[u8]) -> Option<u64> {
     let after = stat.iter().rposition(|b| *b == b')')?;
-    procfs::words(&stat[after + 1..]).nth(6).map(procfs::parse_u64)
+    procfs::words(&stat[after + 1..])
+        .nth(6)
+        .map(procfs::parse_u64)
 }
 
 #[cfg(test)]
@@ -537,7 +570,11 @@ mod tests {
         assert_eq!(o(99, 0).effective_poll_ms(), 100);
         assert_eq!(o(250, 0).effective_poll_ms(), 250);
         assert_eq!(o(250, 0).cache_ttl_ticks(), 1);
-        assert_eq!(o(250, 999).cache_ttl_ticks(), 3, "rounded down to whole polls");
+        assert_eq!(
+            o(250, 999).cache_ttl_ticks(),
+            3,
+            "rounded down to whole polls"
+        );
         assert_eq!(o(50, 1000).cache_ttl_ticks(), 10, "against the raised poll");
     }
 
@@ -551,7 +588,11 @@ mod tests {
     #[test]
     fn kernel_thread_status_has_no_mem_counters() {
         assert_eq!(MemCounters::parse(b"Name:\tkthreadd\nTgid:\t2\n"), None);
-        let m = MemCounters::parse(b"Tgid:\t5\nVmSize:\t  10 kB\nVmRSS:\t 4 kB\n").expect("has VmSize");
-        assert_eq!((m.tgid, m.vm_size_kb, m.vm_rss_kb, m.vm_swap_kb), (Some(5), Some(10), Some(4), None));
+        let m =
+            MemCounters::parse(b"Tgid:\t5\nVmSize:\t  10 kB\nVmRSS:\t 4 kB\n").expect("has VmSize");
+        assert_eq!(
+            (m.tgid, m.vm_size_kb, m.vm_rss_kb, m.vm_swap_kb),
+            (Some(5), Some(10), Some(4), None)
+        );
     }
 }

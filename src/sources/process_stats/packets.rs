@@ -190,7 +190,6 @@ pub(super) fn write_split<T>(
         if i == start {
             // Not even one entry fits: give it a bigger packet of its own, or
             // drop it when it is beyond reason.
-            drop(e);
             if budget >= MAX_PACKET_BYTES {
                 log::warn!("a process entry is larger than {MAX_PACKET_BYTES} bytes; dropped");
                 outcome.dropped += 1;

@@ -62,7 +62,11 @@ pub fn enabled_keys(
     what: &str,
 ) -> HashMap<&'static [u8], u32> {
     let max = table.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let unknown: Vec<u32> = enabled.iter().copied().filter(|n| *n == 0 || *n > max).collect();
+    let unknown: Vec<u32> = enabled
+        .iter()
+        .copied()
+        .filter(|n| *n == 0 || *n > max)
+        .collect();
     if !unknown.is_empty() {
         log::warn!("{what}: unknown counter numbers {unknown:?} ignored (valid: 1..={max})");
     }
@@ -78,5 +82,8 @@ pub fn stat_mask(enabled: &[u32]) -> u32 {
     if enabled.is_empty() {
         return !0;
     }
-    enabled.iter().filter(|n| **n < 32).fold(0, |m, n| m | (1 << n))
+    enabled
+        .iter()
+        .filter(|n| **n < 32)
+        .fold(0, |m, n| m | (1 << n))
 }

@@ -18,7 +18,8 @@ mod readers;
 mod vmstat_keys;
 
 pub use counters::{
-    MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS, VMSTAT_KEYS,
+    MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS,
+    VMSTAT_KEYS,
 };
 
 use crate::sources::poller::{PacketOutput, PolledSource, write_packet_header};
@@ -166,7 +167,10 @@ impl Schedule {
             periods[i] = match g.period_in(o) {
                 0 => 0,
                 p if p < MIN_PERIOD_MS => {
-                    log::info!("{} {p} is below the minimum; using {MIN_PERIOD_MS}", g.period_field());
+                    log::info!(
+                        "{} {p} is below the minimum; using {MIN_PERIOD_MS}",
+                        g.period_field()
+                    );
                     MIN_PERIOD_MS
                 }
                 p => p,
@@ -214,12 +218,19 @@ pub struct SysStatsSource {
 
 impl SysStatsSource {
     /// Checks the periods and opens the files of the configured groups.
-    pub fn new(opts: &SysStatsOptions, paths: HostPaths, sequence_id: u32) -> Result<Self, SysStatsError> {
+    pub fn new(
+        opts: &SysStatsOptions,
+        paths: HostPaths,
+        sequence_id: u32,
+    ) -> Result<Self, SysStatsError> {
         let schedule = Schedule::from_options(opts)?;
         if let Some(s) = &schedule {
             for g in Group::ALL {
                 if s.every(g) != 0 && !g.is_supported() {
-                    log::warn!("sys_stats: {} is not collected by this recorder; ignored", g.period_field());
+                    log::warn!(
+                        "sys_stats: {} is not collected by this recorder; ignored",
+                        g.period_field()
+                    );
                 }
             }
         }
@@ -307,10 +318,21 @@ mod tests {
             stat_period_ms: 0,
             ..SysStatsOptions::default()
         };
-        let s = Schedule::from_options(&o).expect("valid").expect("scheduled");
+        let s = Schedule::from_options(&o)
+            .expect("valid")
+            .expect("scheduled");
         assert_eq!(s.tick_ms, 10, "5 ms raised to 10 becomes the tick");
-        assert_eq!((s.every(Group::Meminfo), s.every(Group::Vmstat), s.every(Group::Stat)), (1, 2, 0));
-        assert!(s.is_due(Group::Vmstat, 0) && !s.is_due(Group::Vmstat, 1) && s.is_due(Group::Vmstat, 2));
+        assert_eq!(
+            (
+                s.every(Group::Meminfo),
+                s.every(Group::Vmstat),
+                s.every(Group::Stat)
+            ),
+            (1, 2, 0)
+        );
+        assert!(
+            s.is_due(Group::Vmstat, 0) && !s.is_due(Group::Vmstat, 1) && s.is_due(Group::Vmstat, 2)
+        );
         assert!(!s.is_due(Group::Stat, 0));
 
         let bad = SysStatsOptions {
@@ -334,6 +356,12 @@ mod tests {
             meminfo_period_ms: 90,
             ..SysStatsOptions::default()
         };
-        assert_eq!(Schedule::from_options(&g).expect("valid").expect("some").tick_ms, 30);
+        assert_eq!(
+            Schedule::from_options(&g)
+                .expect("valid")
+                .expect("some")
+                .tick_ms,
+            30
+        );
     }
 }

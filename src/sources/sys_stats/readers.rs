@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::counters::{
-    self, MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS, VMSTAT_KEYS,
+    self, MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS,
+    VMSTAT_KEYS,
 };
 use super::{Group, Schedule, SysStatsOptions};
 use crate::sources::procfs::{self, HostPaths, PolledFile, lines, parse_u64, words};
@@ -103,7 +104,11 @@ impl Readers {
         let wanted = |g| schedule.is_some_and(|s| s.every(g) != 0);
         let proc = |name: &str| paths.proc_root.join(name);
         let psi = |name: &str, some, full| {
-            (ProcFile::new(proc(&format!("pressure/{name}")), wanted(Group::Psi)), some, full)
+            (
+                ProcFile::new(proc(&format!("pressure/{name}")), wanted(Group::Psi)),
+                some,
+                full,
+            )
         };
         let cpufreq_paths = if wanted(Group::Cpufreq) {
             let cpu_dir = paths.sys_root.join("devices/system/cpu");
@@ -116,7 +121,11 @@ impl Readers {
         };
         Self {
             ns_per_tick: paths.ns_per_tick(),
-            meminfo_keys: counters::enabled_keys(MEMINFO_KEYS, &o.meminfo_counters, "meminfo_counters"),
+            meminfo_keys: counters::enabled_keys(
+                MEMINFO_KEYS,
+                &o.meminfo_counters,
+                "meminfo_counters",
+            ),
             vmstat_keys: counters::enabled_keys(VMSTAT_KEYS, &o.vmstat_counters, "vmstat_counters"),
             stat_mask: counters::stat_mask(&o.stat_counters),
             meminfo: ProcFile::new(proc("meminfo"), wanted(Group::Meminfo)),
@@ -249,7 +258,9 @@ impl Readers {
         self.cpufreq.clear();
         let paths = std::mem::take(&mut self.cpufreq_paths);
         for p in &paths {
-            let khz = self.read_small(p).map_or(0, |s| parse_u64(s).min(u64::from(u32::MAX)) as u32);
+            let khz = self
+                .read_small(p)
+                .map_or(0, |s| parse_u64(s).min(u64::from(u32::MAX)) as u32);
             self.cpufreq.push(khz);
         }
         self.cpufreq_paths = paths;
@@ -261,7 +272,9 @@ impl Readers {
         for (_, name) in procfs::numbered_entries(&dir, "thermal_zone") {
             let zone = dir.join(&name);
             // The kernel reports millidegrees Celsius; the trace holds degrees.
-            let temp_c = self.read_small(&zone.join("temp")).map(|s| parse_u64(s) / 1000);
+            let temp_c = self
+                .read_small(&zone.join("temp"))
+                .map(|s| parse_u64(s) / 1000);
             let kind = self
                 .read_small(&zone.join("type"))
                 .map(|s| String::from_utf8_lossy(s).into_owned());
@@ -280,7 +293,9 @@ impl Readers {
             let mut states = Vec::new();
             for (_, state) in procfs::numbered_entries(&idle_dir, "state") {
                 let d = idle_dir.join(state);
-                let Some(name) = self.read_small(&d.join("name")).map(|s| String::from_utf8_lossy(s).into_owned())
+                let Some(name) = self
+                    .read_small(&d.join("name"))
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
                 else {
                     continue;
                 };
@@ -299,10 +314,15 @@ impl Readers {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             return;
         };
-        let mut names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+        let mut names: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
         names.sort();
         for name in names {
-            let v = self.read_small(&dir.join(&name).join("cur_freq")).map_or(0, parse_u64);
+            let v = self
+                .read_small(&dir.join(&name).join("cur_freq"))
+                .map_or(0, parse_u64);
             self.devfreq.push((name, v));
         }
     }
@@ -316,7 +336,11 @@ fn encode_key_values(e: &mut ProtoEncoder<'_>, field: u32, key: u32, value: u64)
 }
 
 /// `/proc/meminfo`: `Key:   value kB` lines, values in kB.
-pub(super) fn encode_meminfo(e: &mut ProtoEncoder<'_>, buf: &[u8], keys: &HashMap<&'static [u8], u32>) {
+pub(super) fn encode_meminfo(
+    e: &mut ProtoEncoder<'_>,
+    buf: &[u8],
+    keys: &HashMap<&'static [u8], u32>,
+) {
     for line in lines(buf) {
         let mut w = words(line);
         let (Some(key), Some(value)) = (w.next(), w.next()) else {
@@ -330,7 +354,11 @@ pub(super) fn encode_meminfo(e: &mut ProtoEncoder<'_>, buf: &[u8], keys: &HashMa
 }
 
 /// `/proc/vmstat`: `key value` lines.
-pub(super) fn encode_vmstat(e: &mut ProtoEncoder<'_>, buf: &[u8], keys: &HashMap<&'static [u8], u32>) {
+pub(super) fn encode_vmstat(
+    e: &mut ProtoEncoder<'_>,
+    buf: &[u8],
+    keys: &HashMap<&'static [u8], u32>,
+) {
     for line in lines(buf) {
         let mut w = words(line);
         let (Some(key), Some(value)) = (w.next(), w.next()) else {
@@ -400,7 +428,16 @@ fn encode_interrupt(e: &mut ProtoEncoder<'_>, field: u32, irq: usize, count: u64
 /// discard and flush ones only where the kernel reports them).
 pub(super) fn encode_diskstats(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
     // (word index in the line, DiskStat field)
-    const COLUMNS: [(usize, u32); 8] = [(5, 2), (6, 3), (9, 4), (10, 5), (16, 6), (17, 7), (18, 8), (19, 9)];
+    const COLUMNS: [(usize, u32); 8] = [
+        (5, 2),
+        (6, 3),
+        (9, 4),
+        (10, 5),
+        (16, 6),
+        (17, 7),
+        (18, 8),
+        (19, 9),
+    ];
     for line in lines(buf) {
         let n = e.begin_nested(field::DISK_STAT);
         let mut col = COLUMNS.iter().peekable();
@@ -444,7 +481,9 @@ pub(super) fn encode_psi(e: &mut ProtoEncoder<'_>, buf: &[u8], some: u64, full: 
             Some(b"full") => full,
             _ => 0,
         };
-        let total_us = w.find_map(|t| t.strip_prefix(b"total=")).map_or(0, parse_u64);
+        let total_us = w
+            .find_map(|t| t.strip_prefix(b"total="))
+            .map_or(0, parse_u64);
         let n = e.begin_nested(field::PSI);
         e.uint(1, resource);
         e.uint(2, total_us.saturating_mul(1000));
