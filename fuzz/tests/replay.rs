@@ -20,3 +20,8 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
+
+#[test]
+fn sys_stats_text_corpus() {
+    replay_nonempty("sys_stats_text", recorder_fuzz::sys_stats_text::check);
+}

@@ -29,6 +29,8 @@ use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
 
 /// The data source's name, as configs select it.
 pub const DATA_SOURCE_NAME: &str = "linux.process_stats";
+/// It forgets which pids it wrote when incremental state is cleared.
+pub const HANDLES_INCREMENTAL_STATE: bool = true;
 /// Polls faster than this are raised to it (Perfetto's minimum).
 pub const MIN_POLL_MS: u32 = 100;
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat`: the kthread test for

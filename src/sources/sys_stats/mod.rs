@@ -19,7 +19,12 @@ mod vmstat_keys;
 
 pub use counters::{
     MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS,
-    VMSTAT_KEYS,
+    VMSTAT_KEYS, enabled_keys, stat_mask,
+};
+/// The text parsers, each encoding SysStats fields from one file's text
+/// (public for fuzzing and benchmarks).
+pub use readers::{
+    encode_buddyinfo, encode_diskstats, encode_meminfo, encode_psi, encode_stat, encode_vmstat,
 };
 
 use crate::sources::poller::{PacketOutput, PolledSource, write_packet_header};
@@ -29,6 +34,8 @@ use readers::Readers;
 
 /// The data source's name, as configs select it.
 pub const DATA_SOURCE_NAME: &str = "linux.sys_stats";
+/// As in traced_probes, sys_stats keeps no incremental state.
+pub const HANDLES_INCREMENTAL_STATE: bool = false;
 /// Periods below this are raised to it.
 pub const MIN_PERIOD_MS: u32 = 10;
 /// TracePacket.sys_stats.

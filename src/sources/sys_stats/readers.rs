@@ -336,11 +336,7 @@ fn encode_key_values(e: &mut ProtoEncoder<'_>, field: u32, key: u32, value: u64)
 }
 
 /// `/proc/meminfo`: `Key:   value kB` lines, values in kB.
-pub(super) fn encode_meminfo(
-    e: &mut ProtoEncoder<'_>,
-    buf: &[u8],
-    keys: &HashMap<&'static [u8], u32>,
-) {
+pub fn encode_meminfo(e: &mut ProtoEncoder<'_>, buf: &[u8], keys: &HashMap<&'static [u8], u32>) {
     for line in lines(buf) {
         let mut w = words(line);
         let (Some(key), Some(value)) = (w.next(), w.next()) else {
@@ -354,11 +350,7 @@ pub(super) fn encode_meminfo(
 }
 
 /// `/proc/vmstat`: `key value` lines.
-pub(super) fn encode_vmstat(
-    e: &mut ProtoEncoder<'_>,
-    buf: &[u8],
-    keys: &HashMap<&'static [u8], u32>,
-) {
+pub fn encode_vmstat(e: &mut ProtoEncoder<'_>, buf: &[u8], keys: &HashMap<&'static [u8], u32>) {
     for line in lines(buf) {
         let mut w = words(line);
         let (Some(key), Some(value)) = (w.next(), w.next()) else {
@@ -373,7 +365,7 @@ pub(super) fn encode_vmstat(
 /// `/proc/stat`: per-CPU times (USER_HZ ticks → ns; the all-CPU `cpu` line
 /// is skipped), interrupt totals and non-zero per-IRQ counts, softirq totals
 /// and every per-softirq count, and the fork count.
-pub(super) fn encode_stat(e: &mut ProtoEncoder<'_>, buf: &[u8], mask: u32, ns_per_tick: u64) {
+pub fn encode_stat(e: &mut ProtoEncoder<'_>, buf: &[u8], mask: u32, ns_per_tick: u64) {
     let on = |c: u32| mask & (1 << c) != 0;
     for line in lines(buf) {
         let mut w = words(line);
@@ -426,7 +418,7 @@ fn encode_interrupt(e: &mut ProtoEncoder<'_>, field: u32, irq: usize, count: u64
 
 /// `/proc/diskstats`: per device, the fields SysStats.DiskStat holds (the
 /// discard and flush ones only where the kernel reports them).
-pub(super) fn encode_diskstats(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
+pub fn encode_diskstats(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
     // (word index in the line, DiskStat field)
     const COLUMNS: [(usize, u32); 8] = [
         (5, 2),
@@ -457,7 +449,7 @@ pub(super) fn encode_diskstats(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
 }
 
 /// `/proc/buddyinfo`: `Node 0, zone   Normal  n0 n1 …` lines.
-pub(super) fn encode_buddyinfo(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
+pub fn encode_buddyinfo(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
     for line in lines(buf) {
         let n = e.begin_nested(field::BUDDY_INFO);
         for (i, w) in words(line).enumerate() {
@@ -473,7 +465,7 @@ pub(super) fn encode_buddyinfo(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
 }
 
 /// `/proc/pressure/*`: `some|full avg10=… avg60=… avg300=… total=µs` lines.
-pub(super) fn encode_psi(e: &mut ProtoEncoder<'_>, buf: &[u8], some: u64, full: u64) {
+pub fn encode_psi(e: &mut ProtoEncoder<'_>, buf: &[u8], some: u64, full: u64) {
     for line in lines(buf) {
         let mut w = words(line);
         let resource = match w.next() {
