@@ -186,6 +186,9 @@ pub(super) fn write_split<T>(
                 break;
             }
             i += 1;
+            if budget > plan.soft_limit {
+                break; // an enlarged packet holds its one big entry only
+            }
         }
         if i == start {
             // Not even one entry fits: give it a bigger packet of its own, or
@@ -210,4 +213,80 @@ pub(super) fn write_split<T>(
         budget = plan.soft_limit;
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(soft_limit: usize) -> PacketPlan {
+        PacketPlan {
+            timestamp_ns: 5,
+            sequence_id: 3,
+            payload_field: PACKET_PROCESS_TREE,
+            end_field: TREE_COLLECTION_END,
+            incremental_state_cleared: false,
+            soft_limit,
+        }
+    }
+
+    fn process(pid: i32, cmdline_bytes: usize) -> TreeEntry {
+        TreeEntry::Process(ProcessRecord {
+            pid,
+            ppid: 1,
+            uid: 0,
+            cmdline: vec!["x".repeat(cmdline_bytes)],
+            cmdline_is_comm: false,
+            nspid: Vec::new(),
+            is_kthread: None,
+        })
+    }
+
+    #[test]
+    fn an_entry_larger_than_the_limit_gets_a_packet_of_its_own() {
+        let items = [process(1, 10), process(2, 3000), process(3, 10)];
+        let mut buf = Vec::new();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(&mut buf, &plan(1024), &items, &mut out, encode_tree_entry);
+        assert_eq!(
+            o,
+            SplitOutcome {
+                packets: 3,
+                dropped: 0
+            }
+        );
+        let sizes: Vec<usize> = out.iter().map(Vec::len).collect();
+        assert!(
+            sizes[0] <= 1024 && sizes[2] <= 1024 && sizes[1] > 3000,
+            "{sizes:?}"
+        );
+    }
+
+    #[test]
+    fn an_entry_beyond_the_maximum_is_dropped_and_counted() {
+        let items = [process(1, MAX_PACKET_BYTES + 1), process(2, 10)];
+        let mut buf = Vec::new();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(&mut buf, &plan(1024), &items, &mut out, encode_tree_entry);
+        assert_eq!(
+            o,
+            SplitOutcome {
+                packets: 1,
+                dropped: 1
+            }
+        );
+    }
+
+    #[test]
+    fn no_items_no_packet() {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(
+            &mut Vec::new(),
+            &plan(1024),
+            &[] as &[TreeEntry],
+            &mut out,
+            encode_tree_entry,
+        );
+        assert_eq!((o.packets, out.len()), (0, 0));
+    }
 }
