@@ -5,3 +5,4 @@ pub mod control_message;
 
 pub mod ringbuf_model;
 pub mod ftrace_page;
+pub mod sys_stats_text;

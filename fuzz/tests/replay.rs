@@ -28,4 +28,6 @@ fn ringbuf_model_corpus() {
     replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
 fn ftrace_page_corpus() {
     replay_nonempty("ftrace_page", recorder_fuzz::ftrace_page::check);
+fn sys_stats_text_corpus() {
+    replay_nonempty("sys_stats_text", recorder_fuzz::sys_stats_text::check);
 }

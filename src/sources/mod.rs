@@ -46,3 +46,8 @@ pub trait DataSource: Send {
     }
 }
 pub mod ftrace;
+
+pub mod poller;
+pub mod process_stats;
+pub mod procfs;
+pub mod sys_stats;

@@ -5,3 +5,4 @@ mod common;
 mod recording;
 mod ringbuf;
 mod ftrace;
+mod procfs;

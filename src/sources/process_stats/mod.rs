@@ -1,0 +1,600 @@
+//! `linux.process_stats`: the process tree (ProcessTree packets) and periodic
+//! per-process memory counters (ProcessStats packets), read from `/proc`.
+//!
+//! - At start, with `scan_all_processes_on_start`, every process and thread.
+//! - On demand, the pids the ftrace source reports ([`ProcessStatsSource::on_pids_seen`]),
+//!   each once until incremental state is cleared, unless `DISABLE_ON_DEMAND`.
+//! - Every `proc_stats_poll_ms`, the memory counters of every process that
+//!   changed since last written (a cache forgotten every
+//!   `proc_stats_cache_ttl_ms`), then the tree entries of processes not yet
+//!   written.
+//!
+//! Kernel threads have a status but no memory counters; they are skipped by
+//! the poll from then on. Packets stay under
+//! [`packets::SOFT_PACKET_LIMIT_BYTES`]: a big tree spans several packets.
+
+mod packets;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+
+pub use packets::{
+    MAX_PACKET_BYTES, ProcessRecord, SOFT_PACKET_LIMIT_BYTES, SplitOutcome, StatsRecord,
+    ThreadRecord, TreeEntry,
+};
+
+use crate::sources::poller::{PacketOutput, PolledSource};
+use crate::sources::procfs::{self, HostPaths};
+use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
+
+/// The data source's name, as configs select it.
+pub const DATA_SOURCE_NAME: &str = "linux.process_stats";
+/// It forgets which pids it wrote when incremental state is cleared.
+pub const HANDLES_INCREMENTAL_STATE: bool = true;
+/// Polls faster than this are raised to it (Perfetto's minimum).
+pub const MIN_POLL_MS: u32 = 100;
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat`: the kthread test for
+/// kernels without the `Kthread:` status line (before 6.4).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The options of `linux.process_stats` (ProcessStatsConfig, facts §3.3),
+/// as plain values; the mapping from the validated config is done by the caller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessStatsOptions {
+    pub scan_all_processes_on_start: bool,
+    pub record_thread_names: bool,
+    /// 0: no periodic ProcessStats; 1..99 are raised to [`MIN_POLL_MS`].
+    pub proc_stats_poll_ms: u32,
+    /// The `DISABLE_ON_DEMAND` quirk: ignore pids reported by ftrace.
+    pub disable_on_demand: bool,
+    /// How long unchanged counters stay unwritten; rounded down to whole
+    /// polls, at least one (0: every counter every poll).
+    pub proc_stats_cache_ttl_ms: u32,
+}
+
+impl ProcessStatsOptions {
+    /// The poll period actually used (0 = none).
+    pub fn effective_poll_ms(&self) -> u32 {
+        match self.proc_stats_poll_ms {
+            0 => 0,
+            p if p < MIN_POLL_MS => {
+                log::info!("proc_stats_poll_ms {p} is below the minimum; using {MIN_POLL_MS}");
+                MIN_POLL_MS
+            }
+            p => p,
+        }
+    }
+
+    /// Polls after which the counter cache is forgotten.
+    pub fn cache_ttl_ticks(&self) -> u32 {
+        match self.effective_poll_ms() {
+            0 => 1,
+            p => (self.proc_stats_cache_ttl_ms / p).max(1),
+        }
+    }
+}
+
+/// The last written counters of one process (`None`: not written yet).
+#[derive(Clone, Copy, Debug, Default)]
+struct CachedCounters {
+    vm_size_kb: Option<u64>,
+    vm_rss_kb: Option<u64>,
+    rss_anon_kb: Option<u64>,
+    rss_file_kb: Option<u64>,
+    rss_shmem_kb: Option<u64>,
+    vm_swap_kb: Option<u64>,
+    vm_locked_kb: Option<u64>,
+    vm_hwm_kb: Option<u64>,
+    oom_score_adj: Option<i64>,
+}
+
+/// Counters of what the source wrote and skipped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessStatsCounters {
+    pub tree_packets: u64,
+    pub stats_packets: u64,
+    pub processes_written: u64,
+    pub threads_written: u64,
+    /// Entries too large for any packet.
+    pub entries_dropped: u64,
+}
+
+/// The `linux.process_stats` source: call its methods from one thread (the
+/// [`crate::sources::poller::Poller`] does).
+pub struct ProcessStatsSource {
+    opts: ProcessStatsOptions,
+    poll_ms: u32,
+    ttl_ticks: u32,
+    paths: HostPaths,
+    sequence_id: u32,
+    /// Tids (and pids) already in the tree since the last clear.
+    seen: HashSet<i32>,
+    /// Pids with a status but no memory counters (kernel threads).
+    skip_mem: HashSet<i32>,
+    cache: HashMap<i32, CachedCounters>,
+    cache_ticks: u32,
+    did_clear: bool,
+    tree: Vec<TreeEntry>,
+    stats: Vec<StatsRecord>,
+    status: Vec<u8>,
+    scratch: Vec<u8>,
+    packet: Vec<u8>,
+    soft_limit: usize,
+    counters: ProcessStatsCounters,
+}
+
+impl ProcessStatsSource {
+    /// A source reading `paths.proc_root`, writing on `sequence_id`.
+    pub fn new(opts: ProcessStatsOptions, paths: HostPaths, sequence_id: u32) -> Self {
+        Self {
+            poll_ms: opts.effective_poll_ms(),
+            ttl_ticks: opts.cache_ttl_ticks(),
+            opts,
+            paths,
+            sequence_id,
+            seen: HashSet::new(),
+            skip_mem: HashSet::new(),
+            cache: HashMap::new(),
+            cache_ticks: 0,
+            did_clear: false,
+            tree: Vec::new(),
+            stats: Vec::new(),
+            status: Vec::with_capacity(4096),
+            scratch: Vec::with_capacity(4096),
+            packet: Vec::new(),
+            soft_limit: SOFT_PACKET_LIMIT_BYTES,
+            counters: ProcessStatsCounters::default(),
+        }
+    }
+
+    /// Overrides the packet size limit (tests of the split).
+    pub fn set_soft_packet_limit(&mut self, bytes: usize) {
+        self.soft_limit = bytes.clamp(256, MAX_PACKET_BYTES);
+    }
+
+    pub fn options(&self) -> &ProcessStatsOptions {
+        &self.opts
+    }
+
+    pub fn counters(&self) -> ProcessStatsCounters {
+        self.counters
+    }
+
+    fn proc_path(&self, pid: i32, file: &str) -> PathBuf {
+        let mut p = self.paths.proc_root.join(pid.to_string());
+        p.push(file);
+        p
+    }
+
+    fn task_path(&self, pid: i32, tid: i32, file: &str) -> PathBuf {
+        let mut p = self.paths.proc_root.join(pid.to_string());
+        p.push("task");
+        p.push(tid.to_string());
+        p.push(file);
+        p
+    }
+
+    /// Writes every process and thread under `/proc` (the start dump).
+    pub fn write_all_processes(&mut self, out: &mut dyn PacketOutput) {
+        let ts = crate::clock::boottime_ns();
+        self.tree.clear();
+        let pids = match procfs::numeric_dirs(&self.paths.proc_root) {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("listing {}: {e}", self.paths.proc_root.display());
+                return;
+            }
+        };
+        let mut status = std::mem::take(&mut self.status);
+        for pid in pids {
+            if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_err() {
+                continue; // exited since the listing
+            }
+            let namespaced = self.collect_process(pid, &status);
+            let Ok(tids) =
+                procfs::numeric_dirs(&self.paths.proc_root.join(pid.to_string()).join("task"))
+            else {
+                continue;
+            };
+            for tid in tids {
+                if tid == pid {
+                    continue;
+                }
+                let nstid = if namespaced {
+                    match procfs::read_file(&self.task_path(pid, tid, "status"), &mut status) {
+                        Ok(_) => procfs::namespaced_ids(&status),
+                        Err(_) => continue,
+                    }
+                } else {
+                    Vec::new()
+                };
+                let name = self.thread_name(&self.task_path(pid, tid, "comm"));
+                self.push_thread(tid, pid, name, nstid);
+            }
+        }
+        self.status = status;
+        self.emit_tree(ts, out);
+    }
+
+    /// Writes the tree entries of the reported pids (or tids) not written
+    /// since the last clear, unless on-demand dumps are disabled.
+    pub fn on_pids_seen(&mut self, pids: &[i32], out: &mut dyn PacketOutput) {
+        if self.opts.disable_on_demand {
+            return;
+        }
+        self.write_process_tree(pids, out);
+    }
+
+    fn write_process_tree(&mut self, pids: &[i32], out: &mut dyn PacketOutput) {
+        let ts = crate::clock::boottime_ns();
+        self.tree.clear();
+        let mut sorted = pids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        for pid in sorted {
+            if pid <= 0 || self.seen.contains(&pid) {
+                continue;
+            }
+            self.write_process_or_thread(pid);
+        }
+        self.emit_tree(ts, out);
+    }
+
+    fn write_process_or_thread(&mut self, pid: i32) {
+        let mut status = std::mem::take(&mut self.status);
+        if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_ok() {
+            let field = |k: &[u8]| {
+                procfs::status_field(&status, k).map_or(0, |v| procfs::parse_i64(v) as i32)
+            };
+            let (tgid, tid) = (field(b"Tgid"), field(b"Pid"));
+            if tgid > 0 && tid > 0 {
+                let nstid = procfs::namespaced_ids(&status);
+                if !self.seen.contains(&tgid) {
+                    if tgid == tid {
+                        self.collect_process(tgid, &status);
+                    } else {
+                        let mut main = std::mem::take(&mut self.scratch);
+                        if procfs::read_file(&self.proc_path(tgid, "status"), &mut main).is_ok() {
+                            self.collect_process(tgid, &main);
+                        }
+                        self.scratch = main;
+                    }
+                }
+                if tid != tgid {
+                    let name = self.thread_name(&self.proc_path(tid, "comm"));
+                    self.push_thread(tid, tgid, name, nstid);
+                }
+            }
+        }
+        self.status = status;
+    }
+
+    fn thread_name(&self, comm_path: &std::path::Path) -> Option<String> {
+        if !self.opts.record_thread_names {
+            return None;
+        }
+        let comm = std::fs::read(comm_path).ok()?;
+        Some(String::from_utf8_lossy(procfs::trim_newline(&comm)).into_owned())
+    }
+
+    fn push_thread(&mut self, tid: i32, tgid: i32, name: Option<String>, nstid: Vec<i32>) {
+        self.tree.push(TreeEntry::Thread(ThreadRecord {
+            tid,
+            tgid,
+            name,
+            nstid,
+        }));
+        self.seen.insert(tid);
+    }
+
+    /// Adds the process entry of `pid` from its status; returns whether it
+    /// lives in a nested PID namespace (its threads then need their status).
+    fn collect_process(&mut self, pid: i32, status: &[u8]) -> bool {
+        let field = |k: &[u8]| procfs::status_field(status, k).map(procfs::parse_i64);
+        // The pid may have been reused by a thread since the listing.
+        if field(b"Tgid") != Some(i64::from(pid)) {
+            return false;
+        }
+        let nspid = procfs::namespaced_ids(status);
+        let namespaced = !nspid.is_empty();
+        let mut cmdline: Vec<String> = Vec::new();
+        let mut cmdline_is_comm = false;
+        let mut buf = std::mem::take(&mut self.scratch);
+        if procfs::read_file(&self.proc_path(pid, "cmdline"), &mut buf).is_ok() && !buf.is_empty() {
+            cmdline = buf
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+        }
+        if cmdline.is_empty() {
+            // Kernel threads and zombies: the name stands in for the cmdline.
+            let name = procfs::status_field(status, b"Name").unwrap_or_default();
+            cmdline.push(String::from_utf8_lossy(name).into_owned());
+            cmdline_is_comm = true;
+        }
+        let is_kthread =
+            match procfs::status_field(status, b"Kthread").and_then(procfs::parse_i32_exact) {
+                Some(k @ (0 | 1)) => Some(k == 1),
+                _ => match procfs::read_file(&self.proc_path(pid, "stat"), &mut buf) {
+                    Ok(_) => stat_flags(&buf).map(|f| f & PF_KTHREAD != 0),
+                    Err(_) => None,
+                },
+            };
+        self.scratch = buf;
+        self.tree.push(TreeEntry::Process(ProcessRecord {
+            pid,
+            ppid: field(b"PPid").unwrap_or(0) as i32,
+            uid: field(b"Uid").unwrap_or(0) as i32,
+            cmdline,
+            cmdline_is_comm,
+            nspid,
+            is_kthread,
+        }));
+        self.seen.insert(pid);
+        namespaced
+    }
+
+    fn emit_tree(&mut self, ts: u64, out: &mut dyn PacketOutput) {
+        if self.tree.is_empty() {
+            return;
+        }
+        let plan = PacketPlan {
+            timestamp_ns: ts,
+            sequence_id: self.sequence_id,
+            payload_field: packets::PACKET_PROCESS_TREE,
+            end_field: packets::TREE_COLLECTION_END,
+            incremental_state_cleared: std::mem::take(&mut self.did_clear),
+            soft_limit: self.soft_limit,
+        };
+        let tree = std::mem::take(&mut self.tree);
+        let outcome = write_split(&mut self.packet, &plan, &tree, out, encode_tree_entry);
+        for e in &tree {
+            match e {
+                TreeEntry::Process(_) => self.counters.processes_written += 1,
+                TreeEntry::Thread(_) => self.counters.threads_written += 1,
+            }
+        }
+        self.counters.tree_packets += outcome.packets as u64;
+        self.counters.entries_dropped += outcome.dropped as u64;
+        self.tree = tree;
+        self.tree.clear();
+    }
+
+    /// One poll: the changed memory counters of every process, then the tree
+    /// entries of processes not written yet.
+    pub fn write_process_stats(&mut self, out: &mut dyn PacketOutput) {
+        let ts = crate::clock::boottime_ns();
+        self.stats.clear();
+        let pids = match procfs::numeric_dirs(&self.paths.proc_root) {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("listing {}: {e}", self.paths.proc_root.display());
+                return;
+            }
+        };
+        let mut live = Vec::with_capacity(pids.len());
+        let mut status = std::mem::take(&mut self.status);
+        let mut buf = std::mem::take(&mut self.scratch);
+        for pid in pids {
+            if self.skip_mem.contains(&pid) {
+                continue;
+            }
+            if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_err()
+                || status.is_empty()
+            {
+                continue;
+            }
+            let Some(mem) = MemCounters::parse(&status) else {
+                self.skip_mem.insert(pid);
+                continue;
+            };
+            if mem.tgid != Some(i64::from(pid)) {
+                continue; // a thread id: only processes are polled
+            }
+            let oom = procfs::read_file(&self.proc_path(pid, "oom_score_adj"), &mut buf)
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|_| procfs::parse_i64(&buf));
+            let cached = self.cache.entry(pid).or_default();
+            let mut rec = StatsRecord {
+                pid,
+                ..StatsRecord::default()
+            };
+            let pairs = [
+                (mem.vm_size_kb, &mut cached.vm_size_kb, &mut rec.vm_size_kb),
+                (mem.vm_rss_kb, &mut cached.vm_rss_kb, &mut rec.vm_rss_kb),
+                (
+                    mem.rss_anon_kb,
+                    &mut cached.rss_anon_kb,
+                    &mut rec.rss_anon_kb,
+                ),
+                (
+                    mem.rss_file_kb,
+                    &mut cached.rss_file_kb,
+                    &mut rec.rss_file_kb,
+                ),
+                (
+                    mem.rss_shmem_kb,
+                    &mut cached.rss_shmem_kb,
+                    &mut rec.rss_shmem_kb,
+                ),
+                (mem.vm_swap_kb, &mut cached.vm_swap_kb, &mut rec.vm_swap_kb),
+                (
+                    mem.vm_locked_kb,
+                    &mut cached.vm_locked_kb,
+                    &mut rec.vm_locked_kb,
+                ),
+                (mem.vm_hwm_kb, &mut cached.vm_hwm_kb, &mut rec.vm_hwm_kb),
+            ];
+            for (now, last, field) in pairs {
+                if now.is_some() && now != *last {
+                    *last = now;
+                    *field = now;
+                }
+            }
+            if oom.is_some() && oom != cached.oom_score_adj {
+                cached.oom_score_adj = oom;
+                rec.oom_score_adj = oom;
+            }
+            if !rec.is_empty() {
+                self.stats.push(rec);
+            }
+            live.push(pid);
+        }
+        self.status = status;
+        self.scratch = buf;
+
+        if !self.stats.is_empty() {
+            let plan = PacketPlan {
+                timestamp_ns: ts,
+                sequence_id: self.sequence_id,
+                payload_field: packets::PACKET_PROCESS_STATS,
+                end_field: packets::STATS_COLLECTION_END,
+                incremental_state_cleared: std::mem::take(&mut self.did_clear),
+                soft_limit: self.soft_limit,
+            };
+            let stats = std::mem::take(&mut self.stats);
+            let outcome = write_split(&mut self.packet, &plan, &stats, out, encode_stats_record);
+            self.counters.stats_packets += outcome.packets as u64;
+            self.counters.entries_dropped += outcome.dropped as u64;
+            self.stats = stats;
+        }
+
+        self.cache_ticks += 1;
+        if self.cache_ticks >= self.ttl_ticks {
+            self.cache_ticks = 0;
+            self.cache.clear();
+        }
+        // Processes that appeared since the last dump get their tree entry
+        // once (whatever the on-demand quirk says, as Perfetto does).
+        self.write_process_tree(&live, out);
+    }
+
+    /// Forgets which pids were written and the counter cache; the next
+    /// packet carries `incremental_state_cleared`.
+    pub fn clear_incremental_state(&mut self) {
+        self.seen.clear();
+        self.skip_mem.clear();
+        self.cache.clear();
+        self.cache_ticks = 0;
+        self.did_clear = true;
+    }
+}
+
+impl PolledSource for ProcessStatsSource {
+    fn tick_period_ms(&self) -> Option<u32> {
+        (self.poll_ms > 0).then_some(self.poll_ms)
+    }
+
+    fn start(&mut self, out: &mut dyn PacketOutput) {
+        if self.opts.scan_all_processes_on_start {
+            self.write_all_processes(out);
+        }
+    }
+
+    fn tick(&mut self, out: &mut dyn PacketOutput) {
+        self.write_process_stats(out);
+    }
+
+    fn on_pids_seen(&mut self, pids: &[i32], out: &mut dyn PacketOutput) {
+        ProcessStatsSource::on_pids_seen(self, pids, out);
+    }
+
+    fn clear_incremental_state(&mut self) {
+        ProcessStatsSource::clear_incremental_state(self);
+    }
+}
+
+/// The memory lines of `/proc/PID/status`, in one pass.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct MemCounters {
+    tgid: Option<i64>,
+    vm_size_kb: Option<u64>,
+    vm_rss_kb: Option<u64>,
+    rss_anon_kb: Option<u64>,
+    rss_file_kb: Option<u64>,
+    rss_shmem_kb: Option<u64>,
+    vm_swap_kb: Option<u64>,
+    vm_locked_kb: Option<u64>,
+    vm_hwm_kb: Option<u64>,
+}
+
+impl MemCounters {
+    /// `None` when the status has no `VmSize` (a kernel thread or zombie).
+    fn parse(status: &[u8]) -> Option<Self> {
+        let mut m = MemCounters::default();
+        for line in procfs::lines(status) {
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let (key, rest) = (&line[..colon], &line[colon + 1..]);
+            let value = || Some(procfs::parse_i64(rest).max(0) as u64);
+            match key {
+                b"Tgid" => m.tgid = Some(procfs::parse_i64(rest)),
+                b"VmSize" => m.vm_size_kb = value(),
+                b"VmRSS" => m.vm_rss_kb = value(),
+                b"RssAnon" => m.rss_anon_kb = value(),
+                b"RssFile" => m.rss_file_kb = value(),
+                b"RssShmem" => m.rss_shmem_kb = value(),
+                b"VmSwap" => m.vm_swap_kb = value(),
+                b"VmLck" => m.vm_locked_kb = value(),
+                b"VmHWM" => m.vm_hwm_kb = value(),
+                _ => {}
+            }
+        }
+        m.vm_size_kb.is_some().then_some(m)
+    }
+}
+
+/// The `flags` field (9th) of `/proc/PID/stat`, read after the `(comm)`,
+/// which may itself hold spaces and parentheses.
+fn stat_flags(stat: &[u8]) -> Option<u64> {
+    let after = stat.iter().rposition(|b| *b == b')')?;
+    procfs::words(&stat[after + 1..])
+        .nth(6)
+        .map(procfs::parse_u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_and_ttl_rules() {
+        let o = |poll, ttl| ProcessStatsOptions {
+            proc_stats_poll_ms: poll,
+            proc_stats_cache_ttl_ms: ttl,
+            ..ProcessStatsOptions::default()
+        };
+        assert_eq!(o(0, 0).effective_poll_ms(), 0);
+        assert_eq!(o(1, 0).effective_poll_ms(), 100);
+        assert_eq!(o(99, 0).effective_poll_ms(), 100);
+        assert_eq!(o(250, 0).effective_poll_ms(), 250);
+        assert_eq!(o(250, 0).cache_ttl_ticks(), 1);
+        assert_eq!(
+            o(250, 999).cache_ttl_ticks(),
+            3,
+            "rounded down to whole polls"
+        );
+        assert_eq!(o(50, 1000).cache_ttl_ticks(), 10, "against the raised poll");
+    }
+
+    #[test]
+    fn stat_flags_after_tricky_comm() {
+        let stat = b"7 (a) b (c)) S 2 0 0 0 -1 69238880 0 0";
+        assert_eq!(stat_flags(stat), Some(69238880));
+        assert_eq!(stat_flags(b"garbage"), None);
+    }
+
+    #[test]
+    fn kernel_thread_status_has_no_mem_counters() {
+        assert_eq!(MemCounters::parse(b"Name:\tkthreadd\nTgid:\t2\n"), None);
+        let m =
+            MemCounters::parse(b"Tgid:\t5\nVmSize:\t  10 kB\nVmRSS:\t 4 kB\n").expect("has VmSize");
+        assert_eq!(
+            (m.tgid, m.vm_size_kb, m.vm_rss_kb, m.vm_swap_kb),
+            (Some(5), Some(10), Some(4), None)
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Encoding ProcessTree and ProcessStats records into TracePackets, split so
+//! that no packet grows past a soft size limit (a big process tree becomes
+//! several packets, each with its own `collection_end_timestamp`).
+
+use crate::sources::poller::{PacketOutput, packet_field, write_packet_header};
+use crate::trace::encoder::ProtoEncoder;
+
+/// TracePacket payload fields (facts §4.2).
+pub(super) const PACKET_PROCESS_TREE: u32 = 2;
+pub(super) const PACKET_PROCESS_STATS: u32 = 9;
+/// `collection_end_timestamp` inside ProcessTree / ProcessStats (facts §4.5).
+pub(super) const TREE_COLLECTION_END: u32 = 3;
+pub(super) const STATS_COLLECTION_END: u32 = 2;
+
+/// Packets close before the entry that would take them past this size.
+pub const SOFT_PACKET_LIMIT_BYTES: usize = 64 * 1024;
+/// One entry alone larger than this (a pathological cmdline) is dropped.
+pub const MAX_PACKET_BYTES: usize = 4 * 1024 * 1024;
+/// Room kept for `collection_end_timestamp` (tag + 10-byte varint).
+const TAIL_BYTES: usize = 16;
+
+/// One process of a ProcessTree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessRecord {
+    pub pid: i32,
+    pub ppid: i32,
+    pub uid: i32,
+    pub cmdline: Vec<String>,
+    pub cmdline_is_comm: bool,
+    pub nspid: Vec<i32>,
+    pub is_kthread: Option<bool>,
+}
+
+/// One (non-main) thread of a ProcessTree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadRecord {
+    pub tid: i32,
+    pub tgid: i32,
+    pub name: Option<String>,
+    pub nstid: Vec<i32>,
+}
+
+/// ProcessTree entries in scan order (a process, then its threads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TreeEntry {
+    Process(ProcessRecord),
+    Thread(ThreadRecord),
+}
+
+/// The memory counters of one process that changed since the cache last
+/// saw them (unchanged ones are `None` and not written).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsRecord {
+    pub pid: i32,
+    pub vm_size_kb: Option<u64>,
+    pub vm_rss_kb: Option<u64>,
+    pub rss_anon_kb: Option<u64>,
+    pub rss_file_kb: Option<u64>,
+    pub rss_shmem_kb: Option<u64>,
+    pub vm_swap_kb: Option<u64>,
+    pub vm_locked_kb: Option<u64>,
+    pub vm_hwm_kb: Option<u64>,
+    pub oom_score_adj: Option<i64>,
+}
+
+impl StatsRecord {
+    pub fn is_empty(&self) -> bool {
+        *self
+            == StatsRecord {
+                pid: self.pid,
+                ..StatsRecord::default()
+            }
+    }
+}
+
+pub(super) fn encode_tree_entry(e: &mut ProtoEncoder<'_>, entry: &TreeEntry) {
+    match entry {
+        TreeEntry::Process(p) => {
+            let n = e.begin_nested(1);
+            e.int(1, i64::from(p.pid));
+            e.int(2, i64::from(p.ppid));
+            for arg in &p.cmdline {
+                e.string(3, arg);
+            }
+            e.int(5, i64::from(p.uid));
+            for id in &p.nspid {
+                e.int(6, i64::from(*id));
+            }
+            if let Some(k) = p.is_kthread {
+                e.bool(8, k);
+            }
+            if p.cmdline_is_comm {
+                e.bool(9, true);
+            }
+            e.end_nested(n);
+        }
+        TreeEntry::Thread(t) => {
+            let n = e.begin_nested(2);
+            e.int(1, i64::from(t.tid));
+            if let Some(name) = &t.name {
+                e.string(2, name);
+            }
+            e.int(3, i64::from(t.tgid));
+            for id in &t.nstid {
+                e.int(4, i64::from(*id));
+            }
+            e.end_nested(n);
+        }
+    }
+}
+
+pub(super) fn encode_stats_record(e: &mut ProtoEncoder<'_>, r: &StatsRecord) {
+    let n = e.begin_nested(1);
+    e.int(1, i64::from(r.pid));
+    let fields = [
+        (2, r.vm_size_kb),
+        (3, r.vm_rss_kb),
+        (4, r.rss_anon_kb),
+        (5, r.rss_file_kb),
+        (6, r.rss_shmem_kb),
+        (7, r.vm_swap_kb),
+        (8, r.vm_locked_kb),
+        (9, r.vm_hwm_kb),
+    ];
+    for (field, v) in fields {
+        if let Some(v) = v {
+            e.uint(field, v);
+        }
+    }
+    if let Some(v) = r.oom_score_adj {
+        e.int(10, v);
+    }
+    e.end_nested(n);
+}
+
+/// How a run of entries becomes packets.
+pub(super) struct PacketPlan {
+    pub timestamp_ns: u64,
+    pub sequence_id: u32,
+    /// TracePacket field of the payload (ProcessTree or ProcessStats).
+    pub payload_field: u32,
+    /// `collection_end_timestamp` field inside the payload.
+    pub end_field: u32,
+    /// Set `incremental_state_cleared` on the first packet.
+    pub incremental_state_cleared: bool,
+    pub soft_limit: usize,
+}
+
+/// Counts of what [`write_split`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitOutcome {
+    pub packets: usize,
+    /// Entries too large for even a packet of their own.
+    pub dropped: usize,
+}
+
+/// Encodes `items` into packets of at most `plan.soft_limit` bytes (an entry
+/// larger than that gets a packet of its own, up to [`MAX_PACKET_BYTES`]),
+/// writing each to `out`. Writes nothing for no items.
+pub(super) fn write_split<T>(
+    buf: &mut Vec<u8>,
+    plan: &PacketPlan,
+    items: &[T],
+    out: &mut dyn PacketOutput,
+    encode: impl Fn(&mut ProtoEncoder<'_>, &T),
+) -> SplitOutcome {
+    let mut outcome = SplitOutcome::default();
+    let mut i = 0;
+    let mut budget = plan.soft_limit;
+    while i < items.len() {
+        if buf.len() < budget + TAIL_BYTES {
+            buf.resize(budget + TAIL_BYTES, 0);
+        }
+        let start = i;
+        let mut e = ProtoEncoder::new(&mut buf[..budget + TAIL_BYTES]);
+        write_packet_header(&mut e, plan.timestamp_ns, plan.sequence_id);
+        if plan.incremental_state_cleared && outcome.packets == 0 {
+            e.bool(packet_field::INCREMENTAL_STATE_CLEARED, true);
+        }
+        let payload = e.begin_nested(plan.payload_field);
+        while i < items.len() {
+            let mark = e.len();
+            encode(&mut e, &items[i]);
+            if e.overflowed() || e.len() > budget {
+                e.truncate(mark);
+                break;
+            }
+            i += 1;
+            if budget > plan.soft_limit {
+                break; // an enlarged packet holds its one big entry only
+            }
+        }
+        if i == start {
+            // Not even one entry fits: give it a bigger packet of its own, or
+            // drop it when it is beyond reason.
+            if budget >= MAX_PACKET_BYTES {
+                log::warn!("a process entry is larger than {MAX_PACKET_BYTES} bytes; dropped");
+                outcome.dropped += 1;
+                i += 1;
+                budget = plan.soft_limit;
+            } else {
+                budget = (budget * 2).min(MAX_PACKET_BYTES);
+            }
+            continue;
+        }
+        e.uint(plan.end_field, crate::clock::boottime_ns());
+        e.end_nested(payload);
+        let len = e
+            .finish()
+            .expect("the tail room reserved past the budget holds the closing fields");
+        out.write_packet(&buf[..len]);
+        outcome.packets += 1;
+        budget = plan.soft_limit;
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(soft_limit: usize) -> PacketPlan {
+        PacketPlan {
+            timestamp_ns: 5,
+            sequence_id: 3,
+            payload_field: PACKET_PROCESS_TREE,
+            end_field: TREE_COLLECTION_END,
+            incremental_state_cleared: false,
+            soft_limit,
+        }
+    }
+
+    fn process(pid: i32, cmdline_bytes: usize) -> TreeEntry {
+        TreeEntry::Process(ProcessRecord {
+            pid,
+            ppid: 1,
+            uid: 0,
+            cmdline: vec!["x".repeat(cmdline_bytes)],
+            cmdline_is_comm: false,
+            nspid: Vec::new(),
+            is_kthread: None,
+        })
+    }
+
+    #[test]
+    fn an_entry_larger_than_the_limit_gets_a_packet_of_its_own() {
+        let items = [process(1, 10), process(2, 3000), process(3, 10)];
+        let mut buf = Vec::new();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(&mut buf, &plan(1024), &items, &mut out, encode_tree_entry);
+        assert_eq!(
+            o,
+            SplitOutcome {
+                packets: 3,
+                dropped: 0
+            }
+        );
+        let sizes: Vec<usize> = out.iter().map(Vec::len).collect();
+        assert!(
+            sizes[0] <= 1024 && sizes[2] <= 1024 && sizes[1] > 3000,
+            "{sizes:?}"
+        );
+    }
+
+    #[test]
+    fn an_entry_beyond_the_maximum_is_dropped_and_counted() {
+        let items = [process(1, MAX_PACKET_BYTES + 1), process(2, 10)];
+        let mut buf = Vec::new();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(&mut buf, &plan(1024), &items, &mut out, encode_tree_entry);
+        assert_eq!(
+            o,
+            SplitOutcome {
+                packets: 1,
+                dropped: 1
+            }
+        );
+    }
+
+    #[test]
+    fn no_items_no_packet() {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let o = write_split(
+            &mut Vec::new(),
+            &plan(1024),
+            &[] as &[TreeEntry],
+            &mut out,
+            encode_tree_entry,
+        );
+        assert_eq!((o.packets, out.len()), (0, 0));
+    }
+}
