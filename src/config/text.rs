@@ -216,18 +216,18 @@ impl<'a> Parser<'a> {
             && let Some(other) = oneof
                 .fields()
                 .find(|f| f.number() != field.number() && msg.has_field(f))
-            {
-                return Err(TextError::new(
-                    at.start,
-                    len,
-                    format!(
-                        "'{}' and '{}' are both set, but only one of oneof '{}' may be",
-                        other.name(),
-                        field.name(),
-                        oneof.name()
-                    ),
-                ));
-            }
+        {
+            return Err(TextError::new(
+                at.start,
+                len,
+                format!(
+                    "'{}' and '{}' are both set, but only one of oneof '{}' may be",
+                    other.name(),
+                    field.name(),
+                    oneof.name()
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -245,7 +245,9 @@ impl<'a> Parser<'a> {
                     TokenKind::Punct('{') => '}',
                     TokenKind::Punct('<') => '>',
                     _ => {
-                        return Err(self.unexpected(&t, &format!("'{{' to open '{}'", field.name())));
+                        return Err(
+                            self.unexpected(&t, &format!("'{{' to open '{}'", field.name()))
+                        );
                     }
                 };
                 self.depth += 1;

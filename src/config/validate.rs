@@ -156,12 +156,12 @@ pub fn validate(
         && !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            cx.err(
-                "bugreport_filename",
-                "only [a-zA-Z0-9-_.] characters are allowed",
-            );
-        }
+    {
+        cx.err(
+            "bugreport_filename",
+            "only [a-zA-Z0-9-_.] characters are allowed",
+        );
+    }
     if tc.deferred_start() {
         cx.warn(
             "deferred_start",
@@ -295,12 +295,13 @@ fn buffers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Vec<BufferSpec> {
             }
         };
         if let Some(name) = b.name.as_deref().filter(|n| !n.is_empty())
-            && !names.insert(name.to_string()) {
-                cx.err(
-                    format!("{path}.name"),
-                    format!("buffer name {name:?} is used twice; names must be unique"),
-                );
-            }
+            && !names.insert(name.to_string())
+        {
+            cx.err(
+                format!("{path}.name"),
+                format!("buffer name {name:?} is used twice; names must be unique"),
+            );
+        }
         if b.experimental_mode.unwrap_or(0) != 0 {
             cx.warn(
                 format!("{path}.experimental_mode"),
@@ -514,12 +515,13 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
         );
     }
     if let Some(inst) = f.instance_name.as_deref()
-        && (inst == "hyp" || inst == "hypervisor") {
-            cx.err(
-                format!("{path}.config.ftrace_config.instance_name"),
-                format!("{inst:?} is reserved; choose another tracefs instance name"),
-            );
-        }
+        && (inst == "hyp" || inst == "hypervisor")
+    {
+        cx.err(
+            format!("{path}.config.ftrace_config.instance_name"),
+            format!("{inst:?} is reserved; choose another tracefs instance name"),
+        );
+    }
     FtraceSpec {
         events: f.ftrace_events.clone(),
         atrace_categories: f.atrace_categories.clone(),
@@ -672,16 +674,16 @@ fn sys_stats(cx: &mut Ctx<'_>, path: &str, s: protos::SysStatsConfig) -> SysStat
         && let Some(bad) = periods
             .iter()
             .find(|p| p.as_millis() % tick.as_millis() != 0)
-        {
-            cx.err(
-                base.clone(),
-                format!(
-                    "every *_period_ms must be a multiple of the smallest ({} ms); {} ms is not",
-                    tick.as_millis(),
-                    bad.as_millis()
-                ),
-            );
-        }
+    {
+        cx.err(
+            base.clone(),
+            format!(
+                "every *_period_ms must be a multiple of the smallest ({} ms); {} ms is not",
+                tick.as_millis(),
+                bad.as_millis()
+            ),
+        );
+    }
     SysStatsSpec {
         meminfo_counters,
         vmstat_counters,
