@@ -6,3 +6,4 @@ mod recording;
 mod ringbuf;
 mod ftrace;
 mod procfs;
+mod config;
