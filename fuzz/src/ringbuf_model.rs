@@ -192,7 +192,10 @@ pub fn frames(data: &[u8]) -> Vec<(&[u8], usize)> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < data.len() {
-        assert_eq!(data[at], 0x0A, "R1: frame at {at} does not start with the packet tag");
+        assert_eq!(
+            data[at], 0x0A,
+            "R1: frame at {at} does not start with the packet tag"
+        );
         let mut len = 0usize;
         let mut i = at + 1;
         let mut shift = 0;
@@ -206,7 +209,10 @@ pub fn frames(data: &[u8]) -> Vec<(&[u8], usize)> {
                 break;
             }
         }
-        assert!(i + len <= data.len(), "R1: packet at {at} runs past its range");
+        assert!(
+            i + len <= data.len(),
+            "R1: packet at {at} runs past its range"
+        );
         out.push((&data[i..i + len], i + len - at));
         at = i + len;
     }
@@ -252,7 +258,9 @@ impl Model {
     /// whether getting one must succeed.
     fn predict(&self, w: usize, framed: usize) -> (bool, usize, bool) {
         let cs = self.setup.chunk_size;
-        let needs = self.seqs[w].region.is_none_or(|(cap, used, _)| cap - used < framed);
+        let needs = self.seqs[w]
+            .region
+            .is_none_or(|(cap, used, _)| cap - used < framed);
         let k = framed.div_ceil(cs);
         let buffer = &self.buffer;
         let must = !needs
@@ -294,7 +302,10 @@ impl Model {
         let p = payload(w as u8, seq, len);
         let r = match self.writer(w).begin_packet(max_len) {
             Ok(mut slot) => {
-                assert!(slot.buf().len() == max_len, "slot buffer has the reserved length");
+                assert!(
+                    slot.buf().len() == max_len,
+                    "slot buffer has the reserved length"
+                );
                 slot.buf()[..len].copy_from_slice(&p);
                 if commit {
                     slot.commit(len);
@@ -351,7 +362,10 @@ impl Model {
             Err(WriteError::Discarded) => {
                 assert!(!too_big, "an oversized packet was discarded, not refused");
                 assert!(needs, "discarded although the packet fit its region");
-                assert!(!must, "capacity: a one-chunk packet was discarded while a chunk was free");
+                assert!(
+                    !must,
+                    "capacity: a one-chunk packet was discarded while a chunk was free"
+                );
                 let s = &mut self.seqs[w];
                 s.queue.push_back(Entry::Dropped);
                 s.region = None;
@@ -375,7 +389,10 @@ impl Model {
                 FlushItem::Loss { writer } => {
                     let w = writer.0 as usize - 1;
                     assert!(w < WRITERS, "loss marker for unknown writer {writer:?}");
-                    assert!(w >= last, "R2: batch not grouped by writer (loss of {w} after {last})");
+                    assert!(
+                        w >= last,
+                        "R2: batch not grouped by writer (loss of {w} after {last})"
+                    );
                     assert!(!pending[w], "two loss markers in a row for writer {w}");
                     last = w;
                     pending[w] = true;
@@ -384,14 +401,25 @@ impl Model {
                     bytes += data.len() as u64;
                     copy.extend_from_slice(data);
                     for (p, framed) in frames(data) {
-                        assert!(p.len() >= MIN_LEN, "R1: packet of {} bytes is not ours", p.len());
+                        assert!(
+                            p.len() >= MIN_LEN,
+                            "R1: packet of {} bytes is not ours",
+                            p.len()
+                        );
                         let w = usize::from(p[0]);
                         assert!(w < WRITERS, "R1: packet names writer {w}");
                         let seq = u32::from_le_bytes([p[1], p[2], p[3], p[4]]);
                         for (i, &b) in p.iter().enumerate().skip(MIN_LEN) {
-                            assert_eq!(b, fill(w as u8, seq, i), "R1: packet {w}/{seq} corrupt at {i}");
+                            assert_eq!(
+                                b,
+                                fill(w as u8, seq, i),
+                                "R1: packet {w}/{seq} corrupt at {i}"
+                            );
                         }
-                        assert!(w >= last, "R2: batch not grouped by writer ({w} after {last})");
+                        assert!(
+                            w >= last,
+                            "R2: batch not grouped by writer ({w} after {last})"
+                        );
                         last = w;
                         let mut lost = false;
                         loop {
@@ -423,7 +451,10 @@ impl Model {
             let dead = self.seqs[w].writer.is_none();
             if pending[w] {
                 assert!(dead, "trailing loss marker for live writer {w}");
-                assert!(!queues[w].is_empty(), "trailing loss marker for {w} but nothing lost");
+                assert!(
+                    !queues[w].is_empty(),
+                    "trailing loss marker for {w} but nothing lost"
+                );
                 skipped += queues[w]
                     .drain(..)
                     .filter(|e| matches!(e, Entry::Written { .. }))
@@ -437,7 +468,11 @@ impl Model {
                 );
             }
         }
-        assert_eq!(bytes, batch.len_bytes(), "len_bytes is the sum of the data ranges");
+        assert_eq!(
+            bytes,
+            batch.len_bytes(),
+            "len_bytes is the sum of the data ranges"
+        );
         if consume {
             for (s, q) in self.seqs.iter_mut().zip(queues) {
                 s.queue = q;
@@ -473,7 +508,10 @@ impl Model {
             })
             .flatten()
             .collect();
-        assert!(now == copy, "M3: a held batch's bytes changed before release");
+        assert!(
+            now == copy,
+            "M3: a held batch's bytes changed before release"
+        );
         batch.release();
     }
 
@@ -527,10 +565,22 @@ impl Model {
     fn check_stats(&self) {
         let s = self.buffer.stats();
         assert!(s.is_balanced(), "R3: counters do not balance: {s:#?}");
-        assert_eq!((s.packets_written, s.bytes_written), self.written, "R3: written");
+        assert_eq!(
+            (s.packets_written, s.bytes_written),
+            self.written,
+            "R3: written"
+        );
         assert_eq!((s.packets_read, s.bytes_read), self.read, "R3: read");
-        assert_eq!((s.packets_discarded, s.bytes_discarded), self.discarded, "R3: discarded");
-        assert_eq!((s.packets_refused, s.bytes_refused), self.refused, "R3: refused");
+        assert_eq!(
+            (s.packets_discarded, s.bytes_discarded),
+            self.discarded,
+            "R3: discarded"
+        );
+        assert_eq!(
+            (s.packets_refused, s.bytes_refused),
+            self.refused,
+            "R3: refused"
+        );
         if self.setup.policy == FillPolicy::Discard {
             assert_eq!(s.packets_overwritten, 0, "DISCARD overwrote data");
             assert_eq!(s.bytes_overwritten, 0, "DISCARD overwrote data");
@@ -553,18 +603,29 @@ impl Model {
         }
         self.step(Op::Drain);
         let s = self.buffer.stats();
-        assert_eq!((s.bytes_buffered, s.packets_buffered), (0, 0), "R3: data left after the final flush");
+        assert_eq!(
+            (s.bytes_buffered, s.packets_buffered),
+            (0, 0),
+            "R3: data left after the final flush"
+        );
         assert_eq!(
             self.skipped,
             s.packets_overwritten + s.packets_cleared,
             "R3: every lost packet is counted once"
         );
         for (w, seq) in self.seqs.iter().enumerate() {
-            assert!(seq.queue.is_empty(), "writer {w}: packets never seen nor counted");
+            assert!(
+                seq.queue.is_empty(),
+                "writer {w}: packets never seen nor counted"
+            );
         }
         // Everything was freed: a fresh writer gets a chunk at once.
         let mut wr = self.buffer.writer(WriterId(99));
-        assert_eq!(wr.write_packet(&[0; MIN_LEN]), Ok(()), "buffer not reusable after final flush");
+        assert_eq!(
+            wr.write_packet(&[0; MIN_LEN]),
+            Ok(()),
+            "buffer not reusable after final flush"
+        );
     }
 }
 

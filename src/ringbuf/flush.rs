@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use super::WriterId;
 use super::buffer::Buffer;
 use super::table::{RawItem, Taken};
-use super::WriterId;
 
 /// One piece of a batch, in file order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

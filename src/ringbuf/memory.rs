@@ -56,9 +56,8 @@ impl Memory {
                 }
             }
         }
-        let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| {
-            std::io::Error::other("mmap returned a null mapping")
-        })?;
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| std::io::Error::other("mmap returned a null mapping"))?;
         Ok(Memory {
             ptr,
             len,

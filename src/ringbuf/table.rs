@@ -484,10 +484,7 @@ impl Table {
 /// Appends a data range, merging it with the previous one when adjacent in
 /// the mapping (fewer iovecs; the bytes are the same).
 fn push_data(items: &mut Vec<RawItem>, offset: usize, len: usize) {
-    if let Some(RawItem::Data {
-        offset: o,
-        len: l,
-    }) = items.last_mut()
+    if let Some(RawItem::Data { offset: o, len: l }) = items.last_mut()
         && *o + *l == offset
     {
         *l += len;

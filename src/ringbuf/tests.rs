@@ -72,7 +72,9 @@ fn write_then_flush_round_trips() {
         w.write_packet(&pkt(i, 10 + usize::from(i))).expect("fits");
     }
     let got = drain(&b);
-    let want: Vec<_> = (0..5).map(|i| Piece::Packet(pkt(i, 10 + usize::from(i)))).collect();
+    let want: Vec<_> = (0..5)
+        .map(|i| Piece::Packet(pkt(i, 10 + usize::from(i))))
+        .collect();
     assert_eq!(got, want);
     assert!(drain(&b).is_empty(), "no byte twice");
     let s = b.stats();
@@ -126,7 +128,8 @@ fn ring_buffer_overwrites_oldest_and_marks_the_loss() {
     let mut w = b.writer(WriterId(2));
     // 30-byte packets: 2 per chunk; 20 packets = 10 chunks through 4.
     for i in 0..20 {
-        w.write_packet(&pkt(i, 30)).expect("ring never refuses when nothing is pinned");
+        w.write_packet(&pkt(i, 30))
+            .expect("ring never refuses when nothing is pinned");
     }
     let got = drain(&b);
     assert_eq!(got[0], Piece::Loss(2), "loss marked where the data went");
@@ -137,7 +140,11 @@ fn ring_buffer_overwrites_oldest_and_marks_the_loss() {
             Piece::Loss(_) => panic!("one loss only"),
         })
         .collect();
-    assert_eq!(tags, (12..20).collect::<Vec<u8>>(), "the newest 4 chunks survive");
+    assert_eq!(
+        tags,
+        (12..20).collect::<Vec<u8>>(),
+        "the newest 4 chunks survive"
+    );
     let s = b.stats();
     assert!(s.is_balanced(), "{s:#?}");
     assert_eq!(s.chunks_overwritten, 6);
@@ -157,11 +164,15 @@ fn discard_drops_while_full_and_resumes_after_a_flush() {
     assert_eq!(w.write_packet(&pkt(9, 30)), Err(WriteError::Discarded));
     let s = b.stats();
     assert_eq!((s.packets_discarded, s.bytes_discarded), (2, 64));
-    assert_eq!(s.chunks_discarded, 1, "the second drop fails fast, unchanged state");
+    assert_eq!(
+        s.chunks_discarded, 1,
+        "the second drop fails fast, unchanged state"
+    );
     let got = drain(&b);
     assert_eq!(got.len(), 4);
     // Space is back: accepted again, after a loss marker.
-    w.write_packet(&pkt(5, 30)).expect("resumes after the flush");
+    w.write_packet(&pkt(5, 30))
+        .expect("resumes after the flush");
     assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(5, 30))]);
     assert_eq!(b.stats().bytes_overwritten, 0);
 }
@@ -176,14 +187,19 @@ fn pinned_chunks_are_not_reused() {
     let before = pieces(&held);
     // Chunks 0 and 1 are pinned: the writer cycles through chunk 2 alone.
     w.write_packet(&pkt(3, 55)).expect("the free chunk");
-    w.write_packet(&pkt(4, 55)).expect("reuses chunk 2, overwriting 3");
+    w.write_packet(&pkt(4, 55))
+        .expect("reuses chunk 2, overwriting 3");
     let held2 = b.take_flush();
-    assert_eq!(pieces(&held2), vec![Piece::Loss(2), Piece::Packet(pkt(4, 55))]);
+    assert_eq!(
+        pieces(&held2),
+        vec![Piece::Loss(2), Piece::Packet(pkt(4, 55))]
+    );
     // Now every chunk is pinned: nothing can be had.
     assert_eq!(w.write_packet(&pkt(5, 55)), Err(WriteError::Discarded));
     assert_eq!(pieces(&held), before, "pinned bytes unchanged");
     held.release();
-    w.write_packet(&pkt(6, 55)).expect("released chunks are free again");
+    w.write_packet(&pkt(6, 55))
+        .expect("released chunks are free again");
     held2.release();
     assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(6, 55))]);
     let s = b.stats();
@@ -232,7 +248,8 @@ fn an_overwritten_span_loses_its_packet_whole() {
     let got = drain(&b);
     assert_eq!(got[0], Piece::Loss(2));
     assert!(
-        !got.iter().any(|p| matches!(p, Piece::Packet(p) if p[0] == 1)),
+        !got.iter()
+            .any(|p| matches!(p, Piece::Packet(p) if p[0] == 1)),
         "the big packet is lost whole, not in part"
     );
     let s = b.stats();
@@ -306,7 +323,11 @@ fn a_dead_writers_trailing_loss_is_marked_once() {
     drop(w);
     assert_eq!(
         drain(&b),
-        vec![Piece::Packet(pkt(1, 55)), Piece::Packet(pkt(2, 55)), Piece::Loss(2)]
+        vec![
+            Piece::Packet(pkt(1, 55)),
+            Piece::Packet(pkt(2, 55)),
+            Piece::Loss(2)
+        ]
     );
     assert!(drain(&b).is_empty());
 }
@@ -323,7 +344,10 @@ fn params_are_checked() {
     ));
     let p = BufferParams::new(16 * 1024, FillPolicy::RingBuffer);
     assert_eq!(p.chunk_size, 4096, "small buffers get smaller chunks");
-    assert_eq!(BufferParams::new(64 << 20, FillPolicy::RingBuffer).chunk_size, BufferParams::DEFAULT_CHUNK_SIZE);
+    assert_eq!(
+        BufferParams::new(64 << 20, FillPolicy::RingBuffer).chunk_size,
+        BufferParams::DEFAULT_CHUNK_SIZE
+    );
     let b = Buffer::new(params(3, 1000, FillPolicy::Discard)).expect("valid");
     assert_eq!(b.size_bytes(), 3000);
     assert_eq!(b.mapped_bytes(), 4096, "page-rounded");

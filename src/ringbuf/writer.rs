@@ -137,7 +137,8 @@ impl Writer {
     #[inline]
     pub fn begin_packet(&mut self, max_len: usize) -> Result<PacketSlot<'_>, WriteError> {
         let framed = SLOT_HEADER_BYTES + max_len;
-        let fits = max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
+        let fits =
+            max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
         if !fits {
             self.make_room(max_len, framed)?;
         }
@@ -162,8 +163,10 @@ impl Writer {
             self.local.packets_refused += 1;
             self.local.bytes_refused += framed as u64;
             let c = &self.counters;
-            c.packets_refused.store(self.local.packets_refused, Ordering::Relaxed);
-            c.bytes_refused.store(self.local.bytes_refused, Ordering::Relaxed);
+            c.packets_refused
+                .store(self.local.packets_refused, Ordering::Relaxed);
+            c.bytes_refused
+                .store(self.local.bytes_refused, Ordering::Relaxed);
             return Err(WriteError::TooBig);
         }
         let k = framed.div_ceil(self.buffer.chunk_size());
@@ -174,10 +177,7 @@ impl Writer {
         {
             return Err(self.discard(framed));
         }
-        let done = self
-            .cur
-            .take()
-            .map(|c| (c.head, c.pos as u32, c.packets));
+        let done = self.cur.take().map(|c| (c.head, c.pos as u32, c.packets));
         match self.buffer.swap_region(self.id, done, k, self.lost) {
             Ok(head) => {
                 let cs = self.buffer.chunk_size();
@@ -204,18 +204,17 @@ impl Writer {
         self.local.packets_discarded += 1;
         self.local.bytes_discarded += framed as u64;
         let c = &self.counters;
-        c.packets_discarded.store(self.local.packets_discarded, Ordering::Relaxed);
-        c.bytes_discarded.store(self.local.bytes_discarded, Ordering::Relaxed);
+        c.packets_discarded
+            .store(self.local.packets_discarded, Ordering::Relaxed);
+        c.bytes_discarded
+            .store(self.local.bytes_discarded, Ordering::Relaxed);
         WriteError::Discarded
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        let done = self
-            .cur
-            .take()
-            .map(|c| (c.head, c.pos as u32, c.packets));
+        let done = self.cur.take().map(|c| (c.head, c.pos as u32, c.packets));
         self.buffer.detach(self.id, done, self.lost, &self.counters);
     }
 }

@@ -59,7 +59,12 @@ fn op_strategy(chunk: usize) -> impl Strategy<Value = Op> {
 }
 
 fn case_strategy() -> impl Strategy<Value = (Setup, Vec<Op>)> {
-    setup_strategy().prop_flat_map(|s| (Just(s), prop::collection::vec(op_strategy(s.chunk_size), 0..200)))
+    setup_strategy().prop_flat_map(|s| {
+        (
+            Just(s),
+            prop::collection::vec(op_strategy(s.chunk_size), 0..200),
+        )
+    })
 }
 
 proptest! {
@@ -89,12 +94,18 @@ fn stress_packet(w: u32, n: u64, len: usize, out: &mut Vec<u8>) {
 }
 
 fn checksum(b: &[u8]) -> u32 {
-    b.iter().fold(0x811C_9DC5u32, |h, &x| (h ^ u32::from(x)).wrapping_mul(0x0100_0193))
+    b.iter().fold(0x811C_9DC5u32, |h, &x| {
+        (h ^ u32::from(x)).wrapping_mul(0x0100_0193)
+    })
 }
 
 fn stress(policy: FillPolicy) {
     const THREADS: u32 = 4;
-    let per_thread: u64 = if cfg!(debug_assertions) { 40_000 } else { 400_000 };
+    let per_thread: u64 = if cfg!(debug_assertions) {
+        40_000
+    } else {
+        400_000
+    };
     let params = BufferParams {
         size_bytes: 256 * 1024,
         chunk_size: 4096,
@@ -158,13 +169,10 @@ fn stress(policy: FillPolicy) {
                         FlushItem::Data(d) => {
                             for (p, _) in frames(d) {
                                 let (body, sum) = p.split_at(p.len() - 4);
-                                assert_eq!(
-                                    checksum(body).to_le_bytes(),
-                                    sum,
-                                    "R1: corrupt packet"
-                                );
+                                assert_eq!(checksum(body).to_le_bytes(), sum, "R1: corrupt packet");
                                 let w = u32::from_le_bytes(body[0..4].try_into().expect("4 bytes"));
-                                let n = u64::from_le_bytes(body[4..12].try_into().expect("8 bytes"));
+                                let n =
+                                    u64::from_le_bytes(body[4..12].try_into().expect("8 bytes"));
                                 let gap = match last.get(&w) {
                                     Some(&prev) => {
                                         assert!(n > prev, "R2: writer {w}: {n} after {prev}");
@@ -203,7 +211,11 @@ fn stress(policy: FillPolicy) {
     assert_eq!(s.packets_written, ok);
     assert_eq!(s.packets_read, seen);
     assert_eq!(s.packets_discarded, dropped);
-    assert_eq!(ok, seen + s.packets_overwritten, "R3: every packet read or counted lost");
+    assert_eq!(
+        ok,
+        seen + s.packets_overwritten,
+        "R3: every packet read or counted lost"
+    );
     if policy == FillPolicy::Discard {
         assert_eq!(s.packets_overwritten, 0);
     }
@@ -248,7 +260,8 @@ fn ringbuf_prefault_rss() {
     let mut w = buffer.writer(WriterId(2));
     let p = vec![7u8; 1000];
     for _ in 0..(3 * SIZE / 1000) {
-        w.write_packet(&p).expect("ring never refuses a small packet when nothing is pinned");
+        w.write_packet(&p)
+            .expect("ring never refuses a small packet when nothing is pinned");
     }
     drop(w);
     let after_laps = rss_bytes().expect("readable");
