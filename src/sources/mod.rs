@@ -10,6 +10,11 @@
 use std::time::Duration;
 
 pub mod for_testing;
+pub mod ftrace;
+pub mod poller;
+pub mod process_stats;
+pub mod procfs;
+pub mod sys_stats;
 
 /// The producer name of the built-in sources (Perfetto's probes daemon).
 pub const PRODUCER_NAME: &str = "perfetto.traced_probes";
@@ -45,9 +50,4 @@ pub trait DataSource: Send {
         0
     }
 }
-pub mod ftrace;
 
-pub mod poller;
-pub mod process_stats;
-pub mod procfs;
-pub mod sys_stats;
