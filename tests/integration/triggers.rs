@@ -1,0 +1,463 @@
+//! Triggers and the control plane on the built binary: START_TRACING,
+//! STOP_TRACING (the flight recorder), CLONE_SNAPSHOT, rate limits,
+//! `activate_triggers`, `query`/`stop`, and who may do what.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::recording::Run;
+
+fn trigger_config(
+    mode: &str,
+    triggers: &str,
+    extra: &str,
+    test_fields: &str,
+    buffer_kb: u32,
+) -> String {
+    format!(
+        r#"
+buffers {{ size_kb: {buffer_kb} fill_policy: RING_BUFFER }}
+data_sources {{ config {{ name: "for_testing" target_buffer: 0 for_testing {{ {test_fields} }} }} }}
+trigger_config {{
+  trigger_mode: {mode}
+  trigger_timeout_ms: 20000
+  {triggers}
+}}
+{extra}
+"#
+    )
+}
+
+fn runtime(run: &Run) -> std::path::PathBuf {
+    run.dir.path().join("run")
+}
+
+fn spawn(run: &Run) -> Child {
+    run.command("auto")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("recorder starts")
+}
+
+/// Waits until the session with `pid` listens in `dir`.
+fn wait_listening(dir: &Path, pid: u32) {
+    let sock = dir.join(format!("recorder-{pid}.trigger"));
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "session {pid} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn recorder(run: &Run, args: &[&str]) -> Output {
+    Command::new(recorder_bin())
+        .args(args)
+        .env("RECORDER_RUNTIME_DIR", runtime(run))
+        .stdin(Stdio::null())
+        .output()
+        .expect("recorder runs")
+}
+
+fn finish(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().expect("exit");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn trigger_packets(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<(String, u64)> {
+    packets
+        .iter()
+        .filter(|p| p.has_trigger())
+        .map(|p| (p.trigger().trigger_name().to_string(), p.timestamp()))
+        .collect()
+}
+
+#[test]
+fn start_trigger_starts_recording_then_stops_after_its_delay() {
+    let run = Run::new(&trigger_config(
+        "START_TRACING",
+        r#"triggers { name: "go" stop_delay_ms: 600 }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 5000 message_size: 8",
+        4096,
+    ));
+    let child = spawn(&run);
+    let pid = child.id();
+    wait_listening(&runtime(&run), pid);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = recorder(&run, &["trigger", "go"]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("stop trigger \"go\""), "{stderr}");
+    let packets = decode(&run.trace());
+    let trig = trigger_packets(&packets);
+    assert_eq!(trig.len(), 1);
+    let counters = test_counters(&packets);
+    let c = counters.values().next().expect("data after the trigger");
+    assert_eq!(gaps(c), (0, 0));
+    // Nothing was recorded before the trigger: every test packet is newer.
+    let first_data = packets
+        .iter()
+        .find(|p| p.has_for_testing())
+        .expect("data")
+        .timestamp();
+    assert!(first_data >= trig[0].1, "data before the start trigger");
+}
+
+#[test]
+fn start_trigger_timeout_leaves_an_empty_file_and_says_why() {
+    let cfg = trigger_config(
+        "START_TRACING",
+        r#"triggers { name: "go" }"#,
+        "",
+        "message_count: 10",
+        1024,
+    )
+    .replace("trigger_timeout_ms: 20000", "trigger_timeout_ms: 400");
+    let run = Run::new(&cfg);
+    let out = run.run("auto");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no trigger fired"), "{stderr}");
+    assert!(
+        stderr.contains("go"),
+        "names the triggers in force: {stderr}"
+    );
+    assert_eq!(
+        run.trace().len(),
+        0,
+        "as Perfetto: an untriggered session writes nothing"
+    );
+}
+
+#[test]
+fn stop_trigger_writes_the_ring_and_what_came_after_the_delay() {
+    for delay in [0u64, 700] {
+        let run = Run::new(&trigger_config(
+            "STOP_TRACING",
+            &format!(r#"triggers {{ name: "stop" stop_delay_ms: {delay} }}"#),
+            "",
+            "message_count: 0 max_messages_per_second: 5000 message_size: 8",
+            8192,
+        ));
+        let child = spawn(&run);
+        wait_listening(&runtime(&run), child.id());
+        std::thread::sleep(Duration::from_millis(500));
+        let t = recorder(&run, &["trigger", "stop"]);
+        assert!(t.status.success());
+        let (status, stderr) = finish(child);
+        assert!(status.success(), "{stderr}");
+        let packets = decode(&run.trace());
+        let trig = trigger_packets(&packets);
+        assert_eq!(trig.len(), 1, "delay {delay}");
+        let ts: Vec<u64> = packets
+            .iter()
+            .filter(|p| p.has_for_testing())
+            .map(|p| p.timestamp())
+            .collect();
+        assert!(
+            ts.iter().any(|t| *t < trig[0].1),
+            "the seconds before the trigger are there"
+        );
+        if delay > 0 {
+            let after = ts.iter().filter(|t| **t > trig[0].1 + 300_000_000).count();
+            assert!(after > 0, "data written during the stop delay is there");
+        }
+        let c = test_counters(&packets);
+        assert_eq!(gaps(c.values().next().expect("data")), (0, 0));
+    }
+}
+
+#[test]
+fn unlisted_trigger_is_refused_with_exit_1_and_first_stop_trigger_wins() {
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "slow" stop_delay_ms: 1500 } triggers { name: "fast" stop_delay_ms: 0 }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+        1024,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    let t = recorder(&run, &["trigger", "nope"]);
+    assert_eq!(t.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&t.stderr).contains("not_listed"));
+    let t0 = Instant::now();
+    assert!(recorder(&run, &["trigger", "slow"]).status.success());
+    let second = recorder(&run, &["trigger", "fast"]);
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "the first STOP trigger owns the session"
+    );
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already_triggered"));
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1400),
+        "stopped by the slow trigger's delay"
+    );
+    assert!(stderr.contains("\"slow\""), "{stderr}");
+}
+
+#[test]
+fn no_session_means_exit_1() {
+    let run = Run::new("");
+    let t = recorder(&run, &["trigger", "anything"]);
+    assert_eq!(t.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&t.stderr).contains("no running recorder session"));
+}
+
+#[test]
+fn max_per_24_h_survives_a_restart_and_skip_probability_applies() {
+    let cfg = trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "once" max_per_24_h: 1 } triggers { name: "never" skip_probability: 1.0 }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+        1024,
+    );
+    let run = Run::new(&cfg);
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    let skipped = recorder(&run, &["trigger", "never"]);
+    assert_eq!(skipped.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&skipped.stderr).contains("skipped"));
+    assert!(recorder(&run, &["trigger", "once"]).status.success());
+    assert!(finish(child).0.success());
+    // A new session in the same runtime directory: the history remembers.
+    let out2 = run.dir.path().join("second.pftrace");
+    let child = run
+        .command_to("auto", &out2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    wait_listening(&runtime(&run), child.id());
+    let again = recorder(&run, &["trigger", "once"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("rate_limited"));
+    assert!(
+        recorder(&run, &["stop", &child.id().to_string()])
+            .status
+            .success()
+    );
+    assert!(finish(child).0.success());
+}
+
+#[test]
+fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
+    let run = Run::new(&trigger_config(
+        "CLONE_SNAPSHOT",
+        r#"triggers { name: "snap" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 5000 message_size: 8",
+        4096,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(recorder(&run, &["trigger", "snap"]).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(recorder(&run, &["trigger", "snap"]).status.success());
+    assert!(
+        recorder(&run, &["stop", &child.id().to_string()])
+            .status
+            .success()
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    let mut last_counts = Vec::new();
+    for n in 0..2 {
+        let p = std::path::PathBuf::from(format!("{}.{n}", run.out.display()));
+        let data = std::fs::read(&p).expect("snapshot file");
+        let packets = decode(&data);
+        assert!(
+            packets.iter().any(|p| p.has_clone_snapshot_trigger()),
+            "snapshot {n} names its trigger"
+        );
+        let c = test_counters(&packets);
+        let c = c.values().next().expect("data in snapshot");
+        assert_eq!(gaps(c), (0, 0));
+        last_counts.push(*c.last().expect("counter"));
+    }
+    assert!(
+        last_counts[1] > last_counts[0],
+        "the second snapshot holds newer data"
+    );
+    assert_eq!(
+        run.trace().len(),
+        0,
+        "the main output of a clone-snapshot session stays empty"
+    );
+}
+
+#[test]
+fn activate_triggers_config_fires_and_exits() {
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "from-config" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+        1024,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    let act = run.dir.path().join("activate.cfg");
+    std::fs::write(&act, "activate_triggers: \"from-config\"\n").expect("write");
+    let out = recorder(&run, &["--config", act.to_str().expect("utf-8")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success());
+    assert!(stderr.contains("from-config"), "{stderr}");
+}
+
+#[test]
+fn query_lists_the_session_and_stop_stops_it() {
+    let run = Run::new(&crate::recording::test_config(
+        2048,
+        "DISCARD",
+        "write_into_file: true file_write_period_ms: 100",
+        "message_count: 0 max_messages_per_second: 2000 message_size: 8",
+    ));
+    let child = spawn(&run);
+    let pid = child.id();
+    wait_listening(&runtime(&run), pid);
+    let q = recorder(&run, &["query", "--json"]);
+    assert!(q.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("json");
+    let s = v
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["pid"] == pid))
+        .expect("our session is listed");
+    assert_eq!(s["state"], "recording");
+    assert_eq!(s["buffers"][0]["policy"], "DISCARD");
+    let text = recorder(&run, &["query"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("session {pid}")));
+    assert!(recorder(&run, &["stop", &pid.to_string()]).status.success());
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("recorder stop"), "{stderr}");
+    assert!(!decode(&run.trace()).is_empty());
+}
+
+#[test]
+fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "incident" }"#,
+        "",
+        "message_count: 0 message_size: 100",
+        256,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(recorder(&run, &["trigger", "incident"]).status.success());
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    let packets = decode(&run.trace());
+    let c = test_counters(&packets);
+    let c = c.values().next().expect("data");
+    let (missing, before) = gaps(c);
+    assert_eq!(missing, 0, "contiguous");
+    assert!(
+        before > 0,
+        "a 256 KiB ring under full load lost its oldest data"
+    );
+    let stats = packets
+        .iter()
+        .rev()
+        .find(|p| p.has_trace_stats())
+        .expect("stats")
+        .trace_stats()
+        .clone();
+    let b = &stats.buffer_stats[0];
+    assert!(
+        b.chunks_overwritten() > 0 && b.bytes_overwritten() > 0,
+        "the loss is counted"
+    );
+    assert!(stderr.contains("overwritten"), "{stderr}");
+}
+
+#[test]
+fn an_unprivileged_user_may_trigger_but_not_stop_or_query() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    if skip_unless(setpriv.is_err().then(|| "setpriv missing".to_string())) {
+        return;
+    }
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "user-event" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+        1024,
+    ));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let child = spawn(&run);
+    let pid = child.id();
+    wait_listening(&runtime(&run), pid);
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(recorder_bin())
+            .args(args)
+            .env("RECORDER_RUNTIME_DIR", runtime(&run))
+            .output()
+            .expect("setpriv runs")
+    };
+    let stop = as_nobody(&["stop", &pid.to_string()]);
+    assert_eq!(
+        stop.status.code(),
+        Some(1),
+        "nobody may not stop a root session"
+    );
+    assert!(
+        String::from_utf8_lossy(&stop.stderr)
+            .to_lowercase()
+            .contains("permission"),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let q = as_nobody(&["query", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("json");
+    assert!(
+        v.as_array()
+            .is_some_and(|a| a.iter().all(|s| s.get("state").is_none())),
+        "nobody sees no status: {v}"
+    );
+    let t = as_nobody(&["trigger", "user-event"]);
+    assert!(
+        t.status.success(),
+        "nobody may trigger: {}",
+        String::from_utf8_lossy(&t.stderr)
+    );
+    let (status, _) = finish(child);
+    assert!(status.success());
+    let packets = decode(&run.trace());
+    let trig: Vec<_> = packets.iter().filter(|p| p.has_trigger()).collect();
+    assert_eq!(trig.len(), 1);
+    assert_eq!(
+        trig[0].trigger().trusted_producer_uid(),
+        65534,
+        "the trigger names the sender's uid"
+    );
+}
