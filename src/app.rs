@@ -16,6 +16,10 @@ use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{self, Session, Timeline, TriggerMode, TriggerRule};
 use crate::sources::DataSource;
 use crate::sources::for_testing::{ForTesting, TestOptions};
+use crate::sources::polled::{PidRoute, PolledDataSource};
+use crate::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
+use crate::sources::procfs::HostPaths;
+use crate::sources::sys_stats::{SysStatsOptions, SysStatsSource};
 use crate::storage::{self, IoChoice, OpenOptions, OutputPath};
 use crate::trace::service::SystemInfo;
 use crate::trace::service_log::{ServiceLog, random_uuid};
@@ -120,6 +124,8 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
 
     let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
     let mut next_seq = FIRST_SOURCE_SEQUENCE;
+    // ftrace tells process_stats which pids it saw, once that poller runs.
+    let pid_route: PidRoute = Arc::new(std::sync::Mutex::new(None));
     for (index, ds) in spec.data_sources.iter().enumerate() {
         let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
             return Err(AppError::Source {
@@ -141,6 +147,30 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                     send_batch_on_register: t.send_batch_on_register,
                 };
                 sources.push(Box::new(ForTesting::new(&ds.name, opts, writer)));
+            }
+            SourceKind::ProcessStats(p) => {
+                let src = ProcessStatsSource::new(
+                    process_stats_options(p),
+                    HostPaths::default(),
+                    next_seq,
+                );
+                let writer = buffer.writer(WriterId(next_seq));
+                next_seq += 1;
+                sources.push(Box::new(
+                    PolledDataSource::new(&ds.name, src, writer).route_pids(pid_route.clone()),
+                ));
+            }
+            SourceKind::SysStats(s) => {
+                let src =
+                    SysStatsSource::new(&sys_stats_options(s), HostPaths::default(), next_seq)
+                        .map_err(|e| AppError::Source {
+                            index,
+                            name: ds.name.clone(),
+                            msg: e.to_string(),
+                        })?;
+                let writer = buffer.writer(WriterId(next_seq));
+                next_seq += 1;
+                sources.push(Box::new(PolledDataSource::new(&ds.name, src, writer)));
             }
             _ => log::info!(
                 "data source {:?} has no built-in provider here: nothing recorded for it",
@@ -227,4 +257,48 @@ pub fn record(spec: &RecorderSpec, opts: &RunOptions) -> Result<Outcome, AppErro
 /// The output path made absolute, so it survives `--background`'s chdir.
 pub fn absolute_output(p: &std::path::Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+fn ms(d: Option<std::time::Duration>) -> u32 {
+    d.map_or(0, |d| d.as_millis().min(u32::MAX as u128) as u32)
+}
+
+fn process_stats_options(p: &spec::ProcessStatsSpec) -> ProcessStatsOptions {
+    ProcessStatsOptions {
+        scan_all_processes_on_start: p.scan_all_processes_on_start,
+        record_thread_names: p.record_thread_names,
+        proc_stats_poll_ms: ms(p.poll_period),
+        disable_on_demand: p.disable_on_demand,
+        proc_stats_cache_ttl_ms: ms(p.cache_ttl),
+    }
+}
+
+fn sys_stats_options(s: &spec::SysStatsSpec) -> SysStatsOptions {
+    let ids = |c: &[spec::Counter]| c.iter().map(|c| c.id as u32).collect::<Vec<u32>>();
+    SysStatsOptions {
+        meminfo_period_ms: ms(s.meminfo_period),
+        meminfo_counters: ids(&s.meminfo_counters),
+        vmstat_period_ms: ms(s.vmstat_period),
+        vmstat_counters: ids(&s.vmstat_counters),
+        stat_period_ms: ms(s.stat_period),
+        stat_counters: s
+            .stat_counters
+            .iter()
+            .map(|c| match c {
+                spec::StatCounter::CpuTimes => 1,
+                spec::StatCounter::IrqCounts => 2,
+                spec::StatCounter::SoftirqCounts => 3,
+                spec::StatCounter::ForkCount => 4,
+            })
+            .collect(),
+        devfreq_period_ms: ms(s.devfreq_period),
+        cpufreq_period_ms: ms(s.cpufreq_period),
+        buddyinfo_period_ms: ms(s.buddyinfo_period),
+        diskstat_period_ms: ms(s.diskstat_period),
+        psi_period_ms: ms(s.psi_period),
+        thermal_period_ms: ms(s.thermal_period),
+        cpuidle_period_ms: ms(s.cpuidle_period),
+        gpufreq_period_ms: ms(s.gpufreq_period),
+        slab_period_ms: ms(s.slab_period),
+    }
 }

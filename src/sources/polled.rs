@@ -1,0 +1,97 @@
+//! Adapts the polled sources (process and system stats) to [`DataSource`]:
+//! the source and its ring-buffer writer wait until `start`, then run on
+//! their [`Poller`] thread.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::poller::{PacketOutput, PolledSource, Poller, PollerHandle};
+use super::{DataSource, SourceError};
+use crate::ringbuf::Writer;
+
+/// Each packet goes straight into the ring. Nothing to do on `flush`: a
+/// write pass reads a writer's committed packets without its help, and
+/// committing half-empty chunks would only waste ring space.
+impl PacketOutput for Writer {
+    fn write_packet(&mut self, packet: &[u8]) {
+        // A refused packet (DISCARD full, too big) is counted by the buffer.
+        let _ = Writer::write_packet(self, packet);
+    }
+}
+
+/// Where the ftrace source reports the pids it saw: the process-stats
+/// poller, once it runs.
+pub type PidRoute = Arc<Mutex<Option<PollerHandle>>>;
+
+/// A polled source as a session's data source.
+pub struct PolledDataSource<S: PolledSource> {
+    name: String,
+    pending: Option<(S, Writer)>,
+    poller: Option<Poller<Writer>>,
+    pid_route: Option<PidRoute>,
+}
+
+impl<S: PolledSource> PolledDataSource<S> {
+    pub fn new(name: &str, source: S, writer: Writer) -> Self {
+        Self {
+            name: name.to_string(),
+            pending: Some((source, writer)),
+            poller: None,
+            pid_route: None,
+        }
+    }
+
+    /// Publishes this poller's handle in `route` when it starts (process stats).
+    pub fn route_pids(mut self, route: PidRoute) -> Self {
+        self.pid_route = Some(route);
+        self
+    }
+
+    fn failed(&self, msg: String) -> SourceError {
+        SourceError::Failed {
+            source_name: self.name.clone(),
+            msg,
+        }
+    }
+}
+
+impl<S: PolledSource> DataSource for PolledDataSource<S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(&mut self) -> Result<(), SourceError> {
+        let Some((source, writer)) = self.pending.take() else {
+            return Ok(());
+        };
+        let poller =
+            Poller::start(&self.name, source, writer).map_err(|e| self.failed(e.to_string()))?;
+        if let Some(route) = &self.pid_route {
+            *route.lock().unwrap_or_else(PoisonError::into_inner) = Some(poller.handle());
+        }
+        self.poller = Some(poller);
+        Ok(())
+    }
+
+    fn flush(&mut self, timeout: Duration) -> Result<(), SourceError> {
+        match &self.poller {
+            Some(p) if !p.flush(timeout) => Err(SourceError::FlushTimeout {
+                source_name: self.name.clone(),
+                timeout,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn stop(&mut self) -> Result<(), SourceError> {
+        if let Some(route) = &self.pid_route {
+            *route.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        self.pending = None;
+        if let Some(p) = self.poller.take() {
+            // Dropping the returned writer commits what it holds.
+            p.stop().map_err(|e| self.failed(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
