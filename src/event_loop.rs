@@ -297,10 +297,10 @@ impl Loop {
                     self.trigger_records
                         .insert(self.rec.session.snapshots().saturating_sub(1), rec.clone());
                     self.rec.log.trigger(rec);
-                    if let Some(h) = &self.rec.history {
-                        if let Err(e) = h.record(&name, history::now_secs()) {
-                            self.warn(format!("trigger history: {e}"));
-                        }
+                    if let Some(h) = &self.rec.history
+                        && let Err(e) = h.record(&name, history::now_secs())
+                    {
+                        self.warn(format!("trigger history: {e}"));
                     }
                 }
                 Action::Snapshot(n) => self.snapshot(n),
@@ -367,15 +367,14 @@ impl Loop {
             self.next_tick = now + TICK;
         }
         if let (Some(at), Some(period)) = (self.next_pass, self.rec.session.timeline().write_period)
+            && now >= at
         {
-            if now >= at {
-                let ms = crate::clock::ms_to_next_multiple(period.as_millis() as u64);
-                self.next_pass = Some(now + Duration::from_millis(ms));
-                if self.rec.session.state() == State::Recording
-                    && !self.rec.session.waiting_for_trigger()
-                {
-                    self.pass(Take::Consume, false);
-                }
+            let ms = crate::clock::ms_to_next_multiple(period.as_millis() as u64);
+            self.next_pass = Some(now + Duration::from_millis(ms));
+            if self.rec.session.state() == State::Recording
+                && !self.rec.session.waiting_for_trigger()
+            {
+                self.pass(Take::Consume, false);
             }
         }
         if self.bar.is_some() && now >= self.next_status {
@@ -458,10 +457,8 @@ impl Loop {
                 self.warnings.push(format!("flush before snapshot: {e}"));
             }
         }
-        let opened = crate::storage::open_output(
-            OutputPath::File(path.clone()),
-            self.rec.snapshot_open.clone(),
-        );
+        let opened =
+            crate::storage::open_output(OutputPath::File(path.clone()), self.rec.snapshot_open);
         let mut sink = match opened {
             Ok(s) => s,
             Err(e) => {
@@ -539,10 +536,10 @@ impl Loop {
         let write = reason.writes_buffers() && !self.rec.session.waiting_for_trigger();
         if write {
             self.pass(Take::Consume, true);
-        } else if !matches!(reason, StopReason::OutputFailed(_)) {
-            if let Err(e) = self.rec.sink.sync_data() {
-                self.warnings.push(format!("fdatasync: {e}"));
-            }
+        } else if !matches!(reason, StopReason::OutputFailed(_))
+            && let Err(e) = self.rec.sink.sync_data()
+        {
+            self.warnings.push(format!("fdatasync: {e}"));
         }
         self.dispatch(Event::Finalized);
         if let (Some(e), Some(r)) = (self.pending_failure.take(), self.exit.as_mut()) {

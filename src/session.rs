@@ -341,10 +341,10 @@ impl Session {
         if matches!(self.state, State::Stopping | State::Finished) {
             return (Err(TriggerRefusal::NotRecording), vec![]);
         }
-        if let Some(re) = &rule.producer_regex {
-            if !full_match(re, &producer) {
-                return (Err(TriggerRefusal::ProducerMismatch), vec![]);
-            }
+        if let Some(re) = &rule.producer_regex
+            && !full_match(re, &producer)
+        {
+            return (Err(TriggerRefusal::ProducerMismatch), vec![]);
         }
         if draw < rule.skip_probability {
             return (Err(TriggerRefusal::Skipped), vec![]);

@@ -91,10 +91,10 @@ pub fn request(path: &Path, pid: u32, req: &Request) -> Result<Reply, ControlErr
 }
 
 /// Delivers `names` to every session; returns each session's outcomes.
-pub fn fire_triggers(
-    names: &[String],
-    producer: &str,
-) -> Result<Vec<(u32, Result<Vec<TriggerOutcome>, String>)>, ControlError> {
+/// Each session's answer: its pid and the outcome per name, or why it could not answer.
+pub type TriggerResults = Vec<(u32, Result<Vec<TriggerOutcome>, String>)>;
+
+pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults, ControlError> {
     let all = sessions();
     if all.is_empty() {
         return Err(ControlError::NoSessions(dirs_text()));

@@ -143,7 +143,7 @@ fn run(mut writer: Writer, opts: TestOptions, stop: Arc<AtomicBool>, progress: A
     let mut dropped = 0u64;
     while unlimited || n < opts.message_count {
         // Check for stop and publish progress once per batch, not per packet.
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }

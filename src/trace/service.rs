@@ -397,7 +397,7 @@ mod tests {
     #[test]
     fn frame_uses_minimal_length() {
         assert_eq!(frame(&[1, 2, 3]), vec![0x0a, 3, 1, 2, 3]);
-        assert_eq!(frame(&vec![0; 200])[..3], [0x0a, 0xc8, 0x01]);
+        assert_eq!(frame(&[0; 200])[..3], [0x0a, 0xc8, 0x01]);
     }
 
     #[test]
