@@ -77,7 +77,11 @@ fn small(c: &mut Criterion) {
     {
         let mut g = c.benchmark_group("small");
         g.throughput(Throughput::Elements(N as u64));
-        let buffer = ring(REGION, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer);
+        let buffer = ring(
+            REGION,
+            BufferParams::DEFAULT_CHUNK_SIZE,
+            FillPolicy::RingBuffer,
+        );
         let mut w = buffer.writer(WriterId(2));
         g.bench_function("ringbuf_write_packet", |b| {
             b.iter(|| {
@@ -145,7 +149,11 @@ fn large(c: &mut Criterion) {
         let name = format!("large_{}KiB", len >> 10);
         let mut g = c.benchmark_group(&name);
         g.throughput(Throughput::Bytes((n * len) as u64));
-        let buffer = ring(REGION, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer);
+        let buffer = ring(
+            REGION,
+            BufferParams::DEFAULT_CHUNK_SIZE,
+            FillPolicy::RingBuffer,
+        );
         let mut w = buffer.writer(WriterId(2));
         g.bench_function("ringbuf_write_packet", |b| {
             b.iter(|| {
@@ -178,7 +186,11 @@ fn writers(c: &mut Criterion) {
     let mut g = c.benchmark_group("writers");
     let per_thread = 200_000usize;
     for threads in [1usize, 2] {
-        let buffer = ring(REGION, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer);
+        let buffer = ring(
+            REGION,
+            BufferParams::DEFAULT_CHUNK_SIZE,
+            FillPolicy::RingBuffer,
+        );
         g.throughput(Throughput::Elements((threads * per_thread) as u64));
         g.bench_function(format!("write_64B/{threads}"), |b| {
             b.iter_custom(|iters| {
@@ -211,7 +223,11 @@ fn full(c: &mut Criterion) {
     let mut g = c.benchmark_group("full");
     g.throughput(Throughput::Elements(N as u64));
     // A small ring, so every chunk acquisition overwrites unread data.
-    let buffer = ring(1 << 20, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer);
+    let buffer = ring(
+        1 << 20,
+        BufferParams::DEFAULT_CHUNK_SIZE,
+        FillPolicy::RingBuffer,
+    );
     let mut w = buffer.writer(WriterId(2));
     for _ in 0..(4 << 20) / 66 {
         let _ = w.write_packet(&payload);
@@ -224,7 +240,11 @@ fn full(c: &mut Criterion) {
         })
     });
     assert!(buffer.stats().chunks_overwritten > 0);
-    let buffer = ring(1 << 20, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::Discard);
+    let buffer = ring(
+        1 << 20,
+        BufferParams::DEFAULT_CHUNK_SIZE,
+        FillPolicy::Discard,
+    );
     let mut w = buffer.writer(WriterId(2));
     while w.write_packet(&payload).is_ok() {}
     g.bench_function("discard_drop_64B", |b| {
@@ -274,7 +294,11 @@ fn rss_kib() -> Option<u64> {
 
 fn prefault(c: &mut Criterion) {
     if let Some(before) = rss_kib() {
-        let b = ring(REGION, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer);
+        let b = ring(
+            REGION,
+            BufferParams::DEFAULT_CHUNK_SIZE,
+            FillPolicy::RingBuffer,
+        );
         let after = rss_kib().unwrap_or(0);
         println!(
             "prefault: RSS grew by {} KiB for a {} KiB buffer",
@@ -287,7 +311,13 @@ fn prefault(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Bytes(REGION as u64));
     g.bench_function("map_prefault_64MiB", |b| {
-        b.iter(|| ring(REGION, BufferParams::DEFAULT_CHUNK_SIZE, FillPolicy::RingBuffer))
+        b.iter(|| {
+            ring(
+                REGION,
+                BufferParams::DEFAULT_CHUNK_SIZE,
+                FillPolicy::RingBuffer,
+            )
+        })
     });
     g.finish();
 }
