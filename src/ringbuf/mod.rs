@@ -144,11 +144,12 @@ impl BufferParams {
     /// least four times as much; see [`Buffer::max_packet_len`]).
     pub const MAX_PACKET_LEN: usize = 1024 * 1024;
 
-    /// Params with the default chunk size, shrunk (by halves, down to 4 KiB)
-    /// so that a small buffer still holds at least 4 chunks; prefault on.
+    /// Params with the default chunk size, shrunk (by halves, down to 256
+    /// bytes) so that a small buffer still holds at least 4 chunks; prefault
+    /// on.
     pub fn new(size_bytes: usize, policy: FillPolicy) -> Self {
         let mut chunk_size = Self::DEFAULT_CHUNK_SIZE;
-        while chunk_size > 4096 && chunk_size.saturating_mul(4) > size_bytes {
+        while chunk_size > 256 && chunk_size.saturating_mul(4) > size_bytes {
             chunk_size /= 2;
         }
         BufferParams {
@@ -189,6 +190,7 @@ pub enum WriteError {
     #[error("buffer full: packet discarded")]
     Discarded,
     /// Larger than [`Buffer::max_packet_len`]; counted in `packets_refused`.
+    /// The caller is told at once, so no loss marker is emitted for it.
     #[error("packet too big for this buffer")]
     TooBig,
 }

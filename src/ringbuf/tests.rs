@@ -345,6 +345,10 @@ fn params_are_checked() {
     let p = BufferParams::new(16 * 1024, FillPolicy::RingBuffer);
     assert_eq!(p.chunk_size, 4096, "small buffers get smaller chunks");
     assert_eq!(
+        BufferParams::new(4096, FillPolicy::Discard).chunk_size,
+        1024
+    );
+    assert_eq!(
         BufferParams::new(64 << 20, FillPolicy::RingBuffer).chunk_size,
         BufferParams::DEFAULT_CHUNK_SIZE
     );
@@ -413,4 +417,24 @@ fn threads_write_while_the_flusher_drains() {
     assert_eq!(s.packets_written, ok);
     assert_eq!(ok, seen + s.packets_overwritten);
     assert_eq!(s.bytes_buffered, 0);
+}
+
+#[test]
+fn shared_types_cross_threads() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Arc<Buffer>>();
+    sync::<Buffer>();
+    send::<Writer>();
+    send::<FlushBatch>();
+}
+
+#[test]
+fn a_batch_dropped_unreleased_still_unpins() {
+    let b = buffer(2, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    w.write_packet(&pkt(1, 55)).expect("fits");
+    w.write_packet(&pkt(2, 55)).expect("fits");
+    drop(b.take_flush());
+    w.write_packet(&pkt(3, 55)).expect("freed by the drop");
 }
