@@ -2,3 +2,4 @@
 //! and the library, and decodes every trace with an independent decoder.
 
 mod common;
+mod storage;
