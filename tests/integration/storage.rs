@@ -344,7 +344,18 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
+        // A closed io_uring releases its file asynchronously, so the mount
+        // can still be busy: detach it lazily then (freed once released).
+        let ok = Command::new("umount")
+            .arg(self.dir.path())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !ok.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
     }
 }
 
