@@ -83,11 +83,7 @@ pub fn cut_at_packet_boundary<'a>(bufs: &[IoSlice<'a>], limit: u64) -> (Vec<IoSl
         pos: 0,
     };
     let mut kept = 0u64;
-    loop {
-        match walk.next_byte() {
-            Some(PACKET_TAG) => {}
-            _ => break,
-        }
+    while let Some(PACKET_TAG) = walk.next_byte() {
         let Some(len) = walk.varint() else { break };
         let Some(end) = walk.pos.checked_add(len) else {
             break;

@@ -26,7 +26,7 @@
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use io_uring::{IoUring, opcode, squeue, types};
+use io_uring::{IoUring, opcode, types};
 use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX, advance_owned};
@@ -75,29 +75,26 @@ impl UringSink {
             poisoned: None,
         })
     }
+}
 
-    fn entry(&self, slot: &Slot<'_>, index: usize) -> squeue::Entry {
-        let iov = slot.iov.as_ptr().cast::<libc::iovec>();
-        // IOV_MAX bounds a slot's length, so it fits a u32.
-        let n = slot.iov.len() as u32;
-        let op = if self.registered {
-            opcode::Writev::new(types::Fixed(0), iov, n)
-        } else {
-            opcode::Writev::new(types::Fd(self.fd.as_raw_fd()), iov, n)
-        };
-        op.offset(slot.offset).build().user_data(index as u64)
-    }
-
-    fn push(&mut self, slot: &Slot<'_>, index: usize) {
-        let entry = self.entry(slot, index);
-        // SAFETY: U1 keeps the iovec array and the data alive until this
-        // request completes; U2 keeps the fd open; `IoSlice` is ABI-compatible
-        // with `iovec` on Unix (std guarantees it).
-        let pushed = unsafe { self.ring.submission().push(&entry) };
-        // At most QUEUE_DEPTH requests are queued or in flight and the
-        // submission queue has QUEUE_DEPTH entries.
-        pushed.expect("submission queue has room for every slot");
-    }
+/// Queues `slot`'s request (submitted by the next `submit_and_wait`).
+fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot<'_>, index: usize) {
+    let iov = slot.iov.as_ptr().cast::<libc::iovec>();
+    // IOV_MAX bounds a slot's length, so it fits a u32.
+    let n = slot.iov.len() as u32;
+    let op = if registered {
+        opcode::Writev::new(types::Fixed(0), iov, n)
+    } else {
+        opcode::Writev::new(types::Fd(fd.as_raw_fd()), iov, n)
+    };
+    let entry = op.offset(slot.offset).build().user_data(index as u64);
+    // SAFETY: U1 keeps the iovec array and the data alive until this request
+    // completes; U2 keeps the fd open; `IoSlice` is ABI-compatible with
+    // `iovec` on Unix (std guarantees it).
+    let pushed = unsafe { ring.submission().push(&entry) };
+    // At most QUEUE_DEPTH requests are queued or in flight and the
+    // submission queue has QUEUE_DEPTH entries.
+    pushed.expect("submission queue has room for every slot");
 }
 
 impl FileSink for UringSink {
@@ -126,17 +123,15 @@ impl FileSink for UringSink {
         let mut hole = u64::MAX;
         loop {
             if failure.is_none() {
-                for i in 0..QUEUE_DEPTH {
-                    if slots[i].busy || cursor.is_done() {
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    if slot.busy || cursor.is_done() {
                         continue;
                     }
-                    let len = cursor.take_batch(IOV_MAX, SQE_MAX_BYTES, &mut slots[i].iov);
-                    let slot = &mut slots[i];
+                    slot.len = cursor.take_batch(IOV_MAX, SQE_MAX_BYTES, &mut slot.iov);
                     slot.offset = next;
-                    slot.len = len;
                     slot.busy = true;
-                    next += len as u64;
-                    self.push(&slots[i], i);
+                    next += slot.len as u64;
+                    push(&mut self.ring, self.registered, &self.fd, slot, i);
                     in_flight += 1;
                 }
             }
@@ -193,7 +188,7 @@ impl FileSink for UringSink {
                     slots[i].busy = false;
                     in_flight -= 1;
                 } else {
-                    self.push(&slots[i], i);
+                    push(&mut self.ring, self.registered, &self.fd, &slots[i], i);
                 }
             }
         }

@@ -22,7 +22,7 @@ mod tests {
 
     #[test]
     fn bytes_outlive_the_io_slice_value() {
-        let data = vec![1u8, 2, 3];
+        let data = [1u8, 2, 3];
         let bytes = {
             let s = IoSlice::new(&data[1..]);
             io_slice_bytes(&s)

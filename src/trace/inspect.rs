@@ -1,1 +1,422 @@
+//! `recorder inspect`: what a trace file holds, for people (`Display`) and
+//! for machines (`serde::Serialize`, `--json`).
+//!
+//! It reads the framing (tolerating a torn tail), decodes each packet's
+//! top-level fields and tallies packets by kind and by sequence, the service
+//! events, the last `trace_stats`, and losses. [`InspectReport::verdict`] is
+//! an error when the file is corrupt beyond a torn tail.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::reader::{self, Frame, FramingError, PacketInfo, ScanEnd, TornTail, TraceStatsInfo};
+
+/// Packets and bytes (framing included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// The `for_testing` sequence numbers seen on one sequence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TestSequence {
+    pub count: u64,
+    pub first: u64,
+    pub last: u64,
+    /// Times a value was more than one past the previous one.
+    pub gaps: u64,
+    /// Values missing in those gaps.
+    pub missing: u64,
+    /// Times a value was not above the previous one (reorder or duplicate).
+    pub out_of_order: u64,
+}
+
+/// One `trusted_packet_sequence_id` (0: packets without one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SequenceReport {
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_timestamp: Option<u64>,
+    pub last_timestamp: Option<u64>,
+    /// Packets marked `previous_packet_dropped`.
+    pub losses: u64,
+    pub for_testing: Option<TestSequence>,
+}
+
+/// A service event packet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServiceEventSeen {
+    pub name: String,
+    pub timestamp: Option<u64>,
+    pub offset: u64,
+}
+
+/// A packet whose fields do not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Undecodable {
+    pub count: u64,
+    /// File offset of the first such packet's record.
+    pub first_offset: u64,
+}
+
+/// Everything `inspect` says about a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct InspectReport {
+    /// Bytes read (the file size unless corruption stopped the scan).
+    pub file_bytes: u64,
+    pub packets: u64,
+    /// Bytes of whole records.
+    pub packet_bytes: u64,
+    pub by_kind: BTreeMap<String, Tally>,
+    pub by_sequence: BTreeMap<u32, SequenceReport>,
+    pub service_events: Vec<ServiceEventSeen>,
+    pub trace_stats_packets: u64,
+    pub last_trace_stats: Option<TraceStatsInfo>,
+    /// Packets marked `previous_packet_dropped`, over all sequences.
+    pub losses: u64,
+    pub torn_tail: Option<TornTail>,
+    pub torn_tail_bytes: u64,
+    pub corruption: Option<FramingError>,
+    pub undecodable: Option<Undecodable>,
+}
+
+/// The file is not a valid trace (beyond a torn tail), or cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("corrupt trace: {0}")]
+    Corrupt(FramingError),
+    #[error("corrupt trace: {} packet(s) do not decode, the first at offset {}", .0.count, .0.first_offset)]
+    Undecodable(Undecodable),
+    #[error(transparent)]
+    Read(#[from] reader::ReadError),
+}
+
+impl InspectReport {
+    fn add(&mut self, fr: Frame<'_>) {
+        let record = fr.record_len();
+        self.packets += 1;
+        self.packet_bytes += record;
+        let info = match PacketInfo::decode(fr.packet) {
+            Ok(i) => i,
+            Err(_) => {
+                let u = self.undecodable.get_or_insert(Undecodable {
+                    count: 0,
+                    first_offset: fr.offset,
+                });
+                u.count += 1;
+                return;
+            }
+        };
+        let kind = info
+            .kind
+            .map_or_else(|| "(no data)".into(), reader::kind_name);
+        let t = self.by_kind.entry(kind.into_owned()).or_default();
+        t.packets += 1;
+        t.bytes += record;
+
+        let seq = self
+            .by_sequence
+            .entry(info.trusted_packet_sequence_id.unwrap_or(0))
+            .or_default();
+        seq.packets += 1;
+        seq.bytes += record;
+        if let Some(ts) = info.timestamp {
+            seq.first_timestamp.get_or_insert(ts);
+            seq.last_timestamp = Some(ts);
+        }
+        if info.previous_packet_dropped != 0 {
+            seq.losses += 1;
+            self.losses += 1;
+        }
+        if let Some(v) = info.for_testing_seq {
+            match &mut seq.for_testing {
+                None => {
+                    seq.for_testing = Some(TestSequence {
+                        count: 1,
+                        first: v,
+                        last: v,
+                        ..Default::default()
+                    })
+                }
+                Some(t) => {
+                    t.count += 1;
+                    if v <= t.last {
+                        t.out_of_order += 1;
+                    } else if v > t.last + 1 {
+                        t.gaps += 1;
+                        t.missing += v - t.last - 1;
+                    }
+                    t.last = v;
+                }
+            }
+        }
+        for e in &info.service_events {
+            self.service_events.push(ServiceEventSeen {
+                name: reader::service_event_name(*e).into_owned(),
+                timestamp: info.timestamp,
+                offset: fr.offset,
+            });
+        }
+        if let Some(s) = info.trace_stats {
+            self.trace_stats_packets += 1;
+            self.last_trace_stats = Some(s);
+        }
+    }
+
+    fn finish(&mut self, end: ScanEnd) {
+        self.file_bytes = end.bytes;
+        self.torn_tail = end.torn_tail;
+        self.torn_tail_bytes = end.torn_tail.map_or(0, |t| t.bytes);
+        self.corruption = end.corruption;
+    }
+
+    /// `Ok` for a valid trace (a torn tail allowed); the error otherwise.
+    pub fn verdict(&self) -> Result<(), InspectError> {
+        if let Some(c) = &self.corruption {
+            return Err(InspectError::Corrupt(c.clone()));
+        }
+        if let Some(u) = self.undecodable {
+            return Err(InspectError::Undecodable(u));
+        }
+        Ok(())
+    }
+}
+
+/// Inspects an in-memory trace.
+pub fn report(bytes: &[u8]) -> InspectReport {
+    let mut r = InspectReport::default();
+    let mut frames = reader::frames(bytes);
+    for fr in frames.by_ref() {
+        r.add(fr);
+    }
+    let end = frames.end().cloned().unwrap_or_default();
+    r.finish(end);
+    r
+}
+
+/// Inspects a trace file of any size, streaming it.
+pub fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| reader::ReadError::Io {
+        path: name.clone(),
+        source,
+    })?;
+    let mut r = InspectReport::default();
+    let end = reader::scan_reader(file, &name, |fr| r.add(fr))?;
+    r.finish(end);
+    Ok(r)
+}
+
+impl fmt::Display for InspectReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} packets, {} bytes in packets, {} bytes read",
+            self.packets, self.packet_bytes, self.file_bytes
+        )?;
+        writeln!(f, "\npackets by kind:")?;
+        for (k, t) in &self.by_kind {
+            writeln!(
+                f,
+                "  {k:<32} {:>10} packets {:>14} bytes",
+                t.packets, t.bytes
+            )?;
+        }
+        writeln!(f, "\npackets by sequence:")?;
+        for (id, s) in &self.by_sequence {
+            let label = if *id == 0 {
+                "(none)".to_string()
+            } else {
+                id.to_string()
+            };
+            write!(
+                f,
+                "  seq {label:<8} {:>10} packets {:>14} bytes",
+                s.packets, s.bytes
+            )?;
+            if s.losses > 0 {
+                write!(f, "  {} after loss", s.losses)?;
+            }
+            if let Some(t) = &s.for_testing {
+                write!(
+                    f,
+                    "  for_testing {}..={} ({} seen, {} missing, {} out of order)",
+                    t.first, t.last, t.count, t.missing, t.out_of_order
+                )?;
+            }
+            writeln!(f)?;
+        }
+        if !self.service_events.is_empty() {
+            writeln!(f, "\nservice events:")?;
+            for e in &self.service_events {
+                match e.timestamp {
+                    Some(ts) => writeln!(f, "  {:<34} ts {ts}", e.name)?,
+                    None => writeln!(f, "  {}", e.name)?,
+                }
+            }
+        }
+        writeln!(f, "\ntrace_stats packets: {}", self.trace_stats_packets)?;
+        if let Some(s) = &self.last_trace_stats {
+            for (k, v) in &s.counters {
+                writeln!(f, "  {k}: {v}")?;
+            }
+            for (i, b) in s.buffers.iter().enumerate() {
+                let fields: Vec<String> = b.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                writeln!(f, "  buffer {i}: {}", fields.join(" "))?;
+            }
+        }
+        writeln!(f, "\npackets after a loss: {}", self.losses)?;
+        if let Some(t) = self.torn_tail {
+            writeln!(
+                f,
+                "torn tail: {} bytes at offset {} (an interrupted write; ignored)",
+                t.bytes, t.offset
+            )?;
+        }
+        if let Some(u) = self.undecodable {
+            writeln!(
+                f,
+                "UNDECODABLE: {} packet(s), the first at offset {}",
+                u.count, u.first_offset
+            )?;
+        }
+        if let Some(c) = &self.corruption {
+            writeln!(f, "CORRUPT: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8 & 0x7f) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    fn field_varint(field: u32, v: u64, out: &mut Vec<u8>) {
+        varint(u64::from(field) << 3, out);
+        varint(v, out);
+    }
+
+    fn field_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
+        varint(u64::from(field) << 3 | 2, out);
+        varint(b.len() as u64, out);
+        out.extend_from_slice(b);
+    }
+
+    fn record(packet: &[u8], out: &mut Vec<u8>) {
+        field_bytes(1, packet, out);
+    }
+
+    fn test_packet(seq_id: u64, value: u64, dropped: bool) -> Vec<u8> {
+        let mut body = Vec::new();
+        field_varint(2, value, &mut body);
+        let mut p = Vec::new();
+        field_varint(8, 1000 + value, &mut p);
+        field_bytes(900, &body, &mut p);
+        field_varint(10, seq_id, &mut p);
+        if dropped {
+            field_varint(42, 1, &mut p);
+        }
+        p
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut t = Vec::new();
+        let mut ev = Vec::new();
+        field_varint(2, 1, &mut ev); // tracing_started
+        let mut p = Vec::new();
+        field_varint(8, 5, &mut p);
+        field_bytes(69, &ev, &mut p);
+        field_varint(10, 1, &mut p);
+        record(&p, &mut t);
+        for v in [0, 1, 2, 5, 6] {
+            record(&test_packet(2, v, v == 5), &mut t);
+        }
+        record(&test_packet(3, 0, false), &mut t);
+        let mut buf = Vec::new();
+        field_varint(13, 77, &mut buf); // bytes_overwritten
+        let mut stats = Vec::new();
+        field_bytes(1, &buf, &mut stats);
+        let mut p = Vec::new();
+        field_bytes(35, &stats, &mut p);
+        field_varint(10, 1, &mut p);
+        record(&p, &mut t);
+        t
+    }
+
+    #[test]
+    fn counts_kinds_sequences_events_stats_and_losses() {
+        let r = report(&sample());
+        assert_eq!(r.packets, 8);
+        assert_eq!(r.by_kind["for_testing"].packets, 6);
+        assert_eq!(r.by_kind["service_event"].packets, 1);
+        assert_eq!(r.by_sequence[&2].packets, 5);
+        let t = r.by_sequence[&2].for_testing.expect("for_testing seen");
+        assert_eq!(
+            (t.first, t.last, t.count, t.gaps, t.missing, t.out_of_order),
+            (0, 6, 5, 1, 2, 0)
+        );
+        assert_eq!(r.by_sequence[&2].losses, 1);
+        assert_eq!(r.losses, 1);
+        assert_eq!(r.service_events[0].name, "tracing_started");
+        assert_eq!(r.service_events[0].timestamp, Some(5));
+        let s = r.last_trace_stats.as_ref().expect("stats");
+        assert_eq!(s.buffers[0]["bytes_overwritten"], 77);
+        assert!(r.verdict().is_ok());
+        let text = r.to_string();
+        assert!(
+            text.contains("tracing_started") && text.contains("bytes_overwritten=77"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json["by_kind"]["for_testing"]["packets"], 6);
+    }
+
+    #[test]
+    fn torn_tail_is_fine_corruption_is_not() {
+        let mut t = sample();
+        let whole = t.len() as u64;
+        t.extend_from_slice(&[0x0A, 0x20, 1, 2]);
+        let r = report(&t);
+        assert_eq!(r.torn_tail_bytes, 4);
+        assert_eq!(r.torn_tail.map(|x| x.offset), Some(whole));
+        assert!(r.verdict().is_ok());
+
+        let mut bad = sample();
+        bad.extend_from_slice(&[0x0B, 0x00]);
+        let r = report(&bad);
+        assert!(matches!(
+            r.verdict(),
+            Err(InspectError::Corrupt(FramingError::BadTag { .. }))
+        ));
+        assert!(r.to_string().contains("CORRUPT"));
+
+        let mut und = sample();
+        record(&[0x0b], &mut und);
+        assert!(matches!(
+            report(&und).verdict(),
+            Err(InspectError::Undecodable(_))
+        ));
+    }
+
+    #[test]
+    fn file_and_memory_reports_agree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.pftrace");
+        let mut t = sample();
+        t.extend_from_slice(&[0x0A]);
+        std::fs::write(&path, &t).expect("write");
+        assert_eq!(report_file(&path).expect("reads"), report(&t));
+    }
+}

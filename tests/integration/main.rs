@@ -8,3 +8,4 @@ mod procfs;
 mod recording;
 mod ringbuf;
 mod triggers;
+mod storage;

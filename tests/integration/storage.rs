@@ -1,0 +1,450 @@
+//! File sinks on real files, a real io_uring and a real full disk (tmpfs).
+
+use std::io::IoSlice;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use recorder::storage::{
+    FileSink, IOV_MAX, IoChoice, OpenOptions, OutputPath, SinkKind, StorageError, StreamSink,
+    cut_at_packet_boundary, io_uring_available, open_output,
+};
+
+use crate::common;
+
+/// A scratch directory on the work filesystem (not tmpfs).
+fn scratch() -> tempfile::TempDir {
+    let base = common::repo_root().join("../tmp");
+    std::fs::create_dir_all(&base).expect("scratch base creatable");
+    tempfile::tempdir_in(base).expect("scratch dir")
+}
+
+/// The positioned sinks this machine can run; io_uring is skipped with a
+/// reason (or fails under RECORDER_REQUIRE_KERNEL=1) when blocked.
+fn choices() -> Vec<IoChoice> {
+    let mut v = vec![IoChoice::Pwritev];
+    if !common::skip_unless(io_uring_available().err().map(|e| format!("io_uring: {e}"))) {
+        v.push(IoChoice::IoUring);
+    }
+    v
+}
+
+fn open(path: &Path, io: IoChoice) -> Box<dyn FileSink> {
+    let sink = open_output(
+        OutputPath::File(path.to_path_buf()),
+        OpenOptions {
+            no_clobber: false,
+            io,
+        },
+    )
+    .expect("output opens");
+    let want = match io {
+        IoChoice::IoUring => SinkKind::IoUring,
+        _ => SinkKind::Pwritev,
+    };
+    assert_eq!(sink.kind(), want);
+    sink
+}
+
+/// Deterministic pseudo-random bytes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Cuts `data` into slices of the given sizes (cycled), empty ones included.
+fn split<'a>(data: &'a [u8], sizes: &[usize]) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    while at < data.len() {
+        let n = sizes[i % sizes.len()].min(data.len() - at);
+        out.push(IoSlice::new(&data[at..at + n]));
+        at += n;
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn sinks_write_scattered_iovecs_in_order() {
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("t.pftrace");
+        let mut sink = open(&path, io);
+        let mut expect = Vec::new();
+        for (round, sizes) in [&[1usize, 0, 4095, 7, 65536][..], &[3], &[1 << 20, 0, 0, 17]]
+            .iter()
+            .enumerate()
+        {
+            let data = pattern(300_000 + round * 1_000_003, round as u64);
+            let bufs = split(&data, sizes);
+            let n = sink.write_all(&bufs).expect("write");
+            assert_eq!(n, data.len() as u64, "{io:?}");
+            expect.extend_from_slice(&data);
+            assert_eq!(sink.bytes_written(), expect.len() as u64);
+        }
+        assert_eq!(sink.write_all(&[]).expect("empty write"), 0);
+        sink.sync_data().expect("fdatasync");
+        drop(sink);
+        assert!(
+            std::fs::read(&path).expect("read back") == expect,
+            "{io:?}: file differs"
+        );
+    }
+}
+
+#[test]
+fn sinks_take_batches_larger_than_iov_max_and_big_slices() {
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("big.pftrace");
+        let mut sink = open(&path, io);
+        // 3.5 × IOV_MAX small iovecs, then slices bigger than one request's byte cap.
+        let small = pattern(IOV_MAX * 7 / 2 * 33, 9);
+        let big = pattern(9 << 20, 10);
+        let mut bufs = split(&small, &[33]);
+        assert!(bufs.len() > 3 * IOV_MAX);
+        bufs.extend(split(&big, &[(9 << 20) - 5, 5]));
+        let n = sink.write_all(&bufs).expect("write");
+        assert_eq!(n, (small.len() + big.len()) as u64);
+        sink.sync_data().expect("fdatasync");
+        drop(sink);
+        let got = std::fs::read(&path).expect("read back");
+        assert!(
+            got[..small.len()] == small[..] && got[small.len()..] == big[..],
+            "{io:?}"
+        );
+    }
+}
+
+#[test]
+fn output_is_mode_0600_and_truncated() {
+    let dir = scratch();
+    let path = dir.path().join("old.pftrace");
+    std::fs::write(&path, b"previous contents").expect("seed file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let mut sink = open(&path, IoChoice::Pwritev);
+    sink.write_all(&[IoSlice::new(b"new")]).expect("write");
+    drop(sink);
+    assert_eq!(std::fs::read(&path).expect("read"), b"new");
+    let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let fresh = dir.path().join("fresh.pftrace");
+    drop(open(&fresh, IoChoice::Pwritev));
+    let mode = std::fs::metadata(&fresh)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn no_clobber_refuses_an_existing_file() {
+    let dir = scratch();
+    let path = dir.path().join("keep.pftrace");
+    std::fs::write(&path, b"keep me").expect("seed file");
+    let opts = OpenOptions {
+        no_clobber: true,
+        io: IoChoice::Auto,
+    };
+    match open_output(OutputPath::File(path.clone()), opts) {
+        Err(StorageError::Exists { path: p }) => assert_eq!(p, path),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("no-clobber replaced an existing file"),
+    }
+    assert_eq!(std::fs::read(&path).expect("read"), b"keep me");
+    let new = dir.path().join("new.pftrace");
+    let mut sink = open_output(OutputPath::File(new.clone()), opts).expect("new file opens");
+    sink.write_all(&[IoSlice::new(b"x")]).expect("write");
+    assert_eq!(std::fs::read(&new).expect("read"), b"x");
+}
+
+#[test]
+fn missing_directory_is_an_open_error() {
+    let dir = scratch();
+    let path = dir.path().join("no/such/dir/t.pftrace");
+    let r = open_output(OutputPath::File(path), OpenOptions::default());
+    assert!(matches!(r, Err(StorageError::Open { .. })), "{:?}", r.err());
+}
+
+#[test]
+fn io_uring_probe_agrees_with_forced_choice() {
+    let dir = scratch();
+    let r = open_output(
+        OutputPath::File(dir.path().join("u.pftrace")),
+        OpenOptions {
+            no_clobber: false,
+            io: IoChoice::IoUring,
+        },
+    );
+    match io_uring_available() {
+        Ok(()) => assert_eq!(r.expect("io_uring sink").kind(), SinkKind::IoUring),
+        Err(why) => {
+            assert!(matches!(r, Err(StorageError::IoUringUnavailable(_))));
+            common::skip_unless(Some(format!("io_uring: {why}")));
+        }
+    }
+}
+
+#[test]
+fn stream_sink_writes_through_a_pipe() {
+    let (rd, wr) = rustix::pipe::pipe().expect("pipe");
+    let data = pattern(3 << 20, 5); // larger than a pipe's buffer
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::from(rd);
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).expect("read pipe");
+        got
+    });
+    let mut sink = StreamSink::new(wr, false);
+    assert_eq!(sink.kind(), SinkKind::Stream);
+    let bufs = split(&data, &[1000, 0, 70_000]);
+    assert_eq!(sink.write_all(&bufs).expect("write"), data.len() as u64);
+    sink.sync_data().expect("no-op on a pipe");
+    drop(sink);
+    assert!(reader.join().expect("reader thread") == data);
+}
+
+#[test]
+fn stream_sink_poisons_on_a_closed_pipe() {
+    let (rd, wr) = rustix::pipe::pipe().expect("pipe");
+    drop(rd);
+    let mut sink = StreamSink::new(wr, false);
+    // The test harness ignores SIGPIPE like every Rust program: EPIPE.
+    let e = sink.write_all(&[IoSlice::new(b"abc")]).expect_err("EPIPE");
+    assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+    assert_eq!(
+        sink.write_all(&[IoSlice::new(b"d")]).expect_err("poisoned"),
+        e
+    );
+    assert_eq!(sink.sync_data().expect_err("poisoned"), e);
+}
+
+const CHILD_ENV: &str = "RECORDER_STORAGE_TEST_CHILD";
+const BEGIN: &[u8] = b"<<<STREAM-BEGIN>>>";
+const END: &[u8] = b"<<<STREAM-END>>>";
+
+/// Runs `child_entry` in a fresh copy of this test binary with `mode`.
+fn run_child(
+    mode: &str,
+    stdout: std::process::Stdio,
+    extra_env: &[(&str, &str)],
+) -> std::process::Output {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "storage::child_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, mode)
+    .stdout(stdout);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("child runs");
+    assert!(
+        out.status.success(),
+        "child {mode} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The body of the child processes; a no-op in a normal run.
+#[test]
+fn child_entry() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    match mode.as_str() {
+        "stdout" => {
+            let mut sink =
+                open_output(OutputPath::Stdout, OpenOptions::default()).expect("stdout sink");
+            assert_eq!(sink.kind(), SinkKind::Stream);
+            let data = pattern(200_000, 3);
+            let bufs = [IoSlice::new(BEGIN), IoSlice::new(&data), IoSlice::new(END)];
+            sink.write_all(&bufs).expect("write to stdout");
+            sink.sync_data().expect("sync stdout");
+        }
+        "forced-pwritev" => {
+            let dir = scratch();
+            let sink = open_output(
+                OutputPath::File(dir.path().join("f.pftrace")),
+                OpenOptions::default(),
+            )
+            .expect("opens");
+            assert_eq!(sink.kind(), SinkKind::Pwritev);
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
+fn stdout_sink_streams_to_a_pipe_and_to_a_file() {
+    let out = run_child("stdout", std::process::Stdio::piped(), &[]);
+    let b = find(&out.stdout, BEGIN).expect("stream begins") + BEGIN.len();
+    let e = find(&out.stdout, END).expect("stream ends");
+    assert!(out.stdout[b..e] == pattern(200_000, 3)[..]);
+
+    let dir = scratch();
+    let path = dir.path().join("stdout.pftrace");
+    let file = std::fs::File::create(&path).expect("stdout file");
+    run_child("stdout", file.into(), &[]);
+    let got = std::fs::read(&path).expect("read");
+    let b = find(&got, BEGIN).expect("stream begins") + BEGIN.len();
+    let e = find(&got, END).expect("stream ends");
+    assert!(got[b..e] == pattern(200_000, 3)[..]);
+}
+
+#[test]
+fn recorder_io_env_forces_pwritev() {
+    run_child(
+        "forced-pwritev",
+        std::process::Stdio::null(),
+        &[("RECORDER_IO", "pwritev")],
+    );
+}
+
+/// A 1 MiB tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount() -> Option<SmallDisk> {
+        let dir = scratch();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .ok()?;
+        st.success().then_some(SmallDisk { dir })
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("full.pftrace")
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // A closed io_uring releases its file asynchronously, so the mount
+        // can still be busy: detach it lazily then (freed once released).
+        let ok = Command::new("umount")
+            .arg(self.dir.path())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !ok.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+/// Frames `payload` as one `0x0A <len> <payload>` record.
+fn framed(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x0A];
+    let mut v = payload.len() as u64;
+    while v >= 0x80 {
+        out.push((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+    out.extend_from_slice(payload);
+    out
+}
+
+#[test]
+fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
+    if common::skip_unless(common::need_root()) {
+        return;
+    }
+    for io in choices() {
+        let disk = SmallDisk::mount();
+        if common::skip_unless(disk.is_none().then(|| "cannot mount a tmpfs".to_string())) {
+            return;
+        }
+        let disk = disk.expect("mounted");
+        let path = disk.path();
+        let mut sink = open(&path, io);
+        let mut expect = Vec::new();
+        let mut err = None;
+        for i in 0..100u64 {
+            // Each call is a "pass" of several whole packets over many iovecs.
+            let packets: Vec<Vec<u8>> = (0..6)
+                .map(|k| framed(&pattern(10_000 + k * 7, i * 10 + k as u64)))
+                .collect();
+            let bufs: Vec<IoSlice<'_>> = packets
+                .iter()
+                .flat_map(|p| split(p, &[100, 3000]))
+                .collect();
+            match sink.write_all(&bufs) {
+                Ok(n) => {
+                    assert_eq!(n, packets.iter().map(|p| p.len() as u64).sum::<u64>());
+                    packets.iter().for_each(|p| expect.extend_from_slice(p));
+                }
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = err.expect("a 1 MiB disk fills up");
+        assert!(e.is_disk_full(), "{io:?}: {e}");
+        assert_eq!(
+            sink.write_all(&[IoSlice::new(b"\x0a\x00")])
+                .expect_err("poisoned"),
+            e
+        );
+        assert_eq!(sink.sync_data().expect_err("poisoned"), e);
+        // The failed call was cut back: the file is exactly the whole calls.
+        assert_eq!(sink.bytes_written(), expect.len() as u64, "{io:?}");
+        drop(sink);
+        let got = std::fs::read(&path).expect("read back");
+        assert_eq!(got.len(), expect.len(), "{io:?}");
+        assert!(got == expect, "{io:?}: content differs");
+        let report = recorder::trace::inspect::report(&got);
+        assert_eq!(report.torn_tail_bytes, 0);
+        assert!(report.corruption.is_none());
+    }
+}
+
+#[test]
+fn cut_then_write_keeps_the_file_under_the_cap() {
+    let dir = scratch();
+    let path = dir.path().join("cap.pftrace");
+    let mut sink = open(&path, IoChoice::Pwritev);
+    let packets: Vec<Vec<u8>> = (0..50)
+        .map(|k| framed(&pattern(k * 37 % 500, k as u64)))
+        .collect();
+    let all: Vec<u8> = packets.concat();
+    let bufs = split(&all, &[64, 1, 999]);
+    let cap = 7_000u64;
+    let (kept, cut) = cut_at_packet_boundary(&bufs, cap);
+    assert!(cut.cut && cut.kept_bytes < cap);
+    sink.write_all(&kept).expect("write");
+    drop(sink);
+    let got = std::fs::read(&path).expect("read");
+    assert_eq!(got.len() as u64, cut.kept_bytes);
+    let report = recorder::trace::inspect::report(&got);
+    assert!(report.corruption.is_none() && report.torn_tail_bytes == 0);
+    assert!(cap - cut.kept_bytes <= packets.iter().map(|p| p.len() as u64).max().unwrap_or(0));
+}
