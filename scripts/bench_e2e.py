@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""End-to-end benchmarks of the built `recorder` (release), each against a
+baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
+
+  cargo build --release && python3 scripts/bench_e2e.py [--dir /work/tmp] [--runs 3]
+
+- streaming: the for_testing source at full speed with write_into_file,
+  MB/s reaching the disk and CPU-seconds per GB (whole process, and the
+  recorder's own threads without the synthetic writer), io_uring and pwritev,
+  against `dd if=/dev/zero bs=1M conv=fsync` to the same filesystem;
+- idle: CPU of a session waiting for a start trigger and of a streaming
+  session with nothing to record, over 10 s;
+- memory: peak RSS against the sum of buffer sizes;
+- trigger to finished file: a full 64 MiB ring, STOP_TRACING with
+  stop_delay_ms 0, wall time from `recorder trigger` to the recorder's exit.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.join(os.path.dirname(__file__), "..", "target", "release", "recorder")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pid):
+    """(total CPU s, {thread name: CPU s}) of a live process."""
+    threads = {}
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        s = (int(fields[11]) + int(fields[12])) / TICKS
+        threads[comm] = threads.get(comm, 0.0) + s
+        total += s
+    return total, threads
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        text = f.read()
+    hwm = int(re.search(r"VmHWM:\s+(\d+)", text).group(1))
+    rss = int(re.search(r"VmRSS:\s+(\d+)", text).group(1))
+    return rss, hwm
+
+
+def dd(path, mib):
+    t0 = time.monotonic()
+    r0 = os.times()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
+                   check=True, capture_output=True)
+    wall = time.monotonic() - t0
+    r1 = os.times()
+    cpu = (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)
+    os.unlink(path)
+    return mib * 1048576 / wall / 1e6, cpu / (mib / 1024)
+
+
+def config(body):
+    f = tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False)
+    f.write(body)
+    f.close()
+    return f.name
+
+
+def run_session(cfg, out, env_extra, sample_at=None, duration=None):
+    env = dict(os.environ, RECORDER_RUNTIME_DIR=tempfile.mkdtemp(), **env_extra)
+    p = subprocess.Popen([BIN, "--config", cfg, "-o", out, "-q"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sample = None
+    if sample_at is not None:
+        time.sleep(sample_at)
+        sample = (cpu_of(p.pid), rss_kb(p.pid))
+    _, err = p.communicate()
+    if p.returncode != 0:
+        sys.exit(f"recorder failed: {err.decode()}")
+    return sample, err.decode(), env
+
+
+def streaming(dirpath, io, secs=8):
+    cfg = config(f"""
+buffers {{ size_kb: 262144 fill_policy: RING_BUFFER }}
+data_sources {{ config {{ name: "for_testing" target_buffer: 0
+  for_testing {{ message_count: 0 message_size: 4000 }} }} }}
+write_into_file: true
+file_write_period_ms: 100
+duration_ms: {secs * 1000}
+""")
+    out = os.path.join(dirpath, "stream.pftrace")
+    (cpu, threads), (rss, hwm) = run_session(cfg, out, {"RECORDER_IO": io}, sample_at=secs - 0.3)[0]
+    size = os.path.getsize(out)
+    os.unlink(out)
+    os.unlink(cfg)
+    gb = size / 2**30
+    writer = sum(v for k, v in threads.items() if "for_testing" in k)
+    mbps = size / secs / 1e6
+    return mbps, cpu / gb, (cpu - writer) / gb, hwm, 262144
+
+
+def idle(kind, secs=10):
+    if kind == "waiting for a start trigger":
+        body = """
+buffers { size_kb: 4096 }
+data_sources { config { name: "for_testing" target_buffer: 0 for_testing { message_count: 10 } } }
+trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: %d triggers { name: "never" } }
+""" % (secs * 1000 + 500)
+    else:
+        body = """
+buffers { size_kb: 4096 }
+write_into_file: true
+file_write_period_ms: 100
+duration_ms: %d
+""" % (secs * 1000 + 500)
+    cfg = config(body)
+    out = tempfile.mktemp(suffix=".pftrace")
+    (cpu, _), _ = run_session(cfg, out, {}, sample_at=secs)[0]
+    os.unlink(cfg)
+    if os.path.exists(out):
+        os.unlink(out)
+    return 100.0 * cpu / secs
+
+
+def trigger_latency(dirpath):
+    cfg = config("""
+buffers { size_kb: 65536 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0 for_testing { message_count: 0 message_size: 1000 } } }
+trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers { name: "bench" stop_delay_ms: 0 } }
+""")
+    out = os.path.join(dirpath, "flight.pftrace")
+    rt = tempfile.mkdtemp()
+    env = dict(os.environ, RECORDER_RUNTIME_DIR=rt)
+    p = subprocess.Popen([BIN, "--config", cfg, "-o", out, "-q"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(3)  # fill the ring (it wraps many times)
+    t0 = time.monotonic()
+    subprocess.run([BIN, "trigger", "bench", "-q"], env=env, check=True, capture_output=True)
+    p.wait()
+    dt = time.monotonic() - t0
+    size = os.path.getsize(out)
+    os.unlink(out)
+    os.unlink(cfg)
+    return dt * 1000, size
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/work/tmp")
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    rows = []
+    for _ in range(a.runs):
+        rows.append(("dd",) + dd(os.path.join(a.dir, "dd.bin"), 2048))
+        for io in ("io_uring", "pwritev"):
+            m = streaming(a.dir, io)
+            rows.append((io,) + m)
+    print("| run | MB/s | CPU-s/GB (process) | CPU-s/GB (without the synthetic writer) | peak RSS MiB (buffers MiB) |")
+    print("|---|---|---|---|---|")
+    med = {}
+    for name in ("dd", "io_uring", "pwritev"):
+        rs = [r for r in rows if r[0] == name]
+        mbps = statistics.median(r[1] for r in rs)
+        cpu = statistics.median(r[2] for r in rs)
+        med[name] = mbps
+        if name == "dd":
+            print(f"| dd bs=1M conv=fsync | {mbps:.0f} | {cpu:.3f} | – | – |")
+        else:
+            own = statistics.median(r[3] for r in rs)
+            hwm = max(r[4] for r in rs) / 1024
+            print(f"| recorder, {name} | {mbps:.0f} ({mbps / med['dd']:.2f}× dd) | {cpu:.3f} | {own:.3f} | {hwm:.0f} ({rs[0][5] // 1024}) |")
+    print()
+    for kind in ("waiting for a start trigger", "streaming with nothing to record"):
+        print(f"- idle, {kind}: {idle(kind):.3f}% of a core over 10 s")
+    lat = [trigger_latency(a.dir) for _ in range(a.runs)]
+    print(f"- trigger to finished file, full 64 MiB ring, stop_delay_ms 0: median {statistics.median(l[0] for l in lat):.0f} ms"
+          f" (runs: {', '.join(f'{l[0]:.0f}' for l in lat)} ms; {lat[0][1] / 2**20:.0f} MiB written)")
+
+
+if __name__ == "__main__":
+    main()
