@@ -438,3 +438,22 @@ fn a_batch_dropped_unreleased_still_unpins() {
     drop(b.take_flush());
     w.write_packet(&pkt(3, 55)).expect("freed by the drop");
 }
+
+#[test]
+fn reserve_and_commit_reserved_store_one_packet_each() {
+    let b = buffer(4, 256, FillPolicy::RingBuffer);
+    let mut w = b.writer(WriterId(3));
+    let buf = w.reserve(20).expect("room");
+    buf[..3].copy_from_slice(&[7, 8, 9]);
+    w.commit_reserved(3);
+    // A commit without a reservation, or of 0 bytes, stores nothing.
+    w.commit_reserved(5);
+    let _ = w.reserve(10).expect("room");
+    w.commit_reserved(0);
+    // A plain write in between invalidates an open reservation.
+    let _ = w.reserve(10).expect("room");
+    w.write_packet(&[1]).expect("fits");
+    w.commit_reserved(4);
+    assert_eq!(drain(&b), vec![Piece::Packet(vec![7, 8, 9]), Piece::Packet(vec![1])]);
+    assert!(b.stats().is_balanced());
+}

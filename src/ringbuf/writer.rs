@@ -64,6 +64,8 @@ pub struct Writer {
     refused_at: Option<(u64, usize)>,
     /// `buffer.max_packet_len()`, kept here for the fast path.
     max_len: usize,
+    /// The length of an open [`Writer::reserve`] reservation.
+    reserved: Option<usize>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -92,6 +94,7 @@ impl Writer {
             lost: false,
             refused_at: None,
             max_len: buffer.max_packet_len(),
+            reserved: None,
             buffer,
         }
     }
@@ -109,6 +112,7 @@ impl Writer {
     /// Stores `packet` as `0x0A <varint len> packet`.
     #[inline]
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
+        self.reserved = None;
         let len = packet.len();
         let framed = 1 + varint_len(len) + len;
         if len <= self.max_len
@@ -148,10 +152,49 @@ impl Writer {
         })
     }
 
+    /// Like [`begin_packet`](Self::begin_packet), for encoders that cannot
+    /// hold a [`PacketSlot`] across their own calls: returns the packet's
+    /// space directly; [`commit_reserved`](Self::commit_reserved) stores it.
+    /// A second `reserve` before the commit replaces the first reservation.
+    #[inline]
+    pub fn reserve(&mut self, max_len: usize) -> Result<&mut [u8], WriteError> {
+        let slot = self.begin_packet(max_len)?;
+        let max_len = slot.max_len;
+        self.reserved = Some(max_len);
+        Ok(self.slot_buf(max_len))
+    }
+
+    /// Stores the first `len` bytes of the last [`reserve`](Self::reserve)d
+    /// space as one packet (0 bytes, or no reservation: nothing is stored).
+    #[inline]
+    pub fn commit_reserved(&mut self, len: usize) {
+        if let Some(max_len) = self.reserved.take()
+            && len > 0
+        {
+            PacketSlot { writer: self, max_len }.commit(len);
+        }
+    }
+
+    /// The space of a slot of `max_len` bytes at the current position.
+    #[inline]
+    fn slot_buf(&mut self, max_len: usize) -> &mut [u8] {
+        let base = self.buffer.base();
+        let c = self
+            .cur
+            .as_ref()
+            .expect("a slot exists only while its writer holds a region");
+        // SAFETY: M1, M2 — begin_packet made sure `SLOT_HEADER_BYTES +
+        // max_len` bytes are free at `pos` in the writer's own region; the
+        // memory is initialised (zeroed or old data) and only this writer
+        // touches it until it publishes a larger committed length.
+        unsafe { std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + SLOT_HEADER_BYTES), max_len) }
+    }
+
     /// Hands the current region over (commits it), e.g. before going idle.
     /// Not needed for the data to be flushed: `take_flush` takes committed
     /// prefixes too.
     pub fn flush(&mut self) {
+        self.reserved = None;
         if let Some(c) = self.cur.take() {
             self.buffer.complete(c.head, c.pos as u32, c.packets);
         }
@@ -269,22 +312,7 @@ impl PacketSlot<'_> {
     /// The packet's bytes: exactly the `max_len` asked for, contiguous.
     #[inline]
     pub fn buf(&mut self) -> &mut [u8] {
-        let base = self.writer.buffer.base();
-        let c = self
-            .writer
-            .cur
-            .as_ref()
-            .expect("a slot exists only while its writer holds a region");
-        // SAFETY: M1, M2 — begin_packet made sure `SLOT_HEADER_BYTES +
-        // max_len` bytes are free at `pos` in the writer's own region; the
-        // memory is initialised (zeroed or old data) and only this writer
-        // touches it until it publishes a larger committed length.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                base.add(c.offset + c.pos + SLOT_HEADER_BYTES),
-                self.max_len,
-            )
-        }
+        self.writer.slot_buf(self.max_len)
     }
 
     /// The reserved length.
