@@ -22,8 +22,8 @@ use recorder::sources::ftrace::page::{EventIter, parse_header};
 use recorder::sources::ftrace::stats::{CpuStats, Phase, StatsReport, encode_stats_packet};
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{
-    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, VecOutput, load_layouts,
-    resolve_event,
+    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, ReadMode, VecOutput,
+    load_layouts, resolve_event,
 };
 
 use crate::common;
@@ -579,10 +579,25 @@ fn ping_pong(rounds: usize) -> (i32, i32) {
 
 #[test]
 fn real_kernel_ping_pong_recording() {
+    ping_pong_recording(ReadMode::Read);
+}
+
+#[test]
+fn real_kernel_ping_pong_recording_splice() {
+    ping_pong_recording(ReadMode::Splice);
+}
+
+/// The real-kernel tests compare tracefs before and after: one at a time.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+fn ping_pong_recording(read_mode: ReadMode) {
     if common::skip_unless(kernel_missing()) {
         return;
     }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let top = Tracefs::discover().expect("tracefs");
+    // Instances of crashed runs are cleaned at start; take them out of "before".
+    top.remove_stale_instances(std::path::Path::new("/proc"));
     let instances_before: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
         .expect("instances")
         .flatten()
@@ -601,6 +616,7 @@ fn real_kernel_ping_pong_recording() {
         drain_period: Duration::from_millis(20),
         compact_sched: false,
         sequence_id: SEQ,
+        read_mode,
         ..Default::default()
     };
     let seen = Arc::new(Mutex::new(BTreeSet::new()));

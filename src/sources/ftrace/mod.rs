@@ -34,7 +34,7 @@ use std::time::Duration;
 
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
 pub use output::{PacketOutput, VecOutput};
-pub use reader::PidSink;
+pub use reader::{PidSink, ReadMode};
 
 use encode::{BundleEncoder, CpuCursor, EncodeStats};
 use event_table::EventTable;
@@ -73,6 +73,7 @@ pub struct FtraceOptions {
     /// trusted_packet_sequence_id of every packet written.
     pub sequence_id: u32,
     pub max_packet_bytes: usize,
+    pub read_mode: ReadMode,
 }
 
 impl Default for FtraceOptions {
@@ -91,6 +92,7 @@ impl Default for FtraceOptions {
             proc_root: PathBuf::from("/proc"),
             sequence_id: 2,
             max_packet_bytes: DEFAULT_MAX_PACKET_BYTES,
+            read_mode: ReadMode::Read,
         }
     }
 }
@@ -144,6 +146,8 @@ pub struct FtraceSummary {
     pub unknown_events: Vec<String>,
     pub failed_events: Vec<String>,
     pub non_monotonic: u64,
+    /// The kernel's per-CPU counters at the last FtraceStats written.
+    pub cpu_stats: Vec<CpuStats>,
 }
 
 /// The events `spec` names in `dir`, or none.
@@ -287,6 +291,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map(|(i, _)| i as u32)
             .collect();
         let page = self.layout.map(|l| l.page_size()).unwrap_or(4096).max(1) as u64;
+        self.summary.cpu_stats = cpus.clone();
         let report = StatsReport {
             cpus: &cpus,
             unknown_events: &self.summary.unknown_events,
@@ -402,7 +407,19 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     cpu,
                     ..Default::default()
                 },
+                splice_pipe: None,
             });
+            if self.opts.read_mode == ReadMode::Splice {
+                let (r, w) = rustix::pipe::pipe_with(
+                    rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+                )
+                .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
+                let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
+                let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
+                if let Some(last) = pipes.last_mut() {
+                    last.splice_pipe = Some((r, w));
+                }
+            }
         }
         self.session = Some(session);
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
@@ -422,6 +439,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             layout,
             self.pid_sink.take(),
         );
+        let mut state = state;
+        state.mode = self.opts.read_mode;
         let (tx, rx) = mpsc::channel();
         let period = self.opts.drain_period;
         let handle = std::thread::Builder::new()

@@ -2,12 +2,14 @@
 //! `per_cpu/cpuN/trace_pipe_raw` (non-blocking `read(2)`, a page per call)
 //! until the kernel has nothing more, and encodes the pages as bundles.
 //!
-//! `read(2)` rather than splice: with a periodic drain only the last page of
-//! each CPU per period is partial, and it needs one syscall per page instead
-//! of splice's two (into a pipe, then out of it); see BENCHMARKS.md.
+//! Two ways out of the kernel ([`ReadMode`]): `read(2)` (the default; with a
+//! periodic drain only the last page of each CPU per period is partial) and
+//! `splice(2)` into a pipe then `read(2)` out of it (full pages only). They
+//! are compared in BENCHMARKS.md.
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -19,6 +21,19 @@ use super::output::PacketOutput;
 
 /// Pages read from one CPU before they are encoded (bounds the staging buffer).
 pub const BATCH_PAGES: usize = 64;
+
+/// Pages one splice moves (the pipe is sized to hold them).
+pub const SPLICE_PIPE_PAGES: usize = 16;
+
+/// How pages leave the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReadMode {
+    /// read(2), one page per call; partial pages too.
+    #[default]
+    Read,
+    /// splice(2) into a pipe, then read(2) from it; full pages only.
+    Splice,
+}
 
 /// Callback told the thread ids seen in each drain.
 pub type PidSink = Box<dyn FnMut(&[i32]) + Send>;
@@ -39,6 +54,8 @@ pub struct CpuPipe {
     pub bytes_read: u64,
     pub read_errors: u64,
     pub cursor: CpuCursor,
+    /// (read end, write end) of the pipe splice moves pages through.
+    pub splice_pipe: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// Everything the thread owns while it runs; handed back when it exits.
@@ -50,6 +67,7 @@ pub struct ReaderState<O: PacketOutput> {
     pub filter: PrintFilter,
     pub layout: PageLayout,
     pub pid_sink: Option<PidSink>,
+    pub mode: ReadMode,
     staging: Vec<u8>,
     pids: Vec<i32>,
     /// Per CPU: a timestamp went backwards (should never happen).
@@ -75,62 +93,115 @@ impl<O: PacketOutput> ReaderState<O> {
             filter,
             layout,
             pid_sink,
+            mode: ReadMode::Read,
             staging,
             pids: Vec::new(),
             non_monotonic: 0,
         }
     }
 
-    /// Reads and encodes everything available on every CPU.
-    pub fn drain(&mut self) {
+    /// Fills the staging buffer from CPU `i` with whole pages; returns the
+    /// bytes filled and whether the CPU has nothing more now.
+    fn fill(&mut self, i: usize, mode: ReadMode) -> (usize, bool) {
         let page = self.layout.page_size();
+        let mut filled = 0;
+        let pipe = &mut self.pipes[i];
+        while filled + page <= self.staging.len() {
+            if let (ReadMode::Splice, Some((pr, pw))) = (mode, &pipe.splice_pipe) {
+                // Only full pages come through splice; at most what the pipe holds.
+                let room = (self.staging.len() - filled).min(SPLICE_PIPE_PAGES * page);
+                match rustix::pipe::splice(
+                    &pipe.file,
+                    None,
+                    pw,
+                    None,
+                    room,
+                    rustix::pipe::SpliceFlags::NONBLOCK,
+                ) {
+                    Ok(0) => return (filled, true),
+                    Ok(n) => {
+                        let mut got = 0;
+                        while got < n {
+                            match rustix::io::read(pr, &mut self.staging[filled + got..filled + n])
+                            {
+                                Ok(0) => break,
+                                Ok(m) => got += m,
+                                Err(rustix::io::Errno::INTR) => {}
+                                Err(e) => {
+                                    pipe.read_errors += 1;
+                                    log::debug!("cpu{} splice pipe: {e}", pipe.cpu);
+                                    break;
+                                }
+                            }
+                        }
+                        pipe.bytes_read += got as u64;
+                        // Whole pages only: a torn tail (never seen) is dropped.
+                        filled += got / page * page;
+                        if got < n {
+                            return (filled, true);
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => return (filled, true),
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => {
+                        pipe.read_errors += 1;
+                        log::debug!("cpu{} splice: {e}", pipe.cpu);
+                        return (filled, true);
+                    }
+                }
+                continue;
+            }
+            let slot = &mut self.staging[filled..filled + page];
+            match pipe.file.read(slot) {
+                Ok(0) => return (filled, true),
+                Ok(n) => {
+                    // A short read is still one page: the commit bounds it.
+                    slot[n..].fill(0);
+                    pipe.bytes_read += n as u64;
+                    filled += page;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (filled, true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    pipe.read_errors += 1;
+                    log::debug!("cpu{} trace_pipe_raw: {e}", pipe.cpu);
+                    return (filled, true);
+                }
+            }
+        }
+        (filled, false)
+    }
+
+    /// Reads and encodes everything available on every CPU. With splice a
+    /// partly filled page stays in the kernel until `final_pass`, which
+    /// reads it with read(2).
+    pub fn drain(&mut self, final_pass: bool) {
         for i in 0..self.pipes.len() {
-            loop {
-                let mut filled = 0;
-                let mut empty = false;
-                while filled + page <= self.staging.len() {
-                    let slot = &mut self.staging[filled..filled + page];
-                    match self.pipes[i].file.read(slot) {
-                        Ok(0) => {
-                            empty = true;
-                            break;
-                        }
-                        Ok(n) => {
-                            // A short read is still one page: the commit bounds it.
-                            slot[n..].fill(0);
-                            self.pipes[i].bytes_read += n as u64;
-                            filled += page;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            empty = true;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            self.pipes[i].read_errors += 1;
-                            log::debug!("cpu{} trace_pipe_raw: {e}", self.pipes[i].cpu);
-                            empty = true;
-                            break;
+            let modes: &[ReadMode] = match (self.mode, final_pass) {
+                (ReadMode::Splice, true) => &[ReadMode::Splice, ReadMode::Read],
+                (m, _) => &[m][..],
+            };
+            for &mode in modes {
+                loop {
+                    let (filled, empty) = self.fill(i, mode);
+                    if filled > 0 {
+                        let pipe = &mut self.pipes[i];
+                        let before = pipe.cursor.last_ts;
+                        self.encoder.encode_pages(
+                            &mut self.output,
+                            &self.table,
+                            &self.filter,
+                            &self.layout,
+                            &mut pipe.cursor,
+                            &self.staging[..filled],
+                        );
+                        if pipe.cursor.last_ts < before {
+                            self.non_monotonic += 1;
                         }
                     }
-                }
-                if filled > 0 {
-                    let pipe = &mut self.pipes[i];
-                    let before = pipe.cursor.last_ts;
-                    self.encoder.encode_pages(
-                        &mut self.output,
-                        &self.table,
-                        &self.filter,
-                        &self.layout,
-                        &mut pipe.cursor,
-                        &self.staging[..filled],
-                    );
-                    if pipe.cursor.last_ts < before {
-                        self.non_monotonic += 1;
+                    if empty {
+                        break;
                     }
-                }
-                if empty {
-                    break;
                 }
             }
         }
@@ -146,13 +217,14 @@ impl<O: PacketOutput> ReaderState<O> {
     pub fn run(mut self, period: Duration, rx: Receiver<Command>) -> Self {
         loop {
             match rx.recv_timeout(period) {
-                Err(RecvTimeoutError::Timeout) => self.drain(),
+                Err(RecvTimeoutError::Timeout) => self.drain(false),
                 Ok(Command::Flush(ack)) => {
-                    self.drain();
+                    // A flush must deliver everything written so far.
+                    self.drain(true);
                     let _ = ack.send(());
                 }
                 Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
-                    self.drain();
+                    self.drain(true);
                     return self;
                 }
             }

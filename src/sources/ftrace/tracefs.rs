@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 
 /// Roots tried in order.
 pub const TRACEFS_ROOTS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
-/// Prefix of the instances this program creates (`recorder-<pid>`).
+/// Prefix of the instances this program creates (`recorder-<pid>`, then
+/// `recorder-<pid>-<n>` for further sources of the same process).
 pub const INSTANCE_PREFIX: &str = "recorder-";
+
+static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
@@ -155,8 +158,10 @@ impl Tracefs {
     pub fn remove_stale_instances(&self, proc: &Path) -> Vec<String> {
         let mut removed = Vec::new();
         for name in list_dirs(&self.path("instances")) {
+            // `recorder-<pid>` or `recorder-<pid>-<n>`.
             let Some(pid) = name
                 .strip_prefix(INSTANCE_PREFIX)
+                .and_then(|p| p.split('-').next())
                 .and_then(|p| p.parse::<u32>().ok())
             else {
                 continue;
@@ -241,7 +246,15 @@ impl TracefsSession {
                 }
                 n.to_string()
             }
-            None => format!("{INSTANCE_PREFIX}{}", std::process::id()),
+            None => {
+                // Unique per source, so two recordings in one process do not share.
+                let n = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n == 0 {
+                    format!("{INSTANCE_PREFIX}{}", std::process::id())
+                } else {
+                    format!("{INSTANCE_PREFIX}{}-{n}", std::process::id())
+                }
+            }
         };
         let dir = top.instance(&name);
         let mut created = false;
@@ -375,12 +388,22 @@ mod tests {
         let proc = tempfile::tempdir().expect("tempdir");
         fs::create_dir_all(d.path().join("events")).expect("mkdir");
         fs::write(d.path().join("events/header_page"), "").expect("write");
-        for n in ["recorder-1", "recorder-2", "other"] {
+        for n in [
+            "recorder-1",
+            "recorder-1-3",
+            "recorder-2",
+            "recorder-2-1",
+            "other",
+        ] {
             fs::create_dir_all(d.path().join("instances").join(n)).expect("mkdir");
         }
         fs::create_dir(proc.path().join("2")).expect("mkdir");
         let t = Tracefs::at(d.path()).expect("tracefs");
-        assert_eq!(t.remove_stale_instances(proc.path()), ["recorder-1"]);
+        assert_eq!(
+            t.remove_stale_instances(proc.path()),
+            ["recorder-1", "recorder-1-3"]
+        );
+        assert!(d.path().join("instances/recorder-2-1").is_dir());
         assert!(d.path().join("instances/recorder-2").is_dir());
         assert!(d.path().join("instances/other").is_dir());
     }

@@ -1,0 +1,120 @@
+//! ftrace page parsing and bundle encoding, ns per event, on pages captured
+//! from this machine (`tests/fixtures/ftrace/`). Baseline in the same run:
+//! memcpy of the same raw bytes.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter, count_page_events};
+use recorder::sources::ftrace::format::PageLayout;
+use recorder::sources::ftrace::tracefs::Tracefs;
+use recorder::sources::ftrace::{PacketOutput, load_layouts, resolve_event};
+
+/// An output that reuses one buffer: measures encoding, not storage.
+struct Sink {
+    buf: Vec<u8>,
+    bytes: usize,
+}
+
+impl PacketOutput for Sink {
+    fn write_packet(&mut self, p: &[u8]) {
+        self.bytes += p.len();
+    }
+    fn begin(&mut self, max_len: usize) -> Option<&mut [u8]> {
+        if self.buf.len() < max_len {
+            self.buf.resize(max_len, 0);
+        }
+        Some(&mut self.buf[..max_len])
+    }
+    fn commit(&mut self, len: usize) {
+        self.bytes += len;
+    }
+}
+
+fn fixtures() -> (PageLayout, Vec<u8>, Tracefs) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ftrace");
+    let t = Tracefs::at(dir.join("tree")).expect("fixture tree");
+    let (l, _, _) = load_layouts(&t, &[], true).expect("layouts");
+    // The sched pages: the two real captures of cpu0 and cpu1, repeated.
+    let mut one = std::fs::read(dir.join("cpu0.raw")).expect("cpu0");
+    one.extend(std::fs::read(dir.join("cpu1.raw")).expect("cpu1"));
+    one.extend(std::fs::read(dir.join("lossy_cpu0.raw")).expect("lossy"));
+    (l, one, t)
+}
+
+fn bench(c: &mut Criterion) {
+    let (l, pages, t) = fixtures();
+    let mut evs = Vec::new();
+    for g in t.groups() {
+        evs.extend(resolve_event(&t, &format!("{g}/*")));
+    }
+    let events: usize = pages
+        .chunks_exact(l.page_size())
+        .map(|p| count_page_events(p, &l).expect("clean fixture"))
+        .sum();
+    let mut g = c.benchmark_group("ftrace");
+    g.throughput(Throughput::Elements(events as u64));
+    let mut dst = vec![0u8; pages.len()];
+    g.bench_function("memcpy_raw_pages", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(black_box(&pages));
+            black_box(&dst);
+        })
+    });
+    g.bench_function("walk", |b| {
+        b.iter(|| {
+            let n: usize = pages
+                .chunks_exact(l.page_size())
+                .map(|p| count_page_events(black_box(p), &l).unwrap_or(0))
+                .sum();
+            black_box(n)
+        })
+    });
+    for compact in [false, true] {
+        let (_, table, _) = load_layouts(&t, &evs, compact).expect("layouts");
+        let name = if compact {
+            "parse_encode_compact"
+        } else {
+            "parse_encode_typed"
+        };
+        let mut sink = Sink {
+            buf: Vec::new(),
+            bytes: 0,
+        };
+        let mut enc = BundleEncoder::new(2, 32 * 1024);
+        let filter = PrintFilter::default();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut cur = CpuCursor::default();
+                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
+            })
+        });
+        // Output size per event, for the report.
+        let mut s2 = Sink {
+            buf: Vec::new(),
+            bytes: 0,
+        };
+        let mut e2 = BundleEncoder::new(2, 32 * 1024);
+        e2.encode_pages(
+            &mut s2,
+            &table,
+            &filter,
+            &l,
+            &mut CpuCursor::default(),
+            &pages,
+        );
+        eprintln!(
+            "{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.2}x raw)",
+            pages.len(),
+            pages.len() as f64 / events as f64,
+            s2.bytes,
+            s2.bytes as f64 / events as f64,
+            s2.bytes as f64 / pages.len() as f64
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
