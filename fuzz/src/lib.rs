@@ -2,7 +2,6 @@
 //! its oracle is violated; the libFuzzer targets in `fuzz_targets/` and the
 //! corpus replay in `tests/replay.rs` both call them.
 pub mod control_message;
-
-pub mod ringbuf_model;
 pub mod ftrace_page;
+pub mod ringbuf_model;
 pub mod sys_stats_text;

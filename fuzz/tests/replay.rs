@@ -15,19 +15,27 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
     n
 }
 
-#[allow(dead_code)]
 fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
 
 #[test]
-fn control_message() {
+fn control_message_corpus() {
     replay_nonempty("control_message", recorder_fuzz::control_message::check);
-fn ringbuf_model_corpus() {
-    replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
+}
+
+#[test]
 fn ftrace_page_corpus() {
     replay_nonempty("ftrace_page", recorder_fuzz::ftrace_page::check);
+}
+
+#[test]
+fn ringbuf_model_corpus() {
+    replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
+}
+
+#[test]
 fn sys_stats_text_corpus() {
     replay_nonempty("sys_stats_text", recorder_fuzz::sys_stats_text::check);
 }
