@@ -16,6 +16,8 @@ use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{self, Session, Timeline, TriggerMode, TriggerRule};
 use crate::sources::DataSource;
 use crate::sources::for_testing::{ForTesting, TestOptions};
+use crate::sources::ftrace::FtraceOptions;
+use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
 use crate::sources::procfs::HostPaths;
@@ -160,6 +162,18 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                     PolledDataSource::new(&ds.name, src, writer).route_pids(pid_route.clone()),
                 ));
             }
+            SourceKind::Ftrace(f) => {
+                let writer = buffer.writer(WriterId(next_seq));
+                let opts = ftrace_options(f, next_seq);
+                next_seq += 1;
+                let src = FtraceDataSource::new(&ds.name, opts, writer, pid_route.clone())
+                    .map_err(|e| AppError::Source {
+                        index,
+                        name: ds.name.clone(),
+                        msg: e.to_string(),
+                    })?;
+                sources.push(Box::new(src));
+            }
             SourceKind::SysStats(s) => {
                 let src =
                     SysStatsSource::new(&sys_stats_options(s), HostPaths::default(), next_seq)
@@ -300,5 +314,23 @@ fn sys_stats_options(s: &spec::SysStatsSpec) -> SysStatsOptions {
         cpuidle_period_ms: ms(s.cpuidle_period),
         gpufreq_period_ms: ms(s.gpufreq_period),
         slab_period_ms: ms(s.slab_period),
+    }
+}
+
+fn ftrace_options(f: &spec::FtraceSpec, sequence_id: u32) -> FtraceOptions {
+    let defaults = FtraceOptions::default();
+    FtraceOptions {
+        events: f.events.clone(),
+        buffer_size_kb: f
+            .buffer_size
+            .map_or(0, |b| (b.0 / 1024).min(u32::MAX as u64) as u32),
+        drain_period: f.drain_period,
+        compact_sched: f.compact_sched,
+        instance_name: f.instance_name.clone(),
+        tracing_cpumask: f.tracing_cpumask.clone(),
+        atrace_categories: f.atrace_categories.clone(),
+        atrace_apps: f.atrace_apps.clone(),
+        sequence_id,
+        ..defaults
     }
 }

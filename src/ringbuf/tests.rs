@@ -454,6 +454,9 @@ fn reserve_and_commit_reserved_store_one_packet_each() {
     let _ = w.reserve(10).expect("room");
     w.write_packet(&[1]).expect("fits");
     w.commit_reserved(4);
-    assert_eq!(drain(&b), vec![Piece::Packet(vec![7, 8, 9]), Piece::Packet(vec![1])]);
+    assert_eq!(
+        drain(&b),
+        vec![Piece::Packet(vec![7, 8, 9]), Piece::Packet(vec![1])]
+    );
     assert!(b.stats().is_balanced());
 }

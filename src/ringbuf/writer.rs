@@ -171,7 +171,11 @@ impl Writer {
         if let Some(max_len) = self.reserved.take()
             && len > 0
         {
-            PacketSlot { writer: self, max_len }.commit(len);
+            PacketSlot {
+                writer: self,
+                max_len,
+            }
+            .commit(len);
         }
     }
 
@@ -187,7 +191,9 @@ impl Writer {
         // max_len` bytes are free at `pos` in the writer's own region; the
         // memory is initialised (zeroed or old data) and only this writer
         // touches it until it publishes a larger committed length.
-        unsafe { std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + SLOT_HEADER_BYTES), max_len) }
+        unsafe {
+            std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + SLOT_HEADER_BYTES), max_len)
+        }
     }
 
     /// Hands the current region over (commits it), e.g. before going idle.

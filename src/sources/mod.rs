@@ -11,6 +11,7 @@ use std::time::Duration;
 
 pub mod for_testing;
 pub mod ftrace;
+pub mod ftrace_source;
 pub mod polled;
 pub mod poller;
 pub mod process_stats;

@@ -7,5 +7,5 @@ mod ftrace;
 mod procfs;
 mod recording;
 mod ringbuf;
-mod triggers;
 mod storage;
+mod triggers;
