@@ -584,8 +584,8 @@ fn cli_convert_check_and_exit_codes() {
     let back =
         config::load_text(std::str::from_utf8(&text).expect("utf-8"), "t", false).expect("parses");
     assert_eq!(back.bytes, bin);
-    // The main job on stdin explains the plan.
-    let (code, out, err) = run(&["--config", "-", "-o", "/dev/null"], Some(&bin));
+    // `config check -` reads stdin and explains the plan.
+    let (code, out, err) = run(&["config", "check", "-"], Some(&bin));
     assert_eq!(code, 0, "{err}");
     assert!(String::from_utf8_lossy(&out).contains("linux.ftrace"));
     // A config error is exit code 2 with the positioned message.

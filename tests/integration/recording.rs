@@ -191,10 +191,11 @@ fn check_complete(
                 "sequence {seq} lost packets though the stats report none"
             );
         }
-        if let Some(n) = expected_packets {
-            if b0.chunks_overwritten() == 0 && b0.chunks_discarded() == 0 {
-                assert_eq!(c.len() as u64, n, "sequence {seq}");
-            }
+        if let Some(n) = expected_packets
+            && b0.chunks_overwritten() == 0
+            && b0.chunks_discarded() == 0
+        {
+            assert_eq!(c.len() as u64, n, "sequence {seq}");
         }
     }
     if let Some(py) = python_summary(&run.out) {
