@@ -71,6 +71,14 @@ pub struct MainArgs {
 pub enum Command {
     /// Check or convert a config.
     Config(ConfigArgs),
+    /// Read a trace: packets by kind and sequence, stats, losses (a torn tail is tolerated).
+    Inspect {
+        /// The trace file.
+        file: PathBuf,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Fire triggers at every running session (any user may).
     Trigger {
         /// Trigger names.
@@ -215,6 +223,7 @@ pub fn run(cli: Cli) -> u8 {
                 form,
             } => config_convert(&file, to, out.as_deref(), form.options()),
         },
+        Some(Command::Inspect { file, json }) => crate::command::inspect::run(&file, json),
         Some(Command::Trigger { names, producer }) => {
             crate::command::control::fire(&names, &producer)
         }

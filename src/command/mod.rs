@@ -2,4 +2,5 @@
 //! arguments, calls the library, prints for people and returns the exit code.
 
 pub mod control;
+pub mod inspect;
 pub mod record;
