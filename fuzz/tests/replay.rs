@@ -20,3 +20,13 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
     let n = replay(target, check);
     assert!(n > 0, "corpus for {target} is empty");
 }
+
+#[test]
+fn config_text_corpus() {
+    replay_nonempty("config_text", recorder_fuzz::config_text::check);
+}
+
+#[test]
+fn config_binary_corpus() {
+    replay_nonempty("config_binary", recorder_fuzz::config_binary::check);
+}

@@ -279,6 +279,11 @@ impl LoadedConfig {
         Ok(spec)
     }
 
+    /// The message encoded afresh (canonical field order; unknown fields kept).
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        self.message.encode_to_vec()
+    }
+
     /// The config as text (what `config convert --to text` prints), and how
     /// many unknown fields had no text form.
     pub fn to_text(&self) -> (String, usize) {
