@@ -1,6 +1,8 @@
 //! Fuzz oracles, one module per target. Each `check_*` function panics when
 //! its oracle is violated; the libFuzzer targets in `fuzz_targets/` and the
 //! corpus replay in `tests/replay.rs` both call them.
+pub mod config_binary;
+pub mod config_text;
 pub mod control_message;
 pub mod ftrace_page;
 pub mod ringbuf_model;

@@ -21,6 +21,16 @@ fn replay_nonempty(target: &str, check: fn(&[u8])) {
 }
 
 #[test]
+fn config_binary_corpus() {
+    replay_nonempty("config_binary", recorder_fuzz::config_binary::check);
+}
+
+#[test]
+fn config_text_corpus() {
+    replay_nonempty("config_text", recorder_fuzz::config_text::check);
+}
+
+#[test]
 fn control_message_corpus() {
     replay_nonempty("control_message", recorder_fuzz::control_message::check);
 }

@@ -279,6 +279,11 @@ impl LoadedConfig {
         Ok(spec)
     }
 
+    /// The message encoded afresh (canonical field order; unknown fields kept).
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        self.message.encode_to_vec()
+    }
+
     /// The config as text (what `config convert --to text` prints), and how
     /// many unknown fields had no text form.
     pub fn to_text(&self) -> (String, usize) {
@@ -289,4 +294,57 @@ impl LoadedConfig {
 /// Loads and validates in one step.
 pub fn load_spec(path: &Path, opts: LoadOptions) -> Result<RecorderSpec, ConfigError> {
     load_path(path, opts)?.validate()
+}
+
+fn all_counters(enum_name: &str) -> Vec<Counter> {
+    pool()
+        .get_enum_by_name(enum_name)
+        .map(|ed| {
+            ed.values()
+                .filter(|v| v.number() != 0)
+                .map(|v| Counter {
+                    id: v.number(),
+                    name: v.name().to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every meminfo counter our schema knows (what an empty
+/// `meminfo_counters` list means), in enum order.
+pub fn all_meminfo_counters() -> Vec<Counter> {
+    all_counters("perfetto.protos.MeminfoCounters")
+}
+
+/// Every vmstat counter our schema knows (what an empty `vmstat_counters`
+/// list means), in enum order.
+pub fn all_vmstat_counters() -> Vec<Counter> {
+    all_counters("perfetto.protos.VmstatCounters")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_tables_are_complete() {
+        let m = all_meminfo_counters();
+        assert_eq!(m.len(), 38);
+        assert_eq!(m[0].name, "MEMINFO_MEM_TOTAL");
+        let v = all_vmstat_counters();
+        assert_eq!(v.len(), 188);
+        assert_eq!(v[0].vmstat_key(), "nr_free_pages");
+        assert_eq!(
+            v.last().map(Counter::vmstat_key).as_deref(),
+            Some("workingset_restore_file")
+        );
+    }
+
+    #[test]
+    fn text_detection() {
+        assert!(looks_like_text(b"buffers { size_kb: 1 }\n\t"));
+        assert!(!looks_like_text(&[0x0a, 0x03, 0x08, 0x80, 0x08]));
+        assert!(!looks_like_text(&[0xff, 0xfe]));
+    }
 }

@@ -2,7 +2,7 @@
 //! [`DynamicMessage`] driven by our descriptors, and printed back.
 //!
 //! Accepted: `#` comments; `key: value`; `key { … }`, `key: { … }` (and `< … >`);
-//! `;` or `,` after a field; enums by name (or number); strings in either quote
+//! `;` or `,` after a field; enums by name (or by number, any number); strings in either quote
 //! with C escapes, adjacent literals joined; repeated fields by repetition (or
 //! `key: [a, b]`); decimal, hex (`0x`) and octal (leading `0`) integers with `_`
 //! digit separators (`1_000_000`); `true`/`false`; `inf`/`nan` for floats.
@@ -44,9 +44,9 @@ pub fn parse(src: &str, desc: MessageDescriptor, lossy: bool) -> Result<ParsedTe
     })
 }
 
-/// Nesting bound: configs nest a handful of levels; this keeps a hostile input
-/// from exhausting the stack.
-const MAX_DEPTH: usize = 64;
+/// Nesting bound (the binary decoder's too): configs nest a handful of levels;
+/// this keeps a hostile input from exhausting the stack.
+const MAX_DEPTH: usize = 100;
 
 struct Parser<'a> {
     lex: Lexer<'a>,
@@ -320,14 +320,16 @@ impl<'a> Parser<'a> {
                             .with_help(Some(help)))
                         }
                     },
+                    // Any number is taken: a binary config from a newer
+                    // schema may carry values we have no name for, and its
+                    // text form must read back.
                     TokenKind::Number => {
-                        let n = parse_int(text).and_then(|v| i32::try_from(v).ok());
-                        match n.and_then(|n| ed.get_value(n)) {
-                            Some(v) => Ok(Value::EnumNumber(v.number())),
+                        match parse_int(text).and_then(|v| i32::try_from(v).ok()) {
+                            Some(n) => Ok(Value::EnumNumber(n)),
                             None => Err(TextError::new(
                                 t.start,
                                 text.len(),
-                                format!("{text} is not a value of enum {}", ed.name()),
+                                format!("{text} is not a valid number for enum {}", ed.name()),
                             )),
                         }
                     }

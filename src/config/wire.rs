@@ -14,7 +14,7 @@ pub enum WireError {
     /// A length-delimited or fixed-size field ran past the end of the input.
     #[error("field at byte {0} runs past the end of the message")]
     Truncated(usize),
-    /// Wire types 3 and 4 (groups) and 6, 7 are not used by any config.
+    /// A stray end-group tag, or wire types 6 and 7 (which do not exist).
     #[error("unsupported wire type {wire_type} at byte {at}")]
     WireType {
         /// The wire type found.
@@ -51,6 +51,51 @@ fn read_varint(buf: &[u8], mut pos: usize) -> Result<(u64, usize), WireError> {
     Err(WireError::BadVarint(start))
 }
 
+/// Skips the body of group `number` starting at `pos`; returns the offset just
+/// past its end-group tag.
+fn skip_group(buf: &[u8], mut pos: usize, number: u32) -> Result<usize, WireError> {
+    let start = pos;
+    let mut depth = vec![number];
+    while let Some(&open) = depth.last() {
+        if pos >= buf.len() {
+            return Err(WireError::Truncated(start));
+        }
+        let tag_at = pos;
+        let (tag, p) = read_varint(buf, pos)?;
+        pos = p;
+        let n = u32::try_from(tag >> 3).map_err(|_| WireError::BadVarint(tag_at))?;
+        match tag & 7 {
+            0 => pos = read_varint(buf, pos)?.1,
+            1 | 5 => {
+                let len = if tag & 7 == 1 { 8 } else { 4 };
+                if buf.len() - pos < len {
+                    return Err(WireError::Truncated(tag_at));
+                }
+                pos += len;
+            }
+            2 => {
+                let (len, p) = read_varint(buf, pos)?;
+                let len = usize::try_from(len).map_err(|_| WireError::Truncated(tag_at))?;
+                if buf.len() - p < len {
+                    return Err(WireError::Truncated(tag_at));
+                }
+                pos = p + len;
+            }
+            3 => depth.push(n),
+            4 if n == open => {
+                depth.pop();
+            }
+            w => {
+                return Err(WireError::WireType {
+                    wire_type: w as u8,
+                    at: tag_at,
+                });
+            }
+        }
+    }
+    Ok(pos)
+}
+
 /// Splits a message into its top-level fields, in wire order.
 pub fn fields(buf: &[u8]) -> Result<Vec<RawField>, WireError> {
     let mut out = Vec::new();
@@ -81,6 +126,9 @@ pub fn fields(buf: &[u8]) -> Result<Vec<RawField>, WireError> {
                 }
                 (p, p + len)
             }
+            // A group (deprecated, but valid protobuf and kept by the decoder
+            // as an unknown field): everything up to its matching end tag.
+            3 => (pos, skip_group(buf, pos, number)?),
             _ => {
                 return Err(WireError::WireType {
                     wire_type,
@@ -224,6 +272,17 @@ mod tests {
         let mut want = vec![0x0a, 0x01, b'x', 0xc0, 0xb8, 0x02, 0x07, 0xca, 0x3e, 0x00];
         want.extend_from_slice(&[0x10, 0x09, 0x20, 0x2a]);
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn groups_are_kept_whole() {
+        // group 5 { field 1 varint 1; group 6 {} } then field 1 varint 2
+        let buf = [0x2b, 0x08, 0x01, 0x33, 0x34, 0x2c, 0x08, 0x02];
+        let f = fields(&buf).expect("well-formed");
+        assert_eq!(f.len(), 2);
+        assert_eq!((f[0].number, f[0].wire_type, f[0].whole), (5, 3, (0, 6)));
+        assert_eq!(fields(&[0x2b, 0x08, 0x01]), Err(WireError::Truncated(1)));
+        assert!(fields(&[0x2c]).is_err(), "an end-group without a start");
     }
 
     #[test]

@@ -37,16 +37,19 @@ fn decode_independent(bytes: &[u8]) -> PTraceConfig {
 }
 
 const PY_ENCODE: &str = r#"
-import sys
+import struct, sys
 from google.protobuf import text_format
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-m = pb.TraceConfig()
-text_format.Parse(sys.stdin.read(), m)
-sys.stdout.buffer.write(m.SerializeToString())
+for path in sys.argv[1:]:
+    m = pb.TraceConfig()
+    with open(path) as f:
+        text_format.Parse(f.read(), m)
+    b = m.SerializeToString()
+    sys.stdout.buffer.write(struct.pack("<Q", len(b)) + b)
 "#;
 
-/// Python's text_format encoding of `text`, or why it is unavailable.
-fn python_encode(text: &str) -> Result<Vec<u8>, String> {
+/// Python's text_format encoding of each file, or why it is unavailable.
+fn python_encode(files: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
     let probe = Command::new("python3")
         .args([
             "-c",
@@ -57,26 +60,27 @@ fn python_encode(text: &str) -> Result<Vec<u8>, String> {
     if !probe.is_ok_and(|s| s.success()) {
         return Err("python3 with `perfetto` and `protobuf` (pip install perfetto protobuf) is not available".into());
     }
-    let mut child = Command::new("python3")
+    let out = Command::new("python3")
         .args(["-c", PY_ENCODE])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .args(files)
+        .output()
         .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .expect("stdin is piped")
-        .write_all(text.as_bytes())
-        .expect("write to python");
-    let out = child.wait_with_output().expect("python runs");
     assert!(
         out.status.success(),
-        "python text_format refused the config: {}",
+        "python text_format refused a config: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(out.stdout)
+    let mut rest = &out.stdout[..];
+    let mut encodings = Vec::new();
+    while rest.len() >= 8 {
+        let (len, tail) = rest.split_at(8);
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes")) as usize;
+        let (one, tail) = tail.split_at(len);
+        encodings.push(one.to_vec());
+        rest = tail;
+    }
+    assert_eq!(encodings.len(), files.len());
+    Ok(encodings)
 }
 
 /// Every Perfetto test config loads or is refused naming the unsupported part;
@@ -131,20 +135,19 @@ fn perfetto_test_configs_load_or_are_refused_precisely() {
 /// The same, against Python's text_format, which reads all 25.
 #[test]
 fn perfetto_test_configs_match_python_text_format() {
-    let dir = test_configs_dir();
-    for path in cfg_files(&dir) {
-        let text = std::fs::read_to_string(&path).expect("readable");
-        let theirs = match python_encode(&text) {
-            Ok(b) => b,
-            Err(why) => {
-                if std::env::var_os("CI").is_some() {
-                    panic!("CI must have the Python oracle: {why}");
-                }
-                eprintln!("skipped: {why}");
-                return;
+    let files = cfg_files(&test_configs_dir());
+    let encodings = match python_encode(&files) {
+        Ok(e) => e,
+        Err(why) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI must have the Python oracle: {why}");
             }
-        };
-        let ours = config::load_text(&text, "t", false).expect("parses");
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    for (path, theirs) in files.iter().zip(encodings) {
+        let ours = config::load_path(path, LoadOptions::default()).expect("parses");
         assert_eq!(
             decode_independent(&ours.bytes),
             decode_independent(&theirs),

@@ -9,3 +9,4 @@ mod recording;
 mod ringbuf;
 mod storage;
 mod triggers;
+mod schema;

@@ -1,0 +1,7 @@
+
+€ :ring
+€ :discard$
+"
+for_testingZringÊ> œN È'
+%
+for_testingZdiscardÊ> œN È¸
