@@ -7,6 +7,6 @@ mod ftrace;
 mod procfs;
 mod recording;
 mod ringbuf;
+mod schema;
 mod storage;
 mod triggers;
-mod schema;
