@@ -92,6 +92,16 @@
 //! buffer to the flusher took 53 µs with 64 KiB chunks against 825 µs with
 //! 4 KiB ones. Larger chunks make overwrite loss coarser and leave more of a
 //! slow writer's chunk idle.
+//!
+//! # Testing
+//!
+//! Unit tests beside the code (small enough for miri:
+//! `cargo +nightly miri test --lib ringbuf::`, ~30 s once the dependencies
+//! are built); the model test, stress test and RSS test in
+//! `tests/integration/ringbuf.rs`; the fuzz target `ringbuf_model`
+//! (`cd fuzz && cargo +nightly fuzz run ringbuf_model -- -max_total_time=120`,
+//! ran clean for 121 s, 58 502 runs) shares the model oracle with the
+//! proptest.
 #![allow(unsafe_code)]
 
 mod buffer;
