@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::memory::Memory;
-use super::table::{Live, Refused, Table};
+use super::table::{Committed, Live, Refused, Table};
 use super::writer::{Writer, WriterCounters};
 use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, WriterId};
 
@@ -80,7 +80,7 @@ impl Buffer {
         }
         let usable = chunk_count * chunk_size;
         let max_packet_len = (chunk_size - 5).max(BufferParams::MAX_PACKET_LEN.min(usable / 4));
-        let committed = (0..chunk_count).map(|_| AtomicU64::new(0)).collect();
+        let committed = (0..chunk_count).map(|_| Committed::default()).collect();
         Ok(Arc::new(Buffer {
             memory,
             size_bytes: params.size_bytes,
@@ -194,7 +194,7 @@ impl Buffer {
 
     #[inline]
     pub(crate) fn committed(&self, head: usize) -> &AtomicU64 {
-        &self.live.committed[head]
+        &self.live.committed[head].0
     }
 
     #[inline]

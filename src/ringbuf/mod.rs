@@ -86,10 +86,22 @@
 //! # Chunk size
 //!
 //! [`BufferParams::DEFAULT_CHUNK_SIZE`] is 64 KiB, chosen by the `ringbuf`
-//! benchmark (see `BENCHMARKS.md`, "Buffer engine"): per-packet cost is
-//! flat from 16 KiB up, while smaller chunks pay the chunk hand-over
-//! (a mutex round trip) too often for small packets, and larger ones make
-//! overwrite loss coarser and leave more of a slow writer's chunk idle.
+//! benchmark (`BENCHMARKS.md`, "Buffer engine"): the per-packet cost is flat
+//! from 16 KiB up while 4 KiB chunks were the slowest (a chunk hand-over, a
+//! mutex round trip, every ~60 small packets), and handing a full 64 MiB
+//! buffer to the flusher took 53 µs with 64 KiB chunks against 825 µs with
+//! 4 KiB ones. Larger chunks make overwrite loss coarser and leave more of a
+//! slow writer's chunk idle.
+//!
+//! # Testing
+//!
+//! Unit tests beside the code (small enough for miri:
+//! `cargo +nightly miri test --lib ringbuf::`, ~30 s once the dependencies
+//! are built); the model test, stress test and RSS test in
+//! `tests/integration/ringbuf.rs`; the fuzz target `ringbuf_model`
+//! (`cd fuzz && cargo +nightly fuzz run ringbuf_model -- -max_total_time=120`,
+//! ran clean for 121 s, 58 502 runs) shares the model oracle with the
+//! proptest.
 #![allow(unsafe_code)]
 
 mod buffer;

@@ -11,11 +11,17 @@ use super::{BufferStats, FillPolicy, WriterId};
 pub(crate) struct Live {
     /// Per head chunk: the writing region's committed `(bytes, packets)`,
     /// packed by [`pack`]; stored by the owning writer after every packet.
-    pub(crate) committed: Box<[AtomicU64]>,
+    pub(crate) committed: Box<[Committed]>,
     /// Bumped whenever a chunk may have become available, so that a writer
     /// refused once can fail fast, without the lock, until something changed.
     pub(crate) generation: AtomicU64,
 }
+
+/// One committed word on its own cache line: two writers storing after
+/// every packet into neighbouring chunks must not share a line.
+#[repr(align(64))]
+#[derive(Debug, Default)]
+pub(crate) struct Committed(pub(crate) AtomicU64);
 
 /// Packs a committed length and packet count into one word, so that one
 /// Release store publishes both consistently.
@@ -142,7 +148,7 @@ impl Table {
         if r.writing {
             // Acquire pairs with the writer's Release store: the bytes below
             // the length are visible (M2).
-            unpack(live.committed[head].load(Ordering::Acquire))
+            unpack(live.committed[head].0.load(Ordering::Acquire))
         } else {
             (r.used, r.packets)
         }
@@ -289,7 +295,7 @@ impl Table {
             *s = Slot::Member;
         }
         self.free_chunks -= k;
-        live.committed[start].store(0, Ordering::Release);
+        live.committed[start].0.store(0, Ordering::Release);
         if wrapped {
             self.totals.write_wrap_count += 1;
         }

@@ -272,26 +272,34 @@ impl Drop for Writer {
 #[inline(always)]
 fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
     let len = packet.len();
-    let mut header = [0u8; 11];
-    header[0] = 0x0A;
-    let mut n = 1;
-    let mut v = len;
-    while v >= 0x80 {
-        header[n] = (v as u8) | 0x80;
-        v >>= 7;
-        n += 1;
-    }
-    header[n] = v as u8;
-    n += 1;
-    debug_assert!(c.cap - c.pos >= n + len);
-    // SAFETY: M1, M2 — the caller checked that `n + len` bytes are free at
-    // `pos` in the region this writer owns; nobody else writes there and the
-    // flusher reads only below the committed length published after this.
-    unsafe {
+    // SAFETY: M1, M2 — the caller checked that the framed packet fits at
+    // `pos` in the region this writer owns; nobody else writes there, and
+    // the flusher reads only below the committed length published after.
+    let n = unsafe {
         let dst = buffer.base().add(c.offset + c.pos);
-        std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
+        let n = if len < 0x80 {
+            // The common case: a one-byte length.
+            dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]);
+            2
+        } else {
+            let mut header = [0u8; 11];
+            header[0] = 0x0A;
+            let mut n = 1;
+            let mut v = len;
+            while v >= 0x80 {
+                header[n] = (v as u8) | 0x80;
+                v >>= 7;
+                n += 1;
+            }
+            header[n] = v as u8;
+            n += 1;
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
+            n
+        };
+        debug_assert!(c.cap - c.pos >= n + len);
         std::ptr::copy_nonoverlapping(packet.as_ptr(), dst.add(n), len);
-    }
+        n
+    };
     publish(buffer, c, n + len);
 }
 
