@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-BIN = os.path.join(os.path.dirname(__file__), "..", "target", "release", "recorder")
+BIN = os.environ.get("RECORDER_BIN") or os.path.join(os.path.dirname(__file__), "..", "target", "release", "recorder")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 

@@ -9,7 +9,7 @@ minutes=${1:-30}
 dir=${2:-/work/tmp}
 mkdir -p "$dir"
 out="$dir/long_trace.pftrace"
-bin=target/release/recorder
+bin=${RECORDER_BIN:-target/release/recorder}
 tck=$(getconf CLK_TCK)
 "$bin" --config configs/long_trace.cfg -o "$out" -q &
 pid=$!
