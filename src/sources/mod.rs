@@ -50,4 +50,3 @@ pub trait DataSource: Send {
         0
     }
 }
-

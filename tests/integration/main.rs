@@ -2,8 +2,8 @@
 //! and the library, and decodes every trace with an independent decoder.
 
 mod common;
-mod recording;
-mod ringbuf;
+mod config;
 mod ftrace;
 mod procfs;
-mod config;
+mod recording;
+mod ringbuf;
