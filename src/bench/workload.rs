@@ -130,9 +130,10 @@ pub fn run_writer(
                 continue;
             }
         }
-        let mut ts = boottime_ns();
+        let ts0 = boottime_ns();
         let t0 = Instant::now();
-        for _ in 0..batch {
+        for i in 0..batch {
+            let ts = ts0 + i;
             let is_last = plan.packets.is_some_and(|t| n + 1 == t);
             let value = values.next();
             let acquires = room < reserved;
@@ -164,7 +165,6 @@ pub fn run_writer(
                 }
             }
             out.offered_bytes += (SLOT_HEADER_BYTES + last_len) as u64;
-            ts += 1;
             n += 1;
         }
         let ns = t0.elapsed().as_nanos() as u64;
