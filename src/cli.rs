@@ -102,6 +102,8 @@ pub enum Command {
         #[arg(long, conflicts_with = "pid")]
         all: bool,
     },
+    /// Measure buffer policies, sizes and write periods under a load.
+    Bench(crate::command::bench::BenchArgs),
 }
 
 /// `recorder config …`.
@@ -229,6 +231,7 @@ pub fn run(cli: Cli) -> u8 {
         }
         Some(Command::Query { json }) => crate::command::control::query(json),
         Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
+        Some(Command::Bench(args)) => crate::command::bench::run(&args),
         None => {
             let Some(path) = cli.main.config.clone() else {
                 eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");

@@ -48,6 +48,7 @@ pub mod event_loop;
 pub mod session;
 
 pub mod app;
+pub mod bench;
 pub mod summary;
 
 pub mod cli;

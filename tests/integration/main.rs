@@ -1,6 +1,7 @@
 //! The one integration-test binary: it drives the built `recorder` binary
 //! and the library, and decodes every trace with an independent decoder.
 
+mod bench;
 mod common;
 mod config;
 mod ftrace;

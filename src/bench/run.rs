@@ -1,0 +1,345 @@
+//! Runs one configuration end to end: real buffers, real writer threads,
+//! real write passes into a real sink, then decodes the file.
+
+use std::io::IoSlice;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::BenchError;
+use super::histogram::LatencyHistogram;
+use super::report::{BufferReport, ConfigReport, PassSummary, Verification};
+use super::usage::{CpuMark, peak_rss_kb, reset_peak_rss};
+use super::verify;
+use super::workload::{WriterOutcome, WriterPlan, WriterProgress, run_writer};
+use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+use crate::sources::for_testing::max_packet_len;
+use crate::storage::write_pass::{Take, write_pass};
+use crate::storage::{
+    FileSink, IoChoice, OpenOptions, OutputPath, SinkError, SinkKind, open_output,
+};
+
+/// One buffer of a configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferSetup {
+    pub size_bytes: usize,
+    /// `None`: the engine's default for this size.
+    pub chunk_size: Option<usize>,
+    pub policy: FillPolicy,
+}
+
+impl BufferSetup {
+    /// The engine parameters (prefaulted: the run measures steady state, not
+    /// first-touch page faults).
+    pub fn params(&self) -> BufferParams {
+        let mut p = BufferParams::new(self.size_bytes, self.policy);
+        if let Some(c) = self.chunk_size {
+            p.chunk_size = c;
+        }
+        p
+    }
+}
+
+/// Where a configuration's trace goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutputTarget {
+    /// Kept at this path.
+    Keep(PathBuf),
+    /// Written here, verified, removed.
+    Temporary(PathBuf),
+    /// Passes run but the bytes go nowhere (no disk cost, no verification).
+    Discard,
+}
+
+/// One configuration of a sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    pub index: usize,
+    pub buffers: Vec<BufferSetup>,
+    pub writers: Vec<WriterPlan>,
+    /// The swept packet size (for the report), if one was swept.
+    pub packet_size: Option<usize>,
+    /// Total offered rate (for the report); `None` is as fast as possible.
+    pub rate_pps: Option<f64>,
+    pub write_period: Duration,
+    /// Stop after this long; `None`: when every writer has offered its count.
+    pub duration: Option<Duration>,
+    pub output: OutputTarget,
+    pub io: IoChoice,
+}
+
+/// A sink for `--no-output`: counts, writes nothing.
+struct NullSink {
+    bytes: u64,
+}
+
+impl FileSink for NullSink {
+    fn kind(&self) -> SinkKind {
+        SinkKind::Stream
+    }
+    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+        let n: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        self.bytes += n;
+        Ok(n)
+    }
+    fn sync_data(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn bytes_written(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// One write pass as seen by the bench.
+#[derive(Clone, Copy, Debug)]
+struct PassMark {
+    /// Offered bytes per buffer before the pass took its data …
+    before: Instant,
+    /// … and after it released it.
+    after: Instant,
+    duration: Duration,
+    bytes: u64,
+}
+
+/// Offered bytes of each buffer's writers, now.
+fn offered_by_buffer(n: usize, plans: &[WriterPlan], progress: &[Arc<WriterProgress>]) -> Vec<u64> {
+    let mut v = vec![0u64; n];
+    for (p, pr) in plans.iter().zip(progress) {
+        v[p.buffer] += pr.offered_bytes.load(Ordering::Relaxed);
+    }
+    v
+}
+
+/// Runs `cfg` and reports it.
+pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
+    let buffers: Vec<Arc<Buffer>> = cfg
+        .buffers
+        .iter()
+        .enumerate()
+        .map(|(index, b)| {
+            Buffer::new(b.params()).map_err(|source| BenchError::Buffer { index, source })
+        })
+        .collect::<Result<_, _>>()?;
+    let (mut sink, output_path): (Box<dyn FileSink>, Option<PathBuf>) = match &cfg.output {
+        OutputTarget::Discard => (Box::new(NullSink { bytes: 0 }), None),
+        OutputTarget::Keep(p) | OutputTarget::Temporary(p) => (
+            open_output(
+                OutputPath::File(p.clone()),
+                OpenOptions {
+                    no_clobber: false,
+                    io: cfg.io,
+                },
+            )?,
+            Some(p.clone()),
+        ),
+    };
+    let sink_name = match cfg.output {
+        OutputTarget::Discard => "none",
+        _ => sink.kind().name(),
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Vec<Arc<WriterProgress>> = cfg.writers.iter().map(|_| Arc::default()).collect();
+    let nbuf = buffers.len();
+    let take: Vec<(Arc<Buffer>, Take)> =
+        buffers.iter().map(|b| (b.clone(), Take::Consume)).collect();
+
+    reset_peak_rss();
+    let cpu = CpuMark::now();
+    let started = Instant::now();
+    let mut threads = Vec::with_capacity(cfg.writers.len());
+    for (plan, pr) in cfg.writers.iter().zip(&progress) {
+        let buffer = buffers
+            .get(plan.buffer)
+            .ok_or(BenchError::NoSuchBuffer(plan.buffer))?;
+        let writer = buffer.writer(WriterId(plan.sequence_id));
+        let (plan, stop, pr) = (plan.clone(), stop.clone(), pr.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("bench-writer-{}", plan.sequence_id))
+            .spawn(move || run_writer(writer, plan, stop, pr))
+            .map_err(BenchError::Thread)?;
+        threads.push(t);
+    }
+
+    // The flusher: a pass every write period, and a last one after the
+    // writers stop. Offered bytes are sampled around each pass to find the
+    // largest amount any buffer had to hold at once.
+    let mut passes: Vec<PassMark> = Vec::new();
+    let mut pass_hist = LatencyHistogram::new();
+    let mut offered_before: Vec<Vec<u64>> = Vec::new();
+    let mut offered_after: Vec<Vec<u64>> = Vec::new();
+    let mut sink_error = None;
+    let mut next = started + cfg.write_period;
+    let mut do_pass = |sink: &mut dyn FileSink,
+                       passes: &mut Vec<PassMark>,
+                       pass_hist: &mut LatencyHistogram|
+     -> Result<(), SinkError> {
+        offered_before.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
+        let before = Instant::now();
+        let r = write_pass(sink, &[], &take, Vec::new, None, false);
+        let after = Instant::now();
+        offered_after.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
+        let r = r?;
+        pass_hist.record_ns(r.duration.as_nanos() as u64);
+        passes.push(PassMark {
+            before,
+            after,
+            duration: r.duration,
+            bytes: r.bytes,
+        });
+        Ok(())
+    };
+    loop {
+        let all_done = progress.iter().all(|p| p.done.load(Ordering::Acquire));
+        let time_up = cfg.duration.is_some_and(|d| started.elapsed() >= d);
+        if all_done || time_up {
+            break;
+        }
+        let now = Instant::now();
+        if now >= next {
+            if let Err(e) = do_pass(sink.as_mut(), &mut passes, &mut pass_hist) {
+                sink_error = Some(e);
+                break;
+            }
+            next += cfg.write_period;
+            if next <= Instant::now() {
+                // A pass overran the period: keep the cadence from now.
+                next = Instant::now() + cfg.write_period;
+            }
+        } else {
+            // Short naps so that the end of the run is noticed promptly.
+            std::thread::sleep((next - now).min(Duration::from_millis(5)));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut outcomes: Vec<WriterOutcome> = Vec::with_capacity(threads.len());
+    for t in threads {
+        outcomes.push(t.join().map_err(|_| BenchError::WriterPanicked)?);
+    }
+    let elapsed = started.elapsed();
+    if sink_error.is_none()
+        && let Err(e) = do_pass(sink.as_mut(), &mut passes, &mut pass_hist)
+    {
+        sink_error = Some(e);
+    }
+    if sink_error.is_none()
+        && !matches!(cfg.output, OutputTarget::Discard)
+        && let Err(e) = sink.sync_data()
+    {
+        sink_error = Some(e);
+    }
+    let cpu = cpu.since();
+    let rss = peak_rss_kb();
+    drop(sink);
+    if let Some(e) = sink_error {
+        return Err(BenchError::Sink(e));
+    }
+
+    let stats: Vec<_> = buffers.iter().map(|b| b.stats()).collect();
+    let mut buffer_reports = Vec::with_capacity(nbuf);
+    for (i, (b, s)) in buffers.iter().zip(&stats).enumerate() {
+        let mine: Vec<&WriterOutcome> = outcomes.iter().filter(|o| o.buffer == i).collect();
+        let plans: Vec<&WriterPlan> = cfg.writers.iter().filter(|p| p.buffer == i).collect();
+        let offered: u64 = mine.iter().map(|o| o.offered).sum();
+        let offered_bytes: u64 = mine.iter().map(|o| o.offered_bytes).sum();
+        let reserved = plans
+            .iter()
+            .map(|p| 5 + max_packet_len(p.filler_len))
+            .max()
+            .unwrap_or(0);
+        // The most any window between one pass's take and the next pass's
+        // release asked this buffer to hold.
+        let mut peak_bytes = 0u64;
+        let mut peak_window = Duration::ZERO;
+        for k in 0..passes.len() {
+            let (from_bytes, from_t) = if k == 0 {
+                (0, started)
+            } else {
+                (offered_before[k - 1][i], passes[k - 1].before)
+            };
+            peak_bytes = peak_bytes.max(offered_after[k][i].saturating_sub(from_bytes));
+            peak_window = peak_window.max(passes[k].after.duration_since(from_t));
+        }
+        let chunk = b.chunk_size() as u64;
+        let writers_here = plans.len().max(1) as u64;
+        // A chunk loses up to one reserved packet slot to padding, and each
+        // writer holds one partly filled chunk.
+        let usable_per_chunk = chunk.saturating_sub(reserved as u64).max(1);
+        let min_chunks = peak_bytes.div_ceil(usable_per_chunk) + writers_here;
+        let min_size_kb = (min_chunks.max(2) * chunk).div_ceil(1024);
+        let usable = (b.chunk_count() as u64).saturating_sub(writers_here) * usable_per_chunk;
+        let per_packet = if offered > 0 {
+            offered_bytes as f64 / offered as f64
+        } else {
+            0.0
+        };
+        let lossless_rate_pps = if per_packet > 0.0 && !peak_window.is_zero() {
+            usable as f64 / per_packet / peak_window.as_secs_f64()
+        } else {
+            0.0
+        };
+        buffer_reports.push(BufferReport::new(
+            i,
+            b,
+            s,
+            offered,
+            offered_bytes,
+            peak_bytes,
+            peak_window,
+            min_size_kb,
+            lossless_rate_pps,
+        ));
+    }
+
+    let verification = match &output_path {
+        None => Verification::skipped("--no-output"),
+        Some(p) => {
+            let v = match std::fs::read(p) {
+                Ok(data) => Verification::check(verify::decode(&data), &outcomes, &stats),
+                Err(e) => Verification::failed(format!("cannot read {}: {e}", p.display())),
+            };
+            if matches!(cfg.output, OutputTarget::Temporary(_)) {
+                let _ = std::fs::remove_file(p);
+            }
+            v
+        }
+    };
+
+    let mut write = LatencyHistogram::new();
+    let mut acquire = LatencyHistogram::new();
+    for o in &outcomes {
+        write.merge(&o.write);
+        acquire.merge(&o.acquire);
+    }
+    let pass_bytes: Vec<u64> = passes.iter().map(|p| p.bytes).collect();
+    let pass_summary = PassSummary {
+        count: passes.len() as u64,
+        duration: pass_hist.percentiles(),
+        bytes_mean: if pass_bytes.is_empty() {
+            0
+        } else {
+            pass_bytes.iter().sum::<u64>() / pass_bytes.len() as u64
+        },
+        bytes_max: pass_bytes.iter().copied().max().unwrap_or(0),
+        longest_ms: passes
+            .iter()
+            .map(|p| p.duration.as_secs_f64() * 1e3)
+            .fold(0.0, f64::max),
+    };
+    Ok(ConfigReport::new(
+        cfg,
+        sink_name,
+        output_path.filter(|_| matches!(cfg.output, OutputTarget::Keep(_))),
+        elapsed,
+        &outcomes,
+        &stats,
+        buffer_reports,
+        write.percentiles(),
+        acquire.percentiles(),
+        pass_summary,
+        cpu,
+        rss,
+        verification,
+    ))
+}
