@@ -5,7 +5,7 @@
 use std::hint::black_box;
 use std::path::Path;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter, count_page_events};
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::tracefs::Tracefs;
@@ -116,5 +116,77 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// CPU seconds (user + system) of this process so far, exited threads included.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let after = &stat[stat.rfind(')').expect("comm ends") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime), in clock ticks.
+    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
+}
+
+/// `FTRACE_E2E=read|splice`: records sched_switch + sched_wakeup for 10 s
+/// while `stress-ng --switch 2` runs, and prints events, loss, CPU and bytes.
+fn end_to_end(mode: &str) {
+    use recorder::sources::ftrace::{FtraceOptions, FtraceSource, ReadMode};
+    let read_mode = if mode == "splice" {
+        ReadMode::Splice
+    } else {
+        ReadMode::Read
+    };
+    let secs: u64 = std::env::var("FTRACE_E2E_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let opts = FtraceOptions {
+        events: vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()],
+        read_mode,
+        compact_sched: std::env::var("FTRACE_E2E_COMPACT").map_or(true, |v| v != "0"),
+        ..Default::default()
+    };
+    let mut src = FtraceSource::new(
+        opts,
+        Sink {
+            buf: Vec::new(),
+            bytes: 0,
+        },
+    )
+    .expect("tracefs");
+    let cpu0 = cpu_seconds();
+    src.start().expect("start");
+    let mut load = std::process::Command::new("stress-ng")
+        .args(["--switch", "2", "--timeout", &format!("{secs}s"), "--quiet"])
+        .spawn()
+        .expect("stress-ng installed");
+    load.wait().expect("stress-ng ran");
+    let s = src.stop().expect("stop");
+    let cpu = cpu_seconds() - cpu0;
+    let out = src.take_output().expect("output").bytes;
+    let overrun: u64 = s.cpu_stats.iter().map(|c| c.overrun).sum();
+    let ev = s.encode.events as f64;
+    println!(
+        "mode={mode} compact={} secs={secs} events={} ({:.2} M/s) raw_bytes={} ({:.1} B/event) out_bytes={} ({:.1} B/event, {:.3}x raw) lost_pages={} overrun={overrun} cpu_s={cpu:.2} ({:.1}% of a core)",
+        std::env::var("FTRACE_E2E_COMPACT").map_or(true, |v| v != "0"),
+        s.encode.events,
+        ev / secs as f64 / 1e6,
+        s.bytes_read,
+        s.bytes_read as f64 / ev,
+        out,
+        out as f64 / ev,
+        out as f64 / s.bytes_read as f64,
+        s.encode.lost_pages,
+        100.0 * cpu / secs as f64,
+    );
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(mode) = std::env::var("FTRACE_E2E") {
+        end_to_end(&mode);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

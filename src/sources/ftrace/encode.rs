@@ -18,7 +18,7 @@ use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::output::PacketOutput;
 use super::page::{EventIter, PageError, RawEvent, parse_header};
-use crate::trace::encoder::{ProtoEncoder, put_varint};
+use crate::trace::encoder::ProtoEncoder;
 
 /// Room kept free in a bundle for its trailer (compact header, lost flag,
 /// previous_bundle_end_timestamp, nested lengths).
@@ -128,10 +128,14 @@ struct CompactCols {
     intern_bytes: usize,
 }
 
-fn push_varint(v: &mut Vec<u8>, x: u64) {
-    let mut b = [0u8; 10];
-    let n = put_varint(&mut b, x).expect("10 bytes hold any u64 varint");
-    v.extend_from_slice(&b[..n]);
+#[inline]
+fn push_varint(v: &mut Vec<u8>, mut x: u64) {
+    // Byte pushes: cheaper than staging and copying a 1–3 byte slice.
+    while x >= 0x80 {
+        v.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    v.push(x as u8);
 }
 
 impl CompactCols {
@@ -170,23 +174,29 @@ impl CompactCols {
         if self.is_empty() {
             return 0;
         }
-        let cols: usize = [
-            &self.switch_ts,
-            &self.switch_prev_state,
-            &self.switch_next_pid,
-            &self.switch_next_prio,
-            &self.switch_comm,
-            &self.waking_ts,
-            &self.waking_pid,
-            &self.waking_target_cpu,
-            &self.waking_prio,
-            &self.waking_comm,
-            &self.waking_flags,
-        ]
-        .iter()
-        .map(|c| if c.is_empty() { 0 } else { c.len() + 6 })
-        .sum();
-        6 + cols + self.intern_bytes
+        // Columns of one kind grow together; each has a tag and a 4-byte length.
+        let switch = if self.switch_ts.is_empty() {
+            0
+        } else {
+            self.switch_ts.len()
+                + self.switch_prev_state.len()
+                + self.switch_next_pid.len()
+                + self.switch_next_prio.len()
+                + self.switch_comm.len()
+                + 5 * 6
+        };
+        let waking = if self.waking_ts.is_empty() {
+            0
+        } else {
+            self.waking_ts.len()
+                + self.waking_pid.len()
+                + self.waking_target_cpu.len()
+                + self.waking_prio.len()
+                + self.waking_comm.len()
+                + self.waking_flags.len()
+                + 6 * 6
+        };
+        6 + switch + waking + self.intern_bytes
     }
 
     fn intern(&mut self, comm: &[u8]) -> u32 {
@@ -256,8 +266,12 @@ pub struct BundleEncoder {
     compact: CompactCols,
     /// Thread ids seen since the last [`BundleEncoder::take_pids`].
     pids: Vec<i32>,
+    pid_cache: Box<[i32; PID_CACHE]>,
     pub stats: EncodeStats,
 }
+
+/// Slots of the recent-pid cache (a power of two).
+const PID_CACHE: usize = 1024;
 
 enum Step<'a> {
     Event(RawEvent<'a>),
@@ -321,12 +335,15 @@ impl BundleEncoder {
             max_packet_bytes: max_packet_bytes.max(16 * 1024),
             compact: CompactCols::default(),
             pids: Vec::new(),
+            pid_cache: Box::new([0; PID_CACHE]),
             stats: EncodeStats::default(),
         }
     }
 
     /// Thread ids seen since the last call, sorted, without duplicates.
     pub fn take_pids(&mut self, out: &mut Vec<i32>) {
+        // Each drain reports its pids afresh.
+        self.pid_cache.fill(0);
         self.pids.sort_unstable();
         self.pids.dedup();
         out.clear();
@@ -525,7 +542,13 @@ impl BundleEncoder {
             if let Some(p) = read_int(rec, f)
                 && p > 0
             {
-                self.pids.push(p as i32);
+                // A direct-mapped cache of recent pids keeps the list short:
+                // the same few threads recur on every switch.
+                let slot = &mut self.pid_cache[p as usize & (PID_CACHE - 1)];
+                if *slot != p as i32 {
+                    *slot = p as i32;
+                    self.pids.push(p as i32);
+                }
             }
         }
     }

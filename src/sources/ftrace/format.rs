@@ -272,7 +272,7 @@ pub fn parse_event_format(group: &str, text: &str) -> Result<EventFormat, Format
 }
 
 /// Reads an unsigned little-endian integer of `size` bytes at `offset`.
-#[inline]
+#[inline(always)]
 pub fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
     let b = rec.get(offset..offset.checked_add(size)?)?;
     Some(match size {
@@ -285,7 +285,7 @@ pub fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
 }
 
 /// Reads an integer field, sign-extending signed ones.
-#[inline]
+#[inline(always)]
 pub fn read_int(rec: &[u8], f: &Field) -> Option<i64> {
     let v = read_uint(rec, f.offset, f.size)?;
     Some(if f.signed && f.size < 8 {
