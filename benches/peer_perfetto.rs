@@ -73,11 +73,12 @@ fn perfetto_run(ds: &DataSource<'static>, filler: &str, packets: u64) -> Side {
         let v = values.next();
         ds.trace(|ctx: &mut TraceContext| {
             ctx.add_packet(|p: &mut TracePacket| {
-                p.set_timestamp(ts0 + n).set_for_testing(|t: &mut TestEvent| {
-                    t.set_counter(n);
-                    t.set_seq_value(v);
-                    t.set_str(filler);
-                });
+                p.set_timestamp(ts0 + n)
+                    .set_for_testing(|t: &mut TestEvent| {
+                        t.set_counter(n);
+                        t.set_seq_value(v);
+                        t.set_str(filler);
+                    });
             });
         });
     }
@@ -91,7 +92,12 @@ fn perfetto_run(ds: &DataSource<'static>, filler: &str, packets: u64) -> Side {
         .packet
         .iter()
         .filter(|p| p.has_trace_stats())
-        .filter_map(|p| p.trace_stats().buffer_stats.first().map(|b| b.bytes_written()))
+        .filter_map(|p| {
+            p.trace_stats()
+                .buffer_stats
+                .first()
+                .map(|b| b.bytes_written())
+        })
         .max()
         .unwrap_or(0);
     Side {
@@ -134,7 +140,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    Producer::init(ProducerInitArgsBuilder::new().backends(Backends::IN_PROCESS).build());
+    Producer::init(
+        ProducerInitArgsBuilder::new()
+            .backends(Backends::IN_PROCESS)
+            .build(),
+    );
     let mut ds = DataSource::new();
     ds.register(DS_NAME, DataSourceArgsBuilder::new().build())
         .expect("data source registers");
@@ -142,11 +152,20 @@ fn main() {
 
     println!(
         "{:>6}  {:>12}  {:>12}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}",
-        "pkt_B", "perfetto/s", "recorder/s", "pf_MB/s", "rec_MB/s", "pf_buf_B", "rec_buf_B", "ratio"
+        "pkt_B",
+        "perfetto/s",
+        "recorder/s",
+        "pf_MB/s",
+        "rec_MB/s",
+        "pf_buf_B",
+        "rec_buf_B",
+        "ratio"
     );
     for size in [64usize, 1024] {
         let filler_len = filler_for(size);
-        let filler: String = (0..filler_len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+        let filler: String = (0..filler_len)
+            .map(|i| (b'a' + (i % 26) as u8) as char)
+            .collect();
         let packets = (PAYLOAD_BYTES / size) as u64;
         let mut pf = Vec::new();
         let mut rec = Vec::new();

@@ -728,6 +728,21 @@ fn real_proc_tree_has_this_process_and_its_threads() {
             let _ = rx.recv();
         })
         .expect("spawn");
+    // The new thread names itself once it runs: wait for that before scanning.
+    let named = || {
+        std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "procfs-probe")
+            })
+    };
+    let t0 = std::time::Instant::now();
+    while !named() && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let opts = ProcessStatsOptions {
         scan_all_processes_on_start: true,
         record_thread_names: true,
