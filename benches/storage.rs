@@ -34,7 +34,12 @@ fn cpu_seconds() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
     // Fields after the command name (which may hold spaces) start at state (3).
     let rest = &stat[stat.rfind(')').expect("stat has a command name") + 2..];
-    let f: Vec<u64> = rest.split(' ').skip(11).take(4).map(|x| x.parse().unwrap_or(0)).collect();
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(4)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
     let hz = rustix::param::clock_ticks_per_second() as f64;
     ((f[0] + f[1]) as f64 / hz, (f[2] + f[3]) as f64 / hz)
 }
@@ -54,8 +59,14 @@ fn sink_run(data: &[u8], io: IoChoice, path: &Path) -> Run {
     let bufs: Vec<IoSlice<'_>> = data.chunks(MIB).map(IoSlice::new).collect();
     let (cpu0, _) = cpu_seconds();
     let t = Instant::now();
-    let mut sink = open_output(OutputPath::File(path.to_path_buf()), OpenOptions { no_clobber: false, io })
-        .expect("bench output opens");
+    let mut sink = open_output(
+        OutputPath::File(path.to_path_buf()),
+        OpenOptions {
+            no_clobber: false,
+            io,
+        },
+    )
+    .expect("bench output opens");
     let n = sink.write_all(&bufs).expect("bench write");
     sink.sync_data().expect("bench fdatasync");
     drop(sink);
@@ -63,7 +74,10 @@ fn sink_run(data: &[u8], io: IoChoice, path: &Path) -> Run {
     let (cpu1, _) = cpu_seconds();
     assert_eq!(n as usize, TOTAL);
     std::fs::remove_file(path).expect("bench file removable");
-    Run { secs, cpu: cpu1 - cpu0 }
+    Run {
+        secs,
+        cpu: cpu1 - cpu0,
+    }
 }
 
 fn dd_run(path: &Path) -> Run {
@@ -109,8 +123,15 @@ fn comparison(data: &[u8]) {
         }
     }
     let gb = TOTAL as f64 / 1e9;
-    let dd_mbs = median(runs[names.len() - 1].iter().map(|r| gb * 1e3 / r.secs).collect());
-    println!("\n| writer (1 GiB, 1 MiB iovecs, fdatasync) | MB/s (median of {RUNS}) | vs dd | CPU-s per GB |");
+    let dd_mbs = median(
+        runs[names.len() - 1]
+            .iter()
+            .map(|r| gb * 1e3 / r.secs)
+            .collect(),
+    );
+    println!(
+        "\n| writer (1 GiB, 1 MiB iovecs, fdatasync) | MB/s (median of {RUNS}) | vs dd | CPU-s per GB |"
+    );
     println!("|---|---|---|---|");
     for (name, rs) in names.iter().zip(&runs) {
         let mbs = median(rs.iter().map(|r| gb * 1e3 / r.secs).collect());
@@ -125,7 +146,9 @@ fn sinks(c: &mut Criterion) {
     comparison(&data);
     let path = scratch_dir().join("storage-criterion.out");
     let mut g = c.benchmark_group("storage_1gib_fdatasync");
-    g.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(20));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Bytes(TOTAL as u64));
     let mut choices = vec![("pwritev", IoChoice::Pwritev)];
     if io_uring_available().is_ok() {
@@ -134,7 +157,9 @@ fn sinks(c: &mut Criterion) {
     for (name, io) in choices {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                (0..iters).map(|_| Duration::from_secs_f64(sink_run(&data, io, &path).secs)).sum()
+                (0..iters)
+                    .map(|_| Duration::from_secs_f64(sink_run(&data, io, &path).secs))
+                    .sum()
             })
         });
     }
