@@ -7,3 +7,4 @@ pub mod control_message;
 pub mod ftrace_page;
 pub mod ringbuf_model;
 pub mod sys_stats_text;
+pub mod trace_reader;

@@ -3,7 +3,9 @@
 use std::path::Path;
 
 fn replay(target: &str, check: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     let mut n = 0;
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for e in entries.flatten() {
@@ -48,4 +50,9 @@ fn ringbuf_model_corpus() {
 #[test]
 fn sys_stats_text_corpus() {
     replay_nonempty("sys_stats_text", recorder_fuzz::sys_stats_text::check);
+}
+
+#[test]
+fn trace_reader_corpus() {
+    replay_nonempty("trace_reader", recorder_fuzz::trace_reader::check);
 }
