@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench storage` prints a table (medians of RUNS runs: MB/s
 //! and CPU-seconds per GB), then runs the criterion group. The scratch
-//! directory is `$RECORDER_BENCH_DIR`, else `../tmp` beside the repo (the
+//! directory is `$RECORDER_BENCH_DIR`, else a folder under the target directory (the
 //! work filesystem, not tmpfs). CPU time comes from `/proc/self/stat` (the
 //! same per-process counters as getrusage: every thread, io_uring's io-wq
 //! workers included) and, for dd, the waited-for children's counters.
@@ -24,7 +24,7 @@ const RUNS: usize = 5;
 fn scratch_dir() -> PathBuf {
     let dir = std::env::var_os("RECORDER_BENCH_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tmp"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("storage-bench"));
     std::fs::create_dir_all(&dir).expect("bench dir creatable");
     dir
 }

@@ -14,7 +14,9 @@ use crate::common;
 
 /// A scratch directory on the work filesystem (not tmpfs).
 fn scratch() -> tempfile::TempDir {
-    let base = common::repo_root().join("../tmp");
+    // Inside the build's target directory: on the work filesystem, and
+    // writable wherever the checkout is (a CI clone's parent may not be).
+    let base = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(&base).expect("scratch base creatable");
     tempfile::tempdir_in(base).expect("scratch dir")
 }
