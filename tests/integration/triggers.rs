@@ -461,3 +461,65 @@ fn an_unprivileged_user_may_trigger_but_not_stop_or_query() {
         "the trigger names the sender's uid"
     );
 }
+
+#[test]
+fn a_trigger_during_start_up_is_taken_once_the_session_listens() {
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "early" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+        1024,
+    ));
+    let child = spawn(&run);
+    // Fire from the moment the process exists: until it listens the
+    // trigger finds no session (exit 1); once it does, it is accepted.
+    let t0 = Instant::now();
+    let mut refused_before = 0;
+    loop {
+        let t = recorder(&run, &["trigger", "early"]);
+        if t.status.success() {
+            break;
+        }
+        refused_before += 1;
+        assert!(t0.elapsed() < Duration::from_secs(20), "never accepted");
+    }
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    let packets = decode(&run.trace());
+    assert_eq!(trigger_packets(&packets).len(), 1);
+    eprintln!("refused {refused_before} times before the session listened");
+}
+
+#[test]
+fn a_trigger_during_stop_is_refused_and_the_file_stays_valid() {
+    let run = Run::new(&trigger_config(
+        "STOP_TRACING",
+        r#"triggers { name: "first" stop_delay_ms: 0 } triggers { name: "late" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 20000 message_size: 64",
+        16384,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(recorder(&run, &["trigger", "first"]).status.success());
+    // The session is now stopping (or gone): a further trigger is not taken.
+    let late = recorder(&run, &["trigger", "late"]);
+    assert_eq!(
+        late.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&late.stderr)
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    let data = run.trace();
+    assert_eq!(whole_prefix(&data), data.len());
+    let packets = decode(&data);
+    let names: Vec<String> = trigger_packets(&packets)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, vec!["first".to_string()]);
+}
