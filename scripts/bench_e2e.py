@@ -102,7 +102,7 @@ duration_ms: {secs * 1000}
     os.unlink(out)
     os.unlink(cfg)
     gb = size / 2**30
-    writer = sum(v for k, v in threads.items() if "for_testing" in k)
+    writer = sum(v for k, v in threads.items() if "for_te" in k)
     mbps = size / secs / 1e6
     return mbps, cpu / gb, (cpu - writer) / gb, hwm, 262144
 
