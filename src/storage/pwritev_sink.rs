@@ -35,6 +35,22 @@ impl PwritevSink {
 /// Poisons after a failed call: the file is cut back to where the call began
 /// so it still ends where a previous call ended; when even that fails, the
 /// sink reports `written_to`, the end of the bytes known to be in place.
+/// fdatasync, unless the sink is poisoned; a failure poisons it (shared by
+/// the positioned sinks).
+pub(super) fn sync_or_poison(
+    fd: impl AsFd,
+    poisoned: &mut Option<SinkError>,
+) -> Result<(), SinkError> {
+    if let Some(e) = *poisoned {
+        return Err(e);
+    }
+    rustix::fs::fdatasync(fd).map_err(|errno| {
+        let e = SinkError::Sync(errno);
+        *poisoned = Some(e);
+        e
+    })
+}
+
 pub(super) fn poison(
     fd: impl AsFd,
     slot: &mut Option<SinkError>,
@@ -98,14 +114,7 @@ impl FileSink for PwritevSink {
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {
-        if let Some(e) = self.poisoned {
-            return Err(e);
-        }
-        rustix::fs::fdatasync(&self.fd).map_err(|errno| {
-            let e = SinkError::Sync(errno);
-            self.poisoned = Some(e);
-            e
-        })
+        sync_or_poison(&self.fd, &mut self.poisoned)
     }
 
     fn bytes_written(&self) -> u64 {

@@ -30,7 +30,7 @@ use io_uring::{IoUring, opcode, types};
 use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX, advance_owned};
-use super::pwritev_sink::poison;
+use super::pwritev_sink::{poison, sync_or_poison};
 use super::{FileSink, SinkError, SinkKind};
 
 /// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
@@ -212,14 +212,7 @@ impl FileSink for UringSink {
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {
-        if let Some(e) = self.poisoned {
-            return Err(e);
-        }
-        rustix::fs::fdatasync(&self.fd).map_err(|errno| {
-            let e = SinkError::Sync(errno);
-            self.poisoned = Some(e);
-            e
-        })
+        sync_or_poison(&self.fd, &mut self.poisoned)
     }
 
     fn bytes_written(&self) -> u64 {
