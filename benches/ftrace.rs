@@ -140,9 +140,17 @@ fn end_to_end(mode: &str) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
     let opts = FtraceOptions {
-        events: vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()],
+        // FTRACE_E2E_EVENTS=a,b overrides the pair of the benchmark.
+        events: std::env::var("FTRACE_E2E_EVENTS")
+            .map(|v| v.split(',').map(str::to_owned).collect())
+            .unwrap_or_else(|_| vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()]),
         read_mode,
         compact_sched: std::env::var("FTRACE_E2E_COMPACT").map_or(true, |v| v != "0"),
+        // FTRACE_E2E_PERCENT=0 drains on the period only.
+        drain_buffer_percent: std::env::var("FTRACE_E2E_PERCENT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(recorder::sources::ftrace::DEFAULT_DRAIN_BUFFER_PERCENT),
         ..Default::default()
     };
     let mut src = FtraceSource::new(
@@ -166,7 +174,7 @@ fn end_to_end(mode: &str) {
     let overrun: u64 = s.cpu_stats.iter().map(|c| c.overrun).sum();
     let ev = s.encode.events as f64;
     println!(
-        "mode={mode} compact={} secs={secs} events={} ({:.2} M/s) raw_bytes={} ({:.1} B/event) out_bytes={} ({:.1} B/event, {:.3}x raw) lost_pages={} overrun={overrun} cpu_s={cpu:.2} ({:.1}% of a core)",
+        "mode={mode} compact={} secs={secs} events={} ({:.2} M/s) raw_bytes={} ({:.1} B/event) out_bytes={} ({:.1} B/event, {:.3}x raw) lost_pages={} overrun={overrun} cpu_s={cpu:.2} ({:.1}% of a core) compact_events={} typed_events={} generic_events={} watermark_drains={}",
         std::env::var("FTRACE_E2E_COMPACT").map_or(true, |v| v != "0"),
         s.encode.events,
         ev / secs as f64 / 1e6,
@@ -177,6 +185,10 @@ fn end_to_end(mode: &str) {
         out as f64 / s.bytes_read as f64,
         s.encode.lost_pages,
         100.0 * cpu / secs as f64,
+        s.encode.compact_events,
+        s.encode.typed_events,
+        s.encode.generic_events,
+        s.watermark_drains,
     );
 }
 

@@ -17,6 +17,7 @@ use crate::session::{self, Session, Timeline, TriggerMode, TriggerRule};
 use crate::sources::DataSource;
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::FtraceOptions;
+use crate::sources::ftrace::encode::{PrintFilter, PrintMatch, PrintRule};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
@@ -317,6 +318,24 @@ fn sys_stats_options(s: &spec::SysStatsSpec) -> SysStatsOptions {
     }
 }
 
+fn print_filter(rules: &[spec::PrintRuleSpec]) -> PrintFilter {
+    PrintFilter {
+        rules: rules
+            .iter()
+            .map(|r| PrintRule {
+                matches: match &r.matches {
+                    spec::PrintMatchSpec::Prefix(p) => PrintMatch::Prefix(p.clone()),
+                    spec::PrintMatchSpec::Atrace { kind, prefix } => PrintMatch::Atrace {
+                        kind: kind.clone(),
+                        prefix: prefix.clone(),
+                    },
+                },
+                allow: r.allow,
+            })
+            .collect(),
+    }
+}
+
 fn ftrace_options(f: &spec::FtraceSpec, sequence_id: u32) -> FtraceOptions {
     let defaults = FtraceOptions::default();
     FtraceOptions {
@@ -325,7 +344,11 @@ fn ftrace_options(f: &spec::FtraceSpec, sequence_id: u32) -> FtraceOptions {
             .buffer_size
             .map_or(0, |b| (b.0 / 1024).min(u32::MAX as u64) as u32),
         drain_period: f.drain_period,
+        drain_buffer_percent: f
+            .drain_buffer_percent
+            .unwrap_or(defaults.drain_buffer_percent),
         compact_sched: f.compact_sched,
+        print_filter: print_filter(&f.print_filter),
         instance_name: f.instance_name.clone(),
         tracing_cpumask: f.tracing_cpumask.clone(),
         atrace_categories: f.atrace_categories.clone(),

@@ -153,6 +153,25 @@ pub struct FtraceSpec {
     pub tracing_cpumask: Option<String>,
     /// Only these tids (exclusive feature).
     pub tids_to_trace: Vec<u32>,
+    /// `print_filter` rules, in order: the first matching one decides
+    /// whether an `ftrace/print` event is kept; none matching keeps it.
+    pub print_filter: Vec<PrintRuleSpec>,
+}
+
+/// One rule of `FtraceConfig.print_filter`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrintRuleSpec {
+    pub matches: PrintMatchSpec,
+    pub allow: bool,
+}
+
+/// What a print rule matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrintMatchSpec {
+    /// The message starts with this.
+    Prefix(String),
+    /// An atrace message `TYPE|pid|name…` of this type whose name starts with `prefix`.
+    Atrace { kind: String, prefix: String },
 }
 
 /// `linux.process_stats`.

@@ -512,11 +512,35 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             "atrace categories and apps only work on Android; only ftrace/print is added",
         );
     }
-    if !f.kprobe_events.is_empty() || f.print_filter.is_some() || !f.tracefs_options.is_empty() {
+    if !f.kprobe_events.is_empty() || !f.tracefs_options.is_empty() {
         cx.warn(
             format!("{path}.config.ftrace_config"),
-            "kprobe_events, print_filter and tracefs_options are not supported and are ignored",
+            "kprobe_events and tracefs_options are not supported and are ignored",
         );
+    }
+    let mut print_filter = Vec::new();
+    if let Some(pf) = &f.print_filter {
+        use crate::protos::ftrace_config::print_filter::rule::Match;
+        for (i, r) in pf.rules.iter().enumerate() {
+            let matches = match &r.r#match {
+                Some(Match::Prefix(p)) => PrintMatchSpec::Prefix(p.clone()),
+                Some(Match::AtraceMsg(m)) => PrintMatchSpec::Atrace {
+                    kind: m.r#type.clone().unwrap_or_default(),
+                    prefix: m.prefix.clone().unwrap_or_default(),
+                },
+                None => {
+                    cx.warn(
+                        format!("{path}.config.ftrace_config.print_filter.rules[{i}]"),
+                        "rule has neither prefix nor atrace_msg: it matches nothing",
+                    );
+                    continue;
+                }
+            };
+            print_filter.push(PrintRuleSpec {
+                matches,
+                allow: r.allow.unwrap_or(false),
+            });
+        }
     }
     if let Some(inst) = f.instance_name.as_deref()
         && (inst == "hyp" || inst == "hypervisor")
@@ -554,6 +578,7 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
         instance_name: f.instance_name.clone().filter(|s| !s.is_empty()),
         tracing_cpumask: f.tracing_cpumask.clone().filter(|s| !s.is_empty()),
         tids_to_trace: f.tids_to_trace.clone(),
+        print_filter,
     }
 }
 

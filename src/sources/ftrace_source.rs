@@ -89,9 +89,13 @@ impl DataSource for FtraceDataSource {
         }
         let summary = self.inner.stop().map_err(|e| self.failed(e))?;
         log::info!(
-            "linux.ftrace: {} bytes of raw pages read, {} bundles written",
+            "linux.ftrace: {} events from {} bytes of raw pages in {} bundles; \
+             {} early drains at the watermark; {} pages flagged with lost events",
+            summary.encode.events,
             summary.bytes_read,
-            summary.encode.bundles
+            summary.encode.bundles,
+            summary.watermark_drains,
+            summary.encode.lost_pages
         );
         if !summary.unknown_events.is_empty() {
             log::warn!(

@@ -36,6 +36,10 @@ pub struct Overflow;
 #[must_use = "a nested message must be closed with end_nested"]
 pub struct Nested(usize);
 
+/// An open nested message with a one-byte length (see [`ProtoEncoder::begin_short`]).
+#[must_use = "close it with end_short"]
+pub struct Short(usize);
+
 /// Encodes protobuf fields into `buf`, starting at offset 0.
 pub struct ProtoEncoder<'a> {
     buf: &'a mut [u8],
@@ -253,6 +257,53 @@ impl<'a> ProtoEncoder<'a> {
         };
         put_redundant_varint4(slot, len as u32);
     }
+
+    /// Opens a nested message expected to stay under 128 bytes: its length
+    /// gets one byte. Close it with [`end_short`](Self::end_short), which
+    /// moves a body that grew longer to make room for a longer length (rare,
+    /// so small ftrace events are encoded without the 3 wasted bytes of a
+    /// four-byte length and without a copy).
+    #[inline]
+    pub fn begin_short(&mut self, field: u32) -> Short {
+        self.tag(field, WireType::Len);
+        let at = self.pos;
+        self.bytes_raw(&[0]);
+        Short(at)
+    }
+
+    /// Closes a message opened with [`begin_short`](Self::begin_short).
+    /// Positions taken inside it are stale afterwards (its body may move).
+    #[inline]
+    pub fn end_short(&mut self, n: Short) {
+        if self.overflow {
+            return;
+        }
+        let body = n.0 + 1;
+        let len = self.pos - body;
+        if len < 0x80 {
+            self.buf[n.0] = len as u8;
+            return;
+        }
+        self.end_short_long(n.0, len);
+    }
+
+    #[cold]
+    fn end_short_long(&mut self, at: usize, len: usize) {
+        let mut hdr = [0u8; 10];
+        let Some(n) = put_varint(&mut hdr, len as u64) else {
+            self.overflow = true;
+            return;
+        };
+        let extra = n - 1;
+        if self.remaining() < extra {
+            self.overflow = true;
+            return;
+        }
+        let body = at + 1;
+        self.buf.copy_within(body..self.pos, body + extra);
+        self.buf[at..at + n].copy_from_slice(&hdr[..n]);
+        self.pos += extra;
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +342,34 @@ mod tests {
                 0x0a, 0x87, 0x80, 0x80, 0x00, 0x10, 0xac, 0x02, 0x1a, 2, b'a', b'b'
             ]
         );
+        // Short messages: one length byte, a long body moved to fit more.
+        let mut buf = [0u8; 200];
+        let mut e = ProtoEncoder::new(&mut buf);
+        let outer = e.begin_short(1);
+        let inner = e.begin_short(2);
+        e.uint(1, 5);
+        e.end_short(inner);
+        e.uint(3, 7);
+        e.end_short(outer);
+        let len = e.finish().expect("fits");
+        assert_eq!(&buf[..len], &[0x0a, 6, 0x12, 2, 0x08, 5, 0x18, 7]);
+        let mut e = ProtoEncoder::new(&mut buf);
+        let outer = e.begin_short(1);
+        e.bytes(2, &[1u8; 130]);
+        e.end_short(outer);
+        e.uint(3, 1);
+        let len = e.finish().expect("fits");
+        // 133-byte body: length 0x85 0x01, then the body, then field 3.
+        assert_eq!(len, 1 + 2 + 133 + 2);
+        assert_eq!(&buf[..6], &[0x0a, 0x85, 0x01, 0x12, 0x82, 0x01]);
+        assert_eq!(&buf[len - 3..len], &[1, 0x18, 1]);
+        // No room to grow the length: overflow, not a torn message.
+        let mut tight = [0u8; 134];
+        let mut e = ProtoEncoder::new(&mut tight);
+        let n = e.begin_short(1);
+        e.bytes(2, &[1u8; 129]);
+        e.end_short(n);
+        assert!(e.overflowed());
         let mut small = [0u8; 3];
         let mut e = ProtoEncoder::new(&mut small);
         e.string(1, "hello");

@@ -697,3 +697,119 @@ fn ping_pong_recording(read_mode: ReadMode) {
         enable_before
     );
 }
+
+/// With a long drain period and a small buffer, only the watermark wake-up
+/// can read more than the buffers hold before the last drain; without it
+/// (percent 0) the same load overruns them.
+#[test]
+fn real_kernel_watermark_drains_before_the_period() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = |percent: u32| {
+        let opts = FtraceOptions {
+            events: vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()],
+            buffer_size_kb: 128,
+            drain_period: Duration::from_secs(30),
+            drain_buffer_percent: percent,
+            sequence_id: SEQ,
+            ..Default::default()
+        };
+        let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
+        src.start().expect("start");
+        let cpus = src.tracefs_dir().expect("dir").cpus().len() as u64;
+        ping_pong(100_000);
+        let s = src.stop().expect("stop");
+        let overrun: u64 = s.cpu_stats.iter().map(|c| c.overrun).sum();
+        let capacity = cpus * 128 * 1024;
+        (s.watermark_drains, s.bytes_read, capacity, overrun)
+    };
+    let (drains, read, capacity, _) = run(25);
+    assert!(drains > 0, "no watermark drain");
+    assert!(
+        read > 2 * capacity,
+        "read {read} B, not more than the {capacity} B the buffers hold"
+    );
+    let (drains, read, capacity, overrun) = run(0);
+    assert_eq!(drains, 0);
+    assert!(read <= capacity + 64 * 1024, "period-only read {read} B");
+    assert!(
+        overrun > 0,
+        "the load should overrun 128 KiB without the watermark"
+    );
+}
+
+/// `print_filter` from a text config, on the binary: the first matching
+/// rule decides, prefix and atrace rules, unmatched prints kept.
+#[test]
+fn print_filter_from_the_config_on_the_binary() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("print.cfg");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 4096 }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "ftrace/print"
+  drain_period_ms: 50
+  print_filter {
+    rules { prefix: "drop" allow: false }
+    rules { atrace_msg { type: "B" prefix: "noisy" } allow: false }
+    rules { prefix: "B|" allow: true }
+  }
+} } }
+duration_ms: 60000
+"#,
+    )
+    .expect("cfg");
+    let out = dir.path().join("print.pftrace");
+    let child = std::process::Command::new(common::recorder_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("recorder runs");
+    let top = Tracefs::discover().expect("tracefs");
+    let inst = top.path(&format!("instances/recorder-{}", child.id()));
+    let marker = inst.join("trace_marker");
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(inst.join("tracing_on")).map_or(true, |s| s.trim() != "1") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "instance never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for m in [
+        "keep 1",
+        "drop me",
+        "B|123|noisy slice",
+        "B|123|quiet slice",
+        "keep 2",
+    ] {
+        std::fs::write(&marker, m).expect("trace_marker");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");
+    let res = child.wait_with_output().expect("exits");
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    let prints: Vec<String> = events(&p)
+        .iter()
+        .filter(|e| e.has_print())
+        .map(|e| e.print().buf().to_string())
+        .collect();
+    assert_eq!(prints, ["keep 1\n", "B|123|quiet slice\n", "keep 2\n"]);
+}

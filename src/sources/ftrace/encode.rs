@@ -15,7 +15,7 @@
 //! ```
 
 use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
-use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
+use super::format::{Field, FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::output::PacketOutput;
 use super::page::{EventIter, PageError, RawEvent, parse_header};
 use crate::trace::encoder::ProtoEncoder;
@@ -26,8 +26,10 @@ const TRAILER_BYTES: usize = 64;
 /// Worst case one compact event adds: five 10-byte varints and a new
 /// interned comm.
 const COMPACT_EVENT_MAX: usize = 5 * 10 + 2 + 16;
-/// Interned comms per bundle before it is closed (keeps lookups short).
+/// Interned comms per bundle before it is closed.
 const MAX_INTERNED: usize = 256;
+/// Slots of the intern index: a power of two, at most half full.
+const INTERN_SLOTS: usize = 2 * MAX_INTERNED;
 
 /// One rule of the print filter: the first matching rule decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,17 +127,26 @@ struct CompactCols {
     last_waking_ts: u64,
     /// Interned comms (NUL-padded to 16 bytes, compared as one u128).
     intern: Vec<(u128, u8)>,
+    /// Open-addressed index into `intern` (slot = index + 1, 0 = free):
+    /// a bundle's few hundred comms are found in one or two probes.
+    intern_slots: Vec<u16>,
     intern_bytes: usize,
+    /// Bytes in all the columns (kept as they grow: checked on every event).
+    col_bytes: usize,
 }
 
+/// Appends `x` as a varint; returns the bytes it took.
 #[inline]
-fn push_varint(v: &mut Vec<u8>, mut x: u64) {
+fn push_varint(v: &mut Vec<u8>, mut x: u64) -> usize {
     // Byte pushes: cheaper than staging and copying a 1–3 byte slice.
+    let mut n = 1;
     while x >= 0x80 {
         v.push((x as u8) | 0x80);
         x >>= 7;
+        n += 1;
     }
     v.push(x as u8);
+    n
 }
 
 impl CompactCols {
@@ -144,7 +155,9 @@ impl CompactCols {
             c.clear();
         }
         self.intern.clear();
+        self.intern_slots.fill(0);
         self.intern_bytes = 0;
+        self.col_bytes = 0;
         self.last_switch_ts = 0;
         self.last_waking_ts = 0;
     }
@@ -174,40 +187,30 @@ impl CompactCols {
         if self.is_empty() {
             return 0;
         }
-        // Columns of one kind grow together; each has a tag and a 4-byte length.
-        let switch = if self.switch_ts.is_empty() {
-            0
-        } else {
-            self.switch_ts.len()
-                + self.switch_prev_state.len()
-                + self.switch_next_pid.len()
-                + self.switch_next_prio.len()
-                + self.switch_comm.len()
-                + 5 * 6
-        };
-        let waking = if self.waking_ts.is_empty() {
-            0
-        } else {
-            self.waking_ts.len()
-                + self.waking_pid.len()
-                + self.waking_target_cpu.len()
-                + self.waking_prio.len()
-                + self.waking_comm.len()
-                + self.waking_flags.len()
-                + 6 * 6
-        };
-        6 + switch + waking + self.intern_bytes
+        // Each column present has a tag and a 4-byte length.
+        let switch = if self.switch_ts.is_empty() { 0 } else { 5 * 6 };
+        let waking = if self.waking_ts.is_empty() { 0 } else { 6 * 6 };
+        6 + switch + waking + self.col_bytes + self.intern_bytes
     }
 
-    fn intern(&mut self, comm: &[u8]) -> u32 {
-        let mut key = [0u8; 16];
-        let n = comm.len().min(16);
-        key[..n].copy_from_slice(&comm[..n]);
-        let k = u128::from_le_bytes(key);
-        if let Some(i) = self.intern.iter().position(|e| e.0 == k) {
-            return i as u32;
+    /// The index of comm `k` (`n` bytes, NUL-padded into a u128) in this
+    /// bundle's intern table, added if new.
+    fn intern(&mut self, k: u128, n: usize) -> u32 {
+        if self.intern_slots.is_empty() {
+            self.intern_slots = vec![0; INTERN_SLOTS];
+        }
+        let mask = INTERN_SLOTS - 1;
+        let h = ((k as u64) ^ ((k >> 64) as u64) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut slot = (h >> 54) as usize & mask;
+        loop {
+            match self.intern_slots[slot] {
+                0 => break,
+                i if self.intern[i as usize - 1] == (k, n as u8) => return i as u32 - 1,
+                _ => slot = (slot + 1) & mask,
+            }
         }
         self.intern.push((k, n as u8));
+        self.intern_slots[slot] = self.intern.len() as u16;
         self.intern_bytes += 2 + n;
         (self.intern.len() - 1) as u32
     }
@@ -248,11 +251,39 @@ impl CompactCols {
     }
 }
 
+/// A comm field as an intern key: its bytes up to the first NUL, zero
+/// padded into a u128, and their count. The kernel's 16-byte `char[]` comms
+/// are read as one word.
+#[inline]
+fn comm_key(rec: &[u8], f: &Field) -> (u128, usize) {
+    const LO: u128 = u128::from_le_bytes([1; 16]);
+    const HI: u128 = u128::from_le_bytes([0x80; 16]);
+    if f.kind == FieldKind::CharArray
+        && f.size == 16
+        && let Some(c) = rec.get(f.offset..).and_then(|r| r.first_chunk::<16>())
+    {
+        let v = u128::from_le_bytes(*c);
+        // The lowest set bit marks the first zero byte (the haszero test).
+        let zero = v.wrapping_sub(LO) & !v & HI;
+        if zero == 0 {
+            return (v, 16);
+        }
+        let n = (zero.trailing_zeros() / 8) as usize;
+        return (v & ((1u128 << (8 * n)) - 1), n);
+    }
+    let s = read_str(rec, f).unwrap_or_default();
+    let n = s.len().min(16);
+    let mut key = [0u8; 16];
+    key[..n].copy_from_slice(&s[..n]);
+    (u128::from_le_bytes(key), n)
+}
+
 /// Protobuf strings must be UTF-8; kernel text almost always is. Bytes that
 /// are not are replaced by a fixed marker rather than copied and repaired.
 #[inline]
 fn utf8_or_placeholder(b: &[u8]) -> &[u8] {
-    if std::str::from_utf8(b).is_ok() {
+    // ASCII (comms, nearly every kernel string) is checked a word at a time.
+    if b.is_ascii() || std::str::from_utf8(b).is_ok() {
         b
     } else {
         b"<invalid utf-8>"
@@ -485,20 +516,20 @@ impl BundleEncoder {
             {
                 return Fit::NoRoom;
             }
-            self.compact_event(plan, entry, ev);
+            self.compact_event(plan, ev);
             self.note_pids(entry, rec);
             self.stats.events += 1;
             self.stats.compact_events += 1;
             return Fit::Written;
         }
         let mark = enc.len();
-        let e = enc.begin_nested(2);
+        let e = enc.begin_short(2);
         enc.uint(1, ev.timestamp);
         if let Some(p) = entry.pid.as_ref().and_then(|f| read_int(rec, f)) {
             enc.uint(2, p as u32 as u64);
         }
         if let Some(plan) = &entry.typed {
-            let m = enc.begin_nested(plan.proto_field);
+            let m = enc.begin_short(plan.proto_field);
             for (no, kind, f) in &plan.fields {
                 match kind {
                     ProtoKind::Int => {
@@ -518,11 +549,11 @@ impl BundleEncoder {
                     }
                 }
             }
-            enc.end_nested(m);
+            enc.end_short(m);
         } else {
             Self::generic_event(enc, entry, rec);
         }
-        enc.end_nested(e);
+        enc.end_short(e);
         if enc.overflowed() || enc.remaining() < reserve {
             enc.truncate(mark);
             return Fit::NoRoom;
@@ -554,12 +585,12 @@ impl BundleEncoder {
     }
 
     fn generic_event(enc: &mut ProtoEncoder<'_>, entry: &EventEntry, rec: &[u8]) {
-        let g = enc.begin_nested(327);
+        let g = enc.begin_short(327);
         enc.string(1, &entry.format.name);
         for f in &entry.format.fields {
             match f.kind {
                 FieldKind::Int => {
-                    let fe = enc.begin_nested(2);
+                    let fe = enc.begin_short(2);
                     enc.string(1, &f.name);
                     if f.signed {
                         if let Some(v) = read_int(rec, f) {
@@ -568,70 +599,55 @@ impl BundleEncoder {
                     } else if let Some(v) = read_uint(rec, f.offset, f.size) {
                         enc.uint(5, v);
                     }
-                    enc.end_nested(fe);
+                    enc.end_short(fe);
                 }
                 FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString => {
-                    let fe = enc.begin_nested(2);
+                    let fe = enc.begin_short(2);
                     enc.string(1, &f.name);
                     enc.bytes(3, utf8_or_placeholder(read_str(rec, f).unwrap_or_default()));
-                    enc.end_nested(fe);
+                    enc.end_short(fe);
                 }
                 FieldKind::Opaque => {}
             }
         }
-        enc.end_nested(g);
+        enc.end_short(g);
     }
 
-    fn compact_event(&mut self, plan: &CompactPlan, _entry: &EventEntry, ev: &RawEvent<'_>) {
+    fn compact_event(&mut self, plan: &CompactPlan, ev: &RawEvent<'_>) {
         let rec = ev.payload;
         let c = &mut self.compact;
-        match plan {
+        let int = |f| read_int(rec, f).unwrap_or(0) as u64;
+        let n = match plan {
             CompactPlan::Switch(p) => {
-                let idx = c.intern(read_str(rec, &p.next_comm).unwrap_or_default());
-                push_varint(
-                    &mut c.switch_ts,
-                    ev.timestamp.wrapping_sub(c.last_switch_ts),
-                );
+                let (k, n) = comm_key(rec, &p.next_comm);
+                let idx = c.intern(k, n);
+                let dt = ev.timestamp.wrapping_sub(c.last_switch_ts);
                 c.last_switch_ts = ev.timestamp;
-                push_varint(
-                    &mut c.switch_prev_state,
-                    read_int(rec, &p.prev_state).unwrap_or(0) as u64,
-                );
-                push_varint(
-                    &mut c.switch_next_pid,
-                    read_int(rec, &p.next_pid).unwrap_or(0) as u64,
-                );
-                push_varint(
-                    &mut c.switch_next_prio,
-                    read_int(rec, &p.next_prio).unwrap_or(0) as u64,
-                );
-                push_varint(&mut c.switch_comm, idx as u64);
+                push_varint(&mut c.switch_ts, dt)
+                    + push_varint(&mut c.switch_prev_state, int(&p.prev_state))
+                    + push_varint(&mut c.switch_next_pid, int(&p.next_pid))
+                    + push_varint(&mut c.switch_next_prio, int(&p.next_prio))
+                    + push_varint(&mut c.switch_comm, idx as u64)
             }
             CompactPlan::Waking(p) => {
-                let idx = c.intern(read_str(rec, &p.comm).unwrap_or_default());
-                push_varint(
-                    &mut c.waking_ts,
-                    ev.timestamp.wrapping_sub(c.last_waking_ts),
-                );
+                let (k, n) = comm_key(rec, &p.comm);
+                let idx = c.intern(k, n);
+                let dt = ev.timestamp.wrapping_sub(c.last_waking_ts);
                 c.last_waking_ts = ev.timestamp;
-                push_varint(&mut c.waking_pid, read_int(rec, &p.pid).unwrap_or(0) as u64);
-                push_varint(
-                    &mut c.waking_target_cpu,
-                    read_int(rec, &p.target_cpu).unwrap_or(0) as u64,
-                );
-                push_varint(
-                    &mut c.waking_prio,
-                    read_int(rec, &p.prio).unwrap_or(0) as u64,
-                );
-                push_varint(&mut c.waking_comm, idx as u64);
                 let flags = p
                     .common_flags
                     .as_ref()
                     .and_then(|f| read_uint(rec, f.offset, f.size))
                     .unwrap_or(0);
-                push_varint(&mut c.waking_flags, flags);
+                push_varint(&mut c.waking_ts, dt)
+                    + push_varint(&mut c.waking_pid, int(&p.pid))
+                    + push_varint(&mut c.waking_target_cpu, int(&p.target_cpu))
+                    + push_varint(&mut c.waking_prio, int(&p.prio))
+                    + push_varint(&mut c.waking_comm, idx as u64)
+                    + push_varint(&mut c.waking_flags, flags)
             }
-        }
+        };
+        c.col_bytes += n;
     }
 }
 
@@ -645,4 +661,58 @@ pub fn count_page_events(page: &[u8], layout: &PageLayout) -> Result<usize, Page
         n += 1;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn comm_field(size: usize) -> Field {
+        Field {
+            name: "comm".into(),
+            type_name: format!("char[{size}]"),
+            offset: 2,
+            size,
+            signed: false,
+            kind: FieldKind::CharArray,
+        }
+    }
+
+    proptest! {
+        /// The one-word comm key is the comm's bytes up to the first NUL,
+        /// as the byte-wise reading gives them, for any 16 bytes.
+        #[test]
+        fn comm_key_matches_read_str(
+            comm in proptest::collection::vec(prop_oneof![Just(0u8), Just(0x80u8), Just(0xffu8), any::<u8>()], 16),
+        ) {
+            let mut rec = vec![7u8, 7];
+            rec.extend_from_slice(&comm);
+            for size in [16, 12] {
+                let f = comm_field(size);
+                let s = read_str(&rec, &f).unwrap_or_default();
+                let mut key = [0u8; 16];
+                key[..s.len()].copy_from_slice(s);
+                prop_assert_eq!(comm_key(&rec, &f), (u128::from_le_bytes(key), s.len()));
+            }
+        }
+    }
+
+    #[test]
+    fn intern_finds_every_comm_again() {
+        let mut c = CompactCols::default();
+        let keys: Vec<(u128, usize)> = (0..MAX_INTERNED as u128)
+            .map(|i| (i * 0x1_0000_0001 + 1, (i % 16) as usize + 1))
+            .collect();
+        for (i, &(k, n)) in keys.iter().enumerate() {
+            assert_eq!(c.intern(k, n), i as u32);
+        }
+        for (i, &(k, n)) in keys.iter().enumerate().rev() {
+            assert_eq!(c.intern(k, n), i as u32, "second lookup");
+        }
+        // Same bytes, other length: another entry.
+        assert_eq!(c.intern(keys[0].0, keys[0].1 + 1), MAX_INTERNED as u32);
+        c.clear();
+        assert_eq!(c.intern(keys[5].0, keys[5].1), 0, "cleared per bundle");
+    }
 }

@@ -310,13 +310,50 @@ pub fn read_str<'r>(rec: &'r [u8], f: &Field) -> Option<&'r [u8]> {
         }
         FieldKind::Int | FieldKind::Opaque => return None,
     };
-    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-    Some(&raw[..end])
+    Some(until_nul(raw))
+}
+
+/// `raw` up to its first NUL, looked for eight bytes at a time (comms and
+/// other char arrays are read on every event).
+#[inline]
+pub fn until_nul(raw: &[u8]) -> &[u8] {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut words = raw.chunks_exact(8);
+    let mut base = 0;
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        let v = u64::from_le_bytes(b);
+        // The lowest set bit of this mask marks the first zero byte (the
+        // classic haszero test; borrows only run upwards, past it).
+        let zero = v.wrapping_sub(LO) & !v & HI;
+        if zero != 0 {
+            return &raw[..base + (zero.trailing_zeros() / 8) as usize];
+        }
+        base += 8;
+    }
+    let tail = words.remainder();
+    let end = tail.iter().position(|&c| c == 0).unwrap_or(tail.len());
+    &raw[..base + end]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time NUL search agrees with a byte scan, wherever
+        /// the NULs (and bytes ≥ 0x80, which upset naive versions) are.
+        #[test]
+        fn until_nul_matches_a_byte_scan(
+            raw in proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(0x80u8), Just(0xffu8), any::<u8>()], 0..40)
+        ) {
+            let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+            prop_assert_eq!(until_nul(&raw), &raw[..end]);
+        }
+    }
 
     const HEADER_PAGE: &str = "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n";
 

@@ -25,6 +25,7 @@ pub mod stats;
 pub mod tracefs;
 
 use std::fs::OpenOptions;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +46,9 @@ use tracefs::{Tracefs, TracefsError, TracefsSession};
 
 /// Default drain period (Perfetto's).
 pub const DEFAULT_DRAIN_PERIOD: Duration = Duration::from_millis(100);
+/// Watermark of the early drain when the config sets none: half full, so a
+/// burst still has the other half of the buffer while the reader catches up.
+pub const DEFAULT_DRAIN_BUFFER_PERCENT: u32 = 50;
 /// Largest bundle packet.
 pub const DEFAULT_MAX_PACKET_BYTES: usize = 32 * 1024;
 
@@ -57,6 +61,9 @@ pub struct FtraceOptions {
     /// Per-CPU kernel buffer; 0 picks [`default_buffer_size_kb`].
     pub buffer_size_kb: u32,
     pub drain_period: Duration,
+    /// Also drain as soon as a CPU buffer is this full (percent, through the
+    /// instance's `buffer_percent` and poll(2)); 0 drains on the period only.
+    pub drain_buffer_percent: u32,
     pub compact_sched: bool,
     /// Record in this (existing or new) instance instead of our own.
     pub instance_name: Option<String>,
@@ -82,6 +89,7 @@ impl Default for FtraceOptions {
             events: Vec::new(),
             buffer_size_kb: 0,
             drain_period: DEFAULT_DRAIN_PERIOD,
+            drain_buffer_percent: DEFAULT_DRAIN_BUFFER_PERCENT,
             compact_sched: true,
             instance_name: None,
             tracing_cpumask: None,
@@ -146,6 +154,8 @@ pub struct FtraceSummary {
     pub unknown_events: Vec<String>,
     pub failed_events: Vec<String>,
     pub non_monotonic: u64,
+    /// Drains started early because a CPU buffer passed the watermark.
+    pub watermark_drains: u64,
     /// The kernel's per-CPU counters at the last FtraceStats written.
     pub cpu_stats: Vec<CpuStats>,
 }
@@ -214,7 +224,20 @@ pub fn load_layouts(
 
 struct Running<O: PacketOutput> {
     tx: Sender<Command>,
+    /// eventfd the reader polls: written after each command.
+    wake: OwnedFd,
     handle: JoinHandle<ReaderState<O>>,
+}
+
+impl<O: PacketOutput> Running<O> {
+    fn send(&self, c: Command) -> Result<(), FtraceError> {
+        self.tx
+            .send(c)
+            .map_err(|e| FtraceError::Thread(e.to_string()))?;
+        rustix::io::write(&self.wake, &1u64.to_ne_bytes())
+            .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
+        Ok(())
+    }
 }
 
 /// The linux.ftrace data source.
@@ -373,6 +396,13 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if let Some(mask) = &self.opts.tracing_cpumask {
             session.set("tracing_cpumask", mask)?;
         }
+        let pct = self.opts.drain_buffer_percent.min(100);
+        let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
+        if watermark {
+            session.set("buffer_percent", &pct.to_string())?;
+        } else if pct > 0 {
+            log::info!("ftrace: no buffer_percent in tracefs; draining every period only");
+        }
         for (g, n) in &selected {
             let rel = format!("events/{g}/{n}/enable");
             if !session.dir().path(&rel).exists() {
@@ -441,13 +471,22 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         );
         let mut state = state;
         state.mode = self.opts.read_mode;
+        state.watermark = watermark;
         let (tx, rx) = mpsc::channel();
         let period = self.opts.drain_period;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
+        let thread_wake = wake
+            .try_clone()
+            .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
         let handle = std::thread::Builder::new()
             .name("ftrace-reader".into())
-            .spawn(move || state.run(period, rx))
+            .spawn(move || state.run(period, rx, thread_wake))
             .map_err(|e| FtraceError::Thread(e.to_string()))?;
-        self.running = Some(Running { tx, handle });
+        self.running = Some(Running { tx, wake, handle });
         log::info!(
             "ftrace: recording {} events on {} CPUs, {} KiB per CPU",
             selected.len(),
@@ -464,8 +503,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .as_ref()
             .ok_or(FtraceError::State("flush before start"))?;
         let (ack_tx, ack_rx) = mpsc::channel();
-        r.tx.send(Command::Flush(ack_tx))
-            .map_err(|e| FtraceError::Thread(e.to_string()))?;
+        r.send(Command::Flush(ack_tx))?;
         ack_rx
             .recv()
             .map_err(|e| FtraceError::Thread(e.to_string()))
@@ -482,7 +520,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             // Nothing new after this; the last drain then empties the buffers.
             let _ = s.dir().write("tracing_on", "0");
         }
-        let _ = r.tx.send(Command::Stop);
+        let _ = r.send(Command::Stop);
         let state = r
             .handle
             .join()
@@ -492,8 +530,10 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             encoder,
             pipes,
             non_monotonic,
+            watermark_drains,
             ..
         } = state;
+        self.summary.watermark_drains = watermark_drains;
         self.summary.bytes_read = pipes.iter().map(|p| p.bytes_read).sum();
         self.summary.encode = encoder.stats;
         self.summary.non_monotonic = non_monotonic;

@@ -2,6 +2,11 @@
 //! `per_cpu/cpuN/trace_pipe_raw` (non-blocking `read(2)`, a page per call)
 //! until the kernel has nothing more, and encodes the pages as bundles.
 //!
+//! Between periodic drains the thread sleeps in poll(2) on every CPU's pipe:
+//! with the instance's `buffer_percent` set, the kernel wakes it as soon as
+//! one CPU's buffer is that full, so a burst is drained before it overruns
+//! the buffer instead of at the next period.
+//!
 //! Two ways out of the kernel ([`ReadMode`]): `read(2)` (the default; with a
 //! periodic drain only the last page of each CPU per period is partial) and
 //! `splice(2)` into a pipe then `read(2)` out of it (full pages only). They
@@ -11,8 +16,10 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use super::encode::{BundleEncoder, CpuCursor, PrintFilter};
 use super::event_table::EventTable;
@@ -21,6 +28,10 @@ use super::output::PacketOutput;
 
 /// Pages read from one CPU before they are encoded (bounds the staging buffer).
 pub const BATCH_PAGES: usize = 64;
+
+/// Shortest time between two watermark-driven drains: if a kernel reports
+/// the pipes readable at any fill level, the thread still does not spin.
+pub const MIN_WAKE_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Pages one splice moves (the pipe is sized to hold them).
 pub const SPLICE_PIPE_PAGES: usize = 16;
@@ -72,6 +83,10 @@ pub struct ReaderState<O: PacketOutput> {
     pids: Vec<i32>,
     /// Per CPU: a timestamp went backwards (should never happen).
     pub non_monotonic: u64,
+    /// Whether the kernel wakes us at a fill watermark (`buffer_percent`).
+    pub watermark: bool,
+    /// Drains started by the watermark rather than the period.
+    pub watermark_drains: u64,
 }
 
 impl<O: PacketOutput> ReaderState<O> {
@@ -97,6 +112,8 @@ impl<O: PacketOutput> ReaderState<O> {
             staging,
             pids: Vec::new(),
             non_monotonic: 0,
+            watermark: false,
+            watermark_drains: 0,
         }
     }
 
@@ -213,19 +230,66 @@ impl<O: PacketOutput> ReaderState<O> {
         }
     }
 
-    /// The thread body: drain every `period` and on request, until Stop.
-    pub fn run(mut self, period: Duration, rx: Receiver<Command>) -> Self {
+    /// Waits until `deadline`, a command (the wake fd) or, with a watermark,
+    /// a CPU buffer filled past it. Returns whether a CPU pipe woke it.
+    fn wait(&self, wake: &OwnedFd, deadline: Instant, watch_cpus: bool) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ts = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: left.subsec_nanos() as i64,
+        };
+        let mut fds = Vec::with_capacity(1 + self.pipes.len());
+        fds.push(PollFd::new(wake, PollFlags::IN));
+        if watch_cpus {
+            for p in &self.pipes {
+                fds.push(PollFd::new(&p.file, PollFlags::IN));
+            }
+        }
+        match poll(&mut fds, Some(&ts)) {
+            Ok(_) => fds[1..].iter().any(|f| !f.revents().is_empty()),
+            Err(_) => false,
+        }
+    }
+
+    /// The thread body: drain every `period`, early when a CPU buffer passes
+    /// the watermark, and on request, until Stop. Commands arrive on `rx`;
+    /// each is announced by a write to the eventfd `wake`.
+    pub fn run(mut self, period: Duration, rx: Receiver<Command>, wake: OwnedFd) -> Self {
+        let mut next = Instant::now() + period;
+        let mut quiet_until = Instant::now();
         loop {
-            match rx.recv_timeout(period) {
-                Err(RecvTimeoutError::Timeout) => self.drain(false),
-                Ok(Command::Flush(ack)) => {
-                    // A flush must deliver everything written so far.
-                    self.drain(true);
-                    let _ = ack.send(());
-                }
-                Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
-                    self.drain(true);
-                    return self;
+            let now = Instant::now();
+            if now >= next {
+                self.drain(false);
+                next = now + period;
+                continue;
+            }
+            let watch = self.watermark && now >= quiet_until;
+            // Sleep no longer than the quiet spell when the CPUs are not watched.
+            let until = if self.watermark && !watch {
+                next.min(quiet_until)
+            } else {
+                next
+            };
+            if self.wait(&wake, until, watch) {
+                self.watermark_drains += 1;
+                self.drain(false);
+                quiet_until = Instant::now() + MIN_WAKE_INTERVAL;
+            }
+            let mut counter = [0u8; 8];
+            let _ = rustix::io::read(&wake, &mut counter);
+            loop {
+                match rx.try_recv() {
+                    Ok(Command::Flush(ack)) => {
+                        // A flush must deliver everything written so far.
+                        self.drain(true);
+                        let _ = ack.send(());
+                    }
+                    Ok(Command::Stop) | Err(TryRecvError::Disconnected) => {
+                        self.drain(true);
+                        return self;
+                    }
+                    Err(TryRecvError::Empty) => break,
                 }
             }
         }
