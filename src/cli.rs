@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, ConfigForm, LoadOptions, RecorderSpec};
 
@@ -27,7 +27,10 @@ detected unless --txt is given.";
 
 /// Records Linux traces in the Perfetto format, storage-first.
 #[derive(Debug, Parser)]
-#[command(name = "recorder", version, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+// Not `args_conflicts_with_subcommands`: clap counts global flags as main-job
+// arguments there, which refused `recorder -q bench`; the main job's own
+// arguments are refused beside a subcommand by `MainArgs::given` instead.
+#[command(name = "recorder", version, after_help = AFTER_HELP)]
 pub struct Cli {
     /// A subcommand; without one, the main job runs (`--config`).
     #[command(subcommand)]
@@ -64,6 +67,41 @@ pub struct MainArgs {
     /// Refuse to overwrite an existing output file.
     #[arg(long)]
     pub no_clobber: bool,
+}
+
+impl MainArgs {
+    /// The first main-job argument given, if any (they mean nothing beside a
+    /// subcommand).
+    pub fn given(&self) -> Option<&'static str> {
+        [
+            (self.config.is_some(), "--config"),
+            (self.out.is_some(), "--out"),
+            (self.txt, "--txt"),
+            (self.txt_lossy, "--txt-lossy"),
+            (self.background, "--background"),
+            (self.no_clobber, "--no-clobber"),
+        ]
+        .into_iter()
+        .find_map(|(set, name)| set.then_some(name))
+    }
+}
+
+impl Cli {
+    /// Parses `args`, refusing main-job arguments beside a subcommand.
+    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        if let (Some(_), Some(flag)) = (&cli.command, cli.main.given()) {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{flag} belongs to the main job and cannot be used with a subcommand"),
+            ));
+        }
+        Ok(cli)
+    }
 }
 
 /// Subcommands. Room is left for `inspect`, `trigger`, `query`, `stop`, `bench`.
@@ -202,7 +240,7 @@ fn warn_all(spec: &RecorderSpec) {
 
 /// Runs the binary: parse arguments, dispatch, return the exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args(std::env::args_os()) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -314,5 +352,45 @@ fn config_convert(
             eprintln!("error: cannot write output: {e}");
             EXIT_RUNTIME
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_flags_go_before_or_after_the_subcommand() {
+        for args in [
+            &["recorder", "-q", "bench", "--no-output"][..],
+            &["recorder", "bench", "-q", "--no-output"],
+            &["recorder", "--quiet", "-q", "inspect", "t.pftrace"],
+            &["recorder", "-v", "config", "check", "x.cfg", "-q"],
+        ] {
+            let cli = Cli::parse_args(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(cli.command.is_some(), "{args:?}");
+            assert!(cli.quiet + cli.verbose > 0, "{args:?}");
+        }
+        let cli = Cli::parse_args(["recorder", "-qq", "bench"]).expect("parses");
+        assert_eq!(cli.quiet, 2);
+    }
+
+    #[test]
+    fn main_job_arguments_are_refused_beside_a_subcommand() {
+        for args in [
+            &["recorder", "--config", "x.cfg", "bench"][..],
+            &["recorder", "-o", "t.pftrace", "inspect", "t.pftrace"],
+            &["recorder", "--no-clobber", "query"],
+        ] {
+            let e = Cli::parse_args(args).expect_err("refused");
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{args:?}"
+            );
+        }
+        // The main job alone still parses.
+        let cli = Cli::parse_args(["recorder", "-q", "-c", "x.cfg", "-o", "t"]).expect("parses");
+        assert!(cli.command.is_none() && cli.main.config.is_some());
     }
 }

@@ -43,7 +43,17 @@
 //! | `cpu` | object | `{user_s, sys_s, total_s}` (whole process during the run) |
 //! | `peak_rss_kb` | int | peak RSS during the run (reset per configuration where the kernel allows) |
 //! | `buffers` | array | per buffer: `index, policy, size_kb, chunk_kb`, the counters above, `retained_pct`, `buffer_bytes_per_packet`, `peak_window_bytes`, `peak_window_ms`, `min_size_kb`, `lossless_rate_pps`, `balanced` |
-//! | `verify` | object | `{ok, checked, packets_in_file, test_packets, lost_in_file, lost_counted, problems: [str]}` |
+//! | `verify` | object | `{ok, checked, packets_in_file, test_packets, lost_in_file, lost_counted, streaming_passes, retention: [object], problems: [str]}` |
+//! | `verify.streaming_passes` | int | write passes that took data while the writers wrote; 0: the file is what the buffers held at the end |
+//! | `verify.retention[]` | object | per writer sequence: `sequence`, `policy`, `offered`, `accepted`, `kept` (test packets in the file), `first_kept`, `last_kept`, `first_accepted`, `last_accepted` (counters, null if none), `runs` (contiguous runs of counters), `lost_before`, `lost_between`, `lost_after` (counters missing before the first kept, between, after the last kept up to the last offered), `unmarked_gaps` (gaps with no loss marker in their place), `trailing_marker`, `streaming`, `shape` |
+//! | `verify.retention[].shape` | str | `all`, `newest` (one run ending at the last accepted packet), `oldest` (one run from counter 0), `middle`, `runs` (several), `none` |
+//!
+//! `verify.ok` also requires what each policy promises about which packets
+//! are kept (stated exactly in [`verify`]): RING_BUFFER keeps the newest
+//! (`last_kept == last_accepted`, and one run when no pass streamed during
+//! the writes), DISCARD keeps every accepted packet from the first, and
+//! every gap carries a loss marker. The table's `kept` column is the shape
+//! shared by every sequence (`mixed` otherwise).
 //!
 //! Sizing advice: `peak_window_bytes` is the most that was offered between
 //! one pass taking a buffer's data and the next pass releasing it, which the

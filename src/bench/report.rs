@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::histogram::Percentiles;
 use super::run::BenchConfig;
 use super::usage::CpuUsage;
-use super::verify::{DecodeError, TraceFound};
+use super::verify::{DecodeError, Retention, TraceFound, Written};
 use super::workload::WriterOutcome;
 use crate::ringbuf::{Buffer, BufferStats, FillPolicy};
 
@@ -132,6 +132,11 @@ pub struct Verification {
     pub lost_in_file: u64,
     /// Overwritten + discarded + refused, from the counters.
     pub lost_counted: u64,
+    /// Write passes that took data while the writers wrote (0: the file is
+    /// what the buffer held at the end).
+    pub streaming_passes: u64,
+    /// Per writer sequence: which packets the file kept.
+    pub retention: Vec<Retention>,
     pub problems: Vec<String>,
 }
 
@@ -140,6 +145,16 @@ impl Verification {
         Self {
             problems: vec![format!("not checked: {why}")],
             ..Self::default()
+        }
+    }
+
+    /// The retention shape shared by every sequence, or `mixed`.
+    pub fn kept(&self) -> &'static str {
+        let mut shapes = self.retention.iter().map(|r| r.shape.name());
+        match shapes.next() {
+            None => "-",
+            Some(first) if shapes.all(|s| s == first) => first,
+            Some(_) => "mixed",
         }
     }
 
@@ -152,11 +167,14 @@ impl Verification {
     }
 
     /// Compares the decoded file with what the writers offered and the
-    /// buffers counted.
+    /// buffers counted, and what each sequence kept with what its buffer's
+    /// policy promises (`policies`: per buffer).
     pub fn check(
         decoded: Result<TraceFound, DecodeError>,
         outcomes: &[WriterOutcome],
         stats: &[BufferStats],
+        policies: &[FillPolicy],
+        streaming_passes: u64,
     ) -> Self {
         let found = match decoded {
             Ok(f) => f,
@@ -165,6 +183,7 @@ impl Verification {
         let mut v = Self {
             checked: true,
             packets_in_file: found.packets,
+            streaming_passes,
             ..Self::default()
         };
         let mut bytes_found = 0u64;
@@ -189,6 +208,18 @@ impl Verification {
             v.test_packets += s.packets;
             v.lost_in_file += o.offered.saturating_sub(s.packets);
             bytes_found += s.bytes;
+            let written = Written {
+                sequence_id: o.sequence_id,
+                offered: o.offered,
+                accepted: o.accepted,
+                first_accepted: o.first_accepted,
+                last_accepted: o.last_accepted,
+            };
+            let policy = policies.get(o.buffer).copied().unwrap_or_default();
+            let r = Retention::of(&s, &written, policy, streaming_passes > 0);
+            let refused = stats.get(o.buffer).is_some_and(|b| b.packets_refused > 0);
+            v.problems.extend(r.problems(refused));
+            v.retention.push(r);
         }
         let unknown: Vec<u32> = found
             .sequences

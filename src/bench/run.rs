@@ -292,11 +292,26 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         ));
     }
 
+    // Every pass but the last one ran while the writers wrote.
+    let streaming_passes = passes
+        .iter()
+        .take(passes.len().saturating_sub(1))
+        .filter(|p| p.bytes > 0)
+        .count() as u64;
     let verification = match &output_path {
         None => Verification::skipped("--no-output"),
         Some(p) => {
             let v = match std::fs::read(p) {
-                Ok(data) => Verification::check(verify::decode(&data), &outcomes, &stats),
+                Ok(data) => {
+                    let policies: Vec<FillPolicy> = cfg.buffers.iter().map(|b| b.policy).collect();
+                    Verification::check(
+                        verify::decode(&data),
+                        &outcomes,
+                        &stats,
+                        &policies,
+                        streaming_passes,
+                    )
+                }
                 Err(e) => Verification::failed(format!("cannot read {}: {e}", p.display())),
             };
             if matches!(cfg.output, OutputTarget::Temporary(_)) {

@@ -109,6 +109,7 @@ pub fn sweep_table(reports: &[ConfigReport]) -> String {
         "cpu_s",
         "rss_MB",
         "verified",
+        "kept",
         "lossless/s",
         "min_kb",
     ]);
@@ -141,6 +142,7 @@ pub fn sweep_table(reports: &[ConfigReport]) -> String {
             } else {
                 "NO".into()
             },
+            r.verify.kept().to_string(),
             b.map_or("-".into(), |b| si(b.lossless_rate_pps)),
             b.map_or("-".into(), |b| b.min_size_kb.to_string()),
         ]);

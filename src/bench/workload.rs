@@ -56,6 +56,9 @@ pub struct WriterOutcome {
     pub buffer: usize,
     pub offered: u64,
     pub accepted: u64,
+    /// Counters of the first and the last accepted packet.
+    pub first_accepted: Option<u64>,
+    pub last_accepted: Option<u64>,
     pub dropped: u64,
     pub offered_bytes: u64,
     pub accepted_bytes: u64,
@@ -145,6 +148,8 @@ pub fn run_writer(
                             slot.commit(len);
                             last_len = len;
                             out.accepted += 1;
+                            out.first_accepted.get_or_insert(n);
+                            out.last_accepted = Some(n);
                             out.accepted_bytes += (SLOT_HEADER_BYTES + len) as u64;
                         }
                         // Cannot happen: max_len bounds the encoding.

@@ -129,3 +129,213 @@ fn bench_table_and_config_mode() {
         "write period from the config: {row}"
     );
 }
+
+/// One sequence as the independent decoder sees it: its `for_testing`
+/// counters in file order, whether a `previous_packet_dropped` marker of the
+/// sequence came right before each, and whether one follows the last.
+struct SequenceView {
+    counters: Vec<u64>,
+    marked: Vec<bool>,
+    trailing_marker: bool,
+}
+
+fn sequence_view(packets: &[perfetto_protos::trace_packet::TracePacket], seq: u32) -> SequenceView {
+    let mut v = SequenceView {
+        counters: Vec::new(),
+        marked: Vec::new(),
+        trailing_marker: false,
+    };
+    let mut pending = false;
+    for p in packets
+        .iter()
+        .filter(|p| p.trusted_packet_sequence_id() == seq)
+    {
+        pending |= p.previous_packet_dropped();
+        if p.has_for_testing() {
+            v.counters.push(p.for_testing().counter());
+            v.marked.push(std::mem::take(&mut pending));
+        }
+    }
+    v.trailing_marker = pending;
+    v
+}
+
+impl SequenceView {
+    /// Every place counters are missing (before the first, between two)
+    /// has a loss marker; returns the number of contiguous runs.
+    fn runs_all_marked(&self) -> u64 {
+        gaps(&self.counters);
+        let mut runs = 0;
+        // The counter that would continue the stream without loss.
+        let mut expect = 0;
+        for (i, (c, m)) in self.counters.iter().zip(&self.marked).enumerate() {
+            if *c != expect {
+                assert!(*m, "gap before counter {c} has no loss marker");
+            }
+            if i == 0 || *c != expect {
+                runs += 1;
+            }
+            expect = c + 1;
+        }
+        runs
+    }
+}
+
+fn bench_json(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> {
+    let run = Command::new(recorder_bin())
+        .args(["-q", "bench", "--json"])
+        .args(args)
+        .arg("--output")
+        .arg(out)
+        .output()
+        .expect("recorder runs");
+    assert!(
+        run.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is a JSON object"))
+        .collect()
+}
+
+/// With no pass during the writes the file is what the buffer held at the
+/// end: RING_BUFFER keeps the newest packets as one run ending at the last
+/// one, DISCARD the oldest as one run from counter 0.
+#[test]
+fn ring_keeps_the_newest_and_discard_the_oldest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines = bench_json(
+        &[
+            "--policy",
+            "ring,discard",
+            "--buffer-kb",
+            "64",
+            "--packet-size",
+            "64",
+            "--packets",
+            "50000",
+            // Longer than the run: only the pass after the writers stop.
+            "--write-period-ms",
+            "600000",
+        ],
+        &dir.path().join("kept.pftrace"),
+    );
+    assert_eq!(lines.len(), 2);
+    for r in &lines {
+        let v = &r["verify"];
+        assert!(v["ok"].as_bool().expect("verify.ok"), "{r}");
+        assert_eq!(v["streaming_passes"], 0, "{r}");
+        let ret = &v["retention"][0];
+        assert_eq!(ret["sequence"], 2);
+        let data = std::fs::read(r["output"].as_str().expect("output")).expect("trace");
+        let seq = sequence_view(&decode(&data), 2);
+        let c = &seq.counters;
+        let (first, last) = (c[0], c[c.len() - 1]);
+        assert_eq!(seq.runs_all_marked(), 1, "one contiguous run");
+        assert!(c.len() < 50_000, "a 64 KiB buffer overflows: {r}");
+        assert_eq!(ret["kept"], c.len() as u64);
+        assert_eq!(
+            (ret["first_kept"].as_u64(), ret["last_kept"].as_u64()),
+            (Some(first), Some(last))
+        );
+        assert_eq!(ret["runs"], 1);
+        match r["policy"].as_str() {
+            Some("ring") => {
+                assert_eq!(last, 49_999, "the newest packet is kept");
+                assert!(first > 0 && seq.marked[0], "older ones lost, marked");
+                assert_eq!(ret["shape"], "newest");
+                assert_eq!(r["packets_overwritten"], first, "{r}");
+            }
+            Some("discard") => {
+                assert_eq!(first, 0, "the oldest packet is kept");
+                assert!(
+                    last < 49_999 && seq.trailing_marker,
+                    "newer ones lost, marked"
+                );
+                assert_eq!(ret["last_accepted"].as_u64(), Some(last));
+                assert_eq!(ret["shape"], "oldest");
+                assert_eq!(r["packets_discarded"], 49_999 - last, "{r}");
+            }
+            other => panic!("policy {other:?}"),
+        }
+    }
+}
+
+/// With passes streaming to the file during the writes, each policy keeps
+/// what it promises across the passes: RING_BUFFER's last run ends at the
+/// last packet written, DISCARD keeps every accepted packet from the first;
+/// every gap is marked in place.
+#[test]
+fn streaming_passes_keep_marked_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines = bench_json(
+        &[
+            "--policy",
+            "ring,discard",
+            "--buffer-kb",
+            "64",
+            "--packet-size",
+            "1024",
+            "--max-rate",
+            "--duration",
+            "1",
+            "--write-period-ms",
+            "100",
+        ],
+        &dir.path().join("stream.pftrace"),
+    );
+    for r in &lines {
+        let v = &r["verify"];
+        assert!(v["ok"].as_bool().expect("verify.ok"), "{r}");
+        assert!(v["streaming_passes"].as_u64() > Some(0), "{r}");
+        let ret = &v["retention"][0];
+        let data = std::fs::read(r["output"].as_str().expect("output")).expect("trace");
+        let seq = sequence_view(&decode(&data), 2);
+        let runs = seq.runs_all_marked();
+        assert_eq!(ret["runs"], runs, "{r}");
+        let (first, last) = (seq.counters[0], seq.counters[seq.counters.len() - 1]);
+        assert!(r["retained_pct"].as_f64() < Some(100.0), "overflowed: {r}");
+        match r["policy"].as_str() {
+            Some("ring") => {
+                assert_eq!(ret["last_accepted"].as_u64(), Some(last), "{r}");
+                assert!(!seq.trailing_marker, "nothing lost after the last");
+            }
+            Some("discard") => {
+                assert_eq!(ret["first_accepted"].as_u64(), Some(first), "{r}");
+                assert_eq!(ret["accepted"], seq.counters.len() as u64, "{r}");
+                assert_eq!(r["packets_overwritten"], 0);
+            }
+            other => panic!("policy {other:?}"),
+        }
+    }
+}
+
+/// Global flags (`-q`, `-v`) go before or after the subcommand; the main
+/// job's own arguments are still refused beside one.
+#[test]
+fn global_flags_before_or_after_the_subcommand() {
+    for args in [
+        &["-q", "bench", "--no-output", "--packets", "1000"][..],
+        &["bench", "--no-output", "--packets", "1000", "-q"],
+        &["-v", "-q", "bench", "--no-output", "--packets", "1000"],
+    ] {
+        let run = Command::new(recorder_bin())
+            .args(args)
+            .output()
+            .expect("recorder runs");
+        assert!(
+            run.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(String::from_utf8_lossy(&run.stdout).contains("verified"));
+    }
+    let run = Command::new(recorder_bin())
+        .args(["--config", "x.cfg", "bench"])
+        .output()
+        .expect("recorder runs");
+    assert_eq!(run.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("--config"));
+}
