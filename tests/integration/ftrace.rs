@@ -768,7 +768,7 @@ duration_ms: 60000
     )
     .expect("cfg");
     let out = dir.path().join("print.pftrace");
-    let child = std::process::Command::new(common::recorder_bin())
+    let mut child = std::process::Command::new(common::recorder_bin())
         .arg("--config")
         .arg(&cfg)
         .arg("-o")
@@ -777,16 +777,25 @@ duration_ms: 60000
         .spawn()
         .expect("recorder runs");
     let top = Tracefs::discover().expect("tracefs");
-    let inst = top.path(&format!("instances/recorder-{}", child.id()));
-    let marker = inst.join("trace_marker");
-    let t0 = std::time::Instant::now();
-    while std::fs::read_to_string(inst.join("tracing_on")).map_or(true, |s| s.trim() != "1") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "instance never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    let marker = top.path(&format!("instances/recorder-{}/trace_marker", child.id()));
+    // A new instance starts with tracing_on = 1 before the recorder has set
+    // it up: wait for the recorder's own word that it records.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).expect("stderr");
+        assert!(n > 0, "recorder ended before recording: {log}");
+        log.push_str(&line);
+        if line.contains("ftrace: recording") {
+            break;
+        }
     }
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
     for m in [
         "keep 1",
         "drop me",
@@ -799,12 +808,9 @@ duration_ms: 60000
     std::thread::sleep(Duration::from_millis(200));
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");
-    let res = child.wait_with_output().expect("exits");
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    let status = child.wait().expect("exits");
+    log.push_str(&rest.join().expect("stderr reader"));
+    assert!(status.success(), "{log}");
     let p = decode(&std::fs::read(&out).expect("trace"));
     let prints: Vec<String> = events(&p)
         .iter()
