@@ -768,34 +768,12 @@ duration_ms: 60000
     )
     .expect("cfg");
     let out = dir.path().join("print.pftrace");
-    let mut child = std::process::Command::new(common::recorder_bin())
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("recorder runs");
+    let mut rec = Started::spawn(&cfg, &out);
     let top = Tracefs::discover().expect("tracefs");
-    let marker = top.path(&format!("instances/recorder-{}/trace_marker", child.id()));
-    // A new instance starts with tracing_on = 1 before the recorder has set
-    // it up: wait for the recorder's own word that it records.
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-    let mut log = String::new();
-    loop {
-        let mut line = String::new();
-        let n = std::io::BufRead::read_line(&mut stderr, &mut line).expect("stderr");
-        assert!(n > 0, "recorder ended before recording: {log}");
-        log.push_str(&line);
-        if line.contains("ftrace: recording") {
-            break;
-        }
-    }
-    let rest = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-        s
-    });
+    let marker = top.path(&format!(
+        "instances/recorder-{}/trace_marker",
+        rec.child.id()
+    ));
     for m in [
         "keep 1",
         "drop me",
@@ -806,11 +784,7 @@ duration_ms: 60000
         std::fs::write(&marker, m).expect("trace_marker");
     }
     std::thread::sleep(Duration::from_millis(200));
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");
-    let status = child.wait().expect("exits");
-    log.push_str(&rest.join().expect("stderr reader"));
-    assert!(status.success(), "{log}");
+    rec.interrupt_and_wait();
     let p = decode(&std::fs::read(&out).expect("trace"));
     let prints: Vec<String> = events(&p)
         .iter()
@@ -818,4 +792,194 @@ duration_ms: 60000
         .map(|e| e.print().buf().to_string())
         .collect();
     assert_eq!(prints, ["keep 1\n", "B|123|quiet slice\n", "keep 2\n"]);
+}
+
+/// A recorder started on a config, once its ftrace source records (a new
+/// instance starts with tracing_on = 1 before the recorder has set it up, so
+/// its own log line is the signal).
+struct Started {
+    child: std::process::Child,
+    log: String,
+    rest: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Started {
+    fn spawn(cfg: &std::path::Path, out: &std::path::Path) -> Started {
+        match Self::try_spawn(cfg, out) {
+            Ok(s) => s,
+            Err(log) => panic!("{}: recorder ended before recording: {log}", cfg.display()),
+        }
+    }
+
+    /// Like [`Started::spawn`]; a recorder that exits before its ftrace
+    /// source records gives its exit status and log instead.
+    fn try_spawn(cfg: &std::path::Path, out: &std::path::Path) -> Result<Started, String> {
+        let mut child = std::process::Command::new(common::recorder_bin())
+            .arg("--config")
+            .arg(cfg)
+            .arg("-o")
+            .arg(out)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("recorder runs");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut log = String::new();
+        loop {
+            let mut line = String::new();
+            let n = std::io::BufRead::read_line(&mut stderr, &mut line).expect("stderr");
+            if n == 0 {
+                let status = child.wait().expect("exits");
+                return Err(format!("{status}\n{log}"));
+            }
+            log.push_str(&line);
+            if line.contains("ftrace: recording") {
+                break;
+            }
+        }
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        Ok(Started {
+            child,
+            log,
+            rest: Some(rest),
+        })
+    }
+
+    /// SIGINT (the session may have ended by itself), then the exit status
+    /// must be success; returns the whole log.
+    fn interrupt_and_wait(&mut self) -> String {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
+        let status = self.child.wait().expect("exits");
+        if let Some(r) = self.rest.take() {
+            self.log.push_str(&r.join().expect("stderr reader"));
+        }
+        assert!(status.success(), "{}", self.log);
+        self.log.clone()
+    }
+}
+
+/// Perfetto's own test configs whose data sources are all built in here
+/// (linux.ftrace, linux.process_stats, linux.sys_stats, linux.system_info)
+/// and that start without a trigger run as given: each records for a
+/// second, stops on SIGINT, and its file holds ftrace bundles (nothing lost
+/// at this load), the start and end FtraceStats, and the process tree where
+/// the config scans processes at start — read by the independent decoder.
+#[test]
+fn perfetto_test_configs_with_linux_sources_record() {
+    use recorder::config::spec::SourceKind;
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let dir = common::perfetto_test_configs()
+        .or_else(|| std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS").map(PathBuf::from))
+        .expect("../shared/perfetto-test-configs (or $RECORDER_PERFETTO_TEST_CONFIGS) must exist");
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("configs")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cfg"))
+        .collect();
+    files.sort();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut ran = Vec::new();
+    let mut refused = Vec::new();
+    for path in files {
+        let Ok(spec) = recorder::config::load_spec(&path, Default::default()) else {
+            continue;
+        };
+        let builtin = spec.data_sources.iter().all(|d| {
+            matches!(
+                d.kind,
+                SourceKind::Ftrace(_)
+                    | SourceKind::ProcessStats(_)
+                    | SourceKind::SysStats(_)
+                    | SourceKind::SystemInfo
+            )
+        });
+        let ftrace = spec
+            .data_sources
+            .iter()
+            .any(|d| matches!(d.kind, SourceKind::Ftrace(_)));
+        if !builtin || !ftrace || spec.trigger.is_some() {
+            continue;
+        }
+        let scans = spec.data_sources.iter().any(
+            |d| matches!(&d.kind, SourceKind::ProcessStats(p) if p.scan_all_processes_on_start),
+        );
+        // Userspace atrace (any atrace category) and print come through trace_marker.
+        let prints = spec.data_sources.iter().any(|d| {
+            matches!(&d.kind, SourceKind::Ftrace(f) if !f.atrace_categories.is_empty()
+                || !f.atrace_apps.is_empty()
+                || f.events.iter().any(|e| e == "ftrace/print" || e == "print"))
+        });
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        let out = tmp.path().join(format!("{name}.pftrace"));
+        let mut rec = match Started::try_spawn(&path, &out) {
+            Ok(r) => r,
+            Err(log) => {
+                // Only a kernel without any of the config's events may refuse it, by name.
+                assert!(
+                    log.contains("exit status: 1")
+                        && log.contains("none of the requested ftrace events exist"),
+                    "{name}: {log}"
+                );
+                refused.push(name);
+                continue;
+            }
+        };
+        let marker = Tracefs::discover().expect("tracefs").path(&format!(
+            "instances/recorder-{}/trace_marker",
+            rec.child.id()
+        ));
+        std::fs::write(&marker, format!("running {name}")).expect("trace_marker");
+        std::thread::sleep(Duration::from_millis(1000));
+        let log = rec.interrupt_and_wait();
+        let p = decode(&std::fs::read(&out).expect("trace"));
+        let b = bundles(&p);
+        assert!(!b.is_empty(), "{name}: no ftrace bundles");
+        if prints {
+            let want = format!("running {name}\n");
+            assert!(
+                events(&p)
+                    .iter()
+                    .any(|e| e.has_print() && e.print().buf() == want),
+                "{name}: the trace_marker line is missing"
+            );
+        }
+        assert!(b.iter().all(|b| !b.lost_events()), "{name}: lost events");
+        let phases: Vec<_> = p
+            .iter()
+            .filter(|p| p.has_ftrace_stats())
+            .map(|p| p.ftrace_stats().phase())
+            .collect();
+        // A full DISCARD buffer (rss_stat.cfg: 512 KiB) has no room for the
+        // end stats, and the summary says so.
+        let full = log.contains("no room for the FtraceStats");
+        assert_eq!(
+            phases.len(),
+            if full { 1 } else { 2 },
+            "{name}: start and end FtraceStats\n{log}"
+        );
+        if scans {
+            assert!(
+                p.iter().any(|p| p.has_process_tree()),
+                "{name}: no process tree"
+            );
+        }
+        ran.push(name);
+    }
+    for must in ["long_trace.cfg", "scheduling.cfg", "sys_stats.cfg"] {
+        assert!(ran.iter().any(|r| r == must), "{must} not run: {ran:?}");
+    }
+    eprintln!("ran: {ran:?}; refused (no such events here): {refused:?}");
 }

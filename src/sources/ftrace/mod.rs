@@ -136,7 +136,7 @@ pub enum FtraceError {
         file: String,
         source: format::FormatError,
     },
-    #[error("none of the requested ftrace events exist: {0:?}")]
+    #[error("none of the requested ftrace events exist: {0:?} (see events/ in tracefs)")]
     NoEvents(Vec<String>),
     #[error("the source is not in the state this needs ({0})")]
     State(&'static str),
@@ -351,8 +351,16 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if self.running.is_some() || self.output.is_none() {
             return Err(FtraceError::State("start twice"));
         }
+        let mut events = self.opts.events.clone();
         if !self.opts.atrace_categories.is_empty() || !self.opts.atrace_apps.is_empty() {
-            log::warn!("atrace_categories/atrace_apps are Android-only; ignored");
+            // Userspace atrace writes through trace_marker: keep its prints.
+            log::warn!(
+                "atrace_categories/atrace_apps are Android-only; recording ftrace/print for \
+                 userspace atrace markers"
+            );
+            if !events.iter().any(|e| e == "ftrace/print" || e == "print") {
+                events.push("ftrace/print".into());
+            }
         }
         let mut session = TracefsSession::open(
             &self.top,
@@ -360,7 +368,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             &self.opts.proc_root,
         )?;
         let mut selected = Vec::new();
-        for spec in &self.opts.events {
+        for spec in &events {
             let found = resolve_event(session.dir(), spec);
             if found.is_empty() {
                 self.summary.unknown_events.push(spec.clone());
@@ -378,7 +386,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             );
         }
         if selected.is_empty() {
-            return Err(FtraceError::NoEvents(self.opts.events.clone()));
+            return Err(FtraceError::NoEvents(events));
         }
         let (layout, table, failed) =
             load_layouts(session.dir(), &selected, self.opts.compact_sched)?;
