@@ -1,7 +1,8 @@
 //! Model-based oracle for the buffer engine (`recorder::ringbuf`).
 //!
 //! Drives a real [`Buffer`] with a sequence of operations — writes, zero-copy
-//! slots, writer flushes and drops, flushes, snapshots, releases, clears —
+//! slots (slot headers of 2 to 4 bytes, as wide as the reserved length's
+//! varint), writer flushes and drops, flushes, snapshots, releases, clears —
 //! and checks after every step, against a model of one `VecDeque` per writer
 //! sequence holding every packet written and not yet seen:
 //! * R1: every data range parses on its own into whole frames
@@ -77,7 +78,12 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     } else {
         FillPolicy::Discard
     };
-    let chunk_size = [16, 64, 256, 1024][usize::from((b0 >> 1) & 3)];
+    // 64 KiB chunks make room for slots with 4-byte headers (16 KiB and up).
+    let chunk_size = if b0 & 8 != 0 {
+        64 * 1024
+    } else {
+        [16, 64, 256, 1024][usize::from((b0 >> 1) & 3)]
+    };
     let chunks = 2 + usize::from(b1 % 15);
     let setup = Setup {
         policy,
@@ -90,13 +96,15 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         let len = |n: &mut dyn FnMut() -> Option<u8>| -> Option<u32> {
             let sel = n()?;
             let lo = n()?;
-            let limit = match sel & 3 {
-                0 => 64,
-                1 => 2 * chunk_size,
-                2 => 8 * chunk_size,
-                _ => 64 * 1024,
+            let v = u32::from(sel >> 2) << 8 | u32::from(lo);
+            let (limit, v) = match sel & 3 {
+                0 => (64, v),
+                1 => (2 * chunk_size, v),
+                2 => (8 * chunk_size, v),
+                // 14 bits scaled up to reach the whole 64 KiB.
+                _ => (64 * 1024, v << 2 | v & 3),
             };
-            Some((u32::from(sel >> 2) << 8 | u32::from(lo)) % limit as u32)
+            Some(v % limit as u32)
         };
         let op = match code & 15 {
             0..=5 => Op::Write {
@@ -170,6 +178,12 @@ struct Model {
 fn varint_len(v: usize) -> usize {
     let bits = usize::BITS - (v | 1).leading_zeros();
     bits.div_ceil(7) as usize
+}
+
+/// Bytes before a slot's packet: the tag and a length varint as wide as the
+/// reserved length's.
+fn slot_header(max_len: usize) -> usize {
+    1 + varint_len(max_len)
 }
 
 fn fill(w: u8, seq: u32, i: usize) -> u8 {
@@ -294,7 +308,8 @@ impl Model {
         let max_len = max_len.max(MIN_LEN);
         let commit = len <= max_len;
         let len = len.max(MIN_LEN).min(max_len);
-        let framed = 5 + max_len;
+        let header = slot_header(max_len);
+        let framed = header + max_len;
         let too_big = max_len > self.buffer.max_packet_len();
         let (needs, k, must) = self.predict(w, framed);
         let seq = self.seqs[w].next_seq;
@@ -321,7 +336,7 @@ impl Model {
             }
             return;
         }
-        self.account(w, r, too_big, needs, must, k, seq, framed, 5 + len);
+        self.account(w, r, too_big, needs, must, k, seq, framed, header + len);
     }
 
     #[allow(clippy::too_many_arguments)]

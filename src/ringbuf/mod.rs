@@ -25,8 +25,13 @@
 //!                                  (bytes, packets) published by the writer
 //!                                  with one Release store after each packet
 //!
-//!  begin_packet reserves a 4-byte redundant varint and patches it at commit:
-//!   0A  80|l0  80|l1  80|l2  l3  <packet>
+//!  begin_packet(max_len) reserves a length varint as wide as max_len's
+//!  (slot_header_bytes) and fills it at commit, redundant if the packet came
+//!  out shorter; the packet's bytes never move:
+//!   max_len < 128      0A  l0  <packet>                  (2 B, as write_packet)
+//!   max_len < 16 KiB   0A  80|l0  l1  <packet>           (3 B)
+//!   max_len < 2 MiB    0A  80|l0  80|l1  l2  <packet>    (4 B)
+//!   larger             0A  80|l0  80|l1  80|l2  l3  …    (5 B, MAX_SLOT_HEADER_BYTES)
 //!
 //!  a packet larger than a chunk: a span of k adjacent chunks, one region
 //!  ┌──────────┬──────────┬──────────┐
@@ -114,7 +119,7 @@ mod writer;
 pub use buffer::Buffer;
 pub use flush::{FlushBatch, FlushItem};
 pub use stats::BufferStats;
-pub use writer::{PacketSlot, Writer};
+pub use writer::{MAX_SLOT_HEADER_BYTES, PacketSlot, Writer, slot_header_bytes};
 
 /// What a full buffer does with new data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
