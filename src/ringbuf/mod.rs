@@ -33,6 +33,10 @@
 //!   max_len < 2 MiB    0A  80|l0  80|l1  l2  <packet>    (4 B)
 //!   larger             0A  80|l0  80|l1  80|l2  l3  …    (5 B, MAX_SLOT_HEADER_BYTES)
 //!
+//!  reserve_at_least(min, max) hands out what is left of the region (up to
+//!  max) when that is at least min, so a splittable writer (ftrace bundles)
+//!  leaves less than min of padding at a region's end
+//!
 //!  a packet larger than a chunk: a span of k adjacent chunks, one region
 //!  ┌──────────┬──────────┬──────────┐
 //!  │ 0A len … big packet …  │ 0A …  │   flushed as one contiguous range;

@@ -534,3 +534,55 @@ fn five_byte_slot_headers_for_slots_of_2_mib_and_more() {
         vec![&[0x0A, 0x89, 0x80, 0x80, 0x00, 4, 4, 4, 4, 4, 4, 4, 4, 4][..]]
     );
 }
+
+#[test]
+fn reserve_at_least_uses_up_the_region_before_taking_a_new_one() {
+    let b = buffer(4, 256, FillPolicy::Discard);
+    assert_eq!(b.max_packet_len(), 256);
+    let mut w = b.writer(WriterId(2));
+    // No region yet: a new one, the whole max_len.
+    let buf = w.reserve_at_least(10, 100).expect("room");
+    assert_eq!(buf.len(), 100);
+    buf[..50].fill(1);
+    w.commit_reserved(50);
+    // 256 - 52 = 204 B left: 201 B of space behind a 3-byte header, the
+    // max_len above max_packet_len lowered to it.
+    let buf = w.reserve_at_least(10, 1000).expect("room");
+    assert_eq!(buf.len(), 201);
+    buf.fill(2);
+    w.commit_reserved(201);
+    // Nothing left: a new region for the whole max_len.
+    let buf = w.reserve_at_least(10, 20).expect("room");
+    assert_eq!(buf.len(), 20);
+    buf[..5].fill(3);
+    w.commit_reserved(5);
+    // 249 B left but 250 asked at least: a new region.
+    let buf = w.reserve_at_least(250, 250).expect("room");
+    assert_eq!(buf.len(), 250);
+    buf.fill(4);
+    w.commit_reserved(250);
+    // At least more than any packet: refused, counted.
+    assert_eq!(
+        w.reserve_at_least(300, 400).map(|b| b.len()),
+        Err(WriteError::TooBig)
+    );
+    w.commit_reserved(7);
+    w.flush();
+    let s = b.stats();
+    assert_eq!(s.chunks_written, 3);
+    assert_eq!(
+        s.padding_bytes_written,
+        249 + 3,
+        "only the chunk left for the 250 B and the last one's tail"
+    );
+    assert_eq!(s.packets_refused, 1);
+    assert_eq!(
+        drain(&b),
+        vec![
+            Piece::Packet(pkt(1, 50)),
+            Piece::Packet(pkt(2, 201)),
+            Piece::Packet(pkt(3, 5)),
+            Piece::Packet(pkt(4, 250)),
+        ]
+    );
+}

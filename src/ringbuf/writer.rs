@@ -167,10 +167,44 @@ impl Writer {
     /// A second `reserve` before the commit replaces the first reservation.
     #[inline]
     pub fn reserve(&mut self, max_len: usize) -> Result<&mut [u8], WriteError> {
+        // A failed reservation leaves none open.
+        self.reserved = None;
         let slot = self.begin_packet(max_len)?;
         let max_len = slot.max_len;
         self.reserved = Some(max_len);
         Ok(self.slot_buf(max_len))
+    }
+
+    /// Like [`reserve`](Self::reserve), for encoders that can split their
+    /// output across packets: returns what is free in the current region
+    /// (less the slot header, at most `max_len`) when that is at least
+    /// `min_len`, and only otherwise moves to a new region for `max_len`
+    /// bytes, so that little of a region is left as padding. The space's
+    /// length is the reservation's. `max_len` above
+    /// [`Buffer::max_packet_len`](super::Buffer::max_packet_len) is lowered
+    /// to it (a `min_len` above that is refused as too big); a `min_len`
+    /// above `max_len` is lowered to `max_len`.
+    pub fn reserve_at_least(
+        &mut self,
+        min_len: usize,
+        max_len: usize,
+    ) -> Result<&mut [u8], WriteError> {
+        let min_len = min_len.min(max_len);
+        let max_len = max_len.min(self.max_len);
+        if min_len > max_len {
+            return self.reserve(min_len);
+        }
+        // The header of any length up to `free` fits in 1 + varint_len(free).
+        let room = self.cur.as_ref().map_or(0, |c| {
+            let free = c.cap - c.pos;
+            free.saturating_sub(1 + varint_len(free))
+        });
+        let len = room.min(max_len);
+        if len > 0 && len >= min_len {
+            self.reserved = Some(len);
+            return Ok(self.slot_buf(len));
+        }
+        self.reserve(max_len)
     }
 
     /// Stores the first `len` bytes of the last [`reserve`](Self::reserve)d
@@ -197,7 +231,7 @@ impl Writer {
             .as_ref()
             .expect("a slot exists only while its writer holds a region");
         let header = slot_header_bytes(max_len);
-        // SAFETY: M1, M2 — begin_packet made sure
+        // SAFETY: M1, M2 — begin_packet (or reserve_at_least) made sure
         // `slot_header_bytes(max_len) + max_len` bytes are free at `pos` in
         // the writer's own region; the memory is initialised (zeroed or old
         // data) and only this writer touches it until it publishes a larger

@@ -58,6 +58,9 @@ fn op_strategy(chunk: usize) -> impl Strategy<Value = Op> {
                 len: if commit { max_len.saturating_sub(back) } else { u32::MAX },
             }
         ),
+        3 => (w.clone(), len_strategy(chunk), len_strategy(chunk), prop_oneof![0u32..8, Just(u32::MAX)]).prop_map(
+            |(writer, min_len, max_len, back)| Op::Reserve { writer, min_len, max_len, back }
+        ),
         1 => w.clone().prop_map(|writer| Op::Flush { writer }),
         1 => w.prop_map(|writer| Op::Drop { writer }),
         2 => Just(Op::Take),
