@@ -21,7 +21,7 @@ impl PacketOutput for Sink {
     fn write_packet(&mut self, p: &[u8]) {
         self.bytes += p.len();
     }
-    fn begin(&mut self, max_len: usize) -> Option<&mut [u8]> {
+    fn begin(&mut self, _min_len: usize, max_len: usize) -> Option<&mut [u8]> {
         if self.buf.len() < max_len {
             self.buf.resize(max_len, 0);
         }

@@ -38,7 +38,7 @@ use protobuf::Message;
 use recorder::bench::verify::{self, SequenceFound};
 use recorder::bench::workload::filler_for;
 use recorder::clock::boottime_ns;
-use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId, slot_header_bytes};
 use recorder::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
 
 const BUFFER_KB: u32 = 16 * 1024;
@@ -405,6 +405,8 @@ fn main() {
             .collect();
         let packets = (PAYLOAD_BYTES / size) as u64;
         let pf_len = perfetto_packet_len(&filler, packets);
+        // What `begin_packet` puts before each of our packets.
+        let header = slot_header_bytes(max_packet_len(filler_len));
         for (source, pf_policy, policy, name) in [
             (
                 (ds, DS_NAME),
@@ -459,7 +461,7 @@ fn main() {
                 "{size} B {name}, last run of {}: about {:.0}% reached perfetto's buffer, it kept {} \
                  ({} marked dropped; {}), \
                  per packet {:.1} B = {:.1} B TracePacket (as in its trace; {:.1} B encoded \
-                 by the SDK alone) + {:.1} B size header and chunk headers; recorder kept {} ({} loss markers), per packet {:.1} B = 5 B slot \
+                 by the SDK alone) + {:.1} B size header and chunk headers; recorder kept {} ({} loss markers), per packet {:.1} B = {} B slot \
                  header + {:.1} B TracePacket + {:.1} B chunk padding",
                 p.packets,
                 p.reached_bytes as f64 * 100.0 / p.kept.per_packet() / p.packets as f64,
@@ -473,7 +475,8 @@ fn main() {
                 r.kept.shape(),
                 r.kept.dropped_marks,
                 r.kept.per_packet(),
-                r.kept.framed as f64 / r.kept.packets.max(1) as f64 - 5.0,
+                header,
+                r.kept.framed as f64 / r.kept.packets.max(1) as f64 - header as f64,
                 (r.kept.buffer_bytes - r.kept.framed) as f64 / r.kept.packets.max(1) as f64,
             ));
         }

@@ -1,7 +1,9 @@
 //! Model-based oracle for the buffer engine (`recorder::ringbuf`).
 //!
 //! Drives a real [`Buffer`] with a sequence of operations — writes, zero-copy
-//! slots, writer flushes and drops, flushes, snapshots, releases, clears —
+//! slots (slot headers of 2 to 4 bytes, as wide as the reserved length's
+//! varint), reservations that take what is left of a region, writer flushes
+//! and drops, flushes, snapshots, releases, clears —
 //! and checks after every step, against a model of one `VecDeque` per writer
 //! sequence holding every packet written and not yet seen:
 //! * R1: every data range parses on its own into whole frames
@@ -50,6 +52,15 @@ pub enum Op {
     /// `begin_packet(max_len)`, then commit `len` bytes, or drop the slot
     /// uncommitted when `len > max_len`.
     Slot { writer: u8, max_len: u32, len: u32 },
+    /// `reserve_at_least(min_len, max_len)`, then `commit_reserved` of the
+    /// space's length less `back` bytes, or of 0 bytes when `back` is
+    /// `u32::MAX`.
+    Reserve {
+        writer: u8,
+        min_len: u32,
+        max_len: u32,
+        back: u32,
+    },
     /// `Writer::flush`.
     Flush { writer: u8 },
     /// Drop the writer (a later write makes a new one with the same id).
@@ -77,7 +88,12 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     } else {
         FillPolicy::Discard
     };
-    let chunk_size = [16, 64, 256, 1024][usize::from((b0 >> 1) & 3)];
+    // 64 KiB chunks make room for slots with 4-byte headers (16 KiB and up).
+    let chunk_size = if b0 & 8 != 0 {
+        64 * 1024
+    } else {
+        [16, 64, 256, 1024][usize::from((b0 >> 1) & 3)]
+    };
     let chunks = 2 + usize::from(b1 % 15);
     let setup = Setup {
         policy,
@@ -90,13 +106,15 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         let len = |n: &mut dyn FnMut() -> Option<u8>| -> Option<u32> {
             let sel = n()?;
             let lo = n()?;
-            let limit = match sel & 3 {
-                0 => 64,
-                1 => 2 * chunk_size,
-                2 => 8 * chunk_size,
-                _ => 64 * 1024,
+            let v = u32::from(sel >> 2) << 8 | u32::from(lo);
+            let (limit, v) = match sel & 3 {
+                0 => (64, v),
+                1 => (2 * chunk_size, v),
+                2 => (8 * chunk_size, v),
+                // 14 bits scaled up to reach the whole 64 KiB.
+                _ => (64 * 1024, v << 2 | v & 3),
             };
-            Some((u32::from(sel >> 2) << 8 | u32::from(lo)) % limit as u32)
+            Some(v % limit as u32)
         };
         let op = match code & 15 {
             0..=5 => Op::Write {
@@ -125,7 +143,21 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             12 => Op::Snapshot,
             13 => Op::Release { which: writer },
             14 => Op::Clear,
-            _ => Op::Take,
+            _ => {
+                let min_len = len(&mut next).unwrap_or(0);
+                let max_len = len(&mut next).unwrap_or(0);
+                let back = next().unwrap_or(0);
+                Op::Reserve {
+                    writer,
+                    min_len,
+                    max_len,
+                    back: if back == 255 {
+                        u32::MAX
+                    } else {
+                        u32::from(back)
+                    },
+                }
+            }
         };
         ops.push(op);
     }
@@ -170,6 +202,12 @@ struct Model {
 fn varint_len(v: usize) -> usize {
     let bits = usize::BITS - (v | 1).leading_zeros();
     bits.div_ceil(7) as usize
+}
+
+/// Bytes before a slot's packet: the tag and a length varint as wide as the
+/// reserved length's.
+fn slot_header(max_len: usize) -> usize {
+    1 + varint_len(max_len)
 }
 
 fn fill(w: u8, seq: u32, i: usize) -> u8 {
@@ -294,7 +332,8 @@ impl Model {
         let max_len = max_len.max(MIN_LEN);
         let commit = len <= max_len;
         let len = len.max(MIN_LEN).min(max_len);
-        let framed = 5 + max_len;
+        let header = slot_header(max_len);
+        let framed = header + max_len;
         let too_big = max_len > self.buffer.max_packet_len();
         let (needs, k, must) = self.predict(w, framed);
         let seq = self.seqs[w].next_seq;
@@ -321,7 +360,69 @@ impl Model {
             }
             return;
         }
-        self.account(w, r, too_big, needs, must, k, seq, framed, 5 + len);
+        self.account(w, r, too_big, needs, must, k, seq, framed, header + len);
+    }
+
+    fn reserve(&mut self, w: usize, min_len: usize, max_len: usize, back: u32) {
+        let max_len = max_len.max(MIN_LEN);
+        let min_len = min_len.max(MIN_LEN).min(max_len);
+        let capped = max_len.min(self.buffer.max_packet_len());
+        if min_len > capped {
+            // Refused as a slot of min_len would be.
+            let framed = slot_header(min_len) + min_len;
+            self.seqs[w].next_seq += 1;
+            let r = self
+                .writer(w)
+                .reserve_at_least(min_len, max_len)
+                .map(|_| ());
+            assert_eq!(
+                r,
+                Err(WriteError::TooBig),
+                "reservation over max_packet_len"
+            );
+            self.refused.0 += 1;
+            self.refused.1 += framed as u64;
+            return;
+        }
+        // What is left of the region, less the widest header it could need.
+        let room = self.seqs[w].region.map(|(cap, used, _)| {
+            let free = cap - used;
+            free.saturating_sub(1 + varint_len(free))
+        });
+        let (granted, framed, needs, k, must) = match room {
+            Some(room) if room.min(capped) >= min_len => {
+                let g = room.min(capped);
+                (g, slot_header(g) + g, false, 0, true)
+            }
+            _ => {
+                let framed = slot_header(capped) + capped;
+                let (needs, k, must) = self.predict(w, framed);
+                (capped, framed, needs, k, must)
+            }
+        };
+        let seq = self.seqs[w].next_seq;
+        self.seqs[w].next_seq += 1;
+        let commit = back != u32::MAX;
+        let len = granted.saturating_sub(back as usize).max(MIN_LEN);
+        let p = payload(w as u8, seq, len);
+        let wr = self.writer(w);
+        let r = match wr.reserve_at_least(min_len, max_len) {
+            Ok(buf) => {
+                assert_eq!(buf.len(), granted, "reserve_at_least's length");
+                buf[..len].copy_from_slice(&p);
+                wr.commit_reserved(if commit { len } else { 0 });
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if r.is_ok() && !commit {
+            if needs {
+                self.seqs[w].region = Some((k * self.setup.chunk_size, 0, k));
+            }
+            return;
+        }
+        let stored = slot_header(granted) + len;
+        self.account(w, r, false, needs, must, k, seq, framed, stored);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -524,6 +625,12 @@ impl Model {
                 max_len,
                 len,
             } => self.slot(w(writer), max_len as usize, len as usize),
+            Op::Reserve {
+                writer,
+                min_len,
+                max_len,
+                back,
+            } => self.reserve(w(writer), min_len as usize, max_len as usize, back),
             Op::Flush { writer } => {
                 let s = &mut self.seqs[w(writer)];
                 if let Some(wr) = s.writer.as_mut() {

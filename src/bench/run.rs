@@ -13,7 +13,7 @@ use super::report::{BufferReport, ConfigReport, PassSummary, Verification};
 use super::usage::{CpuMark, peak_rss_kb, reset_peak_rss};
 use super::verify;
 use super::workload::{WriterOutcome, WriterPlan, WriterProgress, run_writer};
-use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId, slot_header_bytes};
 use crate::sources::for_testing::max_packet_len;
 use crate::storage::write_pass::{Take, write_pass};
 use crate::storage::{
@@ -245,7 +245,10 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         let offered_bytes: u64 = mine.iter().map(|o| o.offered_bytes).sum();
         let reserved = plans
             .iter()
-            .map(|p| 5 + max_packet_len(p.filler_len))
+            .map(|p| {
+                let max_len = max_packet_len(p.filler_len);
+                slot_header_bytes(max_len) + max_len
+            })
             .max()
             .unwrap_or(0);
         // The most any window between one pass's take and the next pass's

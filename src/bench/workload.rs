@@ -15,14 +15,11 @@ use std::time::{Duration, Instant};
 
 use super::histogram::LatencyHistogram;
 use crate::clock::boottime_ns;
-use crate::ringbuf::Writer;
+use crate::ringbuf::{Writer, slot_header_bytes};
 use crate::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
 
 /// Packets per timed batch (and per stop/pacing check).
 pub const BATCH: u64 = 64;
-
-/// Bytes `begin_packet` adds before a packet (0x0A and a 4-byte varint).
-const SLOT_HEADER_BYTES: usize = 5;
 
 /// What one writer thread writes.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,7 +99,9 @@ pub fn run_writer(
         .map(|i| b'a' + (i % 26) as u8)
         .collect();
     let max_len = max_packet_len(filler.len());
-    let reserved = SLOT_HEADER_BYTES + max_len;
+    // Bytes `begin_packet(max_len)` puts before each packet.
+    let header = slot_header_bytes(max_len);
+    let reserved = header + max_len;
     let chunk = writer.buffer().chunk_size();
     // The region a successful acquisition yields for this packet size.
     let region_cap = reserved.div_ceil(chunk) * chunk;
@@ -150,7 +149,7 @@ pub fn run_writer(
                             out.accepted += 1;
                             out.first_accepted.get_or_insert(n);
                             out.last_accepted = Some(n);
-                            out.accepted_bytes += (SLOT_HEADER_BYTES + len) as u64;
+                            out.accepted_bytes += (header + len) as u64;
                         }
                         // Cannot happen: max_len bounds the encoding.
                         None => out.dropped += 1,
@@ -159,7 +158,7 @@ pub fn run_writer(
                         out.acquire.record_ns(ta.elapsed().as_nanos() as u64);
                         room = region_cap;
                     }
-                    room = room.saturating_sub(SLOT_HEADER_BYTES + last_len);
+                    room = room.saturating_sub(header + last_len);
                 }
                 Err(_) => {
                     if acquires {
@@ -169,7 +168,7 @@ pub fn run_writer(
                     room = 0;
                 }
             }
-            out.offered_bytes += (SLOT_HEADER_BYTES + last_len) as u64;
+            out.offered_bytes += (header + last_len) as u64;
             n += 1;
         }
         let ns = t0.elapsed().as_nanos() as u64;

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::memory::Memory;
 use super::table::{Committed, Live, Refused, Table};
-use super::writer::{Writer, WriterCounters};
+use super::writer::{MAX_SLOT_HEADER_BYTES, Writer, WriterCounters};
 use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, WriterId};
 
 /// One mmap'd, chunked ring buffer. `Send + Sync`; shared as `Arc<Buffer>`
@@ -79,7 +79,8 @@ impl Buffer {
             return Err(too_small);
         }
         let usable = chunk_count * chunk_size;
-        let max_packet_len = (chunk_size - 5).max(BufferParams::MAX_PACKET_LEN.min(usable / 4));
+        let max_packet_len =
+            (chunk_size - MAX_SLOT_HEADER_BYTES).max(BufferParams::MAX_PACKET_LEN.min(usable / 4));
         let committed = (0..chunk_count).map(|_| Committed::default()).collect();
         Ok(Arc::new(Buffer {
             memory,

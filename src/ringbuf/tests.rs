@@ -460,3 +460,129 @@ fn reserve_and_commit_reserved_store_one_packet_each() {
     );
     assert!(b.stats().is_balanced());
 }
+
+#[test]
+fn slot_headers_are_as_wide_as_the_reserved_length() {
+    for (max_len, width) in [
+        (0, 2),
+        (127, 2),
+        (128, 3),
+        (16_383, 3),
+        (16_384, 4),
+        ((1 << 21) - 1, 4),
+        (1 << 21, 5),
+        ((1 << 28) - 1, 5),
+    ] {
+        assert_eq!(slot_header_bytes(max_len), width, "max_len {max_len}");
+    }
+    assert!(slot_header_bytes((1 << 28) - 1) <= MAX_SLOT_HEADER_BYTES);
+    // Each width, committed short and full: the frame holds the exact length
+    // in a varint of the reserved width, right before the packet.
+    let b = buffer(4, 64 * 1024, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    let mut want = Vec::new();
+    let mut bytes = 0;
+    for (i, (max_len, len)) in [(100, 100), (100, 3), (1000, 1000), (1000, 5), (20_000, 7)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut slot = w.begin_packet(max_len).expect("fits");
+        slot.buf()[..len].fill(i as u8);
+        slot.commit(len);
+        want.push(Piece::Packet(pkt(i as u8, len)));
+        bytes += slot_header_bytes(max_len) + len;
+    }
+    let batch = b.take_flush();
+    let raw: Vec<u8> = batch
+        .items()
+        .flat_map(|i| match i {
+            FlushItem::Data(d) => d.to_vec(),
+            FlushItem::Loss { .. } => Vec::new(),
+        })
+        .collect();
+    assert_eq!(pieces(&batch), want);
+    batch.release();
+    assert_eq!(raw.len(), bytes);
+    assert_eq!(&raw[..3], &[0x0A, 100, 0], "2-byte header, 100 B");
+    assert_eq!(&raw[102..104], &[0x0A, 3], "2-byte header, 3 B");
+    assert_eq!(&raw[107..110], &[0x0A, 0xE8, 0x07], "3-byte header, 1000 B");
+    assert_eq!(&raw[1110..1113], &[0x0A, 0x85, 0x00], "3-byte header, 5 B");
+    assert_eq!(&raw[1118..1122], &[0x0A, 0x87, 0x80, 0x00], "4-byte header");
+    let s = b.stats();
+    assert_eq!(s.bytes_written, bytes as u64);
+    assert!(s.is_balanced());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "a 4 MiB slot is slow to retag under miri")]
+fn five_byte_slot_headers_for_slots_of_2_mib_and_more() {
+    let b = buffer(2, 4 << 20, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    let mut slot = w.begin_packet(3 << 20).expect("fits a chunk");
+    slot.buf()[..9].fill(4);
+    slot.commit(9);
+    let batch = b.take_flush();
+    let data: Vec<&[u8]> = batch
+        .items()
+        .filter_map(|i| match i {
+            FlushItem::Data(d) => Some(d),
+            FlushItem::Loss { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        data,
+        vec![&[0x0A, 0x89, 0x80, 0x80, 0x00, 4, 4, 4, 4, 4, 4, 4, 4, 4][..]]
+    );
+}
+
+#[test]
+fn reserve_at_least_uses_up_the_region_before_taking_a_new_one() {
+    let b = buffer(4, 256, FillPolicy::Discard);
+    assert_eq!(b.max_packet_len(), 256);
+    let mut w = b.writer(WriterId(2));
+    // No region yet: a new one, the whole max_len.
+    let buf = w.reserve_at_least(10, 100).expect("room");
+    assert_eq!(buf.len(), 100);
+    buf[..50].fill(1);
+    w.commit_reserved(50);
+    // 256 - 52 = 204 B left: 201 B of space behind a 3-byte header, the
+    // max_len above max_packet_len lowered to it.
+    let buf = w.reserve_at_least(10, 1000).expect("room");
+    assert_eq!(buf.len(), 201);
+    buf.fill(2);
+    w.commit_reserved(201);
+    // Nothing left: a new region for the whole max_len.
+    let buf = w.reserve_at_least(10, 20).expect("room");
+    assert_eq!(buf.len(), 20);
+    buf[..5].fill(3);
+    w.commit_reserved(5);
+    // 249 B left but 250 asked at least: a new region.
+    let buf = w.reserve_at_least(250, 250).expect("room");
+    assert_eq!(buf.len(), 250);
+    buf.fill(4);
+    w.commit_reserved(250);
+    // At least more than any packet: refused, counted.
+    assert_eq!(
+        w.reserve_at_least(300, 400).map(|b| b.len()),
+        Err(WriteError::TooBig)
+    );
+    w.commit_reserved(7);
+    w.flush();
+    let s = b.stats();
+    assert_eq!(s.chunks_written, 3);
+    assert_eq!(
+        s.padding_bytes_written,
+        249 + 3,
+        "only the chunk left for the 250 B and the last one's tail"
+    );
+    assert_eq!(s.packets_refused, 1);
+    assert_eq!(
+        drain(&b),
+        vec![
+            Piece::Packet(pkt(1, 50)),
+            Piece::Packet(pkt(2, 201)),
+            Piece::Packet(pkt(3, 5)),
+            Piece::Packet(pkt(4, 250)),
+        ]
+    );
+}

@@ -11,11 +11,20 @@ use super::buffer::{Buffer, WriterTotals};
 use super::table::pack;
 use super::{WriteError, WriterId};
 
-/// Bytes `begin_packet` reserves before the packet: the 0x0A tag and a
-/// 4-byte redundant varint length.
-const SLOT_HEADER_BYTES: usize = 5;
+/// Most bytes a slot header takes: the 0x0A tag and a 4-byte varint, as wide
+/// as the longest slot's length.
+pub const MAX_SLOT_HEADER_BYTES: usize = 5;
 /// Largest length a 4-byte varint holds.
 const MAX_SLOT_LEN: usize = (1 << 28) - 1;
+
+/// Bytes a slot of `max_len` reserves before the packet: the 0x0A tag and
+/// the length as a varint as wide as `max_len`'s (2 bytes below 128, 3 below
+/// 16 KiB, at most [`MAX_SLOT_HEADER_BYTES`]), so that any committed length
+/// up to `max_len` fits without moving the body.
+#[inline(always)]
+pub const fn slot_header_bytes(max_len: usize) -> usize {
+    1 + varint_len(max_len)
+}
 
 /// A writer's own counters, stored (never RMW'd) by the writer and summed by
 /// `Buffer::stats`.
@@ -78,8 +87,8 @@ impl std::fmt::Debug for Writer {
 }
 
 /// Minimal varint length of `v`.
-#[inline]
-fn varint_len(v: usize) -> usize {
+#[inline(always)]
+const fn varint_len(v: usize) -> usize {
     let bits = usize::BITS - (v | 1).leading_zeros();
     bits.div_ceil(7) as usize
 }
@@ -140,7 +149,7 @@ impl Writer {
     /// place through the returned slot (zero-copy).
     #[inline]
     pub fn begin_packet(&mut self, max_len: usize) -> Result<PacketSlot<'_>, WriteError> {
-        let framed = SLOT_HEADER_BYTES + max_len;
+        let framed = slot_header_bytes(max_len) + max_len;
         let fits =
             max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
         if !fits {
@@ -158,10 +167,44 @@ impl Writer {
     /// A second `reserve` before the commit replaces the first reservation.
     #[inline]
     pub fn reserve(&mut self, max_len: usize) -> Result<&mut [u8], WriteError> {
+        // A failed reservation leaves none open.
+        self.reserved = None;
         let slot = self.begin_packet(max_len)?;
         let max_len = slot.max_len;
         self.reserved = Some(max_len);
         Ok(self.slot_buf(max_len))
+    }
+
+    /// Like [`reserve`](Self::reserve), for encoders that can split their
+    /// output across packets: returns what is free in the current region
+    /// (less the slot header, at most `max_len`) when that is at least
+    /// `min_len`, and only otherwise moves to a new region for `max_len`
+    /// bytes, so that little of a region is left as padding. The space's
+    /// length is the reservation's. `max_len` above
+    /// [`Buffer::max_packet_len`](super::Buffer::max_packet_len) is lowered
+    /// to it (a `min_len` above that is refused as too big); a `min_len`
+    /// above `max_len` is lowered to `max_len`.
+    pub fn reserve_at_least(
+        &mut self,
+        min_len: usize,
+        max_len: usize,
+    ) -> Result<&mut [u8], WriteError> {
+        let min_len = min_len.min(max_len);
+        let max_len = max_len.min(self.max_len);
+        if min_len > max_len {
+            return self.reserve(min_len);
+        }
+        // The header of any length up to `free` fits in 1 + varint_len(free).
+        let room = self.cur.as_ref().map_or(0, |c| {
+            let free = c.cap - c.pos;
+            free.saturating_sub(1 + varint_len(free))
+        });
+        let len = room.min(max_len);
+        if len > 0 && len >= min_len {
+            self.reserved = Some(len);
+            return Ok(self.slot_buf(len));
+        }
+        self.reserve(max_len)
     }
 
     /// Stores the first `len` bytes of the last [`reserve`](Self::reserve)d
@@ -187,13 +230,13 @@ impl Writer {
             .cur
             .as_ref()
             .expect("a slot exists only while its writer holds a region");
-        // SAFETY: M1, M2 — begin_packet made sure `SLOT_HEADER_BYTES +
-        // max_len` bytes are free at `pos` in the writer's own region; the
-        // memory is initialised (zeroed or old data) and only this writer
-        // touches it until it publishes a larger committed length.
-        unsafe {
-            std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + SLOT_HEADER_BYTES), max_len)
-        }
+        let header = slot_header_bytes(max_len);
+        // SAFETY: M1, M2 — begin_packet (or reserve_at_least) made sure
+        // `slot_header_bytes(max_len) + max_len` bytes are free at `pos` in
+        // the writer's own region; the memory is initialised (zeroed or old
+        // data) and only this writer touches it until it publishes a larger
+        // committed length.
+        unsafe { std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + header), max_len) }
     }
 
     /// Hands the current region over (commits it), e.g. before going idle.
@@ -303,6 +346,39 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
     publish(buffer, c, n + len);
 }
 
+/// Writes `0x0A` and `len` as a redundant varint filling the rest of an
+/// `n`-byte slot header (`n = slot_header_bytes(max_len)`, `len <= max_len`,
+/// so the length fits in `n - 1` varint bytes).
+///
+/// # Safety
+/// `dst` is valid for writes of `n` bytes (the header space of a slot).
+#[inline(always)]
+unsafe fn put_slot_header(dst: *mut u8, n: usize, len: usize) {
+    debug_assert!((2..=MAX_SLOT_HEADER_BYTES).contains(&n) && varint_len(len) < n);
+    let b = |i: u32| ((len >> (7 * i)) as u8) | 0x80;
+    // Fixed-size stores: the small-packet case is one 2-byte store. The last
+    // byte ends the varint; `len < 2^(7(n-1))` leaves nothing above it.
+    // SAFETY: the caller's contract: `n` bytes at `dst` are writable.
+    unsafe {
+        match n {
+            2 => dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]),
+            3 => dst
+                .cast::<[u8; 3]>()
+                .write_unaligned([0x0A, b(0), (len >> 7) as u8]),
+            4 => dst
+                .cast::<[u8; 4]>()
+                .write_unaligned([0x0A, b(0), b(1), (len >> 14) as u8]),
+            _ => dst.cast::<[u8; 5]>().write_unaligned([
+                0x0A,
+                b(0),
+                b(1),
+                b(2),
+                ((len >> 21) as u8) & 0x7F,
+            ]),
+        }
+    }
+}
+
 /// Moves the committed length past a packet of `framed` bytes.
 #[inline(always)]
 fn publish(buffer: &Buffer, c: &mut Current, framed: usize) {
@@ -350,20 +426,10 @@ impl PacketSlot<'_> {
             .cur
             .as_mut()
             .expect("a slot exists only while its writer holds a region");
-        // Lengths fit: len <= max_len <= MAX_SLOT_LEN < 2^28.
-        let header = [
-            0x0A,
-            (len as u8) | 0x80,
-            ((len >> 7) as u8) | 0x80,
-            ((len >> 14) as u8) | 0x80,
-            ((len >> 21) as u8) & 0x7F,
-        ];
-        // SAFETY: M1, M2 — the header bytes precede the slot's buffer in the
-        // space begin_packet reserved in this writer's own region.
-        unsafe {
-            let dst = w.buffer.base().add(c.offset + c.pos);
-            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, SLOT_HEADER_BYTES);
-        }
-        publish(&w.buffer, c, SLOT_HEADER_BYTES + len);
+        let n = slot_header_bytes(self.max_len);
+        // SAFETY: M1, M2 — the `n` header bytes precede the slot's buffer in
+        // the space begin_packet reserved in this writer's own region.
+        unsafe { put_slot_header(w.buffer.base().add(c.offset + c.pos), n, len) };
+        publish(&w.buffer, c, n + len);
     }
 }

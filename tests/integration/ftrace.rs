@@ -22,8 +22,8 @@ use recorder::sources::ftrace::page::{EventIter, parse_header};
 use recorder::sources::ftrace::stats::{CpuStats, Phase, StatsReport, encode_stats_packet};
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{
-    FtraceOptions, FtraceSource, PrintFilter, PrintMatch, PrintRule, ReadMode, VecOutput,
-    load_layouts, resolve_event,
+    FtraceOptions, FtraceSource, PacketOutput, PrintFilter, PrintMatch, PrintRule, ReadMode,
+    VecOutput, load_layouts, resolve_event,
 };
 
 use crate::common;
@@ -500,6 +500,199 @@ fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
         out.bytes.len(),
         pages.len()
     );
+}
+
+/// The ring writer reserving a full-size slot for every bundle, as it did
+/// before `reserve_at_least`: the padding baseline.
+struct FullSlots(recorder::ringbuf::Writer);
+
+impl PacketOutput for FullSlots {
+    fn write_packet(&mut self, packet: &[u8]) {
+        let _ = self.0.write_packet(packet);
+    }
+    fn begin(&mut self, _min_len: usize, max_len: usize) -> Option<&mut [u8]> {
+        self.0.reserve(max_len).ok()
+    }
+    fn commit(&mut self, len: usize) {
+        self.0.commit_reserved(len);
+    }
+}
+
+/// Encodes 400 drains of 2 to 20 fixture pages (small drains and ones that
+/// need several bundles) through `out` into `buffer`; returns the events
+/// encoded and the buffer's counters before the last chunk is completed.
+fn record_drains(
+    buffer: &Arc<recorder::ringbuf::Buffer>,
+    out: &mut dyn PacketOutput,
+) -> (usize, BundleEncoder, recorder::ringbuf::BufferStats) {
+    use recorder::sources::ftrace::encode::count_page_events;
+    let (l, table) = fixture_table(false);
+    let mut one = raw("cpu0.raw");
+    one.extend(raw("cpu1.raw"));
+    let per_copy: usize = one
+        .chunks_exact(l.page_size())
+        .map(|p| count_page_events(p, &l).expect("clean"))
+        .sum();
+    let mut enc = BundleEncoder::new(SEQ, recorder::sources::ftrace::DEFAULT_MAX_PACKET_BYTES);
+    let mut cur = CpuCursor::default();
+    let mut total = 0usize;
+    let mut pages = Vec::new();
+    for drain in 0..400usize {
+        let copies = 1 + (drain * 7) % 10;
+        pages.clear();
+        for _ in 0..copies {
+            pages.extend_from_slice(&one);
+        }
+        total += copies * per_copy;
+        enc.encode_pages(out, &table, &PrintFilter::default(), &l, &mut cur, &pages);
+    }
+    // Completed chunks only: the one still being written has no padding yet.
+    (total, enc, buffer.stats())
+}
+
+/// Ftrace bundles through a real ring buffer with the default 64 KiB
+/// chunks: the chunk padding (the unused tail of each completed chunk) stays
+/// under one short bundle per chunk, against about half of every chunk when
+/// each bundle reserved the full 32 KiB; and what the file would get decodes
+/// to every event.
+#[test]
+fn bundles_fill_the_ring_chunks_with_little_padding() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use recorder::sources::ftrace::encode::MIN_BUNDLE_BYTES;
+
+    let params = BufferParams {
+        size_bytes: 32 << 20,
+        chunk_size: BufferParams::DEFAULT_CHUNK_SIZE,
+        policy: FillPolicy::Discard,
+        prefault: false,
+    };
+    let report = |name: &str, s: &recorder::ringbuf::BufferStats, bundles: u64| {
+        let chunk = BufferParams::DEFAULT_CHUNK_SIZE as u64;
+        eprintln!(
+            "{name}: {bundles} bundles, {} B in {} completed chunks, padding {} B \
+             ({:.1}% of the chunks, {:.2} B per byte of data)",
+            s.bytes_written,
+            s.chunks_written,
+            s.padding_bytes_written,
+            100.0 * s.padding_bytes_written as f64 / (s.chunks_written * chunk) as f64,
+            s.padding_bytes_written as f64 / s.bytes_written as f64,
+        );
+    };
+
+    let full = Buffer::new(params).expect("buffer");
+    let mut out = FullSlots(full.writer(WriterId(SEQ)));
+    let (_, enc, before) = record_drains(&full, &mut out);
+    report("full-size slots", &before, enc.stats.bundles);
+
+    let buffer = Buffer::new(params).expect("buffer");
+    let mut writer = buffer.writer(WriterId(SEQ));
+    let (total, enc, s) = record_drains(&buffer, &mut writer);
+    report("reserve_at_least", &s, enc.stats.bundles);
+
+    assert_eq!((s.packets_discarded, s.packets_refused), (0, 0), "{s:#?}");
+    assert!(s.chunks_written >= 20, "enough chunks to measure: {s:#?}");
+    // A chunk is left only when less than a short bundle (and its slot
+    // header) is free.
+    assert!(
+        s.padding_bytes_written < s.chunks_written * (MIN_BUNDLE_BYTES as u64 + 5),
+        "padding {} B over {} chunks",
+        s.padding_bytes_written,
+        s.chunks_written
+    );
+    assert!(
+        s.padding_bytes_written * 4 < before.padding_bytes_written,
+        "padding {} B, {} B with full-size slots",
+        s.padding_bytes_written,
+        before.padding_bytes_written
+    );
+    drop(writer);
+    let batch = buffer.take_flush();
+    let mut file = Vec::new();
+    for item in batch.items() {
+        match item {
+            FlushItem::Data(d) => file.extend_from_slice(d),
+            FlushItem::Loss { .. } => panic!("nothing was lost"),
+        }
+    }
+    batch.release();
+    let p = decode(&file);
+    assert_eq!(p.len() as u64, enc.stats.bundles);
+    assert_eq!(events(&p).len(), total, "every event once");
+    assert_eq!(enc.stats.events as usize, total);
+    assert_eq!(enc.stats.oversized_events, 0);
+}
+
+/// An event too big for the short bundle that would use up a chunk's tail
+/// is not dropped: it goes into a full-size bundle in a new chunk, with the
+/// page's loss mark.
+#[test]
+fn an_event_too_big_for_a_short_bundle_gets_a_full_one() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use recorder::sources::ftrace::encode::MIN_BUNDLE_BYTES;
+
+    let (l, _) = fixture_table(false);
+    let mut t2 = EventTable::new();
+    let text = "name: my_big\nID: 901\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:char s[4040];\toffset:8;\tsize:4040;\tsigned:0;\n";
+    t2.insert(
+        recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"),
+        true,
+    );
+    let mut rec = vec![b's'; 8 + 4040];
+    rec[0..2].copy_from_slice(&901u16.to_le_bytes());
+    rec[2..8].fill(0);
+    *rec.last_mut().expect("non-empty") = 0;
+    let page = PageBuilder::new(100, 4096)
+        .event(1, &rec)
+        .finish(Some(None));
+
+    let chunk = BufferParams::DEFAULT_CHUNK_SIZE;
+    let buffer = Buffer::new(BufferParams {
+        size_bytes: 4 * chunk,
+        chunk_size: chunk,
+        policy: FillPolicy::Discard,
+        prefault: false,
+    })
+    .expect("buffer");
+    let mut writer = buffer.writer(WriterId(SEQ));
+    // Leave 4099 B of the chunk: a short bundle of exactly MIN_BUNDLE_BYTES
+    // behind its 3-byte slot header.
+    let filler_framed = chunk - (MIN_BUNDLE_BYTES + 3);
+    writer
+        .write_packet(&vec![0u8; filler_framed - 4])
+        .expect("fits");
+    let mut enc = BundleEncoder::new(SEQ, recorder::sources::ftrace::DEFAULT_MAX_PACKET_BYTES);
+    enc.encode_pages(
+        &mut writer,
+        &t2,
+        &PrintFilter::default(),
+        &l,
+        &mut CpuCursor::default(),
+        &page,
+    );
+    assert_eq!(enc.stats.oversized_events, 0);
+    assert_eq!((enc.stats.bundles, enc.stats.events), (1, 1));
+    drop(writer);
+    let s = buffer.stats();
+    assert_eq!(s.chunks_written, 2, "the bundle went to a chunk of its own");
+    let batch = buffer.take_flush();
+    let mut file = Vec::new();
+    for item in batch.items() {
+        match item {
+            FlushItem::Data(d) => file.extend_from_slice(d),
+            FlushItem::Loss { .. } => panic!("nothing was lost"),
+        }
+    }
+    batch.release();
+    let p = decode(&file[filler_framed..]);
+    let b = bundles(&p);
+    assert_eq!(b.len(), 1);
+    assert!(
+        b[0].lost_events(),
+        "the page's loss mark moved to the full bundle"
+    );
+    let g = b[0].event[0].generic();
+    assert_eq!(g.event_name(), "my_big");
+    assert_eq!(g.field[0].str_value().len(), 4039);
 }
 
 #[test]

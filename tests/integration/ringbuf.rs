@@ -18,13 +18,23 @@ use ringbuf_model::{Op, Setup, frames};
 fn setup_strategy() -> impl Strategy<Value = Setup> {
     (
         prop_oneof![Just(FillPolicy::RingBuffer), Just(FillPolicy::Discard)],
-        prop_oneof![Just(16usize), Just(64), Just(256), Just(1024)],
+        // 64 KiB chunks hold slots of 16 KiB and more: 4-byte slot headers
+        // (the smaller chunks see the 2- and 3-byte ones).
+        prop_oneof![
+            4 => prop_oneof![Just(16usize), Just(64), Just(256), Just(1024)],
+            1 => Just(64 * 1024),
+        ],
         2usize..12,
     )
         .prop_map(|(policy, chunk_size, chunks)| Setup {
             policy,
             chunk_size,
-            chunks,
+            // Few big chunks: the payloads are checked byte by byte.
+            chunks: if chunk_size > 1024 {
+                chunks.min(4)
+            } else {
+                chunks
+            },
         })
 }
 
@@ -47,6 +57,9 @@ fn op_strategy(chunk: usize) -> impl Strategy<Value = Op> {
                 max_len,
                 len: if commit { max_len.saturating_sub(back) } else { u32::MAX },
             }
+        ),
+        3 => (w.clone(), len_strategy(chunk), len_strategy(chunk), prop_oneof![0u32..8, Just(u32::MAX)]).prop_map(
+            |(writer, min_len, max_len, back)| Op::Reserve { writer, min_len, max_len, back }
         ),
         1 => w.clone().prop_map(|writer| Op::Flush { writer }),
         1 => w.prop_map(|writer| Op::Drop { writer }),

@@ -26,6 +26,12 @@ const TRAILER_BYTES: usize = 64;
 /// Worst case one compact event adds: five 10-byte varints and a new
 /// interned comm.
 const COMPACT_EVENT_MAX: usize = 5 * 10 + 2 + 16;
+/// Smallest bundle started in what is left of the output's current region
+/// (see [`PacketOutput::begin`]): a region is left once less than this is
+/// free, so this bounds the padding at its end. Roomy enough for the trailer
+/// reserves and dozens of events; an event that still does not fit an empty
+/// bundle this short is retried in a full-size one.
+pub const MIN_BUNDLE_BYTES: usize = 4 * 1024;
 /// Interned comms per bundle before it is closed.
 const MAX_INTERNED: usize = 256;
 /// Slots of the intern index: a power of two, at most half full.
@@ -399,6 +405,9 @@ impl BundleEncoder {
         };
         let mut pending: Option<RawEvent<'_>> = None;
         let mut done = false;
+        // The shortest bundle accepted: MIN_BUNDLE_BYTES, or a full one to
+        // retry an event too big for a short one.
+        let mut min_len = MIN_BUNDLE_BYTES.min(self.max_packet_bytes);
         while !done || pending.is_some() || pc.lost {
             if pending.is_none() && !done {
                 match pc.next(&mut self.stats) {
@@ -409,11 +418,15 @@ impl BundleEncoder {
             if pending.is_none() && !pc.lost {
                 break;
             }
-            let Some(buf) = out.begin(self.max_packet_bytes) else {
+            let Some(buf) = out.begin(min_len, self.max_packet_bytes) else {
                 self.stats.dropped_bundles += 1;
                 // Nothing can be written now; the rest of these pages is lost.
                 return;
             };
+            // A short bundle, not already the retry of a full-size one.
+            let short = buf.len() < self.max_packet_bytes && min_len < self.max_packet_bytes;
+            min_len = MIN_BUNDLE_BYTES.min(self.max_packet_bytes);
+            let mut retry = false;
             let mut enc = ProtoEncoder::new(buf);
             enc.uint(10, self.seq_id as u64);
             let bundle = enc.begin_nested(1);
@@ -452,6 +465,13 @@ impl BundleEncoder {
                         cursor.last_ts = ev.timestamp;
                     }
                     Fit::Skipped => {}
+                    Fit::NoRoom if wrote == 0 && short => {
+                        // Retry in a full-size bundle, not drop it.
+                        pending = Some(ev);
+                        min_len = self.max_packet_bytes;
+                        retry = true;
+                        break;
+                    }
                     Fit::NoRoom if wrote == 0 => {
                         self.stats.oversized_events += 1;
                     }
@@ -460,6 +480,13 @@ impl BundleEncoder {
                         break;
                     }
                 }
+            }
+            if retry {
+                // Nothing in this short bundle: store none, keep the loss
+                // mark for the full-size one.
+                out.commit(0);
+                pc.lost |= bundle_lost;
+                continue;
             }
             self.compact.write(&mut enc);
             if bundle_lost {

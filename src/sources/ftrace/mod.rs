@@ -331,7 +331,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 .map(|s| s.len() + 4)
                 .sum::<usize>();
         let buf = output
-            .begin(max)
+            .begin(max, max)
             .ok_or(FtraceError::NoRoom("FtraceStats"))?;
         let n = stats::encode_stats_packet(
             buf,
