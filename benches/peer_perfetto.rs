@@ -38,6 +38,7 @@ use protobuf::Message;
 use recorder::bench::verify::{self, SequenceFound};
 use recorder::bench::workload::filler_for;
 use recorder::clock::boottime_ns;
+use recorder::trace::reader::read_varint;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId, slot_header_bytes};
 use recorder::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
 
@@ -142,19 +143,6 @@ fn perfetto_packet_len(filler: &str, packets: u64) -> f64 {
     total as f64 / n.max(1) as f64
 }
 
-fn varint(data: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *data.get(*pos)?;
-        *pos += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
-}
-
 /// Mean bytes per test packet of the fields its producer wrote, read from
 /// the raw trace: the service copies the producer's bytes verbatim and
 /// appends its trusted fields (uid 3, sequence id 10, pid 79, machine id 98,
@@ -165,20 +153,20 @@ fn producer_bytes_per_packet(trace: &[u8]) -> f64 {
     let mut pos = 0;
     while pos < trace.len() {
         let mut q = pos + 1;
-        let Some(len) = varint(trace, &mut q) else {
+        let Some(len) = read_varint(trace, &mut q) else {
             break;
         };
         let end = (q + len as usize).min(trace.len());
         let (mut mine, mut test) = (0u64, false);
         while q < end {
             let start = q;
-            let Some(key) = varint(trace, &mut q) else {
+            let Some(key) = read_varint(trace, &mut q) else {
                 break;
             };
             let skip = match key & 7 {
-                0 => varint(trace, &mut q).map(|_| 0),
+                0 => read_varint(trace, &mut q).map(|_| 0),
                 1 => Some(8),
-                2 => varint(trace, &mut q),
+                2 => read_varint(trace, &mut q),
                 5 => Some(4),
                 _ => None,
             };

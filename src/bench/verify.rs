@@ -45,6 +45,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::ringbuf::FillPolicy;
+use crate::trace::reader::read_varint;
 
 /// TracePacket fields read here.
 const TRUSTED_PACKET_SEQUENCE_ID: u64 = 10;
@@ -102,28 +103,15 @@ pub struct TraceFound {
     pub sequences: BTreeMap<u32, SequenceFound>,
 }
 
-fn varint(data: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut v: u64 = 0;
-    for shift in (0..64).step_by(7) {
-        let b = *data.get(*pos)?;
-        *pos += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
-}
-
 /// Calls `f(field, wire_type, varint value or payload)` for each field of `msg`.
 fn fields(msg: &[u8], mut f: impl FnMut(u64, u64, u64, &[u8])) -> Option<()> {
     let mut pos = 0;
     while pos < msg.len() {
-        let key = varint(msg, &mut pos)?;
+        let key = read_varint(msg, &mut pos)?;
         let (field, wt) = (key >> 3, key & 7);
         match wt {
             0 => {
-                let v = varint(msg, &mut pos)?;
+                let v = read_varint(msg, &mut pos)?;
                 f(field, wt, v, &[]);
             }
             1 => {
@@ -131,7 +119,7 @@ fn fields(msg: &[u8], mut f: impl FnMut(u64, u64, u64, &[u8])) -> Option<()> {
                 pos = end;
             }
             2 => {
-                let len = varint(msg, &mut pos)? as usize;
+                let len = read_varint(msg, &mut pos)? as usize;
                 let end = pos.checked_add(len).filter(|&e| e <= msg.len())?;
                 f(field, wt, 0, &msg[pos..end]);
                 pos = end;
@@ -159,7 +147,7 @@ pub fn decode(data: &[u8]) -> Result<TraceFound, DecodeError> {
             });
         }
         pos += 1;
-        let len = varint(data, &mut pos).ok_or(DecodeError::Varint { offset })?;
+        let len = read_varint(data, &mut pos).ok_or(DecodeError::Varint { offset })?;
         let end = pos
             .checked_add(len as usize)
             .filter(|&e| e <= data.len())

@@ -303,7 +303,9 @@ enum Value<'a> {
     Len(&'a [u8]),
 }
 
-fn read_varint(data: &[u8], pos: &mut usize) -> Option<u64> {
+/// Reads one varint at `*pos` and moves past it; `None` if truncated or
+/// longer than ten bytes.
+pub fn read_varint(data: &[u8], pos: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for i in 0..10 {
         let b = *data.get(*pos)?;
