@@ -38,9 +38,9 @@ use protobuf::Message;
 use recorder::bench::verify::{self, SequenceFound};
 use recorder::bench::workload::filler_for;
 use recorder::clock::boottime_ns;
-use recorder::trace::reader::read_varint;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId, slot_header_bytes};
 use recorder::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
+use recorder::trace::reader::read_varint;
 
 const BUFFER_KB: u32 = 16 * 1024;
 const PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
