@@ -12,13 +12,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::time::Timespec;
 
 use super::ControlError;
 use super::message::{self, Endpoint, Refusal, Reply, Request};
@@ -27,8 +26,6 @@ use super::message::{self, Endpoint, Refusal, Reply, Request};
 const READ_DEADLINE: Duration = Duration::from_millis(500);
 /// How long the thread waits for the event loop's reply.
 const REPLY_DEADLINE: Duration = Duration::from_secs(5);
-/// How often the thread checks whether it should stop.
-const POLL_INTERVAL_MS: i64 = 200;
 
 /// A checked request waiting for the event loop's answer.
 #[derive(Debug)]
@@ -60,7 +57,9 @@ pub struct ControlServer {
     requests: Receiver<Incoming>,
     wake_rx: OwnedFd,
     refused: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
+    /// Dropping it (closing the pipe) tells the thread to stop: it sleeps in
+    /// poll(2) with no timeout, so an idle session costs no wake-ups.
+    stop_tx: Option<OwnedFd>,
     thread: Option<JoinHandle<()>>,
     paths: (PathBuf, PathBuf),
 }
@@ -80,16 +79,17 @@ impl ControlServer {
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )
         .map_err(|e| sock_err(e.into()))?;
+        let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| sock_err(e.into()))?;
         let (tx, rx) = sync_channel(16);
         let refused = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             trigger,
             control,
             tx,
             wake_tx,
             refused: refused.clone(),
-            stop: stop.clone(),
+            stop_rx,
             owner_uid,
         };
         let thread = std::thread::Builder::new()
@@ -100,7 +100,7 @@ impl ControlServer {
             requests: rx,
             wake_rx,
             refused,
-            stop,
+            stop_tx: Some(stop_tx),
             thread: Some(thread),
             paths: (trigger_path, control_path),
         })
@@ -137,7 +137,7 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop_tx.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -165,25 +165,27 @@ struct Worker {
     tx: SyncSender<Incoming>,
     wake_tx: OwnedFd,
     refused: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
+    /// Read end of the stop pipe: readable (end of file) once the server is dropped.
+    stop_rx: OwnedFd,
     owner_uid: u32,
 }
 
 impl Worker {
     fn run(self) {
-        let timeout = Timespec {
-            tv_sec: 0,
-            tv_nsec: POLL_INTERVAL_MS * 1_000_000,
-        };
-        while !self.stop.load(Ordering::Relaxed) {
+        loop {
             let mut fds = [
                 PollFd::new(&self.trigger, PollFlags::IN),
                 PollFd::new(&self.control, PollFlags::IN),
+                PollFd::new(&self.stop_rx, PollFlags::IN),
             ];
-            if poll(&mut fds, Some(&timeout)).is_err() {
+            if poll(&mut fds, None).is_err() {
+                // EINTR (or a transient ENOMEM): poll again.
                 continue;
             }
-            let ready = [!fds[0].revents().is_empty(), !fds[1].revents().is_empty()];
+            let ready = fds.map(|f| !f.revents().is_empty());
+            if ready[2] {
+                return;
+            }
             if ready[0] {
                 self.accept(&self.trigger, Endpoint::Trigger);
             }
