@@ -527,6 +527,7 @@ impl Loop {
             if let Err(e) = s.stop() {
                 self.warnings.push(e.to_string());
             }
+            self.warnings.extend(s.loss_warnings());
         }
         if flush_ok {
             self.rec.log.event(ServiceEvent::AllDataSourcesFlushed);

@@ -5,7 +5,7 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::ftrace::{FtraceOptions, FtraceSource, PacketOutput};
+use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, PacketOutput};
 use super::polled::PidRoute;
 use super::{DataSource, SourceError};
 use crate::ringbuf::Writer;
@@ -32,6 +32,8 @@ pub struct FtraceDataSource {
     name: String,
     inner: FtraceSource<Writer>,
     started: bool,
+    /// Set at stop when the kernel dropped events.
+    loss: Option<String>,
 }
 
 impl FtraceDataSource {
@@ -55,6 +57,7 @@ impl FtraceDataSource {
             name: name.to_string(),
             inner,
             started: false,
+            loss: None,
         })
     }
 
@@ -84,6 +87,10 @@ impl DataSource for FtraceDataSource {
         self.inner.flush().map_err(|e| self.failed(e))
     }
 
+    fn loss_warnings(&self) -> Vec<String> {
+        self.loss.iter().cloned().collect()
+    }
+
     fn stop(&mut self) -> Result<(), SourceError> {
         if !std::mem::take(&mut self.started) {
             return Ok(());
@@ -104,8 +111,38 @@ impl DataSource for FtraceDataSource {
                 summary.unknown_events.join(", ")
             );
         }
+        self.loss = kernel_loss(&self.name, &summary);
         // Dropping the writer commits what it holds.
         drop(self.inner.take_output());
         Ok(())
     }
+}
+
+/// The summary line for events the kernel dropped before we read them
+/// (overruns, per-CPU `dropped events`, pages flagged RB_MISSED_EVENTS).
+fn kernel_loss(name: &str, s: &FtraceSummary) -> Option<String> {
+    let overrun: u64 = s
+        .cpu_stats
+        .iter()
+        .map(|c| c.overrun + c.dropped_events)
+        .sum();
+    if overrun == 0 && s.encode.lost_pages == 0 {
+        return None;
+    }
+    let cpus: Vec<String> = s
+        .cpu_stats
+        .iter()
+        .filter(|c| c.overrun + c.dropped_events > 0)
+        .map(|c| format!("cpu{} {}", c.cpu, c.overrun + c.dropped_events))
+        .collect();
+    Some(format!(
+        "{name}: the kernel lost {overrun} events before they were read ({}; {} pages flagged \
+         RB_MISSED_EVENTS): raise buffer_size_kb, lower drain_period_ms or drain_buffer_percent",
+        if cpus.is_empty() {
+            "count not reported".to_string()
+        } else {
+            cpus.join(", ")
+        },
+        s.encode.lost_pages
+    ))
 }

@@ -51,4 +51,9 @@ pub trait DataSource: Send {
     fn packets_dropped(&self) -> u64 {
         0
     }
+    /// After [`stop`](DataSource::stop): losses the source saw upstream of
+    /// the buffer (the kernel's, say), as summary warnings with advice.
+    fn loss_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

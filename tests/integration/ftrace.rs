@@ -1176,3 +1176,55 @@ fn perfetto_test_configs_with_linux_sources_record() {
     }
     eprintln!("ran: {ran:?}; refused (no such events here): {refused:?}");
 }
+
+/// Events the kernel drops before they are read are reported on screen, per
+/// CPU and with advice, and agree with the end FtraceStats in the file.
+#[test]
+fn kernel_loss_is_reported_in_the_summary() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("tiny.cfg");
+    // A few pages per CPU, read only when full: a pipe ping-pong overruns them.
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 8192 }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "sched/sched_switch"
+  ftrace_events: "sched/sched_wakeup"
+  buffer_size_kb: 16
+  drain_period_ms: 30000
+  drain_buffer_percent: 100
+} } }
+duration_ms: 60000
+"#,
+    )
+    .expect("cfg");
+    let out = dir.path().join("tiny.pftrace");
+    let mut rec = Started::spawn(&cfg, &out);
+    ping_pong(50_000);
+    let log = rec.interrupt_and_wait();
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    let end = p
+        .iter()
+        .filter(|p| p.has_ftrace_stats())
+        .map(|p| p.ftrace_stats())
+        .last()
+        .expect("end FtraceStats");
+    let lost: u64 = end
+        .cpu_stats
+        .iter()
+        .map(|c| c.overrun() + c.dropped_events())
+        .sum();
+    assert!(lost > 0, "the load should overrun 16 KiB per CPU\n{log}");
+    assert!(
+        log.contains(&format!(
+            "linux.ftrace: the kernel lost {lost} events before they were read"
+        )),
+        "{log}"
+    );
+    assert!(log.contains("raise buffer_size_kb"), "{log}");
+}
