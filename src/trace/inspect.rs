@@ -63,6 +63,17 @@ pub struct Undecodable {
     pub first_offset: u64,
 }
 
+/// The ftrace data of a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FtraceSeen {
+    pub bundles: u64,
+    pub events: u64,
+    /// Bundles marked `lost_events` (the kernel dropped events before them).
+    pub bundles_after_loss: u64,
+    /// Per CPU, events the kernel lost, from the last end-of-trace FtraceStats.
+    pub end_lost_per_cpu: Option<Vec<(u64, u64)>>,
+}
+
 /// Everything `inspect` says about a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct InspectReport {
@@ -78,6 +89,7 @@ pub struct InspectReport {
     pub last_trace_stats: Option<TraceStatsInfo>,
     /// Packets marked `previous_packet_dropped`, over all sequences.
     pub losses: u64,
+    pub ftrace: Option<FtraceSeen>,
     pub torn_tail: Option<TornTail>,
     pub torn_tail_bytes: u64,
     pub corruption: Option<FramingError>,
@@ -165,6 +177,19 @@ impl InspectReport {
             self.trace_stats_packets += 1;
             self.last_trace_stats = Some(s);
         }
+        if let Some(b) = info.ftrace_bundle {
+            let ft = self.ftrace.get_or_insert_with(Default::default);
+            ft.bundles += 1;
+            ft.events += b.events;
+            ft.bundles_after_loss += u64::from(b.lost_events);
+        }
+        if let Some(s) = info.ftrace_stats
+            && s.phase == 2
+        {
+            self.ftrace
+                .get_or_insert_with(Default::default)
+                .end_lost_per_cpu = Some(s.lost_per_cpu);
+        }
     }
 
     fn finish(&mut self, end: ScanEnd) {
@@ -249,6 +274,25 @@ impl fmt::Display for InspectReport {
                 )?;
             }
             writeln!(f)?;
+        }
+        if let Some(ft) = &self.ftrace {
+            writeln!(
+                f,
+                "\nftrace: {} bundles, {} events, {} bundles after events the kernel lost",
+                ft.bundles, ft.events, ft.bundles_after_loss
+            )?;
+            match &ft.end_lost_per_cpu {
+                Some(cpus) => {
+                    let per: Vec<String> =
+                        cpus.iter().map(|(c, n)| format!("cpu{c} {n}")).collect();
+                    writeln!(
+                        f,
+                        "  lost in the kernel (end FtraceStats): {}",
+                        per.join(", ")
+                    )?;
+                }
+                None => writeln!(f, "  no end-of-trace FtraceStats")?,
+            }
         }
         if !self.service_events.is_empty() {
             writeln!(f, "\nservice events:")?;

@@ -362,6 +362,8 @@ const NON_DATA_FIELDS: &[u32] = &[3, 8, 10, 12, 13, 41, 42, 58, 59, 79, 87, 98];
 
 /// TracePacket field numbers.
 pub mod field {
+    pub const FTRACE_EVENTS: u32 = 1;
+    pub const FTRACE_STATS: u32 = 34;
     pub const TIMESTAMP: u32 = 8;
     pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
     pub const TRACE_STATS: u32 = 35;
@@ -480,6 +482,69 @@ fn trace_stat_name(field: u32) -> std::borrow::Cow<'static, str> {
     name.into()
 }
 
+/// What `inspect` reads of an FtraceEventBundle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BundleInfo {
+    /// Typed and generic events plus the compact_sched switch and waking rows.
+    pub events: u64,
+    /// The kernel lost events before this bundle (`lost_events`).
+    pub lost_events: bool,
+}
+
+impl BundleInfo {
+    fn decode(body: &[u8]) -> Result<BundleInfo, Malformed> {
+        let mut b = BundleInfo::default();
+        let mut nested = Ok(());
+        for_each_field(body, |f, v| match (f, v) {
+            (2, _) => b.events += 1,
+            (3, Value::Varint(x)) => b.lost_events = x != 0,
+            (4, Value::Len(cs)) => {
+                nested = for_each_field(cs, |cf, cv| {
+                    // switch_timestamp / waking_timestamp: one packed varint a row.
+                    if let (1 | 7, Value::Len(col)) = (cf, cv) {
+                        b.events += col.iter().filter(|&&c| c & 0x80 == 0).count() as u64;
+                    }
+                });
+            }
+            _ => {}
+        })?;
+        nested.map(|()| b)
+    }
+}
+
+/// An FtraceStats packet: its phase and, per CPU, the events the kernel
+/// lost (overrun + dropped_events).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FtraceStatsInfo {
+    /// 1 start of trace, 2 end of trace.
+    pub phase: u64,
+    pub lost_per_cpu: Vec<(u64, u64)>,
+}
+
+impl FtraceStatsInfo {
+    fn decode(body: &[u8]) -> Result<FtraceStatsInfo, Malformed> {
+        let mut s = FtraceStatsInfo::default();
+        let mut nested = Ok(());
+        for_each_field(body, |f, v| match (f, v) {
+            (1, Value::Varint(x)) => s.phase = x,
+            (2, Value::Len(c)) => {
+                let (mut cpu, mut lost) = (0, 0);
+                let r = for_each_field(c, |cf, cv| match (cf, cv) {
+                    (1, Value::Varint(x)) => cpu = x,
+                    (3 | 8, Value::Varint(x)) => lost += x,
+                    _ => {}
+                });
+                if r.is_err() {
+                    nested = r;
+                }
+                s.lost_per_cpu.push((cpu, lost));
+            }
+            _ => {}
+        })?;
+        nested.map(|()| s)
+    }
+}
+
 /// The scalar fields of a `trace_stats` packet, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TraceStatsInfo {
@@ -533,6 +598,10 @@ pub struct PacketInfo {
     pub service_events: Vec<u32>,
     /// Decoded when the packet is a `trace_stats` one.
     pub trace_stats: Option<TraceStatsInfo>,
+    /// Decoded when the packet is an ftrace bundle.
+    pub ftrace_bundle: Option<BundleInfo>,
+    /// Decoded when the packet is an `ftrace_stats` one.
+    pub ftrace_stats: Option<FtraceStatsInfo>,
 }
 
 impl PacketInfo {
@@ -564,6 +633,10 @@ impl PacketInfo {
                 }),
                 field::SERVICE_EVENT => for_each_field(body, |sf, _| p.service_events.push(sf)),
                 field::TRACE_STATS => TraceStatsInfo::decode(body).map(|s| p.trace_stats = Some(s)),
+                field::FTRACE_EVENTS => BundleInfo::decode(body).map(|b| p.ftrace_bundle = Some(b)),
+                field::FTRACE_STATS => {
+                    FtraceStatsInfo::decode(body).map(|s| p.ftrace_stats = Some(s))
+                }
                 _ => Ok(()),
             };
             if let Err(e) = r {

@@ -1227,4 +1227,31 @@ duration_ms: 60000
         "{log}"
     );
     assert!(log.contains("raise buffer_size_kb"), "{log}");
+    // `recorder inspect --json` reports the same loss and every event.
+    let inspect = std::process::Command::new(common::recorder_bin())
+        .args(["inspect", "--json"])
+        .arg(&out)
+        .output()
+        .expect("inspect runs");
+    assert!(inspect.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    let ft = &j["ftrace"];
+    let per_cpu: u64 = ft["end_lost_per_cpu"]
+        .as_array()
+        .expect("end stats")
+        .iter()
+        .map(|c| c[1].as_u64().expect("count"))
+        .sum();
+    assert_eq!(per_cpu, lost);
+    let compact: usize = bundles(&p)
+        .iter()
+        .map(|b| b.compact_sched.switch_timestamp.len() + b.compact_sched.waking_timestamp.len())
+        .sum();
+    assert_eq!(
+        ft["events"].as_u64(),
+        Some((events(&p).len() + compact) as u64)
+    );
+    let flagged = bundles(&p).iter().filter(|b| b.lost_events()).count() as u64;
+    assert_eq!(ft["bundles_after_loss"].as_u64(), Some(flagged));
+    assert!(flagged > 0);
 }
