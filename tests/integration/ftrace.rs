@@ -409,15 +409,28 @@ fn print_filter_drops_matching_prints() {
     assert_eq!(enc.stats.filtered_prints, 2);
 }
 
+/// A table of one made-up event `mine/NAME` (id `id`): the common fields,
+/// then `fields` (format-file lines).
+fn synthetic_table(name: &str, id: u16, fields: &str) -> EventTable {
+    let text = format!(
+        "name: {name}\nID: {id}\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n{fields}"
+    );
+    let mut t = EventTable::new();
+    t.insert(
+        recorder::sources::ftrace::format::parse_event_format("mine", &text).expect("format"),
+        true,
+    );
+    t
+}
+
 #[test]
 fn synthetic_padding_extend_and_generic_events() {
     let (l, table) = fixture_table(false);
     // An event the table has no typed message for is encoded generically.
-    let mut t2 = EventTable::new();
-    let text = "name: my_ev\nID: 900\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:int v;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:unsigned long u;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:char s[8];\toffset:24;\tsize:8;\tsigned:0;\n";
-    t2.insert(
-        recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"),
-        true,
+    let t2 = synthetic_table(
+        "my_ev",
+        900,
+        "\tfield:int v;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:unsigned long u;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:char s[8];\toffset:24;\tsize:8;\tsigned:0;\n",
     );
     let mut rec = vec![0u8; 32];
     rec[0..2].copy_from_slice(&900u16.to_le_bytes());
@@ -631,11 +644,10 @@ fn an_event_too_big_for_a_short_bundle_gets_a_full_one() {
     use recorder::sources::ftrace::encode::MIN_BUNDLE_BYTES;
 
     let (l, _) = fixture_table(false);
-    let mut t2 = EventTable::new();
-    let text = "name: my_big\nID: 901\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:char s[4040];\toffset:8;\tsize:4040;\tsigned:0;\n";
-    t2.insert(
-        recorder::sources::ftrace::format::parse_event_format("mine", text).expect("format"),
-        true,
+    let t2 = synthetic_table(
+        "my_big",
+        901,
+        "\tfield:char s[4040];\toffset:8;\tsize:4040;\tsigned:0;\n",
     );
     let mut rec = vec![b's'; 8 + 4040];
     rec[0..2].copy_from_slice(&901u16.to_le_bytes());
