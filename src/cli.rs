@@ -247,7 +247,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
-    init_logging(cli.verbose, cli.quiet);
+    // The bench opens one trace per configuration and prints its own table:
+    // per-run info lines (which sink, ...) would only interleave with it.
+    let quiet = cli
+        .quiet
+        .saturating_add(u8::from(matches!(cli.command, Some(Command::Bench(_)))));
+    init_logging(cli.verbose, quiet);
     ExitCode::from(run(cli))
 }
 
