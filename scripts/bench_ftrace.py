@@ -219,13 +219,13 @@ def main():
     load_avg = os.getloadavg()
     print(f"`stress-ng --switch 2` for {args.secs} s per row; untraced baseline {base:,.0f} bogo ops/s; "
           f"load average after the runs {load_avg[0]:.2f}; {os.cpu_count()} CPUs.\n")
-    print("| tracer | events | rate | lost | CPU s during the load (% of a core) | ns/event | whole run CPU s | raw B/event | output B/event (× raw) | load vs untraced |")
+    print("| tracer | events | rate | lost | CPU s during the load (% of a core) | ns/event | whole run CPU s (ns/event) | raw B/event | output B/event (× raw) | load vs untraced |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         ev = max(r["events"], 1)
         print(f"| {name} | {r['events'] / 1e6:.2f} M | {r['events'] / args.secs / 1e6:.2f} M/s | {r['lost']} | "
               f"{r['window']:.2f} ({100 * r['window'] / args.secs:.1f}%) | {1e9 * r['window'] / ev:.0f} | "
-              f"{r['cpu']:.2f} | {r['raw'] / ev:.1f} | "
+              f"{r['cpu']:.2f} ({1e9 * r['cpu'] / ev:.0f}) | {r['raw'] / ev:.1f} | "
               f"{r['out'] / ev:.1f} ({r['out'] / max(r['raw'], 1):.3f}×) | {r['ops'] / base:.2f}× |")
     early = [r["early"] for _, r in rows if r["early"] is not None]
     print(f"\nRecorder watermark drains per run: {early}.")
