@@ -72,45 +72,50 @@ pub(super) fn poison(
     err
 }
 
+/// Writes `bufs` at `*offset` with pwritev(2) until all are written, and
+/// moves `*offset` past them; a failure poisons the sink (see [`poison`]).
+/// Shared by the positioned sinks.
+pub(super) fn pwritev_all(
+    fd: &OwnedFd,
+    poisoned: &mut Option<SinkError>,
+    offset: &mut u64,
+    bufs: &[IoSlice<'_>],
+) -> Result<u64, SinkError> {
+    if let Some(e) = *poisoned {
+        return Err(e);
+    }
+    let start = *offset;
+    let mut pos = start;
+    let mut cursor = Cursor::new(bufs);
+    let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
+    loop {
+        let len = cursor.peek_batch(IOV_MAX, MAX_CALL_BYTES, &mut batch);
+        if len == 0 {
+            break;
+        }
+        let err = match rustix::io::pwritev(fd, &batch, pos) {
+            Ok(0) => SinkError::NoProgress { offset: pos },
+            Ok(n) => {
+                pos += n as u64;
+                cursor.advance(n);
+                continue;
+            }
+            Err(Errno::INTR) => continue,
+            Err(errno) => SinkError::Write { errno, offset: pos },
+        };
+        return Err(poison(fd, poisoned, offset, start, pos, err));
+    }
+    *offset = pos;
+    Ok(pos - start)
+}
+
 impl FileSink for PwritevSink {
     fn kind(&self) -> SinkKind {
         SinkKind::Pwritev
     }
 
     fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
-        if let Some(e) = self.poisoned {
-            return Err(e);
-        }
-        let start = self.offset;
-        let mut pos = start;
-        let mut cursor = Cursor::new(bufs);
-        let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
-        loop {
-            let len = cursor.peek_batch(IOV_MAX, MAX_CALL_BYTES, &mut batch);
-            if len == 0 {
-                break;
-            }
-            let err = match rustix::io::pwritev(&self.fd, &batch, pos) {
-                Ok(0) => SinkError::NoProgress { offset: pos },
-                Ok(n) => {
-                    pos += n as u64;
-                    cursor.advance(n);
-                    continue;
-                }
-                Err(Errno::INTR) => continue,
-                Err(errno) => SinkError::Write { errno, offset: pos },
-            };
-            return Err(poison(
-                &self.fd,
-                &mut self.poisoned,
-                &mut self.offset,
-                start,
-                pos,
-                err,
-            ));
-        }
-        self.offset = pos;
-        Ok(pos - start)
+        pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, bufs)
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {

@@ -1,5 +1,7 @@
 //! The io_uring sink: WRITEV at explicit offsets (the sink's own counter),
-//! a few requests in flight, no SQPOLL (it would spin a core).
+//! a few requests in flight, no SQPOLL (it would spin a core). Passes of at
+//! most [`SMALL_WRITE_BYTES`] skip the ring for one pwritev(2) at the same
+//! offset counter.
 //!
 //! ```text
 //!  bufs ──Cursor──► slot 0: ≤ IOV_MAX iovecs, ≤ SQE_MAX_BYTES @ off
@@ -30,7 +32,7 @@ use io_uring::{IoUring, opcode, types};
 use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX, advance_owned};
-use super::pwritev_sink::{poison, sync_or_poison};
+use super::pwritev_sink::{poison, pwritev_all, sync_or_poison};
 use super::{FileSink, SinkError, SinkKind};
 
 /// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
@@ -38,6 +40,8 @@ pub const QUEUE_DEPTH: usize = 8;
 /// Bytes per request at most, so one pass spreads over several requests and
 /// a short write resubmits little.
 pub const SQE_MAX_BYTES: usize = 4 << 20;
+/// Passes up to this size are written with one pwritev(2) instead.
+pub const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
 /// One request's iovecs and where it writes.
 struct Slot<'a> {
@@ -105,6 +109,12 @@ impl FileSink for UringSink {
     fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
+        }
+        // A small pass (an idle session's service packets, a quiet source)
+        // is one pwritev(2): through the ring a buffered write is handed to a
+        // kernel worker thread, two context switches for a few bytes.
+        if bufs.iter().map(|b| b.len()).sum::<usize>() <= SMALL_WRITE_BYTES {
+            return pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, bufs);
         }
         let start = self.offset;
         let mut cursor = Cursor::new(bufs);

@@ -82,11 +82,19 @@ fn sinks_write_scattered_iovecs_in_order() {
         let path = dir.path().join("t.pftrace");
         let mut sink = open(&path, io);
         let mut expect = Vec::new();
-        for (round, sizes) in [&[1usize, 0, 4095, 7, 65536][..], &[3], &[1 << 20, 0, 0, 17]]
-            .iter()
-            .enumerate()
+        // Large calls go through the ring; calls of at most 64 KiB, in between,
+        // through one pwritev at the same offset counter.
+        for (round, (len, sizes)) in [
+            (300_000, &[1usize, 0, 4095, 7, 65536][..]),
+            (2_000, &[1, 0, 7]),
+            (1_300_003, &[3]),
+            (65_536, &[4096]),
+            (2_300_006, &[1 << 20, 0, 0, 17]),
+        ]
+        .iter()
+        .enumerate()
         {
-            let data = pattern(300_000 + round * 1_000_003, round as u64);
+            let data = pattern(*len, round as u64);
             let bufs = split(&data, sizes);
             let n = sink.write_all(&bufs).expect("write");
             assert_eq!(n, data.len() as u64, "{io:?}");
@@ -379,7 +387,12 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
     if common::skip_unless(common::need_root()) {
         return;
     }
-    for io in choices() {
+    // 3 packets a call (30 KB: the io_uring sink's small-write path) and 12
+    // (120 KB: through the ring).
+    for (io, per_call) in choices()
+        .into_iter()
+        .flat_map(|io| [(io, 3usize), (io, 12)])
+    {
         let disk = SmallDisk::mount();
         if common::skip_unless(disk.is_none().then(|| "cannot mount a tmpfs".to_string())) {
             return;
@@ -391,8 +404,8 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
         let mut err = None;
         for i in 0..100u64 {
             // Each call is a "pass" of several whole packets over many iovecs.
-            let packets: Vec<Vec<u8>> = (0..6)
-                .map(|k| framed(&pattern(10_000 + k * 7, i * 10 + k as u64)))
+            let packets: Vec<Vec<u8>> = (0..per_call)
+                .map(|k| framed(&pattern(10_000 + k * 7, i * 100 + k as u64)))
                 .collect();
             let bufs: Vec<IoSlice<'_>> = packets
                 .iter()
@@ -410,7 +423,7 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
             }
         }
         let e = err.expect("a 1 MiB disk fills up");
-        assert!(e.is_disk_full(), "{io:?}: {e}");
+        assert!(e.is_disk_full(), "{io:?} {per_call}: {e}");
         assert_eq!(
             sink.write_all(&[IoSlice::new(b"\x0a\x00")])
                 .expect_err("poisoned"),
