@@ -156,6 +156,13 @@ fn push_varint(v: &mut Vec<u8>, mut x: u64) -> usize {
 }
 
 impl CompactCols {
+    fn new() -> Self {
+        Self {
+            intern_slots: vec![0; INTERN_SLOTS],
+            ..Default::default()
+        }
+    }
+
     fn clear(&mut self) {
         for c in self.cols_mut() {
             c.clear();
@@ -202,9 +209,6 @@ impl CompactCols {
     /// The index of comm `k` (`n` bytes, NUL-padded into a u128) in this
     /// bundle's intern table, added if new.
     fn intern(&mut self, k: u128, n: usize) -> u32 {
-        if self.intern_slots.is_empty() {
-            self.intern_slots = vec![0; INTERN_SLOTS];
-        }
         let mask = INTERN_SLOTS - 1;
         let h = ((k as u64) ^ ((k >> 64) as u64) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut slot = (h >> 54) as usize & mask;
@@ -370,7 +374,7 @@ impl BundleEncoder {
         Self {
             seq_id,
             max_packet_bytes: max_packet_bytes.max(16 * 1024),
-            compact: CompactCols::default(),
+            compact: CompactCols::new(),
             pids: Vec::new(),
             pid_cache: Box::new([0; PID_CACHE]),
             stats: EncodeStats::default(),
@@ -727,7 +731,7 @@ mod tests {
 
     #[test]
     fn intern_finds_every_comm_again() {
-        let mut c = CompactCols::default();
+        let mut c = CompactCols::new();
         let keys: Vec<(u128, usize)> = (0..MAX_INTERNED as u128)
             .map(|i| (i * 0x1_0000_0001 + 1, (i % 16) as usize + 1))
             .collect();
