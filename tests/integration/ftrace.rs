@@ -954,9 +954,9 @@ fn print_filter_from_the_config_on_the_binary() {
     }
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tmp");
-    let cfg = dir.path().join("print.cfg");
-    std::fs::write(
-        &cfg,
+    let (mut rec, out) = Started::on_text(
+        dir.path(),
+        "print",
         r#"
 buffers { size_kb: 4096 }
 data_sources { config { name: "linux.ftrace" ftrace_config {
@@ -970,15 +970,8 @@ data_sources { config { name: "linux.ftrace" ftrace_config {
 } } }
 duration_ms: 60000
 "#,
-    )
-    .expect("cfg");
-    let out = dir.path().join("print.pftrace");
-    let mut rec = Started::spawn(&cfg, &out);
-    let top = Tracefs::discover().expect("tracefs");
-    let marker = top.path(&format!(
-        "instances/recorder-{}/trace_marker",
-        rec.child.id()
-    ));
+    );
+    let marker = rec.marker();
     for m in [
         "keep 1",
         "drop me",
@@ -1051,6 +1044,23 @@ impl Started {
             log,
             rest: Some(rest),
         })
+    }
+
+    /// Writes `text` as `NAME.cfg` in `dir` and starts a recorder on it
+    /// writing `NAME.pftrace` there; returns it and the output path.
+    fn on_text(dir: &std::path::Path, name: &str, text: &str) -> (Started, PathBuf) {
+        let cfg = dir.join(format!("{name}.cfg"));
+        std::fs::write(&cfg, text).expect("cfg");
+        let out = dir.join(format!("{name}.pftrace"));
+        (Started::spawn(&cfg, &out), out)
+    }
+
+    /// The trace_marker of the recorder's own tracefs instance.
+    fn marker(&self) -> PathBuf {
+        Tracefs::discover().expect("tracefs").path(&format!(
+            "instances/recorder-{}/trace_marker",
+            self.child.id()
+        ))
     }
 
     /// SIGINT (the session may have ended by itself), then the exit status
@@ -1142,11 +1152,7 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 continue;
             }
         };
-        let marker = Tracefs::discover().expect("tracefs").path(&format!(
-            "instances/recorder-{}/trace_marker",
-            rec.child.id()
-        ));
-        std::fs::write(&marker, format!("running {name}")).expect("trace_marker");
+        std::fs::write(rec.marker(), format!("running {name}")).expect("trace_marker");
         std::thread::sleep(Duration::from_millis(1000));
         let log = rec.interrupt_and_wait();
         let p = decode(&std::fs::read(&out).expect("trace"));
@@ -1198,10 +1204,10 @@ fn kernel_loss_is_reported_in_the_summary() {
     }
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tmp");
-    let cfg = dir.path().join("tiny.cfg");
     // A few pages per CPU, read only when full: a pipe ping-pong overruns them.
-    std::fs::write(
-        &cfg,
+    let (mut rec, out) = Started::on_text(
+        dir.path(),
+        "tiny",
         r#"
 buffers { size_kb: 8192 }
 data_sources { config { name: "linux.ftrace" ftrace_config {
@@ -1213,10 +1219,7 @@ data_sources { config { name: "linux.ftrace" ftrace_config {
 } } }
 duration_ms: 60000
 "#,
-    )
-    .expect("cfg");
-    let out = dir.path().join("tiny.pftrace");
-    let mut rec = Started::spawn(&cfg, &out);
+    );
     ping_pong(50_000);
     let log = rec.interrupt_and_wait();
     let p = decode(&std::fs::read(&out).expect("trace"));
