@@ -518,6 +518,14 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             "kprobe_events and tracefs_options are not supported and are ignored",
         );
     }
+    if let Some(v) = f.drain_buffer_percent
+        && v > 100
+    {
+        cx.warn(
+            format!("{path}.config.ftrace_config.drain_buffer_percent"),
+            format!("{v} is over 100: a CPU buffer is drained when full (100)"),
+        );
+    }
     let mut print_filter = Vec::new();
     if let Some(pf) = &f.print_filter {
         use crate::protos::ftrace_config::print_filter::rule::Match;
@@ -559,7 +567,10 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             .map(|v| ByteSize::from_kb(u64::from(v))),
         buffer_size_lower_bound: f.buffer_size_lower_bound(),
         drain_period: ms(drain),
-        drain_buffer_percent: f.drain_buffer_percent.filter(|v| *v > 0),
+        drain_buffer_percent: f
+            .drain_buffer_percent
+            .filter(|v| *v > 0)
+            .map(|v| v.min(100)),
         compact_sched: f
             .compact_sched
             .as_ref()

@@ -828,3 +828,55 @@ mod generated {
         }
     }
 }
+
+/// FtraceConfig's print_filter and drain_buffer_percent reach the spec; a
+/// rule that matches nothing and a percentage over 100 are warned about by
+/// field path.
+#[test]
+fn ftrace_print_filter_and_drain_percent() {
+    use recorder::config::spec::{PrintMatchSpec, PrintRuleSpec};
+    let src = r#"buffers { size_kb: 64 }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "ftrace/print"
+  drain_buffer_percent: 150
+  print_filter {
+    rules { prefix: "drop" allow: false }
+    rules { allow: true }
+    rules { atrace_msg { type: "C" prefix: "counter" } allow: true }
+  }
+} } }"#;
+    let spec = config::load_text(src, "t", false)
+        .expect("parses")
+        .validate()
+        .expect("valid");
+    let SourceKind::Ftrace(f) = &spec.data_sources[0].kind else {
+        panic!("ftrace");
+    };
+    assert_eq!(f.drain_buffer_percent, Some(100));
+    assert_eq!(
+        f.print_filter,
+        [
+            PrintRuleSpec {
+                matches: PrintMatchSpec::Prefix("drop".into()),
+                allow: false
+            },
+            PrintRuleSpec {
+                matches: PrintMatchSpec::Atrace {
+                    kind: "C".into(),
+                    prefix: "counter".into()
+                },
+                allow: true
+            },
+        ]
+    );
+    let w: Vec<String> = spec.warnings.iter().map(|w| w.to_string()).collect();
+    let has = |p: &str| w.iter().any(|w| w.starts_with(p));
+    assert!(
+        has("data_sources[0].config.ftrace_config.drain_buffer_percent: 150 is over 100"),
+        "{w:?}"
+    );
+    assert!(
+        has("data_sources[0].config.ftrace_config.print_filter.rules[1]: rule has neither"),
+        "{w:?}"
+    );
+}
