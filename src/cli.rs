@@ -140,6 +140,14 @@ pub enum Command {
         #[arg(long, conflicts_with = "pid")]
         all: bool,
     },
+    /// Start a session configured with `deferred_start` (its owner or root).
+    Start {
+        /// The session's PID (optional when only one runs).
+        pid: Option<u32>,
+        /// Start every session you may start.
+        #[arg(long, conflicts_with = "pid")]
+        all: bool,
+    },
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(crate::command::bench::BenchArgs),
 }
@@ -274,6 +282,7 @@ pub fn run(cli: Cli) -> u8 {
         }
         Some(Command::Query { json }) => crate::command::control::query(json),
         Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
+        Some(Command::Start { pid, all }) => crate::command::control::start(pid, all),
         Some(Command::Bench(args)) => crate::command::bench::run(&args),
         None => {
             let Some(path) = cli.main.config.clone() else {

@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod config;
 mod ftrace;
+mod lifecycle;
 mod procfs;
 mod recording;
 mod ringbuf;
