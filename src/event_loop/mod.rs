@@ -148,7 +148,7 @@ impl Loop {
         }
         // Requests the session never answered (it ended first).
         for (_, inc) in self.pending.drain() {
-            inc.answer(Reply::Stopping);
+            inc.answer(Reply::Refused("the session has ended".into()));
         }
         if let Some(s) = self.status.take() {
             s.finish();
