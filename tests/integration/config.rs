@@ -834,7 +834,7 @@ mod generated {
 /// field path.
 #[test]
 fn ftrace_print_filter_and_drain_percent() {
-    use recorder::config::spec::{PrintMatchSpec, PrintRuleSpec};
+    use recorder::config::spec::{PrintMatch, PrintRule};
     let src = r#"buffers { size_kb: 64 }
 data_sources { config { name: "linux.ftrace" ftrace_config {
   ftrace_events: "ftrace/print"
@@ -852,16 +852,16 @@ data_sources { config { name: "linux.ftrace" ftrace_config {
     let SourceKind::Ftrace(f) = &spec.data_sources[0].kind else {
         panic!("ftrace");
     };
-    assert_eq!(f.drain_buffer_percent, Some(100));
+    assert_eq!(f.drain_buffer_percent, 100);
     assert_eq!(
-        f.print_filter,
+        f.print_filter.rules,
         [
-            PrintRuleSpec {
-                matches: PrintMatchSpec::Prefix("drop".into()),
+            PrintRule {
+                matches: PrintMatch::Prefix("drop".into()),
                 allow: false
             },
-            PrintRuleSpec {
-                matches: PrintMatchSpec::Atrace {
+            PrintRule {
+                matches: PrintMatch::Atrace {
                     kind: "C".into(),
                     prefix: "counter".into()
                 },
@@ -876,7 +876,9 @@ data_sources { config { name: "linux.ftrace" ftrace_config {
         "{w:?}"
     );
     assert!(
-        has("data_sources[0].config.ftrace_config.print_filter.rules[1]: rule has neither"),
+        has(
+            "data_sources[0].config.ftrace_config.print_filter.rules[1]: ignored: rule has neither"
+        ),
         "{w:?}"
     );
 }

@@ -14,6 +14,7 @@ use perfetto_protos::trace::Trace;
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::Message;
 
+use recorder::config::spec::{ByteSize, FtraceSpec};
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor};
 use recorder::sources::ftrace::event_table::EventTable;
 use recorder::sources::ftrace::format::PageLayout;
@@ -812,14 +813,17 @@ fn ping_pong_recording(read_mode: ReadMode) {
         .read("events/sched/sched_switch/enable")
         .expect("enable");
     let opts = FtraceOptions {
-        events: vec![
-            "sched/sched_switch".into(),
-            "sched_wakeup".into(),
-            "sched/no_such_event".into(),
-        ],
-        buffer_size_kb: 2048,
-        drain_period: Duration::from_millis(20),
-        compact_sched: false,
+        spec: FtraceSpec {
+            events: vec![
+                "sched/sched_switch".into(),
+                "sched_wakeup".into(),
+                "sched/no_such_event".into(),
+            ],
+            buffer_size: Some(ByteSize::from_kb(2048)),
+            drain_period: Duration::from_millis(20),
+            compact_sched: false,
+            ..Default::default()
+        },
         sequence_id: SEQ,
         read_mode,
         ..Default::default()
@@ -914,10 +918,13 @@ fn real_kernel_watermark_drains_before_the_period() {
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let run = |percent: u32| {
         let opts = FtraceOptions {
-            events: vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()],
-            buffer_size_kb: 128,
-            drain_period: Duration::from_secs(30),
-            drain_buffer_percent: percent,
+            spec: FtraceSpec {
+                events: vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()],
+                buffer_size: Some(ByteSize::from_kb(128)),
+                drain_period: Duration::from_secs(30),
+                drain_buffer_percent: percent,
+                ..Default::default()
+            },
             sequence_id: SEQ,
             ..Default::default()
         };

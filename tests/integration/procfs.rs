@@ -9,12 +9,11 @@ use perfetto_protos::process_tree::ProcessTree;
 use perfetto_protos::sys_stats::SysStats;
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::{Enum, Message};
+use recorder::config::spec::{ProcessStatsSpec, SourceKind, SysStatsSpec};
 use recorder::sources::poller::Poller;
-use recorder::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
+use recorder::sources::process_stats::ProcessStatsSource;
 use recorder::sources::procfs::HostPaths;
-use recorder::sources::sys_stats::{
-    Group, Schedule, SysStatsError, SysStatsOptions, SysStatsSource,
-};
+use recorder::sources::sys_stats::{Group, Schedule, SysStatsError, SysStatsSource};
 
 use crate::common::repo_root;
 
@@ -44,23 +43,41 @@ fn decode(packets: &[Vec<u8>]) -> Vec<TracePacket> {
         .collect()
 }
 
-fn all_periods(ms: u32) -> SysStatsOptions {
-    SysStatsOptions {
-        meminfo_period_ms: ms,
-        vmstat_period_ms: ms,
-        stat_period_ms: ms,
-        devfreq_period_ms: ms,
-        cpufreq_period_ms: ms,
-        buddyinfo_period_ms: ms,
-        diskstat_period_ms: ms,
-        psi_period_ms: ms,
-        thermal_period_ms: ms,
-        cpuidle_period_ms: ms,
-        ..SysStatsOptions::default()
+/// The validated sys_stats spec of a `sys_stats_config { TEXT }`.
+fn sys_spec(text: &str) -> Result<SysStatsSpec, String> {
+    let cfg = format!(
+        "buffers {{ size_kb: 64 }} data_sources {{ config {{ name: \"linux.sys_stats\" sys_stats_config {{ {text} }} }} }}"
+    );
+    let spec = recorder::config::load_text(&cfg, "t", false)
+        .map_err(|e| e.to_string())?
+        .validate()
+        .map_err(|e| e.to_string())?;
+    match &spec.data_sources[0].kind {
+        SourceKind::SysStats(s) => Ok(s.clone()),
+        k => panic!("{k:?}"),
     }
 }
 
-fn one_tick(opts: &SysStatsOptions) -> SysStats {
+fn all_periods(ms: u32) -> SysStatsSpec {
+    let text: String = [
+        "meminfo",
+        "vmstat",
+        "stat",
+        "devfreq",
+        "cpufreq",
+        "buddyinfo",
+        "diskstat",
+        "psi",
+        "thermal",
+        "cpuidle",
+    ]
+    .iter()
+    .map(|g| format!("{g}_period_ms: {ms} "))
+    .collect();
+    sys_spec(&text).expect("valid")
+}
+
+fn one_tick(opts: &SysStatsSpec) -> SysStats {
     let mut src = SysStatsSource::new(opts, fixture(), SEQ).expect("valid periods");
     let mut out: Vec<Vec<u8>> = Vec::new();
     src.write_tick(&mut out);
@@ -334,15 +351,12 @@ fn sys_stats_fixture_psi_disk_buddy_and_sysfs_exact() {
 
 #[test]
 fn sys_stats_counter_filters_and_tick_multiples() {
-    let opts = SysStatsOptions {
-        meminfo_period_ms: 50,
-        meminfo_counters: vec![1, 3], // MEM_TOTAL, MEM_AVAILABLE
-        vmstat_period_ms: 100,
-        vmstat_counters: vec![1], // NR_FREE_PAGES
-        stat_period_ms: 150,
-        stat_counters: vec![4], // FORK_COUNT
-        ..SysStatsOptions::default()
-    };
+    let opts = sys_spec(
+        "meminfo_period_ms: 50 meminfo_counters: MEMINFO_MEM_TOTAL \
+         meminfo_counters: MEMINFO_MEM_AVAILABLE vmstat_period_ms: 100 \
+         vmstat_counters: VMSTAT_NR_FREE_PAGES stat_period_ms: 150 stat_counters: STAT_FORK_COUNT",
+    )
+    .expect("valid");
     let mut src = SysStatsSource::new(&opts, fixture(), SEQ).expect("valid");
     assert_eq!(src.schedule().map(|s| s.tick_ms), Some(50));
     let mut out: Vec<Vec<u8>> = Vec::new();
@@ -379,12 +393,19 @@ fn sys_stats_counter_filters_and_tick_multiples() {
 
 #[test]
 fn sys_stats_periods_that_are_not_multiples_are_refused() {
-    let opts = SysStatsOptions {
-        meminfo_period_ms: 3, // raised to 10
-        psi_period_ms: 25,
-        ..SysStatsOptions::default()
+    // Validation raises 3 ms to 10 and refuses 25 ms beside it, by field path.
+    let e = sys_spec("meminfo_period_ms: 3 psi_period_ms: 25").expect_err("refused");
+    assert!(
+        e.contains("sys_stats_config: every *_period_ms must be a multiple of the smallest (10 ms); 25 ms is not"),
+        "{e}"
+    );
+    // The source keeps its own invariant for specs built by hand.
+    let hand = SysStatsSpec {
+        meminfo_period: Some(Duration::from_millis(10)),
+        psi_period: Some(Duration::from_millis(25)),
+        ..SysStatsSpec::default()
     };
-    match SysStatsSource::new(&opts, fixture(), SEQ) {
+    match SysStatsSource::new(&hand, fixture(), SEQ) {
         Err(SysStatsError::PeriodNotMultiple {
             field,
             period_ms,
@@ -392,19 +413,16 @@ fn sys_stats_periods_that_are_not_multiples_are_refused() {
         }) => assert_eq!((field, period_ms, tick_ms), ("psi_period_ms", 25, 10)),
         Ok(_) => panic!("25 ms is not a multiple of the 10 ms tick"),
     }
-    let ok = Schedule::from_options(&SysStatsOptions {
-        meminfo_period_ms: 3,
-        psi_period_ms: 30,
-        ..SysStatsOptions::default()
-    })
-    .expect("valid")
-    .expect("scheduled");
+    let ok =
+        Schedule::from_spec(&sys_spec("meminfo_period_ms: 3 psi_period_ms: 30").expect("valid"))
+            .expect("valid")
+            .expect("scheduled");
     assert_eq!(
         (ok.tick_ms, ok.every(Group::Meminfo), ok.every(Group::Psi)),
         (10, 1, 3)
     );
     // Nothing configured: nothing scheduled and no packet.
-    let mut idle = SysStatsSource::new(&SysStatsOptions::default(), fixture(), SEQ).expect("valid");
+    let mut idle = SysStatsSource::new(&SysStatsSpec::default(), fixture(), SEQ).expect("valid");
     let mut out: Vec<Vec<u8>> = Vec::new();
     idle.write_tick(&mut out);
     assert!(out.is_empty());
@@ -441,10 +459,10 @@ fn tree_of(pkts: &[TracePacket]) -> Tree {
 }
 
 fn scan_all(record_thread_names: bool) -> (ProcessStatsSource, Vec<Vec<u8>>) {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         record_thread_names,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     let mut out = Vec::new();
@@ -531,9 +549,9 @@ fn process_tree_fixture_scan_all_exact() {
 #[test]
 fn process_tree_splits_into_small_packets() {
     let (_, whole) = scan_all(true);
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         record_thread_names: true,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     src.set_soft_packet_limit(256);
@@ -553,9 +571,9 @@ fn process_tree_splits_into_small_packets() {
 
 #[test]
 fn on_demand_pids_are_written_once_until_cleared() {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         record_thread_names: true,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts.clone(), fixture(), SEQ);
     let mut out = Vec::new();
@@ -595,7 +613,7 @@ fn on_demand_pids_are_written_once_until_cleared() {
 
     // DISABLE_ON_DEMAND: reported pids are ignored.
     let mut off = ProcessStatsSource::new(
-        ProcessStatsOptions {
+        ProcessStatsSpec {
             disable_on_demand: true,
             ..opts
         },
@@ -622,10 +640,10 @@ fn stats_of(
 
 #[test]
 fn process_stats_poll_fixture_exact_and_cached() {
-    let opts = ProcessStatsOptions {
-        proc_stats_poll_ms: 100,
-        proc_stats_cache_ttl_ms: 10_000,
-        ..ProcessStatsOptions::default()
+    let opts = ProcessStatsSpec {
+        poll_period: Some(Duration::from_millis(100)),
+        cache_ttl: Some(Duration::from_millis(10_000)),
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     let mut out = Vec::new();
@@ -675,9 +693,9 @@ fn process_stats_poll_fixture_exact_and_cached() {
 
     // A cache that lives one poll: every counter again, no tree.
     let mut every = ProcessStatsSource::new(
-        ProcessStatsOptions {
-            proc_stats_poll_ms: 100,
-            ..ProcessStatsOptions::default()
+        ProcessStatsSpec {
+            poll_period: Some(Duration::from_millis(100)),
+            ..ProcessStatsSpec::default()
         },
         fixture(),
         SEQ,
@@ -692,10 +710,10 @@ fn process_stats_poll_fixture_exact_and_cached() {
 
 #[test]
 fn poller_runs_process_stats_on_the_fixture() {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
-        proc_stats_poll_ms: 3_600_000,
-        ..ProcessStatsOptions::default()
+        poll_period: Some(Duration::from_millis(3_600_000)),
+        ..ProcessStatsSpec::default()
     };
     let poller = Poller::start(
         "process-stats",
@@ -743,11 +761,11 @@ fn real_proc_tree_has_this_process_and_its_threads() {
     while !named() && t0.elapsed() < std::time::Duration::from_secs(5) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         record_thread_names: true,
-        proc_stats_poll_ms: 100,
-        ..ProcessStatsOptions::default()
+        poll_period: Some(Duration::from_millis(100)),
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, HostPaths::default(), SEQ);
     let mut out = Vec::new();

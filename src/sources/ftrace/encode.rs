@@ -37,48 +37,7 @@ const MAX_INTERNED: usize = 256;
 /// Slots of the intern index: a power of two, at most half full.
 const INTERN_SLOTS: usize = 2 * MAX_INTERNED;
 
-/// One rule of the print filter: the first matching rule decides.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PrintMatch {
-    /// The message starts with this prefix.
-    Prefix(String),
-    /// An atrace message `T|pid|name...` of type `T` whose name starts with prefix.
-    Atrace { kind: String, prefix: String },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrintRule {
-    pub matches: PrintMatch,
-    pub allow: bool,
-}
-
-/// `FtraceConfig.print_filter`: keeps or drops `ftrace/print` events.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PrintFilter {
-    pub rules: Vec<PrintRule>,
-}
-
-impl PrintFilter {
-    /// Whether a print with text `buf` is kept (no matching rule: kept).
-    pub fn allows(&self, buf: &[u8]) -> bool {
-        for r in &self.rules {
-            let hit = match &r.matches {
-                PrintMatch::Prefix(p) => buf.starts_with(p.as_bytes()),
-                PrintMatch::Atrace { kind, prefix } => {
-                    let mut parts = buf.splitn(3, |&c| c == b'|');
-                    let t = parts.next().unwrap_or_default();
-                    let _pid = parts.next();
-                    let name = parts.next().unwrap_or_default();
-                    t == kind.as_bytes() && name.starts_with(prefix.as_bytes())
-                }
-            };
-            if hit {
-                return r.allow;
-            }
-        }
-        true
-    }
-}
+pub use crate::config::spec::{PrintFilter, PrintMatch, PrintRule};
 
 /// Counters of the encoder, summed over the recording.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -31,7 +31,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
 pub use output::{PacketOutput, VecOutput};
@@ -44,38 +43,19 @@ use reader::{Command, CpuPipe, ReaderState};
 use stats::{CpuStats, Phase, StatsReport};
 use tracefs::{Tracefs, TracefsError, TracefsSession};
 
-/// Default drain period (Perfetto's).
-pub const DEFAULT_DRAIN_PERIOD: Duration = Duration::from_millis(100);
-/// Watermark of the early drain when the config sets none: half full, so a
-/// burst still has the other half of the buffer while the reader catches up.
-pub const DEFAULT_DRAIN_BUFFER_PERCENT: u32 = 50;
+use crate::config::spec::FtraceSpec;
+
 /// Largest bundle packet.
 pub const DEFAULT_MAX_PACKET_BYTES: usize = 32 * 1024;
 
-/// What the ftrace source records and how (mapped from FtraceConfig by the
-/// caller).
+/// What the ftrace source records (the validated config) and where.
 #[derive(Clone, Debug)]
 pub struct FtraceOptions {
-    /// `group/name`, `group/*` or a bare `name` (every group having it).
-    pub events: Vec<String>,
-    /// Per-CPU kernel buffer; 0 picks [`default_buffer_size_kb`].
-    pub buffer_size_kb: u32,
-    pub drain_period: Duration,
-    /// Also drain as soon as a CPU buffer is this full (percent, through the
-    /// instance's `buffer_percent` and poll(2)); 0 drains on the period only.
-    pub drain_buffer_percent: u32,
-    pub compact_sched: bool,
-    /// Record in this (existing or new) instance instead of our own.
-    pub instance_name: Option<String>,
-    /// Hex mask as `tracing_cpumask` takes it.
-    pub tracing_cpumask: Option<String>,
-    pub print_filter: PrintFilter,
-    /// Android-only; a warning, then ignored.
-    pub atrace_categories: Vec<String>,
-    pub atrace_apps: Vec<String>,
+    /// The validated `FtraceConfig`.
+    pub spec: FtraceSpec,
     /// tracefs root; `None` discovers it.
     pub tracefs_root: Option<PathBuf>,
-    /// procfs root (stale-instance detection).
+    /// procfs root (stale-instance detection, RAM size).
     pub proc_root: PathBuf,
     /// trusted_packet_sequence_id of every packet written.
     pub sequence_id: u32,
@@ -86,16 +66,7 @@ pub struct FtraceOptions {
 impl Default for FtraceOptions {
     fn default() -> Self {
         Self {
-            events: Vec::new(),
-            buffer_size_kb: 0,
-            drain_period: DEFAULT_DRAIN_PERIOD,
-            drain_buffer_percent: DEFAULT_DRAIN_BUFFER_PERCENT,
-            compact_sched: true,
-            instance_name: None,
-            tracing_cpumask: None,
-            print_filter: PrintFilter::default(),
-            atrace_categories: Vec::new(),
-            atrace_apps: Vec::new(),
+            spec: FtraceSpec::default(),
             tracefs_root: None,
             proc_root: PathBuf::from("/proc"),
             sequence_id: 2,
@@ -351,8 +322,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if self.running.is_some() || self.output.is_none() {
             return Err(FtraceError::State("start twice"));
         }
-        let mut events = self.opts.events.clone();
-        if !self.opts.atrace_categories.is_empty() || !self.opts.atrace_apps.is_empty() {
+        let spec = &self.opts.spec;
+        let mut events = spec.events.clone();
+        if !spec.atrace_categories.is_empty() || !spec.atrace_apps.is_empty() {
             // Userspace atrace writes through trace_marker: keep its prints.
             log::warn!(
                 "atrace_categories/atrace_apps are Android-only; recording ftrace/print for \
@@ -364,7 +336,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         }
         let mut session = TracefsSession::open(
             &self.top,
-            self.opts.instance_name.as_deref(),
+            spec.instance_name.as_deref(),
             &self.opts.proc_root,
         )?;
         let mut selected = Vec::new();
@@ -388,23 +360,21 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if selected.is_empty() {
             return Err(FtraceError::NoEvents(events));
         }
-        let (layout, table, failed) =
-            load_layouts(session.dir(), &selected, self.opts.compact_sched)?;
+        let (layout, table, failed) = load_layouts(session.dir(), &selected, spec.compact_sched)?;
         self.summary.failed_events = failed;
         self.layout = Some(layout);
 
         session.set("tracing_on", "0")?;
         session.set("trace_clock", "boot")?;
-        self.buffer_size_kb = if self.opts.buffer_size_kb > 0 {
-            self.opts.buffer_size_kb
-        } else {
-            default_buffer_size_kb(mem_total_kb(&self.opts.proc_root))
+        self.buffer_size_kb = match spec.buffer_size {
+            Some(b) => b.kb().min(u64::from(u32::MAX)) as u32,
+            None => default_buffer_size_kb(mem_total_kb(&self.opts.proc_root)),
         };
         session.set("buffer_size_kb", &self.buffer_size_kb.to_string())?;
-        if let Some(mask) = &self.opts.tracing_cpumask {
+        if let Some(mask) = &spec.tracing_cpumask {
             session.set("tracing_cpumask", mask)?;
         }
-        let pct = self.opts.drain_buffer_percent.min(100);
+        let pct = spec.drain_buffer_percent;
         let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
         if watermark {
             session.set("buffer_percent", &pct.to_string())?;
@@ -473,7 +443,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             BundleEncoder::new(self.opts.sequence_id, self.opts.max_packet_bytes),
             pipes,
             Arc::new(table),
-            self.opts.print_filter.clone(),
+            self.opts.spec.print_filter.clone(),
             layout,
             self.pid_sink.take(),
         );
@@ -481,7 +451,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         state.mode = self.opts.read_mode;
         state.watermark = watermark;
         let (tx, rx) = mpsc::channel();
-        let period = self.opts.drain_period;
+        let period = self.opts.spec.drain_period;
         let wake = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,

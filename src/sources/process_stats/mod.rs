@@ -23,6 +23,7 @@ pub use packets::{
     ThreadRecord, TreeEntry,
 };
 
+use crate::config::spec::ProcessStatsSpec;
 use crate::sources::poller::{PacketOutput, PolledSource};
 use crate::sources::procfs::{self, HostPaths};
 use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
@@ -31,46 +32,18 @@ use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
 pub const DATA_SOURCE_NAME: &str = "linux.process_stats";
 /// It forgets which pids it wrote when incremental state is cleared.
 pub const HANDLES_INCREMENTAL_STATE: bool = true;
-/// Polls faster than this are raised to it (Perfetto's minimum).
-pub const MIN_POLL_MS: u32 = 100;
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat`: the kthread test for
 /// kernels without the `Kthread:` status line (before 6.4).
 const PF_KTHREAD: u64 = 0x0020_0000;
 
-/// The options of `linux.process_stats` (ProcessStatsConfig, facts §3.3),
-/// as plain values; the mapping from the validated config is done by the caller.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessStatsOptions {
-    pub scan_all_processes_on_start: bool,
-    pub record_thread_names: bool,
-    /// 0: no periodic ProcessStats; 1..99 are raised to [`MIN_POLL_MS`].
-    pub proc_stats_poll_ms: u32,
-    /// The `DISABLE_ON_DEMAND` quirk: ignore pids reported by ftrace.
-    pub disable_on_demand: bool,
-    /// How long unchanged counters stay unwritten; rounded down to whole
-    /// polls, at least one (0: every counter every poll).
-    pub proc_stats_cache_ttl_ms: u32,
-}
-
-impl ProcessStatsOptions {
-    /// The poll period actually used (0 = none).
-    pub fn effective_poll_ms(&self) -> u32 {
-        match self.proc_stats_poll_ms {
-            0 => 0,
-            p if p < MIN_POLL_MS => {
-                log::info!("proc_stats_poll_ms {p} is below the minimum; using {MIN_POLL_MS}");
-                MIN_POLL_MS
-            }
-            p => p,
+/// Polls of the counter cache's life: the validated TTL is a whole number
+/// of polls (at least one).
+fn cache_ttl_ticks(spec: &ProcessStatsSpec) -> u32 {
+    match (spec.poll_period, spec.cache_ttl) {
+        (Some(poll), Some(ttl)) if !poll.is_zero() => {
+            (ttl.as_millis() / poll.as_millis()).clamp(1, u128::from(u32::MAX)) as u32
         }
-    }
-
-    /// Polls after which the counter cache is forgotten.
-    pub fn cache_ttl_ticks(&self) -> u32 {
-        match self.effective_poll_ms() {
-            0 => 1,
-            p => (self.proc_stats_cache_ttl_ms / p).max(1),
-        }
+        _ => 1,
     }
 }
 
@@ -102,7 +75,7 @@ pub struct ProcessStatsCounters {
 /// The `linux.process_stats` source: call its methods from one thread (the
 /// [`crate::sources::poller::Poller`] does).
 pub struct ProcessStatsSource {
-    opts: ProcessStatsOptions,
+    opts: ProcessStatsSpec,
     poll_ms: u32,
     ttl_ticks: u32,
     paths: HostPaths,
@@ -125,10 +98,12 @@ pub struct ProcessStatsSource {
 
 impl ProcessStatsSource {
     /// A source reading `paths.proc_root`, writing on `sequence_id`.
-    pub fn new(opts: ProcessStatsOptions, paths: HostPaths, sequence_id: u32) -> Self {
+    pub fn new(opts: ProcessStatsSpec, paths: HostPaths, sequence_id: u32) -> Self {
         Self {
-            poll_ms: opts.effective_poll_ms(),
-            ttl_ticks: opts.cache_ttl_ticks(),
+            poll_ms: opts
+                .poll_period
+                .map_or(0, |p| p.as_millis().min(u128::from(u32::MAX)) as u32),
+            ttl_ticks: cache_ttl_ticks(&opts),
             opts,
             paths,
             sequence_id,
@@ -152,7 +127,7 @@ impl ProcessStatsSource {
         self.soft_limit = bytes.clamp(256, MAX_PACKET_BYTES);
     }
 
-    pub fn options(&self) -> &ProcessStatsOptions {
+    pub fn options(&self) -> &ProcessStatsSpec {
         &self.opts
     }
 
@@ -561,23 +536,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn poll_and_ttl_rules() {
-        let o = |poll, ttl| ProcessStatsOptions {
-            proc_stats_poll_ms: poll,
-            proc_stats_cache_ttl_ms: ttl,
-            ..ProcessStatsOptions::default()
+    fn ttl_in_polls() {
+        use std::time::Duration;
+        let o = |poll: Option<u64>, ttl: Option<u64>| ProcessStatsSpec {
+            poll_period: poll.map(Duration::from_millis),
+            cache_ttl: ttl.map(Duration::from_millis),
+            ..ProcessStatsSpec::default()
         };
-        assert_eq!(o(0, 0).effective_poll_ms(), 0);
-        assert_eq!(o(1, 0).effective_poll_ms(), 100);
-        assert_eq!(o(99, 0).effective_poll_ms(), 100);
-        assert_eq!(o(250, 0).effective_poll_ms(), 250);
-        assert_eq!(o(250, 0).cache_ttl_ticks(), 1);
-        assert_eq!(
-            o(250, 999).cache_ttl_ticks(),
-            3,
-            "rounded down to whole polls"
-        );
-        assert_eq!(o(50, 1000).cache_ttl_ticks(), 10, "against the raised poll");
+        assert_eq!(cache_ttl_ticks(&o(None, None)), 1);
+        assert_eq!(cache_ttl_ticks(&o(Some(250), None)), 1);
+        assert_eq!(cache_ttl_ticks(&o(Some(250), Some(750))), 3);
+        assert_eq!(cache_ttl_ticks(&o(None, Some(750))), 1);
     }
 
     #[test]
