@@ -354,8 +354,6 @@ pub struct TestSourceSpec {
     pub message_size: u32,
     /// Emit the whole batch at registration.
     pub send_batch_on_register: bool,
-    /// Whether `dummy_fields` was set (emit one field of every scalar type).
-    pub dummy_fields: bool,
 }
 
 /// What a data source is, with its decoded sub-config.
@@ -554,6 +552,9 @@ pub struct RecorderSpec {
     pub config_bytes: Vec<u8>,
     /// Field paths our schema does not know (binary input only).
     pub unknown_fields: Vec<String>,
+    /// Every field the config sets, with what becomes of it (`config check
+    /// --explain`).
+    pub fields: Vec<super::fields::FieldReport>,
     /// Things worth telling the user; the library never prints them.
     pub warnings: Vec<Warning>,
     /// Accepted as written, with a remark (e.g. `track_event` needs an SDK

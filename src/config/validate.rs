@@ -9,7 +9,7 @@ use std::time::Duration;
 use prost::Message;
 use prost_reflect::DescriptorPool;
 
-use super::fields::FieldStatus;
+use super::fields::{FieldStatus, Judgement, judge};
 use super::spec::*;
 use super::wire;
 use crate::protos;
@@ -46,6 +46,9 @@ pub const DEFAULT_WRITE_PERIOD_MS: u32 = 5000;
 pub const MIN_WRITE_PERIOD_MS: u32 = 100;
 /// The flush cadence the service uses under write_into_file in AUTO mode.
 pub const AUTO_FLUSH_PERIOD_MS: u32 = 5000;
+
+/// BuiltinClock BOOTTIME, the trace clock.
+const BOOTTIME: i32 = 6;
 
 /// Names of the sources recorder provides itself.
 pub const FTRACE: &str = "linux.ftrace";
@@ -103,6 +106,11 @@ impl Ctx<'_> {
         let (path, why) = (path.into(), why.into());
         self.warn(path.clone(), format!("ignored: {why}"));
         self.outcomes.push((path, FieldStatus::Ignored(why)));
+    }
+    /// The field is applied as `how` says (where the table's word is not enough).
+    fn applied(&mut self, path: impl Into<String>, how: impl Into<String>) {
+        self.outcomes
+            .push((path.into(), FieldStatus::Applied(how.into())));
     }
 }
 
@@ -170,14 +178,7 @@ pub fn validate(
     let file = file(&mut cx, &tc, trigger.as_ref());
     let flush = flush(&mut cx, &tc, file.as_ref());
 
-    if let Some(f) = &tc.trace_filter {
-        let _ = f;
-        cx.err(
-            "trace_filter",
-            "trace filtering is not supported by recorder; remove trace_filter (Perfetto refuses to trace unfiltered when a filter cannot be applied, and so do we)",
-        );
-    }
-    let compression = compression(&mut cx, &tc);
+    let compression = compression(&tc);
     if let Some(name) = tc.bugreport_filename.as_deref()
         && !name
             .chars()
@@ -187,20 +188,6 @@ pub fn validate(
             "bugreport_filename",
             "only [a-zA-Z0-9-_.] characters are allowed",
         );
-    }
-    for (i, s) in tc.session_semaphores.iter().enumerate() {
-        let _ = s;
-        cx.warn(
-            format!("session_semaphores[{i}]"),
-            "session semaphores are not enforced",
-        );
-    }
-    if tc.statsd_metadata.is_some()
-        || tc.incident_report_config.is_some()
-        || tc.android_report_config.is_some()
-        || tc.notify_traceur()
-    {
-        cx.warn("", "Android reporting fields (statsd_metadata, incident/android_report_config, notify_traceur) have no effect");
     }
     if !tc.activate_triggers.is_empty() {
         cx.note(
@@ -215,6 +202,13 @@ pub fn validate(
     let builtin = {
         let b = tc.builtin_data_sources.unwrap_or_default();
         let clock = b.primary_trace_clock.unwrap_or(0);
+        // The clock snapshots name BOOTTIME as the trace clock (trace::service).
+        if clock > 0 && clock != BOOTTIME {
+            cx.ignore(
+                "builtin_data_sources.primary_trace_clock",
+                "the clock snapshots name BOOTTIME as the trace clock; trace processor converts every clock to it",
+            );
+        }
         BuiltinSourcesSpec {
             disable_clock_snapshotting: b.disable_clock_snapshotting(),
             disable_trace_config: b.disable_trace_config(),
@@ -228,10 +222,25 @@ pub fn validate(
         }
     };
 
+    // Every field the config sets, against the field table.
+    let mut judged = Judgement::default();
+    if let Some(d) = pool.get_message_by_name("perfetto.protos.TraceConfig")
+        && let Ok(msg) = prost_reflect::DynamicMessage::decode(d, config_bytes)
+    {
+        judge(&msg, "", &cx.outcomes, &mut judged);
+    }
+    for (path, message) in judged.warnings {
+        cx.warn(path, message);
+    }
+    for (path, message) in judged.errors {
+        cx.err(path, message);
+    }
+
     if !cx.errors.is_empty() {
         return Err(cx.errors);
     }
     Ok(RecorderSpec {
+        fields: judged.fields,
         buffers,
         data_sources,
         duration: nonzero_ms(tc.duration_ms),
@@ -322,12 +331,6 @@ fn buffers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Vec<BufferSpec> {
                 format!("buffer name {name:?} is used twice; names must be unique"),
             );
         }
-        if b.experimental_mode.unwrap_or(0) != 0 {
-            cx.warn(
-                format!("{path}.experimental_mode"),
-                "ignored: recorder has one buffer engine",
-            );
-        }
         out.push(BufferSpec {
             id: BufferId(i as u32),
             name: b.name.clone().filter(|n| !n.is_empty()),
@@ -366,12 +369,6 @@ fn data_sources(
         }
         for (j, p) in ds.producer_name_regex_filter.iter().enumerate() {
             check_regex(cx, format!("{path}.producer_name_regex_filter[{j}]"), p);
-        }
-        if !ds.machine_name_filter.is_empty() {
-            cx.warn(
-                format!("{path}.machine_name_filter"),
-                "ignored: recorder traces one machine",
-            );
         }
         let target = target_buffer(cx, &path, &cfg, buffers);
         let kind = source_kind(cx, &path, &name, &cfg);
@@ -470,21 +467,19 @@ fn source_kind(
                 seed: t.seed(),
                 message_size: t.message_size(),
                 send_batch_on_register: t.send_batch_on_register(),
-                dummy_fields: t.dummy_fields.is_some(),
             })
         }
         "track_event" => {
-            cx.note(
-                format!("{path}.config.name"),
-                "track_event: written only by SDK apps that connect to recorder's producer socket",
-            );
+            let how =
+                "track_event: written only by SDK apps that connect to recorder's producer socket";
+            cx.applied(format!("{path}.config.name"), how);
+            cx.note(format!("{path}.config.name"), how);
             SourceKind::TrackEvent
         }
         "linux.system_info" => {
-            cx.note(
-                format!("{path}.config.name"),
-                "linux.system_info: recorder writes the system_info packet itself",
-            );
+            let how = "linux.system_info: recorder writes the system_info packet itself";
+            cx.applied(format!("{path}.config.name"), how);
+            cx.note(format!("{path}.config.name"), how);
             SourceKind::SystemInfo
         }
         other => {
@@ -498,6 +493,10 @@ fn source_kind(
                 format!(
                     "data source {other:?} {why}; it records nothing unless a producer provides it"
                 ),
+            );
+            cx.applied(
+                format!("{path}.config.name"),
+                format!("{why}: records only if a producer provides it"),
             );
             SourceKind::Other
         }
@@ -1095,7 +1094,7 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
             if flush_period > 0 {
                 cx.ignore(
                     "flush_period_ms",
-                    "with write_into_file (as in Perfetto) it counts only when write_flush_mode is WRITE_FLUSH_DISABLED",
+                    "with write_into_file it counts only with write_flush_mode WRITE_FLUSH_DISABLED, as in Perfetto",
                 );
             }
             if mode == 3 || write_period > AUTO_FLUSH_PERIOD_MS {
@@ -1107,20 +1106,9 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
     }
 }
 
-fn compression(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Compression {
-    if let Some(c) = &tc.compression {
-        if let Some(z) = &c.zstd {
-            return Compression::Zstd { level: z.level() };
-        }
-        if c.deflate.is_some() {
-            cx.warn(
-                "compression.deflate",
-                "deflate is not supported; the trace is written uncompressed (zstd is)",
-            );
-        }
-    }
-    if tc.compression_type.unwrap_or(0) == 1 {
-        cx.warn("compression_type", "deflate is not supported; the trace is written uncompressed (use compression { zstd {} })");
+fn compression(tc: &protos::TraceConfig) -> Compression {
+    if let Some(z) = tc.compression.as_ref().and_then(|c| c.zstd.as_ref()) {
+        return Compression::Zstd { level: z.level() };
     }
     Compression::None
 }
