@@ -417,12 +417,14 @@ pub const FIELDS: &[FieldRule] = &[
     r(
         FT,
         "symbolize_ksyms",
-        A("kernel function addresses become names from /proc/kallsyms, interned per bundle"),
+        I(
+            "kernel addresses (a workqueue's function, a blocked task's caller) are written as addresses, not resolved through /proc/kallsyms",
+        ),
     ),
     r(
         FT,
         "ksyms_mem_policy",
-        A("the symbol table lives for the session and is freed at stop"),
+        I("symbolize_ksyms is not supported"),
     ),
     r(
         FT,
@@ -995,7 +997,6 @@ mod tests {
                 "FtraceConfig",
                 "function_filters" | "function_graph_roots" | "function_graph_max_depth",
             ) => "enable_function_graph: true ",
-            ("FtraceConfig", "ksyms_mem_policy") => "symbolize_ksyms: true ",
             ("ProcessStatsConfig", "proc_stats_cache_ttl_ms") => "proc_stats_poll_ms: 1000 ",
             _ => "",
         }
@@ -1067,7 +1068,6 @@ mod tests {
     /// default's own value (BOOTTIME).
     const NO_SPEC_EFFECT: &[&str] = &[
         "FtraceConfig.atrace_userspace_only",
-        "FtraceConfig.ksyms_mem_policy",
         "TraceConfig.BuiltinDataSource.disable_chunk_usage_histograms",
         "TraceConfig.BuiltinDataSource.disable_extension_descriptors",
         "TraceConfig.BuiltinDataSource.primary_trace_clock",

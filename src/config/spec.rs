@@ -128,8 +128,6 @@ pub struct FtraceSpec {
     pub drain_buffer_percent: u32,
     /// Columnar sched_switch/sched_waking encoding (default on).
     pub compact_sched: bool,
-    /// Resolve kernel function addresses to names (interned per bundle).
-    pub symbolize_ksyms: bool,
     /// Record `kmem/rss_stat_throttled` instead of `kmem/rss_stat` where the
     /// kernel has it.
     pub throttle_rss_stat: bool,
@@ -176,7 +174,6 @@ impl Default for FtraceSpec {
             )),
             drain_buffer_percent: super::validate::DEFAULT_DRAIN_BUFFER_PERCENT,
             compact_sched: true,
-            symbolize_ksyms: false,
             throttle_rss_stat: false,
             disable_generic_events: false,
             syscall_events: Vec::new(),

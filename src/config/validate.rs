@@ -696,9 +696,6 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             }
         }
     }
-    if f.ksyms_mem_policy.is_some() && !f.symbolize_ksyms() {
-        cx.ignore(at("ksyms_mem_policy"), "symbolize_ksyms is not set");
-    }
     if f.denser_generic_event_encoding() {
         cx.ignore(
             at("denser_generic_event_encoding"),
@@ -720,7 +717,6 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             .as_ref()
             .and_then(|c| c.enabled)
             .unwrap_or(true),
-        symbolize_ksyms: f.symbolize_ksyms(),
         throttle_rss_stat: f.throttle_rss_stat(),
         disable_generic_events: f.disable_generic_events(),
         syscall_events,

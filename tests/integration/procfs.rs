@@ -810,3 +810,91 @@ fn real_sys_stats_tick_decodes() {
     assert!(s.cpu_stat.len() >= cpus, "one CpuTimes per online CPU");
     assert!(s.num_forks() > 0);
 }
+
+/// The packets a buffer holds, decoded by the independent decoder.
+fn drain_buffer(buffer: &std::sync::Arc<recorder::ringbuf::Buffer>) -> Vec<TracePacket> {
+    use recorder::ringbuf::FlushItem;
+    let batch = buffer.take_flush();
+    let mut file = Vec::new();
+    for item in batch.items() {
+        if let FlushItem::Data(d) = item {
+            file.extend_from_slice(d);
+        }
+    }
+    batch.release();
+    perfetto_protos::trace::Trace::parse_from_bytes(&file)
+        .expect("the independent decoder reads the buffer")
+        .packet
+}
+
+/// `DataSource::clear_incremental_state` on the running process_stats
+/// source (as the session calls it every `clear_period_ms`): the next packet
+/// carries `incremental_state_cleared`, and from it on a reader that lost
+/// everything before has the whole tree again (every live process with its
+/// cmdline) and every counter, not only those that changed; pids ftrace
+/// reports are dumped again.
+#[test]
+fn process_stats_clear_through_the_data_source_trait() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+    use recorder::sources::DataSource;
+    use recorder::sources::polled::PolledDataSource;
+
+    let buffer = Buffer::new(BufferParams::new(4 << 20, FillPolicy::RingBuffer)).expect("buffer");
+    let spec = ProcessStatsSpec {
+        scan_all_processes_on_start: true,
+        poll_period: Some(Duration::from_millis(100)),
+        cache_ttl: Some(Duration::from_secs(3600)),
+        ..ProcessStatsSpec::default()
+    };
+    let src = ProcessStatsSource::new(spec, fixture(), SEQ);
+    let mut ds = PolledDataSource::new("linux.process_stats", src, buffer.writer(WriterId(SEQ)));
+    ds.clear_incremental_state(); // before start: nothing to forget
+    ds.start().expect("start");
+    std::thread::sleep(Duration::from_millis(250));
+    ds.flush(Duration::from_secs(10)).expect("flush");
+    ds.clear_incremental_state();
+    std::thread::sleep(Duration::from_millis(250));
+    ds.flush(Duration::from_secs(10)).expect("flush");
+    // Stopping hands the writer's last chunk to the buffer.
+    ds.stop().expect("stop");
+    let after = drain_buffer(&buffer);
+    let first = after
+        .iter()
+        .position(|p| p.incremental_state_cleared())
+        .expect("a packet says the state was cleared");
+    assert_eq!(
+        after
+            .iter()
+            .filter(|p| p.incremental_state_cleared())
+            .count(),
+        1
+    );
+    let before = &after[..first];
+    assert!(
+        before.iter().any(|p| p.has_process_stats()),
+        "polls before the clear"
+    );
+    assert_eq!(tree_of(before).processes.len(), 6);
+    let tail = &after[first..];
+    let tree = tree_of(tail);
+    // As Perfetto's: every process with memory counters; kernel threads
+    // come back as ftrace reports them.
+    assert_eq!(
+        tree.processes.keys().copied().collect::<Vec<_>>(),
+        vec![APP, NS_PARENT, NS_CHILD],
+        "the tree again after the clear"
+    );
+    assert!(tree.processes.values().all(|p| !p.cmdline.is_empty()));
+    let stats = stats_of(
+        &tail[..tail
+            .iter()
+            .position(|p| p.has_process_tree())
+            .unwrap_or(tail.len())
+            .max(1)],
+    );
+    assert!(
+        stats.values().all(|p| p.has_vm_rss_kb()),
+        "every counter again, not only changed ones"
+    );
+    assert!(tail.iter().all(|p| p.trusted_packet_sequence_id() == SEQ));
+}
