@@ -123,8 +123,8 @@ pub struct FtraceSpec {
     pub buffer_size_lower_bound: bool,
     /// How often the per-CPU buffers are read (default 100 ms).
     pub drain_period: Duration,
-    /// Also drain as soon as a CPU buffer is this full (percent, 1..=100; 0:
-    /// on the period only). Unset: 50.
+    /// Also drain as soon as a CPU buffer is this full (percent, 1..=100;
+    /// unset or 0 in the config: 50). 0 here drains on the period only.
     pub drain_buffer_percent: u32,
     /// Columnar sched_switch/sched_waking encoding (default on).
     pub compact_sched: bool,

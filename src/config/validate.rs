@@ -567,6 +567,13 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
     }
     let drain_buffer_percent = match f.drain_buffer_percent {
         None => DEFAULT_DRAIN_BUFFER_PERCENT,
+        Some(0) => {
+            cx.changed(
+                at("drain_buffer_percent"),
+                format!("0 means the default, {DEFAULT_DRAIN_BUFFER_PERCENT}"),
+            );
+            DEFAULT_DRAIN_BUFFER_PERCENT
+        }
         Some(v) if v > 100 => {
             cx.changed_warn(
                 at("drain_buffer_percent"),

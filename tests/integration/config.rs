@@ -1071,3 +1071,52 @@ fn explain_accounts_for_every_field_by_path() {
         }
     }
 }
+
+/// A `write_into_file` config's `output_path` is the trace file when no -o
+/// is given (a new file only, as Perfetto's service creates it); with -o as
+/// well the run is refused.
+#[test]
+fn output_path_from_the_config() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("from_config.pftrace");
+    let cfg = dir.path().join("c.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"buffers {{ size_kb: 1024 }}
+data_sources {{ config {{ name: "for_testing" for_testing {{ message_count: 10 }} }} }}
+duration_ms: 300
+write_into_file: true
+output_path: "{}""#,
+            out.display()
+        ),
+    )
+    .expect("cfg");
+    let run = |extra: &[&str]| {
+        Command::new(common::recorder_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .args(extra)
+            .output()
+            .expect("recorder runs")
+    };
+    let both = run(&["-o", "elsewhere.pftrace"]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("sets output_path"));
+    let ok = run(&[]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let trace =
+        perfetto_protos::trace::Trace::parse_from_bytes(&std::fs::read(&out).expect("trace"))
+            .expect("decodes");
+    assert_eq!(
+        trace.packet.iter().filter(|p| p.has_for_testing()).count(),
+        10
+    );
+    // The file exists now: a second run refuses to overwrite it.
+    let again = run(&[]);
+    assert!(!again.status.success());
+}
