@@ -519,16 +519,20 @@ pub const FIELDS: &[FieldRule] = &[
         "resolve_process_fds",
         I("open file descriptors are not recorded"),
     ),
-    r(PS, "scan_smaps_rollup", I("smaps_rollup is not read")),
+    r(
+        PS,
+        "scan_smaps_rollup",
+        A("Rss, Pss and SwapPss from smaps_rollup, in each poll"),
+    ),
     r(
         PS,
         "record_process_age",
-        I("process start times are not recorded"),
+        A("process_start_from_boot in each tree entry"),
     ),
     r(
         PS,
         "record_process_runtime",
-        I("process CPU times are not recorded"),
+        A("user and kernel CPU time in each poll"),
     ),
     r(
         PS,

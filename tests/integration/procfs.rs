@@ -898,3 +898,55 @@ fn process_stats_clear_through_the_data_source_trait() {
     );
     assert!(tail.iter().all(|p| p.trusted_packet_sequence_id() == SEQ));
 }
+
+/// `record_process_age`, `record_process_runtime` and `scan_smaps_rollup`
+/// on the real /proc: this process's tree entry has its start time, and
+/// its stats its CPU times and proportional set sizes.
+#[test]
+fn real_proc_age_runtime_and_smaps_rollup() {
+    let spec = ProcessStatsSpec {
+        scan_all_processes_on_start: true,
+        poll_period: Some(Duration::from_millis(100)),
+        record_process_age: true,
+        record_process_runtime: true,
+        scan_smaps_rollup: true,
+        ..ProcessStatsSpec::default()
+    };
+    let mut src = ProcessStatsSource::new(spec, HostPaths::default(), SEQ);
+    let mut out = Vec::new();
+    src.write_all_processes(&mut out);
+    // Some CPU time to count.
+    let mut x = 0u64;
+    for i in 0..5_000_000u64 {
+        x = x.wrapping_mul(31).wrapping_add(i);
+    }
+    std::hint::black_box(x);
+    src.write_process_stats(&mut out);
+    let pkts = decode(&out);
+    let me = std::process::id() as i32;
+    let now = recorder::clock::boottime_ns();
+    let start = tree_of(&pkts).processes[&me].process_start_from_boot();
+    assert!(start > 0 && start < now, "start {start} now {now}");
+    let stats = stats_of(&pkts);
+    let s = &stats[&me];
+    assert!(s.runtime_user_mode() + s.runtime_kernel_mode() > 0);
+    assert!(s.smr_rss_kb() > 0 && s.smr_pss_kb() <= s.smr_rss_kb());
+    assert!(s.has_smr_pss_anon_kb() && s.has_smr_pss_file_kb() && s.has_smr_swap_pss_kb());
+    // Without the options, none of it.
+    let mut plain = ProcessStatsSource::new(
+        ProcessStatsSpec {
+            scan_all_processes_on_start: true,
+            poll_period: Some(Duration::from_millis(100)),
+            ..ProcessStatsSpec::default()
+        },
+        HostPaths::default(),
+        SEQ,
+    );
+    let mut out = Vec::new();
+    plain.write_all_processes(&mut out);
+    plain.write_process_stats(&mut out);
+    let pkts = decode(&out);
+    assert!(!tree_of(&pkts).processes[&me].has_process_start_from_boot());
+    let s = &stats_of(&pkts)[&me];
+    assert!(!s.has_runtime_user_mode() && !s.has_smr_rss_kb());
+}

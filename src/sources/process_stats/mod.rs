@@ -59,6 +59,14 @@ struct CachedCounters {
     vm_locked_kb: Option<u64>,
     vm_hwm_kb: Option<u64>,
     oom_score_adj: Option<i64>,
+    runtime_user_ns: Option<u64>,
+    runtime_kernel_ns: Option<u64>,
+    smr_rss_kb: Option<u64>,
+    smr_pss_kb: Option<u64>,
+    smr_pss_anon_kb: Option<u64>,
+    smr_pss_file_kb: Option<u64>,
+    smr_pss_shmem_kb: Option<u64>,
+    smr_swap_pss_kb: Option<u64>,
 }
 
 /// Counters of what the source wrote and skipped.
@@ -296,6 +304,14 @@ impl ProcessStatsSource {
                     Err(_) => None,
                 },
             };
+        let start_from_boot_ns = if self.opts.record_process_age {
+            procfs::read_file(&self.proc_path(pid, "stat"), &mut buf)
+                .ok()
+                .and_then(|_| stat_times(&buf))
+                .map(|t| t.start * self.paths.ns_per_tick())
+        } else {
+            None
+        };
         self.scratch = buf;
         self.tree.push(TreeEntry::Process(ProcessRecord {
             pid,
@@ -305,6 +321,7 @@ impl ProcessStatsSource {
             cmdline_is_comm,
             nspid,
             is_kthread,
+            start_from_boot_ns,
         }));
         self.seen.insert(pid);
         namespaced
@@ -371,6 +388,21 @@ impl ProcessStatsSource {
                 .ok()
                 .filter(|n| *n > 0)
                 .map(|_| procfs::parse_i64(&buf));
+            let (mut user, mut kernel) = (None, None);
+            if self.opts.record_process_runtime
+                && procfs::read_file(&self.proc_path(pid, "stat"), &mut buf).is_ok()
+                && let Some(t) = stat_times(&buf)
+            {
+                let ns = self.paths.ns_per_tick();
+                (user, kernel) = (Some(t.user * ns), Some(t.kernel * ns));
+            }
+            let smr = if self.opts.scan_smaps_rollup
+                && procfs::read_file(&self.proc_path(pid, "smaps_rollup"), &mut buf).is_ok()
+            {
+                SmapsRollup::parse(&buf)
+            } else {
+                SmapsRollup::default()
+            };
             let cached = self.cache.entry(pid).or_default();
             let mut rec = StatsRecord {
                 pid,
@@ -411,6 +443,41 @@ impl ProcessStatsSource {
             if oom.is_some() && oom != cached.oom_score_adj {
                 cached.oom_score_adj = oom;
                 rec.oom_score_adj = oom;
+            }
+            let mut extra: Vec<(Option<u64>, &mut Option<u64>, &mut Option<u64>)> = Vec::new();
+            extra.push((user, &mut cached.runtime_user_ns, &mut rec.runtime_user_ns));
+            extra.push((
+                kernel,
+                &mut cached.runtime_kernel_ns,
+                &mut rec.runtime_kernel_ns,
+            ));
+            extra.push((smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb));
+            extra.push((smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb));
+            extra.push((
+                smr.pss_anon_kb,
+                &mut cached.smr_pss_anon_kb,
+                &mut rec.smr_pss_anon_kb,
+            ));
+            extra.push((
+                smr.pss_file_kb,
+                &mut cached.smr_pss_file_kb,
+                &mut rec.smr_pss_file_kb,
+            ));
+            extra.push((
+                smr.pss_shmem_kb,
+                &mut cached.smr_pss_shmem_kb,
+                &mut rec.smr_pss_shmem_kb,
+            ));
+            extra.push((
+                smr.swap_pss_kb,
+                &mut cached.smr_swap_pss_kb,
+                &mut rec.smr_swap_pss_kb,
+            ));
+            for (now, last, field) in extra {
+                if now.is_some() && now != *last {
+                    *last = now;
+                    *field = now;
+                }
             }
             if !rec.is_empty() {
                 self.stats.push(rec);
@@ -522,6 +589,62 @@ impl MemCounters {
     }
 }
 
+/// CPU times and start time of `/proc/PID/stat`, in clock ticks.
+#[derive(Debug, PartialEq, Eq)]
+struct StatTimes {
+    user: u64,
+    kernel: u64,
+    start: u64,
+}
+
+/// utime, stime and starttime (fields 14, 15 and 22) of `/proc/PID/stat`,
+/// read after the `(comm)`, which may hold spaces and parentheses.
+fn stat_times(stat: &[u8]) -> Option<StatTimes> {
+    let after = stat.iter().rposition(|b| *b == b')')?;
+    let mut w = procfs::words(&stat[after + 1..]).skip(11);
+    let user = procfs::parse_u64(w.next()?);
+    let kernel = procfs::parse_u64(w.next()?);
+    let start = procfs::parse_u64(w.nth(6)?);
+    Some(StatTimes {
+        user,
+        kernel,
+        start,
+    })
+}
+
+/// The proportional-set counters of `/proc/PID/smaps_rollup`, in kB.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SmapsRollup {
+    rss_kb: Option<u64>,
+    pss_kb: Option<u64>,
+    pss_anon_kb: Option<u64>,
+    pss_file_kb: Option<u64>,
+    pss_shmem_kb: Option<u64>,
+    swap_pss_kb: Option<u64>,
+}
+
+impl SmapsRollup {
+    fn parse(text: &[u8]) -> Self {
+        let mut m = SmapsRollup::default();
+        for line in procfs::lines(text) {
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let v = Some(procfs::parse_i64(&line[colon + 1..]).max(0) as u64);
+            match &line[..colon] {
+                b"Rss" => m.rss_kb = v,
+                b"Pss" => m.pss_kb = v,
+                b"Pss_Anon" => m.pss_anon_kb = v,
+                b"Pss_File" => m.pss_file_kb = v,
+                b"Pss_Shmem" => m.pss_shmem_kb = v,
+                b"SwapPss" => m.swap_pss_kb = v,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
 /// The `flags` field (9th) of `/proc/PID/stat`, read after the `(comm)`,
 /// which may itself hold spaces and parentheses.
 fn stat_flags(stat: &[u8]) -> Option<u64> {
@@ -554,6 +677,41 @@ mod tests {
         let stat = b"7 (a) b (c)) S 2 0 0 0 -1 69238880 0 0";
         assert_eq!(stat_flags(stat), Some(69238880));
         assert_eq!(stat_flags(b"garbage"), None);
+    }
+
+    #[test]
+    fn stat_times_and_smaps_rollup() {
+        let stat = b"7 (a b) c) S 1 7 7 0 -1 4194560 100 0 0 0 25 7 0 0 20 0 1 0 4242 1000 100";
+        assert_eq!(
+            stat_times(stat),
+            Some(StatTimes {
+                user: 25,
+                kernel: 7,
+                start: 4242
+            })
+        );
+        assert_eq!(stat_times(b"7 (x) S 1"), None);
+        let smr = SmapsRollup::parse(
+            b"55d0-7ffd ---p 00000000 00:00 0  [rollup]\nRss:    1844 kB\nPss:     900 kB\nPss_Anon:   100 kB\nPss_File:   800 kB\nPss_Shmem:  0 kB\nSwapPss:   3 kB\n",
+        );
+        assert_eq!(
+            (
+                smr.rss_kb,
+                smr.pss_kb,
+                smr.pss_anon_kb,
+                smr.pss_file_kb,
+                smr.pss_shmem_kb,
+                smr.swap_pss_kb
+            ),
+            (
+                Some(1844),
+                Some(900),
+                Some(100),
+                Some(800),
+                Some(0),
+                Some(3)
+            )
+        );
     }
 
     #[test]
