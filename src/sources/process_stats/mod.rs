@@ -444,35 +444,36 @@ impl ProcessStatsSource {
                 cached.oom_score_adj = oom;
                 rec.oom_score_adj = oom;
             }
-            let mut extra: Vec<(Option<u64>, &mut Option<u64>, &mut Option<u64>)> = Vec::new();
-            extra.push((user, &mut cached.runtime_user_ns, &mut rec.runtime_user_ns));
-            extra.push((
-                kernel,
-                &mut cached.runtime_kernel_ns,
-                &mut rec.runtime_kernel_ns,
-            ));
-            extra.push((smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb));
-            extra.push((smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb));
-            extra.push((
-                smr.pss_anon_kb,
-                &mut cached.smr_pss_anon_kb,
-                &mut rec.smr_pss_anon_kb,
-            ));
-            extra.push((
-                smr.pss_file_kb,
-                &mut cached.smr_pss_file_kb,
-                &mut rec.smr_pss_file_kb,
-            ));
-            extra.push((
-                smr.pss_shmem_kb,
-                &mut cached.smr_pss_shmem_kb,
-                &mut rec.smr_pss_shmem_kb,
-            ));
-            extra.push((
-                smr.swap_pss_kb,
-                &mut cached.smr_swap_pss_kb,
-                &mut rec.smr_swap_pss_kb,
-            ));
+            let extra = [
+                (user, &mut cached.runtime_user_ns, &mut rec.runtime_user_ns),
+                (
+                    kernel,
+                    &mut cached.runtime_kernel_ns,
+                    &mut rec.runtime_kernel_ns,
+                ),
+                (smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb),
+                (smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb),
+                (
+                    smr.pss_anon_kb,
+                    &mut cached.smr_pss_anon_kb,
+                    &mut rec.smr_pss_anon_kb,
+                ),
+                (
+                    smr.pss_file_kb,
+                    &mut cached.smr_pss_file_kb,
+                    &mut rec.smr_pss_file_kb,
+                ),
+                (
+                    smr.pss_shmem_kb,
+                    &mut cached.smr_pss_shmem_kb,
+                    &mut rec.smr_pss_shmem_kb,
+                ),
+                (
+                    smr.swap_pss_kb,
+                    &mut cached.smr_swap_pss_kb,
+                    &mut rec.smr_swap_pss_kb,
+                ),
+            ];
             for (now, last, field) in extra {
                 if now.is_some() && now != *last {
                     *last = now;
