@@ -43,13 +43,9 @@ pub trait DataSource: Send {
     fn flush(&mut self, timeout: Duration) -> Result<(), SourceError>;
     /// Stops producing; afterwards the source writes nothing more.
     fn stop(&mut self) -> Result<(), SourceError>;
-    /// Forgets the state later packets of the source's sequence lean on and
-    /// marks the next packet so (`incremental_state_cleared`, or the
-    /// SEQ_INCREMENTAL_STATE_CLEARED sequence flag), so a reader that lost
-    /// the sequence's beginning (a ring buffer that wrapped, a new output
-    /// file) can still resolve what follows. The session calls it every
-    /// `incremental_state_config.clear_period_ms`. Sources that keep no such
-    /// state do nothing.
+    /// Drops incremental state (interning tables, "already emitted" sets), so
+    /// the next packets stand on their own (`incremental_state_config`, and
+    /// the start of each output segment).
     fn clear_incremental_state(&mut self) {}
     /// A failure raised on the source's own thread since the last call.
     fn take_failure(&mut self) -> Option<String> {
