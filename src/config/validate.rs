@@ -703,10 +703,11 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             }
         }
     }
-    if f.denser_generic_event_encoding() {
-        cx.ignore(
+    // Set to false it asks for what recorder does; true is ignored (table).
+    if f.denser_generic_event_encoding == Some(false) {
+        cx.applied(
             at("denser_generic_event_encoding"),
-            "events without a typed message are written as GenericFtraceEvent (field 327), which every trace processor reads",
+            "events without a typed message are written as GenericFtraceEvent",
         );
     }
     FtraceSpec {
