@@ -139,18 +139,22 @@ fn end_to_end(mode: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let opts = FtraceOptions {
+    let spec = recorder::config::spec::FtraceSpec {
         // FTRACE_E2E_EVENTS=a,b overrides the pair of the benchmark.
         events: std::env::var("FTRACE_E2E_EVENTS")
             .map(|v| v.split(',').map(str::to_owned).collect())
             .unwrap_or_else(|_| vec!["sched/sched_switch".into(), "sched/sched_wakeup".into()]),
-        read_mode,
         compact_sched: std::env::var("FTRACE_E2E_COMPACT").map_or(true, |v| v != "0"),
         // FTRACE_E2E_PERCENT=0 drains on the period only.
         drain_buffer_percent: std::env::var("FTRACE_E2E_PERCENT")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(recorder::sources::ftrace::DEFAULT_DRAIN_BUFFER_PERCENT),
+            .unwrap_or(recorder::config::validate::DEFAULT_DRAIN_BUFFER_PERCENT),
+        ..Default::default()
+    };
+    let opts = FtraceOptions {
+        spec,
+        read_mode,
         ..Default::default()
     };
     let mut src = FtraceSource::new(

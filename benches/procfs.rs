@@ -6,9 +6,10 @@ use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use recorder::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
+use recorder::config::spec::{ProcessStatsSpec, SysStatsSpec};
+use recorder::sources::process_stats::ProcessStatsSource;
 use recorder::sources::procfs::HostPaths;
-use recorder::sources::sys_stats::{SysStatsOptions, SysStatsSource};
+use recorder::sources::sys_stats::SysStatsSource;
 
 /// Discards packets (counts their bytes so the work is not optimised away).
 struct Sink(usize);
@@ -42,11 +43,12 @@ fn sys_stats(c: &mut Criterion) {
             black_box(n)
         })
     });
-    let opts = SysStatsOptions {
-        meminfo_period_ms: 100,
-        vmstat_period_ms: 100,
-        stat_period_ms: 100,
-        ..SysStatsOptions::default()
+    let period = Some(std::time::Duration::from_millis(100));
+    let opts = SysStatsSpec {
+        meminfo_period: period,
+        vmstat_period: period,
+        stat_period: period,
+        ..SysStatsSpec::default()
     };
     let mut src = SysStatsSource::new(&opts, HostPaths::default(), 2).expect("valid");
     let mut sink = Sink(0);
@@ -75,9 +77,9 @@ fn process_stats(c: &mut Criterion) {
     });
     // A TTL of zero forgets the cache every poll: the worst case, every
     // counter of every process encoded every time.
-    let opts = ProcessStatsOptions {
-        proc_stats_poll_ms: 100,
-        ..ProcessStatsOptions::default()
+    let opts = ProcessStatsSpec {
+        poll_period: Some(std::time::Duration::from_millis(100)),
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, HostPaths::default(), 2);
     let mut sink = Sink(0);

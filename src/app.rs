@@ -17,12 +17,11 @@ use crate::session::{Session, Timeline, TimelineError, TriggerMode};
 use crate::sources::DataSource;
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::FtraceOptions;
-use crate::sources::ftrace::encode::{PrintFilter, PrintMatch, PrintRule};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
-use crate::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
+use crate::sources::process_stats::ProcessStatsSource;
 use crate::sources::procfs::HostPaths;
-use crate::sources::sys_stats::{SysStatsOptions, SysStatsSource};
+use crate::sources::sys_stats::SysStatsSource;
 use crate::storage::{self, IoChoice, OpenOptions, OutputPath};
 use crate::trace::service::SystemInfo;
 use crate::trace::service_log::{ServiceLog, random_uuid};
@@ -112,11 +111,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                 sources.push(Box::new(ForTesting::new(&ds.name, opts, writer)));
             }
             SourceKind::ProcessStats(p) => {
-                let src = ProcessStatsSource::new(
-                    process_stats_options(p),
-                    HostPaths::default(),
-                    next_seq,
-                );
+                let src = ProcessStatsSource::new(p.clone(), HostPaths::default(), next_seq);
                 let writer = buffer.writer(WriterId(next_seq));
                 next_seq += 1;
                 sources.push(Box::new(
@@ -125,7 +120,11 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             }
             SourceKind::Ftrace(f) => {
                 let writer = buffer.writer(WriterId(next_seq));
-                let opts = ftrace_options(f, next_seq);
+                let opts = FtraceOptions {
+                    spec: f.clone(),
+                    sequence_id: next_seq,
+                    ..FtraceOptions::default()
+                };
                 next_seq += 1;
                 let src = FtraceDataSource::new(&ds.name, opts, writer, pid_route.clone())
                     .map_err(|e| AppError::Source {
@@ -136,13 +135,13 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                 sources.push(Box::new(src));
             }
             SourceKind::SysStats(s) => {
-                let src =
-                    SysStatsSource::new(&sys_stats_options(s), HostPaths::default(), next_seq)
-                        .map_err(|e| AppError::Source {
-                            index,
-                            name: ds.name.clone(),
-                            msg: e.to_string(),
-                        })?;
+                let src = SysStatsSource::new(s, HostPaths::default(), next_seq).map_err(|e| {
+                    AppError::Source {
+                        index,
+                        name: ds.name.clone(),
+                        msg: e.to_string(),
+                    }
+                })?;
                 let writer = buffer.writer(WriterId(next_seq));
                 next_seq += 1;
                 sources.push(Box::new(PolledDataSource::new(&ds.name, src, writer)));
@@ -225,88 +224,4 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
 /// The output path made absolute, so it survives `--background`'s chdir.
 pub fn absolute_output(p: &std::path::Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-fn ms(d: Option<std::time::Duration>) -> u32 {
-    d.map_or(0, |d| d.as_millis().min(u32::MAX as u128) as u32)
-}
-
-fn process_stats_options(p: &spec::ProcessStatsSpec) -> ProcessStatsOptions {
-    ProcessStatsOptions {
-        scan_all_processes_on_start: p.scan_all_processes_on_start,
-        record_thread_names: p.record_thread_names,
-        proc_stats_poll_ms: ms(p.poll_period),
-        disable_on_demand: p.disable_on_demand,
-        proc_stats_cache_ttl_ms: ms(p.cache_ttl),
-    }
-}
-
-fn sys_stats_options(s: &spec::SysStatsSpec) -> SysStatsOptions {
-    let ids = |c: &[spec::Counter]| c.iter().map(|c| c.id as u32).collect::<Vec<u32>>();
-    SysStatsOptions {
-        meminfo_period_ms: ms(s.meminfo_period),
-        meminfo_counters: ids(&s.meminfo_counters),
-        vmstat_period_ms: ms(s.vmstat_period),
-        vmstat_counters: ids(&s.vmstat_counters),
-        stat_period_ms: ms(s.stat_period),
-        stat_counters: s
-            .stat_counters
-            .iter()
-            .map(|c| match c {
-                spec::StatCounter::CpuTimes => 1,
-                spec::StatCounter::IrqCounts => 2,
-                spec::StatCounter::SoftirqCounts => 3,
-                spec::StatCounter::ForkCount => 4,
-            })
-            .collect(),
-        devfreq_period_ms: ms(s.devfreq_period),
-        cpufreq_period_ms: ms(s.cpufreq_period),
-        buddyinfo_period_ms: ms(s.buddyinfo_period),
-        diskstat_period_ms: ms(s.diskstat_period),
-        psi_period_ms: ms(s.psi_period),
-        thermal_period_ms: ms(s.thermal_period),
-        cpuidle_period_ms: ms(s.cpuidle_period),
-        gpufreq_period_ms: ms(s.gpufreq_period),
-        slab_period_ms: ms(s.slab_period),
-    }
-}
-
-fn print_filter(rules: &[spec::PrintRuleSpec]) -> PrintFilter {
-    PrintFilter {
-        rules: rules
-            .iter()
-            .map(|r| PrintRule {
-                matches: match &r.matches {
-                    spec::PrintMatchSpec::Prefix(p) => PrintMatch::Prefix(p.clone()),
-                    spec::PrintMatchSpec::Atrace { kind, prefix } => PrintMatch::Atrace {
-                        kind: kind.clone(),
-                        prefix: prefix.clone(),
-                    },
-                },
-                allow: r.allow,
-            })
-            .collect(),
-    }
-}
-
-fn ftrace_options(f: &spec::FtraceSpec, sequence_id: u32) -> FtraceOptions {
-    let defaults = FtraceOptions::default();
-    FtraceOptions {
-        events: f.events.clone(),
-        buffer_size_kb: f
-            .buffer_size
-            .map_or(0, |b| (b.0 / 1024).min(u32::MAX as u64) as u32),
-        drain_period: f.drain_period,
-        drain_buffer_percent: f
-            .drain_buffer_percent
-            .unwrap_or(defaults.drain_buffer_percent),
-        compact_sched: f.compact_sched,
-        print_filter: print_filter(&f.print_filter),
-        instance_name: f.instance_name.clone(),
-        tracing_cpumask: f.tracing_cpumask.clone(),
-        atrace_categories: f.atrace_categories.clone(),
-        atrace_apps: f.atrace_apps.clone(),
-        sequence_id,
-        ..defaults
-    }
 }

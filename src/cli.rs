@@ -197,6 +197,10 @@ pub enum ConfigAction {
         /// The config; `-` reads stdin.
         #[arg(value_name = "FILE|-")]
         file: PathBuf,
+        /// Also list every field the config sets, by path: applied, applied
+        /// with changes (how) or ignored (why).
+        #[arg(long)]
+        explain: bool,
         /// Form options.
         #[command(flatten)]
         form: FormArgs,
@@ -268,7 +272,11 @@ pub fn main() -> ExitCode {
 pub fn run(cli: Cli) -> u8 {
     match cli.command {
         Some(Command::Config(ConfigArgs { action })) => match action {
-            ConfigAction::Check { file, form } => config_check(&file, form.options()),
+            ConfigAction::Check {
+                file,
+                explain,
+                form,
+            } => config_check(&file, form.options(), explain),
             ConfigAction::Convert {
                 file,
                 to,
@@ -309,7 +317,7 @@ pub fn run_main_job(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     crate::command::record::run(spec, args)
 }
 
-fn config_check(file: &Path, opts: LoadOptions) -> u8 {
+fn config_check(file: &Path, opts: LoadOptions, explain: bool) -> u8 {
     let loaded = match config::load_path(file, opts) {
         Ok(l) => l,
         Err(e) => return report(&e),
@@ -322,6 +330,13 @@ fn config_check(file: &Path, opts: LoadOptions) -> u8 {
             };
             println!("{}: valid {form} config", loaded.origin);
             print!("{}", config::plan::describe(&spec));
+            if explain {
+                println!("fields:");
+                print!(
+                    "{}",
+                    config::fields::explain(&spec.fields, &spec.unknown_fields)
+                );
+            }
             EXIT_OK
         }
         Err(e) => report(&e),

@@ -8,7 +8,7 @@ use super::BenchError;
 use super::run::{BenchConfig, BufferSetup, OutputTarget};
 use super::workload::{WriterPlan, filler_for};
 use crate::config::spec::{self, RecorderSpec, SourceKind};
-use crate::config::validate::{DEFAULT_WRITE_PERIOD_MS, MIN_WRITE_PERIOD_MS};
+use crate::config::validate::{DEFAULT_WRITE_PERIOD_MS, write_period_ms};
 use crate::ringbuf::FillPolicy;
 use crate::storage::IoChoice;
 
@@ -52,24 +52,11 @@ pub struct Sweep {
     pub io: IoChoice,
 }
 
-/// The write period the recorder itself would use (DESIGN §5: 0 means the
-/// default, under 100 ms is raised to 100), with a warning when changed.
+/// The write period the recorder itself would use (the config's rule:
+/// [`write_period_ms`]), with a warning when changed.
 pub fn effective_write_period_ms(ms: u64) -> (u64, Option<String>) {
-    match ms {
-        0 => (
-            u64::from(DEFAULT_WRITE_PERIOD_MS),
-            Some(format!(
-                "write period 0: using the default {DEFAULT_WRITE_PERIOD_MS} ms"
-            )),
-        ),
-        v if v < u64::from(MIN_WRITE_PERIOD_MS) => (
-            u64::from(MIN_WRITE_PERIOD_MS),
-            Some(format!(
-                "write period {v} ms is under the {MIN_WRITE_PERIOD_MS} ms minimum; raised to {MIN_WRITE_PERIOD_MS}"
-            )),
-        ),
-        v => (v, None),
-    }
+    let (v, how) = write_period_ms(ms.min(u64::from(u32::MAX)) as u32);
+    (u64::from(v), how.map(|h| format!("write period: {h}")))
 }
 
 /// `trace.pftrace` → `trace.3.pftrace` (a sweep keeps one file per configuration).

@@ -14,9 +14,19 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
         // As with Perfetto's cmdline: such a config only fires its triggers.
         return super::control::fire(&spec.activate_triggers, "perfetto_cmd_producer");
     }
-    let Some(out) = args.out.as_deref() else {
-        eprintln!("error: no output: give -o OUT (or -o - for stdout)");
-        return EXIT_USAGE;
+    // The config's output_path, as Perfetto's service does: a new file only.
+    let config_out = spec.file.as_ref().and_then(|f| f.output_path.as_deref());
+    let (out, no_clobber) = match (args.out.as_deref(), config_out) {
+        (Some(_), Some(p)) => {
+            eprintln!("error: the config sets output_path ({p}); do not give -o as well");
+            return EXIT_USAGE;
+        }
+        (Some(out), None) => (out, args.no_clobber),
+        (None, Some(p)) => (Path::new(p), true),
+        (None, None) => {
+            eprintln!("error: no output: give -o OUT (or -o - for stdout)");
+            return EXIT_USAGE;
+        }
     };
     let output = if out == Path::new("-") {
         OutputPath::Stdout
@@ -45,7 +55,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
         .unwrap_or_default();
     let opts = RunOptions {
         output,
-        no_clobber: args.no_clobber,
+        no_clobber,
         io,
         config_label,
         status_line: !args.background,

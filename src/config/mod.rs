@@ -17,6 +17,7 @@
 //! of Perfetto's test producer, `android.perfetto.FakeProducer`.
 
 pub mod diagnostic;
+pub mod fields;
 pub mod plan;
 pub mod spec;
 pub mod text;

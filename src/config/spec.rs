@@ -108,8 +108,8 @@ pub enum StatCounter {
     ForkCount,
 }
 
-/// `linux.ftrace`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// `linux.ftrace`. `Default` is what an empty `ftrace_config` validates to.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FtraceSpec {
     /// `group/name`, bare `name` or `group/*`.
     pub events: Vec<String>,
@@ -117,61 +117,162 @@ pub struct FtraceSpec {
     pub atrace_categories: Vec<String>,
     /// Android atrace apps.
     pub atrace_apps: Vec<String>,
-    /// Per-CPU kernel buffer; `None` means the default.
+    /// Per-CPU kernel buffer; `None`: 4 MiB, or 8 MiB with 7 GiB of RAM or more.
     pub buffer_size: Option<ByteSize>,
-    /// Treat `buffer_size` as a lower bound.
+    /// `buffer_size` is a lower bound: the default size is used when larger.
     pub buffer_size_lower_bound: bool,
     /// How often the per-CPU buffers are read (default 100 ms).
     pub drain_period: Duration,
-    /// Drain when a CPU buffer is this full (percent); `None` if unset.
-    pub drain_buffer_percent: Option<u32>,
+    /// Also drain as soon as a CPU buffer is this full (percent, 1..=100;
+    /// unset or 0 in the config: 50). 0 here drains on the period only.
+    pub drain_buffer_percent: u32,
     /// Columnar sched_switch/sched_waking encoding (default on).
     pub compact_sched: bool,
-    /// Resolve kernel symbols.
-    pub symbolize_ksyms: bool,
-    /// Throttle rss_stat events.
+    /// Record `kmem/rss_stat_throttled` instead of `kmem/rss_stat` where the
+    /// kernel has it.
     pub throttle_rss_stat: bool,
-    /// Do not emit events the schema has no typed message for.
+    /// Enable only events that have a typed message (no generic events).
     pub disable_generic_events: bool,
-    /// Encode unknown events with dynamic field ids (default on).
-    pub denser_generic_event_encoding: bool,
-    /// Syscalls to trace (raw_syscalls filtering).
-    pub syscall_events: Vec<String>,
-    /// function_graph tracer.
+    /// Syscalls to record, through `raw_syscalls` filtered in the kernel.
+    pub syscall_events: Vec<Syscall>,
+    /// The function_graph tracer.
     pub enable_function_graph: bool,
-    /// Function filters for function_graph.
+    /// `set_ftrace_filter` globs for function_graph.
     pub function_filters: Vec<String>,
-    /// Graph roots for function_graph.
+    /// `set_graph_function` globs for function_graph.
     pub function_graph_roots: Vec<String>,
-    /// Keep the kernel buffer's previous contents.
+    /// `max_graph_depth` for function_graph (`None`: the kernel's).
+    pub function_graph_max_depth: Option<u32>,
+    /// Keep what the kernel buffer already holds (not cleared at start).
     pub preserve_ftrace_buffer: bool,
-    /// Use the mono_raw trace clock.
+    /// Timestamp with `mono_raw` instead of `boot`.
     pub use_monotonic_raw_clock: bool,
-    /// A tracefs instance instead of the top-level one.
+    /// A tracefs instance instead of our own.
     pub instance_name: Option<String>,
     /// Hex cpumask (`tracing_cpumask`).
     pub tracing_cpumask: Option<String>,
-    /// Only these tids (exclusive feature).
+    /// Only these threads (`set_event_pid`; in user space where refused).
     pub tids_to_trace: Vec<u32>,
-    /// `print_filter` rules, in order: the first matching one decides
-    /// whether an `ftrace/print` event is kept; none matching keeps it.
-    pub print_filter: Vec<PrintRuleSpec>,
+    /// kprobes and kretprobes to create and record.
+    pub kprobe_events: Vec<KprobeSpec>,
+    /// tracefs `options/NAME` to set for the recording: (name, enabled).
+    pub tracefs_options: Vec<(String, bool)>,
+    /// `print_filter` rules.
+    pub print_filter: PrintFilter,
 }
 
-/// One rule of `FtraceConfig.print_filter`.
+impl Default for FtraceSpec {
+    fn default() -> Self {
+        Self {
+            events: Vec::new(),
+            atrace_categories: Vec::new(),
+            atrace_apps: Vec::new(),
+            buffer_size: None,
+            buffer_size_lower_bound: false,
+            drain_period: Duration::from_millis(u64::from(
+                super::validate::DEFAULT_DRAIN_PERIOD_MS,
+            )),
+            drain_buffer_percent: super::validate::DEFAULT_DRAIN_BUFFER_PERCENT,
+            compact_sched: true,
+            throttle_rss_stat: false,
+            disable_generic_events: false,
+            syscall_events: Vec::new(),
+            enable_function_graph: false,
+            function_filters: Vec::new(),
+            function_graph_roots: Vec::new(),
+            function_graph_max_depth: None,
+            preserve_ftrace_buffer: false,
+            use_monotonic_raw_clock: false,
+            instance_name: None,
+            tracing_cpumask: None,
+            tids_to_trace: Vec::new(),
+            kprobe_events: Vec::new(),
+            tracefs_options: Vec::new(),
+            print_filter: PrintFilter::default(),
+        }
+    }
+}
+
+/// A syscall by name, with its number on the architecture recorder runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrintRuleSpec {
-    pub matches: PrintMatchSpec,
+pub struct Syscall {
+    /// As the config names it (`sys_read`).
+    pub name: String,
+    /// `raw_syscalls` `id`.
+    pub number: u32,
+}
+
+/// Which probes a kprobe event makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KprobeKind {
+    /// On entry.
+    Kprobe,
+    /// On return.
+    Kretprobe,
+    /// Both.
+    Both,
+}
+
+/// One `FtraceConfig.kprobe_events` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KprobeSpec {
+    /// The kernel function.
+    pub function: String,
+    /// Entry, return or both.
+    pub kind: KprobeKind,
+}
+
+/// `FtraceConfig.print_filter`: the first matching rule decides whether an
+/// `ftrace/print` event is kept; none matching keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrintFilter {
+    /// The rules, in order.
+    pub rules: Vec<PrintRule>,
+}
+
+/// One rule of the print filter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrintRule {
+    /// What it matches.
+    pub matches: PrintMatch,
+    /// Keep (true) or drop a matching print.
     pub allow: bool,
 }
 
 /// What a print rule matches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrintMatchSpec {
-    /// The message starts with this.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrintMatch {
+    /// The message starts with this prefix.
     Prefix(String),
-    /// An atrace message `TYPE|pid|name…` of this type whose name starts with `prefix`.
-    Atrace { kind: String, prefix: String },
+    /// An atrace message `T|pid|name...` of type `T` whose name starts with prefix.
+    Atrace {
+        /// The atrace type (`B`, `E`, `C`, ...).
+        kind: String,
+        /// Start of the name.
+        prefix: String,
+    },
+}
+
+impl PrintFilter {
+    /// Whether a print with text `buf` is kept (no matching rule: kept).
+    pub fn allows(&self, buf: &[u8]) -> bool {
+        for r in &self.rules {
+            let hit = match &r.matches {
+                PrintMatch::Prefix(p) => buf.starts_with(p.as_bytes()),
+                PrintMatch::Atrace { kind, prefix } => {
+                    let mut parts = buf.splitn(3, |&c| c == b'|');
+                    let t = parts.next().unwrap_or_default();
+                    let _pid = parts.next();
+                    let name = parts.next().unwrap_or_default();
+                    t == kind.as_bytes() && name.starts_with(prefix.as_bytes())
+                }
+            };
+            if hit {
+                return r.allow;
+            }
+        }
+        true
+    }
 }
 
 /// `linux.process_stats`.
@@ -250,8 +351,6 @@ pub struct TestSourceSpec {
     pub message_size: u32,
     /// Emit the whole batch at registration.
     pub send_batch_on_register: bool,
-    /// Whether `dummy_fields` was set (emit one field of every scalar type).
-    pub dummy_fields: bool,
 }
 
 /// What a data source is, with its decoded sub-config.
@@ -450,6 +549,9 @@ pub struct RecorderSpec {
     pub config_bytes: Vec<u8>,
     /// Field paths our schema does not know (binary input only).
     pub unknown_fields: Vec<String>,
+    /// Every field the config sets, with what becomes of it (`config check
+    /// --explain`).
+    pub fields: Vec<super::fields::FieldReport>,
     /// Things worth telling the user; the library never prints them.
     pub warnings: Vec<Warning>,
     /// Accepted as written, with a remark (e.g. `track_event` needs an SDK

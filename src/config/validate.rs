@@ -9,6 +9,7 @@ use std::time::Duration;
 use prost::Message;
 use prost_reflect::DescriptorPool;
 
+use super::fields::{FieldStatus, Judgement, judge};
 use super::spec::*;
 use super::wire;
 use crate::protos;
@@ -46,6 +47,9 @@ pub const MIN_WRITE_PERIOD_MS: u32 = 100;
 /// The flush cadence the service uses under write_into_file in AUTO mode.
 pub const AUTO_FLUSH_PERIOD_MS: u32 = 5000;
 
+/// BuiltinClock BOOTTIME, the trace clock.
+const BOOTTIME: i32 = 6;
+
 /// Names of the sources recorder provides itself.
 pub const FTRACE: &str = "linux.ftrace";
 /// `linux.process_stats`.
@@ -61,6 +65,9 @@ struct Ctx<'a> {
     errors: Vec<Invalid>,
     warnings: Vec<Warning>,
     notes: Vec<Warning>,
+    /// What validation decided about particular field paths; the rest take
+    /// their disposition from the field table ([`super::fields`]).
+    outcomes: Vec<(String, FieldStatus)>,
     pool: &'a DescriptorPool,
 }
 
@@ -82,6 +89,28 @@ impl Ctx<'_> {
             path: path.into(),
             message: message.into(),
         });
+    }
+    /// The field is used with a different value than written: `how`.
+    fn changed(&mut self, path: impl Into<String>, how: impl Into<String>) {
+        self.outcomes
+            .push((path.into(), FieldStatus::Changed(how.into())));
+    }
+    /// [`Ctx::changed`], and a warning saying so.
+    fn changed_warn(&mut self, path: impl Into<String>, how: impl Into<String>) {
+        let (path, how) = (path.into(), how.into());
+        self.warn(path.clone(), how.clone());
+        self.changed(path, how);
+    }
+    /// The field has no effect: a warning naming it and `why`.
+    fn ignore(&mut self, path: impl Into<String>, why: impl Into<String>) {
+        let (path, why) = (path.into(), why.into());
+        self.warn(path.clone(), format!("ignored: {why}"));
+        self.outcomes.push((path, FieldStatus::Ignored(why)));
+    }
+    /// The field is applied as `how` says (where the table's word is not enough).
+    fn applied(&mut self, path: impl Into<String>, how: impl Into<String>) {
+        self.outcomes
+            .push((path.into(), FieldStatus::Applied(how.into())));
     }
 }
 
@@ -132,6 +161,7 @@ pub fn validate(
         errors: Vec::new(),
         warnings: Vec::new(),
         notes: Vec::new(),
+        outcomes: Vec::new(),
         pool,
     };
     let buffers = buffers(&mut cx, &tc);
@@ -146,16 +176,9 @@ pub fn validate(
         );
     }
     let file = file(&mut cx, &tc, trigger.as_ref());
-    let flush = flush(&mut cx, &tc);
+    let flush = flush(&mut cx, &tc, file.as_ref());
 
-    if let Some(f) = &tc.trace_filter {
-        let _ = f;
-        cx.err(
-            "trace_filter",
-            "trace filtering is not supported by recorder; remove trace_filter (Perfetto refuses to trace unfiltered when a filter cannot be applied, and so do we)",
-        );
-    }
-    let compression = compression(&mut cx, &tc);
+    let compression = compression(&tc);
     if let Some(name) = tc.bugreport_filename.as_deref()
         && !name
             .chars()
@@ -165,26 +188,6 @@ pub fn validate(
             "bugreport_filename",
             "only [a-zA-Z0-9-_.] characters are allowed",
         );
-    }
-    if tc.deferred_start() {
-        cx.warn(
-            "deferred_start",
-            "recorder has no separate start request; the session starts at once",
-        );
-    }
-    for (i, s) in tc.session_semaphores.iter().enumerate() {
-        let _ = s;
-        cx.warn(
-            format!("session_semaphores[{i}]"),
-            "session semaphores are not enforced",
-        );
-    }
-    if tc.statsd_metadata.is_some()
-        || tc.incident_report_config.is_some()
-        || tc.android_report_config.is_some()
-        || tc.notify_traceur()
-    {
-        cx.warn("", "Android reporting fields (statsd_metadata, incident/android_report_config, notify_traceur) have no effect");
     }
     if !tc.activate_triggers.is_empty() {
         cx.note(
@@ -199,6 +202,13 @@ pub fn validate(
     let builtin = {
         let b = tc.builtin_data_sources.unwrap_or_default();
         let clock = b.primary_trace_clock.unwrap_or(0);
+        // The clock snapshots name BOOTTIME as the trace clock (trace::service).
+        if clock > 0 && clock != BOOTTIME {
+            cx.ignore(
+                "builtin_data_sources.primary_trace_clock",
+                "the clock snapshots name BOOTTIME as the trace clock; trace processor converts every clock to it",
+            );
+        }
         BuiltinSourcesSpec {
             disable_clock_snapshotting: b.disable_clock_snapshotting(),
             disable_trace_config: b.disable_trace_config(),
@@ -212,10 +222,25 @@ pub fn validate(
         }
     };
 
+    // Every field the config sets, against the field table.
+    let mut judged = Judgement::default();
+    if let Some(d) = pool.get_message_by_name("perfetto.protos.TraceConfig")
+        && let Ok(msg) = prost_reflect::DynamicMessage::decode(d, config_bytes)
+    {
+        judge(&msg, "", &cx.outcomes, &mut judged);
+    }
+    for (path, message) in judged.warnings {
+        cx.warn(path, message);
+    }
+    for (path, message) in judged.errors {
+        cx.err(path, message);
+    }
+
     if !cx.errors.is_empty() {
         return Err(cx.errors);
     }
     Ok(RecorderSpec {
+        fields: judged.fields,
         buffers,
         data_sources,
         duration: nonzero_ms(tc.duration_ms),
@@ -306,12 +331,6 @@ fn buffers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Vec<BufferSpec> {
                 format!("buffer name {name:?} is used twice; names must be unique"),
             );
         }
-        if b.experimental_mode.unwrap_or(0) != 0 {
-            cx.warn(
-                format!("{path}.experimental_mode"),
-                "ignored: recorder has one buffer engine",
-            );
-        }
         out.push(BufferSpec {
             id: BufferId(i as u32),
             name: b.name.clone().filter(|n| !n.is_empty()),
@@ -350,12 +369,6 @@ fn data_sources(
         }
         for (j, p) in ds.producer_name_regex_filter.iter().enumerate() {
             check_regex(cx, format!("{path}.producer_name_regex_filter[{j}]"), p);
-        }
-        if !ds.machine_name_filter.is_empty() {
-            cx.warn(
-                format!("{path}.machine_name_filter"),
-                "ignored: recorder traces one machine",
-            );
         }
         let target = target_buffer(cx, &path, &cfg, buffers);
         let kind = source_kind(cx, &path, &name, &cfg);
@@ -454,21 +467,19 @@ fn source_kind(
                 seed: t.seed(),
                 message_size: t.message_size(),
                 send_batch_on_register: t.send_batch_on_register(),
-                dummy_fields: t.dummy_fields.is_some(),
             })
         }
         "track_event" => {
-            cx.note(
-                format!("{path}.config.name"),
-                "track_event: written only by SDK apps that connect to recorder's producer socket",
-            );
+            let how =
+                "track_event: written only by SDK apps that connect to recorder's producer socket";
+            cx.applied(format!("{path}.config.name"), how);
+            cx.note(format!("{path}.config.name"), how);
             SourceKind::TrackEvent
         }
         "linux.system_info" => {
-            cx.note(
-                format!("{path}.config.name"),
-                "linux.system_info: recorder writes the system_info packet itself",
-            );
+            let how = "linux.system_info: recorder writes the system_info packet itself";
+            cx.applied(format!("{path}.config.name"), how);
+            cx.note(format!("{path}.config.name"), how);
             SourceKind::SystemInfo
         }
         other => {
@@ -483,79 +494,220 @@ fn source_kind(
                     "data source {other:?} {why}; it records nothing unless a producer provides it"
                 ),
             );
+            cx.applied(
+                format!("{path}.config.name"),
+                format!("{why}: records only if a producer provides it"),
+            );
             SourceKind::Other
         }
     }
 }
 
+/// The default ftrace drain period (Perfetto's).
+pub const DEFAULT_DRAIN_PERIOD_MS: u32 = 100;
+/// The watermark of the early ftrace drain when the config sets none: half
+/// full, so a burst still has the other half while the reader catches up.
+pub const DEFAULT_DRAIN_BUFFER_PERCENT: u32 = 50;
+
+/// `sys_read` or `read` → its number on the architecture recorder was built
+/// for (the one it runs on).
+pub fn syscall_number(name: &str) -> Option<u32> {
+    use std::str::FromStr;
+    let bare = name.strip_prefix("sys_").unwrap_or(name);
+    syscalls::Sysno::from_str(bare).ok().map(|s| s.id() as u32)
+}
+
+/// A plain name tracefs accepts as a file or probe name.
+fn plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
 fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
-    let drain = match f.drain_period_ms() {
-        0 => 100,
-        v @ 1..=60000 => v,
-        v => {
-            cx.warn(
-                format!("{path}.config.ftrace_config.drain_period_ms"),
-                format!("{v} is outside 1..=60000; using 100"),
+    use crate::protos::ftrace_config::kprobe_event::KprobeType;
+    use crate::protos::ftrace_config::print_filter::rule::Match;
+    use crate::protos::ftrace_config::tracefs_option::State;
+    let base = format!("{path}.config.ftrace_config");
+    let at = |field: &str| format!("{base}.{field}");
+    let drain = match f.drain_period_ms {
+        None | Some(0) => DEFAULT_DRAIN_PERIOD_MS,
+        Some(v @ 1..=60000) => v,
+        Some(v) => {
+            cx.changed_warn(
+                at("drain_period_ms"),
+                format!("{v} is outside 1..=60000; {DEFAULT_DRAIN_PERIOD_MS} ms used"),
             );
-            100
+            DEFAULT_DRAIN_PERIOD_MS
         }
     };
-    if f.ftrace_events.is_empty() && f.atrace_categories.is_empty() && f.atrace_apps.is_empty() {
+    if f.ftrace_events.is_empty()
+        && f.atrace_categories.is_empty()
+        && f.atrace_apps.is_empty()
+        && f.syscall_events.is_empty()
+        && f.kprobe_events.is_empty()
+        && !f.enable_function_graph()
+    {
         cx.warn(
-            format!("{path}.config.ftrace_config"),
+            base.clone(),
             "no ftrace_events: linux.ftrace records nothing",
         );
     }
-    if !f.atrace_categories.is_empty() || !f.atrace_apps.is_empty() {
-        cx.warn(
-            format!("{path}.config.ftrace_config"),
-            "atrace categories and apps only work on Android; only ftrace/print is added",
-        );
+    for field in ["atrace_categories", "atrace_apps"] {
+        let set = match field {
+            "atrace_categories" => !f.atrace_categories.is_empty(),
+            _ => !f.atrace_apps.is_empty(),
+        };
+        if set {
+            cx.changed_warn(
+                at(field),
+                "atrace categories and apps only work on Android; only ftrace/print is added, for userspace atrace markers",
+            );
+        }
     }
-    if !f.kprobe_events.is_empty() || !f.tracefs_options.is_empty() {
-        cx.warn(
-            format!("{path}.config.ftrace_config"),
-            "kprobe_events and tracefs_options are not supported and are ignored",
-        );
-    }
-    if let Some(v) = f.drain_buffer_percent
-        && v > 100
-    {
-        cx.warn(
-            format!("{path}.config.ftrace_config.drain_buffer_percent"),
-            format!("{v} is over 100: a CPU buffer is drained when full (100)"),
-        );
-    }
-    let mut print_filter = Vec::new();
+    let drain_buffer_percent = match f.drain_buffer_percent {
+        None => DEFAULT_DRAIN_BUFFER_PERCENT,
+        Some(0) => {
+            cx.changed(
+                at("drain_buffer_percent"),
+                format!("0 means the default, {DEFAULT_DRAIN_BUFFER_PERCENT}"),
+            );
+            DEFAULT_DRAIN_BUFFER_PERCENT
+        }
+        Some(v) if v > 100 => {
+            cx.changed_warn(
+                at("drain_buffer_percent"),
+                format!("{v} is over 100: a CPU buffer is drained when full (100)"),
+            );
+            100
+        }
+        Some(v) => v,
+    };
+    let mut print_filter = PrintFilter::default();
     if let Some(pf) = &f.print_filter {
-        use crate::protos::ftrace_config::print_filter::rule::Match;
         for (i, r) in pf.rules.iter().enumerate() {
             let matches = match &r.r#match {
-                Some(Match::Prefix(p)) => PrintMatchSpec::Prefix(p.clone()),
-                Some(Match::AtraceMsg(m)) => PrintMatchSpec::Atrace {
+                Some(Match::Prefix(p)) => PrintMatch::Prefix(p.clone()),
+                Some(Match::AtraceMsg(m)) => PrintMatch::Atrace {
                     kind: m.r#type.clone().unwrap_or_default(),
                     prefix: m.prefix.clone().unwrap_or_default(),
                 },
                 None => {
-                    cx.warn(
-                        format!("{path}.config.ftrace_config.print_filter.rules[{i}]"),
+                    cx.ignore(
+                        at(&format!("print_filter.rules[{i}]")),
                         "rule has neither prefix nor atrace_msg: it matches nothing",
                     );
                     continue;
                 }
             };
-            print_filter.push(PrintRuleSpec {
+            print_filter.rules.push(PrintRule {
                 matches,
                 allow: r.allow.unwrap_or(false),
             });
         }
     }
     if let Some(inst) = f.instance_name.as_deref()
-        && (inst == "hyp" || inst == "hypervisor")
+        && (inst == "hyp" || inst == "hypervisor" || (!inst.is_empty() && !plain_name(inst)))
     {
         cx.err(
-            format!("{path}.config.ftrace_config.instance_name"),
-            format!("{inst:?} is reserved; choose another tracefs instance name"),
+            at("instance_name"),
+            format!(
+                "{inst:?} is reserved or not a plain name; choose another tracefs instance name"
+            ),
+        );
+    }
+    if let Some(mask) = f.tracing_cpumask.as_deref()
+        && !mask.is_empty()
+        && !mask.chars().all(|c| c.is_ascii_hexdigit() || c == ',')
+    {
+        cx.err(
+            at("tracing_cpumask"),
+            format!(
+                "{mask:?} is not a hex CPU mask (comma-separated 32-bit hex chunks, e.g. \"ff\")"
+            ),
+        );
+    }
+    let mut syscall_events = Vec::new();
+    for name in &f.syscall_events {
+        match syscall_number(name) {
+            Some(number) => syscall_events.push(Syscall {
+                name: name.clone(),
+                number,
+            }),
+            None => cx.err(
+                at("syscall_events"),
+                format!(
+                    "unknown syscall {name:?} on {} (names as in the kernel: \"sys_read\", \"sys_openat\")",
+                    std::env::consts::ARCH
+                ),
+            ),
+        }
+    }
+    let mut kprobe_events = Vec::new();
+    for (i, k) in f.kprobe_events.iter().enumerate() {
+        let p = at(&format!("kprobe_events[{i}]"));
+        let function = k.probe().to_string();
+        if !plain_name(&function) || function.contains('-') {
+            cx.err(
+                format!("{p}.probe"),
+                format!("{function:?} is not a kernel function name"),
+            );
+            continue;
+        }
+        let kind = match KprobeType::try_from(k.r#type.unwrap_or(0)) {
+            Ok(KprobeType::Kprobe) => KprobeKind::Kprobe,
+            Ok(KprobeType::Kretprobe) => KprobeKind::Kretprobe,
+            Ok(KprobeType::Both) => KprobeKind::Both,
+            _ => {
+                cx.err(
+                    format!("{p}.type"),
+                    "set KPROBE_TYPE_KPROBE, KPROBE_TYPE_KRETPROBE or KPROBE_TYPE_BOTH",
+                );
+                continue;
+            }
+        };
+        kprobe_events.push(KprobeSpec { function, kind });
+    }
+    let mut tracefs_options = Vec::new();
+    for (i, o) in f.tracefs_options.iter().enumerate() {
+        let p = at(&format!("tracefs_options[{i}]"));
+        let name = o.name().to_string();
+        if !plain_name(&name) {
+            cx.err(
+                format!("{p}.name"),
+                format!("{name:?} is not a tracefs option name (see options/ in tracefs)"),
+            );
+            continue;
+        }
+        let on = match State::try_from(o.state.unwrap_or(0)) {
+            Ok(State::Enabled) => true,
+            Ok(State::Disabled) => false,
+            _ => {
+                cx.err(format!("{p}.state"), "set STATE_ENABLED or STATE_DISABLED");
+                continue;
+            }
+        };
+        tracefs_options.push((name, on));
+    }
+    if !f.enable_function_graph() {
+        for (field, set) in [
+            ("function_filters", !f.function_filters.is_empty()),
+            ("function_graph_roots", !f.function_graph_roots.is_empty()),
+            (
+                "function_graph_max_depth",
+                f.function_graph_max_depth.is_some(),
+            ),
+        ] {
+            if set {
+                cx.ignore(at(field), "enable_function_graph is not set");
+            }
+        }
+    }
+    // Set to false it asks for what recorder does; true is ignored (table).
+    if f.denser_generic_event_encoding == Some(false) {
+        cx.applied(
+            at("denser_generic_event_encoding"),
+            "events without a typed message are written as GenericFtraceEvent",
         );
     }
     FtraceSpec {
@@ -567,49 +719,83 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             .map(|v| ByteSize::from_kb(u64::from(v))),
         buffer_size_lower_bound: f.buffer_size_lower_bound(),
         drain_period: ms(drain),
-        drain_buffer_percent: f
-            .drain_buffer_percent
-            .filter(|v| *v > 0)
-            .map(|v| v.min(100)),
+        drain_buffer_percent,
         compact_sched: f
             .compact_sched
             .as_ref()
             .and_then(|c| c.enabled)
             .unwrap_or(true),
-        symbolize_ksyms: f.symbolize_ksyms(),
         throttle_rss_stat: f.throttle_rss_stat(),
         disable_generic_events: f.disable_generic_events(),
-        denser_generic_event_encoding: f.denser_generic_event_encoding.unwrap_or(true),
-        syscall_events: f.syscall_events.clone(),
+        syscall_events,
         enable_function_graph: f.enable_function_graph(),
         function_filters: f.function_filters.clone(),
         function_graph_roots: f.function_graph_roots.clone(),
+        function_graph_max_depth: f.function_graph_max_depth.filter(|d| *d > 0),
         preserve_ftrace_buffer: f.preserve_ftrace_buffer(),
         use_monotonic_raw_clock: f.use_monotonic_raw_clock(),
         instance_name: f.instance_name.clone().filter(|s| !s.is_empty()),
         tracing_cpumask: f.tracing_cpumask.clone().filter(|s| !s.is_empty()),
         tids_to_trace: f.tids_to_trace.clone(),
+        kprobe_events,
+        tracefs_options,
         print_filter,
     }
 }
 
+/// Process polls faster than this are raised to it (Perfetto's minimum).
+pub const MIN_PROC_POLL_MS: u32 = 100;
+
 fn process_stats(cx: &mut Ctx<'_>, path: &str, p: protos::ProcessStatsConfig) -> ProcessStatsSpec {
+    let base = format!("{path}.config.process_stats_config");
     let poll = match p.proc_stats_poll_ms() {
         0 => None,
-        v if v < 100 => {
-            cx.warn(
-                format!("{path}.config.process_stats_config.proc_stats_poll_ms"),
-                format!("{v} ms is under the 100 ms minimum; raised to 100"),
+        v if v < MIN_PROC_POLL_MS => {
+            cx.changed_warn(
+                format!("{base}.proc_stats_poll_ms"),
+                format!("{v} ms is under the {MIN_PROC_POLL_MS} ms minimum; raised to {MIN_PROC_POLL_MS}"),
             );
-            Some(ms(100))
+            Some(MIN_PROC_POLL_MS)
         }
-        v => Some(ms(v)),
+        v => Some(v),
     };
+    // The counter cache is forgotten every N polls: the TTL in whole polls.
+    let cache_ttl = match (poll, p.proc_stats_cache_ttl_ms()) {
+        (_, 0) => None,
+        (None, _) => {
+            cx.ignore(
+                format!("{base}.proc_stats_cache_ttl_ms"),
+                "proc_stats_poll_ms is not set: there is no periodic poll to cache",
+            );
+            None
+        }
+        (Some(poll), ttl) => {
+            let whole = (ttl / poll).max(1) * poll;
+            if whole != ttl {
+                cx.changed(
+                    format!("{base}.proc_stats_cache_ttl_ms"),
+                    format!("{whole} ms: a whole number of {poll} ms polls, at least one"),
+                );
+            }
+            Some(ms(whole))
+        }
+    };
+    for (i, q) in p.quirks.iter().enumerate() {
+        let path = format!("{base}.quirks[{i}]");
+        match q {
+            1 => cx.ignore(
+                path,
+                "DISABLE_INITIAL_DUMP is deprecated and ignored by Perfetto too",
+            ),
+            2 => {}
+            v => cx.ignore(path, format!("unknown quirk {v}")),
+        }
+    }
     ProcessStatsSpec {
         scan_all_processes_on_start: p.scan_all_processes_on_start(),
         record_thread_names: p.record_thread_names(),
-        poll_period: poll,
-        cache_ttl: nonzero_ms(p.proc_stats_cache_ttl_ms),
+        poll_period: poll.map(ms),
+        cache_ttl,
         disable_on_demand: p.quirks.contains(&2),
         scan_smaps_rollup: p.scan_smaps_rollup(),
         record_process_age: p.record_process_age(),
@@ -843,30 +1029,24 @@ fn file(
     _trigger: Option<&TriggerPlan>,
 ) -> Option<FileSpec> {
     if !tc.write_into_file() {
-        if tc.file_write_period_ms.is_some_and(|v| v > 0)
-            || tc.max_file_size_bytes.is_some_and(|v| v > 0)
-        {
-            cx.warn(
-                "write_into_file",
-                "file_write_period_ms and max_file_size_bytes are ignored without write_into_file: true",
-            );
-        }
-        if tc.fflush_post_write.unwrap_or(0) != 0 {
-            cx.warn("fflush_post_write", "ignored without write_into_file: true");
+        for (field, set) in [
+            ("file_write_period_ms", tc.file_write_period_ms.is_some()),
+            ("max_file_size_bytes", tc.max_file_size_bytes.is_some()),
+            ("fflush_post_write", tc.fflush_post_write.is_some()),
+            ("output_path", tc.output_path.is_some()),
+        ] {
+            if set {
+                cx.ignore(field, "needs write_into_file: true");
+            }
         }
         return None;
     }
-    let period = match tc.file_write_period_ms() {
-        0 => DEFAULT_WRITE_PERIOD_MS,
-        v if v < MIN_WRITE_PERIOD_MS => {
-            cx.warn(
-                "file_write_period_ms",
-                format!("{v} ms is under the {MIN_WRITE_PERIOD_MS} ms minimum; raised to {MIN_WRITE_PERIOD_MS}"),
-            );
-            MIN_WRITE_PERIOD_MS
-        }
-        v => v,
-    };
+    let (period, changed) = write_period_ms(tc.file_write_period_ms());
+    match (changed, tc.file_write_period_ms) {
+        (Some(how), Some(0)) => cx.changed("file_write_period_ms", how),
+        (Some(how), Some(_)) => cx.changed_warn("file_write_period_ms", how),
+        _ => {}
+    }
     Some(FileSpec {
         write_period: ms(period),
         max_size: tc.max_file_size_bytes.filter(|v| *v > 0).map(ByteSize),
@@ -876,19 +1056,34 @@ fn file(
     })
 }
 
-fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> FlushPlan {
+/// The write period a `file_write_period_ms` value gives (facts §5.7: 0 is
+/// 5000, under 100 is raised to 100), and what changed, if anything.
+pub fn write_period_ms(v: u32) -> (u32, Option<String>) {
+    match v {
+        0 => (
+            DEFAULT_WRITE_PERIOD_MS,
+            Some(format!("0 means the default, {DEFAULT_WRITE_PERIOD_MS} ms")),
+        ),
+        v if v < MIN_WRITE_PERIOD_MS => (
+            MIN_WRITE_PERIOD_MS,
+            Some(format!(
+                "{v} ms is under the {MIN_WRITE_PERIOD_MS} ms minimum; raised to {MIN_WRITE_PERIOD_MS}"
+            )),
+        ),
+        v => (v, None),
+    }
+}
+
+fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) -> FlushPlan {
     let flush_period = tc.flush_period_ms();
-    if !tc.write_into_file() {
+    let Some(file) = file else {
         return if flush_period > 0 {
             FlushPlan::Periodic(ms(flush_period))
         } else {
             FlushPlan::AtStop
         };
-    }
-    let write_period = match tc.file_write_period_ms() {
-        0 => DEFAULT_WRITE_PERIOD_MS,
-        v => v.max(MIN_WRITE_PERIOD_MS),
     };
+    let write_period = file.write_period.as_millis() as u32;
     // facts §5.7: the write_flush_mode decides; flush_period_ms is honoured only
     // with WRITE_FLUSH_DISABLED.
     match tc.write_flush_mode.unwrap_or(0) {
@@ -901,9 +1096,9 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> FlushPlan {
         }
         mode => {
             if flush_period > 0 {
-                cx.warn(
+                cx.ignore(
                     "flush_period_ms",
-                    "ignored with write_into_file (as in Perfetto) unless write_flush_mode is WRITE_FLUSH_DISABLED",
+                    "with write_into_file it counts only with write_flush_mode WRITE_FLUSH_DISABLED, as in Perfetto",
                 );
             }
             if mode == 3 || write_period > AUTO_FLUSH_PERIOD_MS {
@@ -915,20 +1110,9 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> FlushPlan {
     }
 }
 
-fn compression(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Compression {
-    if let Some(c) = &tc.compression {
-        if let Some(z) = &c.zstd {
-            return Compression::Zstd { level: z.level() };
-        }
-        if c.deflate.is_some() {
-            cx.warn(
-                "compression.deflate",
-                "deflate is not supported; the trace is written uncompressed (zstd is)",
-            );
-        }
-    }
-    if tc.compression_type.unwrap_or(0) == 1 {
-        cx.warn("compression_type", "deflate is not supported; the trace is written uncompressed (use compression { zstd {} })");
+fn compression(tc: &protos::TraceConfig) -> Compression {
+    if let Some(z) = tc.compression.as_ref().and_then(|c| c.zstd.as_ref()) {
+        return Compression::Zstd { level: z.level() };
     }
     Compression::None
 }

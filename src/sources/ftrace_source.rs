@@ -87,6 +87,14 @@ impl DataSource for FtraceDataSource {
         self.inner.flush().map_err(|e| self.failed(e))
     }
 
+    fn clear_incremental_state(&mut self) {
+        if self.started
+            && let Err(e) = self.inner.clear_incremental_state()
+        {
+            log::warn!("{}: clearing incremental state: {e}", self.name);
+        }
+    }
+
     fn loss_warnings(&self) -> Vec<String> {
         self.loss.iter().cloned().collect()
     }

@@ -83,6 +83,15 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         }
     }
 
+    fn clear_incremental_state(&mut self) {
+        // Before start there is nothing to forget; the poller thread clears
+        // before its next write (process_stats: the pids and counters it
+        // wrote; sys_stats keeps no such state).
+        if let Some(p) = &self.poller {
+            p.handle().clear_incremental_state();
+        }
+    }
+
     fn stop(&mut self) -> Result<(), SourceError> {
         if let Some(route) = &self.pid_route {
             *route.lock().unwrap_or_else(PoisonError::into_inner) = None;

@@ -9,12 +9,11 @@ use perfetto_protos::process_tree::ProcessTree;
 use perfetto_protos::sys_stats::SysStats;
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::{Enum, Message};
+use recorder::config::spec::{ProcessStatsSpec, SourceKind, SysStatsSpec};
 use recorder::sources::poller::Poller;
-use recorder::sources::process_stats::{ProcessStatsOptions, ProcessStatsSource};
+use recorder::sources::process_stats::ProcessStatsSource;
 use recorder::sources::procfs::HostPaths;
-use recorder::sources::sys_stats::{
-    Group, Schedule, SysStatsError, SysStatsOptions, SysStatsSource,
-};
+use recorder::sources::sys_stats::{Group, Schedule, SysStatsError, SysStatsSource};
 
 use crate::common::repo_root;
 
@@ -44,23 +43,41 @@ fn decode(packets: &[Vec<u8>]) -> Vec<TracePacket> {
         .collect()
 }
 
-fn all_periods(ms: u32) -> SysStatsOptions {
-    SysStatsOptions {
-        meminfo_period_ms: ms,
-        vmstat_period_ms: ms,
-        stat_period_ms: ms,
-        devfreq_period_ms: ms,
-        cpufreq_period_ms: ms,
-        buddyinfo_period_ms: ms,
-        diskstat_period_ms: ms,
-        psi_period_ms: ms,
-        thermal_period_ms: ms,
-        cpuidle_period_ms: ms,
-        ..SysStatsOptions::default()
+/// The validated sys_stats spec of a `sys_stats_config { TEXT }`.
+fn sys_spec(text: &str) -> Result<SysStatsSpec, String> {
+    let cfg = format!(
+        "buffers {{ size_kb: 64 }} data_sources {{ config {{ name: \"linux.sys_stats\" sys_stats_config {{ {text} }} }} }}"
+    );
+    let spec = recorder::config::load_text(&cfg, "t", false)
+        .map_err(|e| e.to_string())?
+        .validate()
+        .map_err(|e| e.to_string())?;
+    match &spec.data_sources[0].kind {
+        SourceKind::SysStats(s) => Ok(s.clone()),
+        k => panic!("{k:?}"),
     }
 }
 
-fn one_tick(opts: &SysStatsOptions) -> SysStats {
+fn all_periods(ms: u32) -> SysStatsSpec {
+    let text: String = [
+        "meminfo",
+        "vmstat",
+        "stat",
+        "devfreq",
+        "cpufreq",
+        "buddyinfo",
+        "diskstat",
+        "psi",
+        "thermal",
+        "cpuidle",
+    ]
+    .iter()
+    .map(|g| format!("{g}_period_ms: {ms} "))
+    .collect();
+    sys_spec(&text).expect("valid")
+}
+
+fn one_tick(opts: &SysStatsSpec) -> SysStats {
     let mut src = SysStatsSource::new(opts, fixture(), SEQ).expect("valid periods");
     let mut out: Vec<Vec<u8>> = Vec::new();
     src.write_tick(&mut out);
@@ -334,15 +351,12 @@ fn sys_stats_fixture_psi_disk_buddy_and_sysfs_exact() {
 
 #[test]
 fn sys_stats_counter_filters_and_tick_multiples() {
-    let opts = SysStatsOptions {
-        meminfo_period_ms: 50,
-        meminfo_counters: vec![1, 3], // MEM_TOTAL, MEM_AVAILABLE
-        vmstat_period_ms: 100,
-        vmstat_counters: vec![1], // NR_FREE_PAGES
-        stat_period_ms: 150,
-        stat_counters: vec![4], // FORK_COUNT
-        ..SysStatsOptions::default()
-    };
+    let opts = sys_spec(
+        "meminfo_period_ms: 50 meminfo_counters: MEMINFO_MEM_TOTAL \
+         meminfo_counters: MEMINFO_MEM_AVAILABLE vmstat_period_ms: 100 \
+         vmstat_counters: VMSTAT_NR_FREE_PAGES stat_period_ms: 150 stat_counters: STAT_FORK_COUNT",
+    )
+    .expect("valid");
     let mut src = SysStatsSource::new(&opts, fixture(), SEQ).expect("valid");
     assert_eq!(src.schedule().map(|s| s.tick_ms), Some(50));
     let mut out: Vec<Vec<u8>> = Vec::new();
@@ -379,12 +393,19 @@ fn sys_stats_counter_filters_and_tick_multiples() {
 
 #[test]
 fn sys_stats_periods_that_are_not_multiples_are_refused() {
-    let opts = SysStatsOptions {
-        meminfo_period_ms: 3, // raised to 10
-        psi_period_ms: 25,
-        ..SysStatsOptions::default()
+    // Validation raises 3 ms to 10 and refuses 25 ms beside it, by field path.
+    let e = sys_spec("meminfo_period_ms: 3 psi_period_ms: 25").expect_err("refused");
+    assert!(
+        e.contains("sys_stats_config: every *_period_ms must be a multiple of the smallest (10 ms); 25 ms is not"),
+        "{e}"
+    );
+    // The source keeps its own invariant for specs built by hand.
+    let hand = SysStatsSpec {
+        meminfo_period: Some(Duration::from_millis(10)),
+        psi_period: Some(Duration::from_millis(25)),
+        ..SysStatsSpec::default()
     };
-    match SysStatsSource::new(&opts, fixture(), SEQ) {
+    match SysStatsSource::new(&hand, fixture(), SEQ) {
         Err(SysStatsError::PeriodNotMultiple {
             field,
             period_ms,
@@ -392,19 +413,16 @@ fn sys_stats_periods_that_are_not_multiples_are_refused() {
         }) => assert_eq!((field, period_ms, tick_ms), ("psi_period_ms", 25, 10)),
         Ok(_) => panic!("25 ms is not a multiple of the 10 ms tick"),
     }
-    let ok = Schedule::from_options(&SysStatsOptions {
-        meminfo_period_ms: 3,
-        psi_period_ms: 30,
-        ..SysStatsOptions::default()
-    })
-    .expect("valid")
-    .expect("scheduled");
+    let ok =
+        Schedule::from_spec(&sys_spec("meminfo_period_ms: 3 psi_period_ms: 30").expect("valid"))
+            .expect("valid")
+            .expect("scheduled");
     assert_eq!(
         (ok.tick_ms, ok.every(Group::Meminfo), ok.every(Group::Psi)),
         (10, 1, 3)
     );
     // Nothing configured: nothing scheduled and no packet.
-    let mut idle = SysStatsSource::new(&SysStatsOptions::default(), fixture(), SEQ).expect("valid");
+    let mut idle = SysStatsSource::new(&SysStatsSpec::default(), fixture(), SEQ).expect("valid");
     let mut out: Vec<Vec<u8>> = Vec::new();
     idle.write_tick(&mut out);
     assert!(out.is_empty());
@@ -441,10 +459,10 @@ fn tree_of(pkts: &[TracePacket]) -> Tree {
 }
 
 fn scan_all(record_thread_names: bool) -> (ProcessStatsSource, Vec<Vec<u8>>) {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         record_thread_names,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     let mut out = Vec::new();
@@ -531,9 +549,9 @@ fn process_tree_fixture_scan_all_exact() {
 #[test]
 fn process_tree_splits_into_small_packets() {
     let (_, whole) = scan_all(true);
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         record_thread_names: true,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     src.set_soft_packet_limit(256);
@@ -553,9 +571,9 @@ fn process_tree_splits_into_small_packets() {
 
 #[test]
 fn on_demand_pids_are_written_once_until_cleared() {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         record_thread_names: true,
-        ..ProcessStatsOptions::default()
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts.clone(), fixture(), SEQ);
     let mut out = Vec::new();
@@ -595,7 +613,7 @@ fn on_demand_pids_are_written_once_until_cleared() {
 
     // DISABLE_ON_DEMAND: reported pids are ignored.
     let mut off = ProcessStatsSource::new(
-        ProcessStatsOptions {
+        ProcessStatsSpec {
             disable_on_demand: true,
             ..opts
         },
@@ -622,10 +640,10 @@ fn stats_of(
 
 #[test]
 fn process_stats_poll_fixture_exact_and_cached() {
-    let opts = ProcessStatsOptions {
-        proc_stats_poll_ms: 100,
-        proc_stats_cache_ttl_ms: 10_000,
-        ..ProcessStatsOptions::default()
+    let opts = ProcessStatsSpec {
+        poll_period: Some(Duration::from_millis(100)),
+        cache_ttl: Some(Duration::from_millis(10_000)),
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, fixture(), SEQ);
     let mut out = Vec::new();
@@ -675,9 +693,9 @@ fn process_stats_poll_fixture_exact_and_cached() {
 
     // A cache that lives one poll: every counter again, no tree.
     let mut every = ProcessStatsSource::new(
-        ProcessStatsOptions {
-            proc_stats_poll_ms: 100,
-            ..ProcessStatsOptions::default()
+        ProcessStatsSpec {
+            poll_period: Some(Duration::from_millis(100)),
+            ..ProcessStatsSpec::default()
         },
         fixture(),
         SEQ,
@@ -692,10 +710,10 @@ fn process_stats_poll_fixture_exact_and_cached() {
 
 #[test]
 fn poller_runs_process_stats_on_the_fixture() {
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
-        proc_stats_poll_ms: 3_600_000,
-        ..ProcessStatsOptions::default()
+        poll_period: Some(Duration::from_millis(3_600_000)),
+        ..ProcessStatsSpec::default()
     };
     let poller = Poller::start(
         "process-stats",
@@ -743,11 +761,11 @@ fn real_proc_tree_has_this_process_and_its_threads() {
     while !named() && t0.elapsed() < std::time::Duration::from_secs(5) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let opts = ProcessStatsOptions {
+    let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         record_thread_names: true,
-        proc_stats_poll_ms: 100,
-        ..ProcessStatsOptions::default()
+        poll_period: Some(Duration::from_millis(100)),
+        ..ProcessStatsSpec::default()
     };
     let mut src = ProcessStatsSource::new(opts, HostPaths::default(), SEQ);
     let mut out = Vec::new();
@@ -791,4 +809,144 @@ fn real_sys_stats_tick_decodes() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(s.cpu_stat.len() >= cpus, "one CpuTimes per online CPU");
     assert!(s.num_forks() > 0);
+}
+
+/// The packets a buffer holds, decoded by the independent decoder.
+fn drain_buffer(buffer: &std::sync::Arc<recorder::ringbuf::Buffer>) -> Vec<TracePacket> {
+    use recorder::ringbuf::FlushItem;
+    let batch = buffer.take_flush();
+    let mut file = Vec::new();
+    for item in batch.items() {
+        if let FlushItem::Data(d) = item {
+            file.extend_from_slice(d);
+        }
+    }
+    batch.release();
+    perfetto_protos::trace::Trace::parse_from_bytes(&file)
+        .expect("the independent decoder reads the buffer")
+        .packet
+}
+
+/// `DataSource::clear_incremental_state` on the running process_stats
+/// source (as the session calls it every `clear_period_ms`): the next packet
+/// carries `incremental_state_cleared`, and from it on a reader that lost
+/// everything before has the whole tree again (every live process with its
+/// cmdline) and every counter, not only those that changed; pids ftrace
+/// reports are dumped again.
+#[test]
+fn process_stats_clear_through_the_data_source_trait() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+    use recorder::sources::DataSource;
+    use recorder::sources::polled::PolledDataSource;
+
+    let buffer = Buffer::new(BufferParams::new(4 << 20, FillPolicy::RingBuffer)).expect("buffer");
+    let spec = ProcessStatsSpec {
+        scan_all_processes_on_start: true,
+        poll_period: Some(Duration::from_millis(100)),
+        cache_ttl: Some(Duration::from_secs(3600)),
+        ..ProcessStatsSpec::default()
+    };
+    let src = ProcessStatsSource::new(spec, fixture(), SEQ);
+    let mut ds = PolledDataSource::new("linux.process_stats", src, buffer.writer(WriterId(SEQ)));
+    ds.clear_incremental_state(); // before start: nothing to forget
+    ds.start().expect("start");
+    std::thread::sleep(Duration::from_millis(250));
+    ds.flush(Duration::from_secs(10)).expect("flush");
+    ds.clear_incremental_state();
+    std::thread::sleep(Duration::from_millis(250));
+    ds.flush(Duration::from_secs(10)).expect("flush");
+    // Stopping hands the writer's last chunk to the buffer.
+    ds.stop().expect("stop");
+    let after = drain_buffer(&buffer);
+    let first = after
+        .iter()
+        .position(|p| p.incremental_state_cleared())
+        .expect("a packet says the state was cleared");
+    assert_eq!(
+        after
+            .iter()
+            .filter(|p| p.incremental_state_cleared())
+            .count(),
+        1
+    );
+    let before = &after[..first];
+    assert!(
+        before.iter().any(|p| p.has_process_stats()),
+        "polls before the clear"
+    );
+    assert_eq!(tree_of(before).processes.len(), 6);
+    let tail = &after[first..];
+    let tree = tree_of(tail);
+    // As Perfetto's: every process with memory counters; kernel threads
+    // come back as ftrace reports them.
+    assert_eq!(
+        tree.processes.keys().copied().collect::<Vec<_>>(),
+        vec![APP, NS_PARENT, NS_CHILD],
+        "the tree again after the clear"
+    );
+    assert!(tree.processes.values().all(|p| !p.cmdline.is_empty()));
+    let stats = stats_of(
+        &tail[..tail
+            .iter()
+            .position(|p| p.has_process_tree())
+            .unwrap_or(tail.len())
+            .max(1)],
+    );
+    assert!(
+        stats.values().all(|p| p.has_vm_rss_kb()),
+        "every counter again, not only changed ones"
+    );
+    assert!(tail.iter().all(|p| p.trusted_packet_sequence_id() == SEQ));
+}
+
+/// `record_process_age`, `record_process_runtime` and `scan_smaps_rollup`
+/// on the real /proc: this process's tree entry has its start time, and
+/// its stats its CPU times and proportional set sizes.
+#[test]
+fn real_proc_age_runtime_and_smaps_rollup() {
+    let spec = ProcessStatsSpec {
+        scan_all_processes_on_start: true,
+        poll_period: Some(Duration::from_millis(100)),
+        record_process_age: true,
+        record_process_runtime: true,
+        scan_smaps_rollup: true,
+        ..ProcessStatsSpec::default()
+    };
+    let mut src = ProcessStatsSource::new(spec, HostPaths::default(), SEQ);
+    let mut out = Vec::new();
+    src.write_all_processes(&mut out);
+    // Some CPU time to count.
+    let mut x = 0u64;
+    for i in 0..5_000_000u64 {
+        x = x.wrapping_mul(31).wrapping_add(i);
+    }
+    std::hint::black_box(x);
+    src.write_process_stats(&mut out);
+    let pkts = decode(&out);
+    let me = std::process::id() as i32;
+    let now = recorder::clock::boottime_ns();
+    let start = tree_of(&pkts).processes[&me].process_start_from_boot();
+    assert!(start > 0 && start < now, "start {start} now {now}");
+    let stats = stats_of(&pkts);
+    let s = &stats[&me];
+    assert!(s.runtime_user_mode() + s.runtime_kernel_mode() > 0);
+    assert!(s.smr_rss_kb() > 0 && s.smr_pss_kb() <= s.smr_rss_kb());
+    assert!(s.has_smr_pss_anon_kb() && s.has_smr_pss_file_kb() && s.has_smr_swap_pss_kb());
+    // Without the options, none of it.
+    let mut plain = ProcessStatsSource::new(
+        ProcessStatsSpec {
+            scan_all_processes_on_start: true,
+            poll_period: Some(Duration::from_millis(100)),
+            ..ProcessStatsSpec::default()
+        },
+        HostPaths::default(),
+        SEQ,
+    );
+    let mut out = Vec::new();
+    plain.write_all_processes(&mut out);
+    plain.write_process_stats(&mut out);
+    let pkts = decode(&out);
+    assert!(!tree_of(&pkts).processes[&me].has_process_start_from_boot());
+    let s = &stats_of(&pkts)[&me];
+    assert!(!s.has_runtime_user_mode() && !s.has_smr_rss_kb());
 }

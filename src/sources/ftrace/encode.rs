@@ -37,48 +37,7 @@ const MAX_INTERNED: usize = 256;
 /// Slots of the intern index: a power of two, at most half full.
 const INTERN_SLOTS: usize = 2 * MAX_INTERNED;
 
-/// One rule of the print filter: the first matching rule decides.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PrintMatch {
-    /// The message starts with this prefix.
-    Prefix(String),
-    /// An atrace message `T|pid|name...` of type `T` whose name starts with prefix.
-    Atrace { kind: String, prefix: String },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrintRule {
-    pub matches: PrintMatch,
-    pub allow: bool,
-}
-
-/// `FtraceConfig.print_filter`: keeps or drops `ftrace/print` events.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PrintFilter {
-    pub rules: Vec<PrintRule>,
-}
-
-impl PrintFilter {
-    /// Whether a print with text `buf` is kept (no matching rule: kept).
-    pub fn allows(&self, buf: &[u8]) -> bool {
-        for r in &self.rules {
-            let hit = match &r.matches {
-                PrintMatch::Prefix(p) => buf.starts_with(p.as_bytes()),
-                PrintMatch::Atrace { kind, prefix } => {
-                    let mut parts = buf.splitn(3, |&c| c == b'|');
-                    let t = parts.next().unwrap_or_default();
-                    let _pid = parts.next();
-                    let name = parts.next().unwrap_or_default();
-                    t == kind.as_bytes() && name.starts_with(prefix.as_bytes())
-                }
-            };
-            if hit {
-                return r.allow;
-            }
-        }
-        true
-    }
-}
+pub use crate::config::spec::{PrintFilter, PrintMatch, PrintRule};
 
 /// Counters of the encoder, summed over the recording.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -92,6 +51,8 @@ pub struct EncodeStats {
     pub unknown_ids: u64,
     /// Prints the print filter dropped.
     pub filtered_prints: u64,
+    /// Events of other threads dropped by the user-space tid filter.
+    pub filtered_tids: u64,
     /// Events larger than a whole packet, dropped.
     pub oversized_events: u64,
     pub bundles: u64,
@@ -300,10 +261,23 @@ fn utf8_or_placeholder(b: &[u8]) -> &[u8] {
     }
 }
 
+/// `TracePacket.sequence_flags`: SEQ_INCREMENTAL_STATE_CLEARED.
+const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
+
 /// Encodes pages into bundles. One per recording; reused across drains.
+///
+/// Every bundle is self-contained: its compact_sched columns and intern
+/// table start afresh, so the only incremental state a reader keeps for the
+/// sequence is what a clear announces ([`BundleEncoder::clear_incremental_state`]).
 pub struct BundleEncoder {
     seq_id: u32,
     max_packet_bytes: usize,
+    /// `FtraceEventBundle.ftrace_clock` when the trace clock is not `boot`.
+    ftrace_clock: Option<u32>,
+    /// Only events of these threads (sorted), when the kernel cannot filter.
+    tids: Option<Vec<i32>>,
+    /// The next bundle says the sequence's incremental state was cleared.
+    clear_pending: bool,
     compact: CompactCols,
     /// Thread ids seen since the last [`BundleEncoder::take_pids`].
     pids: Vec<i32>,
@@ -374,11 +348,43 @@ impl BundleEncoder {
         Self {
             seq_id,
             max_packet_bytes: max_packet_bytes.max(16 * 1024),
+            ftrace_clock: None,
+            tids: None,
+            clear_pending: false,
             compact: CompactCols::new(),
             pids: Vec::new(),
             pid_cache: Box::new([0; PID_CACHE]),
             stats: EncodeStats::default(),
         }
+    }
+
+    /// Bundles carry `ftrace_clock` (the FtraceClock value) from now on.
+    pub fn set_ftrace_clock(&mut self, clock: u32) {
+        self.ftrace_clock = Some(clock);
+    }
+
+    /// Keeps only events of these threads, as the kernel's `set_event_pid`
+    /// would: the current thread, or a thread the event is about
+    /// (sched_switch's prev or next, a wakeup's target).
+    pub fn set_tid_filter(&mut self, tids: &[u32]) {
+        let mut v: Vec<i32> = tids.iter().map(|t| *t as i32).collect();
+        v.sort_unstable();
+        v.dedup();
+        self.tids = Some(v);
+    }
+
+    /// The sequence's incremental state is cleared: the next bundle says so
+    /// (`sequence_flags` SEQ_INCREMENTAL_STATE_CLEARED). Bundles carry no
+    /// state across each other, so nothing else has to be re-sent.
+    pub fn clear_incremental_state(&mut self) {
+        self.clear_pending = true;
+    }
+
+    fn tid_kept(tids: &[i32], entry: &EventEntry, rec: &[u8]) -> bool {
+        let has = |f: &super::format::Field| {
+            read_int(rec, f).is_some_and(|p| tids.binary_search(&(p as i32)).is_ok())
+        };
+        entry.pid.as_ref().is_some_and(has) || entry.pid_fields.iter().any(has)
     }
 
     /// Thread ids seen since the last call, sorted, without duplicates.
@@ -433,8 +439,14 @@ impl BundleEncoder {
             let mut retry = false;
             let mut enc = ProtoEncoder::new(buf);
             enc.uint(10, self.seq_id as u64);
+            if self.clear_pending {
+                enc.uint(13, SEQ_INCREMENTAL_STATE_CLEARED);
+            }
             let bundle = enc.begin_nested(1);
             enc.uint(1, cursor.cpu as u64);
+            if let Some(clock) = self.ftrace_clock {
+                enc.uint(5, u64::from(clock));
+            }
             self.compact.clear();
             let mut bundle_lost = std::mem::take(&mut pc.lost);
             let mut wrote = 0usize;
@@ -502,6 +514,7 @@ impl BundleEncoder {
                 Ok(len) => {
                     out.commit(len);
                     self.stats.bundles += 1;
+                    self.clear_pending = false;
                 }
                 Err(_) => {
                     // Unreachable by the reserve kept; drop rather than write a torn packet.
@@ -527,6 +540,12 @@ impl BundleEncoder {
             self.stats.unknown_ids += 1;
             return Fit::Skipped;
         };
+        if let Some(tids) = &self.tids
+            && !Self::tid_kept(tids, entry, rec)
+        {
+            self.stats.filtered_tids += 1;
+            return Fit::Skipped;
+        }
         let reserve = self.compact.encoded_len() + TRAILER_BYTES;
         if entry.is_print
             && let Some(buf) = entry.format.field("buf").and_then(|f| read_str(rec, f))

@@ -176,6 +176,25 @@ const TYPED: &[TypedSpec] = &[
         &[(1, "comm", S), (2, "pid", I), (3, "prio", I)],
     ),
     (
+        "kmem",
+        "rss_stat",
+        313,
+        &[
+            (1, "member", I),
+            (2, "size", I),
+            (3, "curr", U),
+            (4, "mm_id", U),
+        ],
+    ),
+    // `args` (an array) is left out.
+    ("raw_syscalls", "sys_enter", 329, &[(1, "id", I)]),
+    (
+        "raw_syscalls",
+        "sys_exit",
+        330,
+        &[(1, "id", I), (2, "ret", I)],
+    ),
+    (
         "oom",
         "oom_score_adj_update",
         326,

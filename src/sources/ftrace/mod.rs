@@ -31,7 +31,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
 pub use output::{PacketOutput, VecOutput};
@@ -44,38 +43,26 @@ use reader::{Command, CpuPipe, ReaderState};
 use stats::{CpuStats, Phase, StatsReport};
 use tracefs::{Tracefs, TracefsError, TracefsSession};
 
-/// Default drain period (Perfetto's).
-pub const DEFAULT_DRAIN_PERIOD: Duration = Duration::from_millis(100);
-/// Watermark of the early drain when the config sets none: half full, so a
-/// burst still has the other half of the buffer while the reader catches up.
-pub const DEFAULT_DRAIN_BUFFER_PERCENT: u32 = 50;
+use crate::config::spec::FtraceSpec;
+
 /// Largest bundle packet.
 pub const DEFAULT_MAX_PACKET_BYTES: usize = 32 * 1024;
+/// `FtraceClock` MONO_RAW (FtraceEventBundle.ftrace_clock).
+pub const FTRACE_CLOCK_MONO_RAW: u32 = 4;
 
-/// What the ftrace source records and how (mapped from FtraceConfig by the
-/// caller).
+/// The clock `trace_clock` shows selected (`[boot] local` → `boot`).
+fn restorable_clock(text: &str) -> String {
+    tracefs::restorable_value("trace_clock", text)
+}
+
+/// What the ftrace source records (the validated config) and where.
 #[derive(Clone, Debug)]
 pub struct FtraceOptions {
-    /// `group/name`, `group/*` or a bare `name` (every group having it).
-    pub events: Vec<String>,
-    /// Per-CPU kernel buffer; 0 picks [`default_buffer_size_kb`].
-    pub buffer_size_kb: u32,
-    pub drain_period: Duration,
-    /// Also drain as soon as a CPU buffer is this full (percent, through the
-    /// instance's `buffer_percent` and poll(2)); 0 drains on the period only.
-    pub drain_buffer_percent: u32,
-    pub compact_sched: bool,
-    /// Record in this (existing or new) instance instead of our own.
-    pub instance_name: Option<String>,
-    /// Hex mask as `tracing_cpumask` takes it.
-    pub tracing_cpumask: Option<String>,
-    pub print_filter: PrintFilter,
-    /// Android-only; a warning, then ignored.
-    pub atrace_categories: Vec<String>,
-    pub atrace_apps: Vec<String>,
+    /// The validated `FtraceConfig`.
+    pub spec: FtraceSpec,
     /// tracefs root; `None` discovers it.
     pub tracefs_root: Option<PathBuf>,
-    /// procfs root (stale-instance detection).
+    /// procfs root (stale-instance detection, RAM size).
     pub proc_root: PathBuf,
     /// trusted_packet_sequence_id of every packet written.
     pub sequence_id: u32,
@@ -86,16 +73,7 @@ pub struct FtraceOptions {
 impl Default for FtraceOptions {
     fn default() -> Self {
         Self {
-            events: Vec::new(),
-            buffer_size_kb: 0,
-            drain_period: DEFAULT_DRAIN_PERIOD,
-            drain_buffer_percent: DEFAULT_DRAIN_BUFFER_PERCENT,
-            compact_sched: true,
-            instance_name: None,
-            tracing_cpumask: None,
-            print_filter: PrintFilter::default(),
-            atrace_categories: Vec::new(),
-            atrace_apps: Vec::new(),
+            spec: FtraceSpec::default(),
             tracefs_root: None,
             proc_root: PathBuf::from("/proc"),
             sequence_id: 2,
@@ -144,6 +122,9 @@ pub enum FtraceError {
     NoRoom(&'static str),
     #[error("reader thread: {0}")]
     Thread(String),
+    /// The kernel (or the system) refused a configured feature.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Counters of a finished (or running) recording.
@@ -252,6 +233,8 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     summary: FtraceSummary,
     cpus: Vec<u32>,
     buffer_size_kb: u32,
+    /// `set_event_pid` took `tids_to_trace` (else the encoder filters).
+    tid_filter_in_kernel: bool,
 }
 
 impl<O: PacketOutput + 'static> FtraceSource<O> {
@@ -272,6 +255,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             summary: FtraceSummary::default(),
             cpus: Vec::new(),
             buffer_size_kb: 0,
+            tid_filter_in_kernel: false,
         })
     }
 
@@ -321,6 +305,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             failed_events: &self.summary.failed_events,
             parse_errors: &parse_errors,
             cpu_buffer_size_pages: self.buffer_size_kb as u64 * 1024 / page,
+            preserve_ftrace_buffer: self.opts.spec.preserve_ftrace_buffer,
         };
         let max = 256
             + 128 * cpus.len()
@@ -345,14 +330,17 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         Ok(())
     }
 
-    /// Configures tracefs, writes the start FtraceStats and starts the reader.
-    /// On error everything changed is put back.
-    pub fn start(&mut self) -> Result<(), FtraceError> {
-        if self.running.is_some() || self.output.is_none() {
-            return Err(FtraceError::State("start twice"));
-        }
-        let mut events = self.opts.events.clone();
-        if !self.opts.atrace_categories.is_empty() || !self.opts.atrace_apps.is_empty() {
+    /// The events to record in `dir`: the configured ones, ftrace/print for
+    /// atrace, raw_syscalls for `syscall_events`, the kprobes made, with
+    /// rss_stat throttled and generic events left out as configured.
+    fn select_events(
+        &mut self,
+        dir: &Tracefs,
+        kprobes: &[(String, String)],
+    ) -> Vec<(String, String)> {
+        let spec = &self.opts.spec;
+        let mut events = spec.events.clone();
+        if !spec.atrace_categories.is_empty() || !spec.atrace_apps.is_empty() {
             // Userspace atrace writes through trace_marker: keep its prints.
             log::warn!(
                 "atrace_categories/atrace_apps are Android-only; recording ftrace/print for \
@@ -362,16 +350,28 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 events.push("ftrace/print".into());
             }
         }
-        let mut session = TracefsSession::open(
-            &self.top,
-            self.opts.instance_name.as_deref(),
-            &self.opts.proc_root,
-        )?;
+        if !spec.syscall_events.is_empty() {
+            for e in ["raw_syscalls/sys_enter", "raw_syscalls/sys_exit"] {
+                if !events.iter().any(|x| x == e) {
+                    events.push(e.into());
+                }
+            }
+        }
         let mut selected = Vec::new();
-        for spec in &events {
-            let found = resolve_event(session.dir(), spec);
+        for name in &events {
+            let mut found = resolve_event(dir, name);
+            if spec.throttle_rss_stat && found.iter().any(|(g, n)| g == "kmem" && n == "rss_stat") {
+                if dir.path("events/kmem/rss_stat_throttled/format").is_file() {
+                    found.retain(|(g, n)| !(g == "kmem" && n == "rss_stat"));
+                    found.push(("kmem".into(), "rss_stat_throttled".into()));
+                } else {
+                    log::info!(
+                        "throttle_rss_stat: this kernel has no kmem/rss_stat_throttled; recording kmem/rss_stat"
+                    );
+                }
+            }
             if found.is_empty() {
-                self.summary.unknown_events.push(spec.clone());
+                self.summary.unknown_events.push(name.clone());
             }
             for e in found {
                 if !selected.contains(&e) {
@@ -379,32 +379,220 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 }
             }
         }
+        for e in kprobes {
+            if !selected.contains(e) {
+                selected.push(e.clone());
+            }
+        }
+        if spec.enable_function_graph {
+            // Written by the tracer, not enabled as events.
+            for n in ["funcgraph_entry", "funcgraph_exit"] {
+                selected.push(("ftrace".into(), n.into()));
+            }
+        }
+        if spec.disable_generic_events {
+            let (typed, generic): (Vec<_>, Vec<_>) = selected
+                .into_iter()
+                .partition(|(g, n)| event_table::is_typed(g, n) || g == "ftrace");
+            if !generic.is_empty() {
+                log::info!(
+                    "disable_generic_events: not enabling {} event(s) without a typed message: {}",
+                    generic.len(),
+                    generic
+                        .iter()
+                        .map(|(g, n)| format!("{g}/{n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            selected = typed;
+        }
         if !self.summary.unknown_events.is_empty() {
             log::warn!(
                 "unknown ftrace events ignored: {}",
                 self.summary.unknown_events.join(", ")
             );
         }
-        if selected.is_empty() {
-            return Err(FtraceError::NoEvents(events));
+        selected
+    }
+
+    /// Creates the configured kprobes (top-level `kprobe_events`, removed
+    /// again at restore); returns their events. A kernel without kprobe
+    /// events, or one refusing a probe, fails it by name, as an event that
+    /// cannot be enabled.
+    fn make_kprobes(&mut self, session: &mut TracefsSession) -> Vec<(String, String)> {
+        use crate::config::spec::KprobeKind;
+        let mut made = Vec::new();
+        if self.opts.spec.kprobe_events.is_empty() {
+            return made;
         }
-        let (layout, table, failed) =
-            load_layouts(session.dir(), &selected, self.opts.compact_sched)?;
-        self.summary.failed_events = failed;
+        let group = format!("recorder_{}", std::process::id());
+        let has_file = session.top().path("kprobe_events").is_file();
+        for k in self.opts.spec.kprobe_events.clone() {
+            let base: String = k
+                .function
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let probes: &[(&str, String)] = match k.kind {
+                KprobeKind::Kprobe => &[("p", base.clone())],
+                KprobeKind::Kretprobe => &[("r", format!("{base}_ret"))],
+                KprobeKind::Both => &[("p", base.clone()), ("r", format!("{base}_ret"))],
+            };
+            for (kind, name) in probes {
+                if !has_file {
+                    log::warn!(
+                        "kprobe_events: this kernel has no kprobe_events in tracefs (CONFIG_KPROBE_EVENTS); {} not probed",
+                        k.function
+                    );
+                    self.summary.failed_events.push(format!("{group}/{name}"));
+                    continue;
+                }
+                let line = format!("{kind}:{group}/{name} {}", k.function);
+                match session.append_top("kprobe_events", &line, &format!("-:{group}/{name}")) {
+                    Ok(()) => made.push((group.clone(), name.clone())),
+                    Err(e) => {
+                        log::warn!("kprobe_events: {line:?}: {e}");
+                        self.summary.failed_events.push(format!("{group}/{name}"));
+                    }
+                }
+            }
+        }
+        made
+    }
+
+    /// Sets up the function_graph tracer; every refusal is an error that
+    /// says which file refused and why.
+    fn function_graph(&self, session: &mut TracefsSession) -> Result<(), FtraceError> {
+        let spec = &self.opts.spec;
+        let tracers = session.dir().read("available_tracers").unwrap_or_default();
+        if !tracers.split_whitespace().any(|t| t == "function_graph") {
+            return Err(FtraceError::Refused(format!(
+                "enable_function_graph: this kernel has no function_graph tracer (available_tracers: {})",
+                tracers.trim()
+            )));
+        }
+        let refused = |field: &str, e: TracefsError| {
+            FtraceError::Refused(format!(
+                "{field}: {e} (the kernel or this system forbids it)"
+            ))
+        };
+        if !spec.function_filters.is_empty() {
+            session
+                .set("set_ftrace_filter", &spec.function_filters.join(" "))
+                .map_err(|e| refused("function_filters", e))?;
+        }
+        if !spec.function_graph_roots.is_empty() {
+            session
+                .set("set_graph_function", &spec.function_graph_roots.join(" "))
+                .map_err(|e| refused("function_graph_roots", e))?;
+        }
+        if let Some(depth) = spec.function_graph_max_depth {
+            session
+                .set_top("max_graph_depth", &depth.to_string())
+                .map_err(|e| refused("function_graph_max_depth", e))?;
+        }
+        session
+            .set("current_tracer", "function_graph")
+            .map_err(|e| refused("enable_function_graph", e))
+    }
+
+    /// Configures tracefs, writes the start FtraceStats and starts the reader.
+    /// On error everything changed is put back.
+    pub fn start(&mut self) -> Result<(), FtraceError> {
+        if self.running.is_some() || self.output.is_none() {
+            return Err(FtraceError::State("start twice"));
+        }
+        let spec = self.opts.spec.clone();
+        let mut session = TracefsSession::open(
+            &self.top,
+            spec.instance_name.as_deref(),
+            &self.opts.proc_root,
+        )?;
+        let kprobes = self.make_kprobes(&mut session);
+        let selected = self.select_events(session.dir(), &kprobes);
+        if selected.is_empty() {
+            let mut asked = spec.events.clone();
+            asked.extend(spec.kprobe_events.iter().map(|k| k.function.clone()));
+            return Err(FtraceError::NoEvents(asked));
+        }
+        let (layout, table, failed) = load_layouts(session.dir(), &selected, spec.compact_sched)?;
+        self.summary.failed_events.extend(failed);
         self.layout = Some(layout);
 
         session.set("tracing_on", "0")?;
-        session.set("trace_clock", "boot")?;
-        self.buffer_size_kb = if self.opts.buffer_size_kb > 0 {
-            self.opts.buffer_size_kb
+        // Changing the clock empties the buffer: only when it differs.
+        let clock = if spec.use_monotonic_raw_clock {
+            "mono_raw"
         } else {
-            default_buffer_size_kb(mem_total_kb(&self.opts.proc_root))
+            "boot"
         };
-        session.set("buffer_size_kb", &self.buffer_size_kb.to_string())?;
-        if let Some(mask) = &self.opts.tracing_cpumask {
+        if restorable_clock(&session.dir().read("trace_clock")?) != clock {
+            session.set("trace_clock", clock)?;
+        }
+        let default_kb = || default_buffer_size_kb(mem_total_kb(&self.opts.proc_root));
+        self.buffer_size_kb = match spec.buffer_size {
+            Some(b) if spec.buffer_size_lower_bound => {
+                (b.kb().min(u64::from(u32::MAX)) as u32).max(default_kb())
+            }
+            Some(b) => b.kb().min(u64::from(u32::MAX)) as u32,
+            None => default_kb(),
+        };
+        if spec.preserve_ftrace_buffer {
+            // A resize would drop what the buffer holds.
+            let now = session.dir().read("buffer_size_kb")?;
+            self.buffer_size_kb = tracefs::restorable_value("buffer_size_kb", &now)
+                .parse()
+                .unwrap_or(self.buffer_size_kb);
+            log::info!(
+                "preserve_ftrace_buffer: keeping the buffer and its size ({} KiB per CPU)",
+                self.buffer_size_kb
+            );
+        } else {
+            session.set("buffer_size_kb", &self.buffer_size_kb.to_string())?;
+            // Nothing recorded before this session's start.
+            session.dir().write("trace", "")?;
+        }
+        if let Some(mask) = &spec.tracing_cpumask {
             session.set("tracing_cpumask", mask)?;
         }
-        let pct = self.opts.drain_buffer_percent.min(100);
+        for (name, on) in &spec.tracefs_options {
+            let rel = format!("options/{name}");
+            if !session.dir().path(&rel).is_file() {
+                return Err(FtraceError::Refused(format!(
+                    "tracefs_options: this kernel has no trace option {name:?} (see options/ in tracefs)"
+                )));
+            }
+            session.set(&rel, if *on { "1" } else { "0" })?;
+        }
+        if !spec.tids_to_trace.is_empty() {
+            let list: Vec<String> = spec.tids_to_trace.iter().map(u32::to_string).collect();
+            match session.set("set_event_pid", &list.join(" ")) {
+                Ok(()) => self.tid_filter_in_kernel = true,
+                Err(e) => {
+                    log::info!(
+                        "tids_to_trace: the kernel filter is refused ({e}); filtering in user space"
+                    );
+                    self.tid_filter_in_kernel = false;
+                }
+            }
+        }
+        if !spec.syscall_events.is_empty() {
+            // Filtered in the kernel: only the listed syscall numbers.
+            let filter = spec
+                .syscall_events
+                .iter()
+                .map(|s| format!("id == {}", s.number))
+                .collect::<Vec<_>>()
+                .join(" || ");
+            for e in ["sys_enter", "sys_exit"] {
+                session.set(&format!("events/raw_syscalls/{e}/filter"), &filter)?;
+            }
+        }
+        if spec.enable_function_graph {
+            self.function_graph(&mut session)?;
+        }
+        let pct = spec.drain_buffer_percent;
         let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
         if watermark {
             session.set("buffer_percent", &pct.to_string())?;
@@ -468,12 +656,19 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if let Some(s) = &mut self.session {
             s.set("tracing_on", "1")?;
         }
+        let mut encoder = BundleEncoder::new(self.opts.sequence_id, self.opts.max_packet_bytes);
+        if self.opts.spec.use_monotonic_raw_clock {
+            encoder.set_ftrace_clock(FTRACE_CLOCK_MONO_RAW);
+        }
+        if !self.opts.spec.tids_to_trace.is_empty() && !self.tid_filter_in_kernel {
+            encoder.set_tid_filter(&self.opts.spec.tids_to_trace);
+        }
         let state = ReaderState::new(
             output,
-            BundleEncoder::new(self.opts.sequence_id, self.opts.max_packet_bytes),
+            encoder,
             pipes,
             Arc::new(table),
-            self.opts.print_filter.clone(),
+            self.opts.spec.print_filter.clone(),
             layout,
             self.pid_sink.take(),
         );
@@ -481,7 +676,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         state.mode = self.opts.read_mode;
         state.watermark = watermark;
         let (tx, rx) = mpsc::channel();
-        let period = self.opts.drain_period;
+        let period = self.opts.spec.drain_period;
         let wake = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
@@ -515,6 +710,15 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         ack_rx
             .recv()
             .map_err(|e| FtraceError::Thread(e.to_string()))
+    }
+
+    /// The next bundle written says the sequence's incremental state was
+    /// cleared (bundles carry none across each other).
+    pub fn clear_incremental_state(&mut self) -> Result<(), FtraceError> {
+        self.running
+            .as_ref()
+            .ok_or(FtraceError::State("clear before start"))?
+            .send(Command::ClearIncrementalState)
     }
 
     /// Stops tracing, drains a last time, writes the end FtraceStats and

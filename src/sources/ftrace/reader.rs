@@ -55,6 +55,8 @@ pub enum Command {
     Flush(Sender<()>),
     /// Drain a last time and exit.
     Stop,
+    /// The next bundle starts the sequence's incremental state afresh.
+    ClearIncrementalState,
 }
 
 /// One CPU's raw pipe.
@@ -284,6 +286,9 @@ impl<O: PacketOutput> ReaderState<O> {
                         // A flush must deliver everything written so far.
                         self.drain(true);
                         let _ = ack.send(());
+                    }
+                    Ok(Command::ClearIncrementalState) => {
+                        self.encoder.clear_incremental_state();
                     }
                     Ok(Command::Stop) | Err(TryRecvError::Disconnected) => {
                         self.drain(true);

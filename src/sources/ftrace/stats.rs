@@ -61,6 +61,9 @@ pub struct StatsReport<'a> {
     /// Perfetto `FtraceParseStatus` values seen, one entry each.
     pub parse_errors: &'a [u32],
     pub cpu_buffer_size_pages: u64,
+    /// The kernel buffer was not cleared at start (trace processor then
+    /// keeps events older than the session's start).
+    pub preserve_ftrace_buffer: bool,
 }
 
 /// Encodes an FtraceStats packet into `buf`, returning its length, or
@@ -98,6 +101,9 @@ pub fn encode_stats_packet(
     }
     for e in r.parse_errors {
         enc.uint(9, *e as u64);
+    }
+    if r.preserve_ftrace_buffer {
+        enc.bool(8, true);
     }
     if r.cpu_buffer_size_pages > 0 {
         enc.uint(11, r.cpu_buffer_size_pages);

@@ -212,14 +212,29 @@ pub fn restorable_value(rel: &str, text: &str) -> String {
     t.to_string()
 }
 
+/// How one change is undone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Undo {
+    /// Write `value` back to `rel` of the recording directory (`top`: of the
+    /// tracefs top level).
+    Write {
+        top: bool,
+        rel: String,
+        value: String,
+    },
+    /// Append `line` to `rel` of the top level (`-:group/name` removes a
+    /// kprobe made by appending its definition).
+    Append { rel: String, line: String },
+}
+
 /// The tracefs directory a recording uses, with everything it changed.
 /// Dropping it restores the changes (and removes an instance it created).
 pub struct TracefsSession {
     top: Tracefs,
     dir: Tracefs,
     created_instance: bool,
-    /// (relative path, value to write back), in the order first touched.
-    saved: Vec<(String, String)>,
+    /// How to undo each change, in the order made.
+    saved: Vec<Undo>,
     restored: bool,
 }
 
@@ -298,12 +313,47 @@ impl TracefsSession {
 
     /// Writes `value` to `rel`, remembering the old value the first time.
     pub fn set(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
-        if !self.saved.iter().any(|(r, _)| r == rel) {
-            let old = self.dir.read(rel)?;
-            self.saved
-                .push((rel.to_string(), restorable_value(rel, &old)));
+        self.set_in(false, rel, value)
+    }
+
+    /// [`TracefsSession::set`] on a file of the tracefs top level (global
+    /// settings such as `max_graph_depth`).
+    pub fn set_top(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
+        self.set_in(true, rel, value)
+    }
+
+    fn set_in(&mut self, top: bool, rel: &str, value: &str) -> Result<(), TracefsError> {
+        let dir = if top { &self.top } else { &self.dir };
+        let known = self
+            .saved
+            .iter()
+            .any(|u| matches!(u, Undo::Write { top: t, rel: r, .. } if *t == top && r == rel));
+        if !known {
+            let old = dir.read(rel)?;
+            self.saved.push(Undo::Write {
+                top,
+                rel: rel.to_string(),
+                value: restorable_value(rel, &old),
+            });
         }
-        self.dir.write(rel, value)
+        dir.write(rel, value)
+    }
+
+    /// Appends `line` to `rel` of the top level (`kprobe_events`); `undo` is
+    /// appended at restore.
+    pub fn append_top(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
+        let p = self.top.path(rel);
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .map_err(|e| io_err(&p, e))?;
+        std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+            .map_err(|e| io_err(&p, e))?;
+        self.saved.push(Undo::Append {
+            rel: rel.to_string(),
+            line: undo.to_string(),
+        });
+        Ok(())
     }
 
     /// Puts back every setting, newest first; removes an instance we
@@ -314,15 +364,47 @@ impl TracefsSession {
         }
         self.restored = true;
         // Stop tracing first so nothing more is written while restoring.
-        if let Some(pos) = self.saved.iter().position(|(r, _)| r == "tracing_on") {
-            let (r, v) = self.saved.remove(pos);
-            if let Err(e) = self.dir.write(&r, "0") {
+        let sets_tracing = self
+            .saved
+            .iter()
+            .any(|u| matches!(u, Undo::Write { top: false, rel, .. } if rel == "tracing_on"));
+        if sets_tracing && let Err(e) = self.dir.write("tracing_on", "0") {
+            log::warn!("restoring tracefs: {e}");
+        }
+        for undo in self.saved.iter().rev() {
+            let res = match undo {
+                Undo::Write { top, rel, value } => {
+                    let dir = if *top { &self.top } else { &self.dir };
+                    // tracing_on goes back last, after everything else.
+                    if !*top && rel == "tracing_on" {
+                        continue;
+                    }
+                    dir.write(rel, value)
+                }
+                Undo::Append { rel, line } => {
+                    let p = self.top.path(rel);
+                    fs::OpenOptions::new()
+                        .append(true)
+                        .open(&p)
+                        .and_then(|mut f| {
+                            std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+                        })
+                        .map_err(|e| io_err(&p, e))
+                }
+            };
+            if let Err(e) = res {
                 log::warn!("restoring tracefs: {e}");
             }
-            self.saved.push((r, v));
         }
-        for (rel, value) in self.saved.iter().rev() {
-            if let Err(e) = self.dir.write(rel, value) {
+        for undo in &self.saved {
+            if let Undo::Write {
+                top: false,
+                rel,
+                value,
+            } = undo
+                && rel == "tracing_on"
+                && let Err(e) = self.dir.write(rel, value)
+            {
                 log::warn!("restoring tracefs {rel}: {e}");
             }
         }

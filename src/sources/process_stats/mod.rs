@@ -23,6 +23,7 @@ pub use packets::{
     ThreadRecord, TreeEntry,
 };
 
+use crate::config::spec::ProcessStatsSpec;
 use crate::sources::poller::{PacketOutput, PolledSource};
 use crate::sources::procfs::{self, HostPaths};
 use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
@@ -31,46 +32,18 @@ use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
 pub const DATA_SOURCE_NAME: &str = "linux.process_stats";
 /// It forgets which pids it wrote when incremental state is cleared.
 pub const HANDLES_INCREMENTAL_STATE: bool = true;
-/// Polls faster than this are raised to it (Perfetto's minimum).
-pub const MIN_POLL_MS: u32 = 100;
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat`: the kthread test for
 /// kernels without the `Kthread:` status line (before 6.4).
 const PF_KTHREAD: u64 = 0x0020_0000;
 
-/// The options of `linux.process_stats` (ProcessStatsConfig, facts §3.3),
-/// as plain values; the mapping from the validated config is done by the caller.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessStatsOptions {
-    pub scan_all_processes_on_start: bool,
-    pub record_thread_names: bool,
-    /// 0: no periodic ProcessStats; 1..99 are raised to [`MIN_POLL_MS`].
-    pub proc_stats_poll_ms: u32,
-    /// The `DISABLE_ON_DEMAND` quirk: ignore pids reported by ftrace.
-    pub disable_on_demand: bool,
-    /// How long unchanged counters stay unwritten; rounded down to whole
-    /// polls, at least one (0: every counter every poll).
-    pub proc_stats_cache_ttl_ms: u32,
-}
-
-impl ProcessStatsOptions {
-    /// The poll period actually used (0 = none).
-    pub fn effective_poll_ms(&self) -> u32 {
-        match self.proc_stats_poll_ms {
-            0 => 0,
-            p if p < MIN_POLL_MS => {
-                log::info!("proc_stats_poll_ms {p} is below the minimum; using {MIN_POLL_MS}");
-                MIN_POLL_MS
-            }
-            p => p,
+/// Polls of the counter cache's life: the validated TTL is a whole number
+/// of polls (at least one).
+fn cache_ttl_ticks(spec: &ProcessStatsSpec) -> u32 {
+    match (spec.poll_period, spec.cache_ttl) {
+        (Some(poll), Some(ttl)) if !poll.is_zero() => {
+            (ttl.as_millis() / poll.as_millis()).clamp(1, u128::from(u32::MAX)) as u32
         }
-    }
-
-    /// Polls after which the counter cache is forgotten.
-    pub fn cache_ttl_ticks(&self) -> u32 {
-        match self.effective_poll_ms() {
-            0 => 1,
-            p => (self.proc_stats_cache_ttl_ms / p).max(1),
-        }
+        _ => 1,
     }
 }
 
@@ -86,6 +59,14 @@ struct CachedCounters {
     vm_locked_kb: Option<u64>,
     vm_hwm_kb: Option<u64>,
     oom_score_adj: Option<i64>,
+    runtime_user_ns: Option<u64>,
+    runtime_kernel_ns: Option<u64>,
+    smr_rss_kb: Option<u64>,
+    smr_pss_kb: Option<u64>,
+    smr_pss_anon_kb: Option<u64>,
+    smr_pss_file_kb: Option<u64>,
+    smr_pss_shmem_kb: Option<u64>,
+    smr_swap_pss_kb: Option<u64>,
 }
 
 /// Counters of what the source wrote and skipped.
@@ -102,7 +83,7 @@ pub struct ProcessStatsCounters {
 /// The `linux.process_stats` source: call its methods from one thread (the
 /// [`crate::sources::poller::Poller`] does).
 pub struct ProcessStatsSource {
-    opts: ProcessStatsOptions,
+    opts: ProcessStatsSpec,
     poll_ms: u32,
     ttl_ticks: u32,
     paths: HostPaths,
@@ -125,10 +106,12 @@ pub struct ProcessStatsSource {
 
 impl ProcessStatsSource {
     /// A source reading `paths.proc_root`, writing on `sequence_id`.
-    pub fn new(opts: ProcessStatsOptions, paths: HostPaths, sequence_id: u32) -> Self {
+    pub fn new(opts: ProcessStatsSpec, paths: HostPaths, sequence_id: u32) -> Self {
         Self {
-            poll_ms: opts.effective_poll_ms(),
-            ttl_ticks: opts.cache_ttl_ticks(),
+            poll_ms: opts
+                .poll_period
+                .map_or(0, |p| p.as_millis().min(u128::from(u32::MAX)) as u32),
+            ttl_ticks: cache_ttl_ticks(&opts),
             opts,
             paths,
             sequence_id,
@@ -152,7 +135,7 @@ impl ProcessStatsSource {
         self.soft_limit = bytes.clamp(256, MAX_PACKET_BYTES);
     }
 
-    pub fn options(&self) -> &ProcessStatsOptions {
+    pub fn options(&self) -> &ProcessStatsSpec {
         &self.opts
     }
 
@@ -321,6 +304,14 @@ impl ProcessStatsSource {
                     Err(_) => None,
                 },
             };
+        let start_from_boot_ns = if self.opts.record_process_age {
+            procfs::read_file(&self.proc_path(pid, "stat"), &mut buf)
+                .ok()
+                .and_then(|_| stat_times(&buf))
+                .map(|t| t.start * self.paths.ns_per_tick())
+        } else {
+            None
+        };
         self.scratch = buf;
         self.tree.push(TreeEntry::Process(ProcessRecord {
             pid,
@@ -330,6 +321,7 @@ impl ProcessStatsSource {
             cmdline_is_comm,
             nspid,
             is_kthread,
+            start_from_boot_ns,
         }));
         self.seen.insert(pid);
         namespaced
@@ -396,6 +388,21 @@ impl ProcessStatsSource {
                 .ok()
                 .filter(|n| *n > 0)
                 .map(|_| procfs::parse_i64(&buf));
+            let (mut user, mut kernel) = (None, None);
+            if self.opts.record_process_runtime
+                && procfs::read_file(&self.proc_path(pid, "stat"), &mut buf).is_ok()
+                && let Some(t) = stat_times(&buf)
+            {
+                let ns = self.paths.ns_per_tick();
+                (user, kernel) = (Some(t.user * ns), Some(t.kernel * ns));
+            }
+            let smr = if self.opts.scan_smaps_rollup
+                && procfs::read_file(&self.proc_path(pid, "smaps_rollup"), &mut buf).is_ok()
+            {
+                SmapsRollup::parse(&buf)
+            } else {
+                SmapsRollup::default()
+            };
             let cached = self.cache.entry(pid).or_default();
             let mut rec = StatsRecord {
                 pid,
@@ -436,6 +443,42 @@ impl ProcessStatsSource {
             if oom.is_some() && oom != cached.oom_score_adj {
                 cached.oom_score_adj = oom;
                 rec.oom_score_adj = oom;
+            }
+            let extra = [
+                (user, &mut cached.runtime_user_ns, &mut rec.runtime_user_ns),
+                (
+                    kernel,
+                    &mut cached.runtime_kernel_ns,
+                    &mut rec.runtime_kernel_ns,
+                ),
+                (smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb),
+                (smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb),
+                (
+                    smr.pss_anon_kb,
+                    &mut cached.smr_pss_anon_kb,
+                    &mut rec.smr_pss_anon_kb,
+                ),
+                (
+                    smr.pss_file_kb,
+                    &mut cached.smr_pss_file_kb,
+                    &mut rec.smr_pss_file_kb,
+                ),
+                (
+                    smr.pss_shmem_kb,
+                    &mut cached.smr_pss_shmem_kb,
+                    &mut rec.smr_pss_shmem_kb,
+                ),
+                (
+                    smr.swap_pss_kb,
+                    &mut cached.smr_swap_pss_kb,
+                    &mut rec.smr_swap_pss_kb,
+                ),
+            ];
+            for (now, last, field) in extra {
+                if now.is_some() && now != *last {
+                    *last = now;
+                    *field = now;
+                }
             }
             if !rec.is_empty() {
                 self.stats.push(rec);
@@ -547,6 +590,62 @@ impl MemCounters {
     }
 }
 
+/// CPU times and start time of `/proc/PID/stat`, in clock ticks.
+#[derive(Debug, PartialEq, Eq)]
+struct StatTimes {
+    user: u64,
+    kernel: u64,
+    start: u64,
+}
+
+/// utime, stime and starttime (fields 14, 15 and 22) of `/proc/PID/stat`,
+/// read after the `(comm)`, which may hold spaces and parentheses.
+fn stat_times(stat: &[u8]) -> Option<StatTimes> {
+    let after = stat.iter().rposition(|b| *b == b')')?;
+    let mut w = procfs::words(&stat[after + 1..]).skip(11);
+    let user = procfs::parse_u64(w.next()?);
+    let kernel = procfs::parse_u64(w.next()?);
+    let start = procfs::parse_u64(w.nth(6)?);
+    Some(StatTimes {
+        user,
+        kernel,
+        start,
+    })
+}
+
+/// The proportional-set counters of `/proc/PID/smaps_rollup`, in kB.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SmapsRollup {
+    rss_kb: Option<u64>,
+    pss_kb: Option<u64>,
+    pss_anon_kb: Option<u64>,
+    pss_file_kb: Option<u64>,
+    pss_shmem_kb: Option<u64>,
+    swap_pss_kb: Option<u64>,
+}
+
+impl SmapsRollup {
+    fn parse(text: &[u8]) -> Self {
+        let mut m = SmapsRollup::default();
+        for line in procfs::lines(text) {
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let v = Some(procfs::parse_i64(&line[colon + 1..]).max(0) as u64);
+            match &line[..colon] {
+                b"Rss" => m.rss_kb = v,
+                b"Pss" => m.pss_kb = v,
+                b"Pss_Anon" => m.pss_anon_kb = v,
+                b"Pss_File" => m.pss_file_kb = v,
+                b"Pss_Shmem" => m.pss_shmem_kb = v,
+                b"SwapPss" => m.swap_pss_kb = v,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
 /// The `flags` field (9th) of `/proc/PID/stat`, read after the `(comm)`,
 /// which may itself hold spaces and parentheses.
 fn stat_flags(stat: &[u8]) -> Option<u64> {
@@ -561,23 +660,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn poll_and_ttl_rules() {
-        let o = |poll, ttl| ProcessStatsOptions {
-            proc_stats_poll_ms: poll,
-            proc_stats_cache_ttl_ms: ttl,
-            ..ProcessStatsOptions::default()
+    fn ttl_in_polls() {
+        use std::time::Duration;
+        let o = |poll: Option<u64>, ttl: Option<u64>| ProcessStatsSpec {
+            poll_period: poll.map(Duration::from_millis),
+            cache_ttl: ttl.map(Duration::from_millis),
+            ..ProcessStatsSpec::default()
         };
-        assert_eq!(o(0, 0).effective_poll_ms(), 0);
-        assert_eq!(o(1, 0).effective_poll_ms(), 100);
-        assert_eq!(o(99, 0).effective_poll_ms(), 100);
-        assert_eq!(o(250, 0).effective_poll_ms(), 250);
-        assert_eq!(o(250, 0).cache_ttl_ticks(), 1);
-        assert_eq!(
-            o(250, 999).cache_ttl_ticks(),
-            3,
-            "rounded down to whole polls"
-        );
-        assert_eq!(o(50, 1000).cache_ttl_ticks(), 10, "against the raised poll");
+        assert_eq!(cache_ttl_ticks(&o(None, None)), 1);
+        assert_eq!(cache_ttl_ticks(&o(Some(250), None)), 1);
+        assert_eq!(cache_ttl_ticks(&o(Some(250), Some(750))), 3);
+        assert_eq!(cache_ttl_ticks(&o(None, Some(750))), 1);
     }
 
     #[test]
@@ -585,6 +678,41 @@ mod tests {
         let stat = b"7 (a) b (c)) S 2 0 0 0 -1 69238880 0 0";
         assert_eq!(stat_flags(stat), Some(69238880));
         assert_eq!(stat_flags(b"garbage"), None);
+    }
+
+    #[test]
+    fn stat_times_and_smaps_rollup() {
+        let stat = b"7 (a b) c) S 1 7 7 0 -1 4194560 100 0 0 0 25 7 0 0 20 0 1 0 4242 1000 100";
+        assert_eq!(
+            stat_times(stat),
+            Some(StatTimes {
+                user: 25,
+                kernel: 7,
+                start: 4242
+            })
+        );
+        assert_eq!(stat_times(b"7 (x) S 1"), None);
+        let smr = SmapsRollup::parse(
+            b"55d0-7ffd ---p 00000000 00:00 0  [rollup]\nRss:    1844 kB\nPss:     900 kB\nPss_Anon:   100 kB\nPss_File:   800 kB\nPss_Shmem:  0 kB\nSwapPss:   3 kB\n",
+        );
+        assert_eq!(
+            (
+                smr.rss_kb,
+                smr.pss_kb,
+                smr.pss_anon_kb,
+                smr.pss_file_kb,
+                smr.pss_shmem_kb,
+                smr.swap_pss_kb
+            ),
+            (
+                Some(1844),
+                Some(900),
+                Some(100),
+                Some(800),
+                Some(0),
+                Some(3)
+            )
+        );
     }
 
     #[test]

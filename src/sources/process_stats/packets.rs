@@ -29,6 +29,8 @@ pub struct ProcessRecord {
     pub cmdline_is_comm: bool,
     pub nspid: Vec<i32>,
     pub is_kthread: Option<bool>,
+    /// Start time, ns after boot (`record_process_age`).
+    pub start_from_boot_ns: Option<u64>,
 }
 
 /// One (non-main) thread of a ProcessTree.
@@ -61,6 +63,16 @@ pub struct StatsRecord {
     pub vm_locked_kb: Option<u64>,
     pub vm_hwm_kb: Option<u64>,
     pub oom_score_adj: Option<i64>,
+    /// CPU time in user and kernel mode, ns (`record_process_runtime`).
+    pub runtime_user_ns: Option<u64>,
+    pub runtime_kernel_ns: Option<u64>,
+    /// From smaps_rollup (`scan_smaps_rollup`).
+    pub smr_rss_kb: Option<u64>,
+    pub smr_pss_kb: Option<u64>,
+    pub smr_pss_anon_kb: Option<u64>,
+    pub smr_pss_file_kb: Option<u64>,
+    pub smr_pss_shmem_kb: Option<u64>,
+    pub smr_swap_pss_kb: Option<u64>,
 }
 
 impl StatsRecord {
@@ -88,6 +100,9 @@ pub(super) fn encode_tree_entry(e: &mut ProtoEncoder<'_>, entry: &TreeEntry) {
             }
             if let Some(k) = p.is_kthread {
                 e.bool(8, k);
+            }
+            if let Some(ns) = p.start_from_boot_ns {
+                e.uint(7, ns);
             }
             if p.cmdline_is_comm {
                 e.bool(9, true);
@@ -121,6 +136,14 @@ pub(super) fn encode_stats_record(e: &mut ProtoEncoder<'_>, r: &StatsRecord) {
         (7, r.vm_swap_kb),
         (8, r.vm_locked_kb),
         (9, r.vm_hwm_kb),
+        (16, r.smr_rss_kb),
+        (17, r.smr_pss_kb),
+        (18, r.smr_pss_anon_kb),
+        (19, r.smr_pss_file_kb),
+        (20, r.smr_pss_shmem_kb),
+        (21, r.runtime_user_ns),
+        (22, r.runtime_kernel_ns),
+        (23, r.smr_swap_pss_kb),
     ];
     for (field, v) in fields {
         if let Some(v) = v {
@@ -239,6 +262,7 @@ mod tests {
             cmdline_is_comm: false,
             nspid: Vec::new(),
             is_kthread: None,
+            start_from_boot_ns: None,
         })
     }
 

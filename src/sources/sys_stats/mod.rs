@@ -27,6 +27,7 @@ pub use readers::{
     encode_buddyinfo, encode_diskstats, encode_meminfo, encode_psi, encode_stat, encode_vmstat,
 };
 
+use crate::config::spec::SysStatsSpec;
 use crate::sources::poller::{PacketOutput, PolledSource, write_packet_header};
 use crate::sources::procfs::HostPaths;
 use crate::trace::encoder::ProtoEncoder;
@@ -46,29 +47,6 @@ const COLLECTION_END: u32 = 9;
 const INITIAL_PACKET_BYTES: usize = 64 * 1024;
 /// A tick larger than this is not written (counted).
 const MAX_PACKET_BYTES: usize = 16 * 1024 * 1024;
-
-/// The options of `linux.sys_stats` (SysStatsConfig, facts §3.2) as plain
-/// numbers: periods in ms (0 = off) and counter enum numbers (empty = all).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SysStatsOptions {
-    pub meminfo_period_ms: u32,
-    pub meminfo_counters: Vec<u32>,
-    pub vmstat_period_ms: u32,
-    pub vmstat_counters: Vec<u32>,
-    pub stat_period_ms: u32,
-    pub stat_counters: Vec<u32>,
-    pub devfreq_period_ms: u32,
-    pub cpufreq_period_ms: u32,
-    pub buddyinfo_period_ms: u32,
-    pub diskstat_period_ms: u32,
-    pub psi_period_ms: u32,
-    pub thermal_period_ms: u32,
-    pub cpuidle_period_ms: u32,
-    /// Accepted for the tick computation; not read (no GPU sources yet).
-    pub gpufreq_period_ms: u32,
-    /// Accepted for the tick computation; not read (`/proc/slabinfo` not yet).
-    pub slab_period_ms: u32,
-}
 
 /// The counter groups, in the order a tick reads them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,21 +99,22 @@ impl Group {
         }
     }
 
-    fn period_in(self, o: &SysStatsOptions) -> u32 {
-        match self {
-            Group::Meminfo => o.meminfo_period_ms,
-            Group::Vmstat => o.vmstat_period_ms,
-            Group::Stat => o.stat_period_ms,
-            Group::Devfreq => o.devfreq_period_ms,
-            Group::Cpufreq => o.cpufreq_period_ms,
-            Group::Buddyinfo => o.buddyinfo_period_ms,
-            Group::Diskstat => o.diskstat_period_ms,
-            Group::Psi => o.psi_period_ms,
-            Group::Thermal => o.thermal_period_ms,
-            Group::Cpuidle => o.cpuidle_period_ms,
-            Group::Gpufreq => o.gpufreq_period_ms,
-            Group::Slab => o.slab_period_ms,
-        }
+    fn period_in(self, o: &SysStatsSpec) -> u32 {
+        let p = match self {
+            Group::Meminfo => o.meminfo_period,
+            Group::Vmstat => o.vmstat_period,
+            Group::Stat => o.stat_period,
+            Group::Devfreq => o.devfreq_period,
+            Group::Cpufreq => o.cpufreq_period,
+            Group::Buddyinfo => o.buddyinfo_period,
+            Group::Diskstat => o.diskstat_period,
+            Group::Psi => o.psi_period,
+            Group::Thermal => o.thermal_period,
+            Group::Cpuidle => o.cpuidle_period,
+            Group::Gpufreq => o.gpufreq_period,
+            Group::Slab => o.slab_period,
+        };
+        p.map_or(0, |d| d.as_millis().min(u128::from(u32::MAX)) as u32)
     }
 
     /// Groups this build reads; others only take part in the tick rules.
@@ -167,21 +146,12 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Applies the period rules; `Ok(None)` when no period is set.
-    pub fn from_options(o: &SysStatsOptions) -> Result<Option<Schedule>, SysStatsError> {
+    /// The tick and each group's share of it; `Ok(None)` when no period is
+    /// set. Periods are as validated (at least [`MIN_PERIOD_MS`]).
+    pub fn from_spec(o: &SysStatsSpec) -> Result<Option<Schedule>, SysStatsError> {
         let mut periods = [0u32; Group::ALL.len()];
         for (i, g) in Group::ALL.iter().enumerate() {
-            periods[i] = match g.period_in(o) {
-                0 => 0,
-                p if p < MIN_PERIOD_MS => {
-                    log::info!(
-                        "{} {p} is below the minimum; using {MIN_PERIOD_MS}",
-                        g.period_field()
-                    );
-                    MIN_PERIOD_MS
-                }
-                p => p,
-            };
+            periods[i] = g.period_in(o);
         }
         let Some(tick_ms) = periods.iter().copied().filter(|p| *p > 0).min() else {
             return Ok(None);
@@ -226,11 +196,11 @@ pub struct SysStatsSource {
 impl SysStatsSource {
     /// Checks the periods and opens the files of the configured groups.
     pub fn new(
-        opts: &SysStatsOptions,
+        opts: &SysStatsSpec,
         paths: HostPaths,
         sequence_id: u32,
     ) -> Result<Self, SysStatsError> {
-        let schedule = Schedule::from_options(opts)?;
+        let schedule = Schedule::from_spec(opts)?;
         if let Some(s) = &schedule {
             for g in Group::ALL {
                 if s.every(g) != 0 && !g.is_supported() {
@@ -316,19 +286,17 @@ mod tests {
 
     #[test]
     fn period_rules() {
-        let none = SysStatsOptions::default();
-        assert_eq!(Schedule::from_options(&none), Ok(None));
+        use std::time::Duration;
+        let ms = |v| Some(Duration::from_millis(v));
+        assert_eq!(Schedule::from_spec(&SysStatsSpec::default()), Ok(None));
 
-        let o = SysStatsOptions {
-            meminfo_period_ms: 5,
-            vmstat_period_ms: 20,
-            stat_period_ms: 0,
-            ..SysStatsOptions::default()
+        let o = SysStatsSpec {
+            meminfo_period: ms(10),
+            vmstat_period: ms(20),
+            ..SysStatsSpec::default()
         };
-        let s = Schedule::from_options(&o)
-            .expect("valid")
-            .expect("scheduled");
-        assert_eq!(s.tick_ms, 10, "5 ms raised to 10 becomes the tick");
+        let s = Schedule::from_spec(&o).expect("valid").expect("scheduled");
+        assert_eq!(s.tick_ms, 10);
         assert_eq!(
             (
                 s.every(Group::Meminfo),
@@ -342,12 +310,12 @@ mod tests {
         );
         assert!(!s.is_due(Group::Stat, 0));
 
-        let bad = SysStatsOptions {
-            meminfo_period_ms: 100,
-            stat_period_ms: 250,
-            ..SysStatsOptions::default()
+        let bad = SysStatsSpec {
+            meminfo_period: ms(100),
+            stat_period: ms(250),
+            ..SysStatsSpec::default()
         };
-        let err = Schedule::from_options(&bad).expect_err("250 is not a multiple of 100");
+        let err = Schedule::from_spec(&bad).expect_err("250 is not a multiple of 100");
         assert_eq!(
             err,
             SysStatsError::PeriodNotMultiple {
@@ -357,14 +325,13 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("stat_period_ms = 250 ms"));
-        // An unsupported group still sets the tick, as in Perfetto.
-        let g = SysStatsOptions {
-            gpufreq_period_ms: 30,
-            meminfo_period_ms: 90,
-            ..SysStatsOptions::default()
+        let g = SysStatsSpec {
+            gpufreq_period: ms(30),
+            meminfo_period: ms(90),
+            ..SysStatsSpec::default()
         };
         assert_eq!(
-            Schedule::from_options(&g)
+            Schedule::from_spec(&g)
                 .expect("valid")
                 .expect("some")
                 .tick_ms,

@@ -10,7 +10,8 @@ use super::counters::{
     self, MEMINFO_KEYS, STAT_CPU_TIMES, STAT_FORK_COUNT, STAT_IRQ_COUNTS, STAT_SOFTIRQ_COUNTS,
     VMSTAT_KEYS,
 };
-use super::{Group, Schedule, SysStatsOptions};
+use super::{Group, Schedule};
+use crate::config::spec::{StatCounter, SysStatsSpec};
 use crate::sources::procfs::{self, HostPaths, PolledFile, lines, parse_u64, words};
 use crate::trace::encoder::ProtoEncoder;
 
@@ -100,7 +101,20 @@ pub(super) struct Readers {
 }
 
 impl Readers {
-    pub(super) fn new(o: &SysStatsOptions, schedule: Option<&Schedule>, paths: HostPaths) -> Self {
+    pub(super) fn new(o: &SysStatsSpec, schedule: Option<&Schedule>, paths: HostPaths) -> Self {
+        let ids = |c: &[crate::config::spec::Counter]| {
+            c.iter().map(|c| c.id as u32).collect::<Vec<u32>>()
+        };
+        let stat: Vec<u32> = o
+            .stat_counters
+            .iter()
+            .map(|c| match c {
+                StatCounter::CpuTimes => counters::STAT_CPU_TIMES,
+                StatCounter::IrqCounts => counters::STAT_IRQ_COUNTS,
+                StatCounter::SoftirqCounts => counters::STAT_SOFTIRQ_COUNTS,
+                StatCounter::ForkCount => counters::STAT_FORK_COUNT,
+            })
+            .collect();
         let wanted = |g| schedule.is_some_and(|s| s.every(g) != 0);
         let proc = |name: &str| paths.proc_root.join(name);
         let psi = |name: &str, some, full| {
@@ -123,11 +137,15 @@ impl Readers {
             ns_per_tick: paths.ns_per_tick(),
             meminfo_keys: counters::enabled_keys(
                 MEMINFO_KEYS,
-                &o.meminfo_counters,
+                &ids(&o.meminfo_counters),
                 "meminfo_counters",
             ),
-            vmstat_keys: counters::enabled_keys(VMSTAT_KEYS, &o.vmstat_counters, "vmstat_counters"),
-            stat_mask: counters::stat_mask(&o.stat_counters),
+            vmstat_keys: counters::enabled_keys(
+                VMSTAT_KEYS,
+                &ids(&o.vmstat_counters),
+                "vmstat_counters",
+            ),
+            stat_mask: counters::stat_mask(&stat),
             meminfo: ProcFile::new(proc("meminfo"), wanted(Group::Meminfo)),
             vmstat: ProcFile::new(proc("vmstat"), wanted(Group::Vmstat)),
             stat: ProcFile::new(proc("stat"), wanted(Group::Stat)),
