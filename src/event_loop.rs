@@ -24,8 +24,10 @@ use crate::control::server::{ControlServer, Incoming};
 use crate::ringbuf::{Buffer, BufferStats};
 use crate::session::{Action, Event, Session, State, StopReason, Timer, TriggerRefusal};
 use crate::sources::DataSource;
-use crate::storage::write_pass::{PassReport, Take, write_pass};
-use crate::storage::{FileSink, OpenOptions as SinkOpenOptions, OutputPath};
+use crate::storage::compress::ZstdStage;
+use crate::storage::segment::{Output, SegmentsStatus};
+use crate::storage::write_pass::{PassReport, PassStage, Take, write_pass_staged};
+use crate::storage::{OpenOptions as SinkOpenOptions, OutputPath};
 use crate::trace::service::{BufferStatsRecord, ServiceEvent, TraceStatsRecord, TriggerRecord};
 use crate::trace::service_log::ServiceLog;
 
@@ -43,7 +45,10 @@ pub struct Recording {
     pub session: Session,
     pub buffers: Vec<SessionBuffer>,
     pub sources: Vec<Box<dyn DataSource>>,
-    pub sink: Box<dyn FileSink>,
+    /// One file, or numbered segments.
+    pub sink: Output,
+    /// zstd between the ring and the file (`compression { zstd {} }`, `--compress`).
+    pub compress: Option<ZstdStage>,
     /// The output as people should read it (a path or `stdout`).
     pub output_label: String,
     /// Where snapshots go: `OUT.0`, `OUT.1`, … (CLONE_SNAPSHOT).
@@ -82,6 +87,10 @@ pub struct Outcome {
     pub sink_kind: String,
     /// Errors met on the way that did not stop the session.
     pub warnings: Vec<String>,
+    /// Segmented output: every segment, its size and fate.
+    pub segments: Option<SegmentsStatus>,
+    /// With compression: (bytes before, bytes after) over every pass.
+    pub compression: Option<(u64, u64)>,
 }
 
 /// Signals as the loop sees them: a pipe that wakes `poll`, and the flag
@@ -160,6 +169,8 @@ struct Loop {
     pending_failure: Option<String>,
     bar: Option<indicatif::ProgressBar>,
     last_bytes: (Instant, u64),
+    /// Bytes before and after compression, over every pass.
+    compressed: (u64, u64),
 }
 
 /// The streaming stats/sync-marker/clock-snapshot period (facts §5.5).
@@ -197,6 +208,7 @@ impl Loop {
             pending_failure: None,
             bar,
             last_bytes: (now, 0),
+            compressed: (0, 0),
         }
     }
 
@@ -373,8 +385,9 @@ impl Loop {
             self.next_pass = Some(now + Duration::from_millis(ms));
             if self.rec.session.state() == State::Recording
                 && !self.rec.session.waiting_for_trigger()
+                && self.pass(Take::Consume, false).is_some()
             {
-                self.pass(Take::Consume, false);
+                self.rotate_if_due();
             }
         }
         if self.bar.is_some() && now >= self.next_status {
@@ -396,17 +409,23 @@ impl Loop {
         let log = &mut self.rec.log;
         let tail = || log.tail(|| trace_stats(buffers));
         let sync = self.rec.fsync_each_pass || is_final;
-        let r = write_pass(
-            self.rec.sink.as_mut(),
+        let stage = PassStage {
+            compress: self.rec.compress.as_mut(),
+            count_packets: matches!(self.rec.sink, Output::Segments(_)),
+        };
+        let r = write_pass_staged(
+            self.rec.sink.as_sink(),
             &head,
             &plan,
             tail,
             self.rec.max_file_size,
             sync,
+            stage,
         );
         self.passes += 1;
         match r {
             Ok(rep) => {
+                self.note_pass(&rep);
                 log::debug!(
                     "pass {}: {} bytes in {:?}",
                     self.passes,
@@ -507,7 +526,11 @@ impl Loop {
             ));
             t
         };
-        match write_pass(sink.as_mut(), &head, &plan, tail, None, true) {
+        let stage = PassStage {
+            compress: self.rec.compress.as_mut(),
+            count_packets: false,
+        };
+        match write_pass_staged(sink.as_mut(), &head, &plan, tail, None, true, stage) {
             Ok(rep) => {
                 log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
                 self.snapshots.push(path);
@@ -535,13 +558,16 @@ impl Loop {
         self.rec.log.event(ServiceEvent::TracingDisabled);
         self.rec.log.want_stats();
         let write = reason.writes_buffers() && !self.rec.session.waiting_for_trigger();
+        let mut final_ok = true;
         if write {
-            self.pass(Take::Consume, true);
+            final_ok = self.pass(Take::Consume, true).is_some();
         } else if !matches!(reason, StopReason::OutputFailed(_))
             && let Err(e) = self.rec.sink.sync_data()
         {
             self.warnings.push(format!("fdatasync: {e}"));
         }
+        let failed = !final_ok || matches!(reason, StopReason::OutputFailed(_));
+        self.finish_segments(failed);
         self.dispatch(Event::Finalized);
         if let (Some(e), Some(r)) = (self.pending_failure.take(), self.exit.as_mut()) {
             *r = StopReason::OutputFailed(e);
@@ -640,6 +666,7 @@ impl Loop {
             state: state.to_string(),
             elapsed_ms: self.elapsed().as_millis() as u64,
             bytes_written: self.rec.sink.bytes_written(),
+            segments: self.rec.sink.segments().map(Box::new),
             buffers: self
                 .rec
                 .buffers
@@ -727,6 +754,70 @@ impl Loop {
             triggered: self.rec.session.triggered(),
             sink_kind: self.rec.sink.kind().to_string(),
             warnings: self.warnings.clone(),
+            segments: self.rec.sink.segments(),
+            compression: self.rec.compress.as_ref().map(|_| self.compressed),
+        }
+    }
+}
+
+/// Segmented output and compression figures: the steps a streaming session
+/// takes around its write passes. Kept apart so they can move as they are
+/// into whatever decides and executes passes:
+/// - after every pass: [`Loop::note_pass`] (figures for the sidecar and the
+///   summary);
+/// - after every periodic pass that succeeded: [`Loop::rotate_if_due`]: the
+///   pure decision (`storage::segment::policy::rotation_due`, through
+///   `SegmentWriter::rotation_due`), then the old segment gets its closing
+///   `trace_stats` and is closed, the service log heads the new one, and
+///   every data source clears its incremental state;
+/// - once, after the final pass: [`Loop::finish_segments`].
+impl Loop {
+    fn note_pass(&mut self, rep: &PassReport) {
+        self.compressed.0 += rep.input_bytes;
+        self.compressed.1 += rep.bytes;
+        if let Output::Segments(w) = &mut self.rec.sink {
+            w.record_pass(rep);
+        }
+    }
+
+    fn rotate_if_due(&mut self) {
+        let Output::Segments(w) = &mut self.rec.sink else {
+            return;
+        };
+        let Some(reason) = w.rotation_due() else {
+            return;
+        };
+        let tail = self.rec.log.segment_tail(&trace_stats(&self.rec.buffers));
+        let rotated = w.rotate(&tail, reason);
+        match rotated {
+            Ok(()) => {
+                let (index, uuid) = (w.index(), w.trace_uuid());
+                self.rec.log.begin_segment(index, uuid);
+                for s in &mut self.rec.sources {
+                    s.clear_incremental_state();
+                }
+            }
+            Err(e) => {
+                log::error!("rotating the output failed: {e}");
+                self.dispatch(Event::OutputFailed(e.to_string()));
+            }
+        }
+    }
+
+    fn finish_segments(&mut self, failed: bool) {
+        let Output::Segments(w) = &mut self.rec.sink else {
+            return;
+        };
+        let r = if failed {
+            w.finish_after_failure()
+        } else {
+            w.finish(&[])
+        };
+        if let Err(e) = r {
+            self.warnings.push(format!("closing the last segment: {e}"));
+        }
+        if let Some(st) = self.rec.sink.segments() {
+            self.warnings.extend(st.warnings);
         }
     }
 }

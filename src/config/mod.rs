@@ -18,6 +18,7 @@
 
 pub mod diagnostic;
 pub mod plan;
+pub mod segments;
 pub mod spec;
 pub mod text;
 pub mod token;

@@ -915,20 +915,39 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> FlushPlan {
     }
 }
 
+/// Highest zstd level (zstd clamps above it).
+const MAX_ZSTD_LEVEL: i32 = 22;
+
+/// zstd is written as configured; deflate is refused rather than silently
+/// replaced (the highest-numbered codec given wins, as in Perfetto, so
+/// `zstd` beside `deflate` is fine).
 fn compression(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Compression {
     if let Some(c) = &tc.compression {
         if let Some(z) = &c.zstd {
-            return Compression::Zstd { level: z.level() };
+            let level = z.level();
+            if level > MAX_ZSTD_LEVEL {
+                cx.warn(
+                    "compression.zstd.level",
+                    format!("{level} is above zstd's highest level; {MAX_ZSTD_LEVEL} is used"),
+                );
+                return Compression::Zstd {
+                    level: MAX_ZSTD_LEVEL,
+                };
+            }
+            return Compression::Zstd { level };
         }
         if c.deflate.is_some() {
-            cx.warn(
+            cx.err(
                 "compression.deflate",
-                "deflate is not supported; the trace is written uncompressed (zstd is)",
+                "deflate is not supported; use compression { zstd {} } (trace processor and the UI read both)",
             );
         }
     }
     if tc.compression_type.unwrap_or(0) == 1 {
-        cx.warn("compression_type", "deflate is not supported; the trace is written uncompressed (use compression { zstd {} })");
+        cx.err(
+            "compression_type",
+            "COMPRESSION_TYPE_DEFLATE is not supported; use compression { zstd {} } instead",
+        );
     }
     Compression::None
 }

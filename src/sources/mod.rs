@@ -56,4 +56,8 @@ pub trait DataSource: Send {
     fn loss_warnings(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The session cleared incremental state (a new output segment begins):
+    /// write again whatever later packets depend on (a process tree,
+    /// interning tables). Never blocks.
+    fn clear_incremental_state(&mut self) {}
 }

@@ -83,6 +83,12 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         }
     }
 
+    fn clear_incremental_state(&mut self) {
+        if let Some(p) = &self.poller {
+            p.handle().clear_incremental_state();
+        }
+    }
+
     fn stop(&mut self) -> Result<(), SourceError> {
         if let Some(route) = &self.pid_route {
             *route.lock().unwrap_or_else(PoisonError::into_inner) = None;

@@ -152,4 +152,6 @@ mod tests {
         assert!(e.to_string().contains("offset 3"));
     }
 }
+pub mod compress;
+pub mod segment;
 pub mod write_pass;
