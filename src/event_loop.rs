@@ -787,11 +787,16 @@ impl Loop {
         let Some(reason) = w.rotation_due() else {
             return;
         };
+        let started = Instant::now();
         let tail = self.rec.log.segment_tail(&trace_stats(&self.rec.buffers));
         let rotated = w.rotate(&tail, reason);
         match rotated {
             Ok(()) => {
                 let (index, uuid) = (w.index(), w.trace_uuid());
+                log::debug!(
+                    "rotation to segment {index}: {:?} (close, sidecar, open)",
+                    started.elapsed()
+                );
                 self.rec.log.begin_segment(index, uuid);
                 for s in &mut self.rec.sources {
                     s.clear_incremental_state();
