@@ -52,6 +52,12 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
+    if rotation.rotates() && output == OutputPath::Stdout {
+        eprintln!(
+            "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
+        );
+        return EXIT_USAGE;
+    }
     let compression = args.compress.map(|level| {
         if spec.compression != Compression::None {
             log::info!("--compress replaces the config's compression setting");

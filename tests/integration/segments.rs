@@ -659,3 +659,46 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 3000
         }
     }
 }
+
+#[test]
+fn impossible_segment_settings_are_usage_errors() {
+    let run = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 100",
+        "message_count: 1",
+    ));
+    for (args, out, says) in [
+        (
+            &["--max-segments", "3"][..],
+            "t.pftrace",
+            "--max-segments needs",
+        ),
+        (&["--rotate-size", "1M"], "-", "not stdout"),
+        (
+            &["--rotate-size", "1M", "--max-disk", "1M"],
+            "d/",
+            "at most half",
+        ),
+        (
+            &["--rotate-size", "1M", "--max-segments", "1"],
+            "d/",
+            "at least 2",
+        ),
+        (&["--rotate-size", "lots"], "d/", "not a size"),
+    ] {
+        let out_path = if out == "-" {
+            PathBuf::from("-")
+        } else {
+            run.dir.path().join(out)
+        };
+        let o = run
+            .command_to("pwritev", &out_path)
+            .args(args)
+            .output()
+            .expect("runs");
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
