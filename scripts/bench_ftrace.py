@@ -4,6 +4,7 @@
 `stress-ng --switch 2` runs, plus the load alone as the baseline.
 
   cargo build --release && sudo python3 scripts/bench_ftrace.py [--secs 10] [--dir /var/tmp]
+      [--zstd 1,3] [--rounds N] [--rotate-size 16M]
 
 Per tracer: events recorded, events lost (kernel overruns and lost-event
 flags), CPU seconds of the tracer's processes (wait4 rusage: every thread
@@ -15,6 +16,11 @@ The recorder's events are counted by decoding its trace with the PyPI
 trace-cmd 3.1.x opens /proc/sys/kernel/ftrace_enabled and set_ftrace_*
 for writing; in sandboxes that refuse those (EPERM) it is run in a private
 mount namespace with plain files bound over them. Prints Markdown.
+
+`--zstd LEVELS` adds a recorder row per zstd level (`--compress=LEVEL`);
+`--rotate-size` adds one more at the first level cutting segments of that
+size, and reports its write passes and rotations (from `-v` logs).
+`--rounds N` repeats every row N times, interleaved (one table per round).
 """
 import argparse
 import os
@@ -124,15 +130,30 @@ def stop_and_rusage(proc):
     return ru.ru_utime + ru.ru_stime
 
 
-def decode_recorder(path):
+def packets_of(data):
+    """The packets of a trace, zstd_compressed_packets expanded."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-    with open(path, "rb") as f:
-        data = f.read()
     trace = pb.Trace()
     trace.ParseFromString(data)
+    for p in trace.packet:
+        if p.WhichOneof("data") == "zstd_compressed_packets":
+            import zstandard
+            inner = pb.Trace()
+            inner.ParseFromString(zstandard.ZstdDecompressor().decompress(p.zstd_compressed_packets))
+            yield from inner.packet
+        else:
+            yield p
+
+
+def decode_recorder(path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".pftrace"))
+    data = b"".join(open(f, "rb").read() for f in files)
     events = lost_bundles = 0
     end_stats = None
-    for p in trace.packet:
+    for p in (q for f in files for q in packets_of(open(f, "rb").read())):
         if p.HasField("ftrace_events"):
             b = p.ftrace_events
             events += len(b.event) + len(b.compact_sched.switch_timestamp) + len(b.compact_sched.waking_timestamp)
@@ -143,12 +164,13 @@ def decode_recorder(path):
     return events, lost_bundles, overrun, len(data)
 
 
-def run_recorder(dirpath, secs, events):
+def run_recorder(dirpath, secs, events, extra=()):
     cfg = os.path.join(dirpath, "ftrace_bench.cfg")
     with open(cfg, "w") as f:
         f.write(CONFIG.format(events="\n  ".join(f'ftrace_events: "{e}"' for e in events)))
-    out = os.path.join(dirpath, "ftrace_bench.pftrace")
-    proc = subprocess.Popen([BIN, "--config", cfg, "-o", out], stderr=subprocess.PIPE, text=True)
+    segmented = any(a.startswith("--rotate") for a in extra)
+    out = os.path.join(dirpath, "ftrace_bench_segments/" if segmented else "ftrace_bench.pftrace")
+    proc = subprocess.Popen([BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True)
     inst = f"{TRACEFS}/instances/recorder-{proc.pid}"
     wait_for(lambda: read(f"{inst}/tracing_on") == "1", "the recorder's instance")
     ops, window = measured_load(proc, secs)
@@ -161,9 +183,17 @@ def run_recorder(dirpath, secs, events):
     events_n, lost_bundles, overrun, size = decode_recorder(out)
     if events_n != logged_events:
         print(f"warning: decoded {events_n} events, the recorder logged {logged_events}", file=sys.stderr)
-    os.unlink(out)
+    passes = [float(x) * {"ms": 1e-3, "µs": 1e-6, "s": 1.0}[u]
+              for x, u in re.findall(r"pass \d+: \d+ bytes in ([\d.]+)(ms|µs|s)\b", err)]
+    rotations = [float(x) * {"ms": 1e-3, "µs": 1e-6, "s": 1.0}[u]
+                 for x, u in re.findall(r"rotation to segment \d+: ([\d.]+)(ms|µs|s)\b", err)]
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    else:
+        os.unlink(out)
     return dict(events=events_n, raw=raw, out=size, lost=f"{overrun} overrun, {lost_bundles} bundles flagged",
-                lost_n=overrun + lost_bundles, cpu=cpu, window=window, ops=ops, early=int(m.group(3)))
+                lost_n=overrun + lost_bundles, cpu=cpu, window=window, ops=ops, early=int(m.group(3)),
+                passes=passes, rotations=rotations)
 
 
 def trace_cmd_prefix(dirpath):
@@ -206,16 +236,36 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--secs", type=int, default=10)
     ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--zstd", default="", help="comma-separated zstd levels for extra recorder rows")
+    ap.add_argument("--rotate-size", default="", help="one more row: the first zstd level, cut in segments")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     ensure_tools()
+    levels = [int(x) for x in args.zstd.split(",") if x]
+    for rnd in range(args.rounds):
+        one_round(args, levels, rnd)
+
+
+def one_round(args, levels, rnd):
+    sw = ["sched/sched_switch", "sched/sched_wakeup"]
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         prefix, how = trace_cmd_prefix(d)
         base = load(args.secs)
         rows = [
-            ("recorder, sched_switch + sched_wakeup", run_recorder(d, args.secs, ["sched/sched_switch", "sched/sched_wakeup"])),
+            ("recorder, sched_switch + sched_wakeup", run_recorder(d, args.secs, sw)),
             (f"trace-cmd {trace_cmd_version()} record ({how})", run_trace_cmd(d, args.secs, prefix)),
-            ("recorder, sched_switch + sched_waking (both compact)", run_recorder(d, args.secs, ["sched/sched_switch", "sched/sched_waking"])),
         ]
+        for lvl in levels:
+            rows.append((f"recorder --compress={lvl}", run_recorder(d, args.secs, sw, [f"--compress={lvl}"])))
+        if args.rotate_size and levels:
+            extra = [f"--compress={levels[0]}", "--rotate-size", args.rotate_size, "-v"]
+            rows.append((f"recorder --compress={levels[0]} --rotate-size {args.rotate_size}",
+                         run_recorder(d, args.secs, sw, extra)))
+        if not levels:
+            rows.append(("recorder, sched_switch + sched_waking (both compact)",
+                         run_recorder(d, args.secs, ["sched/sched_switch", "sched/sched_waking"])))
+    if args.rounds > 1:
+        print(f"\n### Round {rnd + 1} of {args.rounds}\n")
     load_avg = os.getloadavg()
     print(f"`stress-ng --switch 2` for {args.secs} s per row; untraced baseline {base:,.0f} bogo ops/s; "
           f"load average after the runs {load_avg[0]:.2f}; {os.cpu_count()} CPUs.\n")
@@ -229,6 +279,12 @@ def main():
               f"{r['out'] / ev:.1f} ({r['out'] / max(r['raw'], 1):.3f}×) | {r['ops'] / base:.2f}× |")
     early = [r["early"] for _, r in rows if r["early"] is not None]
     print(f"\nRecorder watermark drains per run: {early}.")
+    for name, r in rows:
+        if r.get("rotations"):
+            p = sorted(r["passes"])
+            print(f"\n{name}: {len(r['rotations'])} rotations, longest {1e3 * max(r['rotations']):.1f} ms "
+                  f"(median {1e3 * sorted(r['rotations'])[len(r['rotations']) // 2]:.1f} ms); "
+                  f"{len(p)} write passes, median {1e3 * p[len(p) // 2]:.1f} ms, longest {1e3 * p[-1]:.1f} ms.")
 
 
 def trace_cmd_version():

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 if ! python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check perfetto protobuf
 fi
+# zstd for the oracle's reading of compressed traces.
+if ! python3 -c 'import zstandard' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check zstandard
+fi
 
 # tracefs, for the ftrace tests (root only; the tests say why they skip otherwise).
 if [ "$(id -u)" = 0 ] && [ ! -e /sys/kernel/tracing/events ]; then

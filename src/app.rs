@@ -22,6 +22,10 @@ use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::ProcessStatsSource;
 use crate::sources::procfs::HostPaths;
 use crate::sources::sys_stats::SysStatsSource;
+use crate::storage::compress::ZstdStage;
+use crate::storage::segment::names::SegmentNames;
+use crate::storage::segment::policy::RotationPolicy;
+use crate::storage::segment::{Output, SegmentIdentity, SegmentWriter, segment_uuid};
 use crate::storage::{self, IoChoice, OpenOptions, OutputPath};
 use crate::trace::service::SystemInfo;
 use crate::trace::service_log::{ServiceLog, random_uuid};
@@ -55,6 +59,10 @@ pub struct RunOptions {
     pub config_label: String,
     /// Draw a live status line when stderr is a terminal.
     pub status_line: bool,
+    /// Replaces the config's compression (`--compress`).
+    pub compression: Option<spec::Compression>,
+    /// Segmented output; inactive unless it rotates.
+    pub rotation: RotationPolicy,
 }
 
 /// The first sequence id of data sources; 1 is the recorder's own.
@@ -153,14 +161,67 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         }
     }
 
-    let sink = storage::open_output(
-        opts.output.clone(),
-        OpenOptions {
-            no_clobber: opts.no_clobber,
-            io: opts.io,
-        },
-    )
-    .map_err(|e| AppError::Output(e.to_string()))?;
+    let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
+    let compression = opts.compression.unwrap_or(spec.compression);
+    let compress = match compression {
+        spec::Compression::None => None,
+        spec::Compression::Zstd { level } => {
+            Some(ZstdStage::new(level).map_err(|e| AppError::Output(e.to_string()))?)
+        }
+    };
+    let sink_opts = OpenOptions {
+        no_clobber: opts.no_clobber,
+        io: opts.io,
+    };
+    let sink = if opts.rotation.rotates() {
+        opts.rotation
+            .check()
+            .map_err(|e| AppError::Output(e.to_string()))?;
+        let OutputPath::File(out) = &opts.output else {
+            return Err(AppError::Output(
+                "segments (--rotate-size, --rotate-period) need a file or directory output, not stdout".into(),
+            ));
+        };
+        if matches!(
+            spec.trigger.as_ref().map(|t| t.mode),
+            Some(spec::TriggerMode::CloneSnapshot)
+        ) {
+            return Err(AppError::Output(
+                "segments do not apply to CLONE_SNAPSHOT sessions (their snapshots are files of their own)".into(),
+            ));
+        }
+        let (host, boot_id) = storage::segment::sidecar::host_and_boot_id();
+        let identity = SegmentIdentity {
+            host,
+            boot_id,
+            session_uuid: uuid,
+            compression: match compression {
+                spec::Compression::None => "none".into(),
+                spec::Compression::Zstd { level } => format!(
+                    "zstd level {}",
+                    if level == 0 {
+                        storage::compress::DEFAULT_ZSTD_LEVEL
+                    } else {
+                        level
+                    }
+                ),
+            },
+        };
+        let w = SegmentWriter::create(
+            SegmentNames::from_output(out),
+            opts.rotation.clone(),
+            sink_opts,
+            identity,
+            buffers.iter().map(|b| b.buffer.clone()).collect(),
+        )
+        .map_err(|e| AppError::Output(e.to_string()))?;
+        Output::Segments(Box::new(w))
+    } else {
+        Output::File(
+            storage::open_output(opts.output.clone(), sink_opts)
+                .map_err(|e| AppError::Output(e.to_string()))?,
+        )
+    };
     let output_label = match &opts.output {
         OutputPath::File(p) => p.display().to_string(),
         OutputPath::Stdout => "stdout".to_string(),
@@ -171,14 +232,16 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     };
 
     let uid = rustix::process::getuid().as_raw();
-    let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
     let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
+    if matches!(sink, Output::Segments(_)) {
+        log.begin_segment(0, segment_uuid(uuid, 0));
+    }
     log.disable_clock_snapshotting = spec.builtin.disable_clock_snapshotting;
     log.disable_trace_config = spec.builtin.disable_trace_config;
     log.disable_system_info = spec.builtin.disable_system_info;
     log.disable_service_events = spec.builtin.disable_service_events;
 
-    let timeline = Timeline::from_spec(spec)?;
+    let timeline = Timeline::from_spec(spec)?.with_rotation(opts.rotation.clone());
     let needs_control = timeline.mode != TriggerMode::None;
     let (control, history) = match runtime_dir::for_server() {
         Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
@@ -205,6 +268,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         buffers,
         sources,
         sink,
+        compress,
         output_label,
         snapshot_base,
         snapshot_open: OpenOptions {

@@ -67,6 +67,25 @@ pub struct MainArgs {
     /// Refuse to overwrite an existing output file.
     #[arg(long)]
     pub no_clobber: bool,
+    /// Compress with zstd at LEVEL (default 3), as `compression { zstd { level } }` would.
+    #[arg(long, value_name = "LEVEL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "3", allow_negative_numbers = true)]
+    pub compress: Option<i32>,
+    /// Cut the output into numbered, self-contained segments of about BYTES (256M, 2G).
+    #[arg(long, value_name = "BYTES", value_parser = crate::storage::segment::policy::parse_size)]
+    pub rotate_size: Option<u64>,
+    /// Cut a new segment every DURATION (10m, 1h).
+    #[arg(long, value_name = "DURATION", value_parser = crate::storage::segment::policy::parse_duration)]
+    pub rotate_period: Option<std::time::Duration>,
+    /// Keep only the newest N segments (the one being written included).
+    #[arg(long, value_name = "N")]
+    pub max_segments: Option<u32>,
+    /// Keep the segments within BYTES of disk (deleting the oldest closed ones).
+    #[arg(long, value_name = "BYTES", value_parser = crate::storage::segment::policy::parse_size)]
+    pub max_disk: Option<u64>,
+    /// Run CMD with each closed segment's path as its last argument (in the background).
+    #[arg(long, value_name = "CMD")]
+    pub on_segment_closed: Option<String>,
 }
 
 impl MainArgs {
@@ -80,6 +99,12 @@ impl MainArgs {
             (self.txt_lossy, "--txt-lossy"),
             (self.background, "--background"),
             (self.no_clobber, "--no-clobber"),
+            (self.compress.is_some(), "--compress"),
+            (self.rotate_size.is_some(), "--rotate-size"),
+            (self.rotate_period.is_some(), "--rotate-period"),
+            (self.max_segments.is_some(), "--max-segments"),
+            (self.max_disk.is_some(), "--max-disk"),
+            (self.on_segment_closed.is_some(), "--on-segment-closed"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -111,7 +136,7 @@ pub enum Command {
     Config(ConfigArgs),
     /// Read a trace: packets by kind and sequence, stats, losses (a torn tail is tolerated).
     Inspect {
-        /// The trace file.
+        /// The trace file, or a directory of segments.
         file: PathBuf,
         /// The report as JSON.
         #[arg(long)]
@@ -330,6 +355,21 @@ fn config_check(file: &Path, opts: LoadOptions, explain: bool) -> u8 {
             };
             println!("{}: valid {form} config", loaded.origin);
             print!("{}", config::plan::describe(&spec));
+            if file != Path::new("-") {
+                match config::segments::load_adjacent(file) {
+                    Ok(Some((path, policy))) => {
+                        print!("{}", config::segments::describe(&policy, Some(&path)));
+                        if policy.check().is_err() {
+                            return EXIT_USAGE;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return EXIT_USAGE;
+                    }
+                }
+            }
             if explain {
                 println!("fields:");
                 print!(

@@ -20,6 +20,18 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
         o.passes
     );
     let _ = writeln!(s, "  ended: {}", o.reason);
+    if let Some((before, after)) = o.compression {
+        let _ = writeln!(
+            s,
+            "  zstd: {} of packets written as {} ({:.2}x)",
+            HumanBytes(before),
+            HumanBytes(after),
+            before as f64 / after.max(1) as f64
+        );
+    }
+    if let Some(seg) = &o.segments {
+        segments(&mut s, seg);
+    }
     match (&o.reason, t.mode) {
         (StopReason::TriggerTimeout, m) if m != TriggerMode::None => {
             let _ = writeln!(
@@ -110,6 +122,49 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
         let _ = write!(s, "\n  warning: {w}");
     }
     s
+}
+
+/// The segments line(s): how many, their sizes, what the budget deleted,
+/// the hook's record.
+fn segments(s: &mut String, seg: &crate::storage::segment::SegmentsStatus) {
+    let mut sizes: Vec<u64> = seg.segments.iter().map(|x| x.bytes).collect();
+    sizes.sort_unstable();
+    let kept = seg.segments.iter().filter(|x| x.kept).count();
+    let _ = write!(
+        s,
+        "  segments: {} in {} ({kept} kept, {} deleted by the budget, {} on disk)",
+        seg.segments.len(),
+        seg.dir.display(),
+        seg.deleted,
+        HumanBytes(seg.bytes_on_disk)
+    );
+    if let (Some(min), Some(max)) = (sizes.first(), sizes.last()) {
+        let median = sizes[sizes.len() / 2];
+        let _ = write!(
+            s,
+            "; sizes {} / {} / {} (min / median / max)",
+            HumanBytes(*min),
+            HumanBytes(median),
+            HumanBytes(*max)
+        );
+    }
+    let _ = writeln!(s);
+    let lost: Vec<String> = seg
+        .segments
+        .iter()
+        .filter(|x| x.lost_bytes > 0)
+        .map(|x| format!("{} ({})", x.index, HumanBytes(x.lost_bytes)))
+        .collect();
+    if !lost.is_empty() {
+        let _ = writeln!(s, "    segments with loss: {}", lost.join(", "));
+    }
+    if let Some(h) = &seg.hook {
+        let _ = writeln!(
+            s,
+            "    --on-segment-closed: {} ran, {} failed, {} not run",
+            h.ran, h.failed, h.skipped
+        );
+    }
 }
 
 fn mode_name(m: TriggerMode) -> &'static str {

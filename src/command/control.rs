@@ -98,6 +98,20 @@ fn status_text(s: &SessionStatus) -> String {
             b.packets_lost
         ));
     }
+    if let Some(seg) = &s.segments {
+        let (before, after) = seg.totals();
+        let current = seg.segments.last();
+        t.push_str(&format!(
+            "  segments: {} ({} kept, {} deleted), {} on disk, writing {} ({}); {:.2}x compression\n",
+            seg.segments.len(),
+            seg.segments.iter().filter(|x| x.kept).count(),
+            seg.deleted,
+            HumanBytes(seg.bytes_on_disk),
+            current.map_or_else(String::new, |c| c.path.display().to_string()),
+            HumanBytes(current.map_or(0, |c| c.bytes)),
+            before as f64 / after.max(1) as f64
+        ));
+    }
     t
 }
 

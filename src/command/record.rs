@@ -4,7 +4,8 @@ use std::path::Path;
 
 use crate::app::{self, RunOptions};
 use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MainArgs};
-use crate::config::RecorderSpec;
+use crate::config::{Compression, RecorderSpec};
+use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
 
@@ -53,12 +54,33 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
             }
         })
         .unwrap_or_default();
+    let rotation = match rotation(args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if rotation.rotates() && output == OutputPath::Stdout {
+        eprintln!(
+            "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
+        );
+        return EXIT_USAGE;
+    }
+    let compression = args.compress.map(|level| {
+        if spec.compression != Compression::None {
+            log::info!("--compress replaces the config's compression setting");
+        }
+        Compression::Zstd { level }
+    });
     let opts = RunOptions {
         output,
         no_clobber,
         io,
         config_label,
         status_line: !args.background,
+        compression,
+        rotation,
     };
 
     let mut report = None;
@@ -105,4 +127,29 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     } else {
         EXIT_OK
     }
+}
+
+/// The rotation policy: the settings file beside the config, then the flags.
+fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
+    let from_file = match args.config.as_deref().filter(|p| *p != Path::new("-")) {
+        Some(cfg) => match crate::config::segments::load_adjacent(cfg) {
+            Ok(Some((path, p))) => {
+                log::info!("segment settings from {}", path.display());
+                p
+            }
+            Ok(None) => RotationPolicy::default(),
+            Err(e) => return Err(e.to_string()),
+        },
+        None => RotationPolicy::default(),
+    };
+    let flags = RotationPolicy {
+        size: args.rotate_size,
+        period: args.rotate_period,
+        max_segments: args.max_segments,
+        max_disk: args.max_disk,
+        on_closed: args.on_segment_closed.clone(),
+    };
+    let p = crate::config::segments::overlay(from_file, flags);
+    p.check().map_err(|e| e.to_string())?;
+    Ok(p)
 }

@@ -177,7 +177,7 @@ pub const FIELDS: &[FieldRule] = &[
     r(
         TC,
         "compression_type",
-        I("deflate is not supported; use compression { zstd {} }"),
+        Refused("deflate is not supported; use compression { zstd {} }"),
     ),
     r(TC, "incident_report_config", I(ANDROID)),
     r(TC, "trace_uuid_msb", A("")),
@@ -303,7 +303,7 @@ pub const FIELDS: &[FieldRule] = &[
     r(
         "TraceConfig.CompressionConfig",
         "deflate",
-        I("deflate is not supported; use zstd"),
+        Refused("deflate is not supported; use compression { zstd {} }"),
     ),
     r("TraceConfig.CompressionConfig", "zstd", N),
     r("TraceConfig.CompressionConfig.Zstd", "level", A("")),

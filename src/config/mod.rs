@@ -19,6 +19,7 @@
 pub mod diagnostic;
 pub mod fields;
 pub mod plan;
+pub mod segments;
 pub mod spec;
 pub mod text;
 pub mod token;

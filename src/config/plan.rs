@@ -209,8 +209,21 @@ pub fn describe(spec: &RecorderSpec) -> String {
             let _ = writeln!(s, "  flushes data sources before each write pass");
         }
     }
-    if let Compression::Zstd { level } = spec.compression {
-        let _ = writeln!(s, "  zstd compression (level {level})");
+    match spec.compression {
+        Compression::Zstd { level } => {
+            let _ = writeln!(
+                s,
+                "  compresses with zstd level {}: each write pass becomes zstd_compressed_packets (under 512 KiB each)",
+                if level == 0 {
+                    crate::storage::compress::DEFAULT_ZSTD_LEVEL
+                } else {
+                    level
+                }
+            );
+        }
+        Compression::None => {
+            let _ = writeln!(s, "  writes packets uncompressed");
+        }
     }
     if !spec.unknown_fields.is_empty() {
         let _ = writeln!(s, "fields not understood (kept as is):");

@@ -178,7 +178,7 @@ pub fn validate(
     let file = file(&mut cx, &tc, trigger.as_ref());
     let flush = flush(&mut cx, &tc, file.as_ref());
 
-    let compression = compression(&tc);
+    let compression = compression(&mut cx, &tc);
     if let Some(name) = tc.bugreport_filename.as_deref()
         && !name
             .chars()
@@ -1110,9 +1110,24 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
     }
 }
 
-fn compression(tc: &protos::TraceConfig) -> Compression {
+/// Highest zstd level (zstd clamps above it).
+const MAX_ZSTD_LEVEL: i32 = 22;
+
+/// zstd is written as configured. Deflate is refused by the field table
+/// (`compression.deflate`, `compression_type`) rather than silently replaced.
+fn compression(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Compression {
     if let Some(z) = tc.compression.as_ref().and_then(|c| c.zstd.as_ref()) {
-        return Compression::Zstd { level: z.level() };
+        let level = z.level();
+        if level > MAX_ZSTD_LEVEL {
+            cx.warn(
+                "compression.zstd.level",
+                format!("{level} is above zstd's highest level; {MAX_ZSTD_LEVEL} is used"),
+            );
+            return Compression::Zstd {
+                level: MAX_ZSTD_LEVEL,
+            };
+        }
+        return Compression::Zstd { level };
     }
     Compression::None
 }

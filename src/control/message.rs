@@ -133,6 +133,9 @@ pub struct SessionStatus {
     pub bytes_written: u64,
     pub buffers: Vec<BufferStatus>,
     pub control_requests_refused: u64,
+    /// Segmented output: the segments so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Box<crate::storage::segment::SegmentsStatus>>,
 }
 
 /// A reply to a client.

@@ -31,12 +31,15 @@ use crate::control::message::{BufferStatus, Reply, Request, SessionStatus, Trigg
 use crate::control::server::{ControlServer, Incoming};
 use crate::ringbuf::Buffer;
 use crate::session::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, Session, State, StopReason,
-    TriggerArrival, TriggerName,
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
+    StopReason, TriggerArrival, TriggerName,
 };
 use crate::sources::DataSource;
-use crate::storage::write_pass::{PassReport, Take, write_pass};
-use crate::storage::{FileSink, OpenOptions as SinkOpenOptions, OutputPath};
+use crate::storage::compress::ZstdStage;
+use crate::storage::segment::Output;
+use crate::storage::segment::policy::RotateReason;
+use crate::storage::write_pass::{PassReport, PassStage, Take, write_pass_staged};
+use crate::storage::{OpenOptions as SinkOpenOptions, OutputError, OutputPath};
 use crate::sys::signals::Signals;
 use crate::trace::service::{BufferStatsRecord, ServiceEvent, TraceStatsRecord, TriggerRecord};
 use crate::trace::service_log::ServiceLog;
@@ -56,7 +59,10 @@ pub struct Recording {
     pub session: Session,
     pub buffers: Vec<SessionBuffer>,
     pub sources: Vec<Box<dyn DataSource>>,
-    pub sink: Box<dyn FileSink>,
+    /// One file, or numbered segments.
+    pub sink: Output,
+    /// zstd between the ring and the file (`compression { zstd {} }`, `--compress`).
+    pub compress: Option<ZstdStage>,
     /// The output as people should read it (a path or `stdout`).
     pub output_label: String,
     /// Where snapshots go: `OUT.0`, `OUT.1`, … (CLONE_SNAPSHOT).
@@ -98,6 +104,8 @@ struct Loop {
     snapshot_triggers: BTreeMap<u32, TriggerRecord>,
     warnings: Vec<String>,
     status: Option<StatusLine>,
+    /// Bytes before and after compression, over every pass.
+    compressed: (u64, u64),
 }
 
 impl Loop {
@@ -127,6 +135,7 @@ impl Loop {
             snapshot_triggers: BTreeMap::new(),
             warnings: Vec::new(),
             status,
+            compressed: (0, 0),
         }
     }
 
@@ -252,6 +261,8 @@ impl Loop {
                     self.warn(format!("fdatasync: {e}"));
                 }
             }
+            Action::Rotate(reason) => self.rotate(reason),
+            Action::CloseOutput { failed } => self.close_output(failed),
             Action::StatsTick => self.rec.log.tick(),
             Action::ClearIncrementalState => {
                 for s in &mut self.rec.sources {
@@ -383,37 +394,106 @@ impl Loop {
         let log = &mut self.rec.log;
         let tail = || log.tail(|| trace_stats(buffers));
         let sync = self.rec.fsync_each_pass || last;
-        let r = write_pass(
-            self.rec.sink.as_mut(),
+        let stage = PassStage {
+            compress: self.rec.compress.as_mut(),
+            count_packets: matches!(self.rec.sink, Output::Segments(_)),
+        };
+        let r = write_pass_staged(
+            self.rec.sink.as_sink(),
             &head,
             &plan,
             tail,
             self.rec.max_file_size,
             sync,
+            stage,
         );
         self.passes += 1;
         let ev = match r {
-            Ok(PassReport {
-                bytes,
-                duration,
-                cap_reached,
-                ..
-            }) => {
-                log::debug!("pass {}: {bytes} bytes in {duration:?}", self.passes);
-                if cap_reached && !last {
+            Ok(rep) => {
+                log::debug!(
+                    "pass {}: {} bytes in {:?}",
+                    self.passes,
+                    rep.bytes,
+                    rep.duration
+                );
+                if rep.cap_reached && !last {
                     log::info!("max_file_size_bytes reached: stopping");
                 }
-                Event::PassWritten { cap_reached }
+                self.note_pass(&rep);
+                Event::PassWritten {
+                    cap_reached: rep.cap_reached,
+                    segment: self.segment_fill(),
+                }
             }
             Err(e) => {
                 log::error!("write failed: {e}");
                 if last {
                     self.warnings.push(format!("final write failed: {e}"));
                 }
-                Event::OutputFailed(e)
+                Event::OutputFailed(e.into())
             }
         };
         self.queue.push_back(ev);
+    }
+
+    /// Figures of a pass for the summary and the segment's sidecar.
+    fn note_pass(&mut self, rep: &PassReport) {
+        self.compressed.0 += rep.input_bytes;
+        self.compressed.1 += rep.bytes;
+        if let Output::Segments(w) = &mut self.rec.sink {
+            w.record_pass(rep);
+        }
+    }
+
+    fn segment_fill(&self) -> Option<SegmentFill> {
+        match &self.rec.sink {
+            Output::Segments(w) => w.fill().map(|(bytes, age)| SegmentFill { bytes, age }),
+            Output::File(_) => None,
+        }
+    }
+
+    /// Closes the segment being written (with its closing `trace_stats`)
+    /// and opens the next, headed afresh by the service log.
+    fn rotate(&mut self, reason: RotateReason) {
+        let Output::Segments(w) = &mut self.rec.sink else {
+            return;
+        };
+        let started = Instant::now();
+        let tail = self.rec.log.segment_tail(&trace_stats(&self.rec.buffers));
+        match w.rotate(&tail, reason) {
+            Ok(()) => {
+                let (index, uuid) = (w.index(), w.trace_uuid());
+                log::debug!(
+                    "rotation to segment {index} ({reason:?}): {:?}",
+                    started.elapsed()
+                );
+                self.rec.log.begin_segment(index, uuid);
+            }
+            Err(e) => {
+                log::error!("rotating the output failed: {e}");
+                self.queue
+                    .push_back(Event::OutputFailed(OutputError::from(e)));
+            }
+        }
+    }
+
+    /// The end of the output: the last segment is closed (renamed, its
+    /// sidecar written) and queued hooks get their grace period.
+    fn close_output(&mut self, failed: bool) {
+        let Output::Segments(w) = &mut self.rec.sink else {
+            return;
+        };
+        let r = if failed {
+            w.finish_after_failure()
+        } else {
+            w.finish(&[])
+        };
+        if let Err(e) = r {
+            self.warnings.push(format!("closing the last segment: {e}"));
+        }
+        if let Some(st) = self.rec.sink.segments() {
+            self.warnings.extend(st.warnings);
+        }
     }
 
     fn snapshot(&mut self, n: u32) {
@@ -467,7 +547,11 @@ impl Loop {
             t.push(service::trace_stats(uid, now, &trace_stats(buffers)));
             t
         };
-        match write_pass(sink.as_mut(), &head, &plan, tail, None, true) {
+        let stage = PassStage {
+            compress: self.rec.compress.as_mut(),
+            count_packets: false,
+        };
+        match write_pass_staged(sink.as_mut(), &head, &plan, tail, None, true, stage) {
             Ok(rep) => {
                 log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
                 self.snapshots.push(path);
@@ -499,6 +583,7 @@ impl Loop {
             state: self.state_text().to_string(),
             elapsed_ms: self.reactor.now().as_millis() as u64,
             bytes_written: self.rec.sink.bytes_written(),
+            segments: self.rec.sink.segments().map(Box::new),
             buffers: self
                 .rec
                 .buffers
@@ -562,6 +647,8 @@ impl Loop {
             triggered: self.rec.session.triggered(),
             sink_kind: self.rec.sink.kind().to_string(),
             warnings: self.warnings.clone(),
+            segments: self.rec.sink.segments(),
+            compression: self.rec.compress.as_ref().map(|_| self.compressed),
         }
     }
 }

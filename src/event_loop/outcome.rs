@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::ringbuf::BufferStats;
 use crate::session::StopReason;
+use crate::storage::segment::SegmentsStatus;
 
 /// One buffer's figures at the end.
 #[derive(Clone, Debug)]
@@ -29,4 +30,8 @@ pub struct Outcome {
     pub sink_kind: String,
     /// Errors met on the way that did not stop the session.
     pub warnings: Vec<String>,
+    /// Segmented output: every segment, its size and fate.
+    pub segments: Option<SegmentsStatus>,
+    /// With compression: (bytes before, bytes after) over every pass.
+    pub compression: Option<(u64, u64)>,
 }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::storage::SinkError;
+use crate::storage::OutputError;
+use crate::storage::segment::policy::RotateReason;
 use crate::trace::service::ServiceEvent;
 
 /// Identifies a control request the session answers (assigned by the loop).
@@ -82,14 +83,25 @@ pub enum Event {
     },
     /// Every data source stopped.
     SourcesStopped,
-    /// A write pass finished; `cap_reached` when `max_file_size_bytes` cut it.
+    /// A write pass finished; `cap_reached` when `max_file_size_bytes` cut
+    /// it; `segment` is how full the segment being written now is (segmented
+    /// output).
     PassWritten {
         cap_reached: bool,
+        segment: Option<SegmentFill>,
     },
-    /// A write pass failed; the sink is poisoned.
-    OutputFailed(SinkError),
+    /// A write pass or a rotation failed; the output is poisoned.
+    OutputFailed(OutputError),
     /// A data source failed (the text names it and why).
     SourceFailed(String),
+}
+
+/// The segment being written, after a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentFill {
+    pub bytes: u64,
+    /// Time since it was opened.
+    pub age: Duration,
 }
 
 /// Which write pass.
@@ -183,7 +195,7 @@ pub enum StopReason {
     /// `max_file_size_bytes` was reached.
     SizeCap,
     /// The output failed.
-    OutputFailed(SinkError),
+    OutputFailed(OutputError),
     /// A data source failed.
     SourceFailed(String),
 }
@@ -248,6 +260,14 @@ pub enum Action {
     WritePass(Pass),
     /// fdatasync the output (a stop that writes no final pass).
     SyncOutput,
+    /// Close the segment being written and open the next; answer a failure
+    /// with [`Event::OutputFailed`].
+    Rotate(RotateReason),
+    /// The output is complete: close it (the last segment's rename and
+    /// sidecar); `failed` when the output failed on the way.
+    CloseOutput {
+        failed: bool,
+    },
     /// The periodic stats tick: a clock snapshot now, the sync marker and
     /// `trace_stats` in the next pass.
     StatsTick,

@@ -35,11 +35,12 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, StartRefusal, StopReason,
-    Timer, TriggerArrival, TriggerName, TriggerRefusal,
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, StartRefusal,
+    StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
 pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
 
+use crate::storage::segment::policy::rotation_due;
 use crate::trace::service::ServiceEvent;
 
 /// Where the session is.
@@ -133,6 +134,7 @@ impl Session {
         }
         match self.timeline.mode {
             TriggerMode::None => false,
+            TriggerMode::StopTracing if self.timeline.streams_before_trigger() => false,
             TriggerMode::StartTracing | TriggerMode::StopTracing => !self.triggered,
             // A clone-snapshot session's own output stays empty.
             TriggerMode::CloneSnapshot => true,
@@ -190,9 +192,13 @@ impl Session {
                 }
                 _ => Vec::new(),
             },
-            Event::PassWritten { cap_reached } => match self.phase {
+            Event::PassWritten {
+                cap_reached,
+                segment,
+            } => match self.phase {
                 Some(StopPhase::FinalPass) => self.finish(),
                 None if cap_reached => self.stop(StopReason::SizeCap, true, now),
+                None => self.rotate_if_due(segment),
                 _ => Vec::new(),
             },
             Event::OutputFailed(e) => match self.phase {
@@ -502,6 +508,20 @@ impl Session {
         Ok(())
     }
 
+    /// After a periodic pass: cut the segment when the policy says so; the
+    /// sources then write their context again into the new one.
+    fn rotate_if_due(&mut self, segment: Option<SegmentFill>) -> Vec<Action> {
+        let (Some(policy), Some(fill), State::Recording) =
+            (&self.timeline.rotation, segment, self.state)
+        else {
+            return Vec::new();
+        };
+        match rotation_due(policy, fill.bytes, fill.age) {
+            Some(reason) => vec![Action::Rotate(reason), Action::ClearIncrementalState],
+            None => Vec::new(),
+        }
+    }
+
     /// Begins the stop sequence (once).
     fn stop(&mut self, reason: StopReason, skip_flush: bool, now: Duration) -> Vec<Action> {
         if matches!(self.state, State::Stopping | State::Finished) {
@@ -541,7 +561,13 @@ impl Session {
             .stop_reason
             .clone()
             .unwrap_or(StopReason::StopRequested);
-        if reason.writes_buffers() && !self.waiting_for_trigger() {
+        // A streaming STOP_TRACING session keeps what it wrote when no
+        // trigger came; otherwise an untriggered session writes nothing.
+        let writes = match reason {
+            StopReason::TriggerTimeout => self.timeline.streams_before_trigger(),
+            _ => reason.writes_buffers() && !self.waiting_for_trigger(),
+        };
+        if writes {
             self.phase = Some(StopPhase::FinalPass);
             out.push(Action::WritePass(Pass::Final));
             return out;
@@ -560,6 +586,7 @@ impl Session {
             .stop_reason
             .clone()
             .unwrap_or(StopReason::StopRequested);
-        vec![Action::Exit(reason)]
+        let failed = matches!(reason, StopReason::OutputFailed(_));
+        vec![Action::CloseOutput { failed }, Action::Exit(reason)]
     }
 }

@@ -1,7 +1,7 @@
 //! The session's decisions, event sequence by event sequence.
 
 use super::*;
-use crate::storage::SinkError;
+use crate::storage::{OutputError, SinkError};
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
@@ -85,7 +85,10 @@ fn finish_stop(s: &mut Session, first: Vec<Action>, now: u64) -> Vec<Action> {
         } else if last.contains(&Action::StopSources) {
             Event::SourcesStopped
         } else if last.contains(&Action::WritePass(Pass::Final)) {
-            Event::PassWritten { cap_reached: false }
+            Event::PassWritten {
+                cap_reached: false,
+                segment: None,
+            }
         } else {
             break;
         };
@@ -146,8 +149,20 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
             Action::WritePass(Pass::Final),
         ]
     );
-    let a = s.on_event(Event::PassWritten { cap_reached: false }, ms(2030));
-    assert_eq!(a, vec![Action::Exit(StopReason::DurationElapsed)]);
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: false,
+            segment: None,
+        },
+        ms(2030),
+    );
+    assert_eq!(
+        a,
+        vec![
+            Action::CloseOutput { failed: false },
+            Action::Exit(StopReason::DurationElapsed)
+        ]
+    );
     assert_eq!(s.state(), State::Finished);
 }
 
@@ -256,7 +271,13 @@ fn second_signal_skips_the_flush_and_a_third_changes_nothing() {
     assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
     let a = s.on_event(Event::SourcesStopped, ms(500));
     assert!(a.contains(&Action::WritePass(Pass::Final)));
-    let a = s.on_event(Event::PassWritten { cap_reached: false }, ms(600));
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: false,
+            segment: None,
+        },
+        ms(600),
+    );
     assert_eq!(exit_reason(&a), Some(StopReason::Signal));
 }
 
@@ -286,7 +307,13 @@ fn size_cap_stops_without_flush_or_final_pass() {
     let mut t = timeline(TriggerMode::None, vec![]);
     t.write_period = Some(ms(100));
     let mut s = begun(t);
-    let a = s.on_event(Event::PassWritten { cap_reached: true }, ms(100));
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: true,
+            segment: None,
+        },
+        ms(100),
+    );
     assert!(flush_id(&a).is_none());
     assert!(a.contains(&Action::StopSources));
     let a = s.on_event(Event::SourcesStopped, ms(101));
@@ -296,6 +323,7 @@ fn size_cap_stops_without_flush_or_final_pass() {
             Action::CancelTimer(Timer::StopDeadline),
             Action::Service(ServiceEvent::TracingDisabled),
             Action::SyncOutput,
+            Action::CloseOutput { failed: false },
             Action::Exit(StopReason::SizeCap),
         ]
     );
@@ -303,29 +331,36 @@ fn size_cap_stops_without_flush_or_final_pass() {
 
 #[test]
 fn output_failure_stops_without_touching_the_output_again() {
-    let e = SinkError::Write {
+    let e = OutputError::from(SinkError::Write {
         errno: rustix::io::Errno::NOSPC,
         offset: 10,
-    };
+    });
     let mut s = begun(timeline(TriggerMode::None, vec![]));
-    let a = s.on_event(Event::OutputFailed(e), ms(100));
+    let a = s.on_event(Event::OutputFailed(e.clone()), ms(100));
     let all = finish_stop(&mut s, a, 100);
     assert!(!all.contains(&Action::SyncOutput));
     assert!(!all.contains(&Action::WritePass(Pass::Final)));
-    assert_eq!(exit_reason(&all), Some(StopReason::OutputFailed(e)));
+    assert!(all.contains(&Action::CloseOutput { failed: true }));
+    assert_eq!(exit_reason(&all), Some(StopReason::OutputFailed(e.clone())));
     assert!(StopReason::OutputFailed(e).is_failure());
 }
 
 #[test]
 fn a_failed_final_pass_becomes_the_exit_reason() {
-    let e = SinkError::Sync(rustix::io::Errno::IO);
+    let e = OutputError::from(SinkError::Sync(rustix::io::Errno::IO));
     let mut s = begun(timeline(TriggerMode::None, vec![]));
     let a = s.on_event(Event::StopRequest(RequestId(1)), ms(0));
     let id = flush_id(&a).expect("flushes");
     s.on_event(Event::SourcesFlushed { id, complete: true }, ms(1));
     s.on_event(Event::SourcesStopped, ms(2));
-    let a = s.on_event(Event::OutputFailed(e), ms(3));
-    assert_eq!(a, vec![Action::Exit(StopReason::OutputFailed(e))]);
+    let a = s.on_event(Event::OutputFailed(e.clone()), ms(3));
+    assert_eq!(
+        a,
+        vec![
+            Action::CloseOutput { failed: true },
+            Action::Exit(StopReason::OutputFailed(e))
+        ]
+    );
 }
 
 #[test]
@@ -641,4 +676,73 @@ fn stop_cancels_flushes_under_way() {
         ms(1003),
     );
     assert!(a.contains(&Action::StopSources));
+}
+
+fn rotating(mode: TriggerMode, rules: Vec<TriggerRule>) -> Timeline {
+    use crate::storage::segment::policy::RotationPolicy;
+    timeline(mode, rules).with_rotation(RotationPolicy {
+        size: Some(1000),
+        period: Some(Duration::from_secs(60)),
+        ..RotationPolicy::default()
+    })
+}
+
+fn pass(bytes: u64, age_s: u64) -> Event {
+    Event::PassWritten {
+        cap_reached: false,
+        segment: Some(SegmentFill {
+            bytes,
+            age: Duration::from_secs(age_s),
+        }),
+    }
+}
+
+#[test]
+fn segments_are_cut_after_the_pass_that_fills_them() {
+    use crate::storage::segment::policy::RotateReason;
+    let t = rotating(TriggerMode::None, vec![]);
+    // Segments stream even when the config does not.
+    assert_eq!(t.write_period, Some(ms(5000)));
+    let mut s = Session::new(t);
+    let a = s.on_event(Event::Begin { wall_ms: 0 }, ms(0));
+    assert!(a.contains(&Action::SetTimer(Timer::WritePass, ms(5000))));
+    assert!(s.on_event(pass(999, 1), ms(5000)).is_empty());
+    assert_eq!(
+        s.on_event(pass(1000, 2), ms(10_000)),
+        vec![
+            Action::Rotate(RotateReason::Size),
+            Action::ClearIncrementalState
+        ]
+    );
+    assert_eq!(
+        s.on_event(pass(10, 61), ms(70_000)),
+        vec![
+            Action::Rotate(RotateReason::Period),
+            Action::ClearIncrementalState
+        ]
+    );
+    // An empty segment is never cut.
+    assert!(s.on_event(pass(0, 600), ms(600_000)).is_empty());
+}
+
+#[test]
+fn an_on_disk_flight_recorder_streams_before_its_trigger_and_keeps_it_all() {
+    let t = rotating(TriggerMode::StopTracing, vec![rule("crash", 100)]);
+    let mut s = begun(t);
+    assert!(!s.waiting_for_trigger(), "segments count from the start");
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(5000));
+    assert!(a.contains(&Action::WritePass(Pass::Periodic)));
+    let (res, _) = outcome(&mut s, "crash", 6000);
+    assert_eq!(res, Ok(()));
+    let a = s.on_event(Event::TimerFired(Timer::Stop), ms(6100));
+    let all = finish_stop(&mut s, a, 6100);
+    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert_eq!(exit_reason(&all), Some(StopReason::Trigger("crash".into())));
+
+    // No trigger before the timeout: what was written stays, with a final pass.
+    let mut s = begun(rotating(TriggerMode::StopTracing, vec![rule("crash", 0)]));
+    let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
+    let all = finish_stop(&mut s, a, 60_000);
+    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::CloseOutput { failed: false }));
 }

@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use crate::config::spec::{self, FlushPlan, RecorderSpec};
+use crate::config::validate::DEFAULT_WRITE_PERIOD_MS;
+use crate::storage::segment::policy::RotationPolicy;
 
 /// How triggers drive the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +62,8 @@ pub struct Timeline {
     pub clear_period: Option<Duration>,
     /// `deferred_start`: configured, but records only after `recorder start`.
     pub deferred_start: bool,
+    /// Segmented output: when to cut (`--rotate-size`, `--rotate-period`).
+    pub rotation: Option<RotationPolicy>,
 }
 
 /// A trigger's `producer_name_regex` does not compile.
@@ -117,7 +121,27 @@ impl Timeline {
             stop_timeout: spec.data_source_stop_timeout,
             clear_period: spec.incremental_state_clear_period,
             deferred_start: spec.deferred_start,
+            rotation: None,
         })
+    }
+
+    /// Segmented output. Segments stream: a config without
+    /// `write_into_file` is written every 5 s (its default period), so a
+    /// STOP_TRACING flight recorder becomes an on-disk one whose disk budget
+    /// keeps the newest segments until the trigger.
+    pub fn with_rotation(mut self, policy: RotationPolicy) -> Timeline {
+        if policy.rotates() {
+            self.write_period
+                .get_or_insert(Duration::from_millis(u64::from(DEFAULT_WRITE_PERIOD_MS)));
+            self.rotation = Some(policy);
+        }
+        self
+    }
+
+    /// Whether the data counts before a trigger: a STOP_TRACING session
+    /// writing segments streams from the start.
+    pub fn streams_before_trigger(&self) -> bool {
+        self.mode == TriggerMode::StopTracing && self.rotation.is_some()
     }
 
     /// A timeline with no triggers, no streaming and default cadences: the
@@ -135,6 +159,7 @@ impl Timeline {
             stop_timeout: Duration::from_secs(5),
             clear_period: None,
             deferred_start: false,
+            rotation: None,
         }
     }
 }

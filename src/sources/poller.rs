@@ -66,6 +66,10 @@ pub trait PolledSource: Send + 'static {
     fn on_pids_seen(&mut self, _pids: &[i32], _out: &mut dyn PacketOutput) {}
     /// The session cleared incremental state: forget what was already written.
     fn clear_incremental_state(&mut self) {}
+    /// Right after [`clear_incremental_state`](PolledSource::clear_incremental_state):
+    /// write again what a reader needs from the start (a new output segment
+    /// begins).
+    fn after_clear(&mut self, _out: &mut dyn PacketOutput) {}
 }
 
 /// Errors of the poller thread.
@@ -239,6 +243,7 @@ fn run<S: PolledSource, O: PacketOutput>(mut source: S, mut out: O, shared: &Sha
         let work = wait_for_work(shared, next_tick, std::mem::take(&mut pids));
         if work.clear {
             source.clear_incremental_state();
+            source.after_clear(&mut out);
         }
         if !work.pids.is_empty() {
             source.on_pids_seen(&work.pids, &mut out);

@@ -152,4 +152,41 @@ mod tests {
         assert!(e.to_string().contains("offset 3"));
     }
 }
+pub mod compress;
+pub mod segment;
 pub mod write_pass;
+
+/// Why the output failed: a write pass (a write, a sync, compression), or
+/// closing and opening segments. Cheap to clone, so the session can carry it
+/// as its stop reason.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OutputError {
+    #[error(transparent)]
+    Pass(#[from] write_pass::PassError),
+    #[error(transparent)]
+    Segment(std::sync::Arc<segment::SegmentError>),
+}
+
+impl From<SinkError> for OutputError {
+    fn from(e: SinkError) -> Self {
+        OutputError::Pass(e.into())
+    }
+}
+
+impl From<segment::SegmentError> for OutputError {
+    fn from(e: segment::SegmentError) -> Self {
+        OutputError::Segment(std::sync::Arc::new(e))
+    }
+}
+
+impl PartialEq for OutputError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (OutputError::Pass(a), OutputError::Pass(b)) => a == b,
+            (OutputError::Segment(a), OutputError::Segment(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for OutputError {}

@@ -5,12 +5,16 @@
 //! `max_file_size_bytes` is enforced here: the list is cut before the first
 //! packet that would reach the cap, the kept part is written and synced,
 //! and the pass reports that the cap was reached.
+//!
+//! With a compression stage ([`write_pass_staged`]) the list is compressed
+//! first and the cap applies to the compressed packets, the file's bytes.
 
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
+use crate::storage::compress::{CompressError, ZstdStage, count_records};
 use crate::storage::{FileSink, SinkError, cut_at_packet_boundary};
 use crate::trace::service;
 
@@ -21,6 +25,14 @@ pub struct PassReport {
     pub bytes: u64,
     /// Bytes of buffer data (not service packets) in this pass.
     pub buffer_bytes: u64,
+    /// Bytes of the records written, before compression (equal to `bytes`
+    /// without a compression stage).
+    pub input_bytes: u64,
+    /// Compressed packets written.
+    pub compressed_packets: u64,
+    /// TracePackets written (inside the compressed ones too), when the
+    /// stage asked for the count (segments do, for their sidecars).
+    pub packets: u64,
     /// The cap was reached: the session must stop.
     pub cap_reached: bool,
     pub duration: Duration,
@@ -37,6 +49,24 @@ pub enum Take {
     Nothing,
 }
 
+/// What happens between the ring and the sink.
+#[derive(Debug, Default)]
+pub struct PassStage<'a> {
+    /// Compress the pass (facts §4.9).
+    pub compress: Option<&'a mut ZstdStage>,
+    /// Count the packets written (a walk over the record headers).
+    pub count_packets: bool,
+}
+
+/// A pass failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PassError {
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Compress(#[from] CompressError),
+}
+
 /// Runs one pass over `buffers` (each with how to take its data) into `sink`.
 pub fn write_pass(
     sink: &mut dyn FileSink,
@@ -46,6 +76,25 @@ pub fn write_pass(
     max_file_size: Option<u64>,
     sync: bool,
 ) -> Result<PassReport, SinkError> {
+    let stage = PassStage::default();
+    match write_pass_staged(sink, head, buffers, tail, max_file_size, sync, stage) {
+        Ok(r) => Ok(r),
+        Err(PassError::Sink(e)) => Err(e),
+        Err(PassError::Compress(_)) => unreachable!("a pass without a stage does not compress"),
+    }
+}
+
+/// [`write_pass`] with an optional compression stage between the ring and
+/// the sink.
+pub fn write_pass_staged(
+    sink: &mut dyn FileSink,
+    head: &[Vec<u8>],
+    buffers: &[(Arc<Buffer>, Take)],
+    tail: impl FnOnce() -> Vec<Vec<u8>>,
+    max_file_size: Option<u64>,
+    sync: bool,
+    stage: PassStage<'_>,
+) -> Result<PassReport, PassError> {
     let started = Instant::now();
     let batches: Vec<FlushBatch> = buffers
         .iter()
@@ -86,21 +135,42 @@ pub fn write_pass(
     iov.extend(tail.iter().map(|p| IoSlice::new(p)));
 
     let mut cap_reached = false;
-    let result = (|| {
+    let mut input_bytes = 0u64;
+    let mut compressed_packets = 0u64;
+    let mut packets = 0u64;
+    let result = (|| -> Result<u64, PassError> {
+        let compressed = match stage.compress {
+            Some(z) => Some(z.compress(&iov)?),
+            None => None,
+        };
+        let records = match &compressed {
+            Some(c) => c.slices(),
+            None => iov.clone(),
+        };
         let kept = match max_file_size {
             Some(cap) => {
                 let room = cap.saturating_sub(sink.bytes_written());
-                let (kept, cut) = cut_at_packet_boundary(&iov, room);
+                let (kept, cut) = cut_at_packet_boundary(&records, room);
                 cap_reached = cut.cut;
                 kept
             }
-            None => iov.clone(),
+            None => records,
         };
         let bytes = if kept.is_empty() {
             0
         } else {
             sink.write_all(&kept)?
         };
+        (input_bytes, compressed_packets) = match &compressed {
+            Some(c) => c.input_of_prefix(bytes),
+            None => (bytes, 0),
+        };
+        if stage.count_packets {
+            packets = match &compressed {
+                Some(c) => c.packets_of_prefix(bytes),
+                None => count_records(&kept),
+            };
+        }
         if sync || cap_reached {
             sink.sync_data()?;
         }
@@ -114,6 +184,9 @@ pub fn write_pass(
     Ok(PassReport {
         bytes,
         buffer_bytes,
+        input_bytes,
+        compressed_packets,
+        packets,
         cap_reached,
         duration: started.elapsed(),
     })

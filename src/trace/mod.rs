@@ -2,6 +2,7 @@
 
 pub mod encoder;
 pub mod inspect;
+pub mod inspect_set;
 pub mod reader;
 pub mod service;
 pub mod service_log;

@@ -357,6 +357,19 @@ fn for_each_field<'a>(data: &'a [u8], mut f: impl FnMut(u32, Value<'a>)) -> Resu
     Ok(())
 }
 
+/// The payload of a `zstd_compressed_packets` packet (field 133), when the
+/// packet is one. Writers put that field alone in the packet, so only the
+/// first field is looked at (the other packets cost one varint).
+pub fn zstd_payload(packet: &[u8]) -> Option<&[u8]> {
+    let mut pos = 0;
+    let key = read_varint(packet, &mut pos)?;
+    if key != u64::from(field::ZSTD_COMPRESSED_PACKETS) << 3 | 2 {
+        return None;
+    }
+    let len = usize::try_from(read_varint(packet, &mut pos)?).ok()?;
+    packet.get(pos..pos.checked_add(len)?)
+}
+
 /// TracePacket fields outside the `data` oneof (facts §4.2).
 const NON_DATA_FIELDS: &[u32] = &[3, 8, 10, 12, 13, 41, 42, 58, 59, 79, 87, 98];
 
@@ -370,6 +383,7 @@ pub mod field {
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
     pub const SERVICE_EVENT: u32 = 69;
     pub const FOR_TESTING: u32 = 900;
+    pub const ZSTD_COMPRESSED_PACKETS: u32 = 133;
 }
 
 /// The name of a TracePacket `data` field.
@@ -592,7 +606,7 @@ pub struct PacketInfo {
     pub timestamp: Option<u64>,
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
-    /// `for_testing.seq_value`.
+    /// `for_testing.counter` (0, 1, 2, … on each sequence).
     pub for_testing_seq: Option<u64>,
     /// The TracingServiceEvent fields set, in order.
     pub service_events: Vec<u32>,
@@ -627,7 +641,8 @@ impl PacketInfo {
             let Value::Len(body) = v else { return };
             let r = match f {
                 field::FOR_TESTING => for_each_field(body, |tf, tv| {
-                    if let (2, Value::Varint(x)) = (tf, tv) {
+                    // TestEvent.counter (2 is seq_value, a pseudo-random number).
+                    if let (3, Value::Varint(x)) = (tf, tv) {
                         p.for_testing_seq = Some(x);
                     }
                 }),
@@ -736,7 +751,7 @@ mod tests {
         key(8, 0, &mut p);
         varint(123_456, &mut p);
         key(900, 2, &mut p);
-        let body = [0x10, 0x2a]; // seq_value = 42
+        let body = [0x10, 0x07, 0x18, 0x2a]; // seq_value = 7, counter = 42
         varint(body.len() as u64, &mut p);
         p.extend_from_slice(&body);
         key(10, 0, &mut p);

@@ -33,6 +33,9 @@ mod field {
     pub const SERVICE_EVENT: u32 = 69;
     pub const TRACE_UUID: u32 = 89;
     pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
+    /// TraceAttributes { repeated Attribute attribute = 1 { key = 1,
+    /// long_value = 2, string_value = 3 } } (Perfetto's trace_packet.proto).
+    pub const TRACE_ATTRIBUTES: u32 = 126;
 }
 
 /// Encodes one packet with `body`, growing the scratch space until it fits,
@@ -118,6 +121,33 @@ pub fn trace_uuid(uid: u32, ts_ns: u64, msb: i64, lsb: i64) -> Vec<u8> {
         e.int(1, msb);
         e.int(2, lsb);
         e.end_nested(u);
+    })
+}
+
+/// One value of a `trace_attributes` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttributeValue {
+    Long(i64),
+    Text(String),
+}
+
+/// The `trace_attributes` packet: key/value facts about this trace file
+/// (segmented output puts the session UUID and segment index here).
+pub fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeValue)]) -> Vec<u8> {
+    framed(|e| {
+        trusted(e, uid);
+        timestamped(e, ts_ns);
+        let ta = e.begin_nested(field::TRACE_ATTRIBUTES);
+        for (key, value) in attrs {
+            let a = e.begin_nested(1);
+            e.string(1, key);
+            match value {
+                AttributeValue::Long(v) => e.int(2, *v),
+                AttributeValue::Text(t) => e.string(3, t),
+            }
+            e.end_nested(a);
+        }
+        e.end_nested(ta);
     })
 }
 

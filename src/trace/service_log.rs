@@ -4,9 +4,28 @@
 //! clock snapshots, the sync marker when due, received triggers and the
 //! pending service events sorted by time; after the buffers,
 //! `read_tracing_buffers_completed` and, when due, `trace_stats`.
+//!
+//! Segmented output ([`ServiceLog::begin_segment`]) makes every segment
+//! open as the first pass does: a fresh initial clock snapshot, the sync
+//! marker, `trace_config`, the segment's `trace_uuid`, a `trace_attributes`
+//! packet naming the session and the segment index, and `system_info`; the
+//! closing `trace_stats` of a segment is [`ServiceLog::segment_tail`].
 
 use crate::clock::{self, ClockReadings};
-use crate::trace::service::{self, ServiceEvent, SystemInfo, TraceStatsRecord, TriggerRecord};
+use crate::trace::service::{
+    self, AttributeValue, ServiceEvent, SystemInfo, TraceStatsRecord, TriggerRecord,
+};
+
+/// The segment a log's next head opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SegmentHead {
+    index: u64,
+    uuid: (i64, i64),
+}
+
+/// `trace_attributes` keys of segmented output.
+pub const ATTR_SESSION_UUID: &str = "recorder.session_uuid";
+pub const ATTR_SEGMENT_INDEX: &str = "recorder.segment_index";
 
 /// The service packets of one session.
 #[derive(Debug)]
@@ -30,6 +49,7 @@ pub struct ServiceLog {
     pub disable_service_events: bool,
     /// Leave out clock snapshots (`disable_clock_snapshotting`).
     pub disable_clock_snapshotting: bool,
+    segment: Option<SegmentHead>,
 }
 
 /// Most queued clock snapshots kept between passes (as the service does).
@@ -53,7 +73,27 @@ impl ServiceLog {
             disable_system_info: false,
             disable_service_events: false,
             disable_clock_snapshotting: false,
+            segment: None,
         }
+    }
+
+    /// The next pass heads segment `index` (trace UUID `uuid`): it begins
+    /// with what a reader needs, as the first pass of a file does. For
+    /// segment 0, call it before the first pass.
+    pub fn begin_segment(&mut self, index: u64, uuid: (i64, i64)) {
+        self.segment = Some(SegmentHead { index, uuid });
+        if self.first_pass_done {
+            self.first_pass_done = false;
+            self.initial_snapshot = Some(clock::snapshot());
+            self.sync_due = true;
+            self.stats_due = true;
+        }
+    }
+
+    /// The packets that close a segment after its last pass: `trace_stats`,
+    /// so each segment carries the buffers' figures at its end.
+    pub fn segment_tail(&self, stats: &TraceStatsRecord) -> Vec<Vec<u8>> {
+        vec![service::trace_stats(self.uid, clock::boottime_ns(), stats)]
     }
 
     /// Tracing started: the initial clock snapshot and `tracing_started`.
@@ -130,7 +170,22 @@ impl ServiceLog {
             self.triggers.clear();
         }
         if first {
-            out.push(service::trace_uuid(self.uid, now, self.uuid.0, self.uuid.1));
+            let uuid = self.segment.map_or(self.uuid, |s| s.uuid);
+            out.push(service::trace_uuid(self.uid, now, uuid.0, uuid.1));
+            if let Some(s) = self.segment {
+                let session = crate::storage::segment::sidecar::uuid_text(self.uuid.0, self.uuid.1);
+                out.push(service::trace_attributes(
+                    self.uid,
+                    now,
+                    &[
+                        (ATTR_SESSION_UUID, AttributeValue::Text(session)),
+                        (
+                            ATTR_SEGMENT_INDEX,
+                            AttributeValue::Long(i64::try_from(s.index).unwrap_or(i64::MAX)),
+                        ),
+                    ],
+                ));
+            }
             if !self.disable_system_info {
                 out.push(service::system_info(self.uid, now, &self.system_info));
             }
@@ -203,4 +258,46 @@ pub fn random_uuid() -> (i64, i64) {
     let msb = i64::from_be_bytes(b[..8].try_into().unwrap_or([0; 8]));
     let lsb = i64::from_be_bytes(b[8..].try_into().unwrap_or([0; 8]));
     (msb, lsb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::reader::{PacketInfo, frames};
+
+    fn kinds(packets: &[Vec<u8>]) -> Vec<u32> {
+        packets
+            .iter()
+            .flat_map(|p| frames(p).map(|f| PacketInfo::decode(f.packet).expect("decodes")))
+            .filter_map(|i| i.kind)
+            .collect()
+    }
+
+    #[test]
+    fn every_segment_opens_like_a_first_pass() {
+        let mut log = ServiceLog::new(0, vec![0x08, 0x01], (7, 8), SystemInfo::default());
+        log.begin_segment(0, (7, 8));
+        log.started();
+        let first = kinds(&log.head());
+        // clock_snapshot, sync marker, trace_config, trace_uuid, attributes,
+        // system_info, then tracing_started.
+        assert_eq!(first, vec![6, 36, 33, 89, 126, 45, 69]);
+        assert!(kinds(&log.head()).is_empty(), "later passes repeat nothing");
+        log.begin_segment(1, (7, 9));
+        let second = log.head();
+        assert_eq!(kinds(&second), vec![6, 36, 33, 89, 126, 45]);
+        let uuid = second
+            .iter()
+            .find(|p| kinds(&[p.to_vec()]) == vec![89])
+            .expect("uuid packet")
+            .clone();
+        // TraceUuid { msb: 7, lsb: 9 } is the packet's last field.
+        assert!(uuid.ends_with(&[0x08, 7, 0x10, 9]), "{uuid:?}");
+        let tail = log.tail(TraceStatsRecord::default);
+        assert_eq!(kinds(&tail), vec![69, 35], "stats are due in a new segment");
+        assert_eq!(
+            kinds(&log.segment_tail(&TraceStatsRecord::default())),
+            vec![35]
+        );
+    }
 }

@@ -10,5 +10,6 @@ mod procfs;
 mod recording;
 mod ringbuf;
 mod schema;
+mod segments;
 mod storage;
 mod triggers;

@@ -728,13 +728,16 @@ fn poller_runs_process_stats_on_the_fixture() {
     let out = poller.stop().expect("stops");
     let pkts = decode(&out);
     // Start dump, then the first poll (stats only: every pid is seen), then
-    // the pid re-dumped after the clear.
+    // after the clear the whole tree again (scan_all_processes_on_start: a
+    // reader starting there, a new segment, needs it), which already holds
+    // the pid seen next.
     assert!(pkts[0].has_process_tree());
     assert_eq!(tree_of(&pkts[..1]).processes.len(), 6);
     assert!(pkts[1].has_process_stats());
     let last = pkts.last().expect("packets");
     assert!(last.incremental_state_cleared());
-    assert_eq!(last.process_tree().processes.len(), 1);
+    assert_eq!(last.process_tree().processes.len(), 6);
+    assert!(last.process_tree().processes.iter().any(|p| p.pid() == APP));
 }
 
 #[test]

@@ -6,6 +6,9 @@ with what they expect.
 
 A torn last record (a crash mid-write) is allowed: the prefix of whole
 records is decoded, and the torn byte count is reported.
+
+zstd_compressed_packets are decompressed (Python's `zstandard` module) and
+their packets summarised in place, as trace processor reads them.
 """
 import json
 import sys
@@ -39,17 +42,42 @@ def whole_records(data):
     return pos
 
 
+def expand(packets, compressed):
+    """The packets, with every zstd_compressed_packets one replaced by the
+    packets it holds; `compressed` collects the compressed packets' sizes."""
+    out = []
+    for pkt in packets:
+        if pkt.WhichOneof("data") == "zstd_compressed_packets":
+            import zstandard
+
+            compressed.append(len(pkt.SerializeToString()))
+            inner = pb.Trace()
+            inner.ParseFromString(
+                zstandard.ZstdDecompressor().decompress(pkt.zstd_compressed_packets)
+            )
+            out.extend(inner.packet)
+        else:
+            out.append(pkt)
+    return out
+
+
 def main():
     data = open(sys.argv[1], "rb").read()
     whole = whole_records(data)
     trace = pb.Trace()
     trace.ParseFromString(data[:whole])
+    compressed = []
+    packets = expand(trace.packet, compressed)
+    attributes = {}
     kinds = {}
     seqs = {}
     service_events = []
     stats = None
-    for pkt in trace.packet:
+    for pkt in packets:
         kind = pkt.WhichOneof("data") or "none"
+        if kind == "trace_attributes":
+            for a in pkt.trace_attributes.attribute:
+                attributes[a.key] = a.string_value if a.HasField("string_value") else a.long_value
         kinds[kind] = kinds.get(kind, 0) + 1
         seq = pkt.trusted_packet_sequence_id
         s = seqs.setdefault(str(seq), {"packets": 0, "dropped_marks": 0, "counters": []})
@@ -70,12 +98,15 @@ def main():
     out = {
         "bytes": len(data),
         "torn_bytes": len(data) - whole,
-        "packets": len(trace.packet),
+        "packets": len(packets),
+        "compressed_packets": len(compressed),
+        "largest_compressed_packet": max(compressed, default=0),
+        "attributes": attributes,
         "kinds": kinds,
         "sequences": seqs,
         "service_events": service_events,
         "last_buffer_stats": stats,
-        "first_kinds": [p.WhichOneof("data") or "none" for p in trace.packet[:12]],
+        "first_kinds": [p.WhichOneof("data") or "none" for p in packets[:12]],
     }
     json.dump(out, sys.stdout)
 

@@ -547,6 +547,13 @@ impl PolledSource for ProcessStatsSource {
     fn clear_incremental_state(&mut self) {
         ProcessStatsSource::clear_incremental_state(self);
     }
+
+    /// A new segment gets the whole process tree again, as the start did.
+    fn after_clear(&mut self, out: &mut dyn PacketOutput) {
+        if self.opts.scan_all_processes_on_start {
+            self.write_all_processes(out);
+        }
+    }
 }
 
 /// The memory lines of `/proc/PID/status`, in one pass.

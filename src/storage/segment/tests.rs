@@ -1,0 +1,212 @@
+//! The segment writer against real files: naming, the partial → final
+//! rename, sidecars (sha256 checked by reading the file back), the budget.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::ringbuf::{BufferParams, FillPolicy};
+
+fn record(payload: &[u8]) -> Vec<u8> {
+    crate::trace::service::frame(payload)
+}
+
+fn writer(dir: &std::path::Path, policy: RotationPolicy) -> SegmentWriter {
+    let buffer = Buffer::new(BufferParams::new(1 << 16, FillPolicy::RingBuffer)).expect("buffer");
+    SegmentWriter::create(
+        SegmentNames::from_output(&dir.join("t.pftrace")),
+        policy,
+        OpenOptions {
+            no_clobber: true,
+            io: crate::storage::IoChoice::Pwritev,
+        },
+        SegmentIdentity {
+            host: "host".into(),
+            boot_id: "boot".into(),
+            session_uuid: (1, 2),
+            compression: "none".into(),
+        },
+        vec![Arc::clone(&buffer)],
+    )
+    .expect("creates")
+}
+
+fn write(w: &mut SegmentWriter, payloads: &[&[u8]]) {
+    let recs: Vec<Vec<u8>> = payloads.iter().map(|p| record(p)).collect();
+    let iov: Vec<IoSlice<'_>> = recs.iter().map(|r| IoSlice::new(r)).collect();
+    w.write_all(&iov).expect("writes");
+    w.record_pass(&PassReport {
+        packets: recs.len() as u64,
+        input_bytes: recs.iter().map(|r| r.len() as u64).sum(),
+        ..Default::default()
+    });
+}
+
+fn sha256_of(path: &std::path::Path) -> String {
+    hex(&Sha256::digest(std::fs::read(path).expect("reads")))
+}
+
+#[test]
+fn rotation_closes_renames_and_describes_each_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(
+        dir.path(),
+        RotationPolicy {
+            size: Some(20),
+            ..Default::default()
+        },
+    );
+    let names = SegmentNames::from_output(&dir.path().join("t.pftrace"));
+    assert!(names.partial(0).exists());
+    write(&mut w, &[b"0123456789"]);
+    assert_eq!(w.rotation_due(), None);
+    write(&mut w, &[b"abcdefghij"]);
+    assert_eq!(w.rotation_due(), Some(RotateReason::Size));
+    w.rotate(&[record(b"tail")], RotateReason::Size)
+        .expect("rotates");
+    assert!(!names.partial(0).exists());
+    assert!(names.partial(1).exists());
+    let car = Sidecar::read(&names.sidecar(0)).expect("sidecar");
+    assert_eq!(car.index, 0);
+    assert_eq!(car.packets, 3);
+    assert_eq!(car.bytes, 12 + 12 + 6);
+    assert_eq!(car.closed_by, "size");
+    assert_eq!(car.sha256, sha256_of(&names.path(0)));
+    assert_eq!(car.session_uuid, sidecar::uuid_text(1, 2));
+    assert_eq!(car.trace_uuid, sidecar::uuid_text(1, 2));
+    assert_eq!(w.trace_uuid(), (1, 3));
+    write(&mut w, &[b"x"]);
+    w.finish(&[]).expect("finishes");
+    let car1 = Sidecar::read(&names.sidecar(1)).expect("sidecar");
+    assert_eq!(car1.closed_by, "end");
+    assert_eq!(car1.sha256, sha256_of(&names.path(1)));
+    assert!(car1.first_timestamp_ns >= car.last_timestamp_ns);
+    let st = w.status();
+    assert_eq!(st.segments.len(), 2);
+    assert!(
+        st.segments
+            .iter()
+            .all(|s| s.kept && !s.closed_by.is_empty())
+    );
+}
+
+#[test]
+fn a_directory_holding_segments_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), RotationPolicy::default());
+    w.finish(&[]).expect("finishes");
+    let again = SegmentWriter::create(
+        SegmentNames::from_output(&dir.path().join("t.pftrace")),
+        RotationPolicy::default(),
+        OpenOptions::default(),
+        SegmentIdentity::default(),
+        Vec::new(),
+    );
+    assert!(matches!(again, Err(SegmentError::Exists { .. })));
+}
+
+#[test]
+fn max_segments_deletes_the_oldest_never_the_open_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(
+        dir.path(),
+        RotationPolicy {
+            size: Some(1),
+            max_segments: Some(3),
+            ..Default::default()
+        },
+    );
+    let names = SegmentNames::from_output(&dir.path().join("t.pftrace"));
+    for i in 0..6u8 {
+        write(&mut w, &[&[i]]);
+        w.rotate(&[], RotateReason::Size).expect("rotates");
+        let on_disk: Vec<u64> = (0..=u64::from(i) + 1)
+            .filter(|k| names.path(*k).exists() || names.partial(*k).exists())
+            .collect();
+        assert!(on_disk.len() <= 3, "{on_disk:?}");
+        assert!(
+            names.partial(u64::from(i) + 1).exists(),
+            "the open one stays"
+        );
+    }
+    // Kept: the two newest closed ones (4, 5) and the open one (6).
+    assert!(!names.path(3).exists() && !names.sidecar(3).exists());
+    assert!(names.path(4).exists() && names.path(5).exists());
+    let st = w.status();
+    assert_eq!(st.deleted, 4);
+    assert_eq!(st.segments.iter().filter(|s| s.kept).count(), 3);
+}
+
+#[test]
+fn max_disk_keeps_room_for_the_next_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(
+        dir.path(),
+        RotationPolicy {
+            size: Some(1000),
+            max_disk: Some(4000),
+            ..Default::default()
+        },
+    );
+    let big = vec![7u8; 1000];
+    for _ in 0..6 {
+        write(&mut w, &[&big]);
+        w.rotate(&[], RotateReason::Size).expect("rotates");
+        let st = w.status();
+        assert!(
+            st.bytes_on_disk + 1000 <= 4000 + 1000,
+            "{}",
+            st.bytes_on_disk
+        );
+    }
+    let st = w.status();
+    assert!(st.deleted >= 3, "{st:?}");
+    let closed_kept = st
+        .segments
+        .iter()
+        .filter(|s| s.kept && !s.closed_by.is_empty())
+        .count();
+    assert!(closed_kept >= 1);
+}
+
+#[test]
+fn the_hook_gets_each_closed_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("hook.log");
+    let mut w = writer(
+        dir.path(),
+        RotationPolicy {
+            size: Some(1),
+            on_closed: Some(format!("echo >> {}", log.display())),
+            ..Default::default()
+        },
+    );
+    write(&mut w, &[b"a"]);
+    w.rotate(&[], RotateReason::Size).expect("rotates");
+    write(&mut w, &[b"b"]);
+    w.finish(&[]).expect("finishes");
+    let names = SegmentNames::from_output(&dir.path().join("t.pftrace"));
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        text,
+        format!("{}\n{}\n", names.path(0).display(), names.path(1).display())
+    );
+    assert_eq!(w.status().hook.map(|h| (h.ran, h.failed)), Some((2, 0)));
+}
+
+#[test]
+fn a_period_rotation_is_due_once_the_segment_is_old_enough() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(
+        dir.path(),
+        RotationPolicy {
+            period: Some(Duration::from_millis(1)),
+            ..Default::default()
+        },
+    );
+    assert_eq!(w.rotation_due(), None, "empty segments are not cut");
+    write(&mut w, &[b"a"]);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(w.rotation_due(), Some(RotateReason::Period));
+}
