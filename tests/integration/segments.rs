@@ -710,18 +710,18 @@ fn impossible_segment_settings_are_usage_errors() {
 fn a_stop_trigger_ends_an_on_disk_flight_recorder_keeping_the_newest_segments() {
     // A STOP_TRACING flight recorder that does not stream by itself: with
     // segments it streams, the budget keeps the newest, the trigger ends it.
-    let run = Run::new(&format!(
+    let run = Run::new(
         r#"
-buffers {{ size_kb: 16384 fill_policy: RING_BUFFER }}
-data_sources {{ config {{ name: "for_testing" target_buffer: 0
-  for_testing {{ message_count: 0 message_size: 200 max_messages_per_second: 8000 }} }} }}
-trigger_config {{
+buffers { size_kb: 16384 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0
+  for_testing { message_count: 0 message_size: 200 max_messages_per_second: 8000 } } }
+trigger_config {
   trigger_mode: STOP_TRACING
   trigger_timeout_ms: 60000
-  triggers {{ name: "crash" stop_delay_ms: 200 }}
-}}
-"#
-    ));
+  triggers { name: "crash" stop_delay_ms: 200 }
+}
+"#,
+    );
     let dir = run.dir.path().join("flight");
     let mut c = run.command_to("pwritev", &dir.join(""));
     c.args(["--rotate-size", "256K", "--max-segments", "3"])
