@@ -11,3 +11,4 @@ mod ringbuf;
 mod schema;
 mod storage;
 mod triggers;
+mod trace_processor;

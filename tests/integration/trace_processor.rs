@@ -1,0 +1,358 @@
+//! Perfetto's own trace processor as the third oracle: SQL over a trace file,
+//! run through `../shared/tools/trace_processor` (v58.2, the engine behind the
+//! Perfetto UI).
+//!
+//! A missing or unusable trace processor skips the check with the reason;
+//! under `RECORDER_REQUIRE_KERNEL=1` (CI) that is a failure, as for the other
+//! external parts the tests need.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::{kernel_required, repo_root};
+
+/// One value of a result row, as the shell prints it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+}
+
+impl Value {
+    /// The integer, or panics naming what it is instead.
+    pub fn int(&self) -> i64 {
+        match self {
+            Value::Int(i) => *i,
+            Value::Real(r) if r.fract() == 0.0 => *r as i64,
+            other => panic!("not an integer: {other:?}"),
+        }
+    }
+
+    /// The text, or panics naming what it is instead.
+    pub fn text(&self) -> &str {
+        match self {
+            Value::Text(s) => s,
+            other => panic!("not text: {other:?}"),
+        }
+    }
+
+    /// The text, or None for NULL.
+    pub fn opt_text(&self) -> Option<&str> {
+        match self {
+            Value::Null => None,
+            v => Some(v.text()),
+        }
+    }
+
+    /// The integer, or None for NULL.
+    pub fn opt_int(&self) -> Option<i64> {
+        match self {
+            Value::Null => None,
+            v => Some(v.int()),
+        }
+    }
+}
+
+/// The result of one query: column names and rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rows {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+}
+
+impl Rows {
+    fn col(&self, name: &str) -> usize {
+        self.columns
+            .iter()
+            .position(|c| c == name)
+            .unwrap_or_else(|| panic!("no column {name} in {:?}", self.columns))
+    }
+
+    /// The values of one column, in row order.
+    pub fn column(&self, name: &str) -> Vec<Value> {
+        let i = self.col(name);
+        self.rows.iter().map(|r| r[i].clone()).collect()
+    }
+
+    /// The single value of a one-row, one-column result.
+    pub fn scalar(&self) -> Value {
+        assert_eq!(
+            (self.rows.len(), self.columns.len()),
+            (1, 1),
+            "not a scalar: {self:?}"
+        );
+        self.rows[0][0].clone()
+    }
+
+    /// Each row as column name → value.
+    pub fn maps(&self) -> Vec<BTreeMap<String, Value>> {
+        self.rows
+            .iter()
+            .map(|r| {
+                self.columns
+                    .iter()
+                    .cloned()
+                    .zip(r.iter().cloned())
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The wrapper script, relative to the repository as the tests find
+/// `../shared/perfetto-test-configs`; `RECORDER_TRACE_PROCESSOR` overrides it.
+pub fn shell_path() -> PathBuf {
+    std::env::var_os("RECORDER_TRACE_PROCESSOR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/tools/trace_processor"))
+}
+
+/// Why trace processor cannot run here, if it cannot (checked once).
+pub fn unavailable() -> Option<String> {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        let path = shell_path();
+        if !path.exists() {
+            return Some(format!("no trace processor at {}", path.display()));
+        }
+        match Command::new(&path).arg("--version").output() {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(format!(
+                "{} --version failed ({}): {}",
+                path.display(),
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Some(format!("cannot run {}: {e}", path.display())),
+        }
+    })
+    .clone()
+}
+
+/// A trace loaded (lazily, once per query) into trace processor.
+#[derive(Debug, Clone)]
+pub struct Tp {
+    trace: PathBuf,
+}
+
+/// A handle on `trace` for queries, or None (with the reason printed) when
+/// trace processor is unavailable; under `RECORDER_REQUIRE_KERNEL=1` that
+/// panics instead.
+pub fn open(trace: &Path) -> Option<Tp> {
+    match unavailable() {
+        None => Some(Tp {
+            trace: trace.to_path_buf(),
+        }),
+        Some(why) if kernel_required() => panic!("RECORDER_REQUIRE_KERNEL=1 but: {why}"),
+        Some(why) => {
+            eprintln!("trace processor check skipped: {why}");
+            None
+        }
+    }
+}
+
+/// Writes `packets` (each one serialized TracePacket) as a trace file in
+/// `dir` and opens it.
+pub fn open_packets(dir: &Path, name: &str, packets: &[Vec<u8>]) -> Option<Tp> {
+    let mut data = Vec::new();
+    for p in packets {
+        data.extend_from_slice(&recorder::trace::service::frame(p));
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, data).expect("write the trace");
+    open(&path)
+}
+
+impl Tp {
+    /// Runs one SQL statement. String values must not contain `"`: the
+    /// shell prints them unescaped (use `hex(x)` for such columns); a row
+    /// that does not split into the header's columns panics.
+    pub fn query(&self, sql: &str) -> Rows {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = dir.path().join("q.sql");
+        std::fs::write(&q, sql).expect("write the query");
+        let out = Command::new(shell_path())
+            .arg("-q")
+            .arg(&q)
+            .arg(&self.trace)
+            .output()
+            .expect("trace processor runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "trace processor failed on {} ({}):\n{sql}\n{}",
+            self.trace.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        parse(&stdout).unwrap_or_else(|e| panic!("{e}\n{sql}\n{stdout}"))
+    }
+
+    /// Every `stats` row with a non-zero value and the given severity:
+    /// (name, idx, value).
+    pub fn stats(&self, severity: &str) -> Vec<(String, Option<i64>, i64)> {
+        self.query(&format!(
+            "select name, idx, value from stats where severity = '{severity}' and value != 0 \
+             order by name, idx"
+        ))
+        .rows
+        .iter()
+        .map(|r| (r[0].text().to_string(), r[1].opt_int(), r[2].int()))
+        .collect()
+    }
+
+    /// One stat's value (0 when absent), for the given index (None: a
+    /// single-valued stat).
+    pub fn stat(&self, name: &str, idx: Option<i64>) -> i64 {
+        let cond = idx.map_or("idx is null".to_string(), |i| format!("idx = {i}"));
+        let r = self.query(&format!(
+            "select value from stats where name = '{name}' and {cond}"
+        ));
+        r.rows.first().map_or(0, |row| row[0].int())
+    }
+
+    /// Asserts the trace carries no `error`-severity stat (what the UI shows
+    /// every user as a trace error), and returns its `data_loss` rows.
+    pub fn assert_no_errors(&self) -> Vec<(String, Option<i64>, i64)> {
+        let errors = self.stats("error");
+        assert!(
+            errors.is_empty(),
+            "{}: trace processor reports errors: {errors:?}",
+            self.trace.display()
+        );
+        self.stats("data_loss")
+    }
+
+    /// A `metadata` entry (int or string), if present.
+    pub fn metadata(&self, name: &str) -> Option<Value> {
+        let r = self.query(&format!(
+            "select coalesce(int_value, str_value) as v from metadata where name = '{name}'"
+        ));
+        r.rows.first().map(|row| row[0].clone())
+    }
+}
+
+/// Parses the shell's output of one statement: a header of quoted column
+/// names, then rows of `[NULL]`, numbers and quoted strings (which may hold
+/// commas and newlines; a quote ends a string only before `,`, a newline or
+/// the end).
+fn parse(out: &str) -> Result<Rows, String> {
+    let mut records: Vec<Vec<String>> = Vec::new();
+    let mut row: Vec<String> = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let chars: Vec<char> = out.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        let next = chars.get(i + 1).copied();
+        match c {
+            '"' if !quoted && field.is_empty() => {
+                quoted = true;
+                field.push(c);
+            }
+            '"' if quoted && matches!(next, None | Some(',') | Some('\n')) => {
+                quoted = false;
+                field.push(c);
+            }
+            ',' if !quoted => row.push(std::mem::take(&mut field)),
+            '\n' if !quoted => {
+                row.push(std::mem::take(&mut field));
+                if !(row.len() == 1 && row[0].is_empty()) {
+                    records.push(std::mem::take(&mut row));
+                }
+                row.clear();
+            }
+            _ => field.push(c),
+        }
+    }
+    if quoted {
+        return Err("output ends inside a quoted string".into());
+    }
+    if !field.is_empty() || !row.is_empty() {
+        row.push(field);
+        records.push(row);
+    }
+    let mut records = records.into_iter();
+    let columns: Vec<String> = records
+        .next()
+        .ok_or("no header in trace processor's output")?
+        .into_iter()
+        .map(|c| c.trim_matches('"').to_string())
+        .collect();
+    let mut rows = Vec::new();
+    for r in records {
+        if r.len() != columns.len() {
+            return Err(format!(
+                "a row does not split into the {} columns {columns:?}: {r:?}",
+                columns.len()
+            ));
+        }
+        rows.push(r.into_iter().map(value).collect());
+    }
+    Ok(Rows { columns, rows })
+}
+
+fn value(f: String) -> Value {
+    if f == "[NULL]" {
+        Value::Null
+    } else if let Some(s) = f.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        Value::Text(s.to_string())
+    } else if let Ok(i) = f.parse::<i64>() {
+        Value::Int(i)
+    } else if let Ok(r) = f.parse::<f64>() {
+        Value::Real(r)
+    } else {
+        Value::Text(f)
+    }
+}
+
+#[test]
+fn output_parser_reads_the_shells_format() {
+    let r =
+        parse("\"a\",\"b\",\"c\",\"d\"\n1,\"x, y\",[NULL],2.500000\n-3,\"two\nlines\",\"\",0\n\n")
+            .expect("parses");
+    assert_eq!(r.columns, ["a", "b", "c", "d"]);
+    assert_eq!(
+        r.rows,
+        vec![
+            vec![
+                Value::Int(1),
+                Value::Text("x, y".into()),
+                Value::Null,
+                Value::Real(2.5)
+            ],
+            vec![
+                Value::Int(-3),
+                Value::Text("two\nlines".into()),
+                Value::Text(String::new()),
+                Value::Int(0)
+            ],
+        ]
+    );
+    assert!(parse("\"a\",\"b\"\n1\n").is_err());
+}
+
+/// The oracle itself: a trace of a config with known contents, loaded by
+/// the real shell (skips without it, fails under CI).
+#[test]
+fn trace_processor_answers_sql_on_a_recorded_trace() {
+    let Some(_) = open(Path::new("/nonexistent")) else {
+        return;
+    };
+    let run = crate::recording::Run::new(&crate::recording::test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 200",
+        "message_count: 10 message_size: 8",
+    ));
+    let out = run.run("pwritev");
+    assert!(out.status.success());
+    let tp = open(&run.out).expect("available");
+    assert_eq!(tp.query("select 41 + 1 as x").scalar(), Value::Int(42));
+    assert_eq!(tp.metadata("trace_type"), Some(Value::Text("proto".into())));
+    assert!(tp.assert_no_errors().is_empty());
+}
