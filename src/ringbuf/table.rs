@@ -123,6 +123,11 @@ impl Table {
         live.generation.store(self.generation, Ordering::Release);
     }
 
+    /// Every writer sequence that attached, ascending.
+    pub(crate) fn writer_ids(&self) -> Vec<WriterId> {
+        self.sequences.keys().copied().collect()
+    }
+
     pub(crate) fn attach(&mut self, id: WriterId) {
         self.sequences.entry(id).or_default().writers += 1;
     }
@@ -323,7 +328,7 @@ impl Table {
             t.bytes_written += u64::from(used);
             t.packets_written += u64::from(packets);
             t.chunks_written += u64::from(r.chunks);
-            t.padding_bytes_written += u64::from(r.chunks) * chunk_size - u64::from(used);
+            t.unused_chunk_bytes += u64::from(r.chunks) * chunk_size - u64::from(used);
             if r.read == used && !r.cleared {
                 t.chunks_read += u64::from(r.chunks);
             }

@@ -586,9 +586,9 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
              ({:.1}% of the chunks, {:.2} B per byte of data)",
             s.bytes_written,
             s.chunks_written,
-            s.padding_bytes_written,
-            100.0 * s.padding_bytes_written as f64 / (s.chunks_written * chunk) as f64,
-            s.padding_bytes_written as f64 / s.bytes_written as f64,
+            s.unused_chunk_bytes,
+            100.0 * s.unused_chunk_bytes as f64 / (s.chunks_written * chunk) as f64,
+            s.unused_chunk_bytes as f64 / s.bytes_written as f64,
         );
     };
 
@@ -607,16 +607,16 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
     // A chunk is left only when less than a short bundle (and its slot
     // header) is free.
     assert!(
-        s.padding_bytes_written < s.chunks_written * (MIN_BUNDLE_BYTES as u64 + 5),
+        s.unused_chunk_bytes < s.chunks_written * (MIN_BUNDLE_BYTES as u64 + 5),
         "padding {} B over {} chunks",
-        s.padding_bytes_written,
+        s.unused_chunk_bytes,
         s.chunks_written
     );
     assert!(
-        s.padding_bytes_written * 4 < before.padding_bytes_written,
+        s.unused_chunk_bytes * 4 < before.unused_chunk_bytes,
         "padding {} B, {} B with full-size slots",
-        s.padding_bytes_written,
-        before.padding_bytes_written
+        s.unused_chunk_bytes,
+        before.unused_chunk_bytes
     );
     drop(writer);
     let batch = buffer.take_flush();
