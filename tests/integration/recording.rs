@@ -206,6 +206,7 @@ fn check_complete(
         );
         assert_eq!(py["torn_bytes"].as_u64(), Some(0));
     }
+    crate::trace_processor::check(&run.out);
     packets
 }
 
@@ -287,6 +288,7 @@ fn size_cap_stops_on_a_packet_boundary() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        crate::trace_processor::check(&run.out);
     }
 }
 
@@ -338,6 +340,7 @@ fn a_second_signal_finalizes_at_once() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        crate::trace_processor::check(&run.out);
     }
 }
 
@@ -405,6 +408,8 @@ fn stdout_output_is_a_valid_trace() {
     let packets = decode(&out.stdout);
     let counters = test_counters(&packets);
     assert_eq!(counters.values().next().map(|c| c.len()), Some(5000));
+    std::fs::write(&run.out, &out.stdout).expect("keep the trace");
+    crate::trace_processor::check(&run.out);
 }
 
 #[test]
@@ -435,6 +440,9 @@ fn sigkill_leaves_a_valid_prefix() {
             for c in test_counters(&packets).values() {
                 assert_eq!(gaps(c), (0, 0), "everything up to the last pass is there");
             }
+            // Trace processor reads the prefix as the decoders do: no error,
+            // the session's start, the stats of the last pass written.
+            crate::trace_processor::check(&run.out);
         }
     }
 }
@@ -487,5 +495,8 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        let kept = dir.path().join("kept.pftrace");
+        std::fs::write(&kept, &data).expect("keep the trace");
+        crate::trace_processor::check(&kept);
     }
 }

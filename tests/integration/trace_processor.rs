@@ -356,3 +356,166 @@ fn trace_processor_answers_sql_on_a_recorded_trace() {
     assert_eq!(tp.metadata("trace_type"), Some(Value::Text("proto".into())));
     assert!(tp.assert_no_errors().is_empty());
 }
+
+/// What trace processor must show of a trace, derived from the trace itself
+/// by the independent decoder with trace processor's rules (v58.2):
+/// `traced_buf_*` rows from the last `trace_stats`, `traced_buf_sequence_packet_loss`
+/// from the loss markers of each sequence after its first packet, attributed
+/// to buffers by the WriterStats, `ftrace_cpu_has_data_loss` for each CPU
+/// with a bundle marked `lost_events`.
+#[derive(Debug, Default)]
+pub struct Expected {
+    /// (stat, buffer) → value, for the BufferStats rows compared.
+    pub buffer_stats: BTreeMap<(&'static str, i64), i64>,
+    /// The `data_loss` rows: (name, idx, value).
+    pub data_loss: Vec<(String, Option<i64>, i64)>,
+    pub tracing_started_ns: Option<i64>,
+    pub tracing_disabled_ns: Option<i64>,
+    pub uuid: Option<String>,
+    /// Sequence id → buffer index, from the WriterStats.
+    pub writer_buffers: BTreeMap<u64, u32>,
+}
+
+impl Expected {
+    /// Derives the expectation from a trace's bytes (a torn tail ignored).
+    pub fn of(data: &[u8]) -> Expected {
+        let packets = crate::common::decode(data);
+        let mut e = Expected::default();
+        let mut seen_seq = std::collections::BTreeSet::new();
+        let mut markers: BTreeMap<u64, i64> = BTreeMap::new();
+        let mut lost_cpus = std::collections::BTreeSet::new();
+        let mut stats = None;
+        for p in &packets {
+            if p.has_trusted_packet_sequence_id() {
+                let seq = p.trusted_packet_sequence_id();
+                let first = seen_seq.insert(seq);
+                if !first && p.previous_packet_dropped() {
+                    *markers.entry(u64::from(seq)).or_default() += 1;
+                }
+            }
+            if p.has_service_event() {
+                let ev = p.service_event();
+                let ts = p.timestamp() as i64;
+                if ev.tracing_started() {
+                    e.tracing_started_ns = Some(ts);
+                }
+                if ev.tracing_disabled() {
+                    e.tracing_disabled_ns = Some(ts);
+                }
+            }
+            if p.has_trace_uuid() {
+                let u = p.trace_uuid();
+                let hex = format!("{:016x}{:016x}", u.msb() as u64, u.lsb() as u64);
+                e.uuid = Some(format!(
+                    "{}-{}-{}-{}-{}",
+                    &hex[..8],
+                    &hex[8..12],
+                    &hex[12..16],
+                    &hex[16..20],
+                    &hex[20..]
+                ));
+            }
+            if p.has_ftrace_events() && p.ftrace_events().lost_events() {
+                lost_cpus.insert(i64::from(p.ftrace_events().cpu()));
+            }
+            if p.has_trace_stats() {
+                stats = Some(p.trace_stats().clone());
+            }
+        }
+        let mut per_buffer_loss: BTreeMap<i64, i64> = BTreeMap::new();
+        if let Some(s) = &stats {
+            for (i, b) in s.buffer_stats.iter().enumerate() {
+                let i = i as i64;
+                for (name, v) in [
+                    ("traced_buf_buffer_size", b.buffer_size()),
+                    ("traced_buf_bytes_written", b.bytes_written()),
+                    ("traced_buf_bytes_overwritten", b.bytes_overwritten()),
+                    ("traced_buf_bytes_read", b.bytes_read()),
+                    (
+                        "traced_buf_padding_bytes_written",
+                        b.padding_bytes_written(),
+                    ),
+                    ("traced_buf_chunks_written", b.chunks_written()),
+                    ("traced_buf_chunks_overwritten", b.chunks_overwritten()),
+                    ("traced_buf_chunks_discarded", b.chunks_discarded()),
+                    ("traced_buf_chunks_read", b.chunks_read()),
+                    ("traced_buf_write_wrap_count", b.write_wrap_count()),
+                ] {
+                    e.buffer_stats.insert((name, i), v as i64);
+                }
+                if b.trace_writer_packet_loss() > 0 {
+                    e.data_loss.push((
+                        "traced_buf_trace_writer_packet_loss".into(),
+                        Some(i),
+                        b.trace_writer_packet_loss() as i64,
+                    ));
+                }
+            }
+            for w in &s.writer_stats {
+                e.writer_buffers.insert(w.sequence_id(), w.buffer());
+                let n = markers.get(&w.sequence_id()).copied().unwrap_or(0);
+                *per_buffer_loss.entry(i64::from(w.buffer())).or_default() += n;
+            }
+        }
+        for (b, n) in per_buffer_loss {
+            if n > 0 {
+                e.data_loss
+                    .push(("traced_buf_sequence_packet_loss".into(), Some(b), n));
+            }
+        }
+        for cpu in lost_cpus {
+            e.data_loss
+                .push(("ftrace_cpu_has_data_loss".into(), Some(cpu), 1));
+        }
+        e.data_loss.sort();
+        e
+    }
+}
+
+/// Loads `trace` in trace processor (if available) and checks it shows what
+/// the trace holds: no error stat, the buffer stats of the last
+/// `trace_stats`, exactly the expected `data_loss` rows, the session's start,
+/// end and UUID. Returns the handle for further queries.
+pub fn check(trace: &Path) -> Option<Tp> {
+    let tp = open(trace)?;
+    let data = std::fs::read(trace).expect("read the trace");
+    let want = Expected::of(&data);
+    let loss = tp.assert_no_errors();
+    assert_eq!(
+        loss,
+        want.data_loss,
+        "{}: trace processor's data_loss rows",
+        trace.display()
+    );
+    let got: BTreeMap<(String, i64), i64> = tp
+        .query(
+            "select name, idx, value from stats where name like 'traced_buf_%' and idx is not null",
+        )
+        .rows
+        .iter()
+        .map(|r| ((r[0].text().to_string(), r[1].int()), r[2].int()))
+        .collect();
+    for ((name, idx), v) in &want.buffer_stats {
+        assert_eq!(
+            got.get(&(name.to_string(), *idx)).copied().unwrap_or(0),
+            *v,
+            "{}: {name}[{idx}]",
+            trace.display()
+        );
+    }
+    let meta = |k: &str| tp.metadata(k).and_then(|v| v.opt_int());
+    assert_eq!(
+        meta("tracing_started_ns"),
+        want.tracing_started_ns,
+        "tracing_started"
+    );
+    if want.tracing_disabled_ns.is_some() {
+        assert_eq!(meta("tracing_disabled_ns"), want.tracing_disabled_ns);
+    }
+    assert_eq!(
+        tp.metadata("trace_uuid")
+            .and_then(|v| v.opt_text().map(String::from)),
+        want.uuid
+    );
+    Some(tp)
+}
