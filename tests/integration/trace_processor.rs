@@ -228,6 +228,20 @@ impl Tp {
         self.stats("data_loss")
     }
 
+    /// The triggers trace processor shows (instants on its "Trace Triggers"
+    /// track), in time order: (name, timestamp, producer).
+    pub fn triggers(&self) -> Vec<(String, i64, String)> {
+        self.query(
+            "select s.name, s.ts, extract_arg(s.arg_set_id, 'producer_name') as producer \
+             from slice s join track t on s.track_id = t.id \
+             where t.name = 'Trace Triggers' order by s.ts",
+        )
+        .rows
+        .iter()
+        .map(|r| (r[0].text().to_string(), r[1].int(), r[2].text().to_string()))
+        .collect()
+    }
+
     /// A `metadata` entry (int or string), if present.
     pub fn metadata(&self, name: &str) -> Option<Value> {
         let r = self.query(&format!(
@@ -297,7 +311,8 @@ fn parse(out: &str) -> Result<Rows, String> {
 }
 
 fn value(f: String) -> Value {
-    if f == "[NULL]" {
+    // NULL prints as `[NULL]`, quoted or not.
+    if f == "[NULL]" || f == "\"[NULL]\"" {
         Value::Null
     } else if let Some(s) = f.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
         Value::Text(s.to_string())
