@@ -500,3 +500,44 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
         crate::trace_processor::check(&kept);
     }
 }
+
+/// The bundled configs that need no root record traces trace processor
+/// reads cleanly and as recorded: quickstart's process tree, per-process
+/// memory and system counters; buffer_policies' two buffers, each with its
+/// own stats (the root-only ones are in the ftrace tests).
+#[test]
+fn bundled_configs_open_cleanly_in_trace_processor() {
+    for name in ["quickstart.cfg", "buffer_policies.cfg"] {
+        let text = std::fs::read_to_string(repo_root().join("configs").join(name)).expect("config");
+        let run = Run::new(&text);
+        let child = run.spawn("auto");
+        let pid = child.id() as i64;
+        let out = child.wait_with_output().expect("exits");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let packets = decode(&run.trace());
+        let Some(tp) = crate::trace_processor::check(&run.out) else {
+            return;
+        };
+        if name == "quickstart.cfg" {
+            crate::trace_processor::assert_process_view(&tp, &packets);
+            assert!(crate::trace_processor::assert_sys_stats_view(&tp, &packets) > 0);
+            let me = tp.query(&format!(
+                "select hex(cmdline) as c from process where pid = {pid}"
+            ));
+            assert_eq!(
+                me.rows.len(),
+                1,
+                "the recorder itself is in the process table"
+            );
+        } else {
+            let buffers = tp.query(
+                "select count(distinct idx) as n from stats where name = 'traced_buf_buffer_size'",
+            );
+            assert_eq!(buffers.scalar().int(), 2, "{name}: two buffers");
+        }
+    }
+}

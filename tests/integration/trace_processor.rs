@@ -534,3 +534,184 @@ pub fn check(trace: &Path) -> Option<Tp> {
     );
     Some(tp)
 }
+
+fn unhex(s: &str) -> String {
+    let bytes: Vec<u8> = (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Trace processor's process table shows every process and thread of the
+/// trace's `process_tree` packets (pid, parent pid, command line; thread
+/// tgid and name), and its per-process memory counters every value of the
+/// `process_stats` packets (kB as bytes), at their timestamps.
+pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::TracePacket]) {
+    let procs: BTreeMap<i64, (String, Option<i64>)> = tp
+        .query(
+            "select p.pid, hex(p.cmdline) as c, pp.pid as ppid from process p \
+             left join process pp on p.parent_upid = pp.upid where p.pid is not null",
+        )
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r[0].int(),
+                (unhex(r[1].opt_text().unwrap_or("")), r[2].opt_int()),
+            )
+        })
+        .collect();
+    let threads: BTreeMap<i64, (Option<i64>, String)> = tp
+        .query(
+            "select t.tid, p.pid, hex(t.name) as n from thread t left join process p using (upid)",
+        )
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r[0].int(),
+                (r[1].opt_int(), unhex(r[2].opt_text().unwrap_or(""))),
+            )
+        })
+        .collect();
+    let mut want_counters = BTreeMap::new();
+    let mut seen = 0;
+    for p in packets {
+        for pr in &p.process_tree().processes {
+            seen += 1;
+            let (cmdline, ppid) = procs
+                .get(&i64::from(pr.pid()))
+                .unwrap_or_else(|| panic!("pid {} missing from trace processor", pr.pid()));
+            // Trace processor drops a kworker's "-workqueue" or "+workqueue"
+            // suffix (it changes with the work item).
+            let ours = pr.cmdline.join(" ");
+            let ours = match ours.split_once(['-', '+']) {
+                Some((head, _)) if ours.starts_with("kworker/") => head.to_string(),
+                _ => ours,
+            };
+            assert_eq!(*cmdline, ours, "pid {}", pr.pid());
+            // The kernel's own pid 0 is not a process trace processor keeps.
+            if pr.ppid() > 0 {
+                assert_eq!(*ppid, Some(i64::from(pr.ppid())), "parent of {}", pr.pid());
+            }
+        }
+        for th in &p.process_tree().threads {
+            let (tgid, name) = threads
+                .get(&i64::from(th.tid()))
+                .unwrap_or_else(|| panic!("tid {} missing from trace processor", th.tid()));
+            assert_eq!(*tgid, Some(i64::from(th.tgid())), "tgid of {}", th.tid());
+            if th.has_name() {
+                assert_eq!(name, th.name(), "name of {}", th.tid());
+            }
+        }
+        let ts = p.timestamp() as i64;
+        for pr in &p.process_stats().processes {
+            let pid = i64::from(pr.pid());
+            for (name, has, kb) in [
+                ("mem.virt", pr.has_vm_size_kb(), pr.vm_size_kb()),
+                ("mem.rss", pr.has_vm_rss_kb(), pr.vm_rss_kb()),
+                ("mem.rss.anon", pr.has_rss_anon_kb(), pr.rss_anon_kb()),
+                ("mem.rss.file", pr.has_rss_file_kb(), pr.rss_file_kb()),
+                ("mem.rss.shmem", pr.has_rss_shmem_kb(), pr.rss_shmem_kb()),
+                ("mem.swap", pr.has_vm_swap_kb(), pr.vm_swap_kb()),
+                ("mem.locked", pr.has_vm_locked_kb(), pr.vm_locked_kb()),
+                ("mem.rss.watermark", pr.has_vm_hwm_kb(), pr.vm_hwm_kb()),
+            ] {
+                if has {
+                    want_counters.insert((name.to_string(), pid, ts), (kb * 1024) as i64);
+                }
+            }
+            if pr.has_oom_score_adj() {
+                want_counters.insert(("oom_score_adj".into(), pid, ts), pr.oom_score_adj());
+            }
+        }
+    }
+    assert!(seen > 0 || !want_counters.is_empty(), "nothing to compare");
+    if want_counters.is_empty() {
+        return;
+    }
+    let got: BTreeMap<(String, i64, i64), i64> = tp
+        .query(
+            "select pct.name, p.pid, c.ts, c.value from counter c \
+             join process_counter_track pct on c.track_id = pct.id join process p using (upid)",
+        )
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                (r[0].text().to_string(), r[1].int(), r[2].int()),
+                r[3].int(),
+            )
+        })
+        .collect();
+    for (k, v) in &want_counters {
+        assert_eq!(got.get(k), Some(v), "process counter {k:?}");
+    }
+}
+
+/// Trace processor's system counter tracks hold every value of the trace's
+/// `sys_stats` packets at their timestamps: meminfo (kB as bytes), vmstat,
+/// per-CPU times and the fork count. Returns how many values were compared.
+pub fn assert_sys_stats_view(
+    tp: &Tp,
+    packets: &[perfetto_protos::trace_packet::TracePacket],
+) -> usize {
+    use protobuf::Enum;
+    let mut want: BTreeMap<(String, Option<i64>, i64), i64> = BTreeMap::new();
+    for p in packets.iter().filter(|p| p.has_sys_stats()) {
+        let s = p.sys_stats();
+        let ts = p.timestamp() as i64;
+        for m in &s.meminfo {
+            let id = m.key().value() as u32;
+            let (name, _) = recorder::sources::sys_stats::MEMINFO_KEYS
+                .iter()
+                .find(|(_, n)| *n == id)
+                .expect("known meminfo key");
+            want.insert((name.to_string(), None, ts), (m.value() * 1024) as i64);
+        }
+        for v in &s.vmstat {
+            let id = v.key().value() as u32;
+            let (name, _) = recorder::sources::sys_stats::VMSTAT_KEYS
+                .iter()
+                .find(|(_, n)| *n == id)
+                .expect("known vmstat key");
+            want.insert((name.to_string(), None, ts), v.value() as i64);
+        }
+        for c in &s.cpu_stat {
+            let cpu = Some(i64::from(c.cpu_id()));
+            for (name, v) in [
+                ("cpu.times.user_ns", c.user_ns()),
+                ("cpu.times.user_nice_ns", c.user_nice_ns()),
+                ("cpu.times.system_mode_ns", c.system_mode_ns()),
+                ("cpu.times.idle_ns", c.idle_ns()),
+                ("cpu.times.io_wait_ns", c.io_wait_ns()),
+                ("cpu.times.irq_ns", c.irq_ns()),
+                ("cpu.times.softirq_ns", c.softirq_ns()),
+            ] {
+                want.insert((name.to_string(), cpu, ts), v as i64);
+            }
+        }
+        if s.has_num_forks() {
+            want.insert(("num_forks".into(), None, ts), s.num_forks() as i64);
+        }
+    }
+    let got: BTreeMap<(String, Option<i64>, i64), i64> = tp
+        .query(
+            "select ct.name, extract_arg(ct.dimension_arg_set_id, 'cpu') as cpu, c.ts, c.value \
+             from counter c join counter_track ct on c.track_id = ct.id \
+             where ct.type in ('meminfo', 'vmstat', 'cpustat', 'num_forks')",
+        )
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                (r[0].text().to_string(), r[1].opt_int(), r[2].int()),
+                r[3].int(),
+            )
+        })
+        .collect();
+    for (k, v) in &want {
+        assert_eq!(got.get(k), Some(v), "system counter {k:?}");
+    }
+    want.len()
+}
