@@ -1152,14 +1152,18 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 continue;
             }
         };
-        std::fs::write(rec.marker(), format!("running {name}")).expect("trace_marker");
+        // An atrace slice (trace processor parses prints as atrace; plain
+        // text would be a systrace_parse_failure).
+        let me = std::process::id();
+        std::fs::write(rec.marker(), format!("B|{me}|running {name}")).expect("trace_marker");
+        std::fs::write(rec.marker(), format!("E|{me}")).expect("trace_marker");
         std::thread::sleep(Duration::from_millis(1000));
         let log = rec.interrupt_and_wait();
         let p = decode(&std::fs::read(&out).expect("trace"));
         let b = bundles(&p);
         assert!(!b.is_empty(), "{name}: no ftrace bundles");
         if prints {
-            let want = format!("running {name}\n");
+            let want = format!("B|{me}|running {name}\n");
             assert!(
                 events(&p)
                     .iter()
@@ -1186,6 +1190,17 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 p.iter().any(|p| p.has_process_tree()),
                 "{name}: no process tree"
             );
+        }
+        // Trace processor reads it with no error stat and the loss the trace
+        // holds (none here), and sees the scheduling the bundles carry.
+        if let Some(tp) = crate::trace_processor::check(&out) {
+            assert_ftrace_events_agree(&tp, &out);
+            if prints {
+                let slices = tp.query(&format!(
+                    "select count(*) from slice where name = 'running {name}'"
+                ));
+                assert_eq!(slices.scalar().int(), 1, "{name}: the marker's slice");
+            }
         }
         ran.push(name);
     }
@@ -1269,4 +1284,69 @@ duration_ms: 60000
     let flagged = bundles(&p).iter().filter(|b| b.lost_events()).count() as u64;
     assert_eq!(ft["bundles_after_loss"].as_u64(), Some(flagged));
     assert!(flagged > 0);
+    // Trace processor, independently: a data_loss row for each CPU whose
+    // bundles say events were lost, and per-CPU kernel losses adding up to
+    // the figure of the summary and of inspect.
+    if let Some(tp) = crate::trace_processor::open(&out) {
+        let lost_cpus: BTreeSet<i64> = bundles(&p)
+            .iter()
+            .filter(|b| b.lost_events())
+            .map(|b| i64::from(b.cpu()))
+            .collect();
+        let rows: BTreeSet<i64> = tp
+            .stats("data_loss")
+            .into_iter()
+            .filter(|(n, _, _)| n == "ftrace_cpu_has_data_loss")
+            .filter_map(|(_, idx, _)| idx)
+            .collect();
+        assert_eq!(rows, lost_cpus, "CPUs trace processor marks as lossy");
+        let tp_lost: i64 = tp
+            .query(
+                "select coalesce(sum(value), 0) from stats where name in \
+                 ('ftrace_cpu_overrun_delta', 'ftrace_cpu_dropped_events_delta')",
+            )
+            .scalar()
+            .int();
+        assert_eq!(
+            tp_lost as u64, lost,
+            "kernel losses: trace processor vs summary"
+        );
+        assert_eq!(
+            tp_lost as u64, per_cpu,
+            "kernel losses: trace processor vs inspect"
+        );
+    }
+}
+
+/// Trace processor's `ftrace_event` table holds every event the trace's
+/// bundles carry, as `recorder inspect` counts them, except the ones it
+/// drops by design (each CPU's first compact sched_switch, which has no
+/// previous task, and events from before tracing started), which it counts.
+fn assert_ftrace_events_agree(tp: &crate::trace_processor::Tp, trace: &std::path::Path) {
+    let inspect = std::process::Command::new(common::recorder_bin())
+        .args(["inspect", "--json"])
+        .arg(trace)
+        .output()
+        .expect("inspect runs");
+    assert!(inspect.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    let ours = j["ftrace"]["events"].as_i64().expect("ftrace events");
+    let shown = tp.query("select count(*) from ftrace_event").scalar().int();
+    let skipped = tp.stat("compact_sched_switch_skipped", None)
+        + tp.stat("compact_sched_waking_skipped", None)
+        + tp.stat("ftrace_packet_before_tracing_start", None);
+    // Events trace processor keeps only as counters (CPU frequency, idle).
+    let counters_only = tp
+        .query(
+            "select count(*) from counter c join track t on c.track_id = t.id \
+             where t.type in ('cpu_frequency', 'cpu_idle')",
+        )
+        .scalar()
+        .int();
+    assert_eq!(
+        shown + skipped + counters_only,
+        ours,
+        "{}: ftrace_event rows ({shown}) + skipped ({skipped}) + counters ({counters_only}) vs inspect",
+        trace.display()
+    );
 }

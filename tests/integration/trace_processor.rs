@@ -401,6 +401,18 @@ impl Expected {
         let mut lost_cpus = std::collections::BTreeSet::new();
         let mut stats = None;
         for p in &packets {
+            if p.has_trace_config() && p.trace_config().write_into_file() {
+                for (i, b) in p.trace_config().buffers.iter().enumerate() {
+                    use perfetto_protos::trace_config::trace_config::buffer_config::FillPolicy;
+                    if b.fill_policy() == FillPolicy::DISCARD {
+                        e.data_loss.push((
+                            "config_write_into_file_discard".into(),
+                            Some(i as i64),
+                            1,
+                        ));
+                    }
+                }
+            }
             if p.has_trusted_packet_sequence_id() {
                 let seq = p.trusted_packet_sequence_id();
                 let first = seen_seq.insert(seq);
