@@ -1350,3 +1350,180 @@ fn assert_ftrace_events_agree(tp: &crate::trace_processor::Tp, trace: &std::path
         trace.display()
     );
 }
+
+/// Scheduling recorded on the binary, as trace processor shows it: two named
+/// threads of this process bounce a byte; `sched` has slices for both with
+/// their names, `thread_state` has them running and sleeping, and the
+/// process they belong to is this test with its command line (from
+/// linux.process_stats). The `ftrace_event` rows agree with inspect.
+#[test]
+fn real_kernel_sched_in_trace_processor_has_thread_and_process_names() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut rec, out) = Started::on_text(
+        dir.path(),
+        "sched",
+        r#"
+buffers { size_kb: 16384 }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "sched/sched_switch"
+  ftrace_events: "sched/sched_waking"
+  ftrace_events: "task/task_newtask"
+  ftrace_events: "task/task_rename"
+  drain_period_ms: 100
+} } }
+data_sources { config { name: "linux.process_stats" process_stats_config {
+  scan_all_processes_on_start: true
+  record_thread_names: true
+} } }
+duration_ms: 60000
+"#,
+    );
+    let (r1, w1) = rustix::pipe::pipe().expect("pipe");
+    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    let rounds = 3000;
+    let pong = std::thread::Builder::new()
+        .name("tp-pong".into())
+        .spawn(move || {
+            let mut b = [0u8; 1];
+            for _ in 0..rounds {
+                rustix::io::read(&r1, &mut b).expect("read");
+                rustix::io::write(&w2, &b).expect("write");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
+    let ping = std::thread::Builder::new()
+        .name("tp-ping".into())
+        .spawn(move || {
+            let mut b = [1u8; 1];
+            for _ in 0..rounds {
+                rustix::io::write(&w1, &b).expect("write");
+                rustix::io::read(&r2, &mut b).expect("read");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
+    let tids = [
+        ("tp-ping", ping.join().expect("ping")),
+        ("tp-pong", pong.join().expect("pong")),
+    ];
+    std::thread::sleep(Duration::from_millis(300));
+    rec.interrupt_and_wait();
+    let Some(tp) = crate::trace_processor::check(&out) else {
+        return;
+    };
+    assert_ftrace_events_agree(&tp, &out);
+    let me = std::process::id();
+    let cmdline: Vec<String> = std::env::args().collect();
+    for (name, tid) in tids {
+        let r = tp.query(&format!(
+            "select t.name, p.pid, hex(p.cmdline) as c, count(*) as slices, sum(s.dur) as dur \
+             from sched s join thread t using (utid) left join process p using (upid) \
+             where t.tid = {tid} group by t.utid"
+        ));
+        let m = &r.maps()[0];
+        assert_eq!(m["name"].text(), name, "tid {tid}");
+        assert_eq!(
+            m["pid"].int(),
+            i64::from(me),
+            "{name} belongs to this process"
+        );
+        assert_eq!(
+            crate::trace_processor::unhex(m["c"].text()),
+            cmdline.join(" "),
+            "the process's command line"
+        );
+        assert!(
+            m["slices"].int() >= 100 && m["dur"].int() > 0,
+            "{name}: {m:?}"
+        );
+        let states: BTreeSet<String> = tp
+            .query(&format!(
+                "select distinct state from thread_state join thread using (utid) where tid = {tid}"
+            ))
+            .column("state")
+            .iter()
+            .map(|v| v.text().to_string())
+            .collect();
+        assert!(
+            states.contains("Running") && states.contains("S"),
+            "{name} runs and sleeps: {states:?}"
+        );
+    }
+}
+
+/// The bundled configs that need root: long_trace (streamed, stopped with
+/// SIGINT) and flight_recorder (stopped by its trigger) record traces trace
+/// processor reads with no error stat, their scheduling events and process
+/// data as recorded.
+#[test]
+fn bundled_root_configs_open_cleanly_in_trace_processor() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let configs = common::repo_root().join("configs");
+    let tmp = tempfile::tempdir().expect("tmp");
+
+    let out = tmp.path().join("long_trace.pftrace");
+    let mut rec = Started::spawn(&configs.join("long_trace.cfg"), &out);
+    ping_pong(2000);
+    std::thread::sleep(Duration::from_millis(1200));
+    rec.interrupt_and_wait();
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    if let Some(tp) = crate::trace_processor::check(&out) {
+        assert_ftrace_events_agree(&tp, &out);
+        crate::trace_processor::assert_process_view(&tp, &p);
+        assert!(tp.query("select count(*) from sched").scalar().int() > 0);
+    }
+
+    // The flight recorder, in a runtime directory of its own.
+    let run_dir = tmp.path().join("run");
+    let out = tmp.path().join("flight.pftrace");
+    let recorder = |args: &[&str]| {
+        std::process::Command::new(common::recorder_bin())
+            .args(args)
+            .env("RECORDER_RUNTIME_DIR", &run_dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("recorder runs")
+    };
+    let child = std::process::Command::new(common::recorder_bin())
+        .arg("--config")
+        .arg(configs.join("flight_recorder.cfg"))
+        .arg("-o")
+        .arg(&out)
+        .env("RECORDER_RUNTIME_DIR", &run_dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("recorder starts");
+    let sock = run_dir.join(format!("recorder-{}.trigger", child.id()));
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ping_pong(2000);
+    std::thread::sleep(Duration::from_millis(500));
+    let t = recorder(&["trigger", "crash-detected"]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let done = child.wait_with_output().expect("exits");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    if let Some(tp) = crate::trace_processor::check(&out) {
+        assert_ftrace_events_agree(&tp, &out);
+        crate::trace_processor::assert_process_view(&tp, &p);
+        let trig = tp.triggers();
+        assert_eq!(trig.len(), 1);
+        assert_eq!(trig[0].0, "crash-detected");
+    }
+}

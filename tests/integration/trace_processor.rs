@@ -547,7 +547,9 @@ pub fn check(trace: &Path) -> Option<Tp> {
     Some(tp)
 }
 
-fn unhex(s: &str) -> String {
+/// Decodes the `hex()` of a string column (strings with quotes are not
+/// safe in the shell's output).
+pub fn unhex(s: &str) -> String {
     let bytes: Vec<u8> = (0..s.len() / 2)
         .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
         .collect();
