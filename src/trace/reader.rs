@@ -592,8 +592,8 @@ pub struct PacketInfo {
     pub timestamp: Option<u64>,
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
-    /// `for_testing.seq_value`.
-    pub for_testing_seq: Option<u64>,
+    /// `for_testing.counter` (0, 1, 2, … per sequence).
+    pub for_testing_counter: Option<u64>,
     /// The TracingServiceEvent fields set, in order.
     pub service_events: Vec<u32>,
     /// Decoded when the packet is a `trace_stats` one.
@@ -627,8 +627,8 @@ impl PacketInfo {
             let Value::Len(body) = v else { return };
             let r = match f {
                 field::FOR_TESTING => for_each_field(body, |tf, tv| {
-                    if let (2, Value::Varint(x)) = (tf, tv) {
-                        p.for_testing_seq = Some(x);
+                    if let (3, Value::Varint(x)) = (tf, tv) {
+                        p.for_testing_counter = Some(x);
                     }
                 }),
                 field::SERVICE_EVENT => for_each_field(body, |sf, _| p.service_events.push(sf)),
@@ -736,7 +736,7 @@ mod tests {
         key(8, 0, &mut p);
         varint(123_456, &mut p);
         key(900, 2, &mut p);
-        let body = [0x10, 0x2a]; // seq_value = 42
+        let body = [0x10, 0x07, 0x18, 0x2a]; // seq_value = 7, counter = 42
         varint(body.len() as u64, &mut p);
         p.extend_from_slice(&body);
         key(10, 0, &mut p);
@@ -748,7 +748,7 @@ mod tests {
         assert_eq!(info.timestamp, Some(123_456));
         assert_eq!(info.trusted_packet_sequence_id, Some(3));
         assert_eq!(info.previous_packet_dropped, 1);
-        assert_eq!(info.for_testing_seq, Some(42));
+        assert_eq!(info.for_testing_counter, Some(42));
 
         let mut s = Vec::new();
         let mut stats = Vec::new();
