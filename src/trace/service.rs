@@ -489,6 +489,10 @@ mod tests {
             w.write_packet(&[0x08, 1]).expect("fits");
             w.flush();
         }
+        // A finished sequence whose data was read still counts.
+        drop(w5);
+        b.take_flush().release();
+        b.take_flush().release();
         let rec = TraceStatsRecord::of_buffers([&*a, &*b]);
         assert_eq!(rec.total_buffers, 2);
         assert!(rec.buffers.iter().all(|s| s.padding_bytes_written == 0));

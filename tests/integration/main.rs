@@ -12,3 +12,4 @@ mod schema;
 mod storage;
 mod triggers;
 mod trace_processor;
+mod loss;
