@@ -541,3 +541,50 @@ fn bundled_configs_open_cleanly_in_trace_processor() {
         }
     }
 }
+
+/// A streaming session flushes its data sources as often as the
+/// `trace_config` it records says (`flush_period_ms`, the flush plan's
+/// period), so trace processor can sort the file incrementally at each
+/// flush marker instead of holding it whole.
+#[test]
+#[ignore = "needs the session to flush on its FlushPlan while it runs"]
+fn streaming_sessions_flush_as_often_as_their_trace_config_says() {
+    for (extra, period_ms) in [
+        (
+            "write_flush_mode: WRITE_FLUSH_ENABLED file_write_period_ms: 300",
+            300u64,
+        ),
+        (
+            "write_flush_mode: WRITE_FLUSH_DISABLED flush_period_ms: 250 file_write_period_ms: 1000",
+            250,
+        ),
+    ] {
+        let run = Run::new(&test_config(
+            4096,
+            "RING_BUFFER",
+            &format!("duration_ms: 2000 write_into_file: true {extra}"),
+            "message_count: 0 max_messages_per_second: 1000 message_size: 16",
+        ));
+        let out = run.run("auto");
+        assert!(out.status.success());
+        let packets = decode(&run.trace());
+        let recorded = packets
+            .iter()
+            .find(|p| p.has_trace_config())
+            .expect("trace_config")
+            .trace_config()
+            .flush_period_ms();
+        assert_eq!(u64::from(recorded), period_ms, "{extra}");
+        let flushes: Vec<u64> = packets
+            .iter()
+            .filter(|p| p.has_service_event() && p.service_event().all_data_sources_flushed())
+            .map(|p| p.timestamp())
+            .collect();
+        assert!(
+            flushes.len() as u64 >= 2000 / period_ms - 1,
+            "{extra}: {} flushes in 2 s",
+            flushes.len()
+        );
+        crate::trace_processor::check(&run.out);
+    }
+}
