@@ -13,3 +13,4 @@ mod storage;
 mod triggers;
 mod trace_processor;
 mod loss;
+mod open;
