@@ -1335,18 +1335,10 @@ fn assert_ftrace_events_agree(tp: &crate::trace_processor::Tp, trace: &std::path
     let skipped = tp.stat("compact_sched_switch_skipped", None)
         + tp.stat("compact_sched_waking_skipped", None)
         + tp.stat("ftrace_packet_before_tracing_start", None);
-    // Events trace processor keeps only as counters (CPU frequency, idle).
-    let counters_only = tp
-        .query(
-            "select count(*) from counter c join track t on c.track_id = t.id \
-             where t.type in ('cpu_frequency', 'cpu_idle')",
-        )
-        .scalar()
-        .int();
     assert_eq!(
-        shown + skipped + counters_only,
+        shown + skipped,
         ours,
-        "{}: ftrace_event rows ({shown}) + skipped ({skipped}) + counters ({counters_only}) vs inspect",
+        "{}: ftrace_event rows ({shown}) + skipped ({skipped}) vs inspect",
         trace.display()
     );
 }
