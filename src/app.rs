@@ -11,9 +11,9 @@ use crate::config::spec::{self, RecorderSpec, SourceKind};
 use crate::control::history::TriggerHistory;
 use crate::control::runtime_dir;
 use crate::control::server::ControlServer;
-use crate::event_loop::{self, Outcome, Recording, SessionBuffer};
+use crate::event_loop::{Recording, SessionBuffer};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
-use crate::session::{self, Session, Timeline, TriggerMode, TriggerRule};
+use crate::session::{Session, Timeline, TimelineError, TriggerMode};
 use crate::sources::DataSource;
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::FtraceOptions;
@@ -40,8 +40,8 @@ pub enum AppError {
         name: String,
         msg: String,
     },
-    #[error("triggers[{index}].producer_name_regex: {msg}")]
-    Regex { index: usize, msg: String },
+    #[error(transparent)]
+    Timeline(#[from] TimelineError),
     #[error("control socket: {0} (needed for triggers)")]
     Control(String),
 }
@@ -60,46 +60,6 @@ pub struct RunOptions {
 
 /// The first sequence id of data sources; 1 is the recorder's own.
 const FIRST_SOURCE_SEQUENCE: u32 = 2;
-
-/// Builds the session's timeline from the spec.
-pub fn timeline(spec: &RecorderSpec) -> Result<Timeline, AppError> {
-    let (mode, trigger_timeout, rules) = match &spec.trigger {
-        None => (TriggerMode::None, std::time::Duration::ZERO, Vec::new()),
-        Some(plan) => {
-            let mode = match plan.mode {
-                spec::TriggerMode::StartTracing => TriggerMode::StartTracing,
-                spec::TriggerMode::StopTracing => TriggerMode::StopTracing,
-                spec::TriggerMode::CloneSnapshot => TriggerMode::CloneSnapshot,
-            };
-            let mut rules = Vec::new();
-            for (index, t) in plan.triggers.iter().enumerate() {
-                let producer_regex = match &t.producer_name_regex {
-                    Some(p) => Some(session::anchored(p).map_err(|e| AppError::Regex {
-                        index,
-                        msg: e.to_string(),
-                    })?),
-                    None => None,
-                };
-                rules.push(TriggerRule {
-                    name: t.name.clone(),
-                    producer_regex,
-                    stop_delay: t.stop_delay,
-                    max_per_24h: t.max_per_24_h.unwrap_or(0),
-                    skip_probability: t.skip_probability,
-                });
-            }
-            (mode, plan.timeout, rules)
-        }
-    };
-    Ok(Timeline {
-        duration: spec.duration,
-        mode,
-        trigger_timeout,
-        rules,
-        write_period: spec.file.as_ref().map(|f| f.write_period),
-        stats_period: std::time::Duration::from_secs(10),
-    })
-}
 
 /// Builds every runtime object of the session.
 pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppError> {
@@ -219,7 +179,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     log.disable_system_info = spec.builtin.disable_system_info;
     log.disable_service_events = spec.builtin.disable_service_events;
 
-    let timeline = timeline(spec)?;
+    let timeline = Timeline::from_spec(spec)?;
     let needs_control = timeline.mode != TriggerMode::None;
     let (control, history) = match runtime_dir::for_server() {
         Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
@@ -255,18 +215,11 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         log,
         max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),
         fsync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
-        flush_timeout: spec.flush_timeout,
         control,
         history,
         config_label: opts.config_label.clone(),
         status_line: opts.status_line,
     })
-}
-
-/// Builds and runs a session to its end.
-pub fn record(spec: &RecorderSpec, opts: &RunOptions) -> Result<Outcome, AppError> {
-    let rec = build(spec, opts)?;
-    Ok(event_loop::run(rec))
 }
 
 /// The output path made absolute, so it survives `--background`'s chdir.

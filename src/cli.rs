@@ -140,6 +140,14 @@ pub enum Command {
         #[arg(long, conflicts_with = "pid")]
         all: bool,
     },
+    /// Start a session configured with `deferred_start` (its owner or root).
+    Start {
+        /// The session's PID (optional when only one runs).
+        pid: Option<u32>,
+        /// Start every session you may start.
+        #[arg(long, conflicts_with = "pid")]
+        all: bool,
+    },
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(crate::command::bench::BenchArgs),
     /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.
@@ -288,6 +296,7 @@ pub fn run(cli: Cli) -> u8 {
         }
         Some(Command::Query { json }) => crate::command::control::query(json),
         Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
+        Some(Command::Start { pid, all }) => crate::command::control::start(pid, all),
         Some(Command::Bench(args)) => crate::command::bench::run(&args),
         Some(Command::Open {
             file,

@@ -32,6 +32,7 @@
 //! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
 //! the io_uring sink, each block justified by a numbered invariant.
 
+pub mod bytes;
 pub mod clock;
 pub mod protos;
 pub mod ringbuf;

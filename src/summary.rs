@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::event_loop::{Outcome, describe, human_bytes};
+use crate::bytes::HumanBytes;
+use crate::event_loop::Outcome;
 use crate::session::{StopReason, Timeline, TriggerMode};
 
 /// The summary for people (several lines, no trailing newline).
@@ -13,12 +14,12 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
         s,
         "recorder: {} — {} in {:.1} s ({}, {} write passes)",
         o.output_label,
-        human_bytes(o.bytes_written),
+        HumanBytes(o.bytes_written),
         o.elapsed.as_secs_f64(),
         o.sink_kind,
         o.passes
     );
-    let _ = writeln!(s, "  ended: {}", describe(&o.reason));
+    let _ = writeln!(s, "  ended: {}", o.reason);
     match (&o.reason, t.mode) {
         (StopReason::TriggerTimeout, m) if m != TriggerMode::None => {
             let _ = writeln!(
@@ -61,9 +62,9 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             s,
             "  buffer {i} ({}, {}): {} packets, {} written",
             b.policy,
-            human_bytes(st.buffer_size),
+            HumanBytes(st.buffer_size),
             st.packets_written,
-            human_bytes(st.bytes_written)
+            HumanBytes(st.bytes_written)
         );
         if lost == 0 && st.packets_refused == 0 {
             let _ = writeln!(s, ", nothing lost");
@@ -79,7 +80,7 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             let _ = writeln!(
                 s,
                 "    {} overwritten ({} packets, RING_BUFFER): {advice}",
-                human_bytes(st.bytes_overwritten),
+                HumanBytes(st.bytes_overwritten),
                 st.packets_overwritten
             );
         }
@@ -87,7 +88,7 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             let _ = writeln!(
                 s,
                 "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
-                human_bytes(st.bytes_discarded),
+                HumanBytes(st.bytes_discarded),
                 st.packets_discarded,
                 if t.write_period.is_some() {
                     " or shorten file_write_period_ms"

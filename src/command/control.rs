@@ -1,9 +1,9 @@
-//! `recorder trigger`, `query` and `stop`.
+//! `recorder trigger`, `query`, `stop` and `start`.
 
+use crate::bytes::HumanBytes;
 use crate::cli::{EXIT_OK, EXIT_RUNTIME};
 use crate::control::client;
 use crate::control::message::SessionStatus;
-use crate::event_loop::human_bytes;
 
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them, 1 otherwise, saying which.
@@ -77,7 +77,7 @@ fn status_text(s: &SessionStatus) -> String {
         s.uid,
         s.state,
         s.elapsed_ms as f64 / 1000.0,
-        human_bytes(s.bytes_written),
+        HumanBytes(s.bytes_written),
         s.output,
         s.config
     );
@@ -91,10 +91,10 @@ fn status_text(s: &SessionStatus) -> String {
             "  buffer {} ({}, {}): {fill:.0}% full, {} written, {} overwritten, {} discarded, {} packets lost\n",
             b.index,
             b.policy,
-            human_bytes(b.size_bytes),
-            human_bytes(b.bytes_written),
-            human_bytes(b.bytes_overwritten),
-            human_bytes(b.bytes_discarded),
+            HumanBytes(b.size_bytes),
+            HumanBytes(b.bytes_written),
+            HumanBytes(b.bytes_overwritten),
+            HumanBytes(b.bytes_discarded),
             b.packets_lost
         ));
     }
@@ -103,6 +103,23 @@ fn status_text(s: &SessionStatus) -> String {
 
 /// Stops one session, or all the caller may stop.
 pub fn stop(pid: Option<u32>, all: bool) -> u8 {
+    each_target("stop", pid, all, client::stop, "stopping")
+}
+
+/// Starts one `deferred_start` session, or all the caller may start.
+pub fn start(pid: Option<u32>, all: bool) -> u8 {
+    each_target("start", pid, all, client::start, "started")
+}
+
+/// Sends `what` to session `pid`, or to every session with `all`, or to the
+/// only one running.
+fn each_target(
+    name: &str,
+    pid: Option<u32>,
+    all: bool,
+    what: impl Fn(u32) -> Result<(), crate::control::ControlError>,
+    done: &str,
+) -> u8 {
     let targets: Vec<u32> = match (pid, all) {
         (Some(p), _) => vec![p],
         (None, true) => client::sessions().iter().map(|s| s.pid).collect(),
@@ -112,7 +129,7 @@ pub fn stop(pid: Option<u32>, all: bool) -> u8 {
                 vec![s[0].pid]
             } else {
                 eprintln!(
-                    "recorder stop: {} sessions running: name a PID or give --all",
+                    "recorder {name}: {} sessions running: name a PID or give --all",
                     s.len()
                 );
                 return EXIT_RUNTIME;
@@ -121,10 +138,10 @@ pub fn stop(pid: Option<u32>, all: bool) -> u8 {
     };
     let mut code = EXIT_OK;
     for p in targets {
-        match client::stop(p) {
-            Ok(()) => eprintln!("session {p}: stopping"),
+        match what(p) {
+            Ok(()) => eprintln!("session {p}: {done}"),
             Err(e) => {
-                eprintln!("recorder stop: {e}");
+                eprintln!("recorder {name}: {e}");
                 code = EXIT_RUNTIME;
             }
         }

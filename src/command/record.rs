@@ -5,7 +5,6 @@ use std::path::Path;
 use crate::app::{self, RunOptions};
 use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MainArgs};
 use crate::config::RecorderSpec;
-use crate::session::StopReason;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
 
@@ -91,8 +90,9 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     let timeline = rec.session.timeline().clone();
     let outcome = crate::event_loop::run(rec);
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
-    match outcome.reason {
-        StopReason::OutputFailed(_) | StopReason::SourceFailed(_) => EXIT_RUNTIME,
-        _ => EXIT_OK,
+    if outcome.reason.is_failure() {
+        EXIT_RUNTIME
+    } else {
+        EXIT_OK
     }
 }

@@ -135,14 +135,24 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, String>)> {
 
 /// Asks session `pid` to stop gracefully.
 pub fn stop(pid: u32) -> Result<(), ControlError> {
+    expect(pid, &Request::Stop {}, |r| matches!(r, Reply::Stopping))
+}
+
+/// Asks `deferred_start` session `pid` to start.
+pub fn start(pid: u32) -> Result<(), ControlError> {
+    expect(pid, &Request::Start {}, |r| matches!(r, Reply::Started))
+}
+
+/// Sends `req` to session `pid`'s control socket; `ok` recognises success.
+fn expect(pid: u32, req: &Request, ok: impl Fn(&Reply) -> bool) -> Result<(), ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
         return Err(ControlError::Session {
             pid,
             msg: "no such running session".into(),
         });
     };
-    match request(&s.control, pid, &Request::Stop {})? {
-        Reply::Stopping => Ok(()),
+    match request(&s.control, pid, req)? {
+        r if ok(&r) => Ok(()),
         Reply::Refused(msg) => Err(ControlError::Session { pid, msg }),
         other => Err(ControlError::BadReply {
             pid,

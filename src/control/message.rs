@@ -31,6 +31,8 @@ pub enum Request {
     },
     Query {},
     Stop {},
+    /// Start a `deferred_start` session.
+    Start {},
 }
 
 /// Why a request was refused.
@@ -78,10 +80,12 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
                 return Err(Refusal::BadName(bad.clone()));
             }
         }
-        Request::Query {} | Request::Stop {} if endpoint == Endpoint::Trigger => {
+        Request::Query {} | Request::Stop {} | Request::Start {}
+            if endpoint == Endpoint::Trigger =>
+        {
             return Err(Refusal::NotAllowedHere);
         }
-        Request::Query {} | Request::Stop {} => {}
+        Request::Query {} | Request::Stop {} | Request::Start {} => {}
     }
     Ok(req)
 }
@@ -138,6 +142,8 @@ pub enum Reply {
     Triggers(Vec<TriggerOutcome>),
     Status(SessionStatus),
     Stopping,
+    /// A `deferred_start` session started.
+    Started,
     Refused(String),
 }
 
@@ -203,6 +209,7 @@ mod tests {
     fn replies_round_trip() {
         for r in [
             Reply::Stopping,
+            Reply::Started,
             Reply::Refused("no".into()),
             Reply::Triggers(vec![TriggerOutcome {
                 name: "t".into(),

@@ -43,6 +43,10 @@ pub trait DataSource: Send {
     fn flush(&mut self, timeout: Duration) -> Result<(), SourceError>;
     /// Stops producing; afterwards the source writes nothing more.
     fn stop(&mut self) -> Result<(), SourceError>;
+    /// Drops incremental state (interning tables, "already emitted" sets), so
+    /// the next packets stand on their own (`incremental_state_config`, and
+    /// the start of each output segment).
+    fn clear_incremental_state(&mut self) {}
     /// A failure raised on the source's own thread since the last call.
     fn take_failure(&mut self) -> Option<String> {
         None

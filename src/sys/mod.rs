@@ -3,3 +3,4 @@
 #![allow(unsafe_code)]
 pub mod daemon;
 pub mod iov;
+pub mod signals;

@@ -158,7 +158,7 @@ fn ring_overwrite_while_streaming_agrees_everywhere() {
     assert!(
         s.contains(&format!(
             "{} overwritten (",
-            recorder::event_loop::human_bytes(b.bytes_overwritten())
+            recorder::bytes::HumanBytes(b.bytes_overwritten())
         )),
         "summary vs trace_stats:\n{s}"
     );

@@ -82,7 +82,7 @@ data_sources {{
     )
 }
 
-fn signal(child: &Child, sig: rustix::process::Signal) {
+pub fn signal(child: &Child, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_child(child);
     rustix::process::kill_process(pid, sig).expect("signal delivered");
 }
@@ -108,7 +108,7 @@ fn kinds_in_order(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec
         .collect()
 }
 
-fn service_events(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
+pub fn service_events(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
     packets
         .iter()
         .filter(|p| p.has_service_event())

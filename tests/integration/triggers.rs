@@ -30,11 +30,11 @@ trigger_config {{
     )
 }
 
-fn runtime(run: &Run) -> std::path::PathBuf {
+pub fn runtime(run: &Run) -> std::path::PathBuf {
     run.dir.path().join("run")
 }
 
-fn spawn(run: &Run) -> Child {
+pub fn spawn(run: &Run) -> Child {
     run.command("auto")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -43,7 +43,7 @@ fn spawn(run: &Run) -> Child {
 }
 
 /// Waits until the session with `pid` listens in `dir`.
-fn wait_listening(dir: &Path, pid: u32) {
+pub fn wait_listening(dir: &Path, pid: u32) {
     let sock = dir.join(format!("recorder-{pid}.trigger"));
     let t0 = Instant::now();
     while !sock.exists() {
@@ -55,7 +55,7 @@ fn wait_listening(dir: &Path, pid: u32) {
     }
 }
 
-fn recorder(run: &Run, args: &[&str]) -> Output {
+pub fn recorder(run: &Run, args: &[&str]) -> Output {
     Command::new(recorder_bin())
         .args(args)
         .env("RECORDER_RUNTIME_DIR", runtime(run))
@@ -64,7 +64,7 @@ fn recorder(run: &Run, args: &[&str]) -> Output {
         .expect("recorder runs")
 }
 
-fn finish(child: Child) -> (std::process::ExitStatus, String) {
+pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
     let out = child.wait_with_output().expect("exit");
     (
         out.status,

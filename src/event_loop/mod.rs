@@ -1,0 +1,597 @@
+//! Executes the session's decisions. The loop waits once ([`reactor`]),
+//! turns what happened into [`Event`]s on a queue, hands each to
+//! [`Session::on_event`] and carries out the returned [`Action`]s. An action's
+//! result (a pass written, sources flushed) goes back on the queue as an
+//! event: nothing here decides, and nothing dispatches from inside an
+//! action.
+//!
+//! Write passes run on this thread: the data sources write on their own
+//! threads and never wait for it (R4); a pass only delays control requests,
+//! which the control thread queues meanwhile.
+//!
+//! Adding an input (a socket, say) means: a descriptor in [`Loop::wait`], a
+//! translation of what it brings into session events, and the session's
+//! rules for those events.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod outcome;
+mod reactor;
+mod status_line;
+
+pub use outcome::{BufferSummary, Outcome};
+pub use reactor::Reactor;
+
+use crate::control::history::{self, TriggerHistory};
+use crate::control::message::{BufferStatus, Reply, Request, SessionStatus, TriggerOutcome};
+use crate::control::server::{ControlServer, Incoming};
+use crate::ringbuf::Buffer;
+use crate::session::{
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, Session, State, StopReason,
+    TriggerArrival, TriggerName,
+};
+use crate::sources::DataSource;
+use crate::storage::write_pass::{PassReport, Take, write_pass};
+use crate::storage::{FileSink, OpenOptions as SinkOpenOptions, OutputPath};
+use crate::sys::signals::Signals;
+use crate::trace::service::{BufferStatsRecord, ServiceEvent, TraceStatsRecord, TriggerRecord};
+use crate::trace::service_log::ServiceLog;
+use status_line::{StatusFigures, StatusLine};
+
+/// One buffer of the session, as the loop needs it.
+pub struct SessionBuffer {
+    pub buffer: Arc<Buffer>,
+    /// `RING_BUFFER` or `DISCARD`, for people.
+    pub policy: &'static str,
+    pub transfer_on_clone: bool,
+    pub clear_before_clone: bool,
+}
+
+/// Everything a running session is made of; built by `app`.
+pub struct Recording {
+    pub session: Session,
+    pub buffers: Vec<SessionBuffer>,
+    pub sources: Vec<Box<dyn DataSource>>,
+    pub sink: Box<dyn FileSink>,
+    /// The output as people should read it (a path or `stdout`).
+    pub output_label: String,
+    /// Where snapshots go: `OUT.0`, `OUT.1`, … (CLONE_SNAPSHOT).
+    pub snapshot_base: Option<PathBuf>,
+    pub snapshot_open: SinkOpenOptions,
+    pub log: ServiceLog,
+    pub max_file_size: Option<u64>,
+    pub fsync_each_pass: bool,
+    pub control: Option<ControlServer>,
+    pub history: Option<TriggerHistory>,
+    pub config_label: String,
+    /// Show a live status line on stderr (when it is a terminal).
+    pub status_line: bool,
+}
+
+/// Runs the session to its end.
+pub fn run(rec: Recording) -> Outcome {
+    let mut l = Loop::new(rec);
+    l.run();
+    l.outcome()
+}
+
+/// How long the loop sleeps at most: sources report failures from their own
+/// threads, which the loop looks at once per wake-up.
+const SOURCE_CHECK: Duration = Duration::from_secs(1);
+
+struct Loop {
+    rec: Recording,
+    reactor: Reactor,
+    signals: Option<Signals>,
+    queue: VecDeque<Event>,
+    /// Control requests waiting for the session's answer.
+    pending: HashMap<RequestId, Incoming>,
+    next_request: u64,
+    exit: Option<StopReason>,
+    passes: u64,
+    snapshots: Vec<PathBuf>,
+    /// The trigger that took each snapshot, by snapshot number.
+    snapshot_triggers: BTreeMap<u32, TriggerRecord>,
+    warnings: Vec<String>,
+    status: Option<StatusLine>,
+}
+
+impl Loop {
+    fn new(rec: Recording) -> Self {
+        let signals = match Signals::install() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::warn!("cannot install signal handlers: {e}");
+                None
+            }
+        };
+        let status = if rec.status_line {
+            StatusLine::on_terminal()
+        } else {
+            None
+        };
+        Self {
+            rec,
+            reactor: Reactor::new(),
+            signals,
+            queue: VecDeque::new(),
+            pending: HashMap::new(),
+            next_request: 0,
+            exit: None,
+            passes: 0,
+            snapshots: Vec::new(),
+            snapshot_triggers: BTreeMap::new(),
+            warnings: Vec::new(),
+            status,
+        }
+    }
+
+    fn run(&mut self) {
+        self.queue.push_back(Event::Begin {
+            wall_ms: crate::clock::realtime_ms(),
+        });
+        loop {
+            while let Some(ev) = self.queue.pop_front() {
+                let now = self.reactor.now();
+                for action in self.rec.session.on_event(ev, now) {
+                    self.execute(action);
+                }
+            }
+            if self.exit.is_some() {
+                break;
+            }
+            self.wait();
+        }
+        // Requests the session never answered (it ended first).
+        for (_, inc) in self.pending.drain() {
+            inc.answer(Reply::Refused("the session has ended".into()));
+        }
+        if let Some(s) = self.status.take() {
+            s.finish();
+        }
+    }
+
+    /// The one blocking wait; queues what happened as events.
+    fn wait(&mut self) {
+        let mut at_most = SOURCE_CHECK;
+        if let Some(s) = &self.status {
+            at_most = at_most.min(s.until_due());
+        }
+        let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(2);
+        if let Some(s) = &self.signals {
+            fds.push(s.fd());
+        }
+        if let Some(c) = &self.rec.control {
+            fds.push(c.wake_fd());
+        }
+        // Readiness only says where to look; every input is drained anyway.
+        let _ = self.reactor.wait(&fds, at_most);
+        self.take_signals();
+        self.take_control_requests();
+        for t in self.reactor.due() {
+            self.queue.push_back(Event::TimerFired(t));
+        }
+        self.take_source_failures();
+        self.draw_status();
+    }
+
+    fn take_signals(&mut self) {
+        let n = self.signals.as_ref().map_or(0, |s| s.take());
+        for _ in 0..n {
+            self.queue.push_back(Event::Signal);
+        }
+    }
+
+    fn take_control_requests(&mut self) {
+        let incoming = match &self.rec.control {
+            Some(c) => c.pending(),
+            None => return,
+        };
+        for inc in incoming {
+            let id = RequestId(self.next_request);
+            self.next_request += 1;
+            let ev = match &inc.request {
+                Request::Query {} => {
+                    let st = self.status();
+                    inc.answer(Reply::Status(st));
+                    continue;
+                }
+                Request::Stop {} => Event::StopRequest(id),
+                Request::Start {} => Event::StartRequest(id),
+                Request::Trigger { names, producer } => Event::Triggers(TriggerArrival {
+                    request: Some(id),
+                    producer: producer.clone(),
+                    uid: inc.peer_uid,
+                    names: names.iter().map(|n| self.trigger_name(n)).collect(),
+                }),
+            };
+            self.pending.insert(id, inc);
+            self.queue.push_back(ev);
+        }
+    }
+
+    /// A trigger name with the draw and 24 h count the session needs.
+    fn trigger_name(&self, name: &str) -> TriggerName {
+        let matches_last_24h = self
+            .rec
+            .history
+            .as_ref()
+            .and_then(|h| h.count(name, history::now_secs()).ok())
+            .unwrap_or(0);
+        TriggerName {
+            name: name.to_string(),
+            draw: rand::random::<f64>(),
+            matches_last_24h,
+        }
+    }
+
+    fn take_source_failures(&mut self) {
+        for s in &mut self.rec.sources {
+            if let Some(f) = s.take_failure() {
+                let ev = Event::SourceFailed(format!("{}: {f}", s.name()));
+                self.queue.push_back(ev);
+            }
+        }
+    }
+
+    fn execute(&mut self, action: Action) {
+        match action {
+            Action::StartSources => self.start_sources(),
+            Action::SetTimer(t, at) => self.reactor.set(t, at),
+            Action::CancelTimer(t) => self.reactor.cancel(t),
+            Action::AcceptTrigger(t) => self.accept_trigger(t),
+            Action::Reply(id, answer) => self.reply(id, answer),
+            Action::FlushSources { id, timeout } => self.flush_sources(id, timeout),
+            Action::WritePass(pass) => self.write_pass(pass),
+            Action::SyncOutput => {
+                if let Err(e) = self.rec.sink.sync_data() {
+                    self.warn(format!("fdatasync: {e}"));
+                }
+            }
+            Action::StatsTick => self.rec.log.tick(),
+            Action::ClearIncrementalState => {
+                for s in &mut self.rec.sources {
+                    s.clear_incremental_state();
+                }
+            }
+            Action::PrepareSnapshot(_) => {
+                self.rec.log.event(ServiceEvent::CloneStarted);
+                for b in &self.rec.buffers {
+                    if b.clear_before_clone {
+                        b.buffer.clear();
+                    }
+                }
+            }
+            Action::Snapshot(n) => self.snapshot(n),
+            Action::Service(ev) => self.rec.log.event(ev),
+            Action::StopSources => self.stop_sources(),
+            Action::Exit(reason) => {
+                log::info!("session over: {reason}");
+                self.exit = Some(reason);
+            }
+        }
+    }
+
+    fn start_sources(&mut self) {
+        log::info!("tracing started");
+        self.rec.log.started();
+        for s in &mut self.rec.sources {
+            if let Err(e) = s.start() {
+                self.queue.push_back(Event::SourceFailed(e.to_string()));
+                return;
+            }
+        }
+    }
+
+    fn accept_trigger(&mut self, t: AcceptedTrigger) {
+        let rec = TriggerRecord {
+            name: t.name.clone(),
+            producer: t.producer,
+            uid: t.uid,
+            stop_delay_ms: t.stop_delay.as_millis() as u64,
+            boot_ns: crate::clock::boottime_ns(),
+        };
+        log::info!(
+            "trigger {:?} accepted (stop delay {} ms)",
+            t.name,
+            rec.stop_delay_ms
+        );
+        if let Some(n) = t.snapshot {
+            self.snapshot_triggers.insert(n, rec.clone());
+        }
+        self.rec.log.trigger(rec);
+        if let Some(h) = &self.rec.history
+            && let Err(e) = h.record(&t.name, history::now_secs())
+        {
+            self.warn(format!("trigger history: {e}"));
+        }
+    }
+
+    fn reply(&mut self, id: RequestId, answer: Answer) {
+        let Some(inc) = self.pending.remove(&id) else {
+            return;
+        };
+        let reply = match answer {
+            Answer::Triggers(outcomes) => Reply::Triggers(
+                outcomes
+                    .into_iter()
+                    .map(|(name, res)| TriggerOutcome {
+                        name,
+                        accepted: res.is_ok(),
+                        reason: res.err().map(|r| r.as_str().to_string()),
+                    })
+                    .collect(),
+            ),
+            Answer::Stopping => Reply::Stopping,
+            Answer::Started(Ok(())) => Reply::Started,
+            Answer::Started(Err(r)) => Reply::Refused(format!("not started: {}", r.as_str())),
+        };
+        inc.answer(reply);
+    }
+
+    /// Flushes the sources in turn within `timeout` in all. A signal that
+    /// arrives meanwhile ends the flush early: the session decides what it
+    /// means (a second signal skips the rest of the stop's flush).
+    fn flush_sources(&mut self, id: FlushId, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut complete = true;
+        for i in 0..self.rec.sources.len() {
+            let signals = self.signals.as_ref().map_or(0, |s| s.take());
+            if signals > 0 {
+                for _ in 0..signals {
+                    self.queue.push_back(Event::Signal);
+                }
+                complete = false;
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(e) = self.rec.sources[i].flush(left) {
+                self.warn(e.to_string());
+                complete = false;
+            }
+        }
+        self.queue.push_back(Event::SourcesFlushed { id, complete });
+    }
+
+    fn stop_sources(&mut self) {
+        for s in &mut self.rec.sources {
+            if let Err(e) = s.stop() {
+                self.warnings.push(e.to_string());
+            }
+            self.warnings.extend(s.loss_warnings());
+        }
+        self.queue.push_back(Event::SourcesStopped);
+    }
+
+    fn write_pass(&mut self, pass: Pass) {
+        let last = pass == Pass::Final;
+        if last {
+            self.rec.log.want_stats();
+        }
+        let head = self.rec.log.head();
+        let plan: Vec<(Arc<Buffer>, Take)> = self
+            .rec
+            .buffers
+            .iter()
+            .map(|b| (b.buffer.clone(), Take::Consume))
+            .collect();
+        let buffers = &self.rec.buffers;
+        let log = &mut self.rec.log;
+        let tail = || log.tail(|| trace_stats(buffers));
+        let sync = self.rec.fsync_each_pass || last;
+        let r = write_pass(
+            self.rec.sink.as_mut(),
+            &head,
+            &plan,
+            tail,
+            self.rec.max_file_size,
+            sync,
+        );
+        self.passes += 1;
+        let ev = match r {
+            Ok(PassReport {
+                bytes,
+                duration,
+                cap_reached,
+                ..
+            }) => {
+                log::debug!("pass {}: {bytes} bytes in {duration:?}", self.passes);
+                if cap_reached && !last {
+                    log::info!("max_file_size_bytes reached: stopping");
+                }
+                Event::PassWritten { cap_reached }
+            }
+            Err(e) => {
+                log::error!("write failed: {e}");
+                if last {
+                    self.warnings.push(format!("final write failed: {e}"));
+                }
+                Event::OutputFailed(e)
+            }
+        };
+        self.queue.push_back(ev);
+    }
+
+    fn snapshot(&mut self, n: u32) {
+        let Some(base) = self.rec.snapshot_base.clone() else {
+            self.warn("a snapshot was triggered but the output is not a file: skipped".into());
+            return;
+        };
+        let path = PathBuf::from(format!("{}.{n}", base.display()));
+        let opened =
+            crate::storage::open_output(OutputPath::File(path.clone()), self.rec.snapshot_open);
+        let mut sink = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                self.warn(format!("snapshot {}: {e}", path.display()));
+                return;
+            }
+        };
+        let trigger = self.snapshot_triggers.get(&n).cloned();
+        let head = self.rec.log.snapshot_head(trigger.as_ref());
+        let plan: Vec<(Arc<Buffer>, Take)> = self
+            .rec
+            .buffers
+            .iter()
+            .map(|b| {
+                let take = if b.transfer_on_clone {
+                    Take::Consume
+                } else {
+                    Take::Snapshot
+                };
+                (b.buffer.clone(), take)
+            })
+            .collect();
+        let buffers = &self.rec.buffers;
+        let uid = self.rec.log.uid();
+        let tail = || {
+            use crate::trace::service;
+            let now = crate::clock::boottime_ns();
+            let mut t: Vec<Vec<u8>> = (0..buffers.len() as u32)
+                .map(|i| service::buffer_cloned(uid, now, i))
+                .collect();
+            t.push(service::service_event(
+                uid,
+                now,
+                ServiceEvent::TracingDisabled,
+            ));
+            t.push(service::service_event(
+                uid,
+                now,
+                ServiceEvent::ReadTracingBuffersCompleted,
+            ));
+            t.push(service::trace_stats(uid, now, &trace_stats(buffers)));
+            t
+        };
+        match write_pass(sink.as_mut(), &head, &plan, tail, None, true) {
+            Ok(rep) => {
+                log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
+                self.snapshots.push(path);
+            }
+            Err(e) => self.warn(format!("snapshot {}: {e}", path.display())),
+        }
+    }
+
+    /// The session's state for people.
+    fn state_text(&self) -> &'static str {
+        match self.rec.session.state() {
+            State::Deferred => "deferred (waiting for `recorder start`)",
+            State::WaitingForTrigger => "waiting for trigger",
+            State::Recording if self.rec.session.waiting_for_trigger() => {
+                "recording (waiting for trigger)"
+            }
+            State::Recording => "recording",
+            State::Stopping => "stopping",
+            State::Finished => "finished",
+        }
+    }
+
+    fn status(&self) -> SessionStatus {
+        SessionStatus {
+            pid: std::process::id(),
+            uid: self.rec.log.uid(),
+            config: self.rec.config_label.clone(),
+            output: self.rec.output_label.clone(),
+            state: self.state_text().to_string(),
+            elapsed_ms: self.reactor.now().as_millis() as u64,
+            bytes_written: self.rec.sink.bytes_written(),
+            buffers: self
+                .rec
+                .buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let s = b.buffer.stats();
+                    BufferStatus {
+                        index: i as u32,
+                        policy: b.policy.to_string(),
+                        size_bytes: s.buffer_size,
+                        buffered_bytes: s.bytes_buffered,
+                        bytes_written: s.bytes_written,
+                        bytes_overwritten: s.bytes_overwritten,
+                        bytes_discarded: s.bytes_discarded,
+                        packets_lost: s.packets_overwritten
+                            + s.packets_discarded
+                            + s.packets_refused,
+                    }
+                })
+                .collect(),
+            control_requests_refused: self.rec.control.as_ref().map_or(0, |c| c.refused()),
+        }
+    }
+
+    fn draw_status(&mut self) {
+        let Some(mut line) = self.status.take() else {
+            return;
+        };
+        line.draw_if_due(|| StatusFigures {
+            elapsed: self.reactor.now(),
+            state: self.state_text(),
+            bytes_written: self.rec.sink.bytes_written(),
+            buffers: self.rec.buffers.iter().map(|b| b.buffer.stats()).collect(),
+        });
+        self.status = Some(line);
+    }
+
+    fn warn(&mut self, w: String) {
+        log::warn!("{w}");
+        self.warnings.push(w);
+    }
+
+    fn outcome(self) -> Outcome {
+        Outcome {
+            reason: self.exit.clone().unwrap_or(StopReason::StopRequested),
+            output_label: self.rec.output_label.clone(),
+            bytes_written: self.rec.sink.bytes_written(),
+            elapsed: self.reactor.now(),
+            buffers: self
+                .rec
+                .buffers
+                .iter()
+                .map(|b| BufferSummary {
+                    policy: b.policy,
+                    stats: b.buffer.stats(),
+                })
+                .collect(),
+            snapshots: self.snapshots.clone(),
+            passes: self.passes,
+            triggered: self.rec.session.triggered(),
+            sink_kind: self.rec.sink.kind().to_string(),
+            warnings: self.warnings.clone(),
+        }
+    }
+}
+
+/// trace_stats from the buffers' live counters.
+fn trace_stats(buffers: &[SessionBuffer]) -> TraceStatsRecord {
+    TraceStatsRecord {
+        buffers: buffers
+            .iter()
+            .map(|b| {
+                let s = b.buffer.stats();
+                BufferStatsRecord {
+                    buffer_size: s.buffer_size,
+                    bytes_written: s.bytes_written,
+                    chunks_written: s.chunks_written,
+                    chunks_overwritten: s.chunks_overwritten,
+                    write_wrap_count: s.write_wrap_count,
+                    bytes_overwritten: s.bytes_overwritten,
+                    bytes_read: s.bytes_read,
+                    padding_bytes_written: s.padding_bytes_written,
+                    chunks_read: s.chunks_read,
+                    chunks_discarded: s.chunks_discarded,
+                    trace_writer_packet_loss: s.packets_refused,
+                }
+            })
+            .collect(),
+        producers_connected: 1,
+        producers_seen: 1,
+        tracing_sessions: 1,
+        total_buffers: buffers.len() as u32,
+        ..Default::default()
+    }
+}

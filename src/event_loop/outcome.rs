@@ -1,0 +1,32 @@
+//! How a session ended and what it wrote: the loop's result, read by the
+//! summary and the exit code.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::ringbuf::BufferStats;
+use crate::session::StopReason;
+
+/// One buffer's figures at the end.
+#[derive(Clone, Debug)]
+pub struct BufferSummary {
+    pub policy: &'static str,
+    pub stats: BufferStats,
+}
+
+/// How the session ended and what it wrote.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub reason: StopReason,
+    pub output_label: String,
+    pub bytes_written: u64,
+    pub elapsed: Duration,
+    pub buffers: Vec<BufferSummary>,
+    pub snapshots: Vec<PathBuf>,
+    pub passes: u64,
+    pub triggered: bool,
+    /// Which sink carried the data (io_uring, pwritev, stream).
+    pub sink_kind: String,
+    /// Errors met on the way that did not stop the session.
+    pub warnings: Vec<String>,
+}

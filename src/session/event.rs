@@ -1,0 +1,267 @@
+//! What goes into the session ([`Event`]) and what comes out ([`Action`]).
+
+use std::time::Duration;
+
+use crate::storage::SinkError;
+use crate::trace::service::ServiceEvent;
+
+/// Identifies a control request the session answers (assigned by the loop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Identifies one flush of the data sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlushId(pub u64);
+
+/// Timers the session asks the loop to keep. Setting one again moves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Timer {
+    /// `duration_ms`, or a trigger's stop delay.
+    Stop,
+    TriggerTimeout,
+    /// A CLONE_SNAPSHOT trigger's delay; the number identifies the snapshot.
+    Snapshot(u32),
+    /// The next write pass (`write_into_file`).
+    WritePass,
+    /// The next `trace_stats` / sync marker / clock snapshot.
+    Stats,
+    /// The next periodic flush.
+    Flush,
+    /// The next incremental-state clear.
+    ClearIncrementalState,
+    /// The bound on one flush (`flush_timeout_ms`).
+    FlushDeadline(FlushId),
+    /// The bound on the data sources' stop (`data_source_stop_timeout_ms`).
+    StopDeadline,
+}
+
+/// One trigger name as it arrived, with what the loop looked up for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TriggerName {
+    pub name: String,
+    /// A uniform random number in [0, 1) for `skip_probability`.
+    pub draw: f64,
+    /// How many times this name was accepted in the last 24 hours
+    /// (machine-wide), for `max_per_24_h`.
+    pub matches_last_24h: u32,
+}
+
+/// Triggers from one sender.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TriggerArrival {
+    /// The control request to answer (`None`: nobody waits for a reply).
+    pub request: Option<RequestId>,
+    /// The sender's producer name (matched by `producer_name_regex`).
+    pub producer: String,
+    /// The sender's uid, from the socket.
+    pub uid: u32,
+    pub names: Vec<TriggerName>,
+}
+
+/// Inputs to the session.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The session is configured. `wall_ms` is the wall clock (ms since the
+    /// epoch) at the time origin, so periodic work aligns to wall-clock
+    /// multiples of its period, as Perfetto's service does.
+    Begin {
+        wall_ms: u64,
+    },
+    TimerFired(Timer),
+    Triggers(TriggerArrival),
+    /// SIGINT or SIGTERM.
+    Signal,
+    /// `recorder start` (a `deferred_start` session).
+    StartRequest(RequestId),
+    /// `recorder stop`.
+    StopRequest(RequestId),
+    /// The flush `id` finished; `complete` when every source acknowledged.
+    SourcesFlushed {
+        id: FlushId,
+        complete: bool,
+    },
+    /// Every data source stopped.
+    SourcesStopped,
+    /// A write pass finished; `cap_reached` when `max_file_size_bytes` cut it.
+    PassWritten {
+        cap_reached: bool,
+    },
+    /// A write pass failed; the sink is poisoned.
+    OutputFailed(SinkError),
+    /// A data source failed (the text names it and why).
+    SourceFailed(String),
+}
+
+/// Which write pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// A periodic streaming pass: consume what is committed.
+    Periodic,
+    /// The last pass: consume everything, with `trace_stats`, then fdatasync.
+    Final,
+}
+
+/// A trigger the session acted on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AcceptedTrigger {
+    pub name: String,
+    pub producer: String,
+    pub uid: u32,
+    pub stop_delay: Duration,
+    /// The snapshot this trigger takes (CLONE_SNAPSHOT).
+    pub snapshot: Option<u32>,
+}
+
+/// Why a trigger was not acted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TriggerRefusal {
+    NotListed,
+    ProducerMismatch,
+    Skipped,
+    RateLimited,
+    /// The session already acted on a trigger (STOP_TRACING takes only the
+    /// first; START_TRACING only while waiting).
+    AlreadyTriggered,
+    /// The session is stopping or finished.
+    NotRecording,
+}
+
+impl TriggerRefusal {
+    /// The reason as the control protocol spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerRefusal::NotListed => "not_listed",
+            TriggerRefusal::ProducerMismatch => "producer_mismatch",
+            TriggerRefusal::Skipped => "skipped",
+            TriggerRefusal::RateLimited => "rate_limited",
+            TriggerRefusal::AlreadyTriggered => "already_triggered",
+            TriggerRefusal::NotRecording => "not_recording",
+        }
+    }
+}
+
+/// Why `recorder start` was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartRefusal {
+    /// The session was not configured with `deferred_start`, or already started.
+    AlreadyStarted,
+    /// The session is stopping or finished.
+    NotRecording,
+}
+
+impl StartRefusal {
+    /// The reason as the control protocol spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartRefusal::AlreadyStarted => "already_started",
+            StartRefusal::NotRecording => "not_recording",
+        }
+    }
+}
+
+/// The session's answer to a control request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// One outcome per trigger name, in the request's order.
+    Triggers(Vec<(String, Result<(), TriggerRefusal>)>),
+    Stopping,
+    Started(Result<(), StartRefusal>),
+}
+
+/// Why the session stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    DurationElapsed,
+    Signal,
+    StopRequested,
+    /// A STOP_TRACING trigger (or START_TRACING's stop delay after its trigger).
+    Trigger(String),
+    /// `trigger_timeout_ms` passed with no trigger: nothing is written.
+    TriggerTimeout,
+    /// CLONE_SNAPSHOT's `trigger_timeout_ms` passed (snapshots were taken or not).
+    CloneTimeout,
+    /// `max_file_size_bytes` was reached.
+    SizeCap,
+    /// The output failed.
+    OutputFailed(SinkError),
+    /// A data source failed.
+    SourceFailed(String),
+}
+
+impl StopReason {
+    /// Whether the final pass writes the buffers (a session that never got
+    /// its trigger writes nothing, as Perfetto's does).
+    pub fn writes_buffers(&self) -> bool {
+        !matches!(
+            self,
+            StopReason::TriggerTimeout | StopReason::OutputFailed(_) | StopReason::SizeCap
+        )
+    }
+
+    /// Whether the process should exit with a failure.
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            StopReason::OutputFailed(_) | StopReason::SourceFailed(_)
+        )
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::DurationElapsed => f.write_str("duration_ms elapsed"),
+            StopReason::Signal => f.write_str("stopped by a signal"),
+            StopReason::StopRequested => f.write_str("stopped by `recorder stop`"),
+            StopReason::Trigger(n) => write!(f, "stop trigger {n:?}"),
+            StopReason::TriggerTimeout => f.write_str("trigger_timeout_ms passed with no trigger"),
+            StopReason::CloneTimeout => {
+                f.write_str("trigger_timeout_ms passed (clone-snapshot session ends)")
+            }
+            StopReason::SizeCap => f.write_str("max_file_size_bytes reached"),
+            StopReason::OutputFailed(e) => write!(f, "writing the output failed: {e}"),
+            StopReason::SourceFailed(e) => write!(f, "a data source failed: {e}"),
+        }
+    }
+}
+
+/// What the event loop must do, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Start the data sources and note `tracing_started`.
+    StartSources,
+    /// Fire `Timer` at this time since the origin.
+    SetTimer(Timer, Duration),
+    CancelTimer(Timer),
+    /// Record an accepted trigger (a `trigger` packet, the 24 h history).
+    AcceptTrigger(AcceptedTrigger),
+    /// Answer a control request.
+    Reply(RequestId, Answer),
+    /// Ask every data source to flush, bounded by `timeout`; answer with
+    /// [`Event::SourcesFlushed`] carrying `id`.
+    FlushSources {
+        id: FlushId,
+        timeout: Duration,
+    },
+    /// Run a write pass; answer with [`Event::PassWritten`] or
+    /// [`Event::OutputFailed`].
+    WritePass(Pass),
+    /// fdatasync the output (a stop that writes no final pass).
+    SyncOutput,
+    /// The periodic stats tick: a clock snapshot now, the sync marker and
+    /// `trace_stats` in the next pass.
+    StatsTick,
+    /// Ask the data sources to drop their incremental state.
+    ClearIncrementalState,
+    /// Clear the buffers marked `clear_before_clone` and note `clone_started`:
+    /// snapshot `n` begins (its flush follows).
+    PrepareSnapshot(u32),
+    /// Write snapshot `n` of every buffer to the next `OUT.N` file.
+    Snapshot(u32),
+    /// Note a lifecycle event in the trace.
+    Service(ServiceEvent),
+    /// Stop every data source; answer with [`Event::SourcesStopped`].
+    StopSources,
+    /// The session is over.
+    Exit(StopReason),
+}

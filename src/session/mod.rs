@@ -1,0 +1,565 @@
+//! Tracing-session lifecycle decisions, kept pure: [`Session::on_event`]
+//! takes an event and the time since the session's origin and returns the
+//! actions to carry out. The event loop executes them and reports their
+//! results back as events; nothing here blocks, reads a clock or touches a
+//! file, so every rule is unit-tested (`tests.rs`).
+//!
+//! States: (deferred) → (waiting for a start trigger) → recording →
+//! stopping → finished. Trigger semantics follow Perfetto's service (facts
+//! §5.9–5.10):
+//! - START_TRACING: idle until a listed trigger; then record for its
+//!   `stop_delay_ms` (0: until stopped). `trigger_timeout_ms` first: end with
+//!   nothing recorded.
+//! - STOP_TRACING: record at once; the first matching trigger stops the
+//!   session after its `stop_delay_ms`. `trigger_timeout_ms` first: the
+//!   session ends and, as in Perfetto, the output stays empty.
+//! - CLONE_SNAPSHOT: record at once; every matching trigger writes a
+//!   snapshot after its `stop_delay_ms`; `trigger_timeout_ms` ends it.
+//!
+//! Periodic work while recording, each on its own timer aligned to
+//! wall-clock multiples of its period (facts §5.4): write passes
+//! (`write_into_file`), the stats tick, flushes, incremental-state clears.
+//!
+//! The stop sequence (facts §5.9): flush the sources (bounded by
+//! `flush_timeout_ms`; skipped by a second signal or when the output is
+//! gone), stop them (bounded by `data_source_stop_timeout_ms`), note
+//! `tracing_disabled`, run the final pass (or only fdatasync when nothing may
+//! be written), exit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+mod event;
+#[cfg(test)]
+mod tests;
+mod timeline;
+
+pub use event::{
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, StartRefusal, StopReason,
+    Timer, TriggerArrival, TriggerName, TriggerRefusal,
+};
+pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
+
+use crate::trace::service::ServiceEvent;
+
+/// Where the session is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// `deferred_start`: configured, waiting for `recorder start`.
+    Deferred,
+    /// START_TRACING: waiting for the trigger that starts the sources.
+    WaitingForTrigger,
+    Recording,
+    Stopping,
+    Finished,
+}
+
+/// Why a flush was asked for: what follows its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlushPurpose {
+    Periodic,
+    BeforePass,
+    Snapshot(u32),
+    Stop,
+}
+
+/// Where the stop sequence is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopPhase {
+    Flushing(FlushId),
+    StoppingSources,
+    FinalPass,
+}
+
+/// The lifecycle state machine.
+#[derive(Debug)]
+pub struct Session {
+    timeline: Timeline,
+    state: State,
+    /// Wall clock (ms) at the origin, from [`Event::Begin`].
+    wall_origin_ms: u64,
+    stop_reason: Option<StopReason>,
+    phase: Option<StopPhase>,
+    triggered: bool,
+    /// The sources were started (a deferred session may never be).
+    started: bool,
+    snapshots: u32,
+    /// The trigger whose delayed stop is pending.
+    stop_trigger_name: Option<String>,
+    flushes: BTreeMap<FlushId, FlushPurpose>,
+    next_flush: u64,
+}
+
+impl Session {
+    pub fn new(timeline: Timeline) -> Self {
+        Self {
+            timeline,
+            state: State::Deferred,
+            wall_origin_ms: 0,
+            stop_reason: None,
+            phase: None,
+            triggered: false,
+            started: false,
+            snapshots: 0,
+            stop_trigger_name: None,
+            flushes: BTreeMap::new(),
+            next_flush: 0,
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
+    /// Whether a trigger has been accepted.
+    pub fn triggered(&self) -> bool {
+        self.triggered
+    }
+
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        self.stop_reason.as_ref()
+    }
+
+    /// Whether the session still waits for what makes its data count (a
+    /// trigger, or `recorder start`): until then nothing is written, not even
+    /// the recorder's own packets (facts §5.10).
+    pub fn waiting_for_trigger(&self) -> bool {
+        if self.timeline.deferred_start && !self.started {
+            return true;
+        }
+        match self.timeline.mode {
+            TriggerMode::None => false,
+            TriggerMode::StartTracing | TriggerMode::StopTracing => !self.triggered,
+            // A clone-snapshot session's own output stays empty.
+            TriggerMode::CloneSnapshot => true,
+        }
+    }
+
+    /// The session's decision on `ev`, which happened `now` after the origin.
+    pub fn on_event(&mut self, ev: Event, now: Duration) -> Vec<Action> {
+        match ev {
+            Event::Begin { wall_ms } => {
+                self.wall_origin_ms = wall_ms;
+                if self.timeline.deferred_start {
+                    Vec::new()
+                } else {
+                    self.begin(now)
+                }
+            }
+            Event::StartRequest(req) => {
+                let (res, mut out) = match self.state {
+                    State::Deferred => (Ok(()), self.begin(now)),
+                    State::Stopping | State::Finished => (Err(StartRefusal::NotRecording), vec![]),
+                    _ => (Err(StartRefusal::AlreadyStarted), vec![]),
+                };
+                out.insert(0, Action::Reply(req, Answer::Started(res)));
+                out
+            }
+            Event::TimerFired(t) => self.timer(t, now),
+            Event::Triggers(arrival) => self.triggers(arrival, now),
+            Event::Signal => match self.phase {
+                // A second signal: finish with what is buffered.
+                Some(StopPhase::Flushing(id)) => {
+                    self.flushes.remove(&id);
+                    let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
+                    out.extend(self.stop_sources(now));
+                    out
+                }
+                Some(_) => Vec::new(),
+                None => self.stop(StopReason::Signal, false, now),
+            },
+            Event::StopRequest(req) => {
+                let mut out = vec![Action::Reply(req, Answer::Stopping)];
+                out.extend(self.stop(StopReason::StopRequested, false, now));
+                out
+            }
+            Event::SourcesFlushed { id, complete } => {
+                let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
+                out.extend(self.flushed(id, complete, now));
+                out
+            }
+            Event::SourcesStopped => match self.phase {
+                Some(StopPhase::StoppingSources) => {
+                    let mut out = vec![Action::CancelTimer(Timer::StopDeadline)];
+                    out.extend(self.final_output());
+                    out
+                }
+                _ => Vec::new(),
+            },
+            Event::PassWritten { cap_reached } => match self.phase {
+                Some(StopPhase::FinalPass) => self.finish(),
+                None if cap_reached => self.stop(StopReason::SizeCap, true, now),
+                _ => Vec::new(),
+            },
+            Event::OutputFailed(e) => match self.phase {
+                Some(StopPhase::FinalPass) => {
+                    self.stop_reason = Some(StopReason::OutputFailed(e));
+                    self.finish()
+                }
+                _ => self.stop(StopReason::OutputFailed(e), true, now),
+            },
+            Event::SourceFailed(e) => self.stop(StopReason::SourceFailed(e), false, now),
+        }
+    }
+
+    /// The session starts: sources now, or a wait for the start trigger.
+    fn begin(&mut self, now: Duration) -> Vec<Action> {
+        let mut out = Vec::new();
+        match self.timeline.mode {
+            TriggerMode::StartTracing => {
+                self.state = State::WaitingForTrigger;
+                out.push(Action::SetTimer(
+                    Timer::TriggerTimeout,
+                    now + self.timeline.trigger_timeout,
+                ));
+            }
+            TriggerMode::StopTracing | TriggerMode::CloneSnapshot => {
+                out.push(Action::SetTimer(
+                    Timer::TriggerTimeout,
+                    now + self.timeline.trigger_timeout,
+                ));
+                out.extend(self.start_sources(now));
+            }
+            TriggerMode::None => {
+                if let Some(d) = self.timeline.duration {
+                    out.push(Action::SetTimer(Timer::Stop, now + d));
+                }
+                out.extend(self.start_sources(now));
+            }
+        }
+        out
+    }
+
+    /// Starts the sources and the periodic work that goes with recording.
+    fn start_sources(&mut self, now: Duration) -> Vec<Action> {
+        self.state = State::Recording;
+        self.started = true;
+        let mut out = vec![Action::StartSources];
+        let t = &self.timeline;
+        let cadences = [
+            (Timer::WritePass, t.write_period),
+            (Timer::Stats, Some(t.stats_period)),
+            (
+                Timer::Flush,
+                match t.flush {
+                    FlushCadence::Periodic(p) => Some(p),
+                    _ => None,
+                },
+            ),
+            (Timer::ClearIncrementalState, t.clear_period),
+        ];
+        for (timer, period) in cadences {
+            if let Some(p) = period {
+                out.push(Action::SetTimer(timer, self.next_multiple(p, now)));
+            }
+        }
+        out
+    }
+
+    /// The next wall-clock multiple of `period` after `now` (since the origin).
+    fn next_multiple(&self, period: Duration, now: Duration) -> Duration {
+        let period_ms = (period.as_millis() as u64).max(1);
+        let wall = self.wall_origin_ms + now.as_millis() as u64;
+        now + Duration::from_millis(period_ms - wall % period_ms)
+    }
+
+    fn timer(&mut self, t: Timer, now: Duration) -> Vec<Action> {
+        match t {
+            Timer::FlushDeadline(id) => return self.flushed(id, false, now),
+            Timer::StopDeadline => {
+                return match self.phase {
+                    Some(StopPhase::StoppingSources) => self.final_output(),
+                    _ => Vec::new(),
+                };
+            }
+            _ => {}
+        }
+        if matches!(self.state, State::Stopping | State::Finished) {
+            return Vec::new();
+        }
+        match t {
+            Timer::Stop => {
+                let reason = if self.timeline.mode == TriggerMode::None {
+                    StopReason::DurationElapsed
+                } else {
+                    StopReason::Trigger(self.stop_trigger_name.take().unwrap_or_default())
+                };
+                self.stop(reason, false, now)
+            }
+            Timer::TriggerTimeout => match (self.state, self.timeline.mode) {
+                (State::WaitingForTrigger, _) => self.stop(StopReason::TriggerTimeout, true, now),
+                // STOP_TRACING: once a trigger arrived its delayed stop owns the session.
+                (_, TriggerMode::StopTracing) if self.triggered => Vec::new(),
+                (_, TriggerMode::StopTracing) => self.stop(StopReason::TriggerTimeout, false, now),
+                (_, TriggerMode::CloneSnapshot) => self.stop(StopReason::CloneTimeout, false, now),
+                _ => Vec::new(),
+            },
+            Timer::Snapshot(n) => self.begin_snapshot(n, now),
+            Timer::WritePass => self.periodic(t, self.timeline.write_period, now, |s, now| {
+                if s.waiting_for_trigger() {
+                    Vec::new()
+                } else if s.timeline.flush == FlushCadence::BeforeEachWritePass {
+                    s.flush(FlushPurpose::BeforePass, now)
+                } else {
+                    vec![Action::WritePass(Pass::Periodic)]
+                }
+            }),
+            Timer::Stats => {
+                let period = Some(self.timeline.stats_period);
+                self.periodic(t, period, now, |_, _| vec![Action::StatsTick])
+            }
+            Timer::Flush => {
+                let period = match self.timeline.flush {
+                    FlushCadence::Periodic(p) => Some(p),
+                    _ => None,
+                };
+                self.periodic(t, period, now, |s, now| {
+                    s.flush(FlushPurpose::Periodic, now)
+                })
+            }
+            Timer::ClearIncrementalState => {
+                let period = self.timeline.clear_period;
+                self.periodic(t, period, now, |_, _| vec![Action::ClearIncrementalState])
+            }
+            Timer::FlushDeadline(_) | Timer::StopDeadline => Vec::new(),
+        }
+    }
+
+    /// A periodic timer fired: schedule the next one, then do `work` if the
+    /// session records.
+    fn periodic(
+        &mut self,
+        timer: Timer,
+        period: Option<Duration>,
+        now: Duration,
+        work: impl FnOnce(&mut Self, Duration) -> Vec<Action>,
+    ) -> Vec<Action> {
+        let Some(period) = period else {
+            return Vec::new();
+        };
+        let mut out = vec![Action::SetTimer(timer, self.next_multiple(period, now))];
+        if self.state == State::Recording {
+            out.extend(work(self, now));
+        }
+        out
+    }
+
+    /// Asks the sources to flush, for `purpose`.
+    fn flush(&mut self, purpose: FlushPurpose, now: Duration) -> Vec<Action> {
+        let id = FlushId(self.next_flush);
+        self.next_flush += 1;
+        self.flushes.insert(id, purpose);
+        let timeout = self.timeline.flush_timeout;
+        vec![
+            Action::SetTimer(Timer::FlushDeadline(id), now + timeout),
+            Action::FlushSources { id, timeout },
+        ]
+    }
+
+    /// Flush `id` ended (acknowledged by all when `complete`, else timed out).
+    fn flushed(&mut self, id: FlushId, complete: bool, now: Duration) -> Vec<Action> {
+        let Some(purpose) = self.flushes.remove(&id) else {
+            return Vec::new();
+        };
+        // Perfetto's readers release sorted data at this marker: only a
+        // complete flush may claim it (DESIGN §4).
+        let mut out = Vec::new();
+        if complete && purpose != FlushPurpose::Stop && self.state == State::Recording {
+            out.push(Action::Service(ServiceEvent::AllDataSourcesFlushed));
+        }
+        match purpose {
+            FlushPurpose::Periodic => {}
+            FlushPurpose::BeforePass => {
+                if self.state == State::Recording && !self.waiting_for_trigger() {
+                    out.push(Action::WritePass(Pass::Periodic));
+                }
+            }
+            FlushPurpose::Snapshot(n) => {
+                if self.state == State::Recording {
+                    out.push(Action::Snapshot(n));
+                }
+            }
+            FlushPurpose::Stop => {
+                if self.phase == Some(StopPhase::Flushing(id)) {
+                    if complete {
+                        out.push(Action::Service(ServiceEvent::AllDataSourcesFlushed));
+                    }
+                    out.extend(self.stop_sources(now));
+                }
+            }
+        }
+        out
+    }
+
+    fn begin_snapshot(&mut self, n: u32, now: Duration) -> Vec<Action> {
+        let mut out = vec![Action::PrepareSnapshot(n)];
+        out.extend(self.flush(FlushPurpose::Snapshot(n), now));
+        out
+    }
+
+    fn triggers(&mut self, arrival: TriggerArrival, now: Duration) -> Vec<Action> {
+        let TriggerArrival {
+            request,
+            producer,
+            uid,
+            names,
+        } = arrival;
+        let mut out = Vec::new();
+        let mut outcomes = Vec::with_capacity(names.len());
+        for t in names {
+            let res = self.trigger(&t, &producer, uid, now, &mut out);
+            outcomes.push((t.name, res));
+        }
+        if let Some(req) = request {
+            out.push(Action::Reply(req, Answer::Triggers(outcomes)));
+        }
+        out
+    }
+
+    /// One trigger name: the refusal, or the actions it causes (into `out`).
+    fn trigger(
+        &mut self,
+        t: &TriggerName,
+        producer: &str,
+        uid: u32,
+        now: Duration,
+        out: &mut Vec<Action>,
+    ) -> Result<(), TriggerRefusal> {
+        let Some(rule) = self.timeline.rules.iter().find(|r| r.name == t.name) else {
+            return Err(TriggerRefusal::NotListed);
+        };
+        if matches!(
+            self.state,
+            State::Stopping | State::Finished | State::Deferred
+        ) {
+            return Err(TriggerRefusal::NotRecording);
+        }
+        if let Some(re) = &rule.producer_regex
+            && !re.is_match(producer)
+        {
+            return Err(TriggerRefusal::ProducerMismatch);
+        }
+        if t.draw < rule.skip_probability {
+            return Err(TriggerRefusal::Skipped);
+        }
+        if rule.max_per_24h > 0 && t.matches_last_24h >= rule.max_per_24h {
+            return Err(TriggerRefusal::RateLimited);
+        }
+        let stop_delay = rule.stop_delay;
+        let mut accept = AcceptedTrigger {
+            name: t.name.clone(),
+            producer: producer.to_string(),
+            uid,
+            stop_delay,
+            snapshot: None,
+        };
+        match self.timeline.mode {
+            TriggerMode::StartTracing => {
+                if self.state != State::WaitingForTrigger {
+                    return Err(TriggerRefusal::AlreadyTriggered);
+                }
+                self.triggered = true;
+                out.push(Action::AcceptTrigger(accept));
+                out.push(Action::CancelTimer(Timer::TriggerTimeout));
+                out.extend(self.start_sources(now));
+                if !stop_delay.is_zero() {
+                    self.stop_trigger_name = Some(t.name.clone());
+                    out.push(Action::SetTimer(Timer::Stop, now + stop_delay));
+                }
+            }
+            TriggerMode::StopTracing => {
+                if self.triggered {
+                    return Err(TriggerRefusal::AlreadyTriggered);
+                }
+                self.triggered = true;
+                out.push(Action::AcceptTrigger(accept));
+                if stop_delay.is_zero() {
+                    out.extend(self.stop(StopReason::Trigger(t.name.clone()), false, now));
+                } else {
+                    self.stop_trigger_name = Some(t.name.clone());
+                    out.push(Action::SetTimer(Timer::Stop, now + stop_delay));
+                }
+            }
+            TriggerMode::CloneSnapshot => {
+                self.triggered = true;
+                let n = self.snapshots;
+                self.snapshots += 1;
+                accept.snapshot = Some(n);
+                out.push(Action::AcceptTrigger(accept));
+                if stop_delay.is_zero() {
+                    out.extend(self.begin_snapshot(n, now));
+                } else {
+                    out.push(Action::SetTimer(Timer::Snapshot(n), now + stop_delay));
+                }
+            }
+            // Validation refuses triggers without a mode; be inert if it happens.
+            TriggerMode::None => return Err(TriggerRefusal::NotListed),
+        }
+        Ok(())
+    }
+
+    /// Begins the stop sequence (once).
+    fn stop(&mut self, reason: StopReason, skip_flush: bool, now: Duration) -> Vec<Action> {
+        if matches!(self.state, State::Stopping | State::Finished) {
+            return Vec::new();
+        }
+        self.state = State::Stopping;
+        self.stop_reason = Some(reason);
+        // Flushes still under way no longer lead anywhere.
+        let mut out: Vec<Action> = std::mem::take(&mut self.flushes)
+            .into_keys()
+            .map(|id| Action::CancelTimer(Timer::FlushDeadline(id)))
+            .collect();
+        // Sources that never started have nothing to flush.
+        if skip_flush || !self.started {
+            out.extend(self.stop_sources(now));
+        } else {
+            let id = FlushId(self.next_flush);
+            self.phase = Some(StopPhase::Flushing(id));
+            out.extend(self.flush(FlushPurpose::Stop, now));
+        }
+        out
+    }
+
+    fn stop_sources(&mut self, now: Duration) -> Vec<Action> {
+        self.phase = Some(StopPhase::StoppingSources);
+        vec![
+            Action::SetTimer(Timer::StopDeadline, now + self.timeline.stop_timeout),
+            Action::StopSources,
+        ]
+    }
+
+    /// Sources are stopped: the final pass, or only a sync when nothing may
+    /// be written.
+    fn final_output(&mut self) -> Vec<Action> {
+        let mut out = vec![Action::Service(ServiceEvent::TracingDisabled)];
+        let reason = self
+            .stop_reason
+            .clone()
+            .unwrap_or(StopReason::StopRequested);
+        if reason.writes_buffers() && !self.waiting_for_trigger() {
+            self.phase = Some(StopPhase::FinalPass);
+            out.push(Action::WritePass(Pass::Final));
+            return out;
+        }
+        if !matches!(reason, StopReason::OutputFailed(_)) {
+            out.push(Action::SyncOutput);
+        }
+        out.extend(self.finish());
+        out
+    }
+
+    fn finish(&mut self) -> Vec<Action> {
+        self.state = State::Finished;
+        self.phase = None;
+        let reason = self
+            .stop_reason
+            .clone()
+            .unwrap_or(StopReason::StopRequested);
+        vec![Action::Exit(reason)]
+    }
+}

@@ -1,0 +1,644 @@
+//! The session's decisions, event sequence by event sequence.
+
+use super::*;
+use crate::storage::SinkError;
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn rule(name: &str, delay_ms: u64) -> TriggerRule {
+    TriggerRule {
+        name: name.into(),
+        producer_regex: None,
+        stop_delay: ms(delay_ms),
+        max_per_24h: 0,
+        skip_probability: 0.0,
+    }
+}
+
+fn timeline(mode: TriggerMode, rules: Vec<TriggerRule>) -> Timeline {
+    Timeline {
+        mode,
+        trigger_timeout: Duration::from_secs(60),
+        rules,
+        ..Timeline::plain()
+    }
+}
+
+/// A session begun at wall clock 0 and time 0 (its first actions dropped).
+fn begun(t: Timeline) -> Session {
+    let mut s = Session::new(t);
+    s.on_event(Event::Begin { wall_ms: 0 }, ms(0));
+    s
+}
+
+fn trig(name: &str) -> Event {
+    Event::Triggers(TriggerArrival {
+        request: None,
+        producer: "p".into(),
+        uid: 0,
+        names: vec![TriggerName {
+            name: name.into(),
+            draw: 0.5,
+            matches_last_24h: 0,
+        }],
+    })
+}
+
+/// The outcome the session replied for a one-name trigger request.
+fn outcome(s: &mut Session, name: &str, now: u64) -> (Result<(), TriggerRefusal>, Vec<Action>) {
+    let Event::Triggers(mut a) = trig(name) else {
+        unreachable!()
+    };
+    a.request = Some(RequestId(7));
+    let actions = s.on_event(Event::Triggers(a), ms(now));
+    let res = actions.iter().find_map(|a| match a {
+        Action::Reply(RequestId(7), Answer::Triggers(o)) => Some(o[0].1),
+        _ => None,
+    });
+    (res.expect("a reply"), actions)
+}
+
+fn flush_id(a: &[Action]) -> Option<FlushId> {
+    a.iter().find_map(|a| match a {
+        Action::FlushSources { id, .. } => Some(*id),
+        _ => None,
+    })
+}
+
+fn exit_reason(a: &[Action]) -> Option<StopReason> {
+    a.iter().find_map(|a| match a {
+        Action::Exit(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// Drives a begun stop sequence to its end with every step succeeding;
+/// returns every action taken on the way.
+fn finish_stop(s: &mut Session, first: Vec<Action>, now: u64) -> Vec<Action> {
+    let mut all = first.clone();
+    let mut last = first;
+    for _ in 0..6 {
+        let next = if let Some(id) = flush_id(&last) {
+            Event::SourcesFlushed { id, complete: true }
+        } else if last.contains(&Action::StopSources) {
+            Event::SourcesStopped
+        } else if last.contains(&Action::WritePass(Pass::Final)) {
+            Event::PassWritten { cap_reached: false }
+        } else {
+            break;
+        };
+        last = s.on_event(next, ms(now));
+        all.extend(last.clone());
+    }
+    all
+}
+
+#[test]
+fn plain_session_runs_the_whole_stop_sequence_in_order() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.duration = Some(Duration::from_secs(2));
+    let mut s = Session::new(t);
+    let a = s.on_event(Event::Begin { wall_ms: 0 }, ms(0));
+    assert_eq!(
+        a,
+        vec![
+            Action::SetTimer(Timer::Stop, ms(2000)),
+            Action::StartSources,
+            Action::SetTimer(Timer::Stats, ms(10_000)),
+        ]
+    );
+    let a = s.on_event(Event::TimerFired(Timer::Stop), ms(2000));
+    assert_eq!(
+        a,
+        vec![
+            Action::SetTimer(Timer::FlushDeadline(FlushId(0)), ms(7000)),
+            Action::FlushSources {
+                id: FlushId(0),
+                timeout: ms(5000)
+            },
+        ]
+    );
+    assert_eq!(s.state(), State::Stopping);
+    let a = s.on_event(
+        Event::SourcesFlushed {
+            id: FlushId(0),
+            complete: true,
+        },
+        ms(2010),
+    );
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::FlushDeadline(FlushId(0))),
+            Action::Service(ServiceEvent::AllDataSourcesFlushed),
+            Action::SetTimer(Timer::StopDeadline, ms(7010)),
+            Action::StopSources,
+        ]
+    );
+    let a = s.on_event(Event::SourcesStopped, ms(2020));
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::StopDeadline),
+            Action::Service(ServiceEvent::TracingDisabled),
+            Action::WritePass(Pass::Final),
+        ]
+    );
+    let a = s.on_event(Event::PassWritten { cap_reached: false }, ms(2030));
+    assert_eq!(a, vec![Action::Exit(StopReason::DurationElapsed)]);
+    assert_eq!(s.state(), State::Finished);
+}
+
+#[test]
+fn periodic_work_aligns_to_wall_clock_multiples() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(1000));
+    t.stats_period = ms(10_000);
+    t.flush = FlushCadence::Periodic(ms(5000));
+    t.clear_period = Some(ms(2000));
+    let mut s = Session::new(t);
+    // Wall clock 12_345 ms at the origin.
+    let a = s.on_event(Event::Begin { wall_ms: 12_345 }, ms(0));
+    assert!(a.contains(&Action::SetTimer(Timer::WritePass, ms(655))));
+    assert!(a.contains(&Action::SetTimer(Timer::Stats, ms(7655))));
+    assert!(a.contains(&Action::SetTimer(Timer::Flush, ms(2655))));
+    assert!(a.contains(&Action::SetTimer(Timer::ClearIncrementalState, ms(1655))));
+    // A late timer still lands on the next multiple.
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(1900));
+    assert_eq!(
+        a,
+        vec![
+            Action::SetTimer(Timer::WritePass, ms(2655)),
+            Action::WritePass(Pass::Periodic)
+        ]
+    );
+    let a = s.on_event(Event::TimerFired(Timer::Stats), ms(7655));
+    assert_eq!(
+        a,
+        vec![
+            Action::SetTimer(Timer::Stats, ms(17_655)),
+            Action::StatsTick
+        ]
+    );
+    let a = s.on_event(Event::TimerFired(Timer::ClearIncrementalState), ms(1655));
+    assert_eq!(
+        a,
+        vec![
+            Action::SetTimer(Timer::ClearIncrementalState, ms(3655)),
+            Action::ClearIncrementalState
+        ]
+    );
+}
+
+#[test]
+fn periodic_flush_marks_complete_flushes_only() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.flush = FlushCadence::Periodic(ms(5000));
+    let mut s = begun(t);
+    let a = s.on_event(Event::TimerFired(Timer::Flush), ms(5000));
+    let id = flush_id(&a).expect("flushes");
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(5001));
+    assert!(a.contains(&Action::Service(ServiceEvent::AllDataSourcesFlushed)));
+    let a = s.on_event(Event::TimerFired(Timer::Flush), ms(10_000));
+    let id = flush_id(&a).expect("flushes");
+    // Timed out: no claim that the data is complete.
+    let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(15_000));
+    assert!(a.is_empty());
+    // A late acknowledgement of that flush changes nothing.
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(15_001));
+    assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
+}
+
+#[test]
+fn flush_before_each_write_pass_then_the_pass() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(10_000));
+    t.flush = FlushCadence::BeforeEachWritePass;
+    let mut s = begun(t);
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(10_000));
+    assert!(!a.contains(&Action::WritePass(Pass::Periodic)));
+    let id = flush_id(&a).expect("flushes first");
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(10_005));
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::FlushDeadline(id)),
+            Action::Service(ServiceEvent::AllDataSourcesFlushed),
+            Action::WritePass(Pass::Periodic),
+        ]
+    );
+    // A flush that times out still leads to the pass.
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(20_000));
+    let id = flush_id(&a).expect("flushes first");
+    let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(25_000));
+    assert_eq!(a, vec![Action::WritePass(Pass::Periodic)]);
+}
+
+#[test]
+fn second_signal_skips_the_flush_and_a_third_changes_nothing() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::Signal, ms(100));
+    let id = flush_id(&a).expect("graceful stop flushes");
+    let a = s.on_event(Event::Signal, ms(200));
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::FlushDeadline(id)),
+            Action::SetTimer(Timer::StopDeadline, ms(5200)),
+            Action::StopSources,
+        ]
+    );
+    assert!(s.on_event(Event::Signal, ms(300)).is_empty());
+    // The abandoned flush's late answer is ignored.
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(400));
+    assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
+    let a = s.on_event(Event::SourcesStopped, ms(500));
+    assert!(a.contains(&Action::WritePass(Pass::Final)));
+    let a = s.on_event(Event::PassWritten { cap_reached: false }, ms(600));
+    assert_eq!(exit_reason(&a), Some(StopReason::Signal));
+}
+
+#[test]
+fn slow_sources_are_bounded_by_their_timeouts() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::StopRequest(RequestId(1)), ms(0));
+    assert_eq!(a[0], Action::Reply(RequestId(1), Answer::Stopping));
+    let id = flush_id(&a).expect("flushes");
+    let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(5000));
+    assert!(!a.contains(&Action::Service(ServiceEvent::AllDataSourcesFlushed)));
+    assert!(a.contains(&Action::StopSources));
+    let a = s.on_event(Event::TimerFired(Timer::StopDeadline), ms(10_000));
+    assert_eq!(
+        a,
+        vec![
+            Action::Service(ServiceEvent::TracingDisabled),
+            Action::WritePass(Pass::Final)
+        ]
+    );
+    // Sources that stop after the deadline change nothing.
+    assert!(s.on_event(Event::SourcesStopped, ms(10_001)).is_empty());
+}
+
+#[test]
+fn size_cap_stops_without_flush_or_final_pass() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(100));
+    let mut s = begun(t);
+    let a = s.on_event(Event::PassWritten { cap_reached: true }, ms(100));
+    assert!(flush_id(&a).is_none());
+    assert!(a.contains(&Action::StopSources));
+    let a = s.on_event(Event::SourcesStopped, ms(101));
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::StopDeadline),
+            Action::Service(ServiceEvent::TracingDisabled),
+            Action::SyncOutput,
+            Action::Exit(StopReason::SizeCap),
+        ]
+    );
+}
+
+#[test]
+fn output_failure_stops_without_touching_the_output_again() {
+    let e = SinkError::Write {
+        errno: rustix::io::Errno::NOSPC,
+        offset: 10,
+    };
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::OutputFailed(e), ms(100));
+    let all = finish_stop(&mut s, a, 100);
+    assert!(!all.contains(&Action::SyncOutput));
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert_eq!(exit_reason(&all), Some(StopReason::OutputFailed(e)));
+    assert!(StopReason::OutputFailed(e).is_failure());
+}
+
+#[test]
+fn a_failed_final_pass_becomes_the_exit_reason() {
+    let e = SinkError::Sync(rustix::io::Errno::IO);
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::StopRequest(RequestId(1)), ms(0));
+    let id = flush_id(&a).expect("flushes");
+    s.on_event(Event::SourcesFlushed { id, complete: true }, ms(1));
+    s.on_event(Event::SourcesStopped, ms(2));
+    let a = s.on_event(Event::OutputFailed(e), ms(3));
+    assert_eq!(a, vec![Action::Exit(StopReason::OutputFailed(e))]);
+}
+
+#[test]
+fn timers_do_nothing_while_stopping() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(100));
+    t.duration = Some(ms(1000));
+    let mut s = begun(t);
+    s.on_event(Event::TimerFired(Timer::Stop), ms(1000));
+    for timer in [
+        Timer::WritePass,
+        Timer::Stats,
+        Timer::Flush,
+        Timer::ClearIncrementalState,
+        Timer::Stop,
+        Timer::TriggerTimeout,
+        Timer::Snapshot(0),
+    ] {
+        assert!(
+            s.on_event(Event::TimerFired(timer), ms(1100)).is_empty(),
+            "{timer:?}"
+        );
+    }
+}
+
+#[test]
+fn source_failure_stops_with_a_flush() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::SourceFailed("ftrace: gone".into()), ms(5));
+    let all = finish_stop(&mut s, a, 5);
+    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    let r = exit_reason(&all).expect("exits");
+    assert_eq!(r, StopReason::SourceFailed("ftrace: gone".into()));
+    assert!(r.is_failure());
+}
+
+#[test]
+fn start_trigger_starts_then_stops_after_delay() {
+    let mut t = timeline(TriggerMode::StartTracing, vec![rule("go", 500)]);
+    t.write_period = Some(ms(1000));
+    let mut s = Session::new(t);
+    let a = s.on_event(Event::Begin { wall_ms: 0 }, ms(0));
+    assert_eq!(a, vec![Action::SetTimer(Timer::TriggerTimeout, ms(60_000))]);
+    assert!(s.waiting_for_trigger());
+    // Passes write nothing while waiting: the pass timer is not even set.
+    assert_eq!(
+        outcome(&mut s, "other", 10).0,
+        Err(TriggerRefusal::NotListed)
+    );
+    let (res, a) = outcome(&mut s, "go", 300);
+    assert_eq!(res, Ok(()));
+    assert!(a.contains(&Action::StartSources));
+    assert!(a.contains(&Action::CancelTimer(Timer::TriggerTimeout)));
+    assert!(a.contains(&Action::SetTimer(Timer::WritePass, ms(1000))));
+    assert!(a.contains(&Action::SetTimer(Timer::Stop, ms(800))));
+    assert!(!s.waiting_for_trigger());
+    let (res, a) = outcome(&mut s, "go", 400);
+    assert_eq!(res, Err(TriggerRefusal::AlreadyTriggered));
+    assert_eq!(a.len(), 1, "only the reply: {a:?}");
+    let a = s.on_event(Event::TimerFired(Timer::Stop), ms(800));
+    let all = finish_stop(&mut s, a, 800);
+    assert_eq!(exit_reason(&all), Some(StopReason::Trigger("go".into())));
+    assert!(all.contains(&Action::WritePass(Pass::Final)));
+}
+
+#[test]
+fn start_trigger_timeout_writes_nothing() {
+    let mut s = begun(timeline(TriggerMode::StartTracing, vec![rule("go", 0)]));
+    let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
+    assert!(flush_id(&a).is_none(), "nothing to flush: {a:?}");
+    let all = finish_stop(&mut s, a, 60_000);
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::SyncOutput));
+    assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
+    // A trigger after the timeout is refused.
+    assert_eq!(
+        outcome(&mut s, "go", 60_001).0,
+        Err(TriggerRefusal::NotRecording)
+    );
+}
+
+#[test]
+fn stop_trigger_first_one_wins_and_timeout_is_then_ignored() {
+    let mut s = begun(timeline(
+        TriggerMode::StopTracing,
+        vec![rule("a", 0), rule("b", 2000)],
+    ));
+    assert!(s.waiting_for_trigger());
+    let (res, a) = outcome(&mut s, "b", 100);
+    assert_eq!(res, Ok(()));
+    assert!(a.contains(&Action::SetTimer(Timer::Stop, ms(2100))));
+    assert_eq!(
+        outcome(&mut s, "a", 200).0,
+        Err(TriggerRefusal::AlreadyTriggered)
+    );
+    assert!(
+        s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000))
+            .is_empty()
+    );
+    let a = s.on_event(Event::TimerFired(Timer::Stop), ms(2100));
+    let all = finish_stop(&mut s, a, 2100);
+    assert_eq!(exit_reason(&all), Some(StopReason::Trigger("b".into())));
+    assert!(all.contains(&Action::WritePass(Pass::Final)));
+}
+
+#[test]
+fn stop_trigger_with_zero_delay_stops_at_once() {
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("a", 0)]));
+    let (res, a) = outcome(&mut s, "a", 5);
+    assert_eq!(res, Ok(()));
+    assert!(matches!(&a[0], Action::AcceptTrigger(t) if t.name == "a"));
+    assert!(flush_id(&a).is_some());
+    assert_eq!(s.state(), State::Stopping);
+}
+
+#[test]
+fn stop_trigger_timeout_without_trigger_writes_nothing() {
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("a", 0)]));
+    let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
+    let all = finish_stop(&mut s, a, 60_000);
+    assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+}
+
+#[test]
+fn stop_before_any_trigger_writes_nothing() {
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("a", 0)]));
+    let a = s.on_event(Event::Signal, ms(10));
+    let all = finish_stop(&mut s, a, 10);
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::SyncOutput));
+    assert_eq!(exit_reason(&all), Some(StopReason::Signal));
+}
+
+#[test]
+fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
+    let mut s = begun(timeline(
+        TriggerMode::CloneSnapshot,
+        vec![rule("snap", 0), rule("late", 100)],
+    ));
+    let (res, a) = outcome(&mut s, "snap", 10);
+    assert_eq!(res, Ok(()));
+    assert!(matches!(&a[0], Action::AcceptTrigger(t) if t.snapshot == Some(0)));
+    assert!(a.contains(&Action::PrepareSnapshot(0)));
+    let id = flush_id(&a).expect("flushes before the snapshot");
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(11));
+    assert!(a.contains(&Action::Snapshot(0)));
+
+    let (_, a) = outcome(&mut s, "late", 20);
+    assert!(matches!(&a[0], Action::AcceptTrigger(t) if t.snapshot == Some(1)));
+    assert!(a.contains(&Action::SetTimer(Timer::Snapshot(1), ms(120))));
+    let a = s.on_event(Event::TimerFired(Timer::Snapshot(1)), ms(120));
+    assert_eq!(a[0], Action::PrepareSnapshot(1));
+    let id = flush_id(&a).expect("flushes");
+    // Even a flush that times out is followed by its snapshot.
+    let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(5120));
+    assert_eq!(a, vec![Action::Snapshot(1)]);
+
+    let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
+    let all = finish_stop(&mut s, a, 60_000);
+    assert_eq!(exit_reason(&all), Some(StopReason::CloneTimeout));
+    // The clone session's own output stays empty.
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+}
+
+#[test]
+fn one_request_gets_one_reply_with_every_outcome_in_order() {
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("b", 1000)]));
+    let names = ["a", "b", "b"]
+        .iter()
+        .map(|n| TriggerName {
+            name: (*n).into(),
+            draw: 0.5,
+            matches_last_24h: 0,
+        })
+        .collect();
+    let a = s.on_event(
+        Event::Triggers(TriggerArrival {
+            request: Some(RequestId(3)),
+            producer: "app".into(),
+            uid: 1000,
+            names,
+        }),
+        ms(0),
+    );
+    let replies: Vec<&Action> = a
+        .iter()
+        .filter(|a| matches!(a, Action::Reply(..)))
+        .collect();
+    assert_eq!(
+        replies,
+        vec![&Action::Reply(
+            RequestId(3),
+            Answer::Triggers(vec![
+                ("a".into(), Err(TriggerRefusal::NotListed)),
+                ("b".into(), Ok(())),
+                ("b".into(), Err(TriggerRefusal::AlreadyTriggered)),
+            ])
+        )]
+    );
+    assert!(a.contains(&Action::AcceptTrigger(AcceptedTrigger {
+        name: "b".into(),
+        producer: "app".into(),
+        uid: 1000,
+        stop_delay: ms(1000),
+        snapshot: None,
+    })));
+}
+
+#[test]
+fn rule_filters() {
+    let mut r = rule("t", 0);
+    r.producer_regex = Some(anchored("app.*").expect("valid"));
+    r.skip_probability = 0.3;
+    r.max_per_24h = 2;
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![r]));
+    let mut send = |producer: &str, draw: f64, n: u32| {
+        let a = s.on_event(
+            Event::Triggers(TriggerArrival {
+                request: Some(RequestId(1)),
+                producer: producer.into(),
+                uid: 1000,
+                names: vec![TriggerName {
+                    name: "t".into(),
+                    draw,
+                    matches_last_24h: n,
+                }],
+            }),
+            ms(0),
+        );
+        a.iter()
+            .find_map(|a| match a {
+                Action::Reply(_, Answer::Triggers(o)) => Some(o[0].1),
+                _ => None,
+            })
+            .expect("reply")
+    };
+    assert_eq!(send("xapp", 0.9, 0), Err(TriggerRefusal::ProducerMismatch));
+    assert_eq!(send("app1", 0.1, 0), Err(TriggerRefusal::Skipped));
+    assert_eq!(send("app1", 0.9, 2), Err(TriggerRefusal::RateLimited));
+    assert_eq!(send("app1", 0.9, 1), Ok(()));
+}
+
+#[test]
+fn deferred_session_waits_for_start() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.deferred_start = true;
+    t.duration = Some(ms(1000));
+    let mut s = Session::new(t);
+    assert!(s.on_event(Event::Begin { wall_ms: 0 }, ms(0)).is_empty());
+    assert_eq!(s.state(), State::Deferred);
+    assert!(s.waiting_for_trigger());
+    let a = s.on_event(Event::StartRequest(RequestId(1)), ms(500));
+    assert_eq!(a[0], Action::Reply(RequestId(1), Answer::Started(Ok(()))));
+    assert!(a.contains(&Action::StartSources));
+    // The duration counts from the start.
+    assert!(a.contains(&Action::SetTimer(Timer::Stop, ms(1500))));
+    let a = s.on_event(Event::StartRequest(RequestId(2)), ms(600));
+    assert_eq!(
+        a,
+        vec![Action::Reply(
+            RequestId(2),
+            Answer::Started(Err(StartRefusal::AlreadyStarted))
+        )]
+    );
+}
+
+#[test]
+fn deferred_session_stopped_before_start_writes_nothing() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.deferred_start = true;
+    let mut s = begun(t);
+    let a = s.on_event(Event::Signal, ms(10));
+    assert!(flush_id(&a).is_none());
+    let all = finish_stop(&mut s, a, 10);
+    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert_eq!(exit_reason(&all), Some(StopReason::Signal));
+    let a = s.on_event(Event::StartRequest(RequestId(1)), ms(20));
+    assert_eq!(
+        a,
+        vec![Action::Reply(
+            RequestId(1),
+            Answer::Started(Err(StartRefusal::NotRecording))
+        )]
+    );
+}
+
+#[test]
+fn stop_cancels_flushes_under_way() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.flush = FlushCadence::Periodic(ms(1000));
+    let mut s = begun(t);
+    let a = s.on_event(Event::TimerFired(Timer::Flush), ms(1000));
+    let periodic = flush_id(&a).expect("flushes");
+    let a = s.on_event(Event::StopRequest(RequestId(1)), ms(1001));
+    assert!(a.contains(&Action::CancelTimer(Timer::FlushDeadline(periodic))));
+    let stop = flush_id(&a).expect("the stop's own flush");
+    assert_ne!(stop, periodic);
+    // The periodic flush's answer does not advance the stop sequence.
+    let a = s.on_event(
+        Event::SourcesFlushed {
+            id: periodic,
+            complete: true,
+        },
+        ms(1002),
+    );
+    assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(periodic))]);
+    let a = s.on_event(
+        Event::SourcesFlushed {
+            id: stop,
+            complete: true,
+        },
+        ms(1003),
+    );
+    assert!(a.contains(&Action::StopSources));
+}

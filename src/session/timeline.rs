@@ -1,0 +1,146 @@
+//! The timing rules of one session, derived once from its validated spec:
+//! how long it runs, how triggers act, and the cadence of its periodic work
+//! (write passes, stats, flushes, incremental-state clears).
+
+use std::time::Duration;
+
+use crate::config::spec::{self, FlushPlan, RecorderSpec};
+
+/// How triggers drive the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TriggerMode {
+    None,
+    StartTracing,
+    StopTracing,
+    CloneSnapshot,
+}
+
+/// One trigger the config lists.
+#[derive(Clone, Debug)]
+pub struct TriggerRule {
+    pub name: String,
+    /// Pattern on the sending producer's name, compiled with [`anchored`].
+    pub producer_regex: Option<regex::Regex>,
+    pub stop_delay: Duration,
+    /// 0: unlimited.
+    pub max_per_24h: u32,
+    pub skip_probability: f64,
+}
+
+/// When data sources are asked to flush while the session records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushCadence {
+    /// Only at stop (and before snapshots).
+    AtStop,
+    /// Every period, aligned to wall-clock multiples.
+    Periodic(Duration),
+    /// Before every write pass (`write_into_file` with a long period).
+    BeforeEachWritePass,
+}
+
+/// The timing rules of one session.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    /// `duration_ms`; `None` for "until stopped".
+    pub duration: Option<Duration>,
+    pub mode: TriggerMode,
+    pub trigger_timeout: Duration,
+    pub rules: Vec<TriggerRule>,
+    /// The write period when streaming (`write_into_file`).
+    pub write_period: Option<Duration>,
+    /// How often the trace gets `trace_stats`, the sync marker and a clock
+    /// snapshot (`builtin_data_sources.snapshot_interval_ms`, default 10 s).
+    pub stats_period: Duration,
+    pub flush: FlushCadence,
+    /// Bound on one flush of the data sources (`flush_timeout_ms`).
+    pub flush_timeout: Duration,
+    /// Bound on the data sources' stop (`data_source_stop_timeout_ms`).
+    pub stop_timeout: Duration,
+    /// `incremental_state_config.clear_period_ms`.
+    pub clear_period: Option<Duration>,
+    /// `deferred_start`: configured, but records only after `recorder start`.
+    pub deferred_start: bool,
+}
+
+/// A trigger's `producer_name_regex` does not compile.
+#[derive(Debug, thiserror::Error)]
+#[error("trigger_config.triggers[{index}].producer_name_regex: {source}")]
+pub struct TimelineError {
+    pub index: usize,
+    #[source]
+    pub source: regex::Error,
+}
+
+impl Timeline {
+    /// The timeline a validated spec asks for.
+    pub fn from_spec(spec: &RecorderSpec) -> Result<Timeline, TimelineError> {
+        let (mode, trigger_timeout, rules) = match &spec.trigger {
+            None => (TriggerMode::None, Duration::ZERO, Vec::new()),
+            Some(plan) => {
+                let mode = match plan.mode {
+                    spec::TriggerMode::StartTracing => TriggerMode::StartTracing,
+                    spec::TriggerMode::StopTracing => TriggerMode::StopTracing,
+                    spec::TriggerMode::CloneSnapshot => TriggerMode::CloneSnapshot,
+                };
+                let mut rules = Vec::with_capacity(plan.triggers.len());
+                for (index, t) in plan.triggers.iter().enumerate() {
+                    let producer_regex = t
+                        .producer_name_regex
+                        .as_deref()
+                        .map(anchored)
+                        .transpose()
+                        .map_err(|source| TimelineError { index, source })?;
+                    rules.push(TriggerRule {
+                        name: t.name.clone(),
+                        producer_regex,
+                        stop_delay: t.stop_delay,
+                        max_per_24h: t.max_per_24_h.unwrap_or(0),
+                        skip_probability: t.skip_probability,
+                    });
+                }
+                (mode, plan.timeout, rules)
+            }
+        };
+        Ok(Timeline {
+            duration: spec.duration,
+            mode,
+            trigger_timeout,
+            rules,
+            write_period: spec.file.as_ref().map(|f| f.write_period),
+            stats_period: spec.builtin.snapshot_interval,
+            flush: match spec.flush {
+                FlushPlan::AtStop => FlushCadence::AtStop,
+                FlushPlan::Periodic(p) => FlushCadence::Periodic(p),
+                FlushPlan::BeforeEachWritePass => FlushCadence::BeforeEachWritePass,
+            },
+            flush_timeout: spec.flush_timeout,
+            stop_timeout: spec.data_source_stop_timeout,
+            clear_period: spec.incremental_state_clear_period,
+            deferred_start: spec.deferred_start,
+        })
+    }
+
+    /// A timeline with no triggers, no streaming and default cadences: the
+    /// base that tests and benches adjust.
+    pub fn plain() -> Timeline {
+        Timeline {
+            duration: None,
+            mode: TriggerMode::None,
+            trigger_timeout: Duration::ZERO,
+            rules: Vec::new(),
+            write_period: None,
+            stats_period: Duration::from_secs(10),
+            flush: FlushCadence::AtStop,
+            flush_timeout: Duration::from_secs(5),
+            stop_timeout: Duration::from_secs(5),
+            clear_period: None,
+            deferred_start: false,
+        }
+    }
+}
+
+/// Compiles `pattern` for whole-string matching, as Perfetto's producer
+/// filters and trigger regexes match.
+pub fn anchored(pattern: &str) -> Result<regex::Regex, regex::Error> {
+    regex::Regex::new(&format!("^(?:{pattern})$"))
+}
