@@ -547,7 +547,6 @@ fn bundled_configs_open_cleanly_in_trace_processor() {
 /// period), so trace processor can sort the file incrementally at each
 /// flush marker instead of holding it whole.
 #[test]
-#[ignore = "needs the session to flush on its FlushPlan while it runs"]
 fn streaming_sessions_flush_as_often_as_their_trace_config_says() {
     for (extra, period_ms) in [
         (

@@ -112,6 +112,21 @@ pub fn shell_path() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("../shared/tools/trace_processor"))
 }
 
+/// What the queries run: the shell binary beside the wrapper once the
+/// wrapper has run (it installs the runtime library; its own check of the
+/// library, `ldconfig -p | grep -q` under `pipefail`, can fail when grep
+/// exits first, and then tries apt-get again, which fails while another
+/// test holds the package lock).
+fn query_program() -> PathBuf {
+    let wrapper = shell_path();
+    let shell = wrapper.with_file_name("trace_processor_shell");
+    if wrapper.file_name().is_some_and(|n| n == "trace_processor") && shell.exists() {
+        shell
+    } else {
+        wrapper
+    }
+}
+
 /// Why trace processor cannot run here, if it cannot (checked once).
 pub fn unavailable() -> Option<String> {
     static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -119,6 +134,16 @@ pub fn unavailable() -> Option<String> {
         let path = shell_path();
         if !path.exists() {
             return Some(format!("no trace processor at {}", path.display()));
+        }
+        let runs = |p: &Path| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        // Installed already: the binary runs by itself.
+        if query_program() != path && runs(&query_program()) {
+            return None;
         }
         match Command::new(&path).arg("--version").output() {
             Ok(o) if o.status.success() => None,
@@ -176,7 +201,7 @@ impl Tp {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = dir.path().join("q.sql");
         std::fs::write(&q, sql).expect("write the query");
-        let out = Command::new(shell_path())
+        let out = Command::new(query_program())
             .arg("-q")
             .arg(&q)
             .arg(&self.trace)
