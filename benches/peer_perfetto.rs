@@ -323,8 +323,7 @@ fn recorder_run(policy: FillPolicy, filler: &[u8], packets: u64) -> Side {
     let kept = Kept {
         packets: found.packets,
         // Framed bytes plus the chunk padding behind them, pro rata.
-        buffer_bytes: found.bytes
-            + s.padding_bytes_written * found.packets / s.packets_written.max(1),
+        buffer_bytes: found.bytes + s.unused_chunk_bytes * found.packets / s.packets_written.max(1),
         framed: found.bytes,
         first: found.first_counter,
         last: found.last_counter,

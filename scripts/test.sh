@@ -14,6 +14,15 @@ if ! python3 -c 'import zstandard' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zstandard
 fi
 
+# Perfetto's trace processor (../shared/tools), the third oracle. Its wrapper
+# installs its one runtime library (Debian libprotobuf32) on a fresh machine
+# when run as root: run it once here, before the tests run it in parallel. The
+# tests say why they skip without it (a failure under CI).
+tp=../shared/tools/trace_processor
+if [ -x "$tp" ] && ! "$tp" --version >/dev/null; then
+  echo "warning: $tp does not run here (as root it installs libprotobuf32)" >&2
+fi
+
 # tracefs, for the ftrace tests (root only; the tests say why they skip otherwise).
 if [ "$(id -u)" = 0 ] && [ ! -e /sys/kernel/tracing/events ]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true

@@ -175,6 +175,20 @@ pub enum Command {
     },
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(crate::command::bench::BenchArgs),
+    /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.
+    Open {
+        /// The trace file.
+        file: PathBuf,
+        /// Local port to serve on (ui.perfetto.dev fetches only from 9001).
+        #[arg(long, default_value_t = crate::command::open::DEFAULT_PORT)]
+        port: u16,
+        /// Print the link only; start no browser.
+        #[arg(long)]
+        no_browser: bool,
+        /// The UI's origin, for a self-hosted Perfetto UI.
+        #[arg(long, default_value = crate::command::open::DEFAULT_ORIGIN, value_name = "URL")]
+        origin: String,
+    },
 }
 
 /// `recorder config …`.
@@ -317,6 +331,17 @@ pub fn run(cli: Cli) -> u8 {
         Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
         Some(Command::Start { pid, all }) => crate::command::control::start(pid, all),
         Some(Command::Bench(args)) => crate::command::bench::run(&args),
+        Some(Command::Open {
+            file,
+            port,
+            no_browser,
+            origin,
+        }) => crate::command::open::run(&crate::command::open::OpenRequest {
+            trace: &file,
+            port,
+            browser: !no_browser,
+            origin: &origin,
+        }),
         None => {
             let Some(path) = cli.main.config.clone() else {
                 eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");

@@ -1,7 +1,8 @@
 //! Oracle for the binary config loader: never panics; what loads re-encodes
 //! to bytes that load to the same message; without unknown fields, its text
 //! form parses back to those bytes; validation never panics, and what it
-//! accepts keeps each data source's config bytes as a slice of the input.
+//! accepts keeps each data source's config bytes as a slice of the input, and
+//! records the config as loaded (a streaming session's flush period aside).
 
 use recorder::config;
 
@@ -23,7 +24,17 @@ pub fn check(data: &[u8]) {
         );
     }
     if let Ok(spec) = loaded.validate() {
-        assert_eq!(spec.config_bytes, data);
+        // The config as run: the input, plus a streaming session's flush
+        // period appended as field 13 (flush_period_ms); nothing else moves.
+        assert!(spec.config_bytes.starts_with(data));
+        if spec.config_bytes.len() > data.len() {
+            assert_eq!(spec.config_bytes[data.len()], 0x68, "field 13, varint");
+            let run = config::load_binary(&spec.config_bytes, "as run").expect("as run loads");
+            let (mut a, mut b) = (loaded.message.clone(), run.message.clone());
+            a.clear_field_by_number(13);
+            b.clear_field_by_number(13);
+            assert_eq!(a, b, "only flush_period_ms differs");
+        }
         for ds in &spec.data_sources {
             let svc = config::ServiceFields {
                 target_buffer: Some(ds.target_buffer.0),

@@ -68,7 +68,7 @@ impl BufferReport {
         min_size_kb: u64,
         lossless_rate_pps: f64,
     ) -> Self {
-        let used = s.bytes_written + s.padding_bytes_written;
+        let used = s.bytes_written + s.unused_chunk_bytes;
         Self {
             index,
             policy: policy_name(b.policy()),

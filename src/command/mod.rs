@@ -4,4 +4,5 @@
 pub mod bench;
 pub mod control;
 pub mod inspect;
+pub mod open;
 pub mod record;

@@ -545,7 +545,9 @@ pub struct RecorderSpec {
     pub builtin: BuiltinSourcesSpec,
     /// Output compression.
     pub compression: Compression,
-    /// The config as loaded, serialized (for the `trace_config` packet).
+    /// The config as run, serialized, for the `trace_config` packet: as
+    /// loaded, plus the flush period a streaming session flushes at
+    /// (`flush_period_ms`, see `FlushPlan`).
     pub config_bytes: Vec<u8>,
     /// Field paths our schema does not know (binary input only).
     pub unknown_fields: Vec<String>,

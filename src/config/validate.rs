@@ -239,6 +239,7 @@ pub fn validate(
     if !cx.errors.is_empty() {
         return Err(cx.errors);
     }
+    let recorded = as_run(config_bytes, &tc, flush, file.as_ref());
     Ok(RecorderSpec {
         fields: judged.fields,
         buffers,
@@ -263,7 +264,7 @@ pub fn validate(
         },
         builtin,
         compression,
-        config_bytes: config_bytes.to_vec(),
+        config_bytes: recorded,
         unknown_fields,
         warnings: cx.warnings,
         notes: cx.notes,
@@ -1091,6 +1092,10 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
             if flush_period > 0 {
                 FlushPlan::Periodic(ms(flush_period))
             } else {
+                cx.warn(
+                    "write_flush_mode",
+                    "WRITE_FLUSH_DISABLED without flush_period_ms: data sources are flushed only at stop, so trace processor must sort the whole file in memory (it says config_write_into_file_no_flush)",
+                );
                 FlushPlan::AtStop
             }
         }
@@ -1108,6 +1113,36 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
             }
         }
     }
+}
+
+/// The config the `trace_config` packet records: the bytes as loaded, except
+/// that a streaming session (`write_into_file`) that flushes its data sources
+/// while it runs says how often, in `flush_period_ms`. Trace processor takes a
+/// streamed trace without that field for one that was never flushed
+/// (`config_write_into_file_no_flush`, an error the UI shows) and sorts it
+/// whole in memory; with the flush plan's period recorded it reads the flush
+/// markers incrementally, as for a Perfetto trace. A session that only
+/// flushes at stop leaves the field as written, so that warning stays true.
+fn as_run(
+    config_bytes: &[u8],
+    tc: &protos::TraceConfig,
+    flush: FlushPlan,
+    file: Option<&FileSpec>,
+) -> Vec<u8> {
+    let period = match (file, flush) {
+        (None, _) | (_, FlushPlan::AtStop) => return config_bytes.to_vec(),
+        (Some(_), FlushPlan::Periodic(p)) => p,
+        (Some(f), FlushPlan::BeforeEachWritePass) => f.write_period,
+    };
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    let mut out = config_bytes.to_vec();
+    if u64::from(tc.flush_period_ms()) != period_ms {
+        // A later occurrence of a scalar field wins; every other byte,
+        // unknown fields included, stays as loaded.
+        prost::encoding::encode_key(13, prost::encoding::WireType::Varint, &mut out);
+        prost::encoding::encode_varint(period_ms, &mut out);
+    }
+    out
 }
 
 /// Highest zstd level (zstd clamps above it).

@@ -41,7 +41,7 @@ use crate::storage::segment::policy::RotateReason;
 use crate::storage::write_pass::{PassReport, PassStage, Take, write_pass_staged};
 use crate::storage::{OpenOptions as SinkOpenOptions, OutputError, OutputPath};
 use crate::sys::signals::Signals;
-use crate::trace::service::{BufferStatsRecord, ServiceEvent, TraceStatsRecord, TriggerRecord};
+use crate::trace::service::{ServiceEvent, TraceStatsRecord, TriggerRecord};
 use crate::trace::service_log::ServiceLog;
 use status_line::{StatusFigures, StatusLine};
 
@@ -106,6 +106,7 @@ struct Loop {
     status: Option<StatusLine>,
     /// Bytes before and after compression, over every pass.
     compressed: (u64, u64),
+    flushes: FlushCounts,
 }
 
 impl Loop {
@@ -136,6 +137,7 @@ impl Loop {
             warnings: Vec::new(),
             status,
             compressed: (0, 0),
+            flushes: FlushCounts::default(),
         }
     }
 
@@ -391,8 +393,9 @@ impl Loop {
             .map(|b| (b.buffer.clone(), Take::Consume))
             .collect();
         let buffers = &self.rec.buffers;
+        let flushes = self.flushes;
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers));
+        let tail = || log.tail(|| trace_stats(buffers, flushes));
         let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
@@ -459,7 +462,10 @@ impl Loop {
             return;
         };
         let started = Instant::now();
-        let tail = self.rec.log.segment_tail(&trace_stats(&self.rec.buffers));
+        let tail = self
+            .rec
+            .log
+            .segment_tail(&trace_stats(&self.rec.buffers, self.flushes));
         match w.rotate(&tail, reason) {
             Ok(()) => {
                 let (index, uuid) = (w.index(), w.trace_uuid());
@@ -527,6 +533,7 @@ impl Loop {
             })
             .collect();
         let buffers = &self.rec.buffers;
+        let flushes = self.flushes;
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -544,7 +551,11 @@ impl Loop {
                 now,
                 ServiceEvent::ReadTracingBuffersCompleted,
             ));
-            t.push(service::trace_stats(uid, now, &trace_stats(buffers)));
+            t.push(service::trace_stats(
+                uid,
+                now,
+                &trace_stats(buffers, flushes),
+            ));
             t
         };
         let stage = PassStage {
@@ -653,32 +664,20 @@ impl Loop {
     }
 }
 
-/// trace_stats from the buffers' live counters.
-fn trace_stats(buffers: &[SessionBuffer]) -> TraceStatsRecord {
+/// Flushes asked of the data sources, for `trace_stats`.
+#[derive(Clone, Copy, Debug, Default)]
+struct FlushCounts {
+    requested: u64,
+    succeeded: u64,
+    failed: u64,
+}
+
+/// trace_stats from the buffers' live counters and the flushes so far.
+fn trace_stats(buffers: &[SessionBuffer], flushes: FlushCounts) -> TraceStatsRecord {
     TraceStatsRecord {
-        buffers: buffers
-            .iter()
-            .map(|b| {
-                let s = b.buffer.stats();
-                BufferStatsRecord {
-                    buffer_size: s.buffer_size,
-                    bytes_written: s.bytes_written,
-                    chunks_written: s.chunks_written,
-                    chunks_overwritten: s.chunks_overwritten,
-                    write_wrap_count: s.write_wrap_count,
-                    bytes_overwritten: s.bytes_overwritten,
-                    bytes_read: s.bytes_read,
-                    padding_bytes_written: s.padding_bytes_written,
-                    chunks_read: s.chunks_read,
-                    chunks_discarded: s.chunks_discarded,
-                    trace_writer_packet_loss: s.packets_refused,
-                }
-            })
-            .collect(),
-        producers_connected: 1,
-        producers_seen: 1,
-        tracing_sessions: 1,
-        total_buffers: buffers.len() as u32,
-        ..Default::default()
+        flushes_requested: flushes.requested,
+        flushes_succeeded: flushes.succeeded,
+        flushes_failed: flushes.failed,
+        ..TraceStatsRecord::of_buffers(buffers.iter().map(|b| &*b.buffer))
     }
 }

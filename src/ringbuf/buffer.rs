@@ -118,6 +118,12 @@ impl Buffer {
         Writer::new(Arc::clone(self), id, counters)
     }
 
+    /// The writer sequences this buffer has served, ascending (trace_stats
+    /// names each sequence's buffer so that its losses are attributed).
+    pub fn writer_ids(&self) -> Vec<WriterId> {
+        self.lock().table.writer_ids()
+    }
+
     /// Counters at this moment; writers keep going.
     pub fn stats(&self) -> BufferStats {
         let inner = self.lock();

@@ -38,7 +38,14 @@ pub struct BufferStats {
     pub packets_read: u64,
     /// Times the write cursor went round the buffer.
     pub write_wrap_count: u64,
-    /// Unused bytes at the end of completed chunks (never flushed).
+    /// Unused bytes at the end of completed chunks (never flushed): the
+    /// engine's own figure, bytes of buffer space that held no packet.
+    pub unused_chunk_bytes: u64,
+    /// Perfetto's `BufferStats.padding_bytes_written`: bytes allocated as
+    /// padding *between* chunks (its variable-size chunk records leave gaps
+    /// at a wrap). Chunks here are fixed slots that need no padding, so this
+    /// stays 0; the unused end of a chunk is [`Self::unused_chunk_bytes`],
+    /// which Perfetto counts inside its chunk records, not as padding.
     pub padding_bytes_written: u64,
     /// Chunks that held unread data dropped by `clear`.
     pub chunks_cleared: u64,

@@ -2,7 +2,7 @@
 //! pinned. Pure bookkeeping under the buffer's mutex; it never touches chunk
 //! bytes, only the writers' published committed lengths.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{BufferStats, FillPolicy, WriterId};
@@ -96,6 +96,9 @@ pub(crate) struct Table {
     cursor: usize,
     free_chunks: usize,
     sequences: BTreeMap<WriterId, Sequence>,
+    /// Every writer sequence that ever attached (`sequences` forgets the
+    /// finished ones once read).
+    served: BTreeSet<WriterId>,
     totals: BufferStats,
     generation: u64,
 }
@@ -113,6 +116,7 @@ impl Table {
             cursor: 0,
             free_chunks: chunk_count,
             sequences: BTreeMap::new(),
+            served: BTreeSet::new(),
             totals: BufferStats::default(),
             generation: 0,
         }
@@ -123,7 +127,13 @@ impl Table {
         live.generation.store(self.generation, Ordering::Release);
     }
 
+    /// Every writer sequence that ever attached, ascending.
+    pub(crate) fn writer_ids(&self) -> Vec<WriterId> {
+        self.served.iter().copied().collect()
+    }
+
     pub(crate) fn attach(&mut self, id: WriterId) {
+        self.served.insert(id);
         self.sequences.entry(id).or_default().writers += 1;
     }
 
@@ -323,7 +333,7 @@ impl Table {
             t.bytes_written += u64::from(used);
             t.packets_written += u64::from(packets);
             t.chunks_written += u64::from(r.chunks);
-            t.padding_bytes_written += u64::from(r.chunks) * chunk_size - u64::from(used);
+            t.unused_chunk_bytes += u64::from(r.chunks) * chunk_size - u64::from(used);
             if r.read == used && !r.cleared {
                 t.chunks_read += u64::from(r.chunks);
             }

@@ -306,7 +306,7 @@ fn dropping_a_writer_commits_and_flush_hands_over() {
     drop(w);
     let s = b.stats();
     assert_eq!(s.chunks_written, 2);
-    assert_eq!(s.padding_bytes_written, 2 * (64 - 12));
+    assert_eq!(s.unused_chunk_bytes, 2 * (64 - 12));
     assert_eq!(
         drain(&b),
         vec![Piece::Packet(pkt(1, 10)), Piece::Packet(pkt(2, 10))]
@@ -571,7 +571,7 @@ fn reserve_at_least_uses_up_the_region_before_taking_a_new_one() {
     let s = b.stats();
     assert_eq!(s.chunks_written, 3);
     assert_eq!(
-        s.padding_bytes_written,
+        s.unused_chunk_bytes,
         249 + 3,
         "only the chunk left for the 250 B and the last one's tail"
     );

@@ -197,7 +197,7 @@ impl InspectReport {
             seq.losses += 1;
             self.losses += 1;
         }
-        if let Some(v) = info.for_testing_seq {
+        if let Some(v) = info.for_testing_counter {
             match &mut seq.for_testing {
                 None => {
                     seq.for_testing = Some(TestSequence {
@@ -428,7 +428,7 @@ mod tests {
 
     fn test_packet(seq_id: u64, value: u64, dropped: bool) -> Vec<u8> {
         let mut body = Vec::new();
-        field_varint(2, 99, &mut body); // seq_value
+        field_varint(2, 0x5eed ^ value, &mut body); // seq_value: not the order
         field_varint(3, value, &mut body); // counter
         let mut p = Vec::new();
         field_varint(8, 1000 + value, &mut p);

@@ -606,8 +606,8 @@ pub struct PacketInfo {
     pub timestamp: Option<u64>,
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
-    /// `for_testing.counter` (0, 1, 2, … on each sequence).
-    pub for_testing_seq: Option<u64>,
+    /// `for_testing.counter` (0, 1, 2, … per sequence).
+    pub for_testing_counter: Option<u64>,
     /// The TracingServiceEvent fields set, in order.
     pub service_events: Vec<u32>,
     /// Decoded when the packet is a `trace_stats` one.
@@ -641,9 +641,8 @@ impl PacketInfo {
             let Value::Len(body) = v else { return };
             let r = match f {
                 field::FOR_TESTING => for_each_field(body, |tf, tv| {
-                    // TestEvent.counter (2 is seq_value, a pseudo-random number).
                     if let (3, Value::Varint(x)) = (tf, tv) {
-                        p.for_testing_seq = Some(x);
+                        p.for_testing_counter = Some(x);
                     }
                 }),
                 field::SERVICE_EVENT => for_each_field(body, |sf, _| p.service_events.push(sf)),
@@ -763,7 +762,7 @@ mod tests {
         assert_eq!(info.timestamp, Some(123_456));
         assert_eq!(info.trusted_packet_sequence_id, Some(3));
         assert_eq!(info.previous_packet_dropped, 1);
-        assert_eq!(info.for_testing_seq, Some(42));
+        assert_eq!(info.for_testing_counter, Some(42));
 
         let mut s = Vec::new();
         let mut stats = Vec::new();

@@ -7,6 +7,7 @@
 //! same framing.
 
 use crate::clock::{BuiltinClock, ClockReadings};
+use crate::ringbuf::{Buffer, BufferStats};
 use crate::trace::encoder::{Overflow, ProtoEncoder, put_varint};
 
 /// The sequence id of the recorder's own packets (Perfetto's
@@ -332,7 +333,9 @@ pub fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
     })
 }
 
-/// Per-buffer statistics as TraceStats.BufferStats reports them (facts §4.6).
+/// Per-buffer statistics as TraceStats.BufferStats reports them (facts §4.6),
+/// each with Perfetto's meaning. Byte counts are framed packet bytes (there
+/// are no chunk headers to count).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferStatsRecord {
     pub buffer_size: u64,
@@ -342,10 +345,43 @@ pub struct BufferStatsRecord {
     pub write_wrap_count: u64,
     pub bytes_overwritten: u64,
     pub bytes_read: u64,
+    /// Bytes allocated as padding *between* chunks: none with fixed chunk
+    /// slots (the unused end of a chunk is not padding in Perfetto's sense).
     pub padding_bytes_written: u64,
     pub chunks_read: u64,
     pub chunks_discarded: u64,
+    /// Packets a writer lost before they reached the buffer (refused as too
+    /// big for it); trace processor shows it as a `data_loss` stat.
     pub trace_writer_packet_loss: u64,
+}
+
+impl BufferStatsRecord {
+    /// The record of one engine buffer's counters.
+    pub fn from_engine(s: &BufferStats) -> Self {
+        Self {
+            buffer_size: s.buffer_size,
+            bytes_written: s.bytes_written,
+            chunks_written: s.chunks_written,
+            chunks_overwritten: s.chunks_overwritten,
+            write_wrap_count: s.write_wrap_count,
+            bytes_overwritten: s.bytes_overwritten,
+            bytes_read: s.bytes_read,
+            padding_bytes_written: s.padding_bytes_written,
+            chunks_read: s.chunks_read,
+            chunks_discarded: s.chunks_discarded,
+            trace_writer_packet_loss: s.packets_refused,
+        }
+    }
+}
+
+/// TraceStats.WriterStats: the buffer a packet sequence writes into. Trace
+/// processor needs it to attribute a sequence's loss markers
+/// (`previous_packet_dropped`) to a buffer, as `traced_buf_sequence_packet_loss`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStatsRecord {
+    pub sequence_id: u32,
+    /// Index of the buffer in the config.
+    pub buffer: u32,
 }
 
 /// Session-level statistics for `trace_stats`.
@@ -363,6 +399,32 @@ pub struct TraceStatsRecord {
     pub flushes_failed: u64,
     /// 0 unspecified, 1 succeeded, 2 failed.
     pub final_flush_outcome: u32,
+    /// One entry per packet sequence that wrote into a buffer.
+    pub writers: Vec<WriterStatsRecord>,
+}
+
+impl TraceStatsRecord {
+    /// The statistics of a session's buffers, in config order: one
+    /// BufferStats each and one WriterStats per sequence that wrote into
+    /// them.
+    pub fn of_buffers<'a>(buffers: impl IntoIterator<Item = &'a Buffer>) -> Self {
+        let mut rec = Self {
+            producers_connected: 1,
+            producers_seen: 1,
+            tracing_sessions: 1,
+            ..Self::default()
+        };
+        for (i, b) in buffers.into_iter().enumerate() {
+            rec.buffers.push(BufferStatsRecord::from_engine(&b.stats()));
+            rec.writers
+                .extend(b.writer_ids().into_iter().map(|w| WriterStatsRecord {
+                    sequence_id: w.0,
+                    buffer: i as u32,
+                }));
+        }
+        rec.total_buffers = rec.buffers.len() as u32;
+        rec
+    }
 }
 
 /// The `trace_stats` packet.
@@ -398,6 +460,12 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
         if s.final_flush_outcome != 0 {
             e.uint(15, s.final_flush_outcome as u64);
         }
+        for w in &s.writers {
+            let n = e.begin_nested(18);
+            e.uint(1, u64::from(w.sequence_id));
+            e.uint(4, u64::from(w.buffer));
+            e.end_nested(n);
+        }
         e.end_nested(ts);
     })
 }
@@ -428,6 +496,51 @@ mod tests {
     fn frame_uses_minimal_length() {
         assert_eq!(frame(&[1, 2, 3]), vec![0x0a, 3, 1, 2, 3]);
         assert_eq!(frame(&[0; 200])[..3], [0x0a, 0xc8, 0x01]);
+    }
+
+    #[test]
+    fn trace_stats_names_each_sequences_buffer_and_no_padding() {
+        use crate::ringbuf::{BufferParams, FillPolicy, WriterId};
+        use protobuf::Message;
+        let buffer = |policy| {
+            Buffer::new(BufferParams {
+                size_bytes: 4096,
+                chunk_size: 256,
+                policy,
+                prefault: false,
+            })
+            .expect("valid params")
+        };
+        let (a, b) = (buffer(FillPolicy::RingBuffer), buffer(FillPolicy::Discard));
+        let mut w3 = a.writer(WriterId(3));
+        let mut w2 = b.writer(WriterId(2));
+        let mut w5 = b.writer(WriterId(5));
+        for w in [&mut w3, &mut w2, &mut w5] {
+            w.write_packet(&[0x08, 1]).expect("fits");
+            w.flush();
+        }
+        // A finished sequence whose data was read still counts.
+        drop(w5);
+        b.take_flush().release();
+        b.take_flush().release();
+        let rec = TraceStatsRecord::of_buffers([&*a, &*b]);
+        assert_eq!(rec.total_buffers, 2);
+        assert!(rec.buffers.iter().all(|s| s.padding_bytes_written == 0));
+        assert!(
+            b.stats().unused_chunk_bytes > 0,
+            "the chunks have unused ends"
+        );
+        let framed = trace_stats(0, 1, &rec);
+        let trace = perfetto_protos::trace::Trace::parse_from_bytes(&framed).expect("decodes");
+        let ts = trace.packet[0].trace_stats();
+        let writers: Vec<(u64, u32)> = ts
+            .writer_stats
+            .iter()
+            .map(|w| (w.sequence_id(), w.buffer()))
+            .collect();
+        assert_eq!(writers, [(3, 0), (2, 1), (5, 1)]);
+        assert_eq!(ts.buffer_stats[1].padding_bytes_written(), 0);
+        assert_eq!(ts.buffer_stats[0].bytes_written(), 4, "one framed packet");
     }
 
     #[test]

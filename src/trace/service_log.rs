@@ -144,11 +144,19 @@ impl ServiceLog {
         let now = clock::boottime_ns();
         let mut out = Vec::new();
         if !self.disable_clock_snapshotting {
-            if let Some(s) = self.initial_snapshot.take() {
-                out.push(service::clock_snapshot(self.uid, &s));
-            }
-            for s in self.queued_snapshots.drain(..) {
-                out.push(service::clock_snapshot(self.uid, &s));
+            // In the order taken: a snapshot queued before the start (a
+            // START_TRACING trigger's) precedes the initial one, and trace
+            // processor refuses clocks that go back between snapshots
+            // (`invalid_clock_snapshots`).
+            let mut snaps: Vec<ClockReadings> = self.initial_snapshot.take().into_iter().collect();
+            snaps.append(&mut self.queued_snapshots);
+            snaps.sort_by_key(|r| {
+                r.0.iter()
+                    .find(|(c, _)| *c == clock::BuiltinClock::Boottime)
+                    .map_or(0, |(_, ts)| *ts)
+            });
+            for s in &snaps {
+                out.push(service::clock_snapshot(self.uid, s));
             }
         } else {
             self.initial_snapshot = None;

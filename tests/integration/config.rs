@@ -1120,3 +1120,58 @@ output_path: "{}""#,
     let again = run(&[]);
     assert!(!again.status.success());
 }
+
+/// The `trace_config` packet records the flushing the session does: a
+/// streaming config gets the flush plan's period in `flush_period_ms`
+/// (trace processor otherwise reports `config_write_into_file_no_flush`);
+/// everything else, unknown fields included, is the config as loaded.
+#[test]
+fn recorded_config_carries_the_flush_period_a_streaming_session_uses() {
+    let recorded = |src: &str| {
+        let spec = config::load_text(src, "t", false)
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        let p = decode_independent(&spec.config_bytes);
+        (spec, p)
+    };
+    let base = "buffers { size_kb: 64 } write_into_file: true ";
+    // AUTO with a short write period: flushed every 5 s.
+    let (spec, p) = recorded(&format!("{base} file_write_period_ms: 1000"));
+    assert_eq!(
+        spec.flush,
+        config::FlushPlan::Periodic(std::time::Duration::from_secs(5))
+    );
+    assert_eq!(p.flush_period_ms(), 5000);
+    assert_eq!(p.file_write_period_ms(), 1000);
+    // An ignored flush_period_ms records the period used instead.
+    let (_, p) = recorded(&format!(
+        "{base} file_write_period_ms: 2500 flush_period_ms: 20000"
+    ));
+    assert_eq!(p.flush_period_ms(), 5000);
+    // A long write period flushes before each pass.
+    let (spec, p) = recorded(&format!("{base} file_write_period_ms: 30000"));
+    assert_eq!(spec.flush, config::FlushPlan::BeforeEachWritePass);
+    assert_eq!(p.flush_period_ms(), 30000);
+    // WRITE_FLUSH_DISABLED honours flush_period_ms, as written.
+    let (_, p) = recorded(&format!(
+        "{base} write_flush_mode: WRITE_FLUSH_DISABLED flush_period_ms: 700"
+    ));
+    assert_eq!(p.flush_period_ms(), 700);
+    // ... and without one nothing is flushed until stop: nothing recorded,
+    // and a warning says what trace processor will make of it.
+    let (spec, p) = recorded(&format!("{base} write_flush_mode: WRITE_FLUSH_DISABLED"));
+    assert_eq!(spec.flush, config::FlushPlan::AtStop);
+    assert!(!p.has_flush_period_ms());
+    assert!(
+        spec.warnings
+            .iter()
+            .any(|w| w.to_string().contains("config_write_into_file_no_flush")),
+        "{:?}",
+        spec.warnings
+    );
+    // Not streaming: the config as loaded, byte for byte.
+    let src = "buffers { size_kb: 64 } duration_ms: 10";
+    let loaded = config::load_text(src, "t", false).expect("parses");
+    assert_eq!(loaded.validate().expect("valid").config_bytes, loaded.bytes);
+}

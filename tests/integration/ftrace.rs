@@ -587,9 +587,9 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
              ({:.1}% of the chunks, {:.2} B per byte of data)",
             s.bytes_written,
             s.chunks_written,
-            s.padding_bytes_written,
-            100.0 * s.padding_bytes_written as f64 / (s.chunks_written * chunk) as f64,
-            s.padding_bytes_written as f64 / s.bytes_written as f64,
+            s.unused_chunk_bytes,
+            100.0 * s.unused_chunk_bytes as f64 / (s.chunks_written * chunk) as f64,
+            s.unused_chunk_bytes as f64 / s.bytes_written as f64,
         );
     };
 
@@ -608,16 +608,16 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
     // A chunk is left only when less than a short bundle (and its slot
     // header) is free.
     assert!(
-        s.padding_bytes_written < s.chunks_written * (MIN_BUNDLE_BYTES as u64 + 5),
+        s.unused_chunk_bytes < s.chunks_written * (MIN_BUNDLE_BYTES as u64 + 5),
         "padding {} B over {} chunks",
-        s.padding_bytes_written,
+        s.unused_chunk_bytes,
         s.chunks_written
     );
     assert!(
-        s.padding_bytes_written * 4 < before.padding_bytes_written,
+        s.unused_chunk_bytes * 4 < before.unused_chunk_bytes,
         "padding {} B, {} B with full-size slots",
-        s.padding_bytes_written,
-        before.padding_bytes_written
+        s.unused_chunk_bytes,
+        before.unused_chunk_bytes
     );
     drop(writer);
     let batch = buffer.take_flush();
@@ -1161,14 +1161,18 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 continue;
             }
         };
-        std::fs::write(rec.marker(), format!("running {name}")).expect("trace_marker");
+        // An atrace slice (trace processor parses prints as atrace; plain
+        // text would be a systrace_parse_failure).
+        let me = std::process::id();
+        std::fs::write(rec.marker(), format!("B|{me}|running {name}")).expect("trace_marker");
+        std::fs::write(rec.marker(), format!("E|{me}")).expect("trace_marker");
         std::thread::sleep(Duration::from_millis(1000));
         let log = rec.interrupt_and_wait();
         let p = decode(&std::fs::read(&out).expect("trace"));
         let b = bundles(&p);
         assert!(!b.is_empty(), "{name}: no ftrace bundles");
         if prints {
-            let want = format!("running {name}\n");
+            let want = format!("B|{me}|running {name}\n");
             assert!(
                 events(&p)
                     .iter()
@@ -1195,6 +1199,17 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 p.iter().any(|p| p.has_process_tree()),
                 "{name}: no process tree"
             );
+        }
+        // Trace processor reads it with no error stat and the loss the trace
+        // holds (none here), and sees the scheduling the bundles carry.
+        if let Some(tp) = crate::trace_processor::check(&out) {
+            assert_ftrace_events_agree(&tp, &out);
+            if prints {
+                let slices = tp.query(&format!(
+                    "select count(*) from slice where name = 'running {name}'"
+                ));
+                assert_eq!(slices.scalar().int(), 1, "{name}: the marker's slice");
+            }
         }
         ran.push(name);
     }
@@ -1278,6 +1293,240 @@ duration_ms: 60000
     let flagged = bundles(&p).iter().filter(|b| b.lost_events()).count() as u64;
     assert_eq!(ft["bundles_after_loss"].as_u64(), Some(flagged));
     assert!(flagged > 0);
+    // Trace processor, independently: a data_loss row for each CPU whose
+    // bundles say events were lost, and per-CPU kernel losses adding up to
+    // the figure of the summary and of inspect.
+    if let Some(tp) = crate::trace_processor::open(&out) {
+        let lost_cpus: BTreeSet<i64> = bundles(&p)
+            .iter()
+            .filter(|b| b.lost_events())
+            .map(|b| i64::from(b.cpu()))
+            .collect();
+        let rows: BTreeSet<i64> = tp
+            .stats("data_loss")
+            .into_iter()
+            .filter(|(n, _, _)| n == "ftrace_cpu_has_data_loss")
+            .filter_map(|(_, idx, _)| idx)
+            .collect();
+        assert_eq!(rows, lost_cpus, "CPUs trace processor marks as lossy");
+        let tp_lost: i64 = tp
+            .query(
+                "select coalesce(sum(value), 0) from stats where name in \
+                 ('ftrace_cpu_overrun_delta', 'ftrace_cpu_dropped_events_delta')",
+            )
+            .scalar()
+            .int();
+        assert_eq!(
+            tp_lost as u64, lost,
+            "kernel losses: trace processor vs summary"
+        );
+        assert_eq!(
+            tp_lost as u64, per_cpu,
+            "kernel losses: trace processor vs inspect"
+        );
+    }
+}
+
+/// Trace processor's `ftrace_event` table holds every event the trace's
+/// bundles carry, as `recorder inspect` counts them, except the ones it
+/// drops by design (each CPU's first compact sched_switch, which has no
+/// previous task, and events from before tracing started), which it counts.
+fn assert_ftrace_events_agree(tp: &crate::trace_processor::Tp, trace: &std::path::Path) {
+    let inspect = std::process::Command::new(common::recorder_bin())
+        .args(["inspect", "--json"])
+        .arg(trace)
+        .output()
+        .expect("inspect runs");
+    assert!(inspect.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    let ours = j["ftrace"]["events"].as_i64().expect("ftrace events");
+    let shown = tp.query("select count(*) from ftrace_event").scalar().int();
+    let skipped = tp.stat("compact_sched_switch_skipped", None)
+        + tp.stat("compact_sched_waking_skipped", None)
+        + tp.stat("ftrace_packet_before_tracing_start", None);
+    assert_eq!(
+        shown + skipped,
+        ours,
+        "{}: ftrace_event rows ({shown}) + skipped ({skipped}) vs inspect",
+        trace.display()
+    );
+}
+
+/// Scheduling recorded on the binary, as trace processor shows it: two named
+/// threads of this process bounce a byte; `sched` has slices for both with
+/// their names, `thread_state` has them running and sleeping, and the
+/// process they belong to is this test with its command line (from
+/// linux.process_stats). The `ftrace_event` rows agree with inspect.
+#[test]
+fn real_kernel_sched_in_trace_processor_has_thread_and_process_names() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut rec, out) = Started::on_text(
+        dir.path(),
+        "sched",
+        r#"
+buffers { size_kb: 16384 }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "sched/sched_switch"
+  ftrace_events: "sched/sched_waking"
+  ftrace_events: "task/task_newtask"
+  ftrace_events: "task/task_rename"
+  drain_period_ms: 100
+} } }
+data_sources { config { name: "linux.process_stats" process_stats_config {
+  scan_all_processes_on_start: true
+  record_thread_names: true
+} } }
+duration_ms: 60000
+"#,
+    );
+    let (r1, w1) = rustix::pipe::pipe().expect("pipe");
+    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    let rounds = 3000;
+    let pong = std::thread::Builder::new()
+        .name("tp-pong".into())
+        .spawn(move || {
+            let mut b = [0u8; 1];
+            for _ in 0..rounds {
+                rustix::io::read(&r1, &mut b).expect("read");
+                rustix::io::write(&w2, &b).expect("write");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
+    let ping = std::thread::Builder::new()
+        .name("tp-ping".into())
+        .spawn(move || {
+            let mut b = [1u8; 1];
+            for _ in 0..rounds {
+                rustix::io::write(&w1, &b).expect("write");
+                rustix::io::read(&r2, &mut b).expect("read");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
+    let tids = [
+        ("tp-ping", ping.join().expect("ping")),
+        ("tp-pong", pong.join().expect("pong")),
+    ];
+    std::thread::sleep(Duration::from_millis(300));
+    rec.interrupt_and_wait();
+    let Some(tp) = crate::trace_processor::check(&out) else {
+        return;
+    };
+    assert_ftrace_events_agree(&tp, &out);
+    let me = std::process::id();
+    let cmdline: Vec<String> = std::env::args().collect();
+    for (name, tid) in tids {
+        let r = tp.query(&format!(
+            "select t.name, p.pid, hex(p.cmdline) as c, count(*) as slices, sum(s.dur) as dur \
+             from sched s join thread t using (utid) left join process p using (upid) \
+             where t.tid = {tid} group by t.utid"
+        ));
+        let m = &r.maps()[0];
+        assert_eq!(m["name"].text(), name, "tid {tid}");
+        assert_eq!(
+            m["pid"].int(),
+            i64::from(me),
+            "{name} belongs to this process"
+        );
+        assert_eq!(
+            crate::trace_processor::unhex(m["c"].text()),
+            cmdline.join(" "),
+            "the process's command line"
+        );
+        assert!(
+            m["slices"].int() >= 100 && m["dur"].int() > 0,
+            "{name}: {m:?}"
+        );
+        let states: BTreeSet<String> = tp
+            .query(&format!(
+                "select distinct state from thread_state join thread using (utid) where tid = {tid}"
+            ))
+            .column("state")
+            .iter()
+            .map(|v| v.text().to_string())
+            .collect();
+        assert!(
+            states.contains("Running") && states.contains("S"),
+            "{name} runs and sleeps: {states:?}"
+        );
+    }
+}
+
+/// The bundled configs that need root: long_trace (streamed, stopped with
+/// SIGINT) and flight_recorder (stopped by its trigger) record traces trace
+/// processor reads with no error stat, their scheduling events and process
+/// data as recorded.
+#[test]
+fn bundled_root_configs_open_cleanly_in_trace_processor() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let configs = common::repo_root().join("configs");
+    let tmp = tempfile::tempdir().expect("tmp");
+
+    let out = tmp.path().join("long_trace.pftrace");
+    let mut rec = Started::spawn(&configs.join("long_trace.cfg"), &out);
+    ping_pong(2000);
+    std::thread::sleep(Duration::from_millis(1200));
+    rec.interrupt_and_wait();
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    if let Some(tp) = crate::trace_processor::check(&out) {
+        assert_ftrace_events_agree(&tp, &out);
+        crate::trace_processor::assert_process_view(&tp, &p);
+        assert!(tp.query("select count(*) from sched").scalar().int() > 0);
+    }
+
+    // The flight recorder, in a runtime directory of its own.
+    let run_dir = tmp.path().join("run");
+    let out = tmp.path().join("flight.pftrace");
+    let recorder = |args: &[&str]| {
+        std::process::Command::new(common::recorder_bin())
+            .args(args)
+            .env("RECORDER_RUNTIME_DIR", &run_dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("recorder runs")
+    };
+    let child = std::process::Command::new(common::recorder_bin())
+        .arg("--config")
+        .arg(configs.join("flight_recorder.cfg"))
+        .arg("-o")
+        .arg(&out)
+        .env("RECORDER_RUNTIME_DIR", &run_dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("recorder starts");
+    let sock = run_dir.join(format!("recorder-{}.trigger", child.id()));
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ping_pong(2000);
+    std::thread::sleep(Duration::from_millis(500));
+    let t = recorder(&["trigger", "crash-detected"]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let done = child.wait_with_output().expect("exits");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let p = decode(&std::fs::read(&out).expect("trace"));
+    if let Some(tp) = crate::trace_processor::check(&out) {
+        assert_ftrace_events_agree(&tp, &out);
+        crate::trace_processor::assert_process_view(&tp, &p);
+        let trig = tp.triggers();
+        assert_eq!(trig.len(), 1);
+        assert_eq!(trig[0].0, "crash-detected");
+    }
 }
 
 /// Records `spec` on the real kernel while `load` runs (given the instance

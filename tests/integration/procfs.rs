@@ -953,3 +953,54 @@ fn real_proc_age_runtime_and_smaps_rollup() {
     let s = &stats_of(&pkts)[&me];
     assert!(!s.has_runtime_user_mode() && !s.has_smr_rss_kb());
 }
+
+/// The fixture's processes, memory counters and system counters as trace
+/// processor reads them from the packets the sources wrote: the tables hold
+/// the fixture's values (pids, parents, command lines, thread names, kB as
+/// bytes, meminfo, vmstat, CPU times, forks).
+#[test]
+fn fixture_packets_read_the_same_in_trace_processor() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (_, mut out) = scan_all(true);
+    let mut src = ProcessStatsSource::new(
+        ProcessStatsSpec {
+            poll_period: Some(Duration::from_millis(100)),
+            ..ProcessStatsSpec::default()
+        },
+        fixture(),
+        SEQ + 1,
+    );
+    src.write_process_stats(&mut out);
+    let mut sys = SysStatsSource::new(&all_periods(100), fixture(), SEQ + 2).expect("valid");
+    sys.write_tick(&mut out);
+    let Some(tp) = crate::trace_processor::open_packets(dir.path(), "fixture.pftrace", &out) else {
+        return;
+    };
+    let pkts = decode(&out);
+    assert!(tp.assert_no_errors().is_empty());
+    crate::trace_processor::assert_process_view(&tp, &pkts);
+    assert!(crate::trace_processor::assert_sys_stats_view(&tp, &pkts) > 50);
+    // Spot values straight from the fixture files.
+    let one = |sql: &str| tp.query(sql).scalar().int();
+    assert_eq!(
+        one(
+            "select max(c.value) from counter c join counter_track t on c.track_id = t.id \
+             where t.name = 'MemTotal'"
+        ),
+        24_683_584 * 1024
+    );
+    assert_eq!(
+        one(&format!(
+            "select c.value from counter c join process_counter_track t on c.track_id = t.id \
+             join process using (upid) where pid = {NS_PARENT} and t.name = 'mem.virt'"
+        )),
+        2960 * 1024
+    );
+    assert_eq!(
+        one(&format!(
+            "select count(*) from thread t join process p using (upid) \
+             where p.pid = {APP} and t.name in ('worker-a', 'worker-b')"
+        )),
+        2
+    );
+}

@@ -206,6 +206,7 @@ fn check_complete(
         );
         assert_eq!(py["torn_bytes"].as_u64(), Some(0));
     }
+    crate::trace_processor::check(&run.out);
     packets
 }
 
@@ -287,6 +288,7 @@ fn size_cap_stops_on_a_packet_boundary() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        crate::trace_processor::check(&run.out);
     }
 }
 
@@ -338,6 +340,7 @@ fn a_second_signal_finalizes_at_once() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        crate::trace_processor::check(&run.out);
     }
 }
 
@@ -405,6 +408,8 @@ fn stdout_output_is_a_valid_trace() {
     let packets = decode(&out.stdout);
     let counters = test_counters(&packets);
     assert_eq!(counters.values().next().map(|c| c.len()), Some(5000));
+    std::fs::write(&run.out, &out.stdout).expect("keep the trace");
+    crate::trace_processor::check(&run.out);
 }
 
 #[test]
@@ -435,6 +440,9 @@ fn sigkill_leaves_a_valid_prefix() {
             for c in test_counters(&packets).values() {
                 assert_eq!(gaps(c), (0, 0), "everything up to the last pass is there");
             }
+            // Trace processor reads the prefix as the decoders do: no error,
+            // the session's start, the stats of the last pass written.
+            crate::trace_processor::check(&run.out);
         }
     }
 }
@@ -487,5 +495,95 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
+        let kept = dir.path().join("kept.pftrace");
+        std::fs::write(&kept, &data).expect("keep the trace");
+        crate::trace_processor::check(&kept);
+    }
+}
+
+/// The bundled configs that need no root record traces trace processor
+/// reads cleanly and as recorded: quickstart's process tree, per-process
+/// memory and system counters; buffer_policies' two buffers, each with its
+/// own stats (the root-only ones are in the ftrace tests).
+#[test]
+fn bundled_configs_open_cleanly_in_trace_processor() {
+    for name in ["quickstart.cfg", "buffer_policies.cfg"] {
+        let text = std::fs::read_to_string(repo_root().join("configs").join(name)).expect("config");
+        let run = Run::new(&text);
+        let child = run.spawn("auto");
+        let pid = child.id() as i64;
+        let out = child.wait_with_output().expect("exits");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let packets = decode(&run.trace());
+        let Some(tp) = crate::trace_processor::check(&run.out) else {
+            return;
+        };
+        if name == "quickstart.cfg" {
+            crate::trace_processor::assert_process_view(&tp, &packets);
+            assert!(crate::trace_processor::assert_sys_stats_view(&tp, &packets) > 0);
+            let me = tp.query(&format!(
+                "select hex(cmdline) as c from process where pid = {pid}"
+            ));
+            assert_eq!(
+                me.rows.len(),
+                1,
+                "the recorder itself is in the process table"
+            );
+        } else {
+            let buffers = tp.query(
+                "select count(distinct idx) as n from stats where name = 'traced_buf_buffer_size'",
+            );
+            assert_eq!(buffers.scalar().int(), 2, "{name}: two buffers");
+        }
+    }
+}
+
+/// A streaming session flushes its data sources as often as the
+/// `trace_config` it records says (`flush_period_ms`, the flush plan's
+/// period), so trace processor can sort the file incrementally at each
+/// flush marker instead of holding it whole.
+#[test]
+fn streaming_sessions_flush_as_often_as_their_trace_config_says() {
+    for (extra, period_ms) in [
+        (
+            "write_flush_mode: WRITE_FLUSH_ENABLED file_write_period_ms: 300",
+            300u64,
+        ),
+        (
+            "write_flush_mode: WRITE_FLUSH_DISABLED flush_period_ms: 250 file_write_period_ms: 1000",
+            250,
+        ),
+    ] {
+        let run = Run::new(&test_config(
+            4096,
+            "RING_BUFFER",
+            &format!("duration_ms: 2000 write_into_file: true {extra}"),
+            "message_count: 0 max_messages_per_second: 1000 message_size: 16",
+        ));
+        let out = run.run("auto");
+        assert!(out.status.success());
+        let packets = decode(&run.trace());
+        let recorded = packets
+            .iter()
+            .find(|p| p.has_trace_config())
+            .expect("trace_config")
+            .trace_config()
+            .flush_period_ms();
+        assert_eq!(u64::from(recorded), period_ms, "{extra}");
+        let flushes: Vec<u64> = packets
+            .iter()
+            .filter(|p| p.has_service_event() && p.service_event().all_data_sources_flushed())
+            .map(|p| p.timestamp())
+            .collect();
+        assert!(
+            flushes.len() as u64 >= 2000 / period_ms - 1,
+            "{extra}: {} flushes in 2 s",
+            flushes.len()
+        );
+        crate::trace_processor::check(&run.out);
     }
 }

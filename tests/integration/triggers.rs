@@ -72,6 +72,36 @@ pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
     )
 }
 
+/// Trace processor shows the trace's triggers, with the time and producer
+/// the `trigger` packets carry (nothing when it is unavailable).
+fn assert_triggers_in_trace_processor(
+    trace: &Path,
+    packets: &[perfetto_protos::trace_packet::TracePacket],
+) {
+    let Some(tp) = crate::trace_processor::check(trace) else {
+        return;
+    };
+    let want: Vec<(String, i64, String)> = packets
+        .iter()
+        .filter_map(|p| {
+            let t = if p.has_trigger() {
+                p.trigger()
+            } else if p.has_clone_snapshot_trigger() {
+                p.clone_snapshot_trigger()
+            } else {
+                return None;
+            };
+            Some((
+                t.trigger_name().to_string(),
+                p.timestamp() as i64,
+                t.producer_name().to_string(),
+            ))
+        })
+        .collect();
+    assert!(!want.is_empty(), "{}: no trigger packet", trace.display());
+    assert_eq!(tp.triggers(), want, "{}", trace.display());
+}
+
 fn trigger_packets(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<(String, u64)> {
     packets
         .iter()
@@ -101,6 +131,7 @@ fn start_trigger_starts_recording_then_stops_after_its_delay() {
     let packets = decode(&run.trace());
     let trig = trigger_packets(&packets);
     assert_eq!(trig.len(), 1);
+    assert_triggers_in_trace_processor(&run.out, &packets);
     let counters = test_counters(&packets);
     let c = counters.values().next().expect("data after the trigger");
     assert_eq!(gaps(c), (0, 0));
@@ -174,6 +205,7 @@ fn stop_trigger_writes_the_ring_and_what_came_after_the_delay() {
         }
         let c = test_counters(&packets);
         assert_eq!(gaps(c.values().next().expect("data")), (0, 0));
+        assert_triggers_in_trace_processor(&run.out, &packets);
     }
 }
 
@@ -289,6 +321,32 @@ fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
         let c = c.values().next().expect("data in snapshot");
         assert_eq!(gaps(c), (0, 0));
         last_counts.push(*c.last().expect("counter"));
+        // Trace processor: the snapshot's trigger, and when the clone began.
+        assert_triggers_in_trace_processor(&p, &packets);
+        if let Some(tp) = crate::trace_processor::open(&p) {
+            let trig = packets
+                .iter()
+                .find(|p| p.has_clone_snapshot_trigger())
+                .expect("trigger");
+            assert_eq!(
+                tp.stat("traced_clone_trigger_timestamp_ns", None),
+                trig.timestamp() as i64
+            );
+            let started = packets
+                .iter()
+                .find(|p| p.has_service_event() && p.service_event().clone_started())
+                .expect("clone_started");
+            assert_eq!(
+                tp.stat("traced_clone_started_timestamp_ns", None),
+                started.timestamp() as i64
+            );
+            assert_eq!(
+                tp.metadata("trace_trigger"),
+                Some(crate::trace_processor::Value::Text(
+                    trig.clone_snapshot_trigger().trigger_name().to_string()
+                ))
+            );
+        }
     }
     assert!(
         last_counts[1] > last_counts[0],
@@ -391,6 +449,17 @@ fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
         "the loss is counted"
     );
     assert!(stderr.contains("overwritten"), "{stderr}");
+    // Trace processor shows the same overwrite, and (as for Perfetto's ring
+    // buffers) no sequence loss: only the oldest data went, before each
+    // sequence's first packet in the file.
+    assert_triggers_in_trace_processor(&run.out, &packets);
+    if let Some(tp) = crate::trace_processor::open(&run.out) {
+        assert_eq!(
+            tp.stat("traced_buf_bytes_overwritten", Some(0)),
+            b.bytes_overwritten() as i64
+        );
+        assert_eq!(tp.stat("traced_buf_sequence_packet_loss", Some(0)), 0);
+    }
 }
 
 #[test]
