@@ -1,5 +1,7 @@
 //! The summary printed when a session ends: what was written, how it ended,
-//! and, for every buffer that lost data, what to change.
+//! and, for every buffer that lost data, what to change. "Nothing lost" is
+//! said only when the file received everything: after an output failure or
+//! at the size cap the summary says what did not reach the file instead.
 
 use std::fmt::Write;
 
@@ -65,6 +67,21 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             let _ = writeln!(s, "  snapshot: {}", p.display());
         }
     }
+    // What kept buffered data from the file, if anything did.
+    let file_short = match &o.reason {
+        StopReason::OutputFailed(_) => {
+            Some("not all of it reached the file: the output failed (see above)")
+        }
+        StopReason::SizeCap => {
+            let _ = writeln!(
+                s,
+                "  max_file_size_bytes left {} of the last pass out of the file",
+                HumanBytes(o.cut_bytes)
+            );
+            Some("not all of it reached the file: max_file_size_bytes left the rest out")
+        }
+        _ => None,
+    };
     let mut packets = 0;
     for (i, b) in o.buffers.iter().enumerate() {
         let st = &b.stats;
@@ -72,14 +89,28 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
         let lost = st.bytes_overwritten + st.bytes_discarded;
         let _ = write!(
             s,
-            "  buffer {i} ({}, {}): {} packets, {} written",
+            "  buffer {i} ({}, {}): {} packets, {} recorded",
             b.policy,
             HumanBytes(st.buffer_size),
             st.packets_written,
             HumanBytes(st.bytes_written)
         );
+        if let Some(why) = file_short {
+            let _ = write!(s, "; {why}");
+            if st.bytes_buffered > 0 {
+                let _ = write!(
+                    s,
+                    "; {} ({} packets) still buffered were never written",
+                    HumanBytes(st.bytes_buffered),
+                    st.packets_buffered
+                );
+            }
+        }
         if lost == 0 && st.packets_refused == 0 {
-            let _ = writeln!(s, ", nothing lost");
+            if file_short.is_none() {
+                let _ = write!(s, ", nothing lost");
+            }
+            let _ = writeln!(s);
             continue;
         }
         let _ = writeln!(s);

@@ -4,6 +4,7 @@
 pub mod config_binary;
 pub mod config_text;
 pub mod control_message;
+pub mod control_reply;
 pub mod ftrace_page;
 pub mod ringbuf_model;
 pub mod sys_stats_text;

@@ -38,6 +38,11 @@ fn control_message_corpus() {
 }
 
 #[test]
+fn control_reply_corpus() {
+    replay_nonempty("control_reply", recorder_fuzz::control_reply::check);
+}
+
+#[test]
 fn ftrace_page_corpus() {
     replay_nonempty("ftrace_page", recorder_fuzz::ftrace_page::check);
 }

@@ -92,6 +92,8 @@ pub enum BenchError {
     Output(#[from] crate::storage::StorageError),
     #[error("write failed: {0}")]
     Sink(crate::storage::SinkError),
+    #[error("write pass failed: {0}")]
+    Pass(#[source] crate::storage::write_pass::PassError),
     #[error("cannot start a writer thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error("a writer thread panicked")]

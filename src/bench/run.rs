@@ -174,13 +174,13 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     let mut do_pass = |sink: &mut dyn FileSink,
                        passes: &mut Vec<PassMark>,
                        pass_hist: &mut LatencyHistogram|
-     -> Result<(), SinkError> {
+     -> Result<(), BenchError> {
         offered_before.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
         let before = Instant::now();
         let r = write_pass(sink, &[], &take, Vec::new, None, false);
         let after = Instant::now();
         offered_after.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
-        let r = r?;
+        let r = r.map_err(BenchError::Pass)?;
         pass_hist.record_ns(r.duration.as_nanos() as u64);
         passes.push(PassMark {
             before,
@@ -227,13 +227,13 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         && !matches!(cfg.output, OutputTarget::Discard)
         && let Err(e) = sink.sync_data()
     {
-        sink_error = Some(e);
+        sink_error = Some(BenchError::Sink(e));
     }
     let cpu = cpu.since();
     let rss = peak_rss_kb();
     drop(sink);
     if let Some(e) = sink_error {
-        return Err(BenchError::Sink(e));
+        return Err(e);
     }
 
     let stats: Vec<_> = buffers.iter().map(|b| b.stats()).collect();

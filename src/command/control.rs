@@ -1,12 +1,12 @@
-//! `recorder trigger`, `query`, `stop` and `start`.
+//! `recorder trigger`, `query` and `stop`.
 
 use crate::bytes::HumanBytes;
 use crate::cli::{EXIT_OK, EXIT_RUNTIME};
-use crate::control::client;
-use crate::control::message::SessionStatus;
+use crate::control::client::{self, Stopped, TriggerAnswer};
+use crate::control::message::{SessionStatus, printable};
 
 /// Fires `names` at every session; 0 when at least one session accepted
-/// one of them, 1 otherwise, saying which.
+/// one of them (or, busy, queued them), 1 otherwise, saying which.
 pub fn fire(names: &[String], producer: &str) -> u8 {
     let results = match client::fire_triggers(names, producer) {
         Ok(r) => r,
@@ -18,13 +18,17 @@ pub fn fire(names: &[String], producer: &str) -> u8 {
     let mut any = false;
     for (pid, r) in results {
         match r {
-            Ok(outcomes) => {
+            Ok(TriggerAnswer::Queued(why)) => {
+                any = true;
+                eprintln!("session {pid}: triggers {} queued: {why}", names.join(", "));
+            }
+            Ok(TriggerAnswer::Outcomes(outcomes)) => {
                 for o in outcomes {
                     if o.accepted {
                         any = true;
                         eprintln!("session {pid}: trigger {:?} accepted", o.name);
                     } else {
-                        let why = o.reason.unwrap_or_default();
+                        let why = o.reason.unwrap_or_else(|| "no reason given".into());
                         eprintln!("session {pid}: trigger {:?} not taken ({why})", o.name);
                     }
                 }
@@ -40,9 +44,15 @@ pub fn fire(names: &[String], producer: &str) -> u8 {
     }
 }
 
-/// Lists the live sessions.
+/// Lists the live sessions: 0 when there are none or at least one
+/// answered, 1 when every session refused or failed to answer.
 pub fn query(json: bool) -> u8 {
     let all = client::query_all();
+    let code = if all.is_empty() || all.iter().any(|(_, r)| r.is_ok()) {
+        EXIT_OK
+    } else {
+        EXIT_RUNTIME
+    };
     if json {
         let items: Vec<serde_json::Value> = all
             .iter()
@@ -52,7 +62,7 @@ pub fn query(json: bool) -> u8 {
             })
             .collect();
         println!("{}", serde_json::Value::Array(items));
-        return EXIT_OK;
+        return code;
     }
     if all.is_empty() {
         println!(
@@ -67,7 +77,10 @@ pub fn query(json: bool) -> u8 {
             Err(e) => println!("session {pid}: {e}"),
         }
     }
-    EXIT_OK
+    if code != EXIT_OK {
+        eprintln!("recorder query: no session answered");
+    }
+    code
 }
 
 fn status_text(s: &SessionStatus) -> String {
@@ -75,11 +88,11 @@ fn status_text(s: &SessionStatus) -> String {
         "session {} (uid {}): {}, {:.1} s, {} written to {}\n  config: {}\n",
         s.pid,
         s.uid,
-        s.state,
+        printable(&s.state),
         s.elapsed_ms as f64 / 1000.0,
         HumanBytes(s.bytes_written),
-        s.output,
-        s.config
+        printable(&s.output),
+        printable(&s.config)
     );
     for b in &s.buffers {
         let fill = if b.size_bytes > 0 {
@@ -90,7 +103,7 @@ fn status_text(s: &SessionStatus) -> String {
         t.push_str(&format!(
             "  buffer {} ({}, {}): {fill:.0}% full, {} written, {} overwritten, {} discarded, {} packets lost\n",
             b.index,
-            b.policy,
+            printable(&b.policy),
             HumanBytes(b.size_bytes),
             HumanBytes(b.bytes_written),
             HumanBytes(b.bytes_overwritten),
@@ -98,52 +111,72 @@ fn status_text(s: &SessionStatus) -> String {
             b.packets_lost
         ));
     }
-    if let Some(seg) = &s.segments {
-        let (before, after) = seg.totals();
-        let current = seg.segments.last();
-        t.push_str(&format!(
-            "  segments: {} ({} kept, {} deleted), {} on disk, writing {} ({}); {:.2}x compression\n",
-            seg.segments.len(),
-            seg.segments.iter().filter(|x| x.kept).count(),
-            seg.deleted,
-            HumanBytes(seg.bytes_on_disk),
-            current.map_or_else(String::new, |c| c.path.display().to_string()),
-            HumanBytes(current.map_or(0, |c| c.bytes)),
-            before as f64 / after.max(1) as f64
-        ));
-    }
     t
 }
 
-/// Stops one session, or all the caller may stop.
+/// Stops one session, or all the caller may stop: 0 when each one is
+/// stopping (or already was, or has exited meanwhile), 1 otherwise.
 pub fn stop(pid: Option<u32>, all: bool) -> u8 {
-    each_target("stop", pid, all, client::stop, "stopping")
+    let results = match (pid, all) {
+        (Some(p), _) => vec![(p, client::stop(p))],
+        (None, true) => {
+            let r = client::stop_all();
+            if r.is_empty() {
+                eprintln!(
+                    "recorder stop: no running session you may stop (looked in {})",
+                    client::dirs_text()
+                );
+            }
+            r
+        }
+        (None, false) => {
+            let s = client::sessions();
+            if s.len() == 1 {
+                vec![(s[0].pid, client::stop(s[0].pid))]
+            } else {
+                eprintln!(
+                    "recorder stop: {} sessions running: name a PID or give --all",
+                    s.len()
+                );
+                return EXIT_RUNTIME;
+            }
+        }
+    };
+    let mut code = EXIT_OK;
+    for (p, r) in results {
+        match r {
+            Ok(Stopped::Stopping) => eprintln!("session {p}: stopping"),
+            Ok(Stopped::Exited) => eprintln!("session {p}: stopped (its process has exited)"),
+            Ok(Stopped::Queued) => {
+                eprintln!("session {p}: stopping (the session is busy; the stop request is queued)")
+            }
+            Err(e) => {
+                eprintln!("recorder stop: {e}");
+                code = EXIT_RUNTIME;
+            }
+        }
+    }
+    code
 }
 
-/// Starts one `deferred_start` session, or all the caller may start.
+/// Starts one `deferred_start` session (the only one running, or `pid`),
+/// or every one the caller may start: 0 when each started, 1 otherwise.
 pub fn start(pid: Option<u32>, all: bool) -> u8 {
-    each_target("start", pid, all, client::start, "started")
-}
-
-/// Sends `what` to session `pid`, or to every session with `all`, or to the
-/// only one running.
-fn each_target(
-    name: &str,
-    pid: Option<u32>,
-    all: bool,
-    what: impl Fn(u32) -> Result<(), crate::control::ControlError>,
-    done: &str,
-) -> u8 {
+    let me = rustix::process::geteuid().as_raw();
     let targets: Vec<u32> = match (pid, all) {
         (Some(p), _) => vec![p],
-        (None, true) => client::sessions().iter().map(|s| s.pid).collect(),
+        (None, true) => client::sessions()
+            .iter()
+            .filter(|s| me == 0 || s.owner_uid == me)
+            .map(|s| s.pid)
+            .collect(),
         (None, false) => {
             let s = client::sessions();
             if s.len() == 1 {
                 vec![s[0].pid]
             } else {
                 eprintln!(
-                    "recorder {name}: {} sessions running: name a PID or give --all",
+                    "recorder start: {} sessions running: name a PID or give --all",
                     s.len()
                 );
                 return EXIT_RUNTIME;
@@ -152,10 +185,10 @@ fn each_target(
     };
     let mut code = EXIT_OK;
     for p in targets {
-        match what(p) {
-            Ok(()) => eprintln!("session {p}: {done}"),
+        match client::start(p) {
+            Ok(()) => eprintln!("session {p}: started"),
             Err(e) => {
-                eprintln!("recorder {name}: {e}");
+                eprintln!("recorder start: {e}");
                 code = EXIT_RUNTIME;
             }
         }

@@ -1,10 +1,14 @@
 //! The main job: `recorder --config FILE -o OUT`.
 
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use crate::app::{self, RunOptions};
 use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MainArgs};
 use crate::config::{Compression, RecorderSpec};
+use crate::control::runtime_dir;
+use crate::control::session_name::SessionNameLock;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
@@ -36,6 +40,15 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     };
     if args.background && output == OutputPath::Stdout {
         eprintln!("error: --background cannot write the trace to stdout");
+        return EXIT_USAGE;
+    }
+    if let (OutputPath::File(out), Some(config)) = (&output, args.config.as_deref())
+        && is_the_config(out, config)
+    {
+        eprintln!(
+            "error: -o {} is the config file: refusing to overwrite it",
+            out.display()
+        );
         return EXIT_USAGE;
     }
     let io = match std::env::var("RECORDER_IO").as_deref() {
@@ -85,11 +98,20 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
 
     let mut report = None;
     if args.background {
+        // Detached, stderr is /dev/null: the logs and the final summary go
+        // to a file beside the trace instead.
+        let log = match &opts.output {
+            OutputPath::File(p) => open_log(p),
+            OutputPath::Stdout => None,
+        };
         match fork_detached() {
             Ok(Forked::Parent { child, status }) => {
                 return match status {
                     Ok(()) => {
                         println!("{child}");
+                        if let Some((path, _)) = &log {
+                            eprintln!("recorder: logs and the summary go to {}", path.display());
+                        }
                         EXIT_OK
                     }
                     Err(e) => {
@@ -98,7 +120,12 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
                     }
                 };
             }
-            Ok(Forked::Child(r)) => report = Some(r),
+            Ok(Forked::Child(r)) => {
+                if let Some((_, fd)) = &log {
+                    let _ = rustix::stdio::dup2_stderr(fd);
+                }
+                report = Some(r);
+            }
             Err(e) => {
                 eprintln!("error: cannot go to the background: {e}");
                 return EXIT_RUNTIME;
@@ -106,6 +133,23 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
         }
     }
 
+    // Taken before the output is opened: a refused second session must not
+    // truncate anything.
+    let _name = match spec.unique_session_name.as_deref() {
+        None => None,
+        Some(name) => {
+            match runtime_dir::for_server().and_then(|d| SessionNameLock::acquire(&d, name)) {
+                Ok(lock) => Some(lock),
+                Err(e) => {
+                    if let Some(r) = report.as_mut() {
+                        r.failed(&e.to_string());
+                    }
+                    eprintln!("error: {e}");
+                    return EXIT_RUNTIME;
+                }
+            }
+        }
+    };
     let rec = match app::build(spec, &opts) {
         Ok(r) => r,
         Err(e) => {
@@ -152,4 +196,39 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
     let p = crate::config::segments::overlay(from_file, flags);
     p.check().map_err(|e| e.to_string())?;
     Ok(p)
+}
+
+/// Whether writing `out` would overwrite the config (`-` is stdin): the
+/// same file, through a link or another path.
+fn is_the_config(out: &Path, config: &Path) -> bool {
+    let Ok(o) = std::fs::metadata(out) else {
+        return false;
+    };
+    let c = if config == Path::new("-") {
+        rustix::fs::fstat(rustix::stdio::stdin()).map(|st| (st.st_dev, st.st_ino))
+    } else {
+        std::fs::metadata(config)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|_| rustix::io::Errno::NOENT)
+    };
+    c.is_ok_and(|c| c == (o.dev(), o.ino()))
+}
+
+/// `OUT.log` for a background session, opened (never through a symlink)
+/// before the fork; `None`, with a warning, when it cannot be.
+fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
+    use rustix::fs::{Mode, OFlags};
+    let path = PathBuf::from(format!("{}.log", out.display()));
+    let flags =
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::open(&path, flags, Mode::RUSR | Mode::WUSR) {
+        Ok(fd) => Some((path, fd)),
+        Err(e) => {
+            eprintln!(
+                "warning: cannot open {}: {e}; the background session's summary will be lost",
+                path.display()
+            );
+            None
+        }
+    }
 }

@@ -1018,6 +1018,7 @@ mod tests {
             ("FtraceConfig", "ftrace_events") => r#""sched/sched_wakeup""#,
             ("FtraceConfig.KprobeEvent", "probe") => r#""vfs_read""#,
             ("FtraceConfig.CompactSchedConfig", "enabled") => "false",
+            ("TraceConfig", "max_file_size_bytes") => "100000",
             ("TraceConfig.TriggerConfig", "trigger_mode") => "START_TRACING",
             ("TraceConfig.TriggerConfig.Trigger", "skip_probability") => "0.5",
             ("TraceConfig.BuiltinDataSource", "primary_trace_clock") => "BUILTIN_CLOCK_BOOTTIME",

@@ -19,6 +19,7 @@
 pub mod diagnostic;
 pub mod fields;
 pub mod plan;
+pub mod resources;
 pub mod segments;
 pub mod spec;
 pub mod text;
@@ -73,9 +74,38 @@ pub struct LoadOptions {
     pub lossy: bool,
 }
 
+/// The largest config read, in bytes. Perfetto's own service takes a
+/// config over a 128 KiB IPC frame; this leaves room while bounding the
+/// memory a hostile input can make the parser use (tens of MiB at most).
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+/// The most data sources one config may list.
+pub const MAX_DATA_SOURCES: usize = 1024;
+
 /// Errors of loading and validating a config.
 #[derive(Debug, Error)]
 pub enum ConfigError {
+    /// The input is larger than [`MAX_CONFIG_BYTES`] (or endless).
+    #[error(
+        "{origin}: the config is larger than {limit} bytes, the limit (Perfetto's service takes a config in one 128 KiB IPC frame): is this the right file?"
+    )]
+    TooLarge {
+        /// File name or `<stdin>`.
+        origin: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The config lists more of something than is allowed.
+    #[error("{origin}: {count} {what}; at most {limit} are allowed")]
+    TooMany {
+        /// File name or `<stdin>`.
+        origin: String,
+        /// What there are too many of (`data_sources`).
+        what: &'static str,
+        /// How many there are.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The file (or stdin) could not be read.
     #[error("{origin}: cannot read: {source}")]
     Io {
@@ -130,35 +160,108 @@ pub struct LoadedConfig {
     pub unknown_fields: Vec<String>,
 }
 
+/// Whether `b` is whitespace in the protobuf text format (space, tab, LF,
+/// CR, vertical tab, form feed).
+fn is_text_blank(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
 /// Whether bytes are plausibly a text config: UTF-8 with no control
-/// characters but tab, CR and LF. Binary TraceConfigs almost always start with
-/// a tag followed by a small length byte, which fails this.
+/// characters but protobuf-text whitespace. Binary TraceConfigs almost
+/// always start with a tag followed by a small length byte, which fails this.
 pub fn looks_like_text(bytes: &[u8]) -> bool {
     match std::str::from_utf8(bytes) {
         Ok(s) => s
-            .chars()
-            .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r')),
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) || b >= 0x80 || is_text_blank(b)),
         Err(_) => false,
     }
 }
 
-/// Reads a config from a file, or stdin for `-`.
+/// Whether bytes are text with a few bytes that do not belong in it (a
+/// NUL, a Latin-1 letter): they start like text (a letter, `_` or `#` after
+/// blanks) and at least 9 in 10 are printable ASCII or blanks. Such input is
+/// diagnosed as text, at the offending byte, unless it decodes as binary.
+pub fn mostly_text(bytes: &[u8]) -> bool {
+    let texty = bytes
+        .iter()
+        .filter(|b| (0x20..0x7f).contains(*b) || is_text_blank(**b))
+        .count();
+    starts_like_text(bytes) && texty * 10 >= bytes.len() * 9
+}
+
+/// Whether the first byte that is not blank starts a field name or a comment.
+fn starts_like_text(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .find(|b| !is_text_blank(**b))
+        .is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_' || *b == b'#')
+}
+
+/// The first byte of `bytes` that cannot appear in a text config: a
+/// control character that is not blank, or the start of invalid UTF-8.
+fn first_bad_text_byte(bytes: &[u8]) -> Option<TextError> {
+    let valid = match std::str::from_utf8(bytes) {
+        Ok(s) => s.len(),
+        Err(e) => e.valid_up_to(),
+    };
+    if let Some(at) = bytes[..valid]
+        .iter()
+        .position(|b| (*b < 0x20 && !is_text_blank(*b)) || *b == 0x7f)
+    {
+        let what = match bytes[at] {
+            0 => "a NUL byte".to_string(),
+            b => format!("the control character 0x{b:02X}"),
+        };
+        return Some(TextError::new(
+            at,
+            1,
+            format!("{what} cannot appear in a text config"),
+        ));
+    }
+    (valid < bytes.len()).then(|| {
+        TextError::new(
+            valid,
+            1,
+            format!(
+                "byte 0x{:02X} is not UTF-8: text configs are UTF-8 (convert a Latin-1 file with `iconv -f latin1 -t utf-8`)",
+                bytes[valid]
+            ),
+        )
+    })
+}
+
+/// Reads at most [`MAX_CONFIG_BYTES`] (one more tells it is too large).
+fn read_capped(r: impl Read, origin: &str) -> Result<Vec<u8>, ConfigError> {
+    let mut buf = Vec::new();
+    r.take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|source| ConfigError::Io {
+            origin: origin.to_string(),
+            source,
+        })?;
+    if buf.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            origin: origin.to_string(),
+            limit: MAX_CONFIG_BYTES,
+        });
+    }
+    Ok(buf)
+}
+
+/// Reads a config from a file, or stdin for `-`, up to [`MAX_CONFIG_BYTES`].
 pub fn read_source(path: &Path) -> Result<(String, Vec<u8>), ConfigError> {
     if path == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|source| ConfigError::Io {
-                origin: "<stdin>".into(),
-                source,
-            })?;
-        return Ok(("<stdin>".into(), buf));
+        let origin = "<stdin>".to_string();
+        let buf = read_capped(std::io::stdin().lock(), &origin)?;
+        return Ok((origin, buf));
     }
     let origin = path.display().to_string();
-    let buf = std::fs::read(path).map_err(|source| ConfigError::Io {
+    let f = std::fs::File::open(path).map_err(|source| ConfigError::Io {
         origin: origin.clone(),
         source,
     })?;
+    let buf = read_capped(f, &origin)?;
     Ok((origin, buf))
 }
 
@@ -168,22 +271,55 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<LoadedConfig, ConfigE
     load_bytes(&bytes, &origin, opts)
 }
 
-/// Loads a config from bytes; `origin` names it in messages.
+/// Loads a config from bytes; `origin` names it in messages. The form is
+/// told by what the bytes are: text, binary, or text with bytes that do not
+/// belong there (diagnosed at those bytes).
 pub fn load_bytes(
     bytes: &[u8],
     origin: &str,
     opts: LoadOptions,
 ) -> Result<LoadedConfig, ConfigError> {
-    if opts.force_text || opts.lossy || looks_like_text(bytes) {
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            origin: origin.to_string(),
+            limit: MAX_CONFIG_BYTES,
+        });
+    }
+    let text = opts.force_text || opts.lossy || looks_like_text(bytes);
+    let loaded = if text || (mostly_text(bytes) && load_binary(bytes, origin).is_err()) {
+        if let Some(error) = first_bad_text_byte(bytes) {
+            let rendered = error.render(origin, &String::from_utf8_lossy(bytes));
+            return Err(ConfigError::Text { error, rendered });
+        }
         let src = std::str::from_utf8(bytes).map_err(|e| {
             let error = TextError::new(e.valid_up_to(), 1, "the config is not valid UTF-8 text");
             let rendered = error.render(origin, &String::from_utf8_lossy(bytes));
             ConfigError::Text { error, rendered }
         })?;
-        load_text(src, origin, opts.lossy)
+        load_text(src, origin, opts.lossy)?
     } else {
-        load_binary(bytes, origin)
+        load_binary(bytes, origin)?
+    };
+    check_counts(&loaded)?;
+    Ok(loaded)
+}
+
+/// Bounds what a config may list beyond its byte size.
+fn check_counts(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let count = loaded
+        .message
+        .get_field_by_name("data_sources")
+        .and_then(|v| v.as_list().map(<[Value]>::len))
+        .unwrap_or(0);
+    if count > MAX_DATA_SOURCES {
+        return Err(ConfigError::TooMany {
+            origin: loaded.origin.clone(),
+            what: "data_sources",
+            count,
+            limit: MAX_DATA_SOURCES,
+        });
     }
+    Ok(())
 }
 
 /// Loads a text config.
@@ -209,8 +345,8 @@ pub fn load_binary(bytes: &[u8], origin: &str) -> Result<LoadedConfig, ConfigErr
         ConfigError::Binary {
             origin: origin.to_string(),
             message: e.to_string(),
-            hint: if looks_like_text(bytes) {
-                " (it looks like text: try --txt)"
+            hint: if starts_like_text(bytes) {
+                " (it starts like text: if it is, --txt shows where it goes wrong)"
             } else {
                 ""
             },
@@ -348,5 +484,50 @@ mod tests {
         assert!(looks_like_text(b"buffers { size_kb: 1 }\n\t"));
         assert!(!looks_like_text(&[0x0a, 0x03, 0x08, 0x80, 0x08]));
         assert!(!looks_like_text(&[0xff, 0xfe]));
+        // Form feed and vertical tab are protobuf-text whitespace.
+        assert!(looks_like_text(b"buffers {\x0c size_kb: 1 }\x0b"));
+        assert!(mostly_text(b"buffers { size_kb: 1 }\x00\n"));
+        assert!(!mostly_text(&[0x0a, 0x03, 0x08, 0x80, 0x08]));
+    }
+
+    #[test]
+    fn text_with_stray_bytes_is_diagnosed_as_text() {
+        for (bytes, want) in [
+            (
+                &b"duration_ms: 1\n\x00buffers { size_kb: 1 }\n"[..],
+                "2:1: error: a NUL byte",
+            ),
+            (
+                b"# caf\xe9\nbuffers { size_kb: 1 }\n",
+                "1:6: error: byte 0xE9 is not UTF-8",
+            ),
+        ] {
+            let e = load_bytes(bytes, "c.cfg", LoadOptions::default())
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains("binary"), "{e}");
+        }
+        let ok = load_bytes(
+            b"buffers {\x0c size_kb: 1 }\x0c\n",
+            "c.cfg",
+            LoadOptions::default(),
+        )
+        .expect("form feed is whitespace");
+        assert_eq!(ok.form, ConfigForm::Text);
+    }
+
+    #[test]
+    fn size_and_counts_are_capped() {
+        let big = vec![b' '; MAX_CONFIG_BYTES + 1];
+        assert!(matches!(
+            load_bytes(&big, "c", LoadOptions::default()),
+            Err(ConfigError::TooLarge { .. })
+        ));
+        let many = "data_sources { config { name: \"x\" } }\n".repeat(MAX_DATA_SOURCES + 1);
+        assert!(matches!(
+            load_bytes(many.as_bytes(), "c", LoadOptions::default()),
+            Err(ConfigError::TooMany { count, .. }) if count == MAX_DATA_SOURCES + 1
+        ));
     }
 }

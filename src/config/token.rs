@@ -59,7 +59,8 @@ impl<'a> Lexer<'a> {
                     }
                     self.pos += 1;
                 }
-            } else if b.is_ascii_whitespace() {
+            } else if b.is_ascii_whitespace() || b == 0x0b {
+                // Vertical tab is whitespace in protobuf text too.
                 self.pos += 1;
             } else {
                 break;

@@ -236,6 +236,13 @@ pub fn validate(
         cx.err(path, message);
     }
 
+    cx.errors.extend(super::resources::check(
+        &buffers,
+        file.as_ref(),
+        super::resources::available_memory("/proc".as_ref(), "/sys/fs/cgroup".as_ref()),
+        config_bytes.len(),
+        !builtin.disable_trace_config,
+    ));
     if !cx.errors.is_empty() {
         return Err(cx.errors);
     }
@@ -605,6 +612,14 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
                 matches,
                 allow: r.allow.unwrap_or(false),
             });
+        }
+    }
+    for (i, e) in f.ftrace_events.iter().enumerate() {
+        if let Some(why) = crate::sources::ftrace::tracefs::event_spec_problem(e) {
+            cx.err(
+                format!("{path}.config.ftrace_config.ftrace_events[{i}]"),
+                why,
+            );
         }
     }
     if let Some(inst) = f.instance_name.as_deref()

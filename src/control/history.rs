@@ -1,45 +1,76 @@
-//! The machine-wide 24-hour history of accepted triggers, for
-//! `max_per_24_h`. It lives in the runtime directory so it survives a
-//! restart of the recorder, and is updated under `flock`, so concurrent
-//! sessions agree. One line per accepted trigger: `UNIX_SECONDS NAME`.
+//! The 24-hour history of accepted triggers, for `max_per_24_h`. It lives
+//! in the runtime directory so it survives a restart of the recorder, one
+//! file per user (`trigger-history.UID`: a user's sessions share it, no
+//! other user can write to it), updated under `flock` so concurrent sessions
+//! agree. One line per accepted trigger: `UNIX_SECONDS NAME`.
+//!
+//! The directory is shared with every local user, so the file is opened
+//! only through [`RuntimeDir::open_own_file`] (no symlink, no FIFO, only a
+//! mode-0600 regular file of ours), read up to [`MAX_FILE_BYTES`], kept under
+//! that size by dropping the oldest entries, and locked without waiting
+//! longer than [`LOCK_WAIT`]: a trigger never waits on this file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, flock};
 
-const WINDOW_SECS: u64 = 24 * 3600;
-const FILE_NAME: &str = "trigger-history";
+use super::runtime_dir::{OwnFileError, RuntimeDir};
 
-/// The trigger history in one runtime directory.
+const WINDOW_SECS: u64 = 24 * 3600;
+/// The most the file holds; older entries go first when it would grow past.
+pub const MAX_FILE_BYTES: usize = 256 * 1024;
+/// How long a lookup or an update waits for another session's lock.
+pub const LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// Errors of the history (the session warns and goes on without it).
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("{0}")]
+    File(#[from] OwnFileError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("still locked by another session after {} ms", LOCK_WAIT.as_millis())]
+    Locked,
+}
+
+/// The trigger history of the current user in one runtime directory.
 #[derive(Clone, Debug)]
 pub struct TriggerHistory {
-    path: PathBuf,
+    dir: RuntimeDir,
+    name: String,
 }
 
 impl TriggerHistory {
-    pub fn new(runtime_dir: &Path) -> Self {
+    /// The history file of the current user in `dir`.
+    pub fn new(dir: &RuntimeDir) -> Self {
         Self {
-            path: runtime_dir.join(FILE_NAME),
+            dir: dir.clone(),
+            name: format!("trigger-history.{}", rustix::process::geteuid().as_raw()),
         }
     }
 
-    fn open(&self) -> std::io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&self.path)
+    fn lock(f: &File, op: FlockOperation) -> Result<(), HistoryError> {
+        let t0 = Instant::now();
+        loop {
+            match flock(f, op) {
+                Ok(()) => return Ok(()),
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+            if t0.elapsed() >= LOCK_WAIT {
+                return Err(HistoryError::Locked);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn entries(f: &mut File, now_secs: u64) -> std::io::Result<Vec<(u64, String)>> {
-        let mut text = String::new();
+        let mut raw = Vec::new();
         f.seek(SeekFrom::Start(0))?;
-        f.read_to_string(&mut text)?;
+        f.take(MAX_FILE_BYTES as u64).read_to_end(&mut raw)?;
+        let text = String::from_utf8_lossy(&raw);
         Ok(text
             .lines()
             .filter_map(|l| {
@@ -51,13 +82,11 @@ impl TriggerHistory {
     }
 
     /// How many times `name` was accepted in the 24 hours before `now_secs`.
-    pub fn count(&self, name: &str, now_secs: u64) -> std::io::Result<u32> {
-        let mut f = match File::open(&self.path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
+    pub fn count(&self, name: &str, now_secs: u64) -> Result<u32, HistoryError> {
+        let Some(mut f) = self.dir.open_own_file(&self.name, false)? else {
+            return Ok(0);
         };
-        flock(&f, FlockOperation::LockShared)?;
+        Self::lock(&f, FlockOperation::NonBlockingLockShared)?;
         let n = Self::entries(&mut f, now_secs)?
             .iter()
             .filter(|(_, n)| n == name)
@@ -66,16 +95,23 @@ impl TriggerHistory {
     }
 
     /// Records an acceptance of `name` at `now_secs`, dropping entries older
-    /// than 24 hours.
-    pub fn record(&self, name: &str, now_secs: u64) -> std::io::Result<()> {
-        let mut f = self.open()?;
-        flock(&f, FlockOperation::LockExclusive)?;
+    /// than 24 hours (and the oldest ones beyond [`MAX_FILE_BYTES`]).
+    pub fn record(&self, name: &str, now_secs: u64) -> Result<(), HistoryError> {
+        let mut f = self
+            .dir
+            .open_own_file(&self.name, true)?
+            .ok_or_else(|| std::io::Error::other("the history file was not created"))?;
+        Self::lock(&f, FlockOperation::NonBlockingLockExclusive)?;
         let mut entries = Self::entries(&mut f, now_secs)?;
         entries.push((now_secs, name.to_string()));
-        let mut text = String::new();
-        for (t, n) in &entries {
-            text.push_str(&format!("{t} {n}\n"));
+        let lines: Vec<String> = entries.iter().map(|(t, n)| format!("{t} {n}\n")).collect();
+        let mut total: usize = lines.iter().map(String::len).sum();
+        let mut skip = 0;
+        while total > MAX_FILE_BYTES && skip < lines.len() {
+            total -= lines[skip].len();
+            skip += 1;
         }
+        let text: String = lines[skip..].concat();
         f.set_len(0)?;
         f.seek(SeekFrom::Start(0))?;
         f.write_all(text.as_bytes())?;
@@ -91,19 +127,46 @@ pub fn now_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::runtime_dir::open_checked;
 
     #[test]
     fn counts_within_the_window_and_survives_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let h = TriggerHistory::new(dir.path());
+        let t = tempfile::tempdir().expect("tempdir");
+        let dir = open_checked(&t.path().join("run")).expect("dir");
+        let h = TriggerHistory::new(&dir);
         assert_eq!(h.count("a", 1_000_000).expect("count"), 0);
         h.record("a", 1_000_000).expect("record");
         h.record("a", 1_000_100).expect("record");
         h.record("b", 1_000_100).expect("record");
-        let again = TriggerHistory::new(dir.path());
+        let again = TriggerHistory::new(&dir);
         assert_eq!(again.count("a", 1_000_200).expect("count"), 2);
         // 24 h after the first entry it falls out of the window.
         assert_eq!(again.count("a", 1_000_000 + WINDOW_SECS).expect("count"), 1);
         assert_eq!(again.count("b", 1_000_200).expect("count"), 1);
+    }
+
+    #[test]
+    fn stays_bounded_and_never_waits_long_for_a_lock() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let dir = open_checked(&t.path().join("run")).expect("dir");
+        let h = TriggerHistory::new(&dir);
+        let long = "n".repeat(250);
+        for i in 0..1100 {
+            h.record(&long, 1_000_000 + i).expect("record");
+        }
+        let len = std::fs::metadata(dir.path().join(&h.name))
+            .expect("stat")
+            .len();
+        assert!(len as usize <= MAX_FILE_BYTES, "{len}");
+        assert!(h.count(&long, 1_002_000).expect("count") > 900);
+        // Someone holds the lock: the lookup gives up after LOCK_WAIT.
+        let f = dir
+            .open_own_file(&h.name, false)
+            .expect("open")
+            .expect("exists");
+        flock(&f, FlockOperation::LockExclusive).expect("lock");
+        let t0 = Instant::now();
+        assert!(matches!(h.count("x", 1), Err(HistoryError::Locked)));
+        assert!(t0.elapsed() < LOCK_WAIT * 10);
     }
 }

@@ -7,15 +7,25 @@
 //!   credentials: the session's owner or root may query or stop it.
 //!
 //! A request is one JSON line of at most [`message::MAX_REQUEST_BYTES`]; the
-//! reply is one JSON line. Malformed or oversized requests are refused and
-//! counted, and each connection is served on the control thread with a
-//! deadline, so no client can stall the session.
+//! reply is one JSON line of at most [`message::MAX_REPLY_BYTES`]. The
+//! runtime directory is shared with every local user, so both sides treat
+//! it as hostile ground:
+//!
+//! - the session uses the directory only when its owner and mode are safe,
+//!   and creates its entries through a checked descriptor ([`runtime_dir`]);
+//! - the server multiplexes every connection on one thread with a deadline
+//!   on the whole request and a cap per peer uid, so neither slow nor idle
+//!   connections delay a trigger ([`server`]);
+//! - clients believe an answer only from the process that owns the session
+//!   (peer credentials), read bounded replies under one overall deadline and
+//!   contact all sessions at once ([`client`]).
 
 pub mod client;
 pub mod history;
 pub mod message;
 pub mod runtime_dir;
 pub mod server;
+pub mod session_name;
 
 /// Errors of the control plane.
 #[derive(Debug, thiserror::Error)]
@@ -23,17 +33,48 @@ pub enum ControlError {
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,
+        #[source]
         source: std::io::Error,
     },
+    #[error("runtime directory {path} is not safe to use: {msg}")]
+    UnsafeRuntimeDir { path: String, msg: String },
+    #[error("no usable runtime directory: {0}")]
+    NoRuntimeDir(String),
+    #[error("{path}: {source}")]
+    RuntimeFile {
+        path: String,
+        #[source]
+        source: runtime_dir::OwnFileError,
+    },
+    #[error(
+        "a session named {name:?} is already running (pid {pid}); unique_session_name allows one"
+    )]
+    NameTaken { name: String, pid: String },
     #[error("socket {path}: {source}")]
     Socket {
         path: String,
+        #[source]
         source: std::io::Error,
     },
     #[error("no running recorder session in {0}")]
     NoSessions(String),
     #[error("session {pid}: {msg}")]
     Session { pid: u32, msg: String },
-    #[error("bad reply from session {pid}: {msg}")]
-    BadReply { pid: u32, msg: String },
+    #[error("bad reply from session {pid}: {source}")]
+    BadReply {
+        pid: u32,
+        #[source]
+        source: message::BadReply,
+    },
+    #[error(
+        "{path} is not session {pid}'s socket (it is served by pid {peer_pid}, uid {peer_uid}): not believed"
+    )]
+    Impostor {
+        path: String,
+        pid: u32,
+        peer_pid: u32,
+        peer_uid: u32,
+    },
+    #[error("session {pid} did not answer within {secs} s")]
+    Timeout { pid: u32, secs: u64 },
 }

@@ -107,6 +107,8 @@ struct Loop {
     /// Bytes before and after compression, over every pass.
     compressed: (u64, u64),
     flushes: FlushCounts,
+    /// Bytes `max_file_size_bytes` left out of the passes.
+    cut_bytes: u64,
 }
 
 impl Loop {
@@ -138,6 +140,7 @@ impl Loop {
             status,
             compressed: (0, 0),
             flushes: FlushCounts::default(),
+            cut_bytes: 0,
         }
     }
 
@@ -281,6 +284,11 @@ impl Loop {
             }
             Action::Snapshot(n) => self.snapshot(n),
             Action::Service(ev) => self.rec.log.event(ev),
+            Action::AnnounceStop => {
+                if let Some(c) = &self.rec.control {
+                    c.mark_stopping();
+                }
+            }
             Action::StopSources => self.stop_sources(),
             Action::Exit(reason) => {
                 log::info!("session over: {reason}");
@@ -443,6 +451,7 @@ impl Loop {
     fn note_pass(&mut self, rep: &PassReport) {
         self.compressed.0 += rep.input_bytes;
         self.compressed.1 += rep.bytes;
+        self.cut_bytes += rep.cut_bytes;
         if let Output::Segments(w) = &mut self.rec.sink {
             w.record_pass(rep);
         }
@@ -660,6 +669,7 @@ impl Loop {
             warnings: self.warnings.clone(),
             segments: self.rec.sink.segments(),
             compression: self.rec.compress.as_ref().map(|_| self.compressed),
+            cut_bytes: self.cut_bytes,
         }
     }
 }

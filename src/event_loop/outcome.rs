@@ -34,4 +34,6 @@ pub struct Outcome {
     pub segments: Option<SegmentsStatus>,
     /// With compression: (bytes before, bytes after) over every pass.
     pub compression: Option<(u64, u64)>,
+    /// Bytes `max_file_size_bytes` left out of the file.
+    pub cut_bytes: u64,
 }

@@ -280,6 +280,9 @@ pub enum Action {
     Snapshot(u32),
     /// Note a lifecycle event in the trace.
     Service(ServiceEvent),
+    /// The stop sequence begins: tell whoever asks (a further `recorder
+    /// stop` is answered at once).
+    AnnounceStop,
     /// Stop every data source; answer with [`Event::SourcesStopped`].
     StopSources,
     /// The session is over.

@@ -530,10 +530,12 @@ impl Session {
         self.state = State::Stopping;
         self.stop_reason = Some(reason);
         // Flushes still under way no longer lead anywhere.
-        let mut out: Vec<Action> = std::mem::take(&mut self.flushes)
-            .into_keys()
-            .map(|id| Action::CancelTimer(Timer::FlushDeadline(id)))
-            .collect();
+        let mut out = vec![Action::AnnounceStop];
+        out.extend(
+            std::mem::take(&mut self.flushes)
+                .into_keys()
+                .map(|id| Action::CancelTimer(Timer::FlushDeadline(id))),
+        );
         // Sources that never started have nothing to flush.
         if skip_flush || !self.started {
             out.extend(self.stop_sources(now));

@@ -1,6 +1,7 @@
 //! The session's decisions, event sequence by event sequence.
 
 use super::*;
+use crate::storage::write_pass::{PassError, PassFailure};
 use crate::storage::{OutputError, SinkError};
 
 fn ms(v: u64) -> Duration {
@@ -60,6 +61,15 @@ fn outcome(s: &mut Session, name: &str, now: u64) -> (Result<(), TriggerRefusal>
     (res.expect("a reply"), actions)
 }
 
+/// A pass that failed with `e`, having kept nothing of its 10 bytes.
+fn failed(e: SinkError) -> OutputError {
+    OutputError::Pass(PassError {
+        source: PassFailure::Sink(e),
+        kept_bytes: 0,
+        unwritten_bytes: 10,
+    })
+}
+
 fn flush_id(a: &[Action]) -> Option<FlushId> {
     a.iter().find_map(|a| match a {
         Action::FlushSources { id, .. } => Some(*id),
@@ -116,6 +126,7 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
     assert_eq!(
         a,
         vec![
+            Action::AnnounceStop,
             Action::SetTimer(Timer::FlushDeadline(FlushId(0)), ms(7000)),
             Action::FlushSources {
                 id: FlushId(0),
@@ -331,7 +342,7 @@ fn size_cap_stops_without_flush_or_final_pass() {
 
 #[test]
 fn output_failure_stops_without_touching_the_output_again() {
-    let e = OutputError::from(SinkError::Write {
+    let e = failed(SinkError::Write {
         errno: rustix::io::Errno::NOSPC,
         offset: 10,
     });
@@ -347,7 +358,7 @@ fn output_failure_stops_without_touching_the_output_again() {
 
 #[test]
 fn a_failed_final_pass_becomes_the_exit_reason() {
-    let e = OutputError::from(SinkError::Sync(rustix::io::Errno::IO));
+    let e = failed(SinkError::Sync(rustix::io::Errno::IO));
     let mut s = begun(timeline(TriggerMode::None, vec![]));
     let a = s.on_event(Event::StopRequest(RequestId(1)), ms(0));
     let id = flush_id(&a).expect("flushes");

@@ -13,8 +13,11 @@
 //! - Positioned sinks keep the file offset themselves and append at it.
 //! - The first failed write poisons a sink: that call and every later one
 //!   return the same [`SinkError`]; nothing is retried. A failed call leaves
-//!   a regular file truncated back to where that call began (best effort), so
-//!   a caller that hands whole packets to each call keeps a valid trace.
+//!   a regular file cut after the last whole packet of that call that made
+//!   it (best effort, then synced): a full disk keeps every packet that fit,
+//!   and the file stays a valid trace.
+//! - A FIFO, a character device or a socket named by `-o` is written as a
+//!   stream (no offsets, no fdatasync), like stdout.
 //! - [`cut_at_packet_boundary`] trims a write to the last whole packet under
 //!   a byte cap (`max_file_size_bytes`).
 
@@ -165,12 +168,6 @@ pub enum OutputError {
     Pass(#[from] write_pass::PassError),
     #[error(transparent)]
     Segment(std::sync::Arc<segment::SegmentError>),
-}
-
-impl From<SinkError> for OutputError {
-    fn from(e: SinkError) -> Self {
-        OutputError::Pass(e.into())
-    }
 }
 
 impl From<segment::SegmentError> for OutputError {

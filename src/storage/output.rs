@@ -47,6 +47,10 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
         OutputPath::Stdout => open_stdout(),
         OutputPath::File(path) => {
             let fd = open_file(&path, opts.no_clobber)?;
+            if is_stream(&fd) {
+                log::info!("trace output {} is a stream: plain writes", path.display());
+                return Ok(Box::new(StreamSink::new(fd, false)));
+            }
             file_sink(fd, opts.io)
         }
     }
@@ -69,11 +73,25 @@ fn open_file(path: &std::path::Path, no_clobber: bool) -> Result<OwnedFd, Storag
         },
     })?;
     // The umask may have narrowed the mode, never widened it; an existing
-    // file keeps its mode on O_TRUNC, so set 0600 explicitly.
-    if let Err(e) = rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR) {
+    // file keeps its mode on O_TRUNC, so set 0600 explicitly (not on a
+    // device or FIFO, whose mode is someone else's).
+    if !is_stream(&fd)
+        && let Err(e) = rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)
+    {
         log::debug!("fchmod 0600 on {}: {e}", path.display());
     }
     Ok(fd)
+}
+
+/// A FIFO, a character device (a tty, `/dev/null`) or a socket: no offsets
+/// to write at, nothing to fdatasync.
+fn is_stream(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        matches!(
+            FileType::from_raw_mode(st.st_mode),
+            FileType::Fifo | FileType::CharacterDevice | FileType::Socket
+        )
+    })
 }
 
 fn forced_pwritev() -> bool {

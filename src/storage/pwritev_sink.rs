@@ -7,8 +7,8 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::io::Errno;
 
-use super::batch::{Cursor, IOV_MAX};
-use super::{FileSink, SinkError, SinkKind};
+use super::batch::{Cursor, IOV_MAX, total_len};
+use super::{FileSink, SinkError, SinkKind, cut_at_packet_boundary};
 
 /// The kernel's cap on one read/write (`MAX_RW_COUNT`); larger requests are
 /// short writes anyway.
@@ -32,9 +32,6 @@ impl PwritevSink {
     }
 }
 
-/// Poisons after a failed call: the file is cut back to where the call began
-/// so it still ends where a previous call ended; when even that fails, the
-/// sink reports `written_to`, the end of the bytes known to be in place.
 /// fdatasync, unless the sink is poisoned; a failure poisons it (shared by
 /// the positioned sinks).
 pub(super) fn sync_or_poison(
@@ -51,25 +48,46 @@ pub(super) fn sync_or_poison(
     })
 }
 
+/// Poisons after a failed call. Of the call's bytes, those in place
+/// (`call_start..written_to`) are kept up to the last whole packet in them
+/// (`bufs` hold the file's framing), so a full disk keeps every packet that
+/// fit; the file is cut there and synced (best effort). When the cut fails,
+/// the sink reports `written_to`, the end of the bytes known to be in place.
 pub(super) fn poison(
     fd: impl AsFd,
     slot: &mut Option<SinkError>,
     offset: &mut u64,
     call_start: u64,
     written_to: u64,
+    bufs: &[IoSlice<'_>],
     err: SinkError,
 ) -> SinkError {
     *slot = Some(err);
-    *offset = if written_to == call_start || rustix::fs::ftruncate(fd, call_start).is_ok() {
-        call_start
+    let in_place = written_to.saturating_sub(call_start);
+    let keep = call_start + whole_packets_within(bufs, in_place);
+    *offset = if keep == written_to || rustix::fs::ftruncate(&fd, keep).is_ok() {
+        keep
     } else {
         written_to
     };
+    let _ = rustix::fs::fdatasync(&fd);
     log::error!(
-        "trace file sink poisoned: {err}; file kept at {} bytes",
-        *offset
+        "trace file sink poisoned: {err}; file kept at {} bytes ({} of the failed write's {} bytes)",
+        *offset,
+        *offset - call_start,
+        total_len(bufs)
     );
     err
+}
+
+/// Bytes of the whole `0x0A <len> <packet>` records at the start of `bufs`
+/// that end within their first `n` bytes.
+fn whole_packets_within(bufs: &[IoSlice<'_>], n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let (_, cut) = cut_at_packet_boundary(bufs, n.saturating_add(1));
+    cut.kept_bytes.min(n)
 }
 
 /// Writes `bufs` at `*offset` with pwritev(2) until all are written, and
@@ -103,7 +121,7 @@ pub(super) fn pwritev_all(
             Err(Errno::INTR) => continue,
             Err(errno) => SinkError::Write { errno, offset: pos },
         };
-        return Err(poison(fd, poisoned, offset, start, pos, err));
+        return Err(poison(fd, poisoned, offset, start, pos, bufs, err));
     }
     *offset = pos;
     Ok(pos - start)

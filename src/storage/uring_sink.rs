@@ -215,6 +215,7 @@ impl FileSink for UringSink {
                     &mut self.offset,
                     start,
                     written_to,
+                    bufs,
                     err,
                 ))
             }

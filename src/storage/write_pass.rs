@@ -4,10 +4,13 @@
 //!
 //! `max_file_size_bytes` is enforced here: the list is cut before the first
 //! packet that would reach the cap, the kept part is written and synced,
-//! and the pass reports that the cap was reached.
+//! and the pass reports that the cap was reached and how much it left out.
 //!
 //! With a compression stage ([`write_pass_staged`]) the list is compressed
 //! first and the cap applies to the compressed packets, the file's bytes.
+//!
+//! A failed pass says what did not reach the file ([`PassError`]): the sink
+//! keeps the whole packets that fit (a full disk), the rest is counted.
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -35,6 +38,8 @@ pub struct PassReport {
     pub packets: u64,
     /// The cap was reached: the session must stop.
     pub cap_reached: bool,
+    /// Bytes the cap left out of this pass (records not written).
+    pub cut_bytes: u64,
     pub duration: Duration,
 }
 
@@ -58,16 +63,31 @@ pub struct PassStage<'a> {
     pub count_packets: bool,
 }
 
-/// A pass failed.
+/// What made a pass fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PassError {
+pub enum PassFailure {
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error(transparent)]
     Compress(#[from] CompressError),
 }
 
-/// Runs one pass over `buffers` (each with how to take its data) into `sink`.
+/// A pass that failed, with what of it reached the file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{source}; {unwritten_bytes} bytes of this write pass did not reach the file ({kept_bytes} bytes of whole packets before them did)"
+)]
+pub struct PassError {
+    #[source]
+    pub source: PassFailure,
+    /// Bytes of this pass kept in the file (whole packets).
+    pub kept_bytes: u64,
+    /// Bytes of this pass that are not in the file.
+    pub unwritten_bytes: u64,
+}
+
+/// Runs one pass over `buffers` (each with how to take its data) into
+/// `sink`, with no stage between them.
 pub fn write_pass(
     sink: &mut dyn FileSink,
     head: &[Vec<u8>],
@@ -75,13 +95,9 @@ pub fn write_pass(
     tail: impl FnOnce() -> Vec<Vec<u8>>,
     max_file_size: Option<u64>,
     sync: bool,
-) -> Result<PassReport, SinkError> {
+) -> Result<PassReport, PassError> {
     let stage = PassStage::default();
-    match write_pass_staged(sink, head, buffers, tail, max_file_size, sync, stage) {
-        Ok(r) => Ok(r),
-        Err(PassError::Sink(e)) => Err(e),
-        Err(PassError::Compress(_)) => unreachable!("a pass without a stage does not compress"),
-    }
+    write_pass_staged(sink, head, buffers, tail, max_file_size, sync, stage)
 }
 
 /// [`write_pass`] with an optional compression stage between the ring and
@@ -96,6 +112,7 @@ pub fn write_pass_staged(
     stage: PassStage<'_>,
 ) -> Result<PassReport, PassError> {
     let started = Instant::now();
+    let before = sink.bytes_written();
     let batches: Vec<FlushBatch> = buffers
         .iter()
         .filter_map(|(b, take)| match take {
@@ -134,11 +151,14 @@ pub fn write_pass_staged(
     }
     iov.extend(tail.iter().map(|p| IoSlice::new(p)));
 
+    let total = total_len(&iov);
     let mut cap_reached = false;
+    let mut cut_bytes = 0u64;
     let mut input_bytes = 0u64;
     let mut compressed_packets = 0u64;
     let mut packets = 0u64;
-    let result = (|| -> Result<u64, PassError> {
+    let mut kept_input = 0u64;
+    let result = (|| -> Result<u64, PassFailure> {
         let compressed = match stage.compress {
             Some(z) => Some(z.compress(&iov)?),
             None => None,
@@ -152,6 +172,7 @@ pub fn write_pass_staged(
                 let room = cap.saturating_sub(sink.bytes_written());
                 let (kept, cut) = cut_at_packet_boundary(&records, room);
                 cap_reached = cut.cut;
+                cut_bytes = total_len(&records).saturating_sub(cut.kept_bytes);
                 kept
             }
             None => records,
@@ -159,12 +180,25 @@ pub fn write_pass_staged(
         let bytes = if kept.is_empty() {
             0
         } else {
-            sink.write_all(&kept)?
+            match sink.write_all(&kept) {
+                Ok(b) => b,
+                Err(e) => {
+                    // The sink kept whole records: count them in the pass's
+                    // own (uncompressed) bytes.
+                    let in_file = sink.bytes_written().saturating_sub(before);
+                    kept_input = match &compressed {
+                        Some(c) => c.input_of_prefix(in_file).0,
+                        None => in_file,
+                    };
+                    return Err(e.into());
+                }
+            }
         };
         (input_bytes, compressed_packets) = match &compressed {
             Some(c) => c.input_of_prefix(bytes),
             None => (bytes, 0),
         };
+        kept_input = input_bytes;
         if stage.count_packets {
             packets = match &compressed {
                 Some(c) => c.packets_of_prefix(bytes),
@@ -180,7 +214,11 @@ pub fn write_pass_staged(
     for b in batches {
         b.release();
     }
-    let bytes = result?;
+    let bytes = result.map_err(|source| PassError {
+        source,
+        kept_bytes: kept_input,
+        unwritten_bytes: total.saturating_sub(kept_input),
+    })?;
     Ok(PassReport {
         bytes,
         buffer_bytes,
@@ -188,6 +226,11 @@ pub fn write_pass_staged(
         compressed_packets,
         packets,
         cap_reached,
+        cut_bytes,
         duration: started.elapsed(),
     })
+}
+
+fn total_len(iov: &[IoSlice<'_>]) -> u64 {
+    iov.iter().map(|s| s.len() as u64).sum()
 }

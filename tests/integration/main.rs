@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod config;
 mod ftrace;
+mod hardening;
 mod lifecycle;
 mod loss;
 mod open;

@@ -880,20 +880,32 @@ fn process_stats_clear_through_the_data_source_trait() {
     assert_eq!(tree_of(before).processes.len(), 6);
     let tail = &after[first..];
     let tree = tree_of(tail);
-    // As Perfetto's: every process with memory counters; kernel threads
-    // come back as ftrace reports them.
+    // With scan_all_processes_on_start the clear rescans like the start did,
+    // so a segment that begins here is self-contained: kernel threads and
+    // the zombie included, each once.
     assert_eq!(
         tree.processes.keys().copied().collect::<Vec<_>>(),
-        vec![APP, NS_PARENT, NS_CHILD],
-        "the tree again after the clear"
+        tree_of(before)
+            .processes
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        "the whole tree again after the clear"
     );
     assert!(tree.processes.values().all(|p| !p.cmdline.is_empty()));
-    let stats = stats_of(
-        &tail[..tail
-            .iter()
-            .position(|p| p.has_process_tree())
-            .unwrap_or(tail.len())
-            .max(1)],
+    // The first poll after the clear: every process with memory counters,
+    // every counter, not only those that changed.
+    let polls = tail
+        .iter()
+        .skip_while(|p| !p.has_process_stats())
+        .take_while(|p| p.has_process_stats())
+        .cloned()
+        .collect::<Vec<_>>();
+    let stats = stats_of(&polls);
+    assert_eq!(
+        stats.keys().copied().collect::<Vec<_>>(),
+        vec![APP, NS_PARENT, NS_CHILD],
+        "a poll after the clear"
     );
     assert!(
         stats.values().all(|p| p.has_vm_rss_kb()),

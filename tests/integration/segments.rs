@@ -385,10 +385,13 @@ fn max_segments_deletes_the_oldest_never_the_current() {
     let mut prev_last = None;
     for (index, (path, _)) in &files {
         let packets = closed_segment(path, *index);
-        let c = test_counters(&packets)
-            .into_values()
-            .next()
-            .expect("counters");
+        // A rotation just before the stop may leave the newest segment with
+        // only the trace's own packets when the writer thread is starved;
+        // every segment cut by size holds data.
+        let Some(c) = test_counters(&packets).into_values().next() else {
+            assert_eq!(*index, last, "only the newest segment may lack data");
+            continue;
+        };
         assert_eq!(gaps(&c).0, 0);
         if let Some(p) = prev_last {
             assert_eq!(c[0], p + 1, "consecutive segments continue");

@@ -402,6 +402,7 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
         let mut sink = open(&path, io);
         let mut expect = Vec::new();
         let mut err = None;
+        let mut failed_call: Vec<Vec<u8>> = Vec::new();
         for i in 0..100u64 {
             // Each call is a "pass" of several whole packets over many iovecs.
             let packets: Vec<Vec<u8>> = (0..per_call)
@@ -418,6 +419,7 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
                 }
                 Err(e) => {
                     err = Some(e);
+                    failed_call = packets;
                     break;
                 }
             }
@@ -430,12 +432,28 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
             e
         );
         assert_eq!(sink.sync_data().expect_err("poisoned"), e);
-        // The failed call was cut back: the file is exactly the whole calls.
+        // The failed call was cut after its last whole packet that fit:
+        // the file is the whole calls, then those packets.
+        let whole_calls = expect.len();
+        let mut kept_of_failed = 0;
+        for p in &failed_call {
+            if sink.bytes_written() >= (expect.len() + p.len()) as u64 {
+                expect.extend_from_slice(p);
+                kept_of_failed += 1;
+            }
+        }
         assert_eq!(sink.bytes_written(), expect.len() as u64, "{io:?}");
+        assert!(
+            kept_of_failed < per_call,
+            "{io:?}: the failed call did not fit"
+        );
         drop(sink);
         let got = std::fs::read(&path).expect("read back");
         assert_eq!(got.len(), expect.len(), "{io:?}");
         assert!(got == expect, "{io:?}: content differs");
+        eprintln!(
+            "{io:?} {per_call}: {whole_calls} bytes of whole calls, then {kept_of_failed} packets of the failed one"
+        );
         let report = recorder::trace::inspect::report(&got);
         assert_eq!(report.torn_tail_bytes, 0);
         assert!(report.corruption.is_none());

@@ -143,6 +143,10 @@ pub struct FtraceSummary {
 
 /// The events `spec` names in `dir`, or none.
 pub fn resolve_event(dir: &Tracefs, spec: &str) -> Vec<(String, String)> {
+    if let Some(why) = tracefs::event_spec_problem(spec) {
+        log::warn!("ftrace: {why}");
+        return Vec::new();
+    }
     match spec.split_once('/') {
         Some((g, "*")) => dir
             .events_of(g)

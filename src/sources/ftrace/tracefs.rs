@@ -29,6 +29,32 @@ pub enum TracefsError {
     BadInstanceName(String),
 }
 
+/// Whether `s` can be one component of a tracefs path (an event or group
+/// name): letters, digits, `_`, `-`, `.`, and not `.` or `..`. Names come
+/// from configs; anything else could lead a root session out of tracefs.
+pub fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.len() <= 255
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Why an `ftrace_events` entry (`GROUP/NAME`, `GROUP/*` or `NAME`) is not
+/// one, if it is not.
+pub fn event_spec_problem(spec: &str) -> Option<String> {
+    let ok = match spec.split_once('/') {
+        Some((g, n)) => is_plain_name(g) && (n == "*" || is_plain_name(n)),
+        None => is_plain_name(spec),
+    };
+    (!ok).then(|| {
+        format!(
+            "{spec:?} is not an event: GROUP/NAME, GROUP/* or NAME, each of letters, digits, '_', '-' and '.'"
+        )
+    })
+}
+
 fn io_err(path: &Path, source: io::Error) -> TracefsError {
     TracefsError::Io {
         path: path.to_path_buf(),
@@ -250,13 +276,7 @@ impl TracefsSession {
         top.remove_stale_instances(proc);
         let name = match instance_name {
             Some(n) => {
-                if n.is_empty()
-                    || n.contains('/')
-                    || n == "."
-                    || n == ".."
-                    || n == "hyp"
-                    || n == "hypervisor"
-                {
+                if !is_plain_name(n) || n == "hyp" || n == "hypervisor" {
                     return Err(TracefsError::BadInstanceName(n.to_string()));
                 }
                 n.to_string()
@@ -462,6 +482,30 @@ mod tests {
         }
         assert_eq!(t.read("trace_clock").expect("read"), "local");
         assert_eq!(t.read("tracing_on").expect("read"), "1");
+    }
+
+    #[test]
+    fn names_that_could_leave_tracefs_are_refused() {
+        for bad in [
+            "../x",
+            "..",
+            "sched/../../x",
+            "a/b/c",
+            "",
+            "sched/",
+            "/sched",
+            "x\n",
+        ] {
+            assert!(event_spec_problem(bad).is_some(), "{bad:?}");
+        }
+        for good in [
+            "sched/sched_switch",
+            "sched/*",
+            "sched_switch",
+            "ftrace/print",
+        ] {
+            assert_eq!(event_spec_problem(good), None, "{good:?}");
+        }
     }
 
     #[test]
