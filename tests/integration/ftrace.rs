@@ -1180,7 +1180,15 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 "{name}: the trace_marker line is missing"
             );
         }
-        assert!(b.iter().all(|b| !b.lost_events()), "{name}: lost events");
+        // Some of these configs give ftrace a few pages per CPU; on a loaded
+        // machine the kernel may overrun them before the reader runs. That
+        // is the kernel's loss, and then the summary must say so.
+        if b.iter().any(|b| b.lost_events()) {
+            assert!(
+                log.contains("linux.ftrace: the kernel lost"),
+                "{name}: bundles flag lost events the summary does not report\n{log}"
+            );
+        }
         let phases: Vec<_> = p
             .iter()
             .filter(|p| p.has_ftrace_stats())
