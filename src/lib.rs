@@ -27,7 +27,7 @@
 //! | 3 | [`session`], [`event_loop`] |
 //! | 2 | [`config`], [`sources`], [`control`] |
 //! | 1 | [`storage`], [`trace`] |
-//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`] |
+//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`wire`] |
 //!
 //! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
 //! the io_uring sink, each block justified by a numbered invariant.
@@ -37,6 +37,7 @@ pub mod clock;
 pub mod protos;
 pub mod ringbuf;
 pub mod sys;
+pub mod wire;
 
 pub mod storage;
 pub mod trace;
