@@ -504,6 +504,7 @@ pub mod cpuidle_state_entry {
 /// `TraceConfig` (facts §2), the fields read at wire level.
 pub mod trace_config {
     pub const DATA_SOURCES: u32 = 2;
+    pub const FLUSH_PERIOD_MS: u32 = 13;
 }
 
 /// `TraceConfig.DataSource`.
