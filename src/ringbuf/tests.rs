@@ -31,22 +31,14 @@ fn pieces(batch: &FlushBatch) -> Vec<Piece> {
     for item in batch.items() {
         match item {
             FlushItem::Loss { writer } => out.push(Piece::Loss(writer.0)),
-            FlushItem::Data(mut d) => {
-                while !d.is_empty() {
-                    assert_eq!(d[0], 0x0A, "frame tag");
-                    let (mut len, mut i, mut shift) = (0usize, 1, 0);
-                    loop {
-                        let b = d[i];
-                        len |= usize::from(b & 0x7F) << shift;
-                        shift += 7;
-                        i += 1;
-                        if b & 0x80 == 0 {
-                            break;
-                        }
-                    }
-                    out.push(Piece::Packet(d[i..i + len].to_vec()));
-                    d = &d[i + len..];
-                }
+            FlushItem::Data(d) => {
+                let mut records = crate::wire::framing::frames(d);
+                out.extend(records.by_ref().map(|r| Piece::Packet(r.packet.to_vec())));
+                let end = records.end().expect("walked to the end");
+                assert!(
+                    end.corruption.is_none() && end.torn_tail.is_none(),
+                    "malformed frame: {end:?}"
+                );
             }
         }
     }

@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::buffer::{Buffer, WriterTotals};
 use super::table::pack;
 use super::{WriteError, WriterId};
+use crate::wire::framing::{PACKET_TAG, record_header};
+use crate::wire::varint::{self, len_usize as varint_len};
 
 /// Most bytes a slot header takes: the 0x0A tag and a 4-byte varint, as wide
 /// as the longest slot's length.
 pub const MAX_SLOT_HEADER_BYTES: usize = 5;
 /// Largest length a 4-byte varint holds.
-const MAX_SLOT_LEN: usize = (1 << 28) - 1;
+const MAX_SLOT_LEN: usize = varint::REDUNDANT4_MAX as usize;
 
 /// Bytes a slot of `max_len` reserves before the packet: the 0x0A tag and
 /// the length as a varint as wide as `max_len`'s (2 bytes below 128, 3 below
@@ -84,13 +86,6 @@ impl std::fmt::Debug for Writer {
             .field("cur", &self.cur)
             .finish_non_exhaustive()
     }
-}
-
-/// Minimal varint length of `v`.
-#[inline(always)]
-const fn varint_len(v: usize) -> usize {
-    let bits = usize::BITS - (v | 1).leading_zeros();
-    bits.div_ceil(7) as usize
 }
 
 impl Writer {
@@ -322,20 +317,11 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
         let dst = buffer.base().add(c.offset + c.pos);
         let n = if len < 0x80 {
             // The common case: a one-byte length.
-            dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]);
+            dst.cast::<[u8; 2]>()
+                .write_unaligned([PACKET_TAG, len as u8]);
             2
         } else {
-            let mut header = [0u8; 11];
-            header[0] = 0x0A;
-            let mut n = 1;
-            let mut v = len;
-            while v >= 0x80 {
-                header[n] = (v as u8) | 0x80;
-                v >>= 7;
-                n += 1;
-            }
-            header[n] = v as u8;
-            n += 1;
+            let (header, n) = record_header(len);
             std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
             n
         };
@@ -361,15 +347,17 @@ unsafe fn put_slot_header(dst: *mut u8, n: usize, len: usize) {
     // SAFETY: the caller's contract: `n` bytes at `dst` are writable.
     unsafe {
         match n {
-            2 => dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]),
+            2 => dst
+                .cast::<[u8; 2]>()
+                .write_unaligned([PACKET_TAG, len as u8]),
             3 => dst
                 .cast::<[u8; 3]>()
-                .write_unaligned([0x0A, b(0), (len >> 7) as u8]),
+                .write_unaligned([PACKET_TAG, b(0), (len >> 7) as u8]),
             4 => dst
                 .cast::<[u8; 4]>()
-                .write_unaligned([0x0A, b(0), b(1), (len >> 14) as u8]),
+                .write_unaligned([PACKET_TAG, b(0), b(1), (len >> 14) as u8]),
             _ => dst.cast::<[u8; 5]>().write_unaligned([
-                0x0A,
+                PACKET_TAG,
                 b(0),
                 b(1),
                 b(2),

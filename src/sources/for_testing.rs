@@ -18,12 +18,10 @@ use super::{DataSource, SourceError};
 use crate::clock::boottime_ns;
 use crate::ringbuf::Writer;
 use crate::trace::encoder::ProtoEncoder;
+use crate::wire::{test_event, trace_packet};
 
 /// The names this source answers to.
 pub const NAMES: [&str; 2] = ["for_testing", "android.perfetto.FakeProducer"];
-
-/// TracePacket.for_testing.
-const FIELD_FOR_TESTING: u32 = 900;
 
 /// What the source writes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -103,16 +101,16 @@ pub fn encode_test_packet(
     is_last: bool,
 ) -> Option<usize> {
     let mut e = ProtoEncoder::new(buf);
-    e.uint(8, ts);
-    e.uint(10, sequence_id as u64);
-    let t = e.begin_nested(FIELD_FOR_TESTING);
-    e.uint(3, counter);
-    e.uint(2, seq_value as u64);
+    e.uint(trace_packet::TIMESTAMP, ts);
+    e.uint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, sequence_id as u64);
+    let t = e.begin_nested(trace_packet::FOR_TESTING);
+    e.uint(test_event::COUNTER, counter);
+    e.uint(test_event::SEQ_VALUE, seq_value as u64);
     if !filler.is_empty() {
-        e.bytes(1, filler);
+        e.bytes(test_event::STR, filler);
     }
     if is_last {
-        e.bool(4, true);
+        e.bool(test_event::IS_LAST, true);
     }
     e.end_nested(t);
     e.finish().ok()

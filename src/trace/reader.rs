@@ -123,7 +123,7 @@ fn for_each_field<'a>(data: &'a [u8], mut f: impl FnMut(u32, Value<'a>)) -> Resu
     crate::wire::for_each(data, |field| f(field.number, field.value)).map_err(Malformed::from)
 }
 
-/// The payload of a `zstd_compressed_packets` packet (field 133), when the
+/// The payload of a `zstd_compressed_packets` packet, when the
 /// packet is one. Writers put that field alone in the packet, so only the
 /// first field is looked at (the other packets cost one varint).
 pub fn zstd_payload(packet: &[u8]) -> Option<&[u8]> {
@@ -194,7 +194,7 @@ impl BundleInfo {
                         Value::Len(col),
                     ) = (cf, cv)
                     {
-                        b.events += col.iter().filter(|&&c| c & 0x80 == 0).count() as u64;
+                        b.events += varint::count(col) as u64;
                     }
                 });
             }
@@ -394,7 +394,7 @@ mod tests {
         );
         varint(1, &mut p);
         let info = PacketInfo::decode(&p).expect("decodes");
-        assert_eq!(info.kind, Some(900));
+        assert_eq!(info.kind, Some(trace_packet::FOR_TESTING));
         assert_eq!(info.timestamp, Some(123_456));
         assert_eq!(info.trusted_packet_sequence_id, Some(3));
         assert_eq!(info.previous_packet_dropped, 1);

@@ -119,6 +119,13 @@ pub fn read(data: &[u8], pos: &mut usize) -> Result<u64, VarintError> {
     Ok(v)
 }
 
+/// How many varints end in `packed` (the values of a packed repeated
+/// field), without decoding them.
+#[inline]
+pub fn count(packed: &[u8]) -> usize {
+    packed.iter().filter(|&&b| b & 0x80 == 0).count()
+}
+
 /// `sint32`/`sint64` zigzag: small magnitudes of either sign stay short.
 #[inline]
 pub const fn zigzag(v: i64) -> u64 {
@@ -200,6 +207,15 @@ mod tests {
             let mut buf: &[u8] = &bytes;
             let want = prost::encoding::decode_varint(&mut buf).ok().map(|v| (v, bytes.len() - buf.len()));
             prop_assert_eq!(decode(&bytes).ok(), want);
+        }
+
+        #[test]
+        fn counts_packed_values(values in proptest::collection::vec(any::<u64>(), 0..20)) {
+            let mut packed = Vec::new();
+            for v in &values {
+                prost::encoding::encode_varint(*v, &mut packed);
+            }
+            prop_assert_eq!(count(&packed), values.len());
         }
 
         #[test]

@@ -33,12 +33,7 @@ impl VecOutput {
 
 impl PacketOutput for VecOutput {
     fn write_packet(&mut self, packet: &[u8]) {
-        let mut len = [0u8; 10];
-        let n = crate::trace::encoder::put_varint(&mut len, packet.len() as u64)
-            .expect("10 bytes hold any u64 varint");
-        self.bytes.push(0x0a);
-        self.bytes.extend_from_slice(&len[..n]);
-        self.bytes.extend_from_slice(packet);
+        crate::wire::framing::push_record(&mut self.bytes, packet);
         self.packets += 1;
     }
 
