@@ -75,8 +75,6 @@ pub struct Writer {
     refused_at: Option<(u64, usize)>,
     /// `buffer.max_packet_len()`, kept here for the fast path.
     max_len: usize,
-    /// The length of an open [`Writer::reserve`] reservation.
-    reserved: Option<usize>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -98,7 +96,6 @@ impl Writer {
             lost: false,
             refused_at: None,
             max_len: buffer.max_packet_len(),
-            reserved: None,
             buffer,
         }
     }
@@ -116,7 +113,6 @@ impl Writer {
     /// Stores `packet` as `0x0A <varint len> packet`.
     #[inline]
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
-        self.reserved = None;
         let len = packet.len();
         let framed = 1 + varint_len(len) + len;
         if len <= self.max_len
@@ -156,38 +152,24 @@ impl Writer {
         })
     }
 
-    /// Like [`begin_packet`](Self::begin_packet), for encoders that cannot
-    /// hold a [`PacketSlot`] across their own calls: returns the packet's
-    /// space directly; [`commit_reserved`](Self::commit_reserved) stores it.
-    /// A second `reserve` before the commit replaces the first reservation.
-    #[inline]
-    pub fn reserve(&mut self, max_len: usize) -> Result<&mut [u8], WriteError> {
-        // A failed reservation leaves none open.
-        self.reserved = None;
-        let slot = self.begin_packet(max_len)?;
-        let max_len = slot.max_len;
-        self.reserved = Some(max_len);
-        Ok(self.slot_buf(max_len))
-    }
-
-    /// Like [`reserve`](Self::reserve), for encoders that can split their
-    /// output across packets: returns what is free in the current region
-    /// (less the slot header, at most `max_len`) when that is at least
-    /// `min_len`, and only otherwise moves to a new region for `max_len`
-    /// bytes, so that little of a region is left as padding. The space's
-    /// length is the reservation's. `max_len` above
+    /// Like [`begin_packet`](Self::begin_packet), for encoders that can split
+    /// their output across packets: a slot of what is free in the current
+    /// region (less the slot header, at most `max_len`) when that is at least
+    /// `min_len`, and only otherwise a new region's slot of `max_len` bytes,
+    /// so that little of a region is left as padding. The slot's
+    /// [`max_len`](PacketSlot::max_len) is what was granted. `max_len` above
     /// [`Buffer::max_packet_len`](super::Buffer::max_packet_len) is lowered
     /// to it (a `min_len` above that is refused as too big); a `min_len`
     /// above `max_len` is lowered to `max_len`.
-    pub fn reserve_at_least(
+    pub fn begin_packet_at_least(
         &mut self,
         min_len: usize,
         max_len: usize,
-    ) -> Result<&mut [u8], WriteError> {
+    ) -> Result<PacketSlot<'_>, WriteError> {
         let min_len = min_len.min(max_len);
         let max_len = max_len.min(self.max_len);
         if min_len > max_len {
-            return self.reserve(min_len);
+            return self.begin_packet(min_len);
         }
         // The header of any length up to `free` fits in 1 + varint_len(free).
         let room = self.cur.as_ref().map_or(0, |c| {
@@ -196,25 +178,12 @@ impl Writer {
         });
         let len = room.min(max_len);
         if len > 0 && len >= min_len {
-            self.reserved = Some(len);
-            return Ok(self.slot_buf(len));
-        }
-        self.reserve(max_len)
-    }
-
-    /// Stores the first `len` bytes of the last [`reserve`](Self::reserve)d
-    /// space as one packet (0 bytes, or no reservation: nothing is stored).
-    #[inline]
-    pub fn commit_reserved(&mut self, len: usize) {
-        if let Some(max_len) = self.reserved.take()
-            && len > 0
-        {
-            PacketSlot {
+            return Ok(PacketSlot {
                 writer: self,
-                max_len,
-            }
-            .commit(len);
+                max_len: len,
+            });
         }
+        self.begin_packet(max_len)
     }
 
     /// The space of a slot of `max_len` bytes at the current position.
@@ -226,7 +195,7 @@ impl Writer {
             .as_ref()
             .expect("a slot exists only while its writer holds a region");
         let header = slot_header_bytes(max_len);
-        // SAFETY: M1, M2 — begin_packet (or reserve_at_least) made sure
+        // SAFETY: M1, M2 — begin_packet (or begin_packet_at_least) made sure
         // `slot_header_bytes(max_len) + max_len` bytes are free at `pos` in
         // the writer's own region; the memory is initialised (zeroed or old
         // data) and only this writer touches it until it publishes a larger
@@ -238,7 +207,6 @@ impl Writer {
     /// Not needed for the data to be flushed: `take_flush` takes committed
     /// prefixes too.
     pub fn flush(&mut self) {
-        self.reserved = None;
         if let Some(c) = self.cur.take() {
             self.buffer.complete(c.head, c.pos as u32, c.packets);
         }

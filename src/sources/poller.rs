@@ -15,29 +15,7 @@ use std::time::{Duration, Instant};
 use crate::trace::encoder::ProtoEncoder;
 use crate::wire::trace_packet;
 
-/// Where a source's encoded `TracePacket`s go (a ring-buffer writer at
-/// integration, a `Vec` in tests). Each call is one whole packet.
-pub trait PacketOutput {
-    fn write_packet(&mut self, packet: &[u8]);
-    /// Makes what was written so far visible to the reader (commit a chunk).
-    fn flush(&mut self) {}
-}
-
-/// Collects packets in memory (tests, tools).
-impl PacketOutput for Vec<Vec<u8>> {
-    fn write_packet(&mut self, packet: &[u8]) {
-        self.push(packet.to_vec());
-    }
-}
-
-impl<T: PacketOutput + ?Sized> PacketOutput for &mut T {
-    fn write_packet(&mut self, packet: &[u8]) {
-        (**self).write_packet(packet);
-    }
-    fn flush(&mut self) {
-        (**self).flush();
-    }
-}
+pub use super::output::PacketOutput;
 
 /// Writes the fields every packet of a polled source starts with.
 pub(crate) fn write_packet_header(e: &mut ProtoEncoder<'_>, timestamp_ns: u64, sequence_id: u32) {

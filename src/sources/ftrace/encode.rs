@@ -16,8 +16,8 @@
 
 use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
 use super::format::{Field, FieldKind, PageLayout, read_int, read_str, read_uint};
-use super::output::PacketOutput;
 use super::page::{EventIter, PageError, RawEvent, parse_header};
+use crate::sources::output::PacketOutput;
 use crate::trace::encoder::ProtoEncoder;
 use crate::wire::{
     compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
@@ -387,8 +387,23 @@ impl BundleEncoder {
         out.append(&mut self.pids);
     }
 
-    /// Encodes `pages` (whole pages of one CPU, in read order) as bundles.
+    /// Encodes `pages` (whole pages of one CPU, in read order) as bundles,
+    /// then flushes `out` (free for a ring writer; an in-memory output
+    /// collects the last bundle).
     pub fn encode_pages(
+        &mut self,
+        out: &mut dyn PacketOutput,
+        table: &EventTable,
+        filter: &PrintFilter,
+        layout: &PageLayout,
+        cursor: &mut CpuCursor,
+        pages: &[u8],
+    ) {
+        self.encode_bundles(out, table, filter, layout, cursor, pages);
+        out.flush();
+    }
+
+    fn encode_bundles(
         &mut self,
         out: &mut dyn PacketOutput,
         table: &EventTable,
@@ -418,16 +433,16 @@ impl BundleEncoder {
             if pending.is_none() && !pc.lost {
                 break;
             }
-            let Some(buf) = out.begin(min_len, self.max_packet_bytes) else {
+            let Some(mut slot) = out.begin(min_len, self.max_packet_bytes) else {
                 self.stats.dropped_bundles += 1;
                 // Nothing can be written now; the rest of these pages is lost.
                 return;
             };
             // A short bundle, not already the retry of a full-size one.
-            let short = buf.len() < self.max_packet_bytes && min_len < self.max_packet_bytes;
+            let short = slot.max_len() < self.max_packet_bytes && min_len < self.max_packet_bytes;
             min_len = MIN_BUNDLE_BYTES.min(self.max_packet_bytes);
             let mut retry = false;
-            let mut enc = ProtoEncoder::new(buf);
+            let mut enc = ProtoEncoder::new(slot.buf());
             enc.uint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, self.seq_id as u64);
             if self.clear_pending {
                 enc.uint(trace_packet::SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
@@ -488,9 +503,8 @@ impl BundleEncoder {
                 }
             }
             if retry {
-                // Nothing in this short bundle: store none, keep the loss
-                // mark for the full-size one.
-                out.commit(0);
+                // Nothing in this short bundle: store none (the slot is
+                // dropped uncommitted), keep the loss mark for the full-size one.
                 pc.lost |= bundle_lost;
                 continue;
             }
@@ -505,13 +519,12 @@ impl BundleEncoder {
             enc.end_nested(bundle);
             match enc.finish() {
                 Ok(len) => {
-                    out.commit(len);
+                    slot.commit(len);
                     self.stats.bundles += 1;
                     self.clear_pending = false;
                 }
                 Err(_) => {
                     // Unreachable by the reserve kept; drop rather than write a torn packet.
-                    out.commit(0);
                     self.stats.dropped_bundles += 1;
                 }
             }
