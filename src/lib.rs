@@ -30,7 +30,8 @@
 //! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`wire`] |
 //!
 //! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
-//! the io_uring sink, each block justified by a numbered invariant.
+//! the io_uring sink, each block justified by a numbered invariant in a
+//! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 
 pub mod bytes;
 pub mod clock;

@@ -305,14 +305,17 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
 /// so the length fits in `n - 1` varint bytes).
 ///
 /// # Safety
-/// `dst` is valid for writes of `n` bytes (the header space of a slot).
+/// `dst` is valid for writes of `n` bytes: the header space of a slot in the
+/// calling writer's own region (M1: inside the mapping; M2: at or above its
+/// published committed length, so no reader sees these bytes yet).
 #[inline(always)]
 unsafe fn put_slot_header(dst: *mut u8, n: usize, len: usize) {
     debug_assert!((2..=MAX_SLOT_HEADER_BYTES).contains(&n) && varint_len(len) < n);
     let b = |i: u32| ((len >> (7 * i)) as u8) | 0x80;
     // Fixed-size stores: the small-packet case is one 2-byte store. The last
     // byte ends the varint; `len < 2^(7(n-1))` leaves nothing above it.
-    // SAFETY: the caller's contract: `n` bytes at `dst` are writable.
+    // SAFETY: M1, M2 — by the caller's contract the `n` bytes at `dst` lie in
+    // the mapping, in the writer's own region above its committed length.
     unsafe {
         match n {
             2 => dst
