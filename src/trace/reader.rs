@@ -106,6 +106,7 @@ pub fn scan_reader(
 pub struct Malformed {
     pub at: usize,
     #[source]
+    #[serde(skip)]
     pub cause: WireError,
 }
 

@@ -5,7 +5,7 @@
 //! the engine's framing) all use it; nothing else hand-codes a varint or a
 //! field number.
 //!
-//! It depends on nothing but `std`, so every layer may use it.
+//! It uses no other module of the crate, so every layer may use it.
 
 pub mod fields;
 pub mod framing;
