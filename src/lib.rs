@@ -18,6 +18,12 @@
 //!                                    storage::FileSink ──► trace file
 //! ```
 //!
+//! The protobuf wire format is known in one place, [`wire`]: varints, field
+//! keys, a field walk over untrusted bytes, the file's packet framing and the
+//! field numbers of every message written or read. Sources hand packets to
+//! one [`sources::output::PacketOutput`], which lends the engine's
+//! [`ringbuf::PacketSlot`] for encoding in place.
+//!
 //! Layers (a module uses only its own layer or lower ones):
 //!
 //! | layer | modules |

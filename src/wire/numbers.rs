@@ -444,7 +444,7 @@ pub mod key_value {
 }
 
 /// `SysStats.CpuTimes`: `cpu_id`, then the eight times in `/proc/stat`'s
-/// column order, numbered from [`USER_NS`].
+/// column order, numbered from `USER_NS`.
 pub mod cpu_times {
     pub const CPU_ID: u32 = 1;
     pub const USER_NS: u32 = 2;
