@@ -5,27 +5,10 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, PacketOutput};
+use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary};
 use super::polled::PidRoute;
 use super::{DataSource, SourceError};
 use crate::ringbuf::Writer;
-
-/// Bundles are encoded in place in the ring (zero-copy), into what is left
-/// of the writer's chunk when that holds at least `min_len`.
-impl PacketOutput for Writer {
-    fn write_packet(&mut self, packet: &[u8]) {
-        // A refused packet (DISCARD full, too big) is counted by the buffer.
-        let _ = Writer::write_packet(self, packet);
-    }
-
-    fn begin(&mut self, min_len: usize, max_len: usize) -> Option<&mut [u8]> {
-        self.reserve_at_least(min_len, max_len).ok()
-    }
-
-    fn commit(&mut self, len: usize) {
-        self.commit_reserved(len);
-    }
-}
 
 /// The running (or ready) ftrace source of one session.
 pub struct FtraceDataSource {

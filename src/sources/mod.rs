@@ -12,6 +12,7 @@ use std::time::Duration;
 pub mod for_testing;
 pub mod ftrace;
 pub mod ftrace_source;
+pub mod output;
 pub mod polled;
 pub mod poller;
 pub mod process_stats;

@@ -5,19 +5,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::poller::{PacketOutput, PolledSource, Poller, PollerHandle};
+use super::poller::{PolledSource, Poller, PollerHandle};
 use super::{DataSource, SourceError};
 use crate::ringbuf::Writer;
-
-/// Each packet goes straight into the ring. Nothing to do on `flush`: a
-/// write pass reads a writer's committed packets without its help, and
-/// committing half-empty chunks would only waste ring space.
-impl PacketOutput for Writer {
-    fn write_packet(&mut self, packet: &[u8]) {
-        // A refused packet (DISCARD full, too big) is counted by the buffer.
-        let _ = Writer::write_packet(self, packet);
-    }
-}
 
 /// Where the ftrace source reports the pids it saw: the process-stats
 /// poller, once it runs.
