@@ -238,7 +238,7 @@ impl DataSource for ForTesting {
             .spawn(move || run(writer, opts, stop, progress, &mut BootClock))
             .map_err(|e| SourceError::Failed {
                 source_name: self.name.clone(),
-                msg: e.to_string(),
+                cause: Box::new(e),
             })?;
         self.thread = Some(t);
         Ok(())
@@ -254,7 +254,7 @@ impl DataSource for ForTesting {
         if let Some(t) = self.thread.take() {
             t.join().map_err(|_| SourceError::Failed {
                 source_name: self.name.clone(),
-                msg: "writer thread panicked".into(),
+                cause: "writer thread panicked".into(),
             })?;
         }
         // Never started: drop the writer so its (empty) chunk is released.

@@ -29,7 +29,7 @@ impl FtraceDataSource {
     ) -> Result<Self, SourceError> {
         let mut inner = FtraceSource::new(opts, writer).map_err(|e| SourceError::Failed {
             source_name: name.to_string(),
-            msg: e.to_string(),
+            cause: Box::new(e),
         })?;
         inner.on_pids(Box::new(move |seen: &[i32]| {
             if let Some(h) = pids.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
@@ -44,10 +44,10 @@ impl FtraceDataSource {
         })
     }
 
-    fn failed(&self, e: impl std::fmt::Display) -> SourceError {
+    fn failed(&self, e: crate::sources::ftrace::FtraceError) -> SourceError {
         SourceError::Failed {
             source_name: self.name.clone(),
-            msg: e.to_string(),
+            cause: Box::new(e),
         }
     }
 }

@@ -37,10 +37,10 @@ impl<S: PolledSource> PolledDataSource<S> {
         self
     }
 
-    fn failed(&self, msg: String) -> SourceError {
+    fn failed(&self, cause: impl std::error::Error + Send + Sync + 'static) -> SourceError {
         SourceError::Failed {
             source_name: self.name.clone(),
-            msg,
+            cause: Box::new(cause),
         }
     }
 }
@@ -54,8 +54,7 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         let Some((source, writer)) = self.pending.take() else {
             return Ok(());
         };
-        let poller =
-            Poller::start(&self.name, source, writer).map_err(|e| self.failed(e.to_string()))?;
+        let poller = Poller::start(&self.name, source, writer).map_err(|e| self.failed(e))?;
         if let Some(route) = &self.pid_route {
             *route.lock().unwrap_or_else(PoisonError::into_inner) = Some(poller.handle());
         }
@@ -89,7 +88,7 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         self.pending = None;
         if let Some(p) = self.poller.take() {
             // Dropping the returned writer commits what it holds.
-            p.stop().map_err(|e| self.failed(e.to_string()))?;
+            p.stop().map_err(|e| self.failed(e))?;
         }
         Ok(())
     }
