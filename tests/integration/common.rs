@@ -143,3 +143,28 @@ pub fn python_summary(path: &std::path::Path) -> Option<serde_json::Value> {
         }
     }
 }
+
+/// `TracePacket.zstd_compressed_packets` (newer than the decoder's schema:
+/// read as an unknown field).
+pub const ZSTD_FIELD: u32 = 133;
+
+/// The packets of a trace with every compressed packet replaced by the
+/// packets it holds; also the sizes of the compressed packets.
+pub fn expand(data: &[u8]) -> (Vec<TracePacket>, Vec<usize>) {
+    use protobuf::UnknownValueRef;
+    let mut out = Vec::new();
+    let mut sizes = Vec::new();
+    for p in decode(data) {
+        match p.special_fields.unknown_fields().get(ZSTD_FIELD) {
+            Some(UnknownValueRef::LengthDelimited(frame)) => {
+                sizes.push(p.compute_size() as usize);
+                let inner = zstd::stream::decode_all(frame).expect("a zstd frame");
+                let trace = perfetto_protos::trace::Trace::parse_from_bytes(&inner)
+                    .expect("the payload is a Trace");
+                out.extend(trace.packet);
+            }
+            _ => out.push(p),
+        }
+    }
+    (out, sizes)
+}

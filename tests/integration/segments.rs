@@ -10,36 +10,14 @@ use std::time::{Duration, Instant};
 
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::Message;
-use protobuf::UnknownValueRef;
 use sha2::Digest;
 
 use crate::common::*;
 use crate::recording::{Run, test_config};
 
-/// `TracePacket.zstd_compressed_packets` and `trace_attributes` (newer than
-/// the decoder's schema: read as unknown fields).
-const ZSTD_FIELD: u32 = 133;
+/// `TracePacket.trace_attributes` (newer than the decoder's schema: read as
+/// an unknown field).
 const ATTRIBUTES_FIELD: u32 = 126;
-
-/// The packets of a trace with every compressed packet replaced by the
-/// packets it holds; also the sizes of the compressed packets.
-fn expand(data: &[u8]) -> (Vec<TracePacket>, Vec<usize>) {
-    let mut out = Vec::new();
-    let mut sizes = Vec::new();
-    for p in decode(data) {
-        match p.special_fields.unknown_fields().get(ZSTD_FIELD) {
-            Some(UnknownValueRef::LengthDelimited(frame)) => {
-                sizes.push(p.compute_size() as usize);
-                let inner = zstd::stream::decode_all(frame).expect("a zstd frame");
-                let trace = perfetto_protos::trace::Trace::parse_from_bytes(&inner)
-                    .expect("the payload is a Trace");
-                out.extend(trace.packet);
-            }
-            _ => out.push(p),
-        }
-    }
-    (out, sizes)
-}
 
 /// The data kind of a packet (`attributes` for trace_attributes).
 fn kind(p: &TracePacket) -> String {
@@ -113,6 +91,9 @@ fn compressed_output_decodes_to_the_packets_of_an_uncompressed_run() {
         assert_eq!(test_events(&packets), want, "the same TestEvents, in order");
         let kinds: std::collections::BTreeSet<String> = packets.iter().map(kind).collect();
         assert_eq!(kinds, want_kinds);
+        // Perfetto's trace processor decompresses it and reads what the
+        // packets inside hold: no error stat, the buffer stats, the session.
+        crate::trace_processor::check(&run.out);
 
         let (Some(py), Some(py_plain)) = (python_summary(&run.out), python_summary(&plain.out))
         else {
@@ -326,6 +307,16 @@ fn each_segment_is_a_complete_trace_and_together_they_lose_nothing() {
         );
         for (seq, c) in test_counters(&packets) {
             all.entry(seq).or_default().extend(c);
+        }
+        // Each segment opens on its own in trace processor.
+        if let Some(tp) = crate::trace_processor::check(path) {
+            assert!(
+                tp.query("select count(*) from process where pid != 0")
+                    .scalar()
+                    .int()
+                    > 0,
+                "segment {index}: its process tree in trace processor"
+            );
         }
         let Some(py) = python_summary(path) else {
             continue;
@@ -600,7 +591,6 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 3000
     ok(&out);
     let files = segment_files(&out_dir);
     assert!(files.len() >= 3, "{files:?}");
-    let tp = repo_root().join("../shared/tools/trace_processor");
     for (index, (path, _)) in &files {
         let packets = closed_segment(path, *index);
         // Every pid a sched event names has a name in this segment: from the
@@ -646,22 +636,16 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 3000
             packets.iter().any(|p| p.has_process_tree()),
             "segment {index}"
         );
-        if tp.exists() {
-            let q = dir.path().join("q.sql");
-            std::fs::write(
-                &q,
-                "select count(*) as unnamed from sched join thread using(utid) where utid != 0 and thread.name is null;",
-            )
-            .expect("sql");
-            let r = Command::new(&tp)
-                .arg("-q")
-                .arg(&q)
-                .arg(path)
-                .output()
-                .expect("tp runs");
-            let text = String::from_utf8_lossy(&r.stdout);
-            assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-            assert!(text.contains("\"unnamed\"\n0"), "segment {index}: {text}");
+        if let Some(tp) = crate::trace_processor::check(path) {
+            let unnamed = tp.query(
+                "select count(*) from sched join thread using(utid) \
+                 where utid != 0 and thread.name is null",
+            );
+            assert_eq!(
+                unnamed.scalar().int(),
+                0,
+                "segment {index}: unnamed threads"
+            );
         }
     }
 }

@@ -419,7 +419,7 @@ pub struct Expected {
 impl Expected {
     /// Derives the expectation from a trace's bytes (a torn tail ignored).
     pub fn of(data: &[u8]) -> Expected {
-        let packets = crate::common::decode(data);
+        let packets = crate::common::expand(data).0;
         let mut e = Expected::default();
         let mut seen_seq = std::collections::BTreeSet::new();
         let mut markers: BTreeMap<u64, i64> = BTreeMap::new();
