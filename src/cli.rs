@@ -425,14 +425,13 @@ fn config_convert(
     let bytes = match to {
         TargetForm::Binary => loaded.bytes.clone(),
         TargetForm::Text => {
-            let (text, dropped) = loaded.to_text();
-            if dropped > 0 {
-                log::warn!(
-                    "{dropped} field(s) our schema does not know have no text form and were left out: {}",
+            if !loaded.unknown_fields.is_empty() {
+                log::info!(
+                    "field(s) the schema does not know are printed by number: {}",
                     loaded.unknown_fields.join(", ")
                 );
             }
-            text.into_bytes()
+            loaded.to_text().into_bytes()
         }
     };
     let result = match out {
