@@ -979,6 +979,48 @@ mod tests {
     }
 
     #[test]
+    fn fields_by_number_print_and_read_back_byte_for_byte() {
+        let desc = crate::config::trace_config_descriptor();
+        // A varint, fixed64, fixed32, bytes and a group holding a nested group,
+        // all unknown to TraceConfig (numbers 5000..5004).
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&[0xc0, 0xb8, 0x02, 0xff, 0x01]); // 5000: 255
+        raw.extend_from_slice(&[0xc9, 0xb8, 0x02]); // 5001: fixed64
+        raw.extend_from_slice(&1u64.to_le_bytes());
+        raw.extend_from_slice(&[0xd5, 0xb8, 0x02]); // 5002: fixed32
+        raw.extend_from_slice(&0xdead_beef_u32.to_le_bytes());
+        raw.extend_from_slice(&[0xda, 0xb8, 0x02, 0x03, 0x00, 0xff, b'"']); // 5003: bytes
+        raw.extend_from_slice(&[0xe3, 0xb8, 0x02, 0x08, 0x07, 0x13, 0x14, 0xe4, 0xb8, 0x02]); // 5004 { 1: 7 2 { } }
+        let msg = DynamicMessage::decode(desc.clone(), raw.as_slice()).expect("decodes");
+        let text = print(&msg);
+        assert_eq!(
+            text,
+            "5000: 255\n5001: 0x0000000000000001\n5002: 0xdeadbeef\n5003: \"\\000\\377\\\"\"\n5004 {\n  1: 7\n  2 {\n  }\n}\n"
+        );
+        let back = parse(&text, desc, false).expect("parses");
+        assert_eq!(back.message.encode_to_vec(), raw);
+    }
+
+    #[test]
+    fn fields_by_number_that_do_not_fit_are_diagnosed() {
+        let desc = crate::config::trace_config_descriptor();
+        let err = |src: &str| {
+            parse(src, desc.clone(), false)
+                .expect_err("refused")
+                .message
+        };
+        assert!(err("0: 1").contains("not a field name or a field number"));
+        assert!(err("536870912: 1").contains("not a field name or a field number"));
+        assert!(err("5000: -1").contains("not a value for field 5000"));
+        assert!(err("5000 1").contains("expected ':' or '{' after field 5000"));
+        // Field 3 is duration_ms (a varint): a string does not decode as it.
+        assert!(err("3: \"x\"").contains("field 3 is 'duration_ms' in TraceConfig"));
+        // A known number with a fitting value is that field.
+        let ok = parse("3: 1000", desc, false).expect("parses");
+        assert_eq!(ok.message.encode_to_vec(), vec![0x18, 0xe8, 0x07]);
+    }
+
+    #[test]
     fn floats() {
         assert_eq!(parse_float("0.5"), Some(0.5));
         assert_eq!(parse_float("1e3"), Some(1000.0));

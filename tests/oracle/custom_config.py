@@ -12,6 +12,9 @@ Python's protobuf text_format parses and prints with those descriptors.
   custom_config.py extensions SET.pb INDEX < BIN
       the extensions set in data_sources[INDEX].config: name, then the
       value's own serialization (hex) per line
+  custom_config.py trace SET.pb TRACE
+      the same for every data source of the trace's trace_config packet
+      (read with Perfetto's own perfetto_trace_pb2), as INDEX NAME HEX
 """
 import struct
 import sys
@@ -28,6 +31,19 @@ def trace_config_class(set_path):
         pool.Add(f)
     desc = pool.FindMessageTypeByName("perfetto.protos.TraceConfig")
     return message_factory.GetMessageClass(desc), pool
+
+
+def extensions(cfg):
+    out = []
+    for fd, value in cfg.ListFields():
+        if not fd.is_extension:
+            continue
+        if fd.message_type is not None:
+            raw = value.SerializeToString()
+        else:
+            raw = str(value).encode()
+        out.append((fd.full_name, raw.hex()))
+    return out
 
 
 def main():
@@ -60,15 +76,24 @@ def main():
     elif cmd == "extensions":
         m = cls()
         m.ParseFromString(sys.stdin.buffer.read())
-        cfg = m.data_sources[int(sys.argv[3])].config
-        for fd, value in cfg.ListFields():
-            if not fd.is_extension:
-                continue
-            if fd.message_type is not None:
-                raw = value.SerializeToString()
-            else:
-                raw = str(value).encode()
-            print(fd.full_name, raw.hex())
+        for name, raw in extensions(m.data_sources[int(sys.argv[3])].config):
+            print(name, raw)
+    elif cmd == "trace":
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+        trace = pb.Trace()
+        with open(sys.argv[3], "rb") as f:
+            trace.ParseFromString(f.read())
+        configs = [p.trace_config for p in trace.packet if p.HasField("trace_config")]
+        if len(configs) != 1:
+            sys.exit("%d trace_config packets" % len(configs))
+        # Perfetto's schema keeps the custom fields as unknown bytes; the
+        # user's descriptors read them.
+        m = cls()
+        m.ParseFromString(configs[0].SerializeToString())
+        for i, ds in enumerate(m.data_sources):
+            for name, raw in extensions(ds.config):
+                print(i, name, raw)
     else:
         sys.exit("unknown command " + cmd)
 
