@@ -33,20 +33,39 @@ use crate::trace::service_log::{ServiceLog, random_uuid};
 /// Errors of building a session.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("buffers[{index}]: {msg}")]
-    Buffer { index: usize, msg: String },
-    #[error("output: {0}")]
-    Output(String),
-    #[error("data_sources[{index}] ({name}): {msg}")]
+    #[error("buffers[{index}]")]
+    Buffer {
+        index: usize,
+        #[source]
+        source: crate::ringbuf::RingbufError,
+    },
+    #[error("data_sources[{index}] ({name}): target buffer {buffer} missing")]
+    MissingBuffer {
+        index: usize,
+        name: String,
+        buffer: u32,
+    },
+    #[error("data_sources[{index}] ({name})")]
     Source {
         index: usize,
         name: String,
-        msg: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("compression")]
+    Compression(#[source] crate::storage::compress::CompressError),
+    #[error("segments")]
+    Rotation(#[source] crate::storage::segment::policy::PolicyError),
+    #[error("segments")]
+    Segments(#[source] crate::storage::segment::SegmentError),
+    #[error("{0}")]
+    Refused(&'static str),
+    #[error("output")]
+    Output(#[source] crate::storage::StorageError),
     #[error(transparent)]
     Timeline(#[from] TimelineError),
-    #[error("control socket: {0} (needed for triggers)")]
-    Control(String),
+    #[error("control socket (needed for triggers)")]
+    Control(#[source] crate::control::ControlError),
 }
 
 /// How to run, from the command line.
@@ -77,10 +96,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             spec::FillPolicy::Discard => FillPolicy::Discard,
         };
         let params = BufferParams::new(b.size.0 as usize, policy);
-        let buffer = Buffer::new(params).map_err(|e| AppError::Buffer {
-            index,
-            msg: e.to_string(),
-        })?;
+        let buffer = Buffer::new(params).map_err(|source| AppError::Buffer { index, source })?;
         buffers.push(SessionBuffer {
             buffer,
             policy: match policy {
@@ -98,10 +114,10 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     let pid_route: PidRoute = Arc::new(std::sync::Mutex::new(None));
     for (index, ds) in spec.data_sources.iter().enumerate() {
         let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
-            return Err(AppError::Source {
+            return Err(AppError::MissingBuffer {
                 index,
                 name: ds.name.clone(),
-                msg: "target buffer missing".into(),
+                buffer: ds.target_buffer.0,
             });
         };
         let buffer: &Arc<Buffer> = &target.buffer;
@@ -138,7 +154,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                     .map_err(|e| AppError::Source {
                         index,
                         name: ds.name.clone(),
-                        msg: e.to_string(),
+                        source: Box::new(e),
                     })?;
                 sources.push(Box::new(src));
             }
@@ -147,7 +163,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                     AppError::Source {
                         index,
                         name: ds.name.clone(),
-                        msg: e.to_string(),
+                        source: Box::new(e),
                     }
                 })?;
                 let writer = buffer.writer(WriterId(next_seq));
@@ -166,7 +182,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     let compress = match compression {
         spec::Compression::None => None,
         spec::Compression::Zstd { level } => {
-            Some(ZstdStage::new(level).map_err(|e| AppError::Output(e.to_string()))?)
+            Some(ZstdStage::new(level).map_err(AppError::Compression)?)
         }
     };
     let sink_opts = OpenOptions {
@@ -174,20 +190,18 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         io: opts.io,
     };
     let sink = if opts.rotation.rotates() {
-        opts.rotation
-            .check()
-            .map_err(|e| AppError::Output(e.to_string()))?;
+        opts.rotation.check().map_err(AppError::Rotation)?;
         let OutputPath::File(out) = &opts.output else {
-            return Err(AppError::Output(
-                "segments (--rotate-size, --rotate-period) need a file or directory output, not stdout".into(),
+            return Err(AppError::Refused(
+                "segments (--rotate-size, --rotate-period) need a file or directory output, not stdout",
             ));
         };
         if matches!(
             spec.trigger.as_ref().map(|t| t.mode),
             Some(spec::TriggerMode::CloneSnapshot)
         ) {
-            return Err(AppError::Output(
-                "segments do not apply to CLONE_SNAPSHOT sessions (their snapshots are files of their own)".into(),
+            return Err(AppError::Refused(
+                "segments do not apply to CLONE_SNAPSHOT sessions (their snapshots are files of their own)",
             ));
         }
         let (host, boot_id) = storage::segment::sidecar::host_and_boot_id();
@@ -214,12 +228,11 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             identity,
             buffers.iter().map(|b| b.buffer.clone()).collect(),
         )
-        .map_err(|e| AppError::Output(e.to_string()))?;
+        .map_err(AppError::Segments)?;
         Output::Segments(Box::new(w))
     } else {
         Output::File(
-            storage::open_output(opts.output.clone(), sink_opts)
-                .map_err(|e| AppError::Output(e.to_string()))?,
+            storage::open_output(opts.output.clone(), sink_opts).map_err(AppError::Output)?,
         )
     };
     let output_label = match &opts.output {
@@ -246,7 +259,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     let (control, history) = match runtime_dir::for_server() {
         Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
             Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
-            Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
+            Err(e) if needs_control => return Err(AppError::Control(e)),
             Err(e) => {
                 log::warn!(
                     "control socket unavailable ({e}): `recorder query/stop` will not see this session"
@@ -254,7 +267,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                 (None, None)
             }
         },
-        Err(e) if needs_control => return Err(AppError::Control(e.to_string())),
+        Err(e) if needs_control => return Err(AppError::Control(e)),
         Err(e) => {
             log::warn!(
                 "no runtime directory ({e}): `recorder query/stop` will not see this session"

@@ -1,20 +1,11 @@
-//! Command-line surface (clap derive) and exit codes. No logic lives here: it
-//! parses arguments, calls the library, prints, and maps outcomes to exit codes.
+//! The command-line surface: argument types only (clap derive), validated
+//! once here. What each command does lives in [`crate::command`].
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, ConfigError, ConfigForm, LoadOptions, RecorderSpec};
-
-/// Exit code: success.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: a runtime failure (I/O error, full disk, tracefs refused).
-pub const EXIT_RUNTIME: u8 = 1;
-/// Exit code: bad usage or a config error.
-pub const EXIT_USAGE: u8 = 2;
+use crate::config::LoadOptions;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -211,7 +202,8 @@ pub struct FormArgs {
 }
 
 impl FormArgs {
-    fn options(&self) -> LoadOptions {
+    /// How `config::load_path` should read the file.
+    pub fn options(&self) -> LoadOptions {
         LoadOptions {
             force_text: self.txt,
             lossy: self.txt_lossy,
@@ -259,193 +251,6 @@ pub enum ConfigAction {
         #[command(flatten)]
         form: FormArgs,
     },
-}
-
-fn init_logging(verbose: u8, quiet: u8) {
-    let level = match i16::from(verbose) - i16::from(quiet) {
-        i16::MIN..=-2 => "error",
-        -1 => "warn",
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
-        .target(env_logger::Target::Stderr)
-        .format_timestamp(None)
-        .try_init();
-}
-
-fn report(e: &ConfigError) -> u8 {
-    eprintln!("{e}");
-    EXIT_USAGE
-}
-
-fn warn_all(spec: &RecorderSpec) {
-    for n in &spec.notes {
-        log::info!("{n}");
-    }
-    for w in &spec.warnings {
-        log::warn!("{w}");
-    }
-}
-
-/// Runs the binary: parse arguments, dispatch, return the exit code.
-pub fn main() -> ExitCode {
-    let cli = match Cli::parse_args(std::env::args_os()) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
-        }
-    };
-    // The bench opens one trace per configuration and prints its own table:
-    // per-run info lines (which sink, ...) would only interleave with it.
-    let quiet = cli
-        .quiet
-        .saturating_add(u8::from(matches!(cli.command, Some(Command::Bench(_)))));
-    init_logging(cli.verbose, quiet);
-    ExitCode::from(run(cli))
-}
-
-/// Dispatches parsed arguments; returns the exit code.
-pub fn run(cli: Cli) -> u8 {
-    match cli.command {
-        Some(Command::Config(ConfigArgs { action })) => match action {
-            ConfigAction::Check {
-                file,
-                explain,
-                form,
-            } => config_check(&file, form.options(), explain),
-            ConfigAction::Convert {
-                file,
-                to,
-                out,
-                form,
-            } => config_convert(&file, to, out.as_deref(), form.options()),
-        },
-        Some(Command::Inspect { file, json }) => crate::command::inspect::run(&file, json),
-        Some(Command::Trigger { names, producer }) => {
-            crate::command::control::fire(&names, &producer)
-        }
-        Some(Command::Query { json }) => crate::command::control::query(json),
-        Some(Command::Stop { pid, all }) => crate::command::control::stop(pid, all),
-        Some(Command::Start { pid, all }) => crate::command::control::start(pid, all),
-        Some(Command::Bench(args)) => crate::command::bench::run(&args),
-        Some(Command::Open {
-            file,
-            port,
-            no_browser,
-            origin,
-        }) => crate::command::open::run(&crate::command::open::OpenRequest {
-            trace: &file,
-            port,
-            browser: !no_browser,
-            origin: &origin,
-        }),
-        None => {
-            let Some(path) = cli.main.config.clone() else {
-                eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
-                return EXIT_USAGE;
-            };
-            let opts = LoadOptions {
-                force_text: cli.main.txt,
-                lossy: cli.main.txt_lossy,
-            };
-            match config::load_spec(&path, opts) {
-                Ok(spec) => {
-                    warn_all(&spec);
-                    run_main_job(&spec, &cli.main)
-                }
-                Err(e) => report(&e),
-            }
-        }
-    }
-}
-
-/// The main job: record as `spec` says.
-pub fn run_main_job(spec: &RecorderSpec, args: &MainArgs) -> u8 {
-    crate::command::record::run(spec, args)
-}
-
-fn config_check(file: &Path, opts: LoadOptions, explain: bool) -> u8 {
-    let loaded = match config::load_path(file, opts) {
-        Ok(l) => l,
-        Err(e) => return report(&e),
-    };
-    match loaded.validate() {
-        Ok(spec) => {
-            let form = match loaded.form {
-                ConfigForm::Text => "text",
-                ConfigForm::Binary => "binary",
-            };
-            println!("{}: valid {form} config", loaded.origin);
-            print!("{}", config::plan::describe(&spec));
-            if file != Path::new("-") {
-                match config::segments::load_adjacent(file) {
-                    Ok(Some((path, policy))) => {
-                        print!("{}", config::segments::describe(&policy, Some(&path)));
-                        if policy.check().is_err() {
-                            return EXIT_USAGE;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return EXIT_USAGE;
-                    }
-                }
-            }
-            if explain {
-                println!("fields:");
-                print!(
-                    "{}",
-                    config::fields::explain(&spec.fields, &spec.unknown_fields)
-                );
-            }
-            EXIT_OK
-        }
-        Err(e) => report(&e),
-    }
-}
-
-fn config_convert(
-    file: &Path,
-    to: Option<TargetForm>,
-    out: Option<&Path>,
-    opts: LoadOptions,
-) -> u8 {
-    let loaded = match config::load_path(file, opts) {
-        Ok(l) => l,
-        Err(e) => return report(&e),
-    };
-    let to = to.unwrap_or(match loaded.form {
-        ConfigForm::Text => TargetForm::Binary,
-        ConfigForm::Binary => TargetForm::Text,
-    });
-    let bytes = match to {
-        TargetForm::Binary => loaded.bytes.clone(),
-        TargetForm::Text => {
-            if !loaded.unknown_fields.is_empty() {
-                log::info!(
-                    "field(s) the schema does not know are printed by number: {}",
-                    loaded.unknown_fields.join(", ")
-                );
-            }
-            loaded.to_text().into_bytes()
-        }
-    };
-    let result = match out {
-        None => std::io::stdout().write_all(&bytes),
-        Some(p) if p == Path::new("-") => std::io::stdout().write_all(&bytes),
-        Some(p) => std::fs::write(p, &bytes),
-    };
-    match result {
-        Ok(()) => EXIT_OK,
-        Err(e) => {
-            eprintln!("error: cannot write output: {e}");
-            EXIT_RUNTIME
-        }
-    }
 }
 
 #[cfg(test)]

@@ -18,19 +18,27 @@
 //!                                    storage::FileSink ──► trace file
 //! ```
 //!
+//! Who decides and who acts: [`session`] holds every lifecycle decision as
+//! a pure function, `Session::on_event(event, now) -> Vec<Action>` (cadences,
+//! triggers, the stop sequence, snapshots, rotation), unit-tested without a
+//! kernel. [`event_loop`] is the reactor that executes: it waits on signals,
+//! the control socket and timers, turns what happened into events, queues
+//! them (no nested dispatch) and runs the actions against buffers, sources
+//! and the output. A new event source touches the reactor and the session.
+//!
 //! Layers (a module uses only its own layer or lower ones):
 //!
-//! | layer | modules |
-//! |---|---|
-//! | 5 | `main`, [`cli`] |
-//! | 4 | [`app`] |
-//! | 3 | [`session`], [`event_loop`] |
-//! | 2 | [`config`], [`sources`], [`control`] |
-//! | 1 | [`storage`], [`trace`] |
-//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`] |
+//! | layer | modules | what they are |
+//! |---|---|---|
+//! | 5 | `main`, [`cli`], [`command`] | argument types; one module per command, exit codes |
+//! | 4 | [`app`], [`bench`], [`summary`] | build a recording from a spec; the bench; the end-of-run report |
+//! | 3 | [`session`], [`event_loop`] | decide; execute |
+//! | 2 | [`config`], [`sources`], [`control`] | TraceConfig to spec; data sources; the control socket and runtime dir |
+//! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |
+//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`bytes`] | the engine; signals and daemon; clocks; generated protos; byte counts for people |
 //!
-//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
-//! the io_uring sink, each block justified by a numbered invariant.
+//! `unsafe` is allowed only in [`ringbuf`], [`sys`] and the io_uring sink,
+//! each block justified by a numbered invariant.
 
 pub mod bytes;
 pub mod clock;

@@ -1,6 +1,6 @@
-//! The `recorder` binary: argument parsing lives in `recorder::cli`; this file
-//! only maps its outcome to the process exit code.
+//! The `recorder` binary: everything lives in the library; argument types in
+//! `recorder::cli`, the commands in `recorder::command`.
 
 fn main() -> std::process::ExitCode {
-    recorder::cli::main()
+    recorder::command::main()
 }

@@ -9,7 +9,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench::{self, ConfigReport, OutputPlan, StopAt, Sweep};
-use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE};
+
+use super::ExitCode;
 use crate::config::{self, LoadOptions};
 use crate::ringbuf::FillPolicy;
 use crate::storage::IoChoice;
@@ -119,19 +120,19 @@ fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, String> {
 }
 
 /// Runs `recorder bench`; returns the exit code.
-pub fn run(args: &BenchArgs) -> u8 {
+pub fn run(args: &BenchArgs) -> ExitCode {
     let stop = match stop_at(args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
-            return EXIT_USAGE;
+            return ExitCode::Usage;
         }
     };
     if let Some(r) = args.rate
         && !(r.is_finite() && r > 0.0)
     {
         eprintln!("error: --rate {r}: must be positive");
-        return EXIT_USAGE;
+        return ExitCode::Usage;
     }
     let output = match (&args.output, args.no_output) {
         (Some(p), _) => OutputPlan::Keep(p.clone()),
@@ -149,7 +150,7 @@ pub fn run(args: &BenchArgs) -> u8 {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("{e}");
-                    return EXIT_USAGE;
+                    return ExitCode::Usage;
                 }
             };
             for w in &spec.warnings {
@@ -159,7 +160,7 @@ pub fn run(args: &BenchArgs) -> u8 {
                 Ok(c) => vec![c],
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return EXIT_USAGE;
+                    return ExitCode::Usage;
                 }
             }
         }
@@ -192,7 +193,7 @@ pub fn run(args: &BenchArgs) -> u8 {
                 }
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return EXIT_USAGE;
+                    return ExitCode::Usage;
                 }
             }
         }
@@ -257,5 +258,9 @@ pub fn run(args: &BenchArgs) -> u8 {
         eprintln!("error: cannot write {}: {e}", path.display());
         failed = true;
     }
-    if failed { EXIT_RUNTIME } else { EXIT_OK }
+    if failed {
+        ExitCode::Runtime
+    } else {
+        ExitCode::Success
+    }
 }

@@ -1,18 +1,19 @@
 //! `recorder trigger`, `query` and `stop`.
 
 use crate::bytes::HumanBytes;
-use crate::cli::{EXIT_OK, EXIT_RUNTIME};
+
+use super::ExitCode;
 use crate::control::client::{self, Stopped, TriggerAnswer};
 use crate::control::message::{SessionStatus, printable};
 
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them (or, busy, queued them), 1 otherwise, saying which.
-pub fn fire(names: &[String], producer: &str) -> u8 {
+pub fn fire(names: &[String], producer: &str) -> ExitCode {
     let results = match client::fire_triggers(names, producer) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("recorder trigger: {e}");
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     let mut any = false;
@@ -37,21 +38,21 @@ pub fn fire(names: &[String], producer: &str) -> u8 {
         }
     }
     if any {
-        EXIT_OK
+        ExitCode::Success
     } else {
         eprintln!("recorder trigger: no session accepted {}", names.join(", "));
-        EXIT_RUNTIME
+        ExitCode::Runtime
     }
 }
 
 /// Lists the live sessions: 0 when there are none or at least one
 /// answered, 1 when every session refused or failed to answer.
-pub fn query(json: bool) -> u8 {
+pub fn query(json: bool) -> ExitCode {
     let all = client::query_all();
     let code = if all.is_empty() || all.iter().any(|(_, r)| r.is_ok()) {
-        EXIT_OK
+        ExitCode::Success
     } else {
-        EXIT_RUNTIME
+        ExitCode::Runtime
     };
     if json {
         let items: Vec<serde_json::Value> = all
@@ -69,7 +70,7 @@ pub fn query(json: bool) -> u8 {
             "no running recorder sessions (looked in {})",
             client::dirs_text()
         );
-        return EXIT_OK;
+        return ExitCode::Success;
     }
     for (pid, r) in &all {
         match r {
@@ -77,7 +78,7 @@ pub fn query(json: bool) -> u8 {
             Err(e) => println!("session {pid}: {e}"),
         }
     }
-    if code != EXIT_OK {
+    if code != ExitCode::Success {
         eprintln!("recorder query: no session answered");
     }
     code
@@ -116,7 +117,7 @@ fn status_text(s: &SessionStatus) -> String {
 
 /// Stops one session, or all the caller may stop: 0 when each one is
 /// stopping (or already was, or has exited meanwhile), 1 otherwise.
-pub fn stop(pid: Option<u32>, all: bool) -> u8 {
+pub fn stop(pid: Option<u32>, all: bool) -> ExitCode {
     let results = match (pid, all) {
         (Some(p), _) => vec![(p, client::stop(p))],
         (None, true) => {
@@ -138,11 +139,11 @@ pub fn stop(pid: Option<u32>, all: bool) -> u8 {
                     "recorder stop: {} sessions running: name a PID or give --all",
                     s.len()
                 );
-                return EXIT_RUNTIME;
+                return ExitCode::Runtime;
             }
         }
     };
-    let mut code = EXIT_OK;
+    let mut code = ExitCode::Success;
     for (p, r) in results {
         match r {
             Ok(Stopped::Stopping) => eprintln!("session {p}: stopping"),
@@ -152,7 +153,7 @@ pub fn stop(pid: Option<u32>, all: bool) -> u8 {
             }
             Err(e) => {
                 eprintln!("recorder stop: {e}");
-                code = EXIT_RUNTIME;
+                code = ExitCode::Runtime;
             }
         }
     }
@@ -161,7 +162,7 @@ pub fn stop(pid: Option<u32>, all: bool) -> u8 {
 
 /// Starts one `deferred_start` session (the only one running, or `pid`),
 /// or every one the caller may start: 0 when each started, 1 otherwise.
-pub fn start(pid: Option<u32>, all: bool) -> u8 {
+pub fn start(pid: Option<u32>, all: bool) -> ExitCode {
     let me = rustix::process::geteuid().as_raw();
     let targets: Vec<u32> = match (pid, all) {
         (Some(p), _) => vec![p],
@@ -179,17 +180,17 @@ pub fn start(pid: Option<u32>, all: bool) -> u8 {
                     "recorder start: {} sessions running: name a PID or give --all",
                     s.len()
                 );
-                return EXIT_RUNTIME;
+                return ExitCode::Runtime;
             }
         }
     };
-    let mut code = EXIT_OK;
+    let mut code = ExitCode::Success;
     for p in targets {
         match client::start(p) {
             Ok(()) => eprintln!("session {p}: started"),
             Err(e) => {
                 eprintln!("recorder start: {e}");
-                code = EXIT_RUNTIME;
+                code = ExitCode::Runtime;
             }
         }
     }

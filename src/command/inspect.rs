@@ -2,12 +2,12 @@
 
 use std::path::Path;
 
-use crate::cli::{EXIT_OK, EXIT_RUNTIME};
+use super::ExitCode;
 use crate::trace::{inspect, inspect_set};
 
 /// Prints what a trace holds; exit 1 when it is corrupt beyond a torn tail
 /// (the report is still printed, up to the corruption).
-pub fn run(path: &Path, json: bool) -> u8 {
+pub fn run(path: &Path, json: bool) -> ExitCode {
     if path.is_dir() {
         return run_dir(path, json);
     }
@@ -15,7 +15,7 @@ pub fn run(path: &Path, json: bool) -> u8 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("recorder inspect: {e}");
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     if json {
@@ -23,28 +23,28 @@ pub fn run(path: &Path, json: bool) -> u8 {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("recorder inspect: {e}");
-                return EXIT_RUNTIME;
+                return ExitCode::Runtime;
             }
         }
     } else {
         print!("{report}");
     }
     match report.verdict() {
-        Ok(()) => EXIT_OK,
+        Ok(()) => ExitCode::Success,
         Err(e) => {
             eprintln!("recorder inspect: {}: {e}", path.display());
-            EXIT_RUNTIME
+            ExitCode::Runtime
         }
     }
 }
 
 /// `recorder inspect DIR`: a set of segments.
-fn run_dir(dir: &Path, json: bool) -> u8 {
+fn run_dir(dir: &Path, json: bool) -> ExitCode {
     let report = match inspect_set::report_dir(dir) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("recorder inspect: {e}");
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     if json {
@@ -52,17 +52,17 @@ fn run_dir(dir: &Path, json: bool) -> u8 {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("recorder inspect: {e}");
-                return EXIT_RUNTIME;
+                return ExitCode::Runtime;
             }
         }
     } else {
         print!("{report}");
     }
     match report.verdict() {
-        Ok(()) => EXIT_OK,
+        Ok(()) => ExitCode::Success,
         Err(e) => {
             eprintln!("recorder inspect: {}: {e}", dir.display());
-            EXIT_RUNTIME
+            ExitCode::Runtime
         }
     }
 }

@@ -1,8 +1,107 @@
-//! The subcommands' bodies (layer 5, beside `cli`): each takes parsed
-//! arguments, calls the library, prints for people and returns the exit code.
+//! The commands (layer 5, beside `cli`): each takes parsed arguments, calls
+//! the library, prints for people and returns an [`ExitCode`].
 
 pub mod bench;
+pub mod config;
 pub mod control;
+mod exit;
 pub mod inspect;
 pub mod open;
 pub mod record;
+
+pub use exit::ExitCode;
+
+use crate::cli::{Cli, Command, ConfigAction, ConfigArgs};
+
+/// Runs the binary: parse arguments, set up logging, dispatch.
+pub fn main() -> std::process::ExitCode {
+    let cli = match Cli::parse_args(std::env::args_os()) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            let code = if e.use_stderr() {
+                ExitCode::Usage
+            } else {
+                ExitCode::Success // --help, --version
+            };
+            return code.into();
+        }
+    };
+    // The bench opens one trace per configuration and prints its own table:
+    // per-run info lines (which sink, ...) would only interleave with it.
+    let quiet = cli
+        .quiet
+        .saturating_add(u8::from(matches!(cli.command, Some(Command::Bench(_)))));
+    init_logging(cli.verbose, quiet);
+    run(cli).into()
+}
+
+/// Dispatches parsed arguments to their command.
+pub fn run(cli: Cli) -> ExitCode {
+    let Some(command) = cli.command else {
+        return record::run_main_job(&cli.main);
+    };
+    match command {
+        Command::Config(ConfigArgs { action }) => match action {
+            ConfigAction::Check {
+                file,
+                explain,
+                form,
+            } => config::check(&file, form.options(), explain),
+            ConfigAction::Convert {
+                file,
+                to,
+                out,
+                form,
+            } => config::convert(&file, to, out.as_deref(), form.options()),
+        },
+        Command::Inspect { file, json } => inspect::run(&file, json),
+        Command::Trigger { names, producer } => control::fire(&names, &producer),
+        Command::Query { json } => control::query(json),
+        Command::Stop { pid, all } => control::stop(pid, all),
+        Command::Start { pid, all } => control::start(pid, all),
+        Command::Bench(args) => bench::run(&args),
+        Command::Open {
+            file,
+            port,
+            no_browser,
+            origin,
+        } => open::run(&open::OpenRequest {
+            trace: &file,
+            port,
+            browser: !no_browser,
+            origin: &origin,
+        }),
+    }
+}
+
+/// An error with its causes on one line (`output: /x: Permission denied`),
+/// each cause once even where a message already repeats its source.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+fn init_logging(verbose: u8, quiet: u8) {
+    let level = match i16::from(verbose) - i16::from(quiet) {
+        i16::MIN..=-2 => "error",
+        -1 => "warn",
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    // A second initialisation (tests calling `run`) keeps the first logger.
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .target(env_logger::Target::Stderr)
+        .format_timestamp(None)
+        .try_init();
+}

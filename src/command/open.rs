@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE};
+use super::ExitCode;
 
 /// The port the Perfetto UI may fetch from (its CSP allows 127.0.0.1:9001).
 pub const DEFAULT_PORT: u16 = 9001;
@@ -48,27 +48,27 @@ pub struct OpenRequest<'a> {
 
 /// Serves the trace until the UI fetched it or the user stops; returns the
 /// exit code.
-pub fn run(req: &OpenRequest<'_>) -> u8 {
+pub fn run(req: &OpenRequest<'_>) -> ExitCode {
     if let Err(e) = check_origin(req.origin) {
         eprintln!("recorder open: --origin {:?}: {e}", req.origin);
-        return EXIT_USAGE;
+        return ExitCode::Usage;
     }
     let file = match File::open(req.trace).and_then(|f| f.metadata().map(|m| (f, m))) {
         Ok((f, m)) if m.is_file() => f,
         Ok(_) => {
             eprintln!("recorder open: {}: not a regular file", req.trace.display());
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
         Err(e) => {
             eprintln!("recorder open: {}: {e}", req.trace.display());
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     let stop = match Stop::catch() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("recorder open: cannot catch signals: {e}");
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     let listener = match TcpListener::bind(("127.0.0.1", req.port)) {
@@ -78,14 +78,14 @@ pub fn run(req: &OpenRequest<'_>) -> u8 {
                 "recorder open: 127.0.0.1:{} is in use (another `recorder open`, or trace_processor's server?): stop it or choose --port",
                 req.port
             );
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
         Err(e) => {
             eprintln!(
                 "recorder open: cannot listen on 127.0.0.1:{}: {e}",
                 req.port
             );
-            return EXIT_RUNTIME;
+            return ExitCode::Runtime;
         }
     };
     let name = url_name(req.trace);
@@ -119,15 +119,15 @@ pub fn run(req: &OpenRequest<'_>) -> u8 {
     match serve(&listener, &served, &stop) {
         Ok(Ended::Fetched) => {
             eprintln!("recorder open: the UI fetched the trace; done");
-            EXIT_OK
+            ExitCode::Success
         }
         Ok(Ended::Stopped) => {
             eprintln!("recorder open: stopped before the UI fetched the trace");
-            EXIT_OK
+            ExitCode::Success
         }
         Err(e) => {
             eprintln!("recorder open: {e}");
-            EXIT_RUNTIME
+            ExitCode::Runtime
         }
     }
 }

@@ -4,17 +4,42 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::ExitCode;
 use crate::app::{self, RunOptions};
-use crate::cli::{EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MainArgs};
-use crate::config::{Compression, RecorderSpec};
+use crate::cli::MainArgs;
+use crate::config::{self, Compression, LoadOptions, RecorderSpec};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
 
-/// Records as `spec` says; returns the exit code.
-pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
+/// The main job from its arguments: load and validate the config (its notes
+/// and warnings logged), then record.
+pub fn run_main_job(args: &MainArgs) -> ExitCode {
+    let Some(path) = args.config.as_deref() else {
+        eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
+        return ExitCode::Usage;
+    };
+    let opts = LoadOptions {
+        force_text: args.txt,
+        lossy: args.txt_lossy,
+    };
+    let spec = match config::load_spec(path, opts) {
+        Ok(spec) => spec,
+        Err(e) => return super::config::report(&e),
+    };
+    for n in &spec.notes {
+        log::info!("{n}");
+    }
+    for w in &spec.warnings {
+        log::warn!("{w}");
+    }
+    run(&spec, args)
+}
+
+/// Records as `spec` says.
+pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
     if !spec.activate_triggers.is_empty() {
         // As with Perfetto's cmdline: such a config only fires its triggers.
         return super::control::fire(&spec.activate_triggers, "perfetto_cmd_producer");
@@ -24,13 +49,13 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     let (out, no_clobber) = match (args.out.as_deref(), config_out) {
         (Some(_), Some(p)) => {
             eprintln!("error: the config sets output_path ({p}); do not give -o as well");
-            return EXIT_USAGE;
+            return ExitCode::Usage;
         }
         (Some(out), None) => (out, args.no_clobber),
         (None, Some(p)) => (Path::new(p), true),
         (None, None) => {
             eprintln!("error: no output: give -o OUT (or -o - for stdout)");
-            return EXIT_USAGE;
+            return ExitCode::Usage;
         }
     };
     let output = if out == Path::new("-") {
@@ -40,7 +65,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     };
     if args.background && output == OutputPath::Stdout {
         eprintln!("error: --background cannot write the trace to stdout");
-        return EXIT_USAGE;
+        return ExitCode::Usage;
     }
     if let (OutputPath::File(out), Some(config)) = (&output, args.config.as_deref())
         && is_the_config(out, config)
@@ -49,12 +74,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
             "error: -o {} is the config file: refusing to overwrite it",
             out.display()
         );
-        return EXIT_USAGE;
+        return ExitCode::Usage;
     }
-    let io = match std::env::var("RECORDER_IO").as_deref() {
-        Ok("io_uring") => IoChoice::IoUring,
-        Ok("pwritev") => IoChoice::Pwritev,
-        _ => IoChoice::Auto,
+    let io = match io_from_env() {
+        Ok(io) => io,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Usage;
+        }
     };
     let config_label = args
         .config
@@ -71,14 +98,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
-            return EXIT_USAGE;
+            return ExitCode::Usage;
         }
     };
     if rotation.rotates() && output == OutputPath::Stdout {
         eprintln!(
             "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
         );
-        return EXIT_USAGE;
+        return ExitCode::Usage;
     }
     let compression = args.compress.map(|level| {
         if spec.compression != Compression::None {
@@ -112,11 +139,11 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
                         if let Some((path, _)) = &log {
                             eprintln!("recorder: logs and the summary go to {}", path.display());
                         }
-                        EXIT_OK
+                        ExitCode::Success
                     }
                     Err(e) => {
                         eprintln!("error: {e}");
-                        EXIT_RUNTIME
+                        ExitCode::Runtime
                     }
                 };
             }
@@ -128,7 +155,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
             }
             Err(e) => {
                 eprintln!("error: cannot go to the background: {e}");
-                return EXIT_RUNTIME;
+                return ExitCode::Runtime;
             }
         }
     }
@@ -145,7 +172,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
                         r.failed(&e.to_string());
                     }
                     eprintln!("error: {e}");
-                    return EXIT_RUNTIME;
+                    return ExitCode::Runtime;
                 }
             }
         }
@@ -153,11 +180,12 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     let rec = match app::build(spec, &opts) {
         Ok(r) => r,
         Err(e) => {
+            let line = super::chain(&e);
             if let Some(r) = report.as_mut() {
-                r.failed(&e.to_string());
+                r.failed(&line);
             }
-            eprintln!("error: {e}");
-            return EXIT_RUNTIME;
+            eprintln!("error: {line}");
+            return ExitCode::Runtime;
         }
     };
     if let Some(r) = report.as_mut() {
@@ -167,9 +195,9 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
     let outcome = crate::event_loop::run(rec);
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
     if outcome.reason.is_failure() {
-        EXIT_RUNTIME
+        ExitCode::Runtime
     } else {
-        EXIT_OK
+        ExitCode::Success
     }
 }
 
@@ -230,5 +258,21 @@ fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
             );
             None
         }
+    }
+}
+
+/// `RECORDER_IO`, read once here: which sink writes a trace file.
+fn io_from_env() -> Result<IoChoice, String> {
+    match std::env::var_os("RECORDER_IO") {
+        None => Ok(IoChoice::Auto),
+        Some(v) => match v.to_str() {
+            Some("" | "auto") => Ok(IoChoice::Auto),
+            Some("io_uring") => Ok(IoChoice::IoUring),
+            Some("pwritev") => Ok(IoChoice::Pwritev),
+            _ => Err(format!(
+                "RECORDER_IO={}: expected io_uring, pwritev or auto",
+                v.to_string_lossy()
+            )),
+        },
     }
 }

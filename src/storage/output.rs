@@ -19,8 +19,7 @@ pub enum OutputPath {
 /// Which positioned sink to use for a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoChoice {
-    /// io_uring when the probe passes, else `pwritev` (logged). The
-    /// environment variable `RECORDER_IO=pwritev` forces the fallback.
+    /// io_uring when the probe passes, else `pwritev` (logged).
     #[default]
     Auto,
     /// io_uring or an error.
@@ -94,20 +93,12 @@ fn is_stream(fd: &OwnedFd) -> bool {
     })
 }
 
-fn forced_pwritev() -> bool {
-    std::env::var_os("RECORDER_IO").is_some_and(|v| v == "pwritev")
-}
-
 fn file_sink(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageError> {
     let use_uring = match io {
         IoChoice::Pwritev => false,
         IoChoice::IoUring => {
             io_uring_available().map_err(StorageError::IoUringUnavailable)?;
             true
-        }
-        IoChoice::Auto if forced_pwritev() => {
-            log::info!("trace file: pwritev (RECORDER_IO=pwritev)");
-            false
         }
         IoChoice::Auto => match io_uring_available() {
             Ok(()) => true,
@@ -118,6 +109,7 @@ fn file_sink(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageErro
         },
     };
     if !use_uring {
+        log::info!("trace file: pwritev");
         return Ok(Box::new(PwritevSink::new(fd, 0)));
     }
     // Keep a duplicate so a failed ring setup after the probe can still fall back.

@@ -50,8 +50,6 @@ pub enum Take {
     Consume,
     /// Leave it in place (snapshots).
     Snapshot,
-    /// No buffer data (a session still waiting for its trigger).
-    Nothing,
 }
 
 /// What happens between the ring and the sink.
@@ -115,10 +113,9 @@ pub fn write_pass_staged(
     let before = sink.bytes_written();
     let batches: Vec<FlushBatch> = buffers
         .iter()
-        .filter_map(|(b, take)| match take {
-            Take::Consume => Some(b.take_flush()),
-            Take::Snapshot => Some(b.snapshot()),
-            Take::Nothing => None,
+        .map(|(b, take)| match take {
+            Take::Consume => b.take_flush(),
+            Take::Snapshot => b.snapshot(),
         })
         .collect();
     // Loss markers are owned here so the iovecs can borrow them.

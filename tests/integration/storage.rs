@@ -288,15 +288,6 @@ fn child_entry() {
             sink.write_all(&bufs).expect("write to stdout");
             sink.sync_data().expect("sync stdout");
         }
-        "forced-pwritev" => {
-            let dir = scratch();
-            let sink = open_output(
-                OutputPath::File(dir.path().join("f.pftrace")),
-                OpenOptions::default(),
-            )
-            .expect("opens");
-            assert_eq!(sink.kind(), SinkKind::Pwritev);
-        }
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -322,13 +313,36 @@ fn stdout_sink_streams_to_a_pipe_and_to_a_file() {
     assert!(got[b..e] == pattern(200_000, 3)[..]);
 }
 
+/// `RECORDER_IO` is read once, by the main job: `pwritev` forces that sink
+/// (the log says which sink writes), an unknown value exits 2 before any
+/// file is made.
 #[test]
-fn recorder_io_env_forces_pwritev() {
-    run_child(
-        "forced-pwritev",
-        std::process::Stdio::null(),
-        &[("RECORDER_IO", "pwritev")],
+fn recorder_io_env_chooses_the_sink_and_refuses_unknown_values() {
+    let run = crate::recording::Run::new(
+        "buffers { size_kb: 256 } duration_ms: 100 \
+         data_sources { config { name: \"for_testing\" for_testing { message_count: 10 } } }",
     );
+    let out = run.command("pwritev").arg("-v").output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("trace file: pwritev"), "{stderr}");
+    assert_eq!(
+        common::test_counters(&common::decode(&std::fs::read(&run.out).expect("trace")))
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        10
+    );
+
+    std::fs::remove_file(&run.out).expect("rm");
+    let out = run.command("uring").output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("RECORDER_IO=uring: expected io_uring, pwritev or auto"),
+        "{stderr}"
+    );
+    assert!(!run.out.exists(), "nothing is made before the refusal");
 }
 
 /// A 1 MiB tmpfs mounted for one test, unmounted when dropped.

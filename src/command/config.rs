@@ -1,0 +1,95 @@
+//! `recorder config check` and `recorder config convert`.
+
+use std::io::Write;
+use std::path::Path;
+
+use super::ExitCode;
+use crate::cli::TargetForm;
+use crate::config::{self, ConfigError, ConfigForm, LoadOptions};
+
+/// Prints a config error (it carries its own `file:line:col` and caret).
+pub fn report(e: &ConfigError) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::Usage
+}
+
+/// Validates `file` and prints the plan; with `explain`, every field's fate.
+pub fn check(file: &Path, opts: LoadOptions, explain: bool) -> ExitCode {
+    let loaded = match config::load_path(file, opts) {
+        Ok(l) => l,
+        Err(e) => return report(&e),
+    };
+    let spec = match loaded.validate() {
+        Ok(spec) => spec,
+        Err(e) => return report(&e),
+    };
+    let form = match loaded.form {
+        ConfigForm::Text => "text",
+        ConfigForm::Binary => "binary",
+    };
+    println!("{}: valid {form} config", loaded.origin);
+    print!("{}", config::plan::describe(&spec));
+    if file != Path::new("-") {
+        match config::segments::load_adjacent(file) {
+            Ok(Some((path, policy))) => {
+                print!("{}", config::segments::describe(&policy, Some(&path)));
+                if policy.check().is_err() {
+                    return ExitCode::Usage;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::Usage;
+            }
+        }
+    }
+    if explain {
+        println!("fields:");
+        print!(
+            "{}",
+            config::fields::explain(&spec.fields, &spec.unknown_fields)
+        );
+    }
+    ExitCode::Success
+}
+
+/// Converts `file` to the other form (or `to`), onto `out` or stdout.
+pub fn convert(
+    file: &Path,
+    to: Option<TargetForm>,
+    out: Option<&Path>,
+    opts: LoadOptions,
+) -> ExitCode {
+    let loaded = match config::load_path(file, opts) {
+        Ok(l) => l,
+        Err(e) => return report(&e),
+    };
+    let to = to.unwrap_or(match loaded.form {
+        ConfigForm::Text => TargetForm::Binary,
+        ConfigForm::Binary => TargetForm::Text,
+    });
+    let bytes = match to {
+        TargetForm::Binary => loaded.bytes.clone(),
+        TargetForm::Text => {
+            if !loaded.unknown_fields.is_empty() {
+                log::info!(
+                    "field(s) the schema does not know are printed by number: {}",
+                    loaded.unknown_fields.join(", ")
+                );
+            }
+            loaded.to_text().into_bytes()
+        }
+    };
+    let result = match out {
+        Some(p) if p != Path::new("-") => std::fs::write(p, &bytes),
+        _ => std::io::stdout().write_all(&bytes),
+    };
+    match result {
+        Ok(()) => ExitCode::Success,
+        Err(e) => {
+            eprintln!("error: cannot write output: {e}");
+            ExitCode::Runtime
+        }
+    }
+}
