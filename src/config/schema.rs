@@ -115,6 +115,24 @@ impl Schema {
         if user.files.is_empty() && user.descriptor_sets.is_empty() {
             return Ok(Schema::ours());
         }
+        for f in &user.files {
+            if let Err(e) = std::fs::metadata(f) {
+                return Err(SchemaError::Proto {
+                    rendered: plain(&f.display().to_string(), &format!("cannot read: {e}"), None),
+                });
+            }
+        }
+        for d in &user.include_paths {
+            if !d.is_dir() {
+                return Err(SchemaError::Proto {
+                    rendered: plain(
+                        &d.display().to_string(),
+                        "--proto-path names no directory",
+                        None,
+                    ),
+                });
+            }
+        }
         let ours: HashSet<&str> = our_set().file.iter().map(|f| f.name()).collect();
         let mut set_files = Vec::new();
         for path in &user.descriptor_sets {
@@ -260,6 +278,8 @@ fn proto_error(e: &protox::Error, includes: &[PathBuf]) -> SchemaError {
     let mut help = None;
     if let Some((extendee, number)) = range_violation(&message) {
         (message, help) = range_message(&extendee, number);
+    } else if message.ends_with("is not in any include path") {
+        help = Some("add the directory it is under (or one above) with --proto-path".into());
     } else if message.starts_with("import '") && message.ends_with("' not found") {
         help = Some(format!(
             "imports are looked up in {}, then among recorder's own files ({})",

@@ -293,3 +293,361 @@ fn custom_fields_reach_the_data_source_byte_for_byte() {
         "{ext}\nours: {audio_hex}"
     );
 }
+
+// ---- The command line: --proto, --proto-path, --descriptor-set ----
+
+fn recorder(args: &[&str]) -> std::process::Output {
+    Command::new(common::recorder_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("recorder runs")
+}
+
+fn example_args() -> Vec<String> {
+    vec![
+        "--proto".into(),
+        example_dir().join("acme/audio.proto").display().to_string(),
+        "--proto-path".into(),
+        example_dir().display().to_string(),
+    ]
+}
+
+fn with(base: &[&str], extra: &[String]) -> Vec<String> {
+    base.iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    recorder(&refs)
+}
+
+#[test]
+fn config_check_shows_each_custom_field_and_its_data_source() {
+    let cfg = example_dir().join("audio.cfg").display().to_string();
+    let out = run(&with(
+        &["config", "check", &cfg, "--explain"],
+        &example_args(),
+    ));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("custom fields (passed as encoded):"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "  data_sources[0].config.[acme.audio.audio_config] -> data source \"com.acme.audio\" (acme/audio.proto): { sample_rate_hz: 48000 mode: LOW_LATENCY"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("data_sources[0].config.[acme.audio.audio_session_tag] -> data source \"com.acme.audio\" (acme/audio.proto): 18446744073709551615"),
+        "{stdout}"
+    );
+    // --explain: applied, and to whom.
+    assert!(
+        stdout.contains("data_sources[0].config.[acme.audio.audio_session_tag] = 18446744073709551615: applied (custom field (declared in acme/audio.proto), passed as encoded to the data source \"com.acme.audio\")"),
+        "{stdout}"
+    );
+    // Without the .proto the config is refused at the extension, exit 2.
+    let out = recorder(&["config", "check", &cfg]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown extension '[acme.audio.audio_config]' in DataSourceConfig"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn config_convert_keeps_custom_fields_with_and_without_the_proto() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = example_dir().join("audio.cfg").display().to_string();
+    let bin = dir.path().join("audio.pb").display().to_string();
+    let out = run(&with(
+        &["config", "convert", &cfg, "-o", &bin],
+        &example_args(),
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = config::load_path_in(
+        &example_dir().join("audio.cfg"),
+        LoadOptions::default(),
+        &example_schema(),
+    )
+    .expect("loads")
+    .bytes;
+    assert_eq!(std::fs::read(&bin).expect("written"), want);
+    // Back to text with the .proto: the extension syntax.
+    let out = run(&with(
+        &["config", "convert", &bin, "--to", "text"],
+        &example_args(),
+    ));
+    assert!(out.status.success());
+    let typed = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(typed.contains("    [acme.audio.audio_config] {\n      sample_rate_hz: 48000\n      mode: LOW_LATENCY\n"), "{typed}");
+    // Without it: by number, never dropped; and that text converts back to
+    // the same bytes.
+    let out = recorder(&["config", "convert", &bin, "--to", "text"]);
+    assert!(out.status.success());
+    let by_number = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(by_number.contains("    400000001: \""), "{by_number}");
+    assert!(
+        by_number.contains("    400000002: 18446744073709551615\n"),
+        "{by_number}"
+    );
+    let txt = dir.path().join("by_number.cfg");
+    std::fs::write(&txt, &by_number).expect("write");
+    let again = dir.path().join("again.pb").display().to_string();
+    let out = recorder(&[
+        "config",
+        "convert",
+        &txt.display().to_string(),
+        "-o",
+        &again,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&again).expect("written"), want);
+    // And a descriptor set serves as well as the .proto (protoc's, if here).
+    if python_ready() {
+        let set = python_set(dir.path()).display().to_string();
+        let out = recorder(&[
+            "config",
+            "convert",
+            &bin,
+            "--to",
+            "text",
+            "--descriptor-set",
+            &set,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8(out.stdout).expect("utf-8"), typed);
+    }
+}
+
+/// Each kind of mistake: its message, where it points, and exit 2.
+#[test]
+fn each_error_class_is_a_config_error_with_a_precise_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let good = r#"syntax = "proto2";
+package my.pkg;
+import "data_source_config.proto";
+import "my/units.proto";
+message MyConfig {
+  optional uint32 sample_rate_hz = 1;
+  optional my.units.Unit unit = 2;
+}
+extend perfetto.protos.DataSourceConfig {
+  optional MyConfig my_config = 400000123;
+}
+"#;
+    std::fs::create_dir_all(d.join("my")).expect("mkdir");
+    std::fs::write(
+        d.join("my/units.proto"),
+        "syntax = \"proto2\";\npackage my.units;\nenum Unit { HZ = 0; KHZ = 1; }\n",
+    )
+    .expect("write");
+    let cfg_with = |body: &str| {
+        let p = d.join("c.cfg");
+        std::fs::write(
+            &p,
+            format!("buffers {{ size_kb: 64 }}\ndata_sources {{\n  config {{\n    name: \"my.source\"\n    {body}\n  }}\n}}\n"),
+        )
+        .expect("write");
+        p.display().to_string()
+    };
+    let check = |proto: &str, body: &str| {
+        std::fs::write(d.join("my/source.proto"), proto).expect("write");
+        let cfg = cfg_with(body);
+        let out = recorder(&[
+            "config",
+            "check",
+            &cfg,
+            "--proto",
+            &d.join("my/source.proto").display().to_string(),
+            "--proto-path",
+            &d.display().to_string(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr).replace(&d.display().to_string(), "D");
+        (out.status.code(), stderr)
+    };
+    let ok_body = "[my.pkg.my_config] { sample_rate_hz: 100 unit: KHZ }";
+    let (code, stderr) = check(good, ok_body);
+    assert_eq!(code, Some(0), "{stderr}");
+
+    let cases: [(String, &str, &str); 7] = [
+        (
+            good.to_string(),
+            "[my.pkg.my_confg] { sample_rate_hz: 100 }",
+            "D/c.cfg:5:6: error: unknown extension '[my.pkg.my_confg]' in DataSourceConfig\n    [my.pkg.my_confg] { sample_rate_hz: 100 }\n     ^~~~~~~~~~~~~~~\nnote: did you mean '[my.pkg.my_config]'?",
+        ),
+        (
+            good.to_string(),
+            "[my.pkg.my_config] { sample_rate_hz: -1 }",
+            "D/c.cfg:5:42: error: -1 is out of range for uint32 field 'sample_rate_hz'",
+        ),
+        (
+            good.to_string(),
+            "[my.pkg.my_config] { unit: MHZ }",
+            "D/c.cfg:5:32: error: unknown value 'MHZ' for enum Unit (field 'unit')",
+        ),
+        (
+            good.replace("400000123", "5000"),
+            ok_body,
+            "D/my/source.proto:10:33: error: field number 5000 is outside DataSourceConfig's range for custom fields\n  optional MyConfig my_config = 5000;\n                                ^~~~\nnote: custom fields of DataSourceConfig take numbers 400000000 to 499999999",
+        ),
+        (
+            good.replace("400000123", "113"),
+            ok_body,
+            "D/my/source.proto:10:33: error: field number 113 is DataSourceConfig's own 'track_event_config'; a custom field cannot take it",
+        ),
+        (
+            good.replace("optional uint32", "optional uint32 = ;"),
+            ok_body,
+            "D/my/source.proto:6:",
+        ),
+        (
+            good.replace("my/units.proto", "my/unit.proto"),
+            ok_body,
+            "D/my/source.proto:4:1: error: import 'my/unit.proto' not found\nimport \"my/unit.proto\";\n^~~~~~~~~~~~~~~~~~~~~~~\nnote: imports are looked up in D, then among recorder's own files",
+        ),
+    ];
+    for (proto, body, want) in &cases {
+        let (code, stderr) = check(proto, body);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.starts_with(want), "want:\n{want}\ngot:\n{stderr}");
+    }
+    // Extending TraceConfig (it has no range for users).
+    let tc = good
+        .replace(
+            "extend perfetto.protos.DataSourceConfig",
+            "extend perfetto.protos.TraceConfig",
+        )
+        .replace(
+            "import \"data_source_config.proto\"",
+            "import \"trace_config.proto\"",
+        );
+    let (code, stderr) = check(&tc, "");
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("error: perfetto.protos.TraceConfig cannot be extended: recorder reads every field of it itself"),
+        "{stderr}"
+    );
+    // A --proto file that is not there.
+    let out = recorder(&[
+        "config",
+        "check",
+        &cfg_with(""),
+        "--proto",
+        &d.join("nope.proto").display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nope.proto: error: cannot read: No such file or directory"),
+        "{stderr}"
+    );
+}
+
+/// The trace's `trace_config` packet carries the custom fields, as Perfetto's
+/// own schema (both decoders) reads the packet and the user's descriptors
+/// read the fields.
+#[test]
+fn the_trace_config_packet_carries_the_custom_fields() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.cfg");
+    std::fs::write(
+        &cfg,
+        r#"buffers { size_kb: 1024 }
+data_sources { config { name: "for_testing" for_testing { message_count: 10 }
+  [acme.audio.audio_session_tag]: 7 } }
+data_sources { config { name: "com.acme.audio"
+  [acme.audio.audio_config] { sample_rate_hz: 44100 mode: POWER_SAVING streams { name: "mic" bands { low_hz: 1 level: LOUD } } taps: [4, 5] } } }
+duration_ms: 300
+"#,
+    )
+    .expect("write");
+    let trace = dir.path().join("t.pftrace");
+    let mut args = vec![
+        "--config".to_string(),
+        cfg.display().to_string(),
+        "-o".into(),
+        trace.display().to_string(),
+    ];
+    args.extend(example_args());
+    let out = Command::new(common::recorder_bin())
+        .args(&args)
+        .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("recorder runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let schema = example_schema();
+    let loaded = config::load_path_in(&cfg, LoadOptions::default(), &schema).expect("loads");
+    let sent = wire::data_source_configs(&loaded.bytes).expect("well-formed");
+    let want_audio = field_bytes(&sent[1], AUDIO_CONFIG).expect("audio_config");
+    let want_tag = field_bytes(&sent[0], SESSION_TAG).expect("session tag");
+    // rust-protobuf with Perfetto's schema: the packet's TraceConfig,
+    // re-serialized with its unknown fields.
+    use protobuf::Message as _;
+    let packets = common::decode(&std::fs::read(&trace).expect("trace"));
+    let tc: Vec<_> = packets.iter().filter(|p| p.has_trace_config()).collect();
+    assert_eq!(tc.len(), 1);
+    let bytes = tc[0].trace_config().write_to_bytes().expect("serializes");
+    let got = wire::data_source_configs(&bytes).expect("well-formed");
+    assert_eq!(field_bytes(&got[1], AUDIO_CONFIG), Some(want_audio.clone()));
+    assert_eq!(field_bytes(&got[0], SESSION_TAG), Some(want_tag));
+    // Python: Perfetto's perfetto_trace_pb2 reads the trace, protoc's
+    // descriptors of the user's file read the fields.
+    if python_ready() {
+        let set = python_set(dir.path());
+        let o = Command::new("python3")
+            .arg(oracle())
+            .arg("trace")
+            .arg(&set)
+            .arg(&trace)
+            .output()
+            .expect("python3 runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let lines = String::from_utf8(o.stdout).expect("utf-8");
+        let hex: String = want_audio.iter().map(|b| format!("{b:02x}")).collect();
+        // A scalar is printed as its decimal text, hex-encoded.
+        assert!(
+            lines.contains(&format!("0 acme.audio.audio_session_tag {}", hex_of("7"))),
+            "{lines}"
+        );
+        assert!(
+            lines.contains(&format!("1 acme.audio.audio_config {hex}")),
+            "{lines}"
+        );
+    }
+    crate::trace_processor::check(&trace);
+}
+
+fn hex_of(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
