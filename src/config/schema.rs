@@ -90,7 +90,6 @@ pub enum SchemaError {
 #[derive(Debug, Clone)]
 pub struct Schema {
     pool: DescriptorPool,
-    user_files: Vec<String>,
 }
 
 fn our_set() -> &'static FileDescriptorSet {
@@ -106,7 +105,6 @@ impl Schema {
     pub fn ours() -> Schema {
         Schema {
             pool: super::pool().clone(),
-            user_files: Vec::new(),
         }
     }
 
@@ -164,13 +162,10 @@ impl Schema {
         }));
         resolver.add(GoogleFileResolver::new());
         let mut compiler = protox::Compiler::with_file_resolver(resolver);
-        compiler.include_source_info(true);
-        let mut user_files = Vec::new();
         for name in &set_names {
             compiler
                 .open_file(name)
                 .map_err(|e| proto_error(&e, &includes))?;
-            user_files.push(name.clone());
         }
         for f in &user.files {
             compiler
@@ -184,25 +179,14 @@ impl Schema {
                 .open_file(name)
                 .map_err(|e| proto_error(&e, &includes))?;
         }
-        for m in compiler.files() {
-            if !ours.contains(m.name()) && !user_files.iter().any(|u| u == m.name()) {
-                user_files.push(m.name().to_string());
-            }
-        }
         Ok(Schema {
             pool: compiler.descriptor_pool(),
-            user_files,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &DescriptorPool {
         &self.pool
-    }
-
-    /// The names of the user's files in it (imports included).
-    pub fn user_files(&self) -> &[String] {
-        &self.user_files
     }
 
     /// Our `TraceConfig`, from this pool.
