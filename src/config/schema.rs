@@ -537,6 +537,30 @@ extend perfetto.protos.DataSourceConfig {
             e.contains("expected '{' to open '[acme.audio.audio_config]'"),
             "{e}"
         );
+        let e = load("[type.googleapis.com/acme.audio.AudioConfig] { }");
+        assert!(
+            e.contains("Any fields ('[type.url/Message]') are not supported"),
+            "{e}"
+        );
+        let e = load("[acme.audio.audio_config] { } [acme.audio.audio_config] { }");
+        assert!(
+            e.contains("field '[acme.audio.audio_config]' is set twice"),
+            "{e}"
+        );
+        // Lossy mode skips an unknown extension and says which.
+        let src =
+            "buffers { size_kb: 64 }\ndata_sources { config { name: \"a\" [acme.nope] { x: 1 } } }";
+        let l = config::load_bytes_in(
+            src.as_bytes(),
+            "c.cfg",
+            LoadOptions {
+                force_text: true,
+                lossy: true,
+            },
+            &schema,
+        )
+        .expect("lossy loads");
+        assert_eq!(l.skipped_fields, ["data_sources.config.[acme.nope]"]);
         // Without the .proto, the name is unknown and the note says how to load it.
         let src = "data_sources { config { [acme.audio.audio_config] { } } }";
         let Err(ConfigError::Text { rendered, .. }) = config::load_text(src, "c.cfg", false) else {
