@@ -4,6 +4,10 @@
 //! re-encodes to bytes that load back (as binary) to the same bytes, whose
 //! printed text parses back to them, with the user's schema and without it
 //! (custom fields then travel by number). Anything else is a diagnostic.
+//!
+//! `cd fuzz && cargo +nightly fuzz run config_text_custom --
+//! -max_total_time=300` ran clean: 559,924 inputs in 301 s (2026-12-02, two
+//! cores shared with other builds, load average about 9).
 
 use std::path::Path;
 use std::sync::LazyLock;
