@@ -6,29 +6,38 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group};
+use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, PacketSlot, Writer, WriterId};
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter, count_page_events};
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{PacketOutput, load_layouts, resolve_event};
 
-/// An output that reuses one buffer: measures encoding, not storage.
+/// A ring writer that overwrites its oldest chunks (never full), counting
+/// the bytes committed: measures encoding into the engine, not storage.
 struct Sink {
-    buf: Vec<u8>,
-    bytes: usize,
+    ring: std::sync::Arc<Buffer>,
+    writer: Writer,
+}
+
+impl Sink {
+    fn new() -> Self {
+        let ring = Buffer::new(BufferParams::new(16 << 20, FillPolicy::RingBuffer)).expect("ring");
+        let writer = ring.writer(WriterId(2));
+        Self { ring, writer }
+    }
+
+    /// Framed bytes committed so far.
+    fn bytes(&self) -> u64 {
+        self.ring.stats().bytes_written
+    }
 }
 
 impl PacketOutput for Sink {
     fn write_packet(&mut self, p: &[u8]) {
-        self.bytes += p.len();
+        let _ = self.writer.write_packet(p);
     }
-    fn begin(&mut self, _min_len: usize, max_len: usize) -> Option<&mut [u8]> {
-        if self.buf.len() < max_len {
-            self.buf.resize(max_len, 0);
-        }
-        Some(&mut self.buf[..max_len])
-    }
-    fn commit(&mut self, len: usize) {
-        self.bytes += len;
+    fn begin(&mut self, min_len: usize, max_len: usize) -> Option<PacketSlot<'_>> {
+        self.writer.begin_packet_at_least(min_len, max_len).ok()
     }
 }
 
@@ -78,10 +87,7 @@ fn bench(c: &mut Criterion) {
         } else {
             "parse_encode_typed"
         };
-        let mut sink = Sink {
-            buf: Vec::new(),
-            bytes: 0,
-        };
+        let mut sink = Sink::new();
         let mut enc = BundleEncoder::new(2, 32 * 1024);
         let filter = PrintFilter::default();
         g.bench_function(name, |b| {
@@ -91,10 +97,7 @@ fn bench(c: &mut Criterion) {
             })
         });
         // Output size per event, for the report.
-        let mut s2 = Sink {
-            buf: Vec::new(),
-            bytes: 0,
-        };
+        let mut s2 = Sink::new();
         let mut e2 = BundleEncoder::new(2, 32 * 1024);
         e2.encode_pages(
             &mut s2,
@@ -108,9 +111,9 @@ fn bench(c: &mut Criterion) {
             "{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.2}x raw)",
             pages.len(),
             pages.len() as f64 / events as f64,
-            s2.bytes,
-            s2.bytes as f64 / events as f64,
-            s2.bytes as f64 / pages.len() as f64
+            s2.bytes(),
+            s2.bytes() as f64 / events as f64,
+            s2.bytes() as f64 / pages.len() as f64
         );
     }
     g.finish();
@@ -157,14 +160,7 @@ fn end_to_end(mode: &str) {
         read_mode,
         ..Default::default()
     };
-    let mut src = FtraceSource::new(
-        opts,
-        Sink {
-            buf: Vec::new(),
-            bytes: 0,
-        },
-    )
-    .expect("tracefs");
+    let mut src = FtraceSource::new(opts, Sink::new()).expect("tracefs");
     let cpu0 = cpu_seconds();
     src.start().expect("start");
     let mut load = std::process::Command::new("stress-ng")
@@ -174,7 +170,7 @@ fn end_to_end(mode: &str) {
     load.wait().expect("stress-ng ran");
     let s = src.stop().expect("stop");
     let cpu = cpu_seconds() - cpu0;
-    let out = src.take_output().expect("output").bytes;
+    let out = src.take_output().expect("output").bytes();
     let overrun: u64 = s.cpu_stats.iter().map(|c| c.overrun).sum();
     let ev = s.encode.events as f64;
     println!(

@@ -40,7 +40,8 @@ use recorder::bench::workload::filler_for;
 use recorder::clock::boottime_ns;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId, slot_header_bytes};
 use recorder::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
-use recorder::trace::reader::read_varint;
+use recorder::wire::fields;
+use recorder::wire::framing::frames;
 
 const BUFFER_KB: u32 = 16 * 1024;
 const PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
@@ -148,42 +149,27 @@ fn perfetto_packet_len(filler: &str, packets: u64) -> f64 {
 /// appends its trusted fields (uid 3, sequence id 10, pid 79, machine id 98,
 /// previous_packet_dropped 42), which are left out here.
 fn producer_bytes_per_packet(trace: &[u8]) -> f64 {
-    const TRUSTED: [u64; 5] = [3, 10, 42, 79, 98];
+    use recorder::wire::trace_packet as tp;
+    const TRUSTED: [u32; 5] = [
+        tp::TRUSTED_UID,
+        tp::TRUSTED_PACKET_SEQUENCE_ID,
+        tp::PREVIOUS_PACKET_DROPPED,
+        tp::TRUSTED_PID,
+        tp::MACHINE_ID,
+    ];
     let (mut packets, mut bytes) = (0u64, 0u64);
-    let mut pos = 0;
-    while pos < trace.len() {
-        let mut q = pos + 1;
-        let Some(len) = read_varint(trace, &mut q) else {
-            break;
-        };
-        let end = (q + len as usize).min(trace.len());
+    for record in frames(trace) {
         let (mut mine, mut test) = (0u64, false);
-        while q < end {
-            let start = q;
-            let Some(key) = read_varint(trace, &mut q) else {
-                break;
-            };
-            let skip = match key & 7 {
-                0 => read_varint(trace, &mut q).map(|_| 0),
-                1 => Some(8),
-                2 => read_varint(trace, &mut q),
-                5 => Some(4),
-                _ => None,
-            };
-            let Some(skip) = skip else {
-                break;
-            };
-            q += skip as usize;
-            test |= key >> 3 == 900;
-            if !TRUSTED.contains(&(key >> 3)) {
-                mine += (q - start) as u64;
+        for f in fields(record.packet).map_while(Result::ok) {
+            test |= f.number == tp::FOR_TESTING;
+            if !TRUSTED.contains(&f.number) {
+                mine += (f.end - f.start) as u64;
             }
         }
         if test {
             packets += 1;
             bytes += mine;
         }
-        pos = end;
     }
     bytes as f64 / packets.max(1) as f64
 }

@@ -26,6 +26,12 @@
 //! them (no nested dispatch) and runs the actions against buffers, sources
 //! and the output. A new event source touches the reactor and the session.
 //!
+//! The protobuf wire format is known in one place, [`wire`]: varints, field
+//! keys, a field walk over untrusted bytes, the file's packet framing and the
+//! field numbers of every message written or read. Sources hand packets to
+//! one [`sources::output::PacketOutput`], which lends the engine's
+//! [`ringbuf::PacketSlot`] for encoding in place.
+//!
 //! Layers (a module uses only its own layer or lower ones):
 //!
 //! | layer | modules | what they are |
@@ -35,16 +41,18 @@
 //! | 3 | [`session`], [`event_loop`] | decide; execute |
 //! | 2 | [`config`], [`sources`], [`control`] | TraceConfig to spec; data sources; the control socket and runtime dir |
 //! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |
-//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`bytes`] | the engine; signals and daemon; clocks; generated protos; byte counts for people |
+//! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`wire`], [`bytes`] | the engine; signals and daemon; clocks; generated protos; the wire format; byte counts for people |
 //!
-//! `unsafe` is allowed only in [`ringbuf`], [`sys`] and the io_uring sink,
-//! each block justified by a numbered invariant.
+//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
+//! the io_uring sink, each block justified by a numbered invariant in a
+//! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 
 pub mod bytes;
 pub mod clock;
 pub mod protos;
 pub mod ringbuf;
 pub mod sys;
+pub mod wire;
 
 pub mod storage;
 pub mod trace;

@@ -6,7 +6,7 @@
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter};
 use recorder::sources::ftrace::event_table::EventTable;
 use recorder::sources::ftrace::format::{PageLayout, parse_event_format, parse_header_page};
-use recorder::sources::ftrace::output::VecOutput;
+use recorder::sources::ftrace::VecOutput;
 use recorder::sources::ftrace::page::{EventIter, parse_header};
 
 const FORMATS: &[(&str, &str)] = &[

@@ -52,9 +52,9 @@ pub enum Op {
     /// `begin_packet(max_len)`, then commit `len` bytes, or drop the slot
     /// uncommitted when `len > max_len`.
     Slot { writer: u8, max_len: u32, len: u32 },
-    /// `reserve_at_least(min_len, max_len)`, then `commit_reserved` of the
-    /// space's length less `back` bytes, or of 0 bytes when `back` is
-    /// `u32::MAX`.
+    /// `begin_packet_at_least(min_len, max_len)`, then commit of the
+    /// slot's length less `back` bytes, or drop the slot uncommitted when
+    /// `back` is `u32::MAX`.
     Reserve {
         writer: u8,
         min_len: u32,
@@ -373,7 +373,7 @@ impl Model {
             self.seqs[w].next_seq += 1;
             let r = self
                 .writer(w)
-                .reserve_at_least(min_len, max_len)
+                .begin_packet_at_least(min_len, max_len)
                 .map(|_| ());
             assert_eq!(
                 r,
@@ -406,11 +406,13 @@ impl Model {
         let len = granted.saturating_sub(back as usize).max(MIN_LEN);
         let p = payload(w as u8, seq, len);
         let wr = self.writer(w);
-        let r = match wr.reserve_at_least(min_len, max_len) {
-            Ok(buf) => {
-                assert_eq!(buf.len(), granted, "reserve_at_least's length");
-                buf[..len].copy_from_slice(&p);
-                wr.commit_reserved(if commit { len } else { 0 });
+        let r = match wr.begin_packet_at_least(min_len, max_len) {
+            Ok(mut slot) => {
+                assert_eq!(slot.buf().len(), granted, "begin_packet_at_least's length");
+                slot.buf()[..len].copy_from_slice(&p);
+                if commit {
+                    slot.commit(len);
+                }
                 Ok(())
             }
             Err(e) => Err(e),

@@ -45,14 +45,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::ringbuf::FillPolicy;
-use crate::trace::reader::read_varint;
-
-/// TracePacket fields read here.
-const TRUSTED_PACKET_SEQUENCE_ID: u64 = 10;
-const PREVIOUS_PACKET_DROPPED: u64 = 42;
-const FOR_TESTING: u64 = 900;
-/// TestEvent.counter.
-const COUNTER: u64 = 3;
+use crate::wire::framing::{FramingError, Header, frames, parse_header};
+use crate::wire::{Value, test_event, trace_packet};
 
 /// Why a trace did not decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,80 +97,32 @@ pub struct TraceFound {
     pub sequences: BTreeMap<u32, SequenceFound>,
 }
 
-/// Calls `f(field, wire_type, varint value or payload)` for each field of `msg`.
-fn fields(msg: &[u8], mut f: impl FnMut(u64, u64, u64, &[u8])) -> Option<()> {
-    let mut pos = 0;
-    while pos < msg.len() {
-        let key = read_varint(msg, &mut pos)?;
-        let (field, wt) = (key >> 3, key & 7);
-        match wt {
-            0 => {
-                let v = read_varint(msg, &mut pos)?;
-                f(field, wt, v, &[]);
-            }
-            1 => {
-                let end = pos.checked_add(8).filter(|&e| e <= msg.len())?;
-                pos = end;
-            }
-            2 => {
-                let len = read_varint(msg, &mut pos)? as usize;
-                let end = pos.checked_add(len).filter(|&e| e <= msg.len())?;
-                f(field, wt, 0, &msg[pos..end]);
-                pos = end;
-            }
-            5 => {
-                let end = pos.checked_add(4).filter(|&e| e <= msg.len())?;
-                pos = end;
-            }
-            _ => return None,
-        }
-    }
-    Some(())
-}
-
 /// Decodes a whole trace (no torn tail allowed: a bench file is complete).
 pub fn decode(data: &[u8]) -> Result<TraceFound, DecodeError> {
     let mut found = TraceFound::default();
-    let mut pos = 0;
-    while pos < data.len() {
-        let offset = pos;
-        if data[pos] != 0x0a {
-            return Err(DecodeError::NotAPacket {
-                offset,
-                tag: data[pos],
-            });
-        }
-        pos += 1;
-        let len = read_varint(data, &mut pos).ok_or(DecodeError::Varint { offset })?;
-        let end = pos
-            .checked_add(len as usize)
-            .filter(|&e| e <= data.len())
-            .ok_or(DecodeError::Torn {
-                offset,
-                len,
-                size: data.len(),
-            })?;
-        let packet = &data[pos..end];
-        pos = end;
+    let mut records = frames(data);
+    for fr in records.by_ref() {
+        let offset = fr.offset as usize;
+        let end = offset + fr.record_len() as usize;
         found.packets += 1;
         let mut seq = None;
         let mut counter = None;
         let mut dropped = false;
-        fields(packet, |field, wt, v, payload| match (field, wt) {
-            (TRUSTED_PACKET_SEQUENCE_ID, 0) => seq = Some(v as u32),
-            (PREVIOUS_PACKET_DROPPED, 0) => dropped = v != 0,
-            (FOR_TESTING, 2) => {
+        crate::wire::for_each(fr.packet, |f| match (f.number, f.value) {
+            (trace_packet::TRUSTED_PACKET_SEQUENCE_ID, Value::Varint(v)) => seq = Some(v as u32),
+            (trace_packet::PREVIOUS_PACKET_DROPPED, Value::Varint(v)) => dropped = v != 0,
+            (trace_packet::FOR_TESTING, Value::Len(payload)) => {
                 counter = Some(0);
                 // A malformed TestEvent surfaces below as a missing counter.
-                let _ = fields(payload, |f, w, v, _| {
-                    if (f, w) == (COUNTER, 0) {
+                let _ = crate::wire::for_each(payload, |t| {
+                    if let (test_event::COUNTER, Value::Varint(v)) = (t.number, t.value) {
                         counter = Some(v);
                     }
                 });
             }
             _ => {}
         })
-        .ok_or(DecodeError::Field { offset })?;
+        .map_err(|_| DecodeError::Field { offset })?;
         if let (Some(seq), true) = (seq, dropped) {
             let s = found.sequences.entry(seq).or_default();
             s.loss_markers += 1;
@@ -213,6 +159,29 @@ pub fn decode(data: &[u8]) -> Result<TraceFound, DecodeError> {
                 s.last_counter = Some(counter);
             }
         }
+    }
+    let end = records.end().cloned().unwrap_or_default();
+    if let Some(e) = end.corruption {
+        return Err(match e {
+            FramingError::BadTag { offset, byte } => DecodeError::NotAPacket {
+                offset: offset as usize,
+                tag: byte,
+            },
+            FramingError::BadLength { offset } => DecodeError::Varint {
+                offset: offset as usize,
+            },
+        });
+    }
+    if let Some(t) = end.torn_tail {
+        let offset = t.offset as usize;
+        return Err(match parse_header(&data[offset..], t.offset) {
+            Header::Whole { len, .. } => DecodeError::Torn {
+                offset,
+                len,
+                size: data.len(),
+            },
+            _ => DecodeError::Varint { offset },
+        });
     }
     Ok(found)
 }
@@ -478,7 +447,7 @@ mod tests {
         let mut buf = [0u8; 128];
         let n = encode_test_packet(&mut buf, 2, 5, 5, 7, b"", false).expect("fits");
         let mut flagged = buf[..n].to_vec();
-        flagged.extend([0xd0, 0x02, 0x01]); // field 42, varint 1
+        flagged.extend([0xd0, 0x02, 0x01]); // previous_packet_dropped: 1
         file.extend(frame(&flagged));
         let s = &decode(&file).expect("decodes").sequences[&2];
         assert_eq!((s.runs, s.unmarked_gaps, s.trailing_marker), (2, 0, false));

@@ -1,68 +1,51 @@
-//! `recorder inspect FILE [--json]`.
+//! `recorder inspect FILE|DIR [--json]`.
 
+use std::fmt::Display;
 use std::path::Path;
+
+use serde::Serialize;
 
 use super::ExitCode;
 use crate::trace::{inspect, inspect_set};
 
-/// Prints what a trace holds; exit 1 when it is corrupt beyond a torn tail
-/// (the report is still printed, up to the corruption).
+/// Prints what a trace (or a directory of segments) holds; exit 1 when it is
+/// corrupt beyond a torn tail (the report is still printed, up to the
+/// corruption).
 pub fn run(path: &Path, json: bool) -> ExitCode {
     if path.is_dir() {
-        return run_dir(path, json);
-    }
-    let report = match inspect::report_file(path) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("recorder inspect: {e}");
-            return ExitCode::Runtime;
-        }
-    };
-    if json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("recorder inspect: {e}");
-                return ExitCode::Runtime;
-            }
+        match inspect_set::report_dir(path) {
+            Ok(r) => print_report(path, &r, json, r.verdict()),
+            Err(e) => fail(e),
         }
     } else {
-        print!("{report}");
-    }
-    match report.verdict() {
-        Ok(()) => ExitCode::Success,
-        Err(e) => {
-            eprintln!("recorder inspect: {}: {e}", path.display());
-            ExitCode::Runtime
+        match inspect::report_file(path) {
+            Ok(r) => print_report(path, &r, json, r.verdict()),
+            Err(e) => fail(e),
         }
     }
 }
 
-/// `recorder inspect DIR`: a set of segments.
-fn run_dir(dir: &Path, json: bool) -> ExitCode {
-    let report = match inspect_set::report_dir(dir) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("recorder inspect: {e}");
-            return ExitCode::Runtime;
-        }
-    };
+fn print_report<R: Serialize + Display>(
+    path: &Path,
+    report: &R,
+    json: bool,
+    verdict: Result<(), impl Display>,
+) -> ExitCode {
     if json {
-        match serde_json::to_string_pretty(&report) {
+        match serde_json::to_string_pretty(report) {
             Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("recorder inspect: {e}");
-                return ExitCode::Runtime;
-            }
+            Err(e) => return fail(e),
         }
     } else {
         print!("{report}");
     }
-    match report.verdict() {
+    match verdict {
         Ok(()) => ExitCode::Success,
-        Err(e) => {
-            eprintln!("recorder inspect: {}: {e}", dir.display());
-            ExitCode::Runtime
-        }
+        Err(e) => fail(format_args!("{}: {e}", path.display())),
     }
+}
+
+fn fail(e: impl Display) -> ExitCode {
+    eprintln!("recorder inspect: {e}");
+    ExitCode::Runtime
 }

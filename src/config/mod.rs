@@ -8,7 +8,7 @@
 //!
 //! Both forms end as one serialized TraceConfig: for binary input, the bytes as
 //! given; for text, their encoding. Each data source's `DataSourceConfig` is cut
-//! out of those bytes at the wire level ([`wire`]), so it reaches the source
+//! out of those bytes at the wire level ([`raw`]), so it reaches the source
 //! exactly as written; only the service-owned fields are rewritten
 //! ([`DataSourceSpec::config_for_source`]).
 //!
@@ -19,6 +19,7 @@
 pub mod diagnostic;
 pub mod fields;
 pub mod plan;
+pub mod raw;
 pub mod resources;
 pub mod schema;
 pub mod segments;
@@ -26,7 +27,6 @@ pub mod spec;
 pub mod text;
 pub mod token;
 pub mod validate;
-pub mod wire;
 
 use std::io::Read;
 use std::path::Path;
@@ -37,10 +37,10 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
 use thiserror::Error;
 
 pub use diagnostic::TextError;
+pub use raw::ServiceFields;
 pub use schema::{Schema, SchemaError, UserProtos};
 pub use spec::*;
 pub use validate::Invalid;
-pub use wire::ServiceFields;
 
 /// Our schema, for reflection.
 pub fn pool() -> &'static DescriptorPool {

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::wire::{self, ServiceFields, WireError};
+use super::raw::{self, ServiceFields, WireError};
 
 /// Index of a buffer in the config's `buffers` list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -393,7 +393,7 @@ impl DataSourceSpec {
     /// The config bytes to hand to the source: the user's bytes with only the
     /// service-owned fields replaced.
     pub fn config_for_source(&self, svc: &ServiceFields) -> Result<Vec<u8>, WireError> {
-        wire::rewrite_service_fields(&self.raw_config, svc)
+        raw::rewrite_service_fields(&self.raw_config, svc)
     }
 }
 

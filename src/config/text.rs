@@ -26,6 +26,7 @@ use prost_reflect::{
 
 use super::diagnostic::{TextError, closest};
 use super::token::{Lexer, Token, TokenKind};
+use crate::wire::{self, WireType, varint};
 
 /// The outcome of a successful text parse.
 #[derive(Debug, Clone)]
@@ -127,9 +128,6 @@ impl Slot {
         }
     }
 }
-
-/// The highest field number protobuf allows.
-const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
 
 fn describe(t: &Token, text: &str) -> String {
     match &t.kind {
@@ -334,17 +332,18 @@ impl<'a> Parser<'a> {
         let number = text
             .parse::<u32>()
             .ok()
-            .filter(|n| (1..=MAX_FIELD_NUMBER).contains(n))
+            .filter(|n| (wire::key::MIN_FIELD..=wire::key::MAX_FIELD).contains(n))
             .ok_or_else(|| {
                 TextError::new(
                     num_tok.start,
                     text.len(),
                     format!(
-                        "'{text}' is not a field name or a field number (1 to {MAX_FIELD_NUMBER})"
+                        "'{text}' is not a field name or a field number (1 to {})",
+                        wire::key::MAX_FIELD
                     ),
                 )
             })?;
-        let tag = |wire: u64| (u64::from(number) << 3) | wire;
+        let tag = |wt: WireType| wire::key(number, wt);
         let t = self.next()?;
         match t.kind {
             TokenKind::Punct('{') => {
@@ -352,7 +351,7 @@ impl<'a> Parser<'a> {
                 if self.depth > MAX_DEPTH {
                     return Err(TextError::new(t.start, 1, "messages nested too deeply"));
                 }
-                put_varint(out, tag(3));
+                varint::push(out, tag(WireType::StartGroup));
                 loop {
                     let u = self.next()?;
                     match u.kind {
@@ -369,7 +368,7 @@ impl<'a> Parser<'a> {
                         self.next()?;
                     }
                 }
-                put_varint(out, tag(4));
+                varint::push(out, tag(WireType::EndGroup));
                 self.depth -= 1;
             }
             TokenKind::Punct(':') => {
@@ -382,8 +381,8 @@ impl<'a> Parser<'a> {
                             bytes.extend_from_slice(more);
                             self.next()?;
                         }
-                        put_varint(out, tag(2));
-                        put_varint(out, bytes.len() as u64);
+                        varint::push(out, tag(WireType::Len));
+                        varint::push(out, bytes.len() as u64);
                         out.extend_from_slice(&bytes);
                     }
                     TokenKind::Number => {
@@ -407,16 +406,16 @@ impl<'a> Parser<'a> {
                                 let v32 = u32::try_from(value).map_err(|_| {
                                     TextError::new(v.start, vtext.len(), "out of range")
                                 })?;
-                                put_varint(out, tag(5));
+                                varint::push(out, tag(WireType::Fixed32));
                                 out.extend_from_slice(&v32.to_le_bytes());
                             }
                             Some(16) => {
-                                put_varint(out, tag(1));
+                                varint::push(out, tag(WireType::Fixed64));
                                 out.extend_from_slice(&value.to_le_bytes());
                             }
                             _ => {
-                                put_varint(out, tag(0));
-                                put_varint(out, value);
+                                varint::push(out, tag(WireType::Varint));
+                                varint::push(out, value);
                             }
                         }
                     }
@@ -698,14 +697,6 @@ impl<'a> Parser<'a> {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// Parses an integer as configs write it: optional sign, decimal, `0x` hex or
 /// leading-`0` octal, with `_` allowed between digits.
 pub fn parse_int(text: &str) -> Option<i128> {
@@ -829,43 +820,21 @@ fn print_named(name: &str, kind: &Kind, v: &Value, indent: usize, out: &mut Stri
 
 /// Fields by number from their wire bytes (see the module docs for the form).
 fn print_raw(raw: &[u8], indent: usize, out: &mut String) {
-    let Ok(fields) = super::wire::fields(raw) else {
-        // Our own encoding of fields the decoder kept: always well-formed.
-        return;
-    };
     let pad = "  ".repeat(indent);
-    for f in fields {
-        let value = &raw[f.value.0..f.value.1];
+    // Our own encoding of fields the decoder kept: always well-formed.
+    for f in wire::fields(raw).map_while(Result::ok) {
         out.push_str(&pad);
         out.push_str(&f.number.to_string());
-        match f.wire_type {
-            0 => {
-                let v = value
-                    .iter()
-                    .rev()
-                    .fold(0u64, |acc, b| (acc << 7) | u64::from(b & 0x7f));
-                out.push_str(&format!(": {v}\n"));
-            }
-            1 => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(value);
-                out.push_str(&format!(": 0x{:016x}\n", u64::from_le_bytes(b)));
-            }
-            5 => {
-                let mut b = [0u8; 4];
-                b.copy_from_slice(value);
-                out.push_str(&format!(": 0x{:08x}\n", u32::from_le_bytes(b)));
-            }
-            2 => {
+        match f.value {
+            wire::Value::Varint(v) => out.push_str(&format!(": {v}\n")),
+            wire::Value::Fixed64(v) => out.push_str(&format!(": 0x{v:016x}\n")),
+            wire::Value::Fixed32(v) => out.push_str(&format!(": 0x{v:08x}\n")),
+            wire::Value::Len(bytes) => {
                 out.push_str(": ");
-                quote(value, out);
+                quote(bytes, out);
                 out.push('\n');
             }
-            _ => {
-                // A group: its body, without the end-group tag.
-                let mut end_tag = Vec::new();
-                put_varint(&mut end_tag, (u64::from(f.number) << 3) | 4);
-                let body = &value[..value.len().saturating_sub(end_tag.len())];
+            wire::Value::Group(body) => {
                 out.push_str(" {\n");
                 print_raw(body, indent + 1, out);
                 out.push_str(&pad);

@@ -10,8 +10,8 @@ use prost::Message;
 use prost_reflect::DescriptorPool;
 
 use super::fields::{FieldReport, FieldStatus, Judgement, judge};
+use super::raw;
 use super::spec::*;
-use super::wire;
 use crate::protos;
 use crate::protos::trace_config::{BufferConfig, TriggerConfig};
 
@@ -151,7 +151,7 @@ pub fn validate(
             message: format!("not a TraceConfig: {e}"),
         }]
     })?;
-    let raw_configs = wire::data_source_configs(config_bytes).map_err(|e| {
+    let raw_configs = raw::data_source_configs(config_bytes).map_err(|e| {
         vec![Invalid {
             path: "data_sources".into(),
             message: format!("malformed: {e}"),
@@ -1202,8 +1202,12 @@ fn as_run(
     if u64::from(tc.flush_period_ms()) != period_ms {
         // A later occurrence of a scalar field wins; every other byte,
         // unknown fields included, stays as loaded.
-        prost::encoding::encode_key(13, prost::encoding::WireType::Varint, &mut out);
-        prost::encoding::encode_varint(period_ms, &mut out);
+        use crate::wire::{WireType, key, trace_config, varint};
+        varint::push(
+            &mut out,
+            key(trace_config::FLUSH_PERIOD_MS, WireType::Varint),
+        );
+        varint::push(&mut out, period_ms);
     }
     out
 }

@@ -33,7 +33,7 @@
 //!   max_len < 2 MiB    0A  80|l0  80|l1  l2  <packet>    (4 B)
 //!   larger             0A  80|l0  80|l1  80|l2  l3  …    (5 B, MAX_SLOT_HEADER_BYTES)
 //!
-//!  reserve_at_least(min, max) hands out what is left of the region (up to
+//!  begin_packet_at_least(min, max) hands out what is left of the region (up to
 //!  max) when that is at least min, so a splittable writer (ftrace bundles)
 //!  leaves less than min of padding at a region's end
 //!
@@ -110,7 +110,7 @@
 //! `tests/integration/ringbuf.rs`; the fuzz target `ringbuf_model`
 //! (`cd fuzz && cargo +nightly fuzz run ringbuf_model -- -max_total_time=120`,
 //! ran clean for 124 s, 18 625 runs, once slot headers and
-//! `reserve_at_least` were in the model) shares the model oracle with the
+//! `begin_packet_at_least` were in the model) shares the model oracle with the
 //! proptest.
 #![allow(unsafe_code)]
 

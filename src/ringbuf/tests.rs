@@ -31,22 +31,14 @@ fn pieces(batch: &FlushBatch) -> Vec<Piece> {
     for item in batch.items() {
         match item {
             FlushItem::Loss { writer } => out.push(Piece::Loss(writer.0)),
-            FlushItem::Data(mut d) => {
-                while !d.is_empty() {
-                    assert_eq!(d[0], 0x0A, "frame tag");
-                    let (mut len, mut i, mut shift) = (0usize, 1, 0);
-                    loop {
-                        let b = d[i];
-                        len |= usize::from(b & 0x7F) << shift;
-                        shift += 7;
-                        i += 1;
-                        if b & 0x80 == 0 {
-                            break;
-                        }
-                    }
-                    out.push(Piece::Packet(d[i..i + len].to_vec()));
-                    d = &d[i + len..];
-                }
+            FlushItem::Data(d) => {
+                let mut records = crate::wire::framing::frames(d);
+                out.extend(records.by_ref().map(|r| Piece::Packet(r.packet.to_vec())));
+                let end = records.end().expect("walked to the end");
+                assert!(
+                    end.corruption.is_none() && end.torn_tail.is_none(),
+                    "malformed frame: {end:?}"
+                );
             }
         }
     }
@@ -440,20 +432,15 @@ fn a_batch_dropped_unreleased_still_unpins() {
 }
 
 #[test]
-fn reserve_and_commit_reserved_store_one_packet_each() {
+fn a_slot_dropped_without_commit_stores_nothing() {
     let b = buffer(4, 256, FillPolicy::RingBuffer);
     let mut w = b.writer(WriterId(3));
-    let buf = w.reserve(20).expect("room");
-    buf[..3].copy_from_slice(&[7, 8, 9]);
-    w.commit_reserved(3);
-    // A commit without a reservation, or of 0 bytes, stores nothing.
-    w.commit_reserved(5);
-    let _ = w.reserve(10).expect("room");
-    w.commit_reserved(0);
-    // A plain write in between invalidates an open reservation.
-    let _ = w.reserve(10).expect("room");
+    let mut slot = w.begin_packet(20).expect("room");
+    slot.buf()[..3].copy_from_slice(&[7, 8, 9]);
+    slot.commit(3);
+    let _ = w.begin_packet(10).expect("room");
+    let _ = w.begin_packet_at_least(5, 10).expect("room");
     w.write_packet(&[1]).expect("fits");
-    w.commit_reserved(4);
     assert_eq!(
         drain(&b),
         vec![Piece::Packet(vec![7, 8, 9]), Piece::Packet(vec![1])]
@@ -536,37 +523,38 @@ fn five_byte_slot_headers_for_slots_of_2_mib_and_more() {
 }
 
 #[test]
-fn reserve_at_least_uses_up_the_region_before_taking_a_new_one() {
+fn begin_packet_at_least_uses_up_the_region_before_taking_a_new_one() {
     let b = buffer(4, 256, FillPolicy::Discard);
     assert_eq!(b.max_packet_len(), 256);
     let mut w = b.writer(WriterId(2));
     // No region yet: a new one, the whole max_len.
-    let buf = w.reserve_at_least(10, 100).expect("room");
-    assert_eq!(buf.len(), 100);
-    buf[..50].fill(1);
-    w.commit_reserved(50);
+    let mut slot = w.begin_packet_at_least(10, 100).expect("room");
+    assert_eq!(slot.buf().len(), 100);
+    slot.buf()[..50].fill(1);
+    slot.commit(50);
     // 256 - 52 = 204 B left: 201 B of space behind a 3-byte header, the
     // max_len above max_packet_len lowered to it.
-    let buf = w.reserve_at_least(10, 1000).expect("room");
-    assert_eq!(buf.len(), 201);
-    buf.fill(2);
-    w.commit_reserved(201);
+    let mut slot = w.begin_packet_at_least(10, 1000).expect("room");
+    assert_eq!(slot.buf().len(), 201);
+    slot.buf().fill(2);
+    slot.commit(201);
     // Nothing left: a new region for the whole max_len.
-    let buf = w.reserve_at_least(10, 20).expect("room");
-    assert_eq!(buf.len(), 20);
-    buf[..5].fill(3);
-    w.commit_reserved(5);
+    let mut slot = w.begin_packet_at_least(10, 20).expect("room");
+    assert_eq!(slot.buf().len(), 20);
+    slot.buf()[..5].fill(3);
+    slot.commit(5);
     // 249 B left but 250 asked at least: a new region.
-    let buf = w.reserve_at_least(250, 250).expect("room");
-    assert_eq!(buf.len(), 250);
-    buf.fill(4);
-    w.commit_reserved(250);
+    let mut slot = w.begin_packet_at_least(250, 250).expect("room");
+    assert_eq!(slot.buf().len(), 250);
+    slot.buf().fill(4);
+    slot.commit(250);
     // At least more than any packet: refused, counted.
     assert_eq!(
-        w.reserve_at_least(300, 400).map(|b| b.len()),
-        Err(WriteError::TooBig)
+        w.begin_packet_at_least(300, 400)
+            .map(|mut s| s.buf().len())
+            .err(),
+        Some(WriteError::TooBig)
     );
-    w.commit_reserved(7);
     w.flush();
     let s = b.stats();
     assert_eq!(s.chunks_written, 3);

@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::buffer::{Buffer, WriterTotals};
 use super::table::pack;
 use super::{WriteError, WriterId};
+use crate::wire::framing::{PACKET_TAG, record_header};
+use crate::wire::varint::{self, len_usize as varint_len};
 
 /// Most bytes a slot header takes: the 0x0A tag and a 4-byte varint, as wide
 /// as the longest slot's length.
 pub const MAX_SLOT_HEADER_BYTES: usize = 5;
 /// Largest length a 4-byte varint holds.
-const MAX_SLOT_LEN: usize = (1 << 28) - 1;
+const MAX_SLOT_LEN: usize = varint::REDUNDANT4_MAX as usize;
 
 /// Bytes a slot of `max_len` reserves before the packet: the 0x0A tag and
 /// the length as a varint as wide as `max_len`'s (2 bytes below 128, 3 below
@@ -73,8 +75,6 @@ pub struct Writer {
     refused_at: Option<(u64, usize)>,
     /// `buffer.max_packet_len()`, kept here for the fast path.
     max_len: usize,
-    /// The length of an open [`Writer::reserve`] reservation.
-    reserved: Option<usize>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -84,13 +84,6 @@ impl std::fmt::Debug for Writer {
             .field("cur", &self.cur)
             .finish_non_exhaustive()
     }
-}
-
-/// Minimal varint length of `v`.
-#[inline(always)]
-const fn varint_len(v: usize) -> usize {
-    let bits = usize::BITS - (v | 1).leading_zeros();
-    bits.div_ceil(7) as usize
 }
 
 impl Writer {
@@ -103,7 +96,6 @@ impl Writer {
             lost: false,
             refused_at: None,
             max_len: buffer.max_packet_len(),
-            reserved: None,
             buffer,
         }
     }
@@ -121,7 +113,6 @@ impl Writer {
     /// Stores `packet` as `0x0A <varint len> packet`.
     #[inline]
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
-        self.reserved = None;
         let len = packet.len();
         let framed = 1 + varint_len(len) + len;
         if len <= self.max_len
@@ -161,38 +152,24 @@ impl Writer {
         })
     }
 
-    /// Like [`begin_packet`](Self::begin_packet), for encoders that cannot
-    /// hold a [`PacketSlot`] across their own calls: returns the packet's
-    /// space directly; [`commit_reserved`](Self::commit_reserved) stores it.
-    /// A second `reserve` before the commit replaces the first reservation.
-    #[inline]
-    pub fn reserve(&mut self, max_len: usize) -> Result<&mut [u8], WriteError> {
-        // A failed reservation leaves none open.
-        self.reserved = None;
-        let slot = self.begin_packet(max_len)?;
-        let max_len = slot.max_len;
-        self.reserved = Some(max_len);
-        Ok(self.slot_buf(max_len))
-    }
-
-    /// Like [`reserve`](Self::reserve), for encoders that can split their
-    /// output across packets: returns what is free in the current region
-    /// (less the slot header, at most `max_len`) when that is at least
-    /// `min_len`, and only otherwise moves to a new region for `max_len`
-    /// bytes, so that little of a region is left as padding. The space's
-    /// length is the reservation's. `max_len` above
+    /// Like [`begin_packet`](Self::begin_packet), for encoders that can split
+    /// their output across packets: a slot of what is free in the current
+    /// region (less the slot header, at most `max_len`) when that is at least
+    /// `min_len`, and only otherwise a new region's slot of `max_len` bytes,
+    /// so that little of a region is left as padding. The slot's
+    /// [`max_len`](PacketSlot::max_len) is what was granted. `max_len` above
     /// [`Buffer::max_packet_len`](super::Buffer::max_packet_len) is lowered
     /// to it (a `min_len` above that is refused as too big); a `min_len`
     /// above `max_len` is lowered to `max_len`.
-    pub fn reserve_at_least(
+    pub fn begin_packet_at_least(
         &mut self,
         min_len: usize,
         max_len: usize,
-    ) -> Result<&mut [u8], WriteError> {
+    ) -> Result<PacketSlot<'_>, WriteError> {
         let min_len = min_len.min(max_len);
         let max_len = max_len.min(self.max_len);
         if min_len > max_len {
-            return self.reserve(min_len);
+            return self.begin_packet(min_len);
         }
         // The header of any length up to `free` fits in 1 + varint_len(free).
         let room = self.cur.as_ref().map_or(0, |c| {
@@ -201,25 +178,12 @@ impl Writer {
         });
         let len = room.min(max_len);
         if len > 0 && len >= min_len {
-            self.reserved = Some(len);
-            return Ok(self.slot_buf(len));
-        }
-        self.reserve(max_len)
-    }
-
-    /// Stores the first `len` bytes of the last [`reserve`](Self::reserve)d
-    /// space as one packet (0 bytes, or no reservation: nothing is stored).
-    #[inline]
-    pub fn commit_reserved(&mut self, len: usize) {
-        if let Some(max_len) = self.reserved.take()
-            && len > 0
-        {
-            PacketSlot {
+            return Ok(PacketSlot {
                 writer: self,
-                max_len,
-            }
-            .commit(len);
+                max_len: len,
+            });
         }
+        self.begin_packet(max_len)
     }
 
     /// The space of a slot of `max_len` bytes at the current position.
@@ -231,7 +195,7 @@ impl Writer {
             .as_ref()
             .expect("a slot exists only while its writer holds a region");
         let header = slot_header_bytes(max_len);
-        // SAFETY: M1, M2 — begin_packet (or reserve_at_least) made sure
+        // SAFETY: M1, M2 — begin_packet (or begin_packet_at_least) made sure
         // `slot_header_bytes(max_len) + max_len` bytes are free at `pos` in
         // the writer's own region; the memory is initialised (zeroed or old
         // data) and only this writer touches it until it publishes a larger
@@ -243,7 +207,6 @@ impl Writer {
     /// Not needed for the data to be flushed: `take_flush` takes committed
     /// prefixes too.
     pub fn flush(&mut self) {
-        self.reserved = None;
         if let Some(c) = self.cur.take() {
             self.buffer.complete(c.head, c.pos as u32, c.packets);
         }
@@ -322,20 +285,11 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
         let dst = buffer.base().add(c.offset + c.pos);
         let n = if len < 0x80 {
             // The common case: a one-byte length.
-            dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]);
+            dst.cast::<[u8; 2]>()
+                .write_unaligned([PACKET_TAG, len as u8]);
             2
         } else {
-            let mut header = [0u8; 11];
-            header[0] = 0x0A;
-            let mut n = 1;
-            let mut v = len;
-            while v >= 0x80 {
-                header[n] = (v as u8) | 0x80;
-                v >>= 7;
-                n += 1;
-            }
-            header[n] = v as u8;
-            n += 1;
+            let (header, n) = record_header(len);
             std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
             n
         };
@@ -351,25 +305,30 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
 /// so the length fits in `n - 1` varint bytes).
 ///
 /// # Safety
-/// `dst` is valid for writes of `n` bytes (the header space of a slot).
+/// `dst` is valid for writes of `n` bytes: the header space of a slot in the
+/// calling writer's own region (M1: inside the mapping; M2: at or above its
+/// published committed length, so no reader sees these bytes yet).
 #[inline(always)]
 unsafe fn put_slot_header(dst: *mut u8, n: usize, len: usize) {
     debug_assert!((2..=MAX_SLOT_HEADER_BYTES).contains(&n) && varint_len(len) < n);
     let b = |i: u32| ((len >> (7 * i)) as u8) | 0x80;
     // Fixed-size stores: the small-packet case is one 2-byte store. The last
     // byte ends the varint; `len < 2^(7(n-1))` leaves nothing above it.
-    // SAFETY: the caller's contract: `n` bytes at `dst` are writable.
+    // SAFETY: M1, M2 — by the caller's contract the `n` bytes at `dst` lie in
+    // the mapping, in the writer's own region above its committed length.
     unsafe {
         match n {
-            2 => dst.cast::<[u8; 2]>().write_unaligned([0x0A, len as u8]),
+            2 => dst
+                .cast::<[u8; 2]>()
+                .write_unaligned([PACKET_TAG, len as u8]),
             3 => dst
                 .cast::<[u8; 3]>()
-                .write_unaligned([0x0A, b(0), (len >> 7) as u8]),
+                .write_unaligned([PACKET_TAG, b(0), (len >> 7) as u8]),
             4 => dst
                 .cast::<[u8; 4]>()
-                .write_unaligned([0x0A, b(0), b(1), (len >> 14) as u8]),
+                .write_unaligned([PACKET_TAG, b(0), b(1), (len >> 14) as u8]),
             _ => dst.cast::<[u8; 5]>().write_unaligned([
-                0x0A,
+                PACKET_TAG,
                 b(0),
                 b(1),
                 b(2),

@@ -5,27 +5,10 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, PacketOutput};
+use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary};
 use super::polled::PidRoute;
 use super::{DataSource, SourceError};
 use crate::ringbuf::Writer;
-
-/// Bundles are encoded in place in the ring (zero-copy), into what is left
-/// of the writer's chunk when that holds at least `min_len`.
-impl PacketOutput for Writer {
-    fn write_packet(&mut self, packet: &[u8]) {
-        // A refused packet (DISCARD full, too big) is counted by the buffer.
-        let _ = Writer::write_packet(self, packet);
-    }
-
-    fn begin(&mut self, min_len: usize, max_len: usize) -> Option<&mut [u8]> {
-        self.reserve_at_least(min_len, max_len).ok()
-    }
-
-    fn commit(&mut self, len: usize) {
-        self.commit_reserved(len);
-    }
-}
 
 /// The running (or ready) ftrace source of one session.
 pub struct FtraceDataSource {
@@ -46,7 +29,7 @@ impl FtraceDataSource {
     ) -> Result<Self, SourceError> {
         let mut inner = FtraceSource::new(opts, writer).map_err(|e| SourceError::Failed {
             source_name: name.to_string(),
-            msg: e.to_string(),
+            cause: Box::new(e),
         })?;
         inner.on_pids(Box::new(move |seen: &[i32]| {
             if let Some(h) = pids.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
@@ -61,10 +44,10 @@ impl FtraceDataSource {
         })
     }
 
-    fn failed(&self, e: impl std::fmt::Display) -> SourceError {
+    fn failed(&self, e: crate::sources::ftrace::FtraceError) -> SourceError {
         SourceError::Failed {
             source_name: self.name.clone(),
-            msg: e.to_string(),
+            cause: Box::new(e),
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 pub mod for_testing;
 pub mod ftrace;
 pub mod ftrace_source;
+pub mod output;
 pub mod polled;
 pub mod poller;
 pub mod process_stats;
@@ -24,8 +25,13 @@ pub const PRODUCER_NAME: &str = "perfetto.traced_probes";
 /// Errors of data sources.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("{source_name}: {msg}")]
-    Failed { source_name: String, msg: String },
+    /// The cause is kept (and also shown, so a plain `to_string` is whole).
+    #[error("{source_name}: {cause}")]
+    Failed {
+        source_name: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{source_name}: flush did not finish within {timeout:?}")]
     FlushTimeout {
         source_name: String,

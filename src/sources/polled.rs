@@ -5,19 +5,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::poller::{PacketOutput, PolledSource, Poller, PollerHandle};
+use super::poller::{PolledSource, Poller, PollerHandle};
 use super::{DataSource, SourceError};
 use crate::ringbuf::Writer;
-
-/// Each packet goes straight into the ring. Nothing to do on `flush`: a
-/// write pass reads a writer's committed packets without its help, and
-/// committing half-empty chunks would only waste ring space.
-impl PacketOutput for Writer {
-    fn write_packet(&mut self, packet: &[u8]) {
-        // A refused packet (DISCARD full, too big) is counted by the buffer.
-        let _ = Writer::write_packet(self, packet);
-    }
-}
 
 /// Where the ftrace source reports the pids it saw: the process-stats
 /// poller, once it runs.
@@ -47,10 +37,10 @@ impl<S: PolledSource> PolledDataSource<S> {
         self
     }
 
-    fn failed(&self, msg: String) -> SourceError {
+    fn failed(&self, cause: impl std::error::Error + Send + Sync + 'static) -> SourceError {
         SourceError::Failed {
             source_name: self.name.clone(),
-            msg,
+            cause: Box::new(cause),
         }
     }
 }
@@ -64,8 +54,7 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         let Some((source, writer)) = self.pending.take() else {
             return Ok(());
         };
-        let poller =
-            Poller::start(&self.name, source, writer).map_err(|e| self.failed(e.to_string()))?;
+        let poller = Poller::start(&self.name, source, writer).map_err(|e| self.failed(e))?;
         if let Some(route) = &self.pid_route {
             *route.lock().unwrap_or_else(PoisonError::into_inner) = Some(poller.handle());
         }
@@ -99,7 +88,7 @@ impl<S: PolledSource> DataSource for PolledDataSource<S> {
         self.pending = None;
         if let Some(p) = self.poller.take() {
             // Dropping the returned writer commits what it holds.
-            p.stop().map_err(|e| self.failed(e.to_string()))?;
+            p.stop().map_err(|e| self.failed(e))?;
         }
         Ok(())
     }

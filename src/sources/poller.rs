@@ -13,43 +13,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::trace::encoder::ProtoEncoder;
+use crate::wire::trace_packet;
 
-/// Where a source's encoded `TracePacket`s go (a ring-buffer writer at
-/// integration, a `Vec` in tests). Each call is one whole packet.
-pub trait PacketOutput {
-    fn write_packet(&mut self, packet: &[u8]);
-    /// Makes what was written so far visible to the reader (commit a chunk).
-    fn flush(&mut self) {}
-}
-
-/// Collects packets in memory (tests, tools).
-impl PacketOutput for Vec<Vec<u8>> {
-    fn write_packet(&mut self, packet: &[u8]) {
-        self.push(packet.to_vec());
-    }
-}
-
-impl<T: PacketOutput + ?Sized> PacketOutput for &mut T {
-    fn write_packet(&mut self, packet: &[u8]) {
-        (**self).write_packet(packet);
-    }
-    fn flush(&mut self) {
-        (**self).flush();
-    }
-}
-
-/// TracePacket field numbers shared by the polled sources (facts §4.2).
-pub(crate) mod packet_field {
-    pub const TIMESTAMP: u32 = 8;
-    pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
-    pub const INCREMENTAL_STATE_CLEARED: u32 = 41;
-}
+pub use super::output::PacketOutput;
 
 /// Writes the fields every packet of a polled source starts with.
 pub(crate) fn write_packet_header(e: &mut ProtoEncoder<'_>, timestamp_ns: u64, sequence_id: u32) {
-    e.uint(packet_field::TIMESTAMP, timestamp_ns);
+    e.uint(trace_packet::TIMESTAMP, timestamp_ns);
     e.uint(
-        packet_field::TRUSTED_PACKET_SEQUENCE_ID,
+        trace_packet::TRUSTED_PACKET_SEQUENCE_ID,
         u64::from(sequence_id),
     );
 }

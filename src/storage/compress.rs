@@ -26,9 +26,11 @@ use std::io::IoSlice;
 use zstd::zstd_safe::{self, CCtx, CParameter, InBuffer, OutBuffer, ResetDirective};
 
 use crate::sys::iov::io_slice_bytes;
+use crate::wire::framing::{SlicedRecords, record_header};
+use crate::wire::{WireType, key, trace_packet, varint};
 
 /// `TracePacket.zstd_compressed_packets` (facts §4.2).
-pub const ZSTD_COMPRESSED_PACKETS_FIELD: u32 = 133;
+pub const ZSTD_COMPRESSED_PACKETS_FIELD: u32 = trace_packet::ZSTD_COMPRESSED_PACKETS;
 /// Perfetto's recommended ceiling for one compressed packet ("under 512 KB").
 pub const MAX_COMPRESSED_PACKET_BYTES: usize = 512 * 1024;
 /// Input bytes per compressed packet: zstd's bound on this plus the framing
@@ -36,9 +38,6 @@ pub const MAX_COMPRESSED_PACKET_BYTES: usize = 512 * 1024;
 pub const GROUP_INPUT_BYTES: usize = 500 * 1024;
 /// zstd's own default level, used for `zstd {}` with no level and `--compress`.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
-
-/// The tag of `Trace.packet`.
-const PACKET_TAG: u8 = 0x0A;
 
 /// zstd refused the work (only a bad parameter or no memory do that).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -237,25 +236,18 @@ fn reserve(v: &mut Vec<u8>) {
 /// The framing of one compressed record: `0x0A <len> AA 08 <len>`.
 fn record_head(frame_len: usize) -> Vec<u8> {
     let mut field = Vec::with_capacity(8);
-    put_varint(
+    varint::push(
         &mut field,
-        u64::from(ZSTD_COMPRESSED_PACKETS_FIELD) << 3 | 2,
+        key(ZSTD_COMPRESSED_PACKETS_FIELD, WireType::Len),
     );
-    put_varint(&mut field, frame_len as u64);
-    let packet_len = field.len() + frame_len;
+    varint::push(&mut field, frame_len as u64);
+    // The record's header, then the field's key and length; the frame
+    // follows as a slice of its own.
+    let (h, n) = record_header(field.len() + frame_len);
     let mut head = Vec::with_capacity(16);
-    head.push(PACKET_TAG);
-    put_varint(&mut head, packet_len as u64);
+    head.extend_from_slice(&h[..n]);
     head.extend_from_slice(&field);
     head
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8 & 0x7f) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// Hands out the bytes of a slice list in pieces of bounded length.
@@ -302,13 +294,13 @@ pub fn group_ends(bufs: &[IoSlice<'_>], limit: usize) -> Vec<u64> {
 /// [`group_ends`] with the number of whole records in each group.
 fn groups(bufs: &[IoSlice<'_>], limit: usize) -> (Vec<u64>, Vec<u64>) {
     let limit = limit.max(1) as u64;
-    let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+    let mut walk = SlicedRecords::new(bufs);
+    let total = walk.total();
     let (mut ends, mut counts) = (Vec::new(), Vec::new());
-    let mut walk = Walk::new(bufs);
     let mut group_start = 0u64;
     let mut last_end = 0u64;
     let mut in_group = 0u64;
-    while let Some(end) = walk.next_record_end(total) {
+    while let Some(end) = walk.next_end() {
         if end - group_start > limit && last_end > group_start {
             ends.push(last_end);
             counts.push(in_group);
@@ -334,86 +326,12 @@ fn groups(bufs: &[IoSlice<'_>], limit: usize) -> (Vec<u64>, Vec<u64>) {
 
 /// The whole records in `bufs` (a walk over their headers only).
 pub fn count_records(bufs: &[IoSlice<'_>]) -> u64 {
-    let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-    let mut walk = Walk::new(bufs);
+    let mut walk = SlicedRecords::new(bufs);
     let mut n = 0;
-    while walk.next_record_end(total).is_some() {
+    while walk.next_end().is_some() {
         n += 1;
     }
     n
-}
-
-/// Walks record headers across slices.
-struct Walk<'s, 'a> {
-    bufs: &'s [IoSlice<'a>],
-    idx: usize,
-    off: usize,
-    pos: u64,
-}
-
-impl<'s, 'a> Walk<'s, 'a> {
-    fn new(bufs: &'s [IoSlice<'a>]) -> Self {
-        Self {
-            bufs,
-            idx: 0,
-            off: 0,
-            pos: 0,
-        }
-    }
-
-    fn byte(&mut self) -> Option<u8> {
-        while self.idx < self.bufs.len() {
-            let b = &self.bufs[self.idx];
-            if self.off < b.len() {
-                let v = b[self.off];
-                self.off += 1;
-                self.pos += 1;
-                return Some(v);
-            }
-            self.idx += 1;
-            self.off = 0;
-        }
-        None
-    }
-
-    fn skip(&mut self, mut n: u64) {
-        while n > 0 && self.idx < self.bufs.len() {
-            let room = (self.bufs[self.idx].len() - self.off) as u64;
-            if n < room {
-                self.off += n as usize;
-                self.pos += n;
-                return;
-            }
-            n -= room;
-            self.pos += room;
-            self.idx += 1;
-            self.off = 0;
-        }
-    }
-
-    /// The end of the next whole record, or `None` at the end of the data or
-    /// at framing that is not a record.
-    fn next_record_end(&mut self, total: u64) -> Option<u64> {
-        if self.byte()? != PACKET_TAG {
-            return None;
-        }
-        let mut len = 0u64;
-        let mut i = 0;
-        loop {
-            let b = self.byte()?;
-            len |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                break;
-            }
-            i += 1;
-            if i == 10 {
-                return None;
-            }
-        }
-        let end = self.pos.checked_add(len).filter(|e| *e <= total)?;
-        self.skip(len);
-        Some(end)
-    }
 }
 
 /// Decompresses one zstd frame (a `zstd_compressed_packets` payload), refusing
@@ -438,9 +356,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn frame(payload: &[u8], out: &mut Vec<u8>) {
-        out.push(PACKET_TAG);
-        put_varint(out, payload.len() as u64);
-        out.extend_from_slice(payload);
+        crate::wire::framing::push_record(out, payload);
     }
 
     fn flatten(bufs: &[IoSlice<'_>]) -> Vec<u8> {
@@ -452,14 +368,14 @@ mod tests {
         let mut out = Vec::new();
         let mut pos = 0;
         while pos < data.len() {
-            assert_eq!(data[pos], PACKET_TAG);
+            assert_eq!(data[pos], crate::wire::framing::PACKET_TAG);
             let mut p = pos + 1;
-            let len = crate::trace::reader::read_varint(data, &mut p).expect("len") as usize;
+            let len = varint::read(data, &mut p).expect("len") as usize;
             let packet = &data[p..p + len];
             let mut q = 0;
-            let key = crate::trace::reader::read_varint(packet, &mut q).expect("key");
-            assert_eq!(key, u64::from(ZSTD_COMPRESSED_PACKETS_FIELD) << 3 | 2);
-            let flen = crate::trace::reader::read_varint(packet, &mut q).expect("flen") as usize;
+            let k = varint::read(packet, &mut q).expect("key");
+            assert_eq!(k, key(ZSTD_COMPRESSED_PACKETS_FIELD, WireType::Len));
+            let flen = varint::read(packet, &mut q).expect("flen") as usize;
             assert_eq!(q + flen, packet.len(), "one field per packet");
             out.push(decompress_bounded(&packet[q..], 1 << 24).expect("decompresses"));
             pos = p + len;

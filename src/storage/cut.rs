@@ -9,11 +9,9 @@
 use std::io::IoSlice;
 
 use crate::sys::iov::io_slice_bytes;
+use crate::wire::framing::SlicedRecords;
 
 use super::batch::total_len;
-
-/// The tag of `Trace.packet` (field 1, length-delimited).
-const PACKET_TAG: u8 = 0x0A;
 
 /// What [`cut_at_packet_boundary`] kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,43 +20,6 @@ pub struct Cut {
     pub kept_bytes: u64,
     /// True when something was left out.
     pub cut: bool,
-}
-
-/// Reads bytes across slice boundaries.
-struct ByteWalk<'s, 'a> {
-    bufs: &'s [IoSlice<'a>],
-    idx: usize,
-    off: usize,
-    pos: u64,
-}
-
-impl ByteWalk<'_, '_> {
-    fn next_byte(&mut self) -> Option<u8> {
-        while self.idx < self.bufs.len() {
-            let b = &self.bufs[self.idx];
-            if self.off < b.len() {
-                let v = b[self.off];
-                self.off += 1;
-                self.pos += 1;
-                return Some(v);
-            }
-            self.idx += 1;
-            self.off = 0;
-        }
-        None
-    }
-
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for i in 0..10 {
-            let b = self.next_byte()?;
-            v |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
 }
 
 /// Cuts `bufs` so their total stays strictly under `limit` bytes and ends on a
@@ -76,36 +37,13 @@ pub fn cut_at_packet_boundary<'a>(bufs: &[IoSlice<'a>], limit: u64) -> (Vec<IoSl
             },
         );
     }
-    let mut walk = ByteWalk {
-        bufs,
-        idx: 0,
-        off: 0,
-        pos: 0,
-    };
+    let mut walk = SlicedRecords::new(bufs);
     let mut kept = 0u64;
-    while let Some(PACKET_TAG) = walk.next_byte() {
-        let Some(len) = walk.varint() else { break };
-        let Some(end) = walk.pos.checked_add(len) else {
-            break;
-        };
-        if end >= limit || end > total {
+    while let Some(end) = walk.next_end() {
+        if end >= limit {
             break;
         }
         kept = end;
-        // Jump to the record's end without reading its bytes.
-        let mut left = len;
-        while left > 0 && walk.idx < bufs.len() {
-            let room = (bufs[walk.idx].len() - walk.off) as u64;
-            if left < room {
-                walk.off += left as usize;
-                left = 0;
-            } else {
-                left -= room;
-                walk.idx += 1;
-                walk.off = 0;
-            }
-        }
-        walk.pos = end;
     }
     (
         prefix(bufs, kept),
@@ -139,17 +77,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn frame(payload: &[u8], out: &mut Vec<u8>) {
-        out.push(PACKET_TAG);
-        let mut v = payload.len() as u64;
-        loop {
-            if v < 0x80 {
-                out.push(v as u8);
-                break;
-            }
-            out.push((v as u8 & 0x7f) | 0x80);
-            v >>= 7;
-        }
-        out.extend_from_slice(payload);
+        crate::wire::framing::push_record(out, payload);
     }
 
     fn flatten(bufs: &[IoSlice<'_>]) -> Vec<u8> {

@@ -244,7 +244,8 @@ pub fn probe() -> Result<(), String> {
         return Err("io_uring does not support WRITEV".to_string());
     }
     let nop = opcode::Nop::new().build().user_data(7);
-    // SAFETY: a NOP references no memory and no fd (nothing for U1/U2 to keep).
+    // SAFETY: U1, U2 — a NOP references no memory and no fd, so there is
+    // nothing for them to keep alive.
     unsafe { ring.submission().push(&nop) }.map_err(|e| format!("io_uring push failed: {e}"))?;
     loop {
         match ring.submit_and_wait(1) {

@@ -1,7 +1,7 @@
 //! `IoSlice` helpers std does not offer on stable yet.
 //!
 //! Invariant:
-//! - S1 An `IoSlice<'a>` can only be built from a `&'a [u8]` (std's
+//! - V1 An `IoSlice<'a>` can only be built from a `&'a [u8]` (std's
 //!   constructor), so its pointer and length describe memory that is valid
 //!   and not mutated for `'a`.
 
@@ -12,7 +12,7 @@ use std::io::IoSlice;
 /// copying.
 #[inline]
 pub fn io_slice_bytes<'a>(s: &IoSlice<'a>) -> &'a [u8] {
-    // SAFETY: S1: the pointer and length come from a `&'a [u8]`.
+    // SAFETY: V1 — the pointer and length come from a `&'a [u8]`.
     unsafe { std::slice::from_raw_parts(s.as_ptr(), s.len()) }
 }
 

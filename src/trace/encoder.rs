@@ -11,20 +11,12 @@
 //! overflowed and further writes are ignored, so callers check once at the end
 //! ([`ProtoEncoder::finish`]) instead of after every field.
 
-/// Bytes reserved for the length of a nested message.
-pub const NESTED_LEN_BYTES: usize = 4;
-/// Largest length a 4-byte redundant varint can hold.
-pub const MAX_NESTED_LEN: usize = (1 << 28) - 1;
+use crate::wire::{WireType, key, varint};
 
-/// Protobuf wire types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum WireType {
-    Varint = 0,
-    Fixed64 = 1,
-    Len = 2,
-    Fixed32 = 5,
-}
+/// Bytes reserved for the length of a nested message.
+pub const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
+/// Largest length a 4-byte redundant varint can hold.
+pub const MAX_NESTED_LEN: usize = varint::REDUNDANT4_MAX as usize;
 
 /// The encoder ran out of room (or a nested message outgrew 2^28 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -45,39 +37,6 @@ pub struct ProtoEncoder<'a> {
     buf: &'a mut [u8],
     pos: usize,
     overflow: bool,
-}
-
-/// Number of bytes `v` takes as a minimal varint.
-pub const fn varint_len(v: u64) -> usize {
-    // 1 byte per 7 bits, at least one.
-    let bits = 64 - (v | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
-}
-
-/// Writes `v` as a minimal varint into `out`, returning the bytes used, or
-/// `None` when `out` is too short.
-#[inline]
-pub fn put_varint(out: &mut [u8], mut v: u64) -> Option<usize> {
-    let mut i = 0;
-    loop {
-        let byte = out.get_mut(i)?;
-        if v < 0x80 {
-            *byte = v as u8;
-            return Some(i + 1);
-        }
-        *byte = (v as u8) | 0x80;
-        v >>= 7;
-        i += 1;
-    }
-}
-
-/// Writes `v` (< 2^28) as a 4-byte redundant varint.
-#[inline]
-pub fn put_redundant_varint4(out: &mut [u8; 4], v: u32) {
-    out[0] = (v as u8 & 0x7f) | 0x80;
-    out[1] = ((v >> 7) as u8 & 0x7f) | 0x80;
-    out[2] = ((v >> 14) as u8 & 0x7f) | 0x80;
-    out[3] = (v >> 21) as u8 & 0x7f;
 }
 
 impl<'a> ProtoEncoder<'a> {
@@ -135,7 +94,7 @@ impl<'a> ProtoEncoder<'a> {
         if self.overflow {
             return;
         }
-        match put_varint(&mut self.buf[self.pos..], v) {
+        match varint::put(&mut self.buf[self.pos..], v) {
             Some(n) => self.pos += n,
             None => self.overflow = true,
         }
@@ -157,7 +116,7 @@ impl<'a> ProtoEncoder<'a> {
 
     #[inline]
     pub fn tag(&mut self, field: u32, wt: WireType) {
-        self.varint(((field as u64) << 3) | wt as u64);
+        self.varint(key(field, wt));
     }
 
     /// A `uint32`/`uint64`/`bool`/enum field, or an `int32`/`int64` holding a
@@ -178,7 +137,7 @@ impl<'a> ProtoEncoder<'a> {
     /// A `sint32`/`sint64` field (zigzag).
     #[inline]
     pub fn sint(&mut self, field: u32, v: i64) {
-        self.uint(field, ((v << 1) ^ (v >> 63)) as u64);
+        self.uint(field, varint::zigzag(v));
     }
 
     #[inline]
@@ -255,7 +214,7 @@ impl<'a> ProtoEncoder<'a> {
                 return;
             }
         };
-        put_redundant_varint4(slot, len as u32);
+        varint::put_redundant4(slot, len as u32);
     }
 
     /// Opens a nested message expected to stay under 128 bytes: its length
@@ -289,11 +248,7 @@ impl<'a> ProtoEncoder<'a> {
 
     #[cold]
     fn end_short_long(&mut self, at: usize, len: usize) {
-        let mut hdr = [0u8; 10];
-        let Some(n) = put_varint(&mut hdr, len as u64) else {
-            self.overflow = true;
-            return;
-        };
+        let (hdr, n) = varint::encode(len as u64);
         let extra = n - 1;
         if self.remaining() < extra {
             self.overflow = true;
@@ -309,22 +264,6 @@ impl<'a> ProtoEncoder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn varint_lengths() {
-        for (v, n) in [
-            (0u64, 1),
-            (127, 1),
-            (128, 2),
-            (16383, 2),
-            (16384, 3),
-            (u64::MAX, 10),
-        ] {
-            assert_eq!(varint_len(v), n, "{v}");
-            let mut b = [0u8; 10];
-            assert_eq!(put_varint(&mut b, v), Some(n));
-        }
-    }
 
     #[test]
     fn nested_and_overflow() {

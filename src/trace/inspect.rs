@@ -403,39 +403,36 @@ impl fmt::Display for InspectReport {
 mod tests {
     use super::*;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        while v >= 0x80 {
-            out.push((v as u8 & 0x7f) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
+    use crate::wire::{
+        WireType, buffer_stats, key, test_event, trace, trace_packet, trace_stats,
+        tracing_service_event, varint,
+    };
 
     fn field_varint(field: u32, v: u64, out: &mut Vec<u8>) {
-        varint(u64::from(field) << 3, out);
-        varint(v, out);
+        varint::push(out, key(field, WireType::Varint));
+        varint::push(out, v);
     }
 
     fn field_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
-        varint(u64::from(field) << 3 | 2, out);
-        varint(b.len() as u64, out);
+        varint::push(out, key(field, WireType::Len));
+        varint::push(out, b.len() as u64);
         out.extend_from_slice(b);
     }
 
     fn record(packet: &[u8], out: &mut Vec<u8>) {
-        field_bytes(1, packet, out);
+        field_bytes(trace::PACKET, packet, out);
     }
 
     fn test_packet(seq_id: u64, value: u64, dropped: bool) -> Vec<u8> {
         let mut body = Vec::new();
-        field_varint(2, 0x5eed ^ value, &mut body); // seq_value: not the order
-        field_varint(3, value, &mut body); // counter
+        field_varint(test_event::SEQ_VALUE, 0x5eed ^ value, &mut body); // not the order
+        field_varint(test_event::COUNTER, value, &mut body);
         let mut p = Vec::new();
-        field_varint(8, 1000 + value, &mut p);
-        field_bytes(900, &body, &mut p);
-        field_varint(10, seq_id, &mut p);
+        field_varint(trace_packet::TIMESTAMP, 1000 + value, &mut p);
+        field_bytes(trace_packet::FOR_TESTING, &body, &mut p);
+        field_varint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, seq_id, &mut p);
         if dropped {
-            field_varint(42, 1, &mut p);
+            field_varint(trace_packet::PREVIOUS_PACKET_DROPPED, 1, &mut p);
         }
         p
     }
@@ -443,23 +440,23 @@ mod tests {
     fn sample() -> Vec<u8> {
         let mut t = Vec::new();
         let mut ev = Vec::new();
-        field_varint(2, 1, &mut ev); // tracing_started
+        field_varint(tracing_service_event::TRACING_STARTED, 1, &mut ev);
         let mut p = Vec::new();
-        field_varint(8, 5, &mut p);
-        field_bytes(69, &ev, &mut p);
-        field_varint(10, 1, &mut p);
+        field_varint(trace_packet::TIMESTAMP, 5, &mut p);
+        field_bytes(trace_packet::SERVICE_EVENT, &ev, &mut p);
+        field_varint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, 1, &mut p);
         record(&p, &mut t);
         for v in [0, 1, 2, 5, 6] {
             record(&test_packet(2, v, v == 5), &mut t);
         }
         record(&test_packet(3, 0, false), &mut t);
         let mut buf = Vec::new();
-        field_varint(13, 77, &mut buf); // bytes_overwritten
+        field_varint(buffer_stats::BYTES_OVERWRITTEN, 77, &mut buf);
         let mut stats = Vec::new();
-        field_bytes(1, &buf, &mut stats);
+        field_bytes(trace_stats::BUFFER_STATS, &buf, &mut stats);
         let mut p = Vec::new();
-        field_bytes(35, &stats, &mut p);
-        field_varint(10, 1, &mut p);
+        field_bytes(trace_packet::TRACE_STATS, &stats, &mut p);
+        field_varint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, 1, &mut p);
         record(&p, &mut t);
         t
     }

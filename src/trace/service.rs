@@ -8,7 +8,12 @@
 
 use crate::clock::{BuiltinClock, ClockReadings};
 use crate::ringbuf::{Buffer, BufferStats};
-use crate::trace::encoder::{Overflow, ProtoEncoder, put_varint};
+use crate::trace::encoder::{Overflow, ProtoEncoder};
+use crate::wire::{
+    attribute, buffer_stats as bs, clock, clock_snapshot, system_info as si, trace_attributes,
+    trace_packet as tp, trace_stats as ts, trace_uuid, tracing_service_event as tse, trigger as tr,
+    utsname, writer_stats,
+};
 
 /// The sequence id of the recorder's own packets (Perfetto's
 /// `kServicePacketSequenceID`).
@@ -18,26 +23,6 @@ pub const SERVICE_SEQUENCE_ID: u32 = 1;
 pub const SYNC_MARKER: [u8; 16] = [
     0x82, 0x47, 0x7a, 0x76, 0xb2, 0x8d, 0x42, 0xba, 0x81, 0xdc, 0x33, 0x32, 0x6d, 0x57, 0xa0, 0x79,
 ];
-
-mod field {
-    pub const TIMESTAMP: u32 = 8;
-    pub const TRUSTED_UID: u32 = 3;
-    pub const TRUSTED_SEQUENCE_ID: u32 = 10;
-    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
-    pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
-    pub const CLOCK_SNAPSHOT: u32 = 6;
-    pub const TRACE_CONFIG: u32 = 33;
-    pub const TRACE_STATS: u32 = 35;
-    pub const SYNC_MARKER: u32 = 36;
-    pub const SYSTEM_INFO: u32 = 45;
-    pub const TRIGGER: u32 = 46;
-    pub const SERVICE_EVENT: u32 = 69;
-    pub const TRACE_UUID: u32 = 89;
-    pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
-    /// TraceAttributes { repeated Attribute attribute = 1 { key = 1,
-    /// long_value = 2, string_value = 3 } } (Perfetto's trace_packet.proto).
-    pub const TRACE_ATTRIBUTES: u32 = 126;
-}
 
 /// Encodes one packet with `body`, growing the scratch space until it fits,
 /// and frames it.
@@ -59,38 +44,35 @@ fn framed(body: impl Fn(&mut ProtoEncoder<'_>)) -> Vec<u8> {
 
 /// Frames an encoded packet as one `Trace.packet` record.
 pub fn frame(packet: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(packet.len() + 11);
-    out.push(0x0a);
-    let mut len = [0u8; 10];
-    let n = put_varint(&mut len, packet.len() as u64).unwrap_or(0);
-    out.extend_from_slice(&len[..n]);
-    out.extend_from_slice(packet);
-    out
+    crate::wire::framing::record(packet)
 }
 
 /// The trusted fields every service packet carries.
 fn trusted(enc: &mut ProtoEncoder<'_>, uid: u32) {
-    enc.uint(field::TRUSTED_UID, uid as u64);
-    enc.uint(field::TRUSTED_SEQUENCE_ID, SERVICE_SEQUENCE_ID as u64);
+    enc.uint(tp::TRUSTED_UID, uid as u64);
+    enc.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, SERVICE_SEQUENCE_ID as u64);
 }
 
 fn timestamped(enc: &mut ProtoEncoder<'_>, ts_ns: u64) {
-    enc.uint(field::TIMESTAMP, ts_ns);
-    enc.uint(field::TIMESTAMP_CLOCK_ID, BuiltinClock::Boottime as u64);
+    enc.uint(tp::TIMESTAMP, ts_ns);
+    enc.uint(tp::TIMESTAMP_CLOCK_ID, BuiltinClock::Boottime as u64);
 }
 
 /// A `clock_snapshot` packet (no TracePacket timestamp, as the service writes it).
 pub fn clock_snapshot(uid: u32, readings: &ClockReadings) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
-        let snap = e.begin_nested(field::CLOCK_SNAPSHOT);
-        for (clock, ts) in &readings.0 {
-            let c = e.begin_nested(1);
-            e.uint(1, *clock as u64);
-            e.uint(2, *ts);
+        let snap = e.begin_nested(tp::CLOCK_SNAPSHOT);
+        for (id, ts) in &readings.0 {
+            let c = e.begin_nested(clock_snapshot::CLOCKS);
+            e.uint(clock::CLOCK_ID, *id as u64);
+            e.uint(clock::TIMESTAMP, *ts);
             e.end_nested(c);
         }
-        e.uint(2, BuiltinClock::Boottime as u64);
+        e.uint(
+            clock_snapshot::PRIMARY_TRACE_CLOCK,
+            BuiltinClock::Boottime as u64,
+        );
         e.end_nested(snap);
     })
 }
@@ -98,9 +80,9 @@ pub fn clock_snapshot(uid: u32, readings: &ClockReadings) -> Vec<u8> {
 /// The synchronisation marker, with its ABI-fixed field order.
 pub fn sync_marker(uid: u32) -> Vec<u8> {
     framed(|e| {
-        e.uint(field::TRUSTED_UID, uid as u64);
-        e.uint(field::TRUSTED_SEQUENCE_ID, SERVICE_SEQUENCE_ID as u64);
-        e.bytes(field::SYNC_MARKER, &SYNC_MARKER);
+        e.uint(tp::TRUSTED_UID, uid as u64);
+        e.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, SERVICE_SEQUENCE_ID as u64);
+        e.bytes(tp::SYNCHRONIZATION_MARKER, &SYNC_MARKER);
     })
 }
 
@@ -109,7 +91,7 @@ pub fn trace_config(uid: u32, ts_ns: u64, config_bytes: &[u8]) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        e.bytes(field::TRACE_CONFIG, config_bytes);
+        e.bytes(tp::TRACE_CONFIG, config_bytes);
     })
 }
 
@@ -118,9 +100,9 @@ pub fn trace_uuid(uid: u32, ts_ns: u64, msb: i64, lsb: i64) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let u = e.begin_nested(field::TRACE_UUID);
-        e.int(1, msb);
-        e.int(2, lsb);
+        let u = e.begin_nested(tp::TRACE_UUID);
+        e.int(trace_uuid::MSB, msb);
+        e.int(trace_uuid::LSB, lsb);
         e.end_nested(u);
     })
 }
@@ -138,13 +120,13 @@ pub fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeValue)]) 
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let ta = e.begin_nested(field::TRACE_ATTRIBUTES);
+        let ta = e.begin_nested(tp::TRACE_ATTRIBUTES);
         for (key, value) in attrs {
-            let a = e.begin_nested(1);
-            e.string(1, key);
+            let a = e.begin_nested(trace_attributes::ATTRIBUTE);
+            e.string(attribute::KEY, key);
             match value {
-                AttributeValue::Long(v) => e.int(2, *v),
-                AttributeValue::Text(t) => e.string(3, t),
+                AttributeValue::Long(v) => e.int(attribute::LONG_VALUE, *v),
+                AttributeValue::Text(t) => e.string(attribute::STRING_VALUE, t),
             }
             e.end_nested(a);
         }
@@ -253,19 +235,19 @@ pub fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let si = e.begin_nested(field::SYSTEM_INFO);
-        let u = e.begin_nested(1);
-        e.string(1, &info.sysname);
-        e.string(2, &info.version);
-        e.string(3, &info.release);
-        e.string(4, &info.machine);
+        let n = e.begin_nested(tp::SYSTEM_INFO);
+        let u = e.begin_nested(si::UTSNAME);
+        e.string(utsname::SYSNAME, &info.sysname);
+        e.string(utsname::VERSION, &info.version);
+        e.string(utsname::RELEASE, &info.release);
+        e.string(utsname::MACHINE, &info.machine);
         e.end_nested(u);
-        e.string(4, &info.tracing_service_version);
-        e.uint(6, info.page_size as u64);
-        e.int(7, info.timezone_off_mins as i64);
-        e.uint(8, info.num_cpus as u64);
-        e.uint(16, info.system_ram_bytes);
-        e.end_nested(si);
+        e.string(si::TRACING_SERVICE_VERSION, &info.tracing_service_version);
+        e.uint(si::PAGE_SIZE, info.page_size as u64);
+        e.int(si::TIMEZONE_OFF_MINS, info.timezone_off_mins as i64);
+        e.uint(si::NUM_CPUS, info.num_cpus as u64);
+        e.uint(si::SYSTEM_RAM_BYTES, info.system_ram_bytes);
+        e.end_nested(n);
     })
 }
 
@@ -273,13 +255,13 @@ pub fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum ServiceEvent {
-    AllDataSourcesStarted = 1,
-    TracingStarted = 2,
-    AllDataSourcesFlushed = 3,
-    ReadTracingBuffersCompleted = 4,
-    TracingDisabled = 5,
-    FlushStarted = 9,
-    CloneStarted = 10,
+    AllDataSourcesStarted = tse::ALL_DATA_SOURCES_STARTED,
+    TracingStarted = tse::TRACING_STARTED,
+    AllDataSourcesFlushed = tse::ALL_DATA_SOURCES_FLUSHED,
+    ReadTracingBuffersCompleted = tse::READ_TRACING_BUFFERS_COMPLETED,
+    TracingDisabled = tse::TRACING_DISABLED,
+    FlushStarted = tse::FLUSH_STARTED,
+    CloneStarted = tse::CLONE_STARTED,
 }
 
 /// One `service_event` packet.
@@ -287,7 +269,7 @@ pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let s = e.begin_nested(field::SERVICE_EVENT);
+        let s = e.begin_nested(tp::SERVICE_EVENT);
         e.bool(ev as u32, true);
         e.end_nested(s);
     })
@@ -298,8 +280,8 @@ pub fn buffer_cloned(uid: u32, ts_ns: u64, index: u32) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let s = e.begin_nested(field::SERVICE_EVENT);
-        e.uint(11, index as u64);
+        let s = e.begin_nested(tp::SERVICE_EVENT);
+        e.uint(tse::BUFFER_CLONED, index as u64);
         e.end_nested(s);
     })
 }
@@ -320,15 +302,15 @@ pub fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
         trusted(e, uid);
         timestamped(e, t.boot_ns);
         let f = if for_clone {
-            field::CLONE_SNAPSHOT_TRIGGER
+            tp::CLONE_SNAPSHOT_TRIGGER
         } else {
-            field::TRIGGER
+            tp::TRIGGER
         };
         let n = e.begin_nested(f);
-        e.string(1, &t.name);
-        e.string(2, &t.producer);
-        e.int(3, t.uid as i64);
-        e.uint(4, t.stop_delay_ms);
+        e.string(tr::TRIGGER_NAME, &t.name);
+        e.string(tr::PRODUCER_NAME, &t.producer);
+        e.int(tr::TRUSTED_PRODUCER_UID, t.uid as i64);
+        e.uint(tr::STOP_DELAY_MS, t.stop_delay_ms);
         e.end_nested(n);
     })
 }
@@ -432,41 +414,44 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
-        let ts = e.begin_nested(field::TRACE_STATS);
+        let stats = e.begin_nested(tp::TRACE_STATS);
         for b in &s.buffers {
-            let n = e.begin_nested(1);
-            e.uint(1, b.bytes_written);
-            e.uint(2, b.chunks_written);
-            e.uint(3, b.chunks_overwritten);
-            e.uint(4, b.write_wrap_count);
-            e.uint(12, b.buffer_size);
-            e.uint(13, b.bytes_overwritten);
-            e.uint(14, b.bytes_read);
-            e.uint(15, b.padding_bytes_written);
-            e.uint(17, b.chunks_read);
-            e.uint(18, b.chunks_discarded);
-            e.uint(19, b.trace_writer_packet_loss);
+            let n = e.begin_nested(ts::BUFFER_STATS);
+            e.uint(bs::BYTES_WRITTEN, b.bytes_written);
+            e.uint(bs::CHUNKS_WRITTEN, b.chunks_written);
+            e.uint(bs::CHUNKS_OVERWRITTEN, b.chunks_overwritten);
+            e.uint(bs::WRITE_WRAP_COUNT, b.write_wrap_count);
+            e.uint(bs::BUFFER_SIZE, b.buffer_size);
+            e.uint(bs::BYTES_OVERWRITTEN, b.bytes_overwritten);
+            e.uint(bs::BYTES_READ, b.bytes_read);
+            e.uint(bs::PADDING_BYTES_WRITTEN, b.padding_bytes_written);
+            e.uint(bs::CHUNKS_READ, b.chunks_read);
+            e.uint(bs::CHUNKS_DISCARDED, b.chunks_discarded);
+            e.uint(bs::TRACE_WRITER_PACKET_LOSS, b.trace_writer_packet_loss);
             e.end_nested(n);
         }
-        e.uint(2, s.producers_connected as u64);
-        e.uint(3, s.producers_seen);
-        e.uint(4, s.data_sources_registered as u64);
-        e.uint(5, s.data_sources_seen);
-        e.uint(6, s.tracing_sessions as u64);
-        e.uint(7, s.total_buffers as u64);
-        e.uint(12, s.flushes_requested);
-        e.uint(13, s.flushes_succeeded);
-        e.uint(14, s.flushes_failed);
+        e.uint(ts::PRODUCERS_CONNECTED, s.producers_connected as u64);
+        e.uint(ts::PRODUCERS_SEEN, s.producers_seen);
+        e.uint(
+            ts::DATA_SOURCES_REGISTERED,
+            s.data_sources_registered as u64,
+        );
+        e.uint(ts::DATA_SOURCES_SEEN, s.data_sources_seen);
+        e.uint(ts::TRACING_SESSIONS, s.tracing_sessions as u64);
+        e.uint(ts::TOTAL_BUFFERS, s.total_buffers as u64);
+        e.uint(ts::FLUSHES_REQUESTED, s.flushes_requested);
+        e.uint(ts::FLUSHES_SUCCEEDED, s.flushes_succeeded);
+        e.uint(ts::FLUSHES_FAILED, s.flushes_failed);
         if s.final_flush_outcome != 0 {
-            e.uint(15, s.final_flush_outcome as u64);
+            e.uint(ts::FINAL_FLUSH_OUTCOME, s.final_flush_outcome as u64);
         }
         for w in &s.writers {
-            let n = e.begin_nested(18);
-            e.uint(1, u64::from(w.sequence_id));
-            e.uint(4, u64::from(w.buffer));
+            let n = e.begin_nested(ts::WRITER_STATS);
+            e.uint(writer_stats::SEQUENCE_ID, u64::from(w.sequence_id));
+            e.uint(writer_stats::BUFFER, u64::from(w.buffer));
             e.end_nested(n);
         }
-        e.end_nested(ts);
+        e.end_nested(stats);
     })
 }
 
@@ -475,8 +460,8 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
 /// loss and resets that sequence's incremental state at exactly that point.
 pub fn loss_marker(sequence_id: u32) -> Vec<u8> {
     framed(|e| {
-        e.uint(field::TRUSTED_SEQUENCE_ID, sequence_id as u64);
-        e.uint(field::PREVIOUS_PACKET_DROPPED, 1);
+        e.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, sequence_id as u64);
+        e.uint(tp::PREVIOUS_PACKET_DROPPED, 1);
     })
 }
 

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use recorder::config::{self, LoadOptions, Schema, ServiceFields, UserProtos, wire};
+use recorder::config::{self, LoadOptions, Schema, ServiceFields, UserProtos, raw};
+use recorder::wire;
 
 use crate::common;
 
@@ -121,13 +122,17 @@ fn py_encode(set: &Path, text: &str) -> Vec<u8> {
     out[8..].to_vec()
 }
 
-/// The value bytes of field `number` at the top of `msg` (the last one).
+/// Field `number` at the top of `msg` (the last one): a length-delimited
+/// value's bytes, else the whole field.
 fn field_bytes(msg: &[u8], number: u32) -> Option<Vec<u8>> {
-    let fields = wire::fields(msg).expect("well-formed");
-    fields
-        .iter()
-        .rfind(|f| f.number == number)
-        .map(|f| msg[f.value.0..f.value.1].to_vec())
+    wire::fields(msg)
+        .map(|f| f.expect("well-formed"))
+        .filter(|f| f.number == number)
+        .last()
+        .map(|f| match f.value {
+            wire::Value::Len(b) => b.to_vec(),
+            _ => msg[f.start..f.end].to_vec(),
+        })
 }
 
 #[test]
@@ -271,7 +276,7 @@ fn custom_fields_reach_the_data_source_byte_for_byte() {
         Some(audio.clone())
     );
     // The config as recorded in the trace carries them as well.
-    let recorded = wire::data_source_configs(&spec.config_bytes).expect("well-formed");
+    let recorded = raw::data_source_configs(&spec.config_bytes).expect("well-formed");
     assert_eq!(field_bytes(&recorded[0], AUDIO_CONFIG), Some(audio.clone()));
     // The other data source has none.
     assert_eq!(
@@ -608,7 +613,7 @@ duration_ms: 300
     );
     let schema = example_schema();
     let loaded = config::load_path_in(&cfg, LoadOptions::default(), &schema).expect("loads");
-    let sent = wire::data_source_configs(&loaded.bytes).expect("well-formed");
+    let sent = raw::data_source_configs(&loaded.bytes).expect("well-formed");
     let want_audio = field_bytes(&sent[1], AUDIO_CONFIG).expect("audio_config");
     let want_tag = field_bytes(&sent[0], SESSION_TAG).expect("session tag");
     // rust-protobuf with Perfetto's schema: the packet's TraceConfig,
@@ -618,7 +623,7 @@ duration_ms: 300
     let tc: Vec<_> = packets.iter().filter(|p| p.has_trace_config()).collect();
     assert_eq!(tc.len(), 1);
     let bytes = tc[0].trace_config().write_to_bytes().expect("serializes");
-    let got = wire::data_source_configs(&bytes).expect("well-formed");
+    let got = raw::data_source_configs(&bytes).expect("well-formed");
     assert_eq!(field_bytes(&got[1], AUDIO_CONFIG), Some(want_audio.clone()));
     assert_eq!(field_bytes(&got[0], SESSION_TAG), Some(want_tag));
     // Python: Perfetto's perfetto_trace_pb2 reads the trace, protoc's

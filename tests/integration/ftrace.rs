@@ -517,18 +517,19 @@ fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
 }
 
 /// The ring writer reserving a full-size slot for every bundle, as it did
-/// before `reserve_at_least`: the padding baseline.
+/// before `begin_packet_at_least`: the padding baseline.
 struct FullSlots(recorder::ringbuf::Writer);
 
 impl PacketOutput for FullSlots {
     fn write_packet(&mut self, packet: &[u8]) {
         let _ = self.0.write_packet(packet);
     }
-    fn begin(&mut self, _min_len: usize, max_len: usize) -> Option<&mut [u8]> {
-        self.0.reserve(max_len).ok()
-    }
-    fn commit(&mut self, len: usize) {
-        self.0.commit_reserved(len);
+    fn begin(
+        &mut self,
+        _min_len: usize,
+        max_len: usize,
+    ) -> Option<recorder::ringbuf::PacketSlot<'_>> {
+        self.0.begin_packet(max_len).ok()
     }
 }
 
@@ -601,7 +602,7 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
     let buffer = Buffer::new(params).expect("buffer");
     let mut writer = buffer.writer(WriterId(SEQ));
     let (total, enc, s) = record_drains(&buffer, &mut writer);
-    report("reserve_at_least", &s, enc.stats.bundles);
+    report("begin_packet_at_least", &s, enc.stats.bundles);
 
     assert_eq!((s.packets_discarded, s.packets_refused), (0, 0), "{s:#?}");
     assert!(s.chunks_written >= 20, "enough chunks to measure: {s:#?}");
@@ -1180,7 +1181,15 @@ fn perfetto_test_configs_with_linux_sources_record() {
                 "{name}: the trace_marker line is missing"
             );
         }
-        assert!(b.iter().all(|b| !b.lost_events()), "{name}: lost events");
+        // Some of these configs give ftrace a few pages per CPU; on a loaded
+        // machine the kernel may overrun them before the reader runs. That
+        // is the kernel's loss, and then the summary must say so.
+        if b.iter().any(|b| b.lost_events()) {
+            assert!(
+                log.contains("linux.ftrace: the kernel lost"),
+                "{name}: bundles flag lost events the summary does not report\n{log}"
+            );
+        }
         let phases: Vec<_> = p
             .iter()
             .filter(|p| p.has_ftrace_stats())

@@ -16,9 +16,13 @@
 
 use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
 use super::format::{Field, FieldKind, PageLayout, read_int, read_str, read_uint};
-use super::output::PacketOutput;
 use super::page::{EventIter, PageError, RawEvent, parse_header};
+use crate::sources::output::PacketOutput;
 use crate::trace::encoder::ProtoEncoder;
+use crate::wire::{
+    compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
+    generic_ftrace_event as gfe, trace_packet, varint,
+};
 
 /// Room kept free in a bundle for its trailer (compact header, lost flag,
 /// previous_bundle_end_timestamp, nested lengths).
@@ -102,20 +106,6 @@ struct CompactCols {
     col_bytes: usize,
 }
 
-/// Appends `x` as a varint; returns the bytes it took.
-#[inline]
-fn push_varint(v: &mut Vec<u8>, mut x: u64) -> usize {
-    // Byte pushes: cheaper than staging and copying a 1–3 byte slice.
-    let mut n = 1;
-    while x >= 0x80 {
-        v.push((x as u8) | 0x80);
-        x >>= 7;
-        n += 1;
-    }
-    v.push(x as u8);
-    n
-}
-
 impl CompactCols {
     fn new() -> Self {
         Self {
@@ -190,12 +180,12 @@ impl CompactCols {
         if self.is_empty() {
             return;
         }
-        let cs = enc.begin_nested(4);
+        let nested = enc.begin_nested(feb::COMPACT_SCHED);
         for (field, col) in [
-            (1, &self.switch_ts),
-            (2, &self.switch_prev_state),
-            (3, &self.switch_next_pid),
-            (4, &self.switch_next_prio),
+            (cs::SWITCH_TIMESTAMP, &self.switch_ts),
+            (cs::SWITCH_PREV_STATE, &self.switch_prev_state),
+            (cs::SWITCH_NEXT_PID, &self.switch_next_pid),
+            (cs::SWITCH_NEXT_PRIO, &self.switch_next_prio),
         ] {
             if !col.is_empty() {
                 enc.bytes(field, col);
@@ -203,22 +193,22 @@ impl CompactCols {
         }
         for (k, n) in &self.intern {
             let b = k.to_le_bytes();
-            enc.bytes(5, utf8_or_placeholder(&b[..*n as usize]));
+            enc.bytes(cs::INTERN_TABLE, utf8_or_placeholder(&b[..*n as usize]));
         }
         for (field, col) in [
-            (6, &self.switch_comm),
-            (7, &self.waking_ts),
-            (8, &self.waking_pid),
-            (9, &self.waking_target_cpu),
-            (10, &self.waking_prio),
-            (11, &self.waking_comm),
-            (12, &self.waking_flags),
+            (cs::SWITCH_NEXT_COMM_INDEX, &self.switch_comm),
+            (cs::WAKING_TIMESTAMP, &self.waking_ts),
+            (cs::WAKING_PID, &self.waking_pid),
+            (cs::WAKING_TARGET_CPU, &self.waking_target_cpu),
+            (cs::WAKING_PRIO, &self.waking_prio),
+            (cs::WAKING_COMM_INDEX, &self.waking_comm),
+            (cs::WAKING_COMMON_FLAGS, &self.waking_flags),
         ] {
             if !col.is_empty() {
                 enc.bytes(field, col);
             }
         }
-        enc.end_nested(cs);
+        enc.end_nested(nested);
     }
 }
 
@@ -397,8 +387,23 @@ impl BundleEncoder {
         out.append(&mut self.pids);
     }
 
-    /// Encodes `pages` (whole pages of one CPU, in read order) as bundles.
+    /// Encodes `pages` (whole pages of one CPU, in read order) as bundles,
+    /// then flushes `out` (free for a ring writer; an in-memory output
+    /// collects the last bundle).
     pub fn encode_pages(
+        &mut self,
+        out: &mut dyn PacketOutput,
+        table: &EventTable,
+        filter: &PrintFilter,
+        layout: &PageLayout,
+        cursor: &mut CpuCursor,
+        pages: &[u8],
+    ) {
+        self.encode_bundles(out, table, filter, layout, cursor, pages);
+        out.flush();
+    }
+
+    fn encode_bundles(
         &mut self,
         out: &mut dyn PacketOutput,
         table: &EventTable,
@@ -428,24 +433,24 @@ impl BundleEncoder {
             if pending.is_none() && !pc.lost {
                 break;
             }
-            let Some(buf) = out.begin(min_len, self.max_packet_bytes) else {
+            let Some(mut slot) = out.begin(min_len, self.max_packet_bytes) else {
                 self.stats.dropped_bundles += 1;
                 // Nothing can be written now; the rest of these pages is lost.
                 return;
             };
             // A short bundle, not already the retry of a full-size one.
-            let short = buf.len() < self.max_packet_bytes && min_len < self.max_packet_bytes;
+            let short = slot.max_len() < self.max_packet_bytes && min_len < self.max_packet_bytes;
             min_len = MIN_BUNDLE_BYTES.min(self.max_packet_bytes);
             let mut retry = false;
-            let mut enc = ProtoEncoder::new(buf);
-            enc.uint(10, self.seq_id as u64);
+            let mut enc = ProtoEncoder::new(slot.buf());
+            enc.uint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, self.seq_id as u64);
             if self.clear_pending {
-                enc.uint(13, SEQ_INCREMENTAL_STATE_CLEARED);
+                enc.uint(trace_packet::SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
             }
-            let bundle = enc.begin_nested(1);
-            enc.uint(1, cursor.cpu as u64);
+            let bundle = enc.begin_nested(trace_packet::FTRACE_EVENTS);
+            enc.uint(feb::CPU, cursor.cpu as u64);
             if let Some(clock) = self.ftrace_clock {
-                enc.uint(5, u64::from(clock));
+                enc.uint(feb::FTRACE_CLOCK, u64::from(clock));
             }
             self.compact.clear();
             let mut bundle_lost = std::mem::take(&mut pc.lost);
@@ -498,27 +503,28 @@ impl BundleEncoder {
                 }
             }
             if retry {
-                // Nothing in this short bundle: store none, keep the loss
-                // mark for the full-size one.
-                out.commit(0);
+                // Nothing in this short bundle: store none (the slot is
+                // dropped uncommitted), keep the loss mark for the full-size one.
                 pc.lost |= bundle_lost;
                 continue;
             }
             self.compact.write(&mut enc);
             if bundle_lost {
-                enc.bool(3, true);
+                enc.bool(feb::LOST_EVENTS, true);
             }
-            enc.uint(10, cursor.prev_bundle_end_ts);
+            enc.uint(
+                feb::PREVIOUS_BUNDLE_END_TIMESTAMP,
+                cursor.prev_bundle_end_ts,
+            );
             enc.end_nested(bundle);
             match enc.finish() {
                 Ok(len) => {
-                    out.commit(len);
+                    slot.commit(len);
                     self.stats.bundles += 1;
                     self.clear_pending = false;
                 }
                 Err(_) => {
                     // Unreachable by the reserve kept; drop rather than write a torn packet.
-                    out.commit(0);
                     self.stats.dropped_bundles += 1;
                 }
             }
@@ -573,10 +579,10 @@ impl BundleEncoder {
             return Fit::Written;
         }
         let mark = enc.len();
-        let e = enc.begin_short(2);
-        enc.uint(1, ev.timestamp);
+        let e = enc.begin_short(feb::EVENT);
+        enc.uint(ftrace_event::TIMESTAMP, ev.timestamp);
         if let Some(p) = entry.pid.as_ref().and_then(|f| read_int(rec, f)) {
-            enc.uint(2, p as u32 as u64);
+            enc.uint(ftrace_event::PID, p as u32 as u64);
         }
         if let Some(plan) = &entry.typed {
             let m = enc.begin_short(plan.proto_field);
@@ -635,26 +641,29 @@ impl BundleEncoder {
     }
 
     fn generic_event(enc: &mut ProtoEncoder<'_>, entry: &EventEntry, rec: &[u8]) {
-        let g = enc.begin_short(327);
-        enc.string(1, &entry.format.name);
+        let g = enc.begin_short(ftrace_event::GENERIC);
+        enc.string(gfe::EVENT_NAME, &entry.format.name);
         for f in &entry.format.fields {
             match f.kind {
                 FieldKind::Int => {
-                    let fe = enc.begin_short(2);
-                    enc.string(1, &f.name);
+                    let fe = enc.begin_short(gfe::FIELD);
+                    enc.string(generic_field::NAME, &f.name);
                     if f.signed {
                         if let Some(v) = read_int(rec, f) {
-                            enc.int(4, v);
+                            enc.int(generic_field::INT_VALUE, v);
                         }
                     } else if let Some(v) = read_uint(rec, f.offset, f.size) {
-                        enc.uint(5, v);
+                        enc.uint(generic_field::UINT_VALUE, v);
                     }
                     enc.end_short(fe);
                 }
                 FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString => {
-                    let fe = enc.begin_short(2);
-                    enc.string(1, &f.name);
-                    enc.bytes(3, utf8_or_placeholder(read_str(rec, f).unwrap_or_default()));
+                    let fe = enc.begin_short(gfe::FIELD);
+                    enc.string(generic_field::NAME, &f.name);
+                    enc.bytes(
+                        generic_field::STR_VALUE,
+                        utf8_or_placeholder(read_str(rec, f).unwrap_or_default()),
+                    );
                     enc.end_short(fe);
                 }
                 FieldKind::Opaque => {}
@@ -673,11 +682,11 @@ impl BundleEncoder {
                 let idx = c.intern(k, n);
                 let dt = ev.timestamp.wrapping_sub(c.last_switch_ts);
                 c.last_switch_ts = ev.timestamp;
-                push_varint(&mut c.switch_ts, dt)
-                    + push_varint(&mut c.switch_prev_state, int(&p.prev_state))
-                    + push_varint(&mut c.switch_next_pid, int(&p.next_pid))
-                    + push_varint(&mut c.switch_next_prio, int(&p.next_prio))
-                    + push_varint(&mut c.switch_comm, idx as u64)
+                varint::push(&mut c.switch_ts, dt)
+                    + varint::push(&mut c.switch_prev_state, int(&p.prev_state))
+                    + varint::push(&mut c.switch_next_pid, int(&p.next_pid))
+                    + varint::push(&mut c.switch_next_prio, int(&p.next_prio))
+                    + varint::push(&mut c.switch_comm, idx as u64)
             }
             CompactPlan::Waking(p) => {
                 let (k, n) = comm_key(rec, &p.comm);
@@ -689,12 +698,12 @@ impl BundleEncoder {
                     .as_ref()
                     .and_then(|f| read_uint(rec, f.offset, f.size))
                     .unwrap_or(0);
-                push_varint(&mut c.waking_ts, dt)
-                    + push_varint(&mut c.waking_pid, int(&p.pid))
-                    + push_varint(&mut c.waking_target_cpu, int(&p.target_cpu))
-                    + push_varint(&mut c.waking_prio, int(&p.prio))
-                    + push_varint(&mut c.waking_comm, idx as u64)
-                    + push_varint(&mut c.waking_flags, flags)
+                varint::push(&mut c.waking_ts, dt)
+                    + varint::push(&mut c.waking_pid, int(&p.pid))
+                    + varint::push(&mut c.waking_target_cpu, int(&p.target_cpu))
+                    + varint::push(&mut c.waking_prio, int(&p.prio))
+                    + varint::push(&mut c.waking_comm, idx as u64)
+                    + varint::push(&mut c.waking_flags, flags)
             }
         };
         c.col_bytes += n;

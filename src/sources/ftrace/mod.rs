@@ -18,7 +18,6 @@
 pub mod encode;
 pub mod event_table;
 pub mod format;
-pub mod output;
 pub mod page;
 pub mod reader;
 pub mod stats;
@@ -32,8 +31,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
+pub use crate::sources::output::{PacketOutput, VecOutput};
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
-pub use output::{PacketOutput, VecOutput};
 pub use reader::{PidSink, ReadMode};
 
 use encode::{BundleEncoder, CpuCursor, EncodeStats};
@@ -319,18 +318,19 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 .chain(report.failed_events)
                 .map(|s| s.len() + 4)
                 .sum::<usize>();
-        let buf = output
+        let mut slot = output
             .begin(max, max)
             .ok_or(FtraceError::NoRoom("FtraceStats"))?;
         let n = stats::encode_stats_packet(
-            buf,
+            slot.buf(),
             self.opts.sequence_id,
             crate::clock::boottime_ns(),
             phase,
             &report,
         )
         .ok_or(FtraceError::NoRoom("FtraceStats"))?;
-        output.commit(n);
+        slot.commit(n);
+        output.flush();
         Ok(())
     }
 

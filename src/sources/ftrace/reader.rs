@@ -24,7 +24,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use super::encode::{BundleEncoder, CpuCursor, PrintFilter};
 use super::event_table::EventTable;
 use super::format::PageLayout;
-use super::output::PacketOutput;
+use crate::sources::output::PacketOutput;
 
 /// Pages read from one CPU before they are encoded (bounds the staging buffer).
 pub const BATCH_PAGES: usize = 64;

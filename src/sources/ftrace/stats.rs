@@ -1,6 +1,7 @@
 //! `per_cpu/cpuN/stats` and the FtraceStats packet (TracePacket field 34).
 
 use crate::trace::encoder::ProtoEncoder;
+use crate::wire::{ftrace_cpu_stats as cs, ftrace_stats as fs, trace_packet};
 
 /// FtraceStats.phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,37 +77,37 @@ pub fn encode_stats_packet(
     r: &StatsReport<'_>,
 ) -> Option<usize> {
     let mut enc = ProtoEncoder::new(buf);
-    enc.uint(8, timestamp);
-    enc.uint(10, seq_id as u64);
-    let st = enc.begin_nested(34);
-    enc.uint(1, phase as u64);
+    enc.uint(trace_packet::TIMESTAMP, timestamp);
+    enc.uint(trace_packet::TRUSTED_PACKET_SEQUENCE_ID, seq_id as u64);
+    let st = enc.begin_nested(trace_packet::FTRACE_STATS);
+    enc.uint(fs::PHASE, phase as u64);
     for c in r.cpus {
-        let m = enc.begin_nested(2);
-        enc.uint(1, c.cpu);
-        enc.uint(2, c.entries);
-        enc.uint(3, c.overrun);
-        enc.uint(4, c.commit_overrun);
-        enc.uint(5, c.bytes_read);
-        enc.double(6, c.oldest_event_ts);
-        enc.double(7, c.now_ts);
-        enc.uint(8, c.dropped_events);
-        enc.uint(9, c.read_events);
+        let m = enc.begin_nested(fs::CPU_STATS);
+        enc.uint(cs::CPU, c.cpu);
+        enc.uint(cs::ENTRIES, c.entries);
+        enc.uint(cs::OVERRUN, c.overrun);
+        enc.uint(cs::COMMIT_OVERRUN, c.commit_overrun);
+        enc.uint(cs::BYTES_READ, c.bytes_read);
+        enc.double(cs::OLDEST_EVENT_TS, c.oldest_event_ts);
+        enc.double(cs::NOW_TS, c.now_ts);
+        enc.uint(cs::DROPPED_EVENTS, c.dropped_events);
+        enc.uint(cs::READ_EVENTS, c.read_events);
         enc.end_nested(m);
     }
     for u in r.unknown_events {
-        enc.string(6, u);
+        enc.string(fs::UNKNOWN_FTRACE_EVENTS, u);
     }
     for f in r.failed_events {
-        enc.string(7, f);
+        enc.string(fs::FAILED_FTRACE_EVENTS, f);
     }
     for e in r.parse_errors {
-        enc.uint(9, *e as u64);
+        enc.uint(fs::FTRACE_PARSE_ERRORS, *e as u64);
     }
     if r.preserve_ftrace_buffer {
-        enc.bool(8, true);
+        enc.bool(fs::PRESERVE_FTRACE_BUFFER, true);
     }
     if r.cpu_buffer_size_pages > 0 {
-        enc.uint(11, r.cpu_buffer_size_pages);
+        enc.uint(fs::CPU_BUFFER_SIZE_PAGES, r.cpu_buffer_size_pages);
     }
     enc.end_nested(st);
     enc.finish().ok()

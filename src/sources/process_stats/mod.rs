@@ -26,6 +26,7 @@ pub use packets::{
 use crate::config::spec::ProcessStatsSpec;
 use crate::sources::poller::{PacketOutput, PolledSource};
 use crate::sources::procfs::{self, HostPaths};
+use crate::wire::{process_stats, process_tree, trace_packet};
 use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
 
 /// The data source's name, as configs select it.
@@ -334,8 +335,8 @@ impl ProcessStatsSource {
         let plan = PacketPlan {
             timestamp_ns: ts,
             sequence_id: self.sequence_id,
-            payload_field: packets::PACKET_PROCESS_TREE,
-            end_field: packets::TREE_COLLECTION_END,
+            payload_field: trace_packet::PROCESS_TREE,
+            end_field: process_tree::COLLECTION_END_TIMESTAMP,
             incremental_state_cleared: std::mem::take(&mut self.did_clear),
             soft_limit: self.soft_limit,
         };
@@ -492,8 +493,8 @@ impl ProcessStatsSource {
             let plan = PacketPlan {
                 timestamp_ns: ts,
                 sequence_id: self.sequence_id,
-                payload_field: packets::PACKET_PROCESS_STATS,
-                end_field: packets::STATS_COLLECTION_END,
+                payload_field: trace_packet::PROCESS_STATS,
+                end_field: process_stats::COLLECTION_END_TIMESTAMP,
                 incremental_state_cleared: std::mem::take(&mut self.did_clear),
                 soft_limit: self.soft_limit,
             };

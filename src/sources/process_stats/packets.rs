@@ -2,15 +2,12 @@
 //! that no packet grows past a soft size limit (a big process tree becomes
 //! several packets, each with its own `collection_end_timestamp`).
 
-use crate::sources::poller::{PacketOutput, packet_field, write_packet_header};
+use crate::sources::poller::{PacketOutput, write_packet_header};
 use crate::trace::encoder::ProtoEncoder;
-
-/// TracePacket payload fields (facts §4.2).
-pub(super) const PACKET_PROCESS_TREE: u32 = 2;
-pub(super) const PACKET_PROCESS_STATS: u32 = 9;
-/// `collection_end_timestamp` inside ProcessTree / ProcessStats (facts §4.5).
-pub(super) const TREE_COLLECTION_END: u32 = 3;
-pub(super) const STATS_COLLECTION_END: u32 = 2;
+use crate::wire::{
+    process_stats, process_stats_process as psp, process_tree, process_tree_process as ptp,
+    process_tree_thread as ptt, trace_packet,
+};
 
 /// Packets close before the entry that would take them past this size.
 pub const SOFT_PACKET_LIMIT_BYTES: usize = 64 * 1024;
@@ -88,36 +85,36 @@ impl StatsRecord {
 pub(super) fn encode_tree_entry(e: &mut ProtoEncoder<'_>, entry: &TreeEntry) {
     match entry {
         TreeEntry::Process(p) => {
-            let n = e.begin_nested(1);
-            e.int(1, i64::from(p.pid));
-            e.int(2, i64::from(p.ppid));
+            let n = e.begin_nested(process_tree::PROCESSES);
+            e.int(ptp::PID, i64::from(p.pid));
+            e.int(ptp::PPID, i64::from(p.ppid));
             for arg in &p.cmdline {
-                e.string(3, arg);
+                e.string(ptp::CMDLINE, arg);
             }
-            e.int(5, i64::from(p.uid));
+            e.int(ptp::UID, i64::from(p.uid));
             for id in &p.nspid {
-                e.int(6, i64::from(*id));
+                e.int(ptp::NSPID, i64::from(*id));
             }
             if let Some(k) = p.is_kthread {
-                e.bool(8, k);
+                e.bool(ptp::IS_KTHREAD, k);
             }
             if let Some(ns) = p.start_from_boot_ns {
-                e.uint(7, ns);
+                e.uint(ptp::PROCESS_START_FROM_BOOT, ns);
             }
             if p.cmdline_is_comm {
-                e.bool(9, true);
+                e.bool(ptp::CMDLINE_IS_COMM, true);
             }
             e.end_nested(n);
         }
         TreeEntry::Thread(t) => {
-            let n = e.begin_nested(2);
-            e.int(1, i64::from(t.tid));
+            let n = e.begin_nested(process_tree::THREADS);
+            e.int(ptt::TID, i64::from(t.tid));
             if let Some(name) = &t.name {
-                e.string(2, name);
+                e.string(ptt::NAME, name);
             }
-            e.int(3, i64::from(t.tgid));
+            e.int(ptt::TGID, i64::from(t.tgid));
             for id in &t.nstid {
-                e.int(4, i64::from(*id));
+                e.int(ptt::NSTID, i64::from(*id));
             }
             e.end_nested(n);
         }
@@ -125,25 +122,25 @@ pub(super) fn encode_tree_entry(e: &mut ProtoEncoder<'_>, entry: &TreeEntry) {
 }
 
 pub(super) fn encode_stats_record(e: &mut ProtoEncoder<'_>, r: &StatsRecord) {
-    let n = e.begin_nested(1);
-    e.int(1, i64::from(r.pid));
+    let n = e.begin_nested(process_stats::PROCESSES);
+    e.int(psp::PID, i64::from(r.pid));
     let fields = [
-        (2, r.vm_size_kb),
-        (3, r.vm_rss_kb),
-        (4, r.rss_anon_kb),
-        (5, r.rss_file_kb),
-        (6, r.rss_shmem_kb),
-        (7, r.vm_swap_kb),
-        (8, r.vm_locked_kb),
-        (9, r.vm_hwm_kb),
-        (16, r.smr_rss_kb),
-        (17, r.smr_pss_kb),
-        (18, r.smr_pss_anon_kb),
-        (19, r.smr_pss_file_kb),
-        (20, r.smr_pss_shmem_kb),
-        (21, r.runtime_user_ns),
-        (22, r.runtime_kernel_ns),
-        (23, r.smr_swap_pss_kb),
+        (psp::VM_SIZE_KB, r.vm_size_kb),
+        (psp::VM_RSS_KB, r.vm_rss_kb),
+        (psp::RSS_ANON_KB, r.rss_anon_kb),
+        (psp::RSS_FILE_KB, r.rss_file_kb),
+        (psp::RSS_SHMEM_KB, r.rss_shmem_kb),
+        (psp::VM_SWAP_KB, r.vm_swap_kb),
+        (psp::VM_LOCKED_KB, r.vm_locked_kb),
+        (psp::VM_HWM_KB, r.vm_hwm_kb),
+        (psp::SMR_RSS_KB, r.smr_rss_kb),
+        (psp::SMR_PSS_KB, r.smr_pss_kb),
+        (psp::SMR_PSS_ANON_KB, r.smr_pss_anon_kb),
+        (psp::SMR_PSS_FILE_KB, r.smr_pss_file_kb),
+        (psp::SMR_PSS_SHMEM_KB, r.smr_pss_shmem_kb),
+        (psp::RUNTIME_USER_MODE, r.runtime_user_ns),
+        (psp::RUNTIME_KERNEL_MODE, r.runtime_kernel_ns),
+        (psp::SMR_SWAP_PSS_KB, r.smr_swap_pss_kb),
     ];
     for (field, v) in fields {
         if let Some(v) = v {
@@ -151,7 +148,7 @@ pub(super) fn encode_stats_record(e: &mut ProtoEncoder<'_>, r: &StatsRecord) {
         }
     }
     if let Some(v) = r.oom_score_adj {
-        e.int(10, v);
+        e.int(psp::OOM_SCORE_ADJ, v);
     }
     e.end_nested(n);
 }
@@ -198,7 +195,7 @@ pub(super) fn write_split<T>(
         let mut e = ProtoEncoder::new(&mut buf[..budget + TAIL_BYTES]);
         write_packet_header(&mut e, plan.timestamp_ns, plan.sequence_id);
         if plan.incremental_state_cleared && outcome.packets == 0 {
-            e.bool(packet_field::INCREMENTAL_STATE_CLEARED, true);
+            e.bool(trace_packet::INCREMENTAL_STATE_CLEARED, true);
         }
         let payload = e.begin_nested(plan.payload_field);
         while i < items.len() {
@@ -246,8 +243,8 @@ mod tests {
         PacketPlan {
             timestamp_ns: 5,
             sequence_id: 3,
-            payload_field: PACKET_PROCESS_TREE,
-            end_field: TREE_COLLECTION_END,
+            payload_field: trace_packet::PROCESS_TREE,
+            end_field: process_tree::COLLECTION_END_TIMESTAMP,
             incremental_state_cleared: false,
             soft_limit,
         }

@@ -31,6 +31,7 @@ use crate::config::spec::SysStatsSpec;
 use crate::sources::poller::{PacketOutput, PolledSource, write_packet_header};
 use crate::sources::procfs::HostPaths;
 use crate::trace::encoder::ProtoEncoder;
+use crate::wire::{sys_stats, trace_packet};
 use readers::Readers;
 
 /// The data source's name, as configs select it.
@@ -39,10 +40,6 @@ pub const DATA_SOURCE_NAME: &str = "linux.sys_stats";
 pub const HANDLES_INCREMENTAL_STATE: bool = false;
 /// Periods below this are raised to it.
 pub const MIN_PERIOD_MS: u32 = 10;
-/// TracePacket.sys_stats.
-const PACKET_SYS_STATS: u32 = 7;
-/// SysStats.collection_end_timestamp.
-const COLLECTION_END: u32 = 9;
 /// First size of the packet buffer; it doubles when a tick needs more.
 const INITIAL_PACKET_BYTES: usize = 64 * 1024;
 /// A tick larger than this is not written (counted).
@@ -245,9 +242,9 @@ impl SysStatsSource {
         loop {
             let mut e = ProtoEncoder::new(&mut self.packet);
             write_packet_header(&mut e, ts, self.sequence_id);
-            let n = e.begin_nested(PACKET_SYS_STATS);
+            let n = e.begin_nested(trace_packet::SYS_STATS);
             self.readers.encode(&mut e, &due);
-            e.uint(COLLECTION_END, end_ts);
+            e.uint(sys_stats::COLLECTION_END_TIMESTAMP, end_ts);
             e.end_nested(n);
             match e.finish() {
                 Ok(len) => {

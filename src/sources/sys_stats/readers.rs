@@ -14,25 +14,10 @@ use super::{Group, Schedule};
 use crate::config::spec::{StatCounter, SysStatsSpec};
 use crate::sources::procfs::{self, HostPaths, PolledFile, lines, parse_u64, words};
 use crate::trace::encoder::ProtoEncoder;
-
-/// SysStats field numbers (facts §4.5).
-mod field {
-    pub const MEMINFO: u32 = 1;
-    pub const VMSTAT: u32 = 2;
-    pub const CPU_STAT: u32 = 3;
-    pub const NUM_FORKS: u32 = 4;
-    pub const NUM_IRQ_TOTAL: u32 = 5;
-    pub const NUM_IRQ: u32 = 6;
-    pub const NUM_SOFTIRQ_TOTAL: u32 = 7;
-    pub const NUM_SOFTIRQ: u32 = 8;
-    pub const DEVFREQ: u32 = 10;
-    pub const CPUFREQ_KHZ: u32 = 11;
-    pub const BUDDY_INFO: u32 = 12;
-    pub const DISK_STAT: u32 = 13;
-    pub const PSI: u32 = 14;
-    pub const THERMAL_ZONE: u32 = 15;
-    pub const CPUIDLE_STATE: u32 = 16;
-}
+use crate::wire::{
+    buddy_info, cpu_times, cpuidle_state, cpuidle_state_entry, disk_stat, interrupt_count,
+    key_value, psi_sample, sys_stats as field, thermal_zone,
+};
 
 /// PsiSample.PsiResource values.
 const PSI_CPU_SOME: u64 = 1;
@@ -216,8 +201,8 @@ impl Readers {
         if due(Group::Devfreq) {
             for (key, value) in &self.devfreq {
                 let n = e.begin_nested(field::DEVFREQ);
-                e.string(1, key);
-                e.uint(2, *value);
+                e.string(key_value::KEY, key);
+                e.uint(key_value::VALUE, *value);
                 e.end_nested(n);
             }
         }
@@ -240,12 +225,12 @@ impl Readers {
         if due(Group::Thermal) {
             for z in &self.thermal {
                 let n = e.begin_nested(field::THERMAL_ZONE);
-                e.string(1, &z.name);
+                e.string(thermal_zone::NAME, &z.name);
                 if let Some(t) = z.temp_c {
-                    e.uint(2, t);
+                    e.uint(thermal_zone::TEMP, t);
                 }
                 if let Some(k) = &z.kind {
-                    e.string(3, k);
+                    e.string(thermal_zone::TYPE, k);
                 }
                 e.end_nested(n);
             }
@@ -253,11 +238,11 @@ impl Readers {
         if due(Group::Cpuidle) {
             for c in &self.cpuidle {
                 let n = e.begin_nested(field::CPUIDLE_STATE);
-                e.uint(1, u64::from(c.cpu));
+                e.uint(cpuidle_state::CPU_ID, u64::from(c.cpu));
                 for (state, us) in &c.states {
-                    let s = e.begin_nested(2);
-                    e.string(1, state);
-                    e.uint(2, *us);
+                    let s = e.begin_nested(cpuidle_state::CPUIDLE_STATE_ENTRY);
+                    e.string(cpuidle_state_entry::STATE, state);
+                    e.uint(cpuidle_state_entry::DURATION_US, *us);
                     e.end_nested(s);
                 }
                 e.end_nested(n);
@@ -348,8 +333,8 @@ impl Readers {
 
 fn encode_key_values(e: &mut ProtoEncoder<'_>, field: u32, key: u32, value: u64) {
     let n = e.begin_nested(field);
-    e.uint(1, u64::from(key));
-    e.uint(2, value);
+    e.uint(key_value::KEY, u64::from(key));
+    e.uint(key_value::VALUE, value);
     e.end_nested(n);
 }
 
@@ -395,9 +380,9 @@ pub fn encode_stat(e: &mut ProtoEncoder<'_>, buf: &[u8], mask: u32, ns_per_tick:
                 *t = parse_u64(v).saturating_mul(ns_per_tick);
             }
             let n = e.begin_nested(field::CPU_STAT);
-            e.uint(1, cpu);
+            e.uint(cpu_times::CPU_ID, cpu);
             for (i, t) in times.iter().enumerate() {
-                e.uint(2 + i as u32, *t);
+                e.uint(cpu_times::USER_NS + i as u32, *t);
             }
             e.end_nested(n);
         } else if on(STAT_IRQ_COUNTS) && key == b"intr" {
@@ -429,8 +414,8 @@ pub fn encode_stat(e: &mut ProtoEncoder<'_>, buf: &[u8], mask: u32, ns_per_tick:
 
 fn encode_interrupt(e: &mut ProtoEncoder<'_>, field: u32, irq: usize, count: u64) {
     let n = e.begin_nested(field);
-    e.int(1, irq as i64);
-    e.uint(2, count);
+    e.int(interrupt_count::IRQ, irq as i64);
+    e.uint(interrupt_count::COUNT, count);
     e.end_nested(n);
 }
 
@@ -439,21 +424,21 @@ fn encode_interrupt(e: &mut ProtoEncoder<'_>, field: u32, irq: usize, count: u64
 pub fn encode_diskstats(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
     // (word index in the line, DiskStat field)
     const COLUMNS: [(usize, u32); 8] = [
-        (5, 2),
-        (6, 3),
-        (9, 4),
-        (10, 5),
-        (16, 6),
-        (17, 7),
-        (18, 8),
-        (19, 9),
+        (5, disk_stat::READ_SECTORS),
+        (6, disk_stat::READ_TIME_MS),
+        (9, disk_stat::WRITE_SECTORS),
+        (10, disk_stat::WRITE_TIME_MS),
+        (16, disk_stat::DISCARD_SECTORS),
+        (17, disk_stat::DISCARD_TIME_MS),
+        (18, disk_stat::FLUSH_COUNT),
+        (19, disk_stat::FLUSH_TIME_MS),
     ];
     for line in lines(buf) {
         let n = e.begin_nested(field::DISK_STAT);
         let mut col = COLUMNS.iter().peekable();
         for (i, w) in words(line).enumerate() {
             if i == 2 {
-                e.bytes(1, w);
+                e.bytes(disk_stat::DEVICE_NAME, w);
             }
             if let Some((_, f)) = col.next_if(|(idx, _)| *idx == i) {
                 e.uint(*f, parse_u64(w));
@@ -472,9 +457,9 @@ pub fn encode_buddyinfo(e: &mut ProtoEncoder<'_>, buf: &[u8]) {
         let n = e.begin_nested(field::BUDDY_INFO);
         for (i, w) in words(line).enumerate() {
             match i {
-                1 => e.bytes(1, w.strip_suffix(b",").unwrap_or(w)),
-                3 => e.bytes(2, w),
-                i if i > 3 => e.uint(3, parse_u64(w)),
+                1 => e.bytes(buddy_info::NODE, w.strip_suffix(b",").unwrap_or(w)),
+                3 => e.bytes(buddy_info::ZONE, w),
+                i if i > 3 => e.uint(buddy_info::ORDER_PAGES, parse_u64(w)),
                 _ => {}
             }
         }
@@ -495,8 +480,8 @@ pub fn encode_psi(e: &mut ProtoEncoder<'_>, buf: &[u8], some: u64, full: u64) {
             .find_map(|t| t.strip_prefix(b"total="))
             .map_or(0, parse_u64);
         let n = e.begin_nested(field::PSI);
-        e.uint(1, resource);
-        e.uint(2, total_us.saturating_mul(1000));
+        e.uint(psi_sample::RESOURCE, resource);
+        e.uint(psi_sample::TOTAL_NS, total_us.saturating_mul(1000));
         e.end_nested(n);
     }
 }

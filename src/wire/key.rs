@@ -1,0 +1,117 @@
+//! Field keys: `field_number << 3 | wire_type`, itself a varint.
+//!
+//! ```text
+//!  key = (number << 3) | wire type     0 varint   1 fixed64   2 length-delimited
+//!                                      3 group start   4 group end   5 fixed32
+//! ```
+
+use super::varint;
+
+/// Smallest valid field number.
+pub const MIN_FIELD: u32 = 1;
+/// Largest valid field number (keys fit in 32 bits).
+pub const MAX_FIELD: u32 = (1 << 29) - 1;
+
+/// Protobuf wire types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum WireType {
+    Varint = 0,
+    Fixed64 = 1,
+    Len = 2,
+    StartGroup = 3,
+    EndGroup = 4,
+    Fixed32 = 5,
+}
+
+impl WireType {
+    /// The wire type of a key's low three bits (`None` for 6 and 7).
+    pub const fn from_bits(bits: u8) -> Option<WireType> {
+        Some(match bits {
+            0 => WireType::Varint,
+            1 => WireType::Fixed64,
+            2 => WireType::Len,
+            3 => WireType::StartGroup,
+            4 => WireType::EndGroup,
+            5 => WireType::Fixed32,
+            _ => return None,
+        })
+    }
+}
+
+/// The key of `field` with wire type `wt`.
+#[inline(always)]
+pub const fn key(field: u32, wt: WireType) -> u64 {
+    ((field as u64) << 3) | wt as u64
+}
+
+/// Bytes the key of `field` takes.
+#[inline(always)]
+pub const fn key_len(field: u32) -> usize {
+    varint::len((field as u64) << 3)
+}
+
+/// The single byte of a key that fits in one (fields 1–15), for byte-level
+/// matching such as the `0x0A` of `Trace.packet`.
+pub const fn key_byte(field: u32, wt: WireType) -> u8 {
+    assert!(field >= MIN_FIELD && field < 16, "a one-byte key");
+    key(field, wt) as u8
+}
+
+/// Why a key is not valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// Field number 0, or a key past 32 bits.
+    BadNumber,
+    /// Wire type 6 or 7.
+    BadWireType(u8),
+}
+
+/// Splits a decoded key into its field number and wire type.
+#[inline]
+pub fn split(key: u64) -> Result<(u32, WireType), KeyError> {
+    let key = u32::try_from(key).map_err(|_| KeyError::BadNumber)?;
+    let bits = (key & 7) as u8;
+    let wt = WireType::from_bits(bits).ok_or(KeyError::BadWireType(bits))?;
+    let number = key >> 3;
+    if number < MIN_FIELD {
+        return Err(KeyError::BadNumber);
+    }
+    Ok((number, wt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn known_keys() {
+        assert_eq!(key_byte(1, WireType::Len), 0x0A);
+        assert_eq!(key(900, WireType::Len), 7202);
+        assert_eq!(split(0x0A), Ok((1, WireType::Len)));
+        assert_eq!(split(0x07), Err(KeyError::BadWireType(7)));
+        assert_eq!(split(0x02), Err(KeyError::BadNumber));
+        assert_eq!(split(1 << 32), Err(KeyError::BadNumber));
+    }
+
+    proptest! {
+        // Oracle: prost's key encoder and decoder.
+        #[test]
+        fn keys_agree_with_prost(field in MIN_FIELD..=MAX_FIELD, bits in 0u8..6, raw in any::<u64>()) {
+            let wt = WireType::from_bits(bits).expect("0..6");
+            let pwt = prost::encoding::WireType::try_from(u64::from(bits)).expect("0..6");
+            let mut want = Vec::new();
+            prost::encoding::encode_key(field, pwt, &mut want);
+            let (got, n) = varint::encode(key(field, wt));
+            prop_assert_eq!(&got[..n], &want[..]);
+            prop_assert_eq!(key_len(field), prost::encoding::key_len(field));
+            prop_assert_eq!(split(key(field, wt)), Ok((field, wt)));
+            // Any value as a key: valid exactly when prost takes it.
+            let (bytes, n) = varint::encode(raw);
+            let mut buf = &bytes[..n];
+            let want = prost::encoding::decode_key(&mut buf).ok().map(|(f, w)| (f, w as u8));
+            prop_assert_eq!(split(raw).ok().map(|(f, w)| (f, w as u8)), want);
+        }
+    }
+}

@@ -1,0 +1,597 @@
+//! Field numbers of the messages the recorder writes and reads, one module
+//! per message (written from the field numbers in the facts files: §2 for
+//! configs, §4 for the trace). Enum values live with the code that chooses
+//! them; only field numbers are here.
+
+/// `Trace`: the file.
+pub mod trace {
+    pub const PACKET: u32 = 1;
+}
+
+/// `TracePacket` (facts §4.2).
+pub mod trace_packet {
+    // Fields outside the `data` oneof.
+    pub const TRUSTED_UID: u32 = 3;
+    pub const TIMESTAMP: u32 = 8;
+    pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
+    pub const INTERNED_DATA: u32 = 12;
+    pub const SEQUENCE_FLAGS: u32 = 13;
+    pub const INCREMENTAL_STATE_CLEARED: u32 = 41;
+    pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
+    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
+    pub const TRACE_PACKET_DEFAULTS: u32 = 59;
+    pub const TRUSTED_PID: u32 = 79;
+    pub const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
+    pub const MACHINE_ID: u32 = 98;
+
+    /// Every field outside the `data` oneof.
+    pub const NON_DATA: &[u32] = &[
+        TRUSTED_UID,
+        TIMESTAMP,
+        TRUSTED_PACKET_SEQUENCE_ID,
+        INTERNED_DATA,
+        SEQUENCE_FLAGS,
+        INCREMENTAL_STATE_CLEARED,
+        PREVIOUS_PACKET_DROPPED,
+        TIMESTAMP_CLOCK_ID,
+        TRACE_PACKET_DEFAULTS,
+        TRUSTED_PID,
+        FIRST_PACKET_ON_SEQUENCE,
+        MACHINE_ID,
+    ];
+
+    // Members of the `data` oneof.
+    pub const FTRACE_EVENTS: u32 = 1;
+    pub const PROCESS_TREE: u32 = 2;
+    pub const INODE_FILE_MAP: u32 = 4;
+    pub const CHROME_EVENTS: u32 = 5;
+    pub const CLOCK_SNAPSHOT: u32 = 6;
+    pub const SYS_STATS: u32 = 7;
+    pub const PROCESS_STATS: u32 = 9;
+    pub const TRACK_EVENT: u32 = 11;
+    pub const TRACE_CONFIG: u32 = 33;
+    pub const FTRACE_STATS: u32 = 34;
+    pub const TRACE_STATS: u32 = 35;
+    pub const SYNCHRONIZATION_MARKER: u32 = 36;
+    pub const PROFILE_PACKET: u32 = 37;
+    pub const PROCESS_DESCRIPTOR: u32 = 43;
+    pub const THREAD_DESCRIPTOR: u32 = 44;
+    pub const SYSTEM_INFO: u32 = 45;
+    pub const TRIGGER: u32 = 46;
+    pub const PACKAGES_LIST: u32 = 47;
+    pub const PERFETTO_METATRACE: u32 = 49;
+    pub const COMPRESSED_PACKETS: u32 = 50;
+    pub const TRACK_DESCRIPTOR: u32 = 60;
+    pub const SERVICE_EVENT: u32 = 69;
+    pub const EXTENSION_DESCRIPTOR: u32 = 72;
+    pub const TRACE_UUID: u32 = 89;
+    pub const REMOTE_CLOCK_SYNC: u32 = 107;
+    pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
+    pub const TRACE_PROVENANCE: u32 = 124;
+    pub const PROTOVMS: u32 = 125;
+    pub const TRACE_ATTRIBUTES: u32 = 126;
+    pub const ZSTD_COMPRESSED_PACKETS: u32 = 133;
+    pub const CONCURRENT_SESSION_EVENT: u32 = 134;
+    pub const FOR_TESTING: u32 = 900;
+
+    /// The `data` members by name (for `inspect`).
+    pub const DATA_NAMES: &[(u32, &str)] = &[
+        (FTRACE_EVENTS, "ftrace_events"),
+        (PROCESS_TREE, "process_tree"),
+        (INODE_FILE_MAP, "inode_file_map"),
+        (CHROME_EVENTS, "chrome_events"),
+        (CLOCK_SNAPSHOT, "clock_snapshot"),
+        (SYS_STATS, "sys_stats"),
+        (PROCESS_STATS, "process_stats"),
+        (TRACK_EVENT, "track_event"),
+        (TRACE_CONFIG, "trace_config"),
+        (FTRACE_STATS, "ftrace_stats"),
+        (TRACE_STATS, "trace_stats"),
+        (SYNCHRONIZATION_MARKER, "synchronization_marker"),
+        (PROFILE_PACKET, "profile_packet"),
+        (PROCESS_DESCRIPTOR, "process_descriptor"),
+        (THREAD_DESCRIPTOR, "thread_descriptor"),
+        (SYSTEM_INFO, "system_info"),
+        (TRIGGER, "trigger"),
+        (PACKAGES_LIST, "packages_list"),
+        (PERFETTO_METATRACE, "perfetto_metatrace"),
+        (COMPRESSED_PACKETS, "compressed_packets"),
+        (TRACK_DESCRIPTOR, "track_descriptor"),
+        (SERVICE_EVENT, "service_event"),
+        (EXTENSION_DESCRIPTOR, "extension_descriptor"),
+        (TRACE_UUID, "trace_uuid"),
+        (REMOTE_CLOCK_SYNC, "remote_clock_sync"),
+        (CLONE_SNAPSHOT_TRIGGER, "clone_snapshot_trigger"),
+        (TRACE_PROVENANCE, "trace_provenance"),
+        (PROTOVMS, "protovms"),
+        (TRACE_ATTRIBUTES, "trace_attributes"),
+        (ZSTD_COMPRESSED_PACKETS, "zstd_compressed_packets"),
+        (CONCURRENT_SESSION_EVENT, "concurrent_session_event"),
+        (FOR_TESTING, "for_testing"),
+    ];
+}
+
+/// `ClockSnapshot` (facts §4.7).
+pub mod clock_snapshot {
+    pub const CLOCKS: u32 = 1;
+    pub const PRIMARY_TRACE_CLOCK: u32 = 2;
+}
+
+/// `ClockSnapshot.Clock`.
+pub mod clock {
+    pub const CLOCK_ID: u32 = 1;
+    pub const TIMESTAMP: u32 = 2;
+}
+
+/// `TraceUuid` (facts §4.8).
+pub mod trace_uuid {
+    pub const MSB: u32 = 1;
+    pub const LSB: u32 = 2;
+}
+
+/// `TraceAttributes`.
+pub mod trace_attributes {
+    pub const ATTRIBUTE: u32 = 1;
+}
+
+/// `TraceAttributes.Attribute`.
+pub mod attribute {
+    pub const KEY: u32 = 1;
+    pub const LONG_VALUE: u32 = 2;
+    pub const STRING_VALUE: u32 = 3;
+}
+
+/// `SystemInfo` (facts §4.8).
+pub mod system_info {
+    pub const UTSNAME: u32 = 1;
+    pub const TRACING_SERVICE_VERSION: u32 = 4;
+    pub const PAGE_SIZE: u32 = 6;
+    pub const TIMEZONE_OFF_MINS: u32 = 7;
+    pub const NUM_CPUS: u32 = 8;
+    pub const SYSTEM_RAM_BYTES: u32 = 16;
+}
+
+/// `Utsname`.
+pub mod utsname {
+    pub const SYSNAME: u32 = 1;
+    pub const VERSION: u32 = 2;
+    pub const RELEASE: u32 = 3;
+    pub const MACHINE: u32 = 4;
+}
+
+/// `TracingServiceEvent` (facts §4.8): a oneof, one field per event.
+pub mod tracing_service_event {
+    pub const ALL_DATA_SOURCES_STARTED: u32 = 1;
+    pub const TRACING_STARTED: u32 = 2;
+    pub const ALL_DATA_SOURCES_FLUSHED: u32 = 3;
+    pub const READ_TRACING_BUFFERS_COMPLETED: u32 = 4;
+    pub const TRACING_DISABLED: u32 = 5;
+    pub const SEIZED_FOR_BUGREPORT: u32 = 6;
+    pub const SLOW_STARTING_DATA_SOURCES: u32 = 7;
+    pub const LAST_FLUSH_SLOW_DATA_SOURCES: u32 = 8;
+    pub const FLUSH_STARTED: u32 = 9;
+    pub const CLONE_STARTED: u32 = 10;
+    pub const BUFFER_CLONED: u32 = 11;
+
+    /// The events by name (for `inspect`).
+    pub const NAMES: &[(u32, &str)] = &[
+        (ALL_DATA_SOURCES_STARTED, "all_data_sources_started"),
+        (TRACING_STARTED, "tracing_started"),
+        (ALL_DATA_SOURCES_FLUSHED, "all_data_sources_flushed"),
+        (
+            READ_TRACING_BUFFERS_COMPLETED,
+            "read_tracing_buffers_completed",
+        ),
+        (TRACING_DISABLED, "tracing_disabled"),
+        (SEIZED_FOR_BUGREPORT, "seized_for_bugreport"),
+        (SLOW_STARTING_DATA_SOURCES, "slow_starting_data_sources"),
+        (LAST_FLUSH_SLOW_DATA_SOURCES, "last_flush_slow_data_sources"),
+        (FLUSH_STARTED, "flush_started"),
+        (CLONE_STARTED, "clone_started"),
+        (BUFFER_CLONED, "buffer_cloned"),
+    ];
+}
+
+/// `Trigger` (facts §4.8).
+pub mod trigger {
+    pub const TRIGGER_NAME: u32 = 1;
+    pub const PRODUCER_NAME: u32 = 2;
+    pub const TRUSTED_PRODUCER_UID: u32 = 3;
+    pub const STOP_DELAY_MS: u32 = 4;
+}
+
+/// `TraceStats` (facts §4.6).
+pub mod trace_stats {
+    pub const BUFFER_STATS: u32 = 1;
+    pub const PRODUCERS_CONNECTED: u32 = 2;
+    pub const PRODUCERS_SEEN: u32 = 3;
+    pub const DATA_SOURCES_REGISTERED: u32 = 4;
+    pub const DATA_SOURCES_SEEN: u32 = 5;
+    pub const TRACING_SESSIONS: u32 = 6;
+    pub const TOTAL_BUFFERS: u32 = 7;
+    pub const CHUNKS_DISCARDED: u32 = 8;
+    pub const PATCHES_DISCARDED: u32 = 9;
+    pub const INVALID_PACKETS: u32 = 10;
+    pub const FLUSHES_REQUESTED: u32 = 12;
+    pub const FLUSHES_SUCCEEDED: u32 = 13;
+    pub const FLUSHES_FAILED: u32 = 14;
+    pub const FINAL_FLUSH_OUTCOME: u32 = 15;
+    pub const WRITER_STATS: u32 = 18;
+
+    /// The scalar fields by name (for `inspect`).
+    pub const SCALAR_NAMES: &[(u32, &str)] = &[
+        (PRODUCERS_CONNECTED, "producers_connected"),
+        (PRODUCERS_SEEN, "producers_seen"),
+        (DATA_SOURCES_REGISTERED, "data_sources_registered"),
+        (DATA_SOURCES_SEEN, "data_sources_seen"),
+        (TRACING_SESSIONS, "tracing_sessions"),
+        (TOTAL_BUFFERS, "total_buffers"),
+        (CHUNKS_DISCARDED, "chunks_discarded"),
+        (PATCHES_DISCARDED, "patches_discarded"),
+        (INVALID_PACKETS, "invalid_packets"),
+        (FLUSHES_REQUESTED, "flushes_requested"),
+        (FLUSHES_SUCCEEDED, "flushes_succeeded"),
+        (FLUSHES_FAILED, "flushes_failed"),
+        (FINAL_FLUSH_OUTCOME, "final_flush_outcome"),
+    ];
+}
+
+/// `TraceStats.BufferStats` (facts §4.6): all uint64, numbered 1–20.
+pub mod buffer_stats {
+    pub const BYTES_WRITTEN: u32 = 1;
+    pub const CHUNKS_WRITTEN: u32 = 2;
+    pub const CHUNKS_OVERWRITTEN: u32 = 3;
+    pub const WRITE_WRAP_COUNT: u32 = 4;
+    pub const BUFFER_SIZE: u32 = 12;
+    pub const BYTES_OVERWRITTEN: u32 = 13;
+    pub const BYTES_READ: u32 = 14;
+    pub const PADDING_BYTES_WRITTEN: u32 = 15;
+    pub const CHUNKS_READ: u32 = 17;
+    pub const CHUNKS_DISCARDED: u32 = 18;
+    pub const TRACE_WRITER_PACKET_LOSS: u32 = 19;
+
+    /// Every field's name, field `i + 1` at index `i`.
+    pub const NAMES: [&str; 20] = [
+        "bytes_written",
+        "chunks_written",
+        "chunks_overwritten",
+        "write_wrap_count",
+        "patches_succeeded",
+        "patches_failed",
+        "readaheads_succeeded",
+        "readaheads_failed",
+        "abi_violations",
+        "chunks_rewritten",
+        "chunks_committed_out_of_order",
+        "buffer_size",
+        "bytes_overwritten",
+        "bytes_read",
+        "padding_bytes_written",
+        "padding_bytes_cleared",
+        "chunks_read",
+        "chunks_discarded",
+        "trace_writer_packet_loss",
+        "chunks_relocated",
+    ];
+}
+
+/// `TraceStats.WriterStats`.
+pub mod writer_stats {
+    pub const SEQUENCE_ID: u32 = 1;
+    pub const BUFFER: u32 = 4;
+}
+
+/// `FtraceEventBundle` (facts §4.4).
+pub mod ftrace_event_bundle {
+    pub const CPU: u32 = 1;
+    pub const EVENT: u32 = 2;
+    pub const LOST_EVENTS: u32 = 3;
+    pub const COMPACT_SCHED: u32 = 4;
+    pub const FTRACE_CLOCK: u32 = 5;
+    pub const PREVIOUS_BUNDLE_END_TIMESTAMP: u32 = 10;
+}
+
+/// `FtraceEventBundle.CompactSched`: packed columns and the intern table.
+pub mod compact_sched {
+    pub const SWITCH_TIMESTAMP: u32 = 1;
+    pub const SWITCH_PREV_STATE: u32 = 2;
+    pub const SWITCH_NEXT_PID: u32 = 3;
+    pub const SWITCH_NEXT_PRIO: u32 = 4;
+    pub const INTERN_TABLE: u32 = 5;
+    pub const SWITCH_NEXT_COMM_INDEX: u32 = 6;
+    pub const WAKING_TIMESTAMP: u32 = 7;
+    pub const WAKING_PID: u32 = 8;
+    pub const WAKING_TARGET_CPU: u32 = 9;
+    pub const WAKING_PRIO: u32 = 10;
+    pub const WAKING_COMM_INDEX: u32 = 11;
+    pub const WAKING_COMMON_FLAGS: u32 = 12;
+}
+
+/// `FtraceEvent`: the common fields and the generic event (the typed
+/// events' numbers come with the event table).
+pub mod ftrace_event {
+    pub const TIMESTAMP: u32 = 1;
+    pub const PID: u32 = 2;
+    pub const GENERIC: u32 = 327;
+}
+
+/// `GenericFtraceEvent`.
+pub mod generic_ftrace_event {
+    pub const EVENT_NAME: u32 = 1;
+    pub const FIELD: u32 = 2;
+}
+
+/// `GenericFtraceEvent.Field`.
+pub mod generic_field {
+    pub const NAME: u32 = 1;
+    pub const STR_VALUE: u32 = 3;
+    pub const INT_VALUE: u32 = 4;
+    pub const UINT_VALUE: u32 = 5;
+}
+
+/// `FtraceStats` (facts §4.4).
+pub mod ftrace_stats {
+    pub const PHASE: u32 = 1;
+    pub const CPU_STATS: u32 = 2;
+    pub const UNKNOWN_FTRACE_EVENTS: u32 = 6;
+    pub const FAILED_FTRACE_EVENTS: u32 = 7;
+    pub const PRESERVE_FTRACE_BUFFER: u32 = 8;
+    pub const FTRACE_PARSE_ERRORS: u32 = 9;
+    pub const CPU_BUFFER_SIZE_PAGES: u32 = 11;
+}
+
+/// `FtraceCpuStats`.
+pub mod ftrace_cpu_stats {
+    pub const CPU: u32 = 1;
+    pub const ENTRIES: u32 = 2;
+    pub const OVERRUN: u32 = 3;
+    pub const COMMIT_OVERRUN: u32 = 4;
+    pub const BYTES_READ: u32 = 5;
+    pub const OLDEST_EVENT_TS: u32 = 6;
+    pub const NOW_TS: u32 = 7;
+    pub const DROPPED_EVENTS: u32 = 8;
+    pub const READ_EVENTS: u32 = 9;
+}
+
+/// `TestEvent` (the `for_testing` payload).
+pub mod test_event {
+    pub const STR: u32 = 1;
+    pub const SEQ_VALUE: u32 = 2;
+    pub const COUNTER: u32 = 3;
+    pub const IS_LAST: u32 = 4;
+}
+
+/// `ProcessTree` (facts §4.5).
+pub mod process_tree {
+    pub const PROCESSES: u32 = 1;
+    pub const THREADS: u32 = 2;
+    pub const COLLECTION_END_TIMESTAMP: u32 = 3;
+}
+
+/// `ProcessTree.Process`.
+pub mod process_tree_process {
+    pub const PID: u32 = 1;
+    pub const PPID: u32 = 2;
+    pub const CMDLINE: u32 = 3;
+    pub const UID: u32 = 5;
+    pub const NSPID: u32 = 6;
+    pub const PROCESS_START_FROM_BOOT: u32 = 7;
+    pub const IS_KTHREAD: u32 = 8;
+    pub const CMDLINE_IS_COMM: u32 = 9;
+}
+
+/// `ProcessTree.Thread`.
+pub mod process_tree_thread {
+    pub const TID: u32 = 1;
+    pub const NAME: u32 = 2;
+    pub const TGID: u32 = 3;
+    pub const NSTID: u32 = 4;
+}
+
+/// `ProcessStats` (facts §4.5).
+pub mod process_stats {
+    pub const PROCESSES: u32 = 1;
+    pub const COLLECTION_END_TIMESTAMP: u32 = 2;
+}
+
+/// `ProcessStats.Process`.
+pub mod process_stats_process {
+    pub const PID: u32 = 1;
+    pub const VM_SIZE_KB: u32 = 2;
+    pub const VM_RSS_KB: u32 = 3;
+    pub const RSS_ANON_KB: u32 = 4;
+    pub const RSS_FILE_KB: u32 = 5;
+    pub const RSS_SHMEM_KB: u32 = 6;
+    pub const VM_SWAP_KB: u32 = 7;
+    pub const VM_LOCKED_KB: u32 = 8;
+    pub const VM_HWM_KB: u32 = 9;
+    pub const OOM_SCORE_ADJ: u32 = 10;
+    pub const SMR_RSS_KB: u32 = 16;
+    pub const SMR_PSS_KB: u32 = 17;
+    pub const SMR_PSS_ANON_KB: u32 = 18;
+    pub const SMR_PSS_FILE_KB: u32 = 19;
+    pub const SMR_PSS_SHMEM_KB: u32 = 20;
+    pub const RUNTIME_USER_MODE: u32 = 21;
+    pub const RUNTIME_KERNEL_MODE: u32 = 22;
+    pub const SMR_SWAP_PSS_KB: u32 = 23;
+}
+
+/// `SysStats` (facts §4.5).
+pub mod sys_stats {
+    pub const MEMINFO: u32 = 1;
+    pub const VMSTAT: u32 = 2;
+    pub const CPU_STAT: u32 = 3;
+    pub const NUM_FORKS: u32 = 4;
+    pub const NUM_IRQ_TOTAL: u32 = 5;
+    pub const NUM_IRQ: u32 = 6;
+    pub const NUM_SOFTIRQ_TOTAL: u32 = 7;
+    pub const NUM_SOFTIRQ: u32 = 8;
+    pub const COLLECTION_END_TIMESTAMP: u32 = 9;
+    pub const DEVFREQ: u32 = 10;
+    pub const CPUFREQ_KHZ: u32 = 11;
+    pub const BUDDY_INFO: u32 = 12;
+    pub const DISK_STAT: u32 = 13;
+    pub const PSI: u32 = 14;
+    pub const THERMAL_ZONE: u32 = 15;
+    pub const CPUIDLE_STATE: u32 = 16;
+}
+
+/// The `{key = 1, value = 2}` entries of `SysStats`: meminfo, vmstat,
+/// devfreq.
+pub mod key_value {
+    pub const KEY: u32 = 1;
+    pub const VALUE: u32 = 2;
+}
+
+/// `SysStats.CpuTimes`: `cpu_id`, then the eight times in `/proc/stat`'s
+/// column order, numbered from `USER_NS`.
+pub mod cpu_times {
+    pub const CPU_ID: u32 = 1;
+    pub const USER_NS: u32 = 2;
+}
+
+/// `SysStats.InterruptCount`.
+pub mod interrupt_count {
+    pub const IRQ: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+/// `SysStats.BuddyInfo`.
+pub mod buddy_info {
+    pub const NODE: u32 = 1;
+    pub const ZONE: u32 = 2;
+    pub const ORDER_PAGES: u32 = 3;
+}
+
+/// `SysStats.DiskStat`.
+pub mod disk_stat {
+    pub const DEVICE_NAME: u32 = 1;
+    pub const READ_SECTORS: u32 = 2;
+    pub const READ_TIME_MS: u32 = 3;
+    pub const WRITE_SECTORS: u32 = 4;
+    pub const WRITE_TIME_MS: u32 = 5;
+    pub const DISCARD_SECTORS: u32 = 6;
+    pub const DISCARD_TIME_MS: u32 = 7;
+    pub const FLUSH_COUNT: u32 = 8;
+    pub const FLUSH_TIME_MS: u32 = 9;
+}
+
+/// `SysStats.PsiSample`.
+pub mod psi_sample {
+    pub const RESOURCE: u32 = 1;
+    pub const TOTAL_NS: u32 = 2;
+}
+
+/// `SysStats.ThermalZone`.
+pub mod thermal_zone {
+    pub const NAME: u32 = 1;
+    pub const TEMP: u32 = 2;
+    pub const TYPE: u32 = 3;
+}
+
+/// `SysStats.CpuIdleState`.
+pub mod cpuidle_state {
+    pub const CPU_ID: u32 = 1;
+    pub const CPUIDLE_STATE_ENTRY: u32 = 2;
+}
+
+/// `SysStats.CpuIdleStateEntry`.
+pub mod cpuidle_state_entry {
+    pub const STATE: u32 = 1;
+    pub const DURATION_US: u32 = 2;
+}
+
+/// `TraceConfig` (facts §2), the fields read at wire level.
+pub mod trace_config {
+    pub const DATA_SOURCES: u32 = 2;
+    pub const FLUSH_PERIOD_MS: u32 = 13;
+}
+
+/// `TraceConfig.DataSource`.
+pub mod trace_config_data_source {
+    pub const CONFIG: u32 = 1;
+}
+
+/// `DataSourceConfig`: the fields the tracing service owns (facts §2).
+pub mod data_source_config {
+    pub const NAME: u32 = 1;
+    pub const TARGET_BUFFER: u32 = 2;
+    pub const TRACE_DURATION_MS: u32 = 3;
+    pub const TRACING_SESSION_ID: u32 = 4;
+    pub const ENABLE_EXTRA_GUARDRAILS: u32 = 6;
+    pub const STOP_TIMEOUT_MS: u32 = 7;
+    pub const SESSION_INITIATOR: u32 = 8;
+    pub const PREFER_SUSPEND_CLOCK_FOR_DURATION: u32 = 122;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Oracle: the descriptors of Perfetto's own protos (the
+    /// `perfetto_protos` crate) name the same numbers.
+    #[test]
+    fn numbers_match_perfetto_protos() {
+        use perfetto_protos::trace_packet::TracePacket;
+        use protobuf::MessageFull;
+        let d = TracePacket::descriptor();
+        // The crate predates a few of the newest fields (124 and up); every
+        // field it knows must agree.
+        let mut known = 0;
+        for (n, name) in trace_packet::DATA_NAMES {
+            if let Some(f) = d.field_by_number(*n) {
+                assert_eq!(f.name(), *name, "TracePacket.{n}");
+                known += 1;
+            }
+        }
+        assert!(known >= trace_packet::DATA_NAMES.len() - 5, "{known} known");
+        for (n, name) in [
+            (trace_packet::TIMESTAMP, "timestamp"),
+            (
+                trace_packet::TRUSTED_PACKET_SEQUENCE_ID,
+                "trusted_packet_sequence_id",
+            ),
+            (
+                trace_packet::PREVIOUS_PACKET_DROPPED,
+                "previous_packet_dropped",
+            ),
+            (
+                trace_packet::INCREMENTAL_STATE_CLEARED,
+                "incremental_state_cleared",
+            ),
+            (trace_packet::TIMESTAMP_CLOCK_ID, "timestamp_clock_id"),
+            (trace_packet::SEQUENCE_FLAGS, "sequence_flags"),
+        ] {
+            assert_eq!(
+                d.field_by_number(n).map(|f| f.name().to_string()),
+                Some(name.to_string())
+            );
+        }
+        let te = perfetto_protos::test_event::TestEvent::descriptor();
+        assert_eq!(
+            te.field_by_number(test_event::COUNTER)
+                .map(|f| f.name().to_string()),
+            Some("counter".into())
+        );
+        let ts = perfetto_protos::trace_stats::trace_stats::BufferStats::descriptor();
+        // chunks_relocated (20) is newer than the crate.
+        for (i, name) in buffer_stats::NAMES[..19].iter().enumerate() {
+            let f = ts.field_by_number(i as u32 + 1);
+            assert_eq!(f.map(|f| f.name().to_string()), Some(name.to_string()));
+        }
+        let st = perfetto_protos::trace_stats::TraceStats::descriptor();
+        for (n, name) in trace_stats::SCALAR_NAMES {
+            assert_eq!(
+                st.field_by_number(*n).map(|f| f.name().to_string()),
+                Some(name.to_string())
+            );
+        }
+        let se = perfetto_protos::tracing_service_event::TracingServiceEvent::descriptor();
+        for (n, name) in tracing_service_event::NAMES {
+            assert_eq!(
+                se.field_by_number(*n).map(|f| f.name().to_string()),
+                Some(name.to_string())
+            );
+        }
+    }
+}
