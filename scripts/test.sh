@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 if ! python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check perfetto protobuf
 fi
+# protoc (grpcio-tools ships one), for the custom-field tests: an independent
+# compiler of users' .proto files and writer of descriptor sets.
+if ! python3 -c 'import grpc_tools.protoc' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check grpcio-tools
+fi
 # zstd for the oracle's reading of compressed traces.
 if ! python3 -c 'import zstandard' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zstandard

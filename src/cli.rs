@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::config::LoadOptions;
+use crate::config::{LoadOptions, UserProtos};
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -52,6 +52,9 @@ pub struct MainArgs {
     /// Parse as text and skip unknown fields, listing them in one warning.
     #[arg(long)]
     pub txt_lossy: bool,
+    /// The user's own config fields.
+    #[command(flatten)]
+    pub protos: ProtoArgs,
     /// Detach and run in the background; prints the PID.
     #[arg(short = 'd', long)]
     pub background: bool,
@@ -96,6 +99,9 @@ impl MainArgs {
             (self.max_segments.is_some(), "--max-segments"),
             (self.max_disk.is_some(), "--max-disk"),
             (self.on_segment_closed.is_some(), "--on-segment-closed"),
+            (!self.protos.files.is_empty(), "--proto"),
+            (!self.protos.include_paths.is_empty(), "--proto-path"),
+            (!self.protos.descriptor_sets.is_empty(), "--descriptor-set"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -199,6 +205,35 @@ pub struct FormArgs {
     /// Parse as text and skip unknown fields.
     #[arg(long)]
     pub txt_lossy: bool,
+    /// The user's own config fields.
+    #[command(flatten)]
+    pub protos: ProtoArgs,
+}
+
+/// Where the config's custom fields (extensions of DataSourceConfig, in the
+/// user's own `.proto` files) are declared.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ProtoArgs {
+    /// Compile FILE, your .proto extending DataSourceConfig, for the config's custom fields (repeatable).
+    #[arg(long = "proto", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Find the --proto files' imports in DIR, like protoc -I (repeatable; default: each file's directory).
+    #[arg(long = "proto-path", value_name = "DIR", requires = "files")]
+    pub include_paths: Vec<PathBuf>,
+    /// Read compiled descriptors from FILE, a FileDescriptorSet as protoc or buf write it (repeatable).
+    #[arg(long = "descriptor-set", value_name = "FILE")]
+    pub descriptor_sets: Vec<PathBuf>,
+}
+
+impl ProtoArgs {
+    /// What `config::Schema::load` takes.
+    pub fn user_protos(&self) -> UserProtos {
+        UserProtos {
+            files: self.files.clone(),
+            include_paths: self.include_paths.clone(),
+            descriptor_sets: self.descriptor_sets.clone(),
+        }
+    }
 }
 
 impl FormArgs {
@@ -279,6 +314,7 @@ mod tests {
             &["recorder", "--config", "x.cfg", "bench"][..],
             &["recorder", "-o", "t.pftrace", "inspect", "t.pftrace"],
             &["recorder", "--no-clobber", "query"],
+            &["recorder", "--proto", "a.proto", "query"],
         ] {
             let e = Cli::parse_args(args).expect_err("refused");
             assert_eq!(
@@ -290,5 +326,52 @@ mod tests {
         // The main job alone still parses.
         let cli = Cli::parse_args(["recorder", "-q", "-c", "x.cfg", "-o", "t"]).expect("parses");
         assert!(cli.command.is_none() && cli.main.config.is_some());
+    }
+
+    #[test]
+    fn proto_flags_repeat_on_the_main_job_and_config_commands() {
+        let cli = Cli::parse_args([
+            "recorder",
+            "-c",
+            "x.cfg",
+            "--proto",
+            "a.proto",
+            "--proto",
+            "b.proto",
+            "--proto-path",
+            "d",
+            "--descriptor-set",
+            "s.pb",
+        ])
+        .expect("parses");
+        let p = cli.main.protos.user_protos();
+        assert_eq!(
+            p.files,
+            [PathBuf::from("a.proto"), PathBuf::from("b.proto")]
+        );
+        assert_eq!(p.include_paths, [PathBuf::from("d")]);
+        assert_eq!(p.descriptor_sets, [PathBuf::from("s.pb")]);
+        for action in ["check", "convert"] {
+            let cli = Cli::parse_args([
+                "recorder",
+                "config",
+                action,
+                "x.cfg",
+                "--descriptor-set",
+                "s.pb",
+            ])
+            .expect("parses");
+            let Some(Command::Config(ConfigArgs { action })) = cli.command else {
+                panic!("config");
+            };
+            let form = match action {
+                ConfigAction::Check { form, .. } | ConfigAction::Convert { form, .. } => form,
+            };
+            assert_eq!(form.protos.descriptor_sets, [PathBuf::from("s.pb")]);
+        }
+        // An include path alone compiles nothing: refused.
+        let e = Cli::parse_args(["recorder", "config", "check", "x.cfg", "--proto-path", "d"])
+            .expect_err("refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
 }

@@ -3,6 +3,7 @@
 //! corpus replay in `tests/replay.rs` both call them.
 pub mod config_binary;
 pub mod config_text;
+pub mod config_text_custom;
 pub mod control_message;
 pub mod control_reply;
 pub mod ftrace_page;

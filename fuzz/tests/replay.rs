@@ -33,6 +33,14 @@ fn config_text_corpus() {
 }
 
 #[test]
+fn config_text_custom_corpus() {
+    replay_nonempty(
+        "config_text_custom",
+        recorder_fuzz::config_text_custom::check,
+    );
+}
+
+#[test]
 fn control_message_corpus() {
     replay_nonempty("control_message", recorder_fuzz::control_message::check);
 }

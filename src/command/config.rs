@@ -4,8 +4,8 @@ use std::io::Write;
 use std::path::Path;
 
 use super::ExitCode;
-use crate::cli::TargetForm;
-use crate::config::{self, ConfigError, ConfigForm, LoadOptions};
+use crate::cli::{FormArgs, ProtoArgs, TargetForm};
+use crate::config::{self, ConfigError, ConfigForm, LoadOptions, LoadedConfig, Schema};
 
 /// Prints a config error (it carries its own `file:line:col` and caret).
 pub fn report(e: &ConfigError) -> ExitCode {
@@ -13,11 +13,17 @@ pub fn report(e: &ConfigError) -> ExitCode {
     ExitCode::Usage
 }
 
+/// Loads `file` against our schema and the user's (`--proto`, …).
+pub fn load(file: &Path, opts: LoadOptions, protos: &ProtoArgs) -> Result<LoadedConfig, ExitCode> {
+    let schema = Schema::load(&protos.user_protos()).map_err(|e| report(&e.into()))?;
+    config::load_path_in(file, opts, &schema).map_err(|e| report(&e))
+}
+
 /// Validates `file` and prints the plan; with `explain`, every field's fate.
-pub fn check(file: &Path, opts: LoadOptions, explain: bool) -> ExitCode {
-    let loaded = match config::load_path(file, opts) {
+pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
+    let loaded = match load(file, form.options(), &form.protos) {
         Ok(l) => l,
-        Err(e) => return report(&e),
+        Err(code) => return code,
     };
     let spec = match loaded.validate() {
         Ok(spec) => spec,
@@ -59,11 +65,11 @@ pub fn convert(
     file: &Path,
     to: Option<TargetForm>,
     out: Option<&Path>,
-    opts: LoadOptions,
+    form: &FormArgs,
 ) -> ExitCode {
-    let loaded = match config::load_path(file, opts) {
+    let loaded = match load(file, form.options(), &form.protos) {
         Ok(l) => l,
-        Err(e) => return report(&e),
+        Err(code) => return code,
     };
     let to = to.unwrap_or(match loaded.form {
         ConfigForm::Text => TargetForm::Binary,
@@ -72,14 +78,13 @@ pub fn convert(
     let bytes = match to {
         TargetForm::Binary => loaded.bytes.clone(),
         TargetForm::Text => {
-            let (text, dropped) = loaded.to_text();
-            if dropped > 0 {
-                log::warn!(
-                    "{dropped} field(s) our schema does not know have no text form and were left out: {}",
+            if !loaded.unknown_fields.is_empty() {
+                log::info!(
+                    "field(s) the schema does not know are printed by number: {}",
                     loaded.unknown_fields.join(", ")
                 );
             }
-            text.into_bytes()
+            loaded.to_text().into_bytes()
         }
     };
     let result = match out {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::ExitCode;
 use crate::app::{self, RunOptions};
 use crate::cli::MainArgs;
-use crate::config::{self, Compression, LoadOptions, RecorderSpec};
+use crate::config::{Compression, LoadOptions, RecorderSpec};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
 use crate::storage::segment::policy::RotationPolicy;
@@ -25,9 +25,10 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
         force_text: args.txt,
         lossy: args.txt_lossy,
     };
-    let spec = match config::load_spec(path, opts) {
-        Ok(spec) => spec,
-        Err(e) => return super::config::report(&e),
+    let spec = match super::config::load(path, opts, &args.protos).map(|l| l.validate()) {
+        Ok(Ok(spec)) => spec,
+        Ok(Err(e)) => return super::config::report(&e),
+        Err(code) => return code,
     };
     for n in &spec.notes {
         log::info!("{n}");

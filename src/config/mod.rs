@@ -21,6 +21,7 @@ pub mod fields;
 pub mod plan;
 pub mod raw;
 pub mod resources;
+pub mod schema;
 pub mod segments;
 pub mod spec;
 pub mod text;
@@ -37,6 +38,7 @@ use thiserror::Error;
 
 pub use diagnostic::TextError;
 pub use raw::ServiceFields;
+pub use schema::{Schema, SchemaError, UserProtos};
 pub use spec::*;
 pub use validate::Invalid;
 
@@ -133,6 +135,9 @@ pub enum ConfigError {
         /// A hint when the bytes look like text.
         hint: &'static str,
     },
+    /// The user's `.proto` files or descriptor sets do not make a schema.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
     /// The config is well-formed but not acceptable.
     #[error("{origin}: invalid config:\n{}", .errors.iter().map(|e| format!("  error: {e}")).collect::<Vec<_>>().join("\n"))]
     Invalid {
@@ -156,8 +161,10 @@ pub struct LoadedConfig {
     pub bytes: Vec<u8>,
     /// Text fields skipped in lossy mode.
     pub skipped_fields: Vec<String>,
-    /// Paths of fields our schema does not know (binary input).
+    /// Paths of fields the schema does not know.
     pub unknown_fields: Vec<String>,
+    /// The schema it was read against (ours, or ours and the user's).
+    pub schema: Schema,
 }
 
 /// Whether `b` is whitespace in the protobuf text format (space, tab, LF,
@@ -267,8 +274,17 @@ pub fn read_source(path: &Path) -> Result<(String, Vec<u8>), ConfigError> {
 
 /// Loads a config from a file or stdin (`-`).
 pub fn load_path(path: &Path, opts: LoadOptions) -> Result<LoadedConfig, ConfigError> {
+    load_path_in(path, opts, &Schema::ours())
+}
+
+/// Loads a config from a file or stdin (`-`) against `schema`.
+pub fn load_path_in(
+    path: &Path,
+    opts: LoadOptions,
+    schema: &Schema,
+) -> Result<LoadedConfig, ConfigError> {
     let (origin, bytes) = read_source(path)?;
-    load_bytes(&bytes, &origin, opts)
+    load_bytes_in(&bytes, &origin, opts, schema)
 }
 
 /// Loads a config from bytes; `origin` names it in messages. The form is
@@ -279,6 +295,16 @@ pub fn load_bytes(
     origin: &str,
     opts: LoadOptions,
 ) -> Result<LoadedConfig, ConfigError> {
+    load_bytes_in(bytes, origin, opts, &Schema::ours())
+}
+
+/// [`load_bytes`] against `schema`.
+pub fn load_bytes_in(
+    bytes: &[u8],
+    origin: &str,
+    opts: LoadOptions,
+    schema: &Schema,
+) -> Result<LoadedConfig, ConfigError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(ConfigError::TooLarge {
             origin: origin.to_string(),
@@ -286,7 +312,7 @@ pub fn load_bytes(
         });
     }
     let text = opts.force_text || opts.lossy || looks_like_text(bytes);
-    let loaded = if text || (mostly_text(bytes) && load_binary(bytes, origin).is_err()) {
+    let loaded = if text || (mostly_text(bytes) && load_binary_in(bytes, origin, schema).is_err()) {
         if let Some(error) = first_bad_text_byte(bytes) {
             let rendered = error.render(origin, &String::from_utf8_lossy(bytes));
             return Err(ConfigError::Text { error, rendered });
@@ -296,9 +322,9 @@ pub fn load_bytes(
             let rendered = error.render(origin, &String::from_utf8_lossy(bytes));
             ConfigError::Text { error, rendered }
         })?;
-        load_text(src, origin, opts.lossy)?
+        load_text_in(src, origin, opts.lossy, schema)?
     } else {
-        load_binary(bytes, origin)?
+        load_binary_in(bytes, origin, schema)?
     };
     check_counts(&loaded)?;
     Ok(loaded)
@@ -324,25 +350,47 @@ fn check_counts(loaded: &LoadedConfig) -> Result<(), ConfigError> {
 
 /// Loads a text config.
 pub fn load_text(src: &str, origin: &str, lossy: bool) -> Result<LoadedConfig, ConfigError> {
-    let parsed = text::parse(src, trace_config_descriptor(), lossy).map_err(|error| {
+    load_text_in(src, origin, lossy, &Schema::ours())
+}
+
+/// Loads a text config against `schema`.
+pub fn load_text_in(
+    src: &str,
+    origin: &str,
+    lossy: bool,
+    schema: &Schema,
+) -> Result<LoadedConfig, ConfigError> {
+    let parsed = text::parse(src, schema.trace_config(), lossy).map_err(|error| {
         let rendered = error.render(origin, src);
         ConfigError::Text { error, rendered }
     })?;
     let bytes = parsed.message.encode_to_vec();
+    let mut unknown = Vec::new();
+    unknown_paths(&parsed.message, "", &mut unknown);
     Ok(LoadedConfig {
         origin: origin.to_string(),
         form: ConfigForm::Text,
         message: parsed.message,
         bytes,
         skipped_fields: parsed.skipped,
-        unknown_fields: Vec::new(),
+        unknown_fields: unknown,
+        schema: schema.clone(),
     })
 }
 
 /// Loads a binary config; fields our schema lacks are kept.
 pub fn load_binary(bytes: &[u8], origin: &str) -> Result<LoadedConfig, ConfigError> {
-    let message = DynamicMessage::decode(trace_config_descriptor(), bytes).map_err(|e| {
-        ConfigError::Binary {
+    load_binary_in(bytes, origin, &Schema::ours())
+}
+
+/// Loads a binary config against `schema`; fields it lacks are kept.
+pub fn load_binary_in(
+    bytes: &[u8],
+    origin: &str,
+    schema: &Schema,
+) -> Result<LoadedConfig, ConfigError> {
+    let message =
+        DynamicMessage::decode(schema.trace_config(), bytes).map_err(|e| ConfigError::Binary {
             origin: origin.to_string(),
             message: e.to_string(),
             hint: if starts_like_text(bytes) {
@@ -350,8 +398,7 @@ pub fn load_binary(bytes: &[u8], origin: &str) -> Result<LoadedConfig, ConfigErr
             } else {
                 ""
             },
-        }
-    })?;
+        })?;
     let mut unknown = Vec::new();
     unknown_paths(&message, "", &mut unknown);
     Ok(LoadedConfig {
@@ -361,6 +408,7 @@ pub fn load_binary(bytes: &[u8], origin: &str) -> Result<LoadedConfig, ConfigErr
         bytes: bytes.to_vec(),
         skipped_fields: Vec::new(),
         unknown_fields: unknown,
+        schema: schema.clone(),
     })
 }
 
@@ -397,11 +445,12 @@ pub fn unknown_paths(msg: &DynamicMessage, path: &str, out: &mut Vec<String>) {
 impl LoadedConfig {
     /// Validates into a spec.
     pub fn validate(&self) -> Result<RecorderSpec, ConfigError> {
-        let mut spec = validate::validate(&self.bytes, self.unknown_fields.clone(), pool())
-            .map_err(|errors| ConfigError::Invalid {
-                origin: self.origin.clone(),
-                errors,
-            })?;
+        let mut spec =
+            validate::validate(&self.bytes, self.unknown_fields.clone(), self.schema.pool())
+                .map_err(|errors| ConfigError::Invalid {
+                    origin: self.origin.clone(),
+                    errors,
+                })?;
         if !self.skipped_fields.is_empty() {
             spec.warnings.insert(
                 0,
@@ -422,9 +471,9 @@ impl LoadedConfig {
         self.message.encode_to_vec()
     }
 
-    /// The config as text (what `config convert --to text` prints), and how
-    /// many unknown fields had no text form.
-    pub fn to_text(&self) -> (String, usize) {
+    /// The config as text (what `config convert --to text` prints): fields
+    /// the schema does not know are printed by number, so nothing is lost.
+    pub fn to_text(&self) -> String {
         text::print(&self.message)
     }
 }

@@ -225,6 +225,16 @@ pub fn describe(spec: &RecorderSpec) -> String {
             let _ = writeln!(s, "  writes packets uncompressed");
         }
     }
+    if !spec.custom_fields.is_empty() {
+        let _ = writeln!(s, "custom fields (passed as encoded):");
+        for c in &spec.custom_fields {
+            let _ = writeln!(
+                s,
+                "  {} -> data source {:?} ({}): {}",
+                c.path, c.data_source, c.declared_in, c.value
+            );
+        }
+    }
     if !spec.unknown_fields.is_empty() {
         let _ = writeln!(s, "fields not understood (kept as is):");
         for u in &spec.unknown_fields {

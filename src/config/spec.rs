@@ -549,8 +549,11 @@ pub struct RecorderSpec {
     /// loaded, plus the flush period a streaming session flushes at
     /// (`flush_period_ms`, see `FlushPlan`).
     pub config_bytes: Vec<u8>,
-    /// Field paths our schema does not know (binary input only).
+    /// Field paths the schema does not know.
     pub unknown_fields: Vec<String>,
+    /// Fields from the user's own `.proto` files (extensions of
+    /// DataSourceConfig), each with the data source it is passed to.
+    pub custom_fields: Vec<CustomField>,
     /// Every field the config sets, with what becomes of it (`config check
     /// --explain`).
     pub fields: Vec<super::fields::FieldReport>,
@@ -559,6 +562,20 @@ pub struct RecorderSpec {
     /// Accepted as written, with a remark (e.g. `track_event` needs an SDK
     /// producer to write anything).
     pub notes: Vec<Warning>,
+}
+
+/// A custom field a config sets: an extension of `DataSourceConfig` from the
+/// user's schema, passed to its data source as encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomField {
+    /// `data_sources[0].config.[my.pkg.my_config]`.
+    pub path: String,
+    /// The data source's name (who receives it).
+    pub data_source: String,
+    /// The .proto file that declares it.
+    pub declared_in: String,
+    /// The value as text, on one line and cut short.
+    pub value: String,
 }
 
 impl RecorderSpec {

@@ -114,6 +114,26 @@ impl<'a> Lexer<'a> {
         })
     }
 
+    /// The name inside `[` … `]` of an extension (`my.pkg.my_config`) or an
+    /// Any type URL (`type.googleapis.com/pkg.Msg`), as one token: the
+    /// ordinary tokens would cut it at each dot. Blanks around it are
+    /// skipped; an empty name is an empty token.
+    pub fn bracketed_name(&mut self) -> Token {
+        self.skip_blanks();
+        let start = self.pos;
+        while self
+            .peek_byte(self.pos)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'/'))
+        {
+            self.pos += 1;
+        }
+        Token {
+            kind: TokenKind::Ident,
+            start,
+            end: self.pos,
+        }
+    }
+
     fn number(&mut self) {
         // Take the widest run that could be part of a number; the parser
         // interprets (and refuses) it with the field's type in hand.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use prost::Message;
 use prost_reflect::DescriptorPool;
 
-use super::fields::{FieldStatus, Judgement, judge};
+use super::fields::{FieldReport, FieldStatus, Judgement, judge};
 use super::raw;
 use super::spec::*;
 use crate::protos;
@@ -224,10 +224,12 @@ pub fn validate(
 
     // Every field the config sets, against the field table.
     let mut judged = Judgement::default();
+    let mut custom_fields = Vec::new();
     if let Some(d) = pool.get_message_by_name("perfetto.protos.TraceConfig")
         && let Ok(msg) = prost_reflect::DynamicMessage::decode(d, config_bytes)
     {
         judge(&msg, "", &cx.outcomes, &mut judged);
+        custom_fields = custom(&msg, &mut judged);
     }
     for (path, message) in judged.warnings {
         cx.warn(path, message);
@@ -273,9 +275,55 @@ pub fn validate(
         compression,
         config_bytes: recorded,
         unknown_fields,
+        custom_fields,
         warnings: cx.warnings,
         notes: cx.notes,
     })
+}
+
+/// The extensions each `data_sources[i].config` sets, reported as applied:
+/// the recorder passes them to the data source as encoded.
+fn custom(tc: &prost_reflect::DynamicMessage, judged: &mut Judgement) -> Vec<CustomField> {
+    use prost_reflect::Value;
+    let mut out = Vec::new();
+    let Some(Value::List(sources)) = tc.get_field_by_name("data_sources").map(|v| v.into_owned())
+    else {
+        return out;
+    };
+    for (i, ds) in sources.iter().enumerate() {
+        let Some(Value::Message(cfg)) = ds
+            .as_message()
+            .and_then(|m| m.get_field_by_name("config"))
+            .map(|v| v.into_owned())
+        else {
+            continue;
+        };
+        let name = cfg
+            .get_field_by_name("name")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let mut exts: Vec<_> = cfg.extensions().collect();
+        exts.sort_by_key(|(e, _)| e.number());
+        for (ext, value) in exts {
+            let path = format!("data_sources[{i}].config.[{}]", ext.full_name());
+            let text = super::text::print_inline(&ext.kind(), value, 120);
+            judged.fields.push(FieldReport {
+                path: path.clone(),
+                value: text.clone(),
+                status: FieldStatus::Applied(format!(
+                    "custom field (declared in {}), passed as encoded to the data source {name:?}",
+                    ext.parent_file().name()
+                )),
+            });
+            out.push(CustomField {
+                path,
+                data_source: name.clone(),
+                declared_in: ext.parent_file().name().to_string(),
+                value: text,
+            });
+        }
+    }
+    out
 }
 
 fn buffers(cx: &mut Ctx<'_>, tc: &protos::TraceConfig) -> Vec<BufferSpec> {

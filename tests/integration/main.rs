@@ -4,6 +4,7 @@
 mod bench;
 mod common;
 mod config;
+mod custom_fields;
 mod ftrace;
 mod hardening;
 mod lifecycle;
