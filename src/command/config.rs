@@ -33,12 +33,22 @@ pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
         ConfigForm::Text => "text",
         ConfigForm::Binary => "binary",
     };
-    println!("{}: valid {form} config", loaded.origin);
-    print!("{}", config::plan::describe(&spec));
+    let head = format!(
+        "{}: valid {form} config\n{}",
+        loaded.origin,
+        config::plan::describe(&spec)
+    );
+    if let Err(code) = super::print_out(head) {
+        return code;
+    }
     if file != Path::new("-") {
         match config::segments::load_adjacent(file) {
             Ok(Some((path, policy))) => {
-                print!("{}", config::segments::describe(&policy, Some(&path)));
+                if let Err(code) =
+                    super::print_out(config::segments::describe(&policy, Some(&path)))
+                {
+                    return code;
+                }
                 if policy.check().is_err() {
                     return ExitCode::Usage;
                 }
@@ -51,11 +61,13 @@ pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
         }
     }
     if explain {
-        println!("fields:");
-        print!(
-            "{}",
+        let fields = format!(
+            "fields:\n{}",
             config::fields::explain(&spec.fields, &spec.unknown_fields)
         );
+        if let Err(code) = super::print_out(fields) {
+            return code;
+        }
     }
     ExitCode::Success
 }

@@ -31,13 +31,16 @@ fn print_report<R: Serialize + Display>(
     json: bool,
     verdict: Result<(), impl Display>,
 ) -> ExitCode {
-    if json {
+    let printed = if json {
         match serde_json::to_string_pretty(report) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => super::print_out(format_args!("{s}\n")),
             Err(e) => return fail(e),
         }
     } else {
-        print!("{report}");
+        super::print_out(report)
+    };
+    if let Err(code) = printed {
+        return code;
     }
     match verdict {
         Ok(()) => ExitCode::Success,

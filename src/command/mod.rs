@@ -75,6 +75,23 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// Writes `text` to stdout. `Err` carries the exit code to end with: a
+/// reader that went away (`recorder inspect T | head`) ends the command
+/// quietly with success, as other Unix tools do; any other write error is a
+/// runtime failure, said once.
+pub fn print_out(text: impl std::fmt::Display) -> Result<(), ExitCode> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::Success),
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            Err(ExitCode::Runtime)
+        }
+    }
+}
+
 /// An error with its causes on one line (`output: /x: Permission denied`),
 /// each cause once even where a message already repeats its source.
 pub fn chain(e: &dyn std::error::Error) -> String {

@@ -384,6 +384,46 @@ fn background_then_sigterm() {
     check_complete(&run, None);
 }
 
+/// `recorder inspect T | head` and `config check | head`: a reader that is
+/// gone ends the command quietly with success, never a panic.
+#[test]
+fn printing_commands_end_quietly_when_the_reader_is_gone() {
+    let run = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 100",
+        "message_count: 10 message_size: 16",
+    ));
+    let out = run.run("pwritev");
+    assert!(out.status.success());
+    for args in [
+        vec!["inspect".to_string(), run.out.display().to_string()],
+        vec![
+            "inspect".into(),
+            "--json".into(),
+            run.out.display().to_string(),
+        ],
+        vec![
+            "config".into(),
+            "check".into(),
+            "--explain".into(),
+            run.config.display().to_string(),
+        ],
+    ] {
+        // A pipe whose reading end is closed before the command starts.
+        let (reader, writer) = rustix::pipe::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(recorder_bin())
+            .args(&args)
+            .stdout(Stdio::from(writer))
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn stdout_output_is_a_valid_trace() {
     let run = Run::new(&test_config(
