@@ -33,11 +33,11 @@ impl BufferSetup {
     /// The engine parameters (prefaulted: the run measures steady state, not
     /// first-touch page faults).
     pub fn params(&self) -> BufferParams {
-        let mut p = BufferParams::new(self.size_bytes, self.policy);
-        if let Some(c) = self.chunk_size {
-            p.chunk_size = c;
+        let p = BufferParams::new(self.size_bytes, self.policy);
+        match self.chunk_size {
+            Some(c) => p.with_chunk_size(c),
+            None => p,
         }
-        p
     }
 }
 
