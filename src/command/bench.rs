@@ -218,6 +218,9 @@ pub fn run(args: &BenchArgs) -> u8 {
         ));
         match bench::run_config(cfg) {
             Ok(r) => {
+                for w in &r.warnings {
+                    bar.suspend(|| eprintln!("configuration {}: warning: {w}", r.index));
+                }
                 if !r.verify.ok && r.verify.checked {
                     failed = true;
                     bar.suspend(|| {
