@@ -169,9 +169,16 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             Some(ZstdStage::new(level).map_err(|e| AppError::Output(e.to_string()))?)
         }
     };
+    // O_DIRECT for plain streaming (storage::direct): not under a size cap,
+    // which its padding could overrun, nor for compressed passes, which are
+    // copied whole anyway, nor for segments.
+    let direct = spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
+        && compress.is_none()
+        && !opts.rotation.rotates();
     let sink_opts = OpenOptions {
         no_clobber: opts.no_clobber,
         io: opts.io,
+        direct,
     };
     let sink = if opts.rotation.rotates() {
         opts.rotation
@@ -274,6 +281,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         snapshot_open: OpenOptions {
             no_clobber: false,
             io: opts.io,
+            direct: false,
         },
         log,
         max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),

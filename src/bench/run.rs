@@ -129,6 +129,9 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
                 OpenOptions {
                     no_clobber: false,
                     io: cfg.io,
+                    // Streams as a session does (RECORDER_DIRECT_IO=off: the
+                    // page cache).
+                    direct: true,
                 },
             )?,
             Some(p.clone()),

@@ -23,6 +23,7 @@
 
 mod batch;
 mod cut;
+pub mod direct;
 mod output;
 mod pwritev_sink;
 mod stream_sink;
@@ -137,6 +138,11 @@ pub trait FileSink: Send {
     /// Bytes in the file as far as the sink knows (after a failure, what the
     /// file holds).
     fn bytes_written(&self) -> u64;
+    /// The file takes only `O_DIRECT` writes of whole blocks of this many
+    /// bytes: the caller lays its passes out with [`direct::AlignedPass`].
+    fn direct_alignment(&self) -> Option<usize> {
+        None
+    }
 }
 
 #[cfg(test)]

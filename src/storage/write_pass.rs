@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
+use crate::storage::direct::{AlignedPass, DirectError};
 use crate::storage::{FileSink, SinkError, cut_at_packet_boundary};
 use crate::trace::service;
 
@@ -70,6 +71,8 @@ pub enum PassFailure {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Compress(#[from] CompressError),
+    #[error(transparent)]
+    Direct(#[from] DirectError),
 }
 
 /// A pass that failed, with what of it reached the file.
@@ -177,10 +180,18 @@ pub fn write_pass_staged(
             }
             None => records,
         };
+        // An O_DIRECT file takes whole blocks: the pass is laid out in them,
+        // with padding packets (storage::direct).
+        let aligned = match sink.direct_alignment() {
+            Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align)?),
+            _ => None,
+        };
+        let aligned_slices = aligned.as_ref().map(AlignedPass::slices);
+        let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
         let bytes = if kept.is_empty() {
             0
         } else {
-            match sink.write_all(&kept) {
+            match sink.write_all(aligned_slices.as_deref().unwrap_or(&kept)) {
                 Ok(b) => b,
                 Err(e) => {
                     // The sink kept whole records: count them in the pass's
@@ -195,8 +206,8 @@ pub fn write_pass_staged(
             }
         };
         (input_bytes, compressed_packets) = match &compressed {
-            Some(c) => c.input_of_prefix(bytes),
-            None => (bytes, 0),
+            Some(c) => c.input_of_prefix(bytes - padding),
+            None => (bytes - padding, 0),
         };
         kept_input = input_bytes;
         if stage.count_packets {
