@@ -23,6 +23,11 @@
 //!   slice ends at a packet boundary, so a padding packet never lands inside
 //!   a packet.
 //!
+//! * The session's last pass leaves its last run unpadded: the sink turns
+//!   `O_DIRECT` off ([`crate::storage::FileSink::end_direct`]) and writes it
+//!   through the page cache, so the file ends with the session's last packet
+//!   (`trace_stats`), not with padding.
+//!
 //! The file is then a valid trace at every pass boundary: whole packets,
 //! some of them padding packets that carry nothing (in a reserved
 //! TracePacket field that Perfetto and the independent decoders skip). Each
@@ -109,6 +114,7 @@ pub struct AlignedPass<'a> {
     bounce: Option<memmap2::MmapMut>,
     /// Bytes of padding added.
     padding: u64,
+    align: usize,
 }
 
 /// Bytes of padding that close a run of `len` copied bytes.
@@ -123,8 +129,10 @@ fn padding_for(len: usize, align: usize) -> usize {
 
 impl<'a> AlignedPass<'a> {
     /// Lays out `slices` (each ending at a packet boundary) in blocks of
-    /// `align` bytes, copying what cannot be written in place.
-    pub fn new(slices: &[IoSlice<'a>], align: usize) -> Result<Self, DirectError> {
+    /// `align` bytes, copying what cannot be written in place. `pad_last`:
+    /// pad the last run too (false for a session's last pass, whose last
+    /// run [`Self::unaligned_tail`] is written without `O_DIRECT`).
+    pub fn new(slices: &[IoSlice<'a>], align: usize, pad_last: bool) -> Result<Self, DirectError> {
         // Plan: runs of copied slices (with the tail of a direct slice
         // first), between direct parts.
         let mut runs: Vec<Vec<&'a [u8]>> = Vec::new();
@@ -153,11 +161,15 @@ impl<'a> AlignedPass<'a> {
             runs.push(run);
             order.push(None);
         }
+        let last_run_ends = matches!(order.last(), Some(None));
+        let n_runs = runs.len();
         let sizes: Vec<(usize, usize)> = runs
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 let len: usize = r.iter().map(|s| s.len()).sum();
-                (len, padding_for(len, align))
+                let unpadded = !pad_last && last_run_ends && i + 1 == n_runs;
+                (len, if unpadded { 0 } else { padding_for(len, align) })
             })
             .collect();
         let total: usize = sizes.iter().map(|(l, p)| l + p).sum();
@@ -197,19 +209,35 @@ impl<'a> AlignedPass<'a> {
             segs,
             bounce,
             padding,
+            align,
         })
     }
 
-    /// The iovecs to write: every address and length a multiple of the
-    /// alignment.
+    fn slice(&self, s: &Seg<'a>) -> Option<IoSlice<'_>> {
+        match s {
+            Seg::Direct(d) => Some(IoSlice::new(d)),
+            Seg::Bounce(r) => self.bounce.as_ref().map(|b| IoSlice::new(&b[r.clone()])),
+        }
+    }
+
+    /// The iovecs to write with `O_DIRECT`: every address and length a
+    /// multiple of the alignment (all of the pass but an
+    /// [`unaligned_tail`](Self::unaligned_tail)).
     pub fn slices(&self) -> Vec<IoSlice<'_>> {
-        self.segs
+        let n = self.segs.len() - usize::from(self.unaligned_tail().is_some());
+        self.segs[..n]
             .iter()
-            .filter_map(|s| match s {
-                Seg::Direct(d) => Some(IoSlice::new(d)),
-                Seg::Bounce(r) => self.bounce.as_ref().map(|b| IoSlice::new(&b[r.clone()])),
-            })
+            .filter_map(|s| self.slice(s))
             .collect()
+    }
+
+    /// The last run, left unpadded (see [`Self::new`]) and not a whole number
+    /// of blocks: to be written without `O_DIRECT`.
+    pub fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
+        match self.segs.last() {
+            Some(s @ Seg::Bounce(r)) if !r.len().is_multiple_of(self.align) => self.slice(s),
+            _ => None,
+        }
     }
 
     /// Bytes of padding packets added.
@@ -278,7 +306,7 @@ mod tests {
             IoSlice::new(&ring[split..at]),
             IoSlice::new(&tail),
         ];
-        let pass = AlignedPass::new(&slices, DIRECT_ALIGN).expect("aligned");
+        let pass = AlignedPass::new(&slices, DIRECT_ALIGN, true).expect("aligned");
         let out = pass.slices();
         for s in &out {
             assert!((s.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
@@ -306,8 +334,17 @@ mod tests {
 
     #[test]
     fn nothing_to_write_is_no_iovec() {
-        let pass = AlignedPass::new(&[], DIRECT_ALIGN).expect("empty");
+        let pass = AlignedPass::new(&[], DIRECT_ALIGN, false).expect("empty");
         assert!(pass.slices().is_empty());
+    }
+
+    #[test]
+    fn a_last_pass_ends_with_its_own_last_packet() {
+        let a = vec![0x0A, 3, 1, 2, 3];
+        let pass = AlignedPass::new(&[IoSlice::new(&a)], DIRECT_ALIGN, false).expect("laid out");
+        assert!(pass.slices().is_empty());
+        assert_eq!(pass.unaligned_tail().as_deref(), Some(&a[..]));
+        assert_eq!(pass.padding_bytes(), 0);
     }
 
     #[test]

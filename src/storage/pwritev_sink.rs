@@ -157,4 +157,8 @@ impl FileSink for PwritevSink {
     fn direct_alignment(&self) -> Option<usize> {
         self.direct
     }
+
+    fn end_direct(&mut self) -> Result<(), SinkError> {
+        super::clear_direct(&self.fd, &mut self.direct)
+    }
 }

@@ -243,6 +243,10 @@ impl FileSink for UringSink {
     fn direct_alignment(&self) -> Option<usize> {
         self.direct
     }
+
+    fn end_direct(&mut self) -> Result<(), SinkError> {
+        super::clear_direct(&self.fd, &mut self.direct)
+    }
 }
 
 /// Probes io_uring the way the sink will use it: a real ring setup, a NOP

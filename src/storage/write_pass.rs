@@ -62,6 +62,10 @@ pub struct PassStage<'a> {
     pub compress: Option<&'a mut ZstdStage>,
     /// Count the packets written (a walk over the record headers).
     pub count_packets: bool,
+    /// The session's last pass: on an `O_DIRECT` file its last partial
+    /// block goes through the page cache unpadded, so the file ends with
+    /// the pass's last packet (storage::direct).
+    pub last: bool,
 }
 
 /// What made a pass fail.
@@ -183,7 +187,7 @@ pub fn write_pass_staged(
         // An O_DIRECT file takes whole blocks: the pass is laid out in them,
         // with padding packets (storage::direct).
         let aligned = match sink.direct_alignment() {
-            Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align)?),
+            Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align, !stage.last)?),
             _ => None,
         };
         let aligned_slices = aligned.as_ref().map(AlignedPass::slices);
@@ -191,7 +195,17 @@ pub fn write_pass_staged(
         let bytes = if kept.is_empty() {
             0
         } else {
-            match sink.write_all(aligned_slices.as_deref().unwrap_or(&kept)) {
+            let tail = aligned.as_ref().and_then(AlignedPass::unaligned_tail);
+            let written = sink
+                .write_all(aligned_slices.as_deref().unwrap_or(&kept))
+                .and_then(|b| match &tail {
+                    Some(t) => {
+                        sink.end_direct()?;
+                        Ok(b + sink.write_all(std::slice::from_ref(t))?)
+                    }
+                    None => Ok(b),
+                });
+            match written {
                 Ok(b) => b,
                 Err(e) => {
                     // The sink kept whole records: count them in the pass's

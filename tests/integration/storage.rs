@@ -558,7 +558,7 @@ fn write_aligned(
     bufs: &[IoSlice<'_>],
 ) -> Result<u64, recorder::storage::SinkError> {
     let align = sink.direct_alignment().expect("a direct sink");
-    let pass = recorder::storage::direct::AlignedPass::new(bufs, align).expect("laid out");
+    let pass = recorder::storage::direct::AlignedPass::new(bufs, align, true).expect("laid out");
     sink.write_all(&pass.slices())
 }
 
