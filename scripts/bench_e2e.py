@@ -79,8 +79,8 @@ def config(body):
 
 def run_session(cfg, out, env_extra):
     """Runs a session to its exit: (wall s from spawn to exit, CPU s of the
-    whole process from its rusage after the exit, the last per-thread CPU
-    sample taken while it ran, peak RSS kB)."""
+    whole process from its rusage after the exit, each thread's CPU as last
+    sampled while it ran, peak RSS kB)."""
     env = dict(os.environ, RECORDER_RUNTIME_DIR=tempfile.mkdtemp(), **env_extra)
     err = tempfile.TemporaryFile()
     t0 = time.monotonic()
@@ -92,7 +92,9 @@ def run_session(cfg, out, env_extra):
         if pid == p.pid:
             break
         try:
-            threads = cpu_of(p.pid)[1]
+            # Keep each thread's latest figure, also once it has exited.
+            for name, v in cpu_of(p.pid)[1].items():
+                threads[name] = max(v, threads.get(name, 0.0))
         except OSError:
             pass
         time.sleep(0.05)
@@ -104,7 +106,7 @@ def run_session(cfg, out, env_extra):
     return wall, ru.ru_utime + ru.ru_stime, threads, ru.ru_maxrss
 
 
-def streaming(dirpath, io, secs=8):
+def streaming(dirpath, io, secs=8, direct=True):
     cfg = config(f"""
 buffers {{ size_kb: 262144 fill_policy: RING_BUFFER }}
 data_sources {{ config {{ name: "for_testing" target_buffer: 0
@@ -114,7 +116,10 @@ file_write_period_ms: 100
 duration_ms: {secs * 1000}
 """)
     out = os.path.join(dirpath, "stream.pftrace")
-    wall, cpu, threads, hwm = run_session(cfg, out, {"RECORDER_IO": io})
+    env = {"RECORDER_IO": io}
+    if not direct:
+        env["RECORDER_DIRECT_IO"] = "off"
+    wall, cpu, threads, hwm = run_session(cfg, out, env)
     size = os.path.getsize(out)
     os.unlink(out)
     os.unlink(cfg)
@@ -191,10 +196,19 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers {
     return dt * 1000, size
 
 
+# (row name, RECORDER_IO, O_DIRECT where the filesystem takes it)
+VARIANTS = [
+    ("io_uring, O_DIRECT", "io_uring", True),
+    ("io_uring, page cache", "io_uring", False),
+    ("pwritev, O_DIRECT", "pwritev", True),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/work/tmp")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--streaming-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     load = os.getloadavg()
@@ -202,14 +216,13 @@ def main():
     for _ in range(a.runs):
         rows.append(("dd",) + dd(os.path.join(a.dir, "dd.bin"), 2048))
         rows.append(("dd_direct",) + dd(os.path.join(a.dir, "dd.bin"), 2048, direct=True))
-        for io in ("io_uring", "pwritev"):
-            m = streaming(a.dir, io)
-            rows.append((io,) + m)
+        for name, io, direct in VARIANTS:
+            rows.append((name,) + streaming(a.dir, io, direct=direct))
     print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("| run | MB/s | CPU-s/GB (process) | CPU-s/GB (without the synthetic writer) | peak RSS MiB (buffers MiB) |")
     print("|---|---|---|---|---|")
     med = {}
-    for name in ("dd", "dd_direct", "io_uring", "pwritev"):
+    for name in ["dd", "dd_direct"] + [v[0] for v in VARIANTS]:
         rs = [r for r in rows if r[0] == name]
         mbps = statistics.median(r[1] for r in rs)
         cpu = statistics.median(r[2] for r in rs)
@@ -222,6 +235,10 @@ def main():
             own = statistics.median(r[3] for r in rs)
             hwm = max(r[4] for r in rs) / 1024
             print(f"| recorder, {name} | {mbps:.0f} ({mbps / med['dd']:.2f}× dd, {mbps / med['dd_direct']:.2f}× dd direct) | {cpu:.3f} | {own:.3f} | {hwm:.0f} ({rs[0][5] // 1024}) |")
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if a.streaming_only:
+        return
     print()
     for kind in ("waiting for a start trigger", "streaming with nothing to record"):
         print(f"- idle, {kind}: {idle(kind):.3f}% of a core over 10 s")
