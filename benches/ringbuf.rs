@@ -26,13 +26,8 @@ const REGION: usize = 64 << 20;
 const N: usize = 10_000;
 
 fn ring(size: usize, chunk_size: usize, policy: FillPolicy) -> Arc<Buffer> {
-    Buffer::new(BufferParams {
-        size_bytes: size,
-        chunk_size,
-        policy,
-        prefault: true,
-    })
-    .expect("valid bench buffer")
+    Buffer::new(BufferParams::new(size, policy).with_chunk_size(chunk_size))
+        .expect("valid bench buffer")
 }
 
 /// `0x0A <varint len> payload`.

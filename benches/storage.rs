@@ -64,6 +64,7 @@ fn sink_run(data: &[u8], io: IoChoice, path: &Path) -> Run {
         OpenOptions {
             no_clobber: false,
             io,
+            direct: false,
         },
     )
     .expect("bench output opens");

@@ -5,9 +5,12 @@ baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
   cargo build --release && python3 scripts/bench_e2e.py [--dir /work/tmp] [--runs 3]
 
 - streaming: the for_testing source at full speed with write_into_file,
-  MB/s reaching the disk and CPU-seconds per GB (whole process, and the
-  recorder's own threads without the synthetic writer), io_uring and pwritev,
-  against `dd if=/dev/zero bs=1M conv=fsync` to the same filesystem;
+  MB/s reaching the disk (file size over the wall time from start to exit)
+  and CPU-seconds per GB (the whole process's, from its rusage once it has
+  exited; and without the synthetic writer, whose share is sampled last
+  just before the exit), io_uring and pwritev, against
+  `dd if=/dev/zero bs=1M conv=fsync` (page cache) and `oflag=direct` to the
+  same filesystem;
 - idle: CPU of a session waiting for a start trigger and of a streaming
   session with nothing to record, over 10 s;
 - memory: peak RSS against the sum of buffer sizes;
@@ -54,10 +57,11 @@ def rss_kb(pid):
     return rss, hwm
 
 
-def dd(path, mib):
+def dd(path, mib, direct=False):
     t0 = time.monotonic()
     r0 = os.times()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
+    flags = ["oflag=direct"] if direct else []
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"] + flags,
                    check=True, capture_output=True)
     wall = time.monotonic() - t0
     r1 = os.times()
@@ -73,21 +77,36 @@ def config(body):
     return f.name
 
 
-def run_session(cfg, out, env_extra, sample_at=None, duration=None):
+def run_session(cfg, out, env_extra):
+    """Runs a session to its exit: (wall s from spawn to exit, CPU s of the
+    whole process from its rusage after the exit, each thread's CPU as last
+    sampled while it ran, peak RSS kB)."""
     env = dict(os.environ, RECORDER_RUNTIME_DIR=tempfile.mkdtemp(), **env_extra)
+    err = tempfile.TemporaryFile()
+    t0 = time.monotonic()
     p = subprocess.Popen([BIN, "--config", cfg, "-o", out, "-q"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sample = None
-    if sample_at is not None:
-        time.sleep(sample_at)
-        sample = (cpu_of(p.pid), rss_kb(p.pid))
-    _, err = p.communicate()
+                         stdout=subprocess.DEVNULL, stderr=err)
+    threads = {}
+    while True:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid == p.pid:
+            break
+        try:
+            # Keep each thread's latest figure, also once it has exited.
+            for name, v in cpu_of(p.pid)[1].items():
+                threads[name] = max(v, threads.get(name, 0.0))
+        except OSError:
+            pass
+        time.sleep(0.05)
+    wall = time.monotonic() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
-        sys.exit(f"recorder failed: {err.decode()}")
-    return sample, err.decode(), env
+        err.seek(0)
+        sys.exit(f"recorder failed: {err.read().decode()}")
+    return wall, ru.ru_utime + ru.ru_stime, threads, ru.ru_maxrss
 
 
-def streaming(dirpath, io, secs=8):
+def streaming(dirpath, io, secs=8, direct=True):
     cfg = config(f"""
 buffers {{ size_kb: 262144 fill_policy: RING_BUFFER }}
 data_sources {{ config {{ name: "for_testing" target_buffer: 0
@@ -97,13 +116,16 @@ file_write_period_ms: 100
 duration_ms: {secs * 1000}
 """)
     out = os.path.join(dirpath, "stream.pftrace")
-    (cpu, threads), (rss, hwm) = run_session(cfg, out, {"RECORDER_IO": io}, sample_at=secs - 0.3)[0]
+    env = {"RECORDER_IO": io}
+    if not direct:
+        env["RECORDER_DIRECT_IO"] = "off"
+    wall, cpu, threads, hwm = run_session(cfg, out, env)
     size = os.path.getsize(out)
     os.unlink(out)
     os.unlink(cfg)
     gb = size / 2**30
     writer = sum(v for k, v in threads.items() if "for_te" in k)
-    mbps = size / secs / 1e6
+    mbps = size / wall / 1e6
     return mbps, cpu / gb, (cpu - writer) / gb, hwm, 262144
 
 
@@ -174,32 +196,49 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers {
     return dt * 1000, size
 
 
+# (row name, RECORDER_IO, O_DIRECT where the filesystem takes it)
+VARIANTS = [
+    ("io_uring, O_DIRECT", "io_uring", True),
+    ("io_uring, page cache", "io_uring", False),
+    ("pwritev, O_DIRECT", "pwritev", True),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/work/tmp")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--streaming-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
+    load = os.getloadavg()
     rows = []
     for _ in range(a.runs):
         rows.append(("dd",) + dd(os.path.join(a.dir, "dd.bin"), 2048))
-        for io in ("io_uring", "pwritev"):
-            m = streaming(a.dir, io)
-            rows.append((io,) + m)
+        rows.append(("dd_direct",) + dd(os.path.join(a.dir, "dd.bin"), 2048, direct=True))
+        for name, io, direct in VARIANTS:
+            rows.append((name,) + streaming(a.dir, io, direct=direct))
+    print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("| run | MB/s | CPU-s/GB (process) | CPU-s/GB (without the synthetic writer) | peak RSS MiB (buffers MiB) |")
     print("|---|---|---|---|---|")
     med = {}
-    for name in ("dd", "io_uring", "pwritev"):
+    for name in ["dd", "dd_direct"] + [v[0] for v in VARIANTS]:
         rs = [r for r in rows if r[0] == name]
         mbps = statistics.median(r[1] for r in rs)
         cpu = statistics.median(r[2] for r in rs)
         med[name] = mbps
         if name == "dd":
             print(f"| dd bs=1M conv=fsync | {mbps:.0f} | {cpu:.3f} | – | – |")
+        elif name == "dd_direct":
+            print(f"| dd bs=1M oflag=direct conv=fsync | {mbps:.0f} | {cpu:.3f} | – | – |")
         else:
             own = statistics.median(r[3] for r in rs)
             hwm = max(r[4] for r in rs) / 1024
-            print(f"| recorder, {name} | {mbps:.0f} ({mbps / med['dd']:.2f}× dd) | {cpu:.3f} | {own:.3f} | {hwm:.0f} ({rs[0][5] // 1024}) |")
+            print(f"| recorder, {name} | {mbps:.0f} ({mbps / med['dd']:.2f}× dd, {mbps / med['dd_direct']:.2f}× dd direct) | {cpu:.3f} | {own:.3f} | {hwm:.0f} ({rs[0][5] // 1024}) |")
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if a.streaming_only:
+        return
     print()
     for kind in ("waiting for a start trigger", "streaming with nothing to record"):
         print(f"- idle, {kind}: {idle(kind):.3f}% of a core over 10 s")

@@ -82,6 +82,9 @@ pub struct RunOptions {
     pub compression: Option<spec::Compression>,
     /// Segmented output; inactive unless it rotates.
     pub rotation: RotationPolicy,
+    /// O_DIRECT may be used where it applies (`RECORDER_DIRECT_IO=off`
+    /// says no).
+    pub direct_io: bool,
 }
 
 /// The first sequence id of data sources; 1 is the recorder's own.
@@ -185,9 +188,17 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             Some(ZstdStage::new(level).map_err(AppError::Compression)?)
         }
     };
+    // O_DIRECT for plain streaming (storage::direct): not under a size cap,
+    // which its padding could overrun, nor for compressed passes, which are
+    // copied whole anyway, nor for segments.
+    let direct = opts.direct_io
+        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
+        && compress.is_none()
+        && !opts.rotation.rotates();
     let sink_opts = OpenOptions {
         no_clobber: opts.no_clobber,
         io: opts.io,
+        direct,
     };
     let sink = if opts.rotation.rotates() {
         opts.rotation.check().map_err(AppError::Rotation)?;
@@ -287,6 +298,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         snapshot_open: OpenOptions {
             no_clobber: false,
             io: opts.io,
+            direct: false,
         },
         log,
         max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),

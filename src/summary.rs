@@ -127,17 +127,38 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
                 st.packets_overwritten
             );
         }
-        if st.bytes_discarded > 0 || st.packets_discarded > 0 {
+        let (full_packets, full_bytes) = st.discarded_full();
+        if full_bytes > 0 || full_packets > 0 {
             let _ = writeln!(
                 s,
                 "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
-                HumanBytes(st.bytes_discarded),
-                st.packets_discarded,
+                HumanBytes(full_bytes),
+                full_packets,
                 if t.write_period.is_some() {
                     " or shorten file_write_period_ms"
                 } else {
                     ""
                 }
+            );
+        }
+        if st.bytes_discarded_pinned > 0 || st.packets_discarded_pinned > 0 {
+            let _ = writeln!(
+                s,
+                "    {} discarded ({} packets, {}: the free space was pinned by a write pass in flight): \
+                 raise size_kb or shorten file_write_period_ms",
+                HumanBytes(st.bytes_discarded_pinned),
+                st.packets_discarded_pinned,
+                b.policy
+            );
+        }
+        if st.bytes_discarded_held > 0 || st.packets_discarded_held > 0 {
+            let _ = writeln!(
+                s,
+                "    {} discarded ({} packets, {}: every free chunk was held by another writer): \
+                 raise size_kb or use fewer data sources per buffer",
+                HumanBytes(st.bytes_discarded_held),
+                st.packets_discarded_held,
+                b.policy
             );
         }
         if st.packets_refused > 0 {

@@ -42,6 +42,9 @@ pub struct Setup {
     pub policy: FillPolicy,
     pub chunk_size: usize,
     pub chunks: usize,
+    /// Chunks a writer takes at once at most (the engine sizes each region
+    /// between the packet's need and this; the model reads what it got).
+    pub region_chunks: usize,
 }
 
 /// One step.
@@ -95,10 +98,12 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         [16, 64, 256, 1024][usize::from((b0 >> 1) & 3)]
     };
     let chunks = 2 + usize::from(b1 % 15);
+    let region_chunks = [1, 1, 2, 4][usize::from((b1 / 15) % 4)];
     let setup = Setup {
         policy,
         chunk_size,
         chunks,
+        region_chunks,
     };
     let mut ops = Vec::new();
     while let Some(code) = next() {
@@ -262,6 +267,7 @@ impl Model {
         let params = BufferParams {
             size_bytes: setup.chunk_size * setup.chunks,
             chunk_size: setup.chunk_size,
+            region_chunks: setup.region_chunks,
             policy: setup.policy,
             prefault: false,
         };
@@ -290,6 +296,19 @@ impl Model {
             .filter(|(i, _)| *i != w)
             .filter_map(|(_, s)| s.region.map(|r| r.2))
             .sum()
+    }
+
+    /// The region writer `w` was just given for a need of `k` chunks, `used`
+    /// bytes of it written: as big as the need at least, as
+    /// `region_chunks` at most unless the need is more, whole chunks.
+    fn granted(&self, w: usize, k: usize, used: usize) -> (usize, usize, usize) {
+        let cs = self.setup.chunk_size;
+        let cap = self.seqs[w].writer.as_ref().map_or(0, Writer::region_bytes);
+        assert!(
+            cap.is_multiple_of(cs) && cap >= k * cs && cap <= k.max(self.setup.region_chunks) * cs,
+            "a region of {cap} bytes for a need of {k} chunks of {cs}"
+        );
+        (cap, used, cap / cs)
     }
 
     /// Predicts whether the writer needs a new region for `framed` bytes, and
@@ -356,7 +375,7 @@ impl Model {
         if r.is_ok() && !commit {
             // Nothing written, but a region may have been acquired.
             if needs {
-                self.seqs[w].region = Some((k * self.setup.chunk_size, 0, k));
+                self.seqs[w].region = Some(self.granted(w, k, 0));
             }
             return;
         }
@@ -419,7 +438,7 @@ impl Model {
         };
         if r.is_ok() && !commit {
             if needs {
-                self.seqs[w].region = Some((k * self.setup.chunk_size, 0, k));
+                self.seqs[w].region = Some(self.granted(w, k, 0));
             }
             return;
         }
@@ -440,19 +459,19 @@ impl Model {
         framed: usize,
         stored: usize,
     ) {
-        let cs = self.setup.chunk_size;
         match r {
             Ok(()) => {
                 assert!(!too_big, "a packet over max_packet_len was accepted");
+                let region = match self.seqs[w].region {
+                    Some((cap, used, kk)) if !needs => (cap, used + stored, kk),
+                    _ => self.granted(w, k, stored),
+                };
                 let s = &mut self.seqs[w];
                 s.queue.push_back(Entry::Written {
                     seq,
                     framed: stored as u64,
                 });
-                s.region = match s.region {
-                    Some((cap, used, kk)) if !needs => Some((cap, used + stored, kk)),
-                    _ => Some((k * cs, stored, k)),
-                };
+                s.region = Some(region);
                 self.written.0 += 1;
                 self.written.1 += stored as u64;
                 self.drained = false;
@@ -462,7 +481,7 @@ impl Model {
                 self.refused.0 += 1;
                 self.refused.1 += framed as u64;
             }
-            Err(WriteError::Discarded) => {
+            Err(WriteError::Discarded(_)) => {
                 assert!(!too_big, "an oversized packet was discarded, not refused");
                 assert!(needs, "discarded although the packet fit its region");
                 assert!(

@@ -30,7 +30,9 @@
 //! | `rate_pps` | float \| null | offered rate asked for; null: `--max-rate` |
 //! | `sink` | str | `io_uring`, `pwritev`, or `none` (`--no-output`) |
 //! | `output` | str \| null | the kept trace file |
-//! | `elapsed_s` | float | writer run time |
+//! | `elapsed_s` | float | the writers' time: from their common start (every writer thread running, released at once) to the last packet offered; the rates are per this |
+//! | `wall_s` | float | from the common start to the end of the last pass and sync |
+//! | `warnings` | [str] | why the figures may not be representative (a run under 1 s, fewer than 3 passes) |
 //! | `offered_packets`, `accepted_packets` | int | packets offered / stored |
 //! | `offered_pps`, `accepted_pps` | float | per second |
 //! | `offered_mbps`, `accepted_mbps` | float | framed bytes, 10^6 per second |
@@ -39,7 +41,7 @@
 //! | `retained_pct` | float | retained / offered packets × 100 |
 //! | `write_latency`, `acquire_latency` | object | `{count, p50_ns, p99_ns, p999_ns, max_ns}` |
 //! | `acquire_failures` | int | chunk acquisitions that found no chunk |
-//! | `passes` | object | `{count, duration: {…percentiles}, bytes_mean, bytes_max, longest_ms}` |
+//! | `passes` | object | `{count, duration: {…percentiles}, bytes_mean, bytes_max, longest_ms, total_ms, final_ms}`; `final_ms` is the pass after the writers stopped, outside `elapsed_s` |
 //! | `cpu` | object | `{user_s, sys_s, total_s}` (whole process during the run) |
 //! | `peak_rss_kb` | int | peak RSS during the run (reset per configuration where the kernel allows) |
 //! | `buffers` | array | per buffer: `index, policy, size_kb, chunk_kb`, the counters above, `retained_pct`, `buffer_bytes_per_packet`, `peak_window_bytes`, `peak_window_ms`, `min_size_kb`, `lossless_rate_pps`, `balanced` |

@@ -117,6 +117,10 @@ pub struct PassSummary {
     pub bytes_mean: u64,
     pub bytes_max: u64,
     pub longest_ms: f64,
+    /// Every pass's duration, summed.
+    pub total_ms: f64,
+    /// The last pass, after the writers stopped (outside `elapsed_s`).
+    pub final_ms: f64,
 }
 
 /// Whether the file shows exactly the loss the counters report.
@@ -265,6 +269,35 @@ impl Verification {
     }
 }
 
+/// Runs shorter than this are flagged: start-up, the first region
+/// hand-overs and the last pass weigh on their rates.
+pub const SHORT_RUN: Duration = Duration::from_secs(1);
+
+/// Warnings for a run too short to trust its rates.
+pub fn short_run_warnings(
+    elapsed: Duration,
+    write_period: Duration,
+    passes: &PassSummary,
+) -> Vec<String> {
+    let mut w = Vec::new();
+    if elapsed < SHORT_RUN {
+        w.push(format!(
+            "short run: the writers ran {:.0} ms (under {} s); its rates are not representative, \
+             run longer (--duration or more packets)",
+            elapsed.as_secs_f64() * 1e3,
+            SHORT_RUN.as_secs()
+        ));
+    }
+    if passes.count < 3 && elapsed >= SHORT_RUN {
+        w.push(format!(
+            "short run: {} write pass(es) at a {} ms period; the rates say little about streaming",
+            passes.count,
+            write_period.as_millis()
+        ));
+    }
+    w
+}
+
 /// Everything measured for one configuration.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigReport {
@@ -283,7 +316,13 @@ pub struct ConfigReport {
     pub sink: &'static str,
     /// The kept trace, if any.
     pub output: Option<PathBuf>,
+    /// The writers' time: from their common start to the last packet
+    /// offered; every rate below is per this.
     pub elapsed_s: f64,
+    /// From the common start to the end of the last pass and the sync.
+    pub wall_s: f64,
+    /// What makes the figures less than representative (a short run).
+    pub warnings: Vec<String>,
     pub offered_packets: u64,
     pub accepted_packets: u64,
     pub offered_pps: f64,
@@ -320,6 +359,7 @@ impl ConfigReport {
         sink: &'static str,
         output: Option<PathBuf>,
         elapsed: Duration,
+        wall: Duration,
         outcomes: &[WriterOutcome],
         stats: &[BufferStats],
         buffers: Vec<BufferReport>,
@@ -351,6 +391,8 @@ impl ConfigReport {
             sink,
             output,
             elapsed_s: elapsed.as_secs_f64(),
+            wall_s: wall.as_secs_f64(),
+            warnings: short_run_warnings(elapsed, cfg.write_period, &passes),
             offered_packets,
             accepted_packets,
             offered_pps: offered_packets as f64 / secs,

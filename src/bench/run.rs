@@ -12,7 +12,7 @@ use super::histogram::LatencyHistogram;
 use super::report::{BufferReport, ConfigReport, PassSummary, Verification};
 use super::usage::{CpuMark, peak_rss_kb, reset_peak_rss};
 use super::verify;
-use super::workload::{WriterOutcome, WriterPlan, WriterProgress, run_writer};
+use super::workload::{StartGate, WriterOutcome, WriterPlan, WriterProgress, run_writer};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId, slot_header_bytes};
 use crate::sources::for_testing::max_packet_len;
 use crate::storage::write_pass::{Take, write_pass};
@@ -33,11 +33,11 @@ impl BufferSetup {
     /// The engine parameters (prefaulted: the run measures steady state, not
     /// first-touch page faults).
     pub fn params(&self) -> BufferParams {
-        let mut p = BufferParams::new(self.size_bytes, self.policy);
-        if let Some(c) = self.chunk_size {
-            p.chunk_size = c;
+        let p = BufferParams::new(self.size_bytes, self.policy);
+        match self.chunk_size {
+            Some(c) => p.with_chunk_size(c),
+            None => p,
         }
-        p
     }
 }
 
@@ -129,6 +129,9 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
                 OpenOptions {
                     no_clobber: false,
                     io: cfg.io,
+                    // Streams as a session does (RECORDER_DIRECT_IO=off: the
+                    // page cache).
+                    direct: true,
                 },
             )?,
             Some(p.clone()),
@@ -146,21 +149,37 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         buffers.iter().map(|b| (b.clone(), Take::Consume)).collect();
 
     reset_peak_rss();
-    let cpu = CpuMark::now();
-    let started = Instant::now();
-    let mut threads = Vec::with_capacity(cfg.writers.len());
-    for (plan, pr) in cfg.writers.iter().zip(&progress) {
+    // Every writer attaches first, then all start at once with the flusher:
+    // thread start-up is outside the timed run, and no writer has the
+    // buffer to itself while the others are still being spawned.
+    let start = Arc::new(StartGate::default());
+    let mut writers = Vec::with_capacity(cfg.writers.len());
+    for plan in &cfg.writers {
         let buffer = buffers
             .get(plan.buffer)
             .ok_or(BenchError::NoSuchBuffer(plan.buffer))?;
-        let writer = buffer.writer(WriterId(plan.sequence_id));
-        let (plan, stop, pr) = (plan.clone(), stop.clone(), pr.clone());
+        writers.push(buffer.writer(WriterId(plan.sequence_id)));
+    }
+    let mut threads = Vec::with_capacity(cfg.writers.len());
+    for ((plan, pr), writer) in cfg.writers.iter().zip(&progress).zip(writers) {
+        let (plan, gate, halt, pr) = (plan.clone(), start.clone(), stop.clone(), pr.clone());
         let t = std::thread::Builder::new()
             .name(format!("bench-writer-{}", plan.sequence_id))
-            .spawn(move || run_writer(writer, plan, stop, pr))
-            .map_err(BenchError::Thread)?;
-        threads.push(t);
+            .spawn(move || run_writer(writer, plan, gate, halt, pr))
+            .map_err(BenchError::Thread);
+        match t {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                // The ones started wait at the gate: let them go, stopped.
+                stop.store(true, Ordering::Relaxed);
+                start.open();
+                return Err(e);
+            }
+        }
     }
+    start.open_when_ready(threads.len());
+    let cpu = CpuMark::now();
+    let started = Instant::now();
 
     // The flusher: a pass every write period, and a last one after the
     // writers stop. Offered bytes are sampled around each pass to find the
@@ -217,7 +236,13 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     for t in threads {
         outcomes.push(t.join().map_err(|_| BenchError::WriterPanicked)?);
     }
-    let elapsed = started.elapsed();
+    // The writers' time: from the common start to the last packet any of
+    // them offered (not the flusher's naps, the joins or the last pass).
+    let elapsed = outcomes
+        .iter()
+        .filter_map(|o| o.finished)
+        .max()
+        .map_or_else(|| started.elapsed(), |t| t.duration_since(started));
     if sink_error.is_none()
         && let Err(e) = do_pass(sink.as_mut(), &mut passes, &mut pass_hist)
     {
@@ -230,6 +255,7 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         sink_error = Some(BenchError::Sink(e));
     }
     let cpu = cpu.since();
+    let wall = started.elapsed();
     let rss = peak_rss_kb();
     drop(sink);
     if let Some(e) = sink_error {
@@ -344,12 +370,17 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
             .iter()
             .map(|p| p.duration.as_secs_f64() * 1e3)
             .fold(0.0, f64::max),
+        total_ms: passes.iter().map(|p| p.duration.as_secs_f64() * 1e3).sum(),
+        final_ms: passes
+            .last()
+            .map_or(0.0, |p| p.duration.as_secs_f64() * 1e3),
     };
     Ok(ConfigReport::new(
         cfg,
         sink_name,
         output_path.filter(|_| matches!(cfg.output, OutputTarget::Keep(_))),
         elapsed,
+        wall,
         &outcomes,
         &stats,
         buffer_reports,

@@ -6,11 +6,14 @@
 //! * write latency: a batch of [`BATCH`] packets is timed as a whole and its
 //!   mean recorded once per packet (two clock reads per batch);
 //! * chunk-acquire latency: the writer keeps a shadow of the room left in its
-//!   chunk (packets have a known reserved size), so it knows which
-//!   `begin_packet` will take a new chunk and times only those calls.
+//!   region (packets have a known reserved size, the region's size is read
+//!   back after each acquisition), so it knows which `begin_packet` will
+//!   take a new region and times only those calls;
+//! * run time: every writer starts at one barrier shared with the flusher
+//!   and stops its clock at its last packet, before handing its region over.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::histogram::LatencyHistogram;
@@ -63,7 +66,10 @@ pub struct WriterOutcome {
     pub acquire: LatencyHistogram,
     /// Acquisitions that found no chunk (the packet was dropped).
     pub acquire_failures: u64,
+    /// From the common start to the last packet offered.
     pub elapsed: Duration,
+    /// When the last packet was offered.
+    pub finished: Option<Instant>,
 }
 
 /// The filler length that makes an encoded test packet about `packet_size`
@@ -87,10 +93,49 @@ pub fn filler_for(packet_size: usize) -> usize {
     filler
 }
 
-/// Runs one writer until its packet count is reached or `stop` is set.
+/// Where the writers wait until all of them are running, so that they start
+/// together with the flusher's clock.
+#[derive(Debug, Default)]
+pub struct StartGate {
+    /// (writers waiting, open)
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl StartGate {
+    /// A writer is ready: returns once the gate opens.
+    pub fn wait(&self) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.0 += 1;
+        self.changed.notify_all();
+        while !s.1 {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Waits until `writers` are waiting, then lets them all go.
+    pub fn open_when_ready(&self, writers: usize) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.0 < writers {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Lets every writer go now.
+    pub fn open(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Runs one writer, from the moment every writer is running and the
+/// flusher lets them go through `start`, until its packet count is reached or `stop` is set.
 pub fn run_writer(
     mut writer: Writer,
     plan: WriterPlan,
+    start: Arc<StartGate>,
     stop: Arc<AtomicBool>,
     progress: Arc<WriterProgress>,
 ) -> WriterOutcome {
@@ -102,9 +147,6 @@ pub fn run_writer(
     // Bytes `begin_packet(max_len)` puts before each packet.
     let header = slot_header_bytes(max_len);
     let reserved = header + max_len;
-    let chunk = writer.buffer().chunk_size();
-    // The region a successful acquisition yields for this packet size.
-    let region_cap = reserved.div_ceil(chunk) * chunk;
     let mut room: usize = 0;
     let mut values = SeqValues::new(plan.seed);
     let mut out = WriterOutcome {
@@ -112,6 +154,7 @@ pub fn run_writer(
         buffer: plan.buffer,
         ..WriterOutcome::default()
     };
+    start.wait();
     let started = Instant::now();
     let mut n: u64 = 0;
     let mut last_len = max_len;
@@ -156,7 +199,7 @@ pub fn run_writer(
                     }
                     if let Some(ta) = ta {
                         out.acquire.record_ns(ta.elapsed().as_nanos() as u64);
-                        room = region_cap;
+                        room = writer.region_bytes();
                     }
                     room = room.saturating_sub(header + last_len);
                 }
@@ -178,9 +221,11 @@ pub fn run_writer(
             .offered_bytes
             .store(out.offered_bytes, Ordering::Relaxed);
     }
+    let finished = Instant::now();
+    out.finished = Some(finished);
+    out.elapsed = finished - started;
     writer.flush();
     out.offered = n;
-    out.elapsed = started.elapsed();
     progress.offered.store(n, Ordering::Relaxed);
     progress
         .offered_bytes

@@ -219,6 +219,9 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         ));
         match bench::run_config(cfg) {
             Ok(r) => {
+                for w in &r.warnings {
+                    bar.suspend(|| eprintln!("configuration {}: warning: {w}", r.index));
+                }
                 if !r.verify.ok && r.verify.checked {
                     failed = true;
                     bar.suspend(|| {

@@ -77,9 +77,9 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         );
         return ExitCode::Usage;
     }
-    let io = match io_from_env() {
-        Ok(io) => io,
-        Err(e) => {
+    let (io, direct_io) = match (io_from_env(), direct_io_from_env()) {
+        (Ok(io), Ok(direct)) => (io, direct),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("error: {e}");
             return ExitCode::Usage;
         }
@@ -122,6 +122,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         status_line: !args.background,
         compression,
         rotation,
+        direct_io,
     };
 
     let mut report = None;
@@ -259,6 +260,22 @@ fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
             );
             None
         }
+    }
+}
+
+/// `RECORDER_DIRECT_IO`, read once here: `off` keeps streaming sessions in
+/// the page cache even where O_DIRECT works.
+fn direct_io_from_env() -> Result<bool, String> {
+    match std::env::var_os("RECORDER_DIRECT_IO") {
+        None => Ok(true),
+        Some(v) => match v.to_str() {
+            Some("" | "auto" | "on") => Ok(true),
+            Some("off") => Ok(false),
+            _ => Err(format!(
+                "RECORDER_DIRECT_IO={}: expected off, on or auto",
+                v.to_string_lossy()
+            )),
+        },
     }
 }
 

@@ -408,6 +408,7 @@ impl Loop {
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
+            last,
         };
         let r = write_pass_staged(
             self.rec.sink.as_sink(),
@@ -570,6 +571,7 @@ impl Loop {
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: false,
+            last: true,
         };
         match write_pass_staged(sink.as_mut(), &head, &plan, tail, None, true, stage) {
             Ok(rep) => {

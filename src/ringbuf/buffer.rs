@@ -15,6 +15,7 @@ pub struct Buffer {
     size_bytes: usize,
     chunk_size: usize,
     chunk_count: usize,
+    region_chunks: usize,
     policy: FillPolicy,
     max_packet_len: usize,
     live: Live,
@@ -34,6 +35,10 @@ struct Inner {
 pub(crate) struct WriterTotals {
     pub(crate) packets_discarded: u64,
     pub(crate) bytes_discarded: u64,
+    pub(crate) packets_discarded_pinned: u64,
+    pub(crate) bytes_discarded_pinned: u64,
+    pub(crate) packets_discarded_held: u64,
+    pub(crate) bytes_discarded_held: u64,
     pub(crate) packets_refused: u64,
     pub(crate) bytes_refused: u64,
 }
@@ -42,6 +47,10 @@ impl WriterTotals {
     fn add(&mut self, o: &WriterTotals) {
         self.packets_discarded += o.packets_discarded;
         self.bytes_discarded += o.bytes_discarded;
+        self.packets_discarded_pinned += o.packets_discarded_pinned;
+        self.bytes_discarded_pinned += o.bytes_discarded_pinned;
+        self.packets_discarded_held += o.packets_discarded_held;
+        self.bytes_discarded_held += o.bytes_discarded_held;
         self.packets_refused += o.packets_refused;
         self.bytes_refused += o.bytes_refused;
     }
@@ -53,6 +62,7 @@ impl std::fmt::Debug for Buffer {
             .field("size_bytes", &self.size_bytes)
             .field("chunk_size", &self.chunk_size)
             .field("chunk_count", &self.chunk_count)
+            .field("region_chunks", &self.region_chunks)
             .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
@@ -72,6 +82,9 @@ impl Buffer {
         if params.size_bytes / chunk_size < 2 {
             return Err(too_small);
         }
+        if params.region_chunks == 0 {
+            return Err(RingbufError::RegionChunks);
+        }
         let memory = Memory::new(params.size_bytes, params.prefault)?;
         // Exactly the capacity asked for; the page-rounding tail is slack.
         let chunk_count = params.size_bytes / chunk_size;
@@ -87,6 +100,7 @@ impl Buffer {
             size_bytes: params.size_bytes,
             chunk_size,
             chunk_count,
+            region_chunks: params.region_chunks,
             policy: params.policy,
             max_packet_len,
             live: Live {
@@ -94,7 +108,7 @@ impl Buffer {
                 generation: AtomicU64::new(0),
             },
             inner: Mutex::new(Inner {
-                table: Table::new(chunk_count, chunk_size, params.policy),
+                table: Table::new(chunk_count, chunk_size, params.region_chunks, params.policy),
                 writers: Vec::new(),
                 retired: WriterTotals::default(),
             }),
@@ -135,6 +149,10 @@ impl Buffer {
         s.buffer_size = self.size_bytes as u64;
         s.packets_discarded = w.packets_discarded;
         s.bytes_discarded = w.bytes_discarded;
+        s.packets_discarded_pinned = w.packets_discarded_pinned;
+        s.bytes_discarded_pinned = w.bytes_discarded_pinned;
+        s.packets_discarded_held = w.packets_discarded_held;
+        s.bytes_discarded_held = w.bytes_discarded_held;
         s.packets_refused = w.packets_refused;
         s.bytes_refused = w.bytes_refused;
         s
@@ -181,6 +199,11 @@ impl Buffer {
         self.chunk_count
     }
 
+    /// Chunks a writer takes at once at most when the buffer has room.
+    pub fn region_chunks(&self) -> usize {
+        self.region_chunks
+    }
+
     /// The fill policy.
     pub fn policy(&self) -> FillPolicy {
         self.policy
@@ -209,14 +232,15 @@ impl Buffer {
         self.live.generation.load(Ordering::Acquire)
     }
 
-    /// Completes `done` (head, bytes, packets) if any and acquires `k` chunks.
+    /// Completes `done` (head, bytes, packets) if any and acquires a region
+    /// of at least `k` chunks: `(head, chunks)`.
     pub(crate) fn swap_region(
         &self,
         id: WriterId,
         done: Option<(usize, u32, u32)>,
         k: usize,
         lost: bool,
-    ) -> Result<usize, Refused> {
+    ) -> Result<(usize, usize), Refused> {
         let mut inner = self.lock();
         if let Some((head, used, packets)) = done {
             inner.table.complete(&self.live, head, used, packets);

@@ -13,8 +13,9 @@
 //!  ┌──────────┬──────────┬──────────┬─────┬────────────┬───────┐
 //!  │ chunk 0  │ chunk 1  │ chunk 2  │ ... │ chunk n-1  │ slack │
 //!  └──────────┴──────────┴──────────┴─────┴────────────┴───────┘
-//!   ◄─chunk_size─►       write cursor ─► (chunks are taken in address order,
-//!                                         wrapping: write_wrap_count)
+//!   ◄─chunk_size─►       write cursor ─► (regions of chunks are taken in
+//!                                         address order, wrapping:
+//!                                         write_wrap_count)
 //!
 //!  one chunk: packets in the file's own framing, back to back, no header
 //!  ┌────┬──────────┬─────────────┬────┬──────────┬──────────┬────────────┐
@@ -92,15 +93,46 @@
 //!   is never handed to a writer, so the bytes of the batch stay unchanged
 //!   until `release`.
 //!
+//! # Writers and chunks
+//!
+//! A chunk ([`BufferParams::DEFAULT_CHUNK_SIZE`], 4 KiB) is the unit of
+//! allocation; a writer takes a *region* of adjacent chunks at once, sized
+//! when it asks (`Table::region_size`): its share of the space it can take,
+//! `avail / (2 × writers holding no region)`, capped at
+//! [`BufferParams::region_chunks`] (64 KiB) and never less than the packet
+//! needs. `avail` is the free chunks (fully read ones are freed as soon as
+//! no pass pins them); a RING_BUFFER without enough free chunks, which
+//! overwrites anyway, counts every chunk not being written.
+//!
+//! **W1** Each acquisition leaves at least `(2R − 1) / 2R` of the available
+//! chunks to the `R − 1` other writers holding nothing, so while the
+//! buffer has more chunks than writers, a writer attached before the
+//! others start writing (the session attaches every data source's writer
+//! at start) always finds a chunk: no packet is lost because writers
+//! outnumber regions, and a lone busy writer still takes whole 64 KiB
+//! regions. A writer attached later finds what the holders left (at
+//! least half of the space available when the last of them took its
+//! share); regions return as their writers fill or flush them.
+//!
+//! **W2** A write pass pins only the regions it read, and only until its
+//! batch is released; writers take free (DISCARD) or complete unpinned
+//! (RING_BUFFER) chunks around them, so a pass in flight never refuses a
+//! writer while such chunks exist.
+//!
+//! A writer that finds no chunk drops the packet and counts it by
+//! [`DiscardReason`]: DISCARD full of unread data, space pinned by a pass in
+//! flight, or every chunk held by other writers (more writers than chunks).
+//! The summary and `trace_stats` report each apart.
+//!
 //! # Chunk size
 //!
-//! [`BufferParams::DEFAULT_CHUNK_SIZE`] is 64 KiB, chosen by the `ringbuf`
-//! benchmark (`BENCHMARKS.md`, "Buffer engine"): the per-packet cost is flat
-//! from 16 KiB up while 4 KiB chunks were the slowest (a chunk hand-over, a
-//! mutex round trip, every ~60 small packets), and handing a full 64 MiB
-//! buffer to the flusher took 53 µs with 64 KiB chunks against 825 µs with
-//! 4 KiB ones. Larger chunks make overwrite loss coarser and leave more of a
-//! slow writer's chunk idle.
+//! Regions of 64 KiB ([`BufferParams::DEFAULT_REGION_BYTES`]) come from the
+//! `ringbuf` benchmark (`BENCHMARKS.md`, "Buffer engine"): the per-packet
+//! cost is flat from 16 KiB up while 4 KiB hand-overs were the slowest (a
+//! mutex round trip every ~60 small packets), and handing a full 64 MiB
+//! buffer to the flusher took 53 µs with 64 KiB regions against 825 µs with
+//! 4 KiB ones (the flusher walks regions, not chunks). Chunks of 4 KiB let
+//! many writers share a small buffer; overwrite loss stays per region.
 //!
 //! # Testing
 //!
@@ -146,8 +178,12 @@ pub struct WriterId(pub u32);
 pub struct BufferParams {
     /// Bytes of trace data the buffer holds (rounded up to the page size).
     pub size_bytes: usize,
-    /// Bytes per chunk; the unit of hand-over, reuse and loss.
+    /// Bytes per chunk: the unit of allocation, reuse and loss.
     pub chunk_size: usize,
+    /// Chunks a writer takes at once at most when the buffer has room (its
+    /// region; fewer when space is short, more for a packet that needs them).
+    /// See "Writers and chunks" in the module docs.
+    pub region_chunks: usize,
     /// What to do when full.
     pub policy: FillPolicy,
     /// Fault every page in at creation (`MADV_POPULATE_WRITE`), so writers
@@ -156,8 +192,15 @@ pub struct BufferParams {
 }
 
 impl BufferParams {
-    /// Default chunk size (see the module docs for why).
-    pub const DEFAULT_CHUNK_SIZE: usize = 64 * 1024;
+    /// Default chunk size: the allocation unit, small so that many writers
+    /// each find one (see "Writers and chunks" in the module docs).
+    pub const DEFAULT_CHUNK_SIZE: usize = 4 * 1024;
+    /// Default region: what a writer takes at once when there is room (see
+    /// "Chunk size" in the module docs for why 64 KiB).
+    pub const DEFAULT_REGION_BYTES: usize = 64 * 1024;
+    /// The fewest chunks [`BufferParams::new`] cuts a buffer into (chunks
+    /// shrink, by halves down to 256 bytes, to reach it).
+    pub const MIN_CHUNKS: usize = 64;
     /// Smallest chunk accepted.
     pub const MIN_CHUNK_SIZE: usize = 16;
     /// Largest chunk accepted (offsets in a region are 32-bit).
@@ -167,18 +210,35 @@ impl BufferParams {
     pub const MAX_PACKET_LEN: usize = 1024 * 1024;
 
     /// Params with the default chunk size, shrunk (by halves, down to 256
-    /// bytes) so that a small buffer still holds at least 4 chunks; prefault
-    /// on.
+    /// bytes) so that a small buffer still holds [`Self::MIN_CHUNKS`]
+    /// chunks, and regions of 64 KiB, or a quarter of the buffer if that is
+    /// smaller; prefault on.
     pub fn new(size_bytes: usize, policy: FillPolicy) -> Self {
         let mut chunk_size = Self::DEFAULT_CHUNK_SIZE;
-        while chunk_size > 256 && chunk_size.saturating_mul(4) > size_bytes {
+        while chunk_size > 256 && chunk_size.saturating_mul(Self::MIN_CHUNKS) > size_bytes {
             chunk_size /= 2;
         }
         BufferParams {
             size_bytes,
             chunk_size,
+            region_chunks: 1,
             policy,
             prefault: true,
+        }
+        .with_chunk_size(chunk_size)
+    }
+
+    /// These params with chunks of `chunk_size` and regions of 64 KiB in
+    /// them (at least one chunk, at most a quarter of the buffer).
+    pub fn with_chunk_size(self, chunk_size: usize) -> Self {
+        let chunks = self.size_bytes / chunk_size.max(1);
+        let region_chunks = (Self::DEFAULT_REGION_BYTES / chunk_size.max(1))
+            .min(chunks / 4)
+            .max(1);
+        BufferParams {
+            chunk_size,
+            region_chunks,
+            ..self
         }
     }
 }
@@ -192,6 +252,8 @@ pub enum RingbufError {
         max = BufferParams::MAX_CHUNK_SIZE
     )]
     ChunkSize { chunk_size: usize },
+    #[error("region_chunks must be at least 1")]
+    RegionChunks,
     #[error("buffer of {size_bytes} bytes holds fewer than 2 chunks of {chunk_size} bytes")]
     TooSmall {
         size_bytes: usize,
@@ -204,13 +266,27 @@ pub enum RingbufError {
     },
 }
 
+/// Why no chunk could be had for a packet: each is counted apart
+/// ([`BufferStats`]), so that a loss is reported as what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DiscardReason {
+    /// DISCARD: unread data fills the buffer.
+    Full,
+    /// The space a writer could take is pinned by a write pass in flight
+    /// (its bytes are being written to the file); it frees as the pass ends.
+    Pinned,
+    /// Every chunk not in a pass is held by another writer: more writers
+    /// than the buffer has chunks.
+    HeldByWriters,
+}
+
 /// Why a packet was not stored. Tiny and `Copy`: counted, never logged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum WriteError {
-    /// No chunk could be had (DISCARD while full, or every chunk pinned or
-    /// being written); counted in `packets_discarded`.
-    #[error("buffer full: packet discarded")]
-    Discarded,
+    /// No chunk could be had (see [`DiscardReason`]); counted in
+    /// `packets_discarded` and in the reason's own counter.
+    #[error("no chunk could be had: packet discarded ({0:?})")]
+    Discarded(DiscardReason),
     /// Larger than [`Buffer::max_packet_len`]; counted in `packets_refused`.
     /// The caller is told at once, so no loss marker is emitted for it.
     #[error("packet too big for this buffer")]

@@ -24,8 +24,20 @@ pub struct BufferStats {
     pub packets_written: u64,
     /// Unread packets lost to reuse.
     pub packets_overwritten: u64,
-    /// Packets dropped because no chunk could be had.
+    /// Packets dropped because no chunk could be had, for any reason (the
+    /// two counters below single out the reasons other than a full DISCARD
+    /// buffer).
     pub packets_discarded: u64,
+    /// Of `packets_discarded`: dropped while the space was pinned by a write
+    /// pass in flight.
+    pub packets_discarded_pinned: u64,
+    /// Of `bytes_discarded`: framed bytes of those packets.
+    pub bytes_discarded_pinned: u64,
+    /// Of `packets_discarded`: dropped while every other chunk was held by
+    /// another writer (more writers than chunks).
+    pub packets_discarded_held: u64,
+    /// Of `bytes_discarded`: framed bytes of those packets.
+    pub bytes_discarded_held: u64,
     /// Packets refused as too big.
     pub packets_refused: u64,
     /// Framed bytes of the packets refused as too big.
@@ -61,6 +73,17 @@ pub struct BufferStats {
 }
 
 impl BufferStats {
+    /// Packets and framed bytes discarded because DISCARD's buffer was full
+    /// of unread data (the rest of the discards have their own reasons).
+    pub fn discarded_full(&self) -> (u64, u64) {
+        (
+            self.packets_discarded
+                .saturating_sub(self.packets_discarded_pinned + self.packets_discarded_held),
+            self.bytes_discarded
+                .saturating_sub(self.bytes_discarded_pinned + self.bytes_discarded_held),
+        )
+    }
+
     /// R3: every byte and packet written is read, overwritten, cleared or
     /// still buffered.
     pub fn is_balanced(&self) -> bool {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{BufferStats, FillPolicy, WriterId};
+use super::{BufferStats, DiscardReason, FillPolicy, WriterId};
 
 /// What writers and the table share without the mutex.
 pub(crate) struct Live {
@@ -92,9 +92,17 @@ pub(crate) struct Taken {
 pub(crate) struct Table {
     slots: Vec<Slot>,
     chunk_size: usize,
+    /// Chunks a writer takes at once when there is room.
+    region_chunks: usize,
     policy: FillPolicy,
     cursor: usize,
     free_chunks: usize,
+    /// Chunks in writing regions.
+    writing_chunks: usize,
+    /// Writing regions (one per writer holding one).
+    writing_regions: usize,
+    /// Writers attached now (every `Writer`, whatever its sequence).
+    attached: usize,
     sequences: BTreeMap<WriterId, Sequence>,
     /// Every writer sequence that ever attached (`sequences` forgets the
     /// finished ones once read).
@@ -103,18 +111,30 @@ pub(crate) struct Table {
     generation: u64,
 }
 
-/// A chunk acquisition was refused; the generation at that moment.
+/// A chunk acquisition was refused: the generation at that moment, and why.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Refused(pub(crate) u64);
+pub(crate) struct Refused {
+    pub(crate) generation: u64,
+    pub(crate) reason: DiscardReason,
+}
 
 impl Table {
-    pub(crate) fn new(chunk_count: usize, chunk_size: usize, policy: FillPolicy) -> Table {
+    pub(crate) fn new(
+        chunk_count: usize,
+        chunk_size: usize,
+        region_chunks: usize,
+        policy: FillPolicy,
+    ) -> Table {
         Table {
             slots: vec![Slot::Free; chunk_count],
             chunk_size,
+            region_chunks,
             policy,
             cursor: 0,
             free_chunks: chunk_count,
+            writing_chunks: 0,
+            writing_regions: 0,
+            attached: 0,
             sequences: BTreeMap::new(),
             served: BTreeSet::new(),
             totals: BufferStats::default(),
@@ -135,6 +155,7 @@ impl Table {
     pub(crate) fn attach(&mut self, id: WriterId) {
         self.served.insert(id);
         self.sequences.entry(id).or_default().writers += 1;
+        self.attached += 1;
     }
 
     /// The last writer of `id` went away; `lost` if it dropped packets after
@@ -143,6 +164,7 @@ impl Table {
         let seq = self.sequences.entry(id).or_default();
         seq.writers = seq.writers.saturating_sub(1);
         seq.loss_tail |= lost;
+        self.attached = self.attached.saturating_sub(1);
     }
 
     fn region_mut(&mut self, head: usize) -> Option<&mut Region> {
@@ -213,59 +235,51 @@ impl Table {
         }
     }
 
-    /// Gives `id` a region of `k` adjacent chunks at the write cursor (or the
-    /// first place after it where k chunks can be had), reusing complete
-    /// unpinned chunks under RING_BUFFER. `lost`: the writer dropped packets
-    /// since its previous region.
+    /// How many chunks a writer needing `need` takes: its share of the
+    /// space it can take, `avail / (2 × writers without a region)`, capped
+    /// at `region_chunks`, and never less than `need`. Half of what is
+    /// available stays for the writers that hold nothing yet (see "Writers
+    /// and chunks" in the module docs). The space is the free chunks (taking
+    /// them loses nothing); only a RING_BUFFER without enough of them, which
+    /// overwrites anyway, counts every chunk not being written.
+    fn region_size(&self, need: usize) -> usize {
+        let avail = match self.policy {
+            FillPolicy::RingBuffer if self.free_chunks < need => {
+                self.slots.len() - self.writing_chunks
+            }
+            _ => self.free_chunks,
+        };
+        // The acquiring writer holds nothing now (swap_region completed its
+        // region first), so it is among those counted.
+        let regionless = self.attached.saturating_sub(self.writing_regions).max(1);
+        let share = avail / (2 * regionless);
+        need.max(share.min(self.region_chunks))
+    }
+
+    /// Gives `id` a region at the write cursor (or the first place after it
+    /// where one can be had) of its share of chunks ([`Self::region_size`]),
+    /// or of `need` chunks when that many adjacent ones cannot be had,
+    /// reusing complete unpinned chunks under RING_BUFFER. `lost`: the writer
+    /// dropped packets since its previous region. Returns the region's head
+    /// and length in chunks.
     pub(crate) fn acquire(
         &mut self,
         live: &Live,
         id: WriterId,
-        k: usize,
+        need: usize,
         lost: bool,
-    ) -> Result<usize, Refused> {
-        let n = self.slots.len();
-        let refused = |t: &mut Table| {
-            t.totals.chunks_discarded += 1;
-            Err(Refused(t.generation))
-        };
-        if k == 0 || k > n || (self.policy == FillPolicy::Discard && self.free_chunks < k) {
-            return refused(self);
-        }
-        let mut start = self.cursor;
-        let mut scanned = 0usize;
-        let mut wrapped = false;
-        let found_end = loop {
-            if scanned >= n {
-                return refused(self);
-            }
-            if start + k > n {
-                scanned += n - start;
-                start = 0;
-                wrapped = true;
-                continue;
-            }
-            let mut j = start;
-            let blocked = loop {
-                if j >= start + k {
-                    break None;
-                }
-                match self.takeable(j) {
-                    Ok(len) => j += len,
-                    Err(skip) => break Some(j + skip),
-                }
-            };
-            match blocked {
-                None => break j,
-                Some(next) => {
-                    scanned += next - start;
-                    start = next;
-                    if start >= n {
-                        start = 0;
-                        wrapped = true;
-                    }
-                }
-            }
+    ) -> Result<(usize, usize), Refused> {
+        let want = self.region_size(need);
+        let found = self
+            .find(want)
+            .map(|at| (at, want))
+            .or_else(|| (want > need).then(|| self.find(need).map(|at| (at, need)))?);
+        let Some(((start, found_end, wrapped), k)) = found else {
+            self.totals.chunks_discarded += 1;
+            return Err(Refused {
+                generation: self.generation,
+                reason: self.refusal_reason(need),
+            });
         };
         // Reclaim everything in [start, found_end): free chunks stay free,
         // complete regions are overwritten (RING_BUFFER) or were fully read.
@@ -305,16 +319,89 @@ impl Table {
             *s = Slot::Member;
         }
         self.free_chunks -= k;
+        self.writing_chunks += k;
+        self.writing_regions += 1;
         live.committed[start].0.store(0, Ordering::Release);
         if wrapped {
             self.totals.write_wrap_count += 1;
         }
         self.cursor = start + k;
-        if self.cursor >= n {
+        if self.cursor >= self.slots.len() {
             self.cursor = 0;
             self.totals.write_wrap_count += 1;
         }
-        Ok(start)
+        Ok((start, k))
+    }
+
+    /// Where `k` adjacent takeable chunks start, from the write cursor on:
+    /// `(start, end of what must be reclaimed, whether the search wrapped)`.
+    fn find(&self, k: usize) -> Option<(usize, usize, bool)> {
+        let n = self.slots.len();
+        if k == 0 || k > n || (self.policy == FillPolicy::Discard && self.free_chunks < k) {
+            return None;
+        }
+        let mut start = self.cursor;
+        let mut scanned = 0usize;
+        let mut wrapped = false;
+        loop {
+            if scanned >= n {
+                return None;
+            }
+            if start + k > n {
+                scanned += n - start;
+                start = 0;
+                wrapped = true;
+                continue;
+            }
+            let mut j = start;
+            let blocked = loop {
+                if j >= start + k {
+                    break None;
+                }
+                match self.takeable(j) {
+                    Ok(len) => j += len,
+                    Err(skip) => break Some(j + skip),
+                }
+            };
+            match blocked {
+                None => return Some((start, j, wrapped)),
+                Some(next) => {
+                    scanned += next - start;
+                    start = next;
+                    if start >= n {
+                        start = 0;
+                        wrapped = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why `need` chunks could not be had: a write pass pins space that
+    /// would do once released; else DISCARD holds unread data; else
+    /// writers hold every other chunk.
+    fn refusal_reason(&self, need: usize) -> DiscardReason {
+        let (mut pinned, mut unread) = (0usize, false);
+        for slot in &self.slots {
+            if let Slot::Head(r) = slot
+                && !r.writing
+            {
+                let reusable = self.policy == FillPolicy::RingBuffer || r.read == r.used;
+                if r.pins > 0 && reusable {
+                    pinned += r.chunks as usize;
+                }
+                unread |= r.read < r.used;
+            }
+        }
+        if pinned > 0 && pinned + self.free_chunks >= need {
+            DiscardReason::Pinned
+        } else if self.policy == FillPolicy::Discard && unread {
+            DiscardReason::Full
+        } else if pinned > 0 {
+            DiscardReason::Pinned
+        } else {
+            DiscardReason::HeldByWriters
+        }
     }
 
     /// The writer is done with the region at `head`, holding `used` bytes in
@@ -324,10 +411,15 @@ impl Table {
         let Some(r) = self.region_mut(head) else {
             return;
         };
+        if !r.writing {
+            return;
+        }
         r.writing = false;
         r.used = used;
         r.packets = packets;
         let r = *r;
+        self.writing_chunks -= r.chunks as usize;
+        self.writing_regions -= 1;
         if used > 0 {
             let t = &mut self.totals;
             t.bytes_written += u64::from(used);

@@ -10,6 +10,7 @@ fn params(chunks: usize, chunk_size: usize, policy: FillPolicy) -> BufferParams 
     BufferParams {
         size_bytes: chunks * chunk_size,
         chunk_size,
+        region_chunks: 1,
         policy,
         prefault: false,
     }
@@ -152,10 +153,12 @@ fn discard_drops_while_full_and_resumes_after_a_flush() {
     for i in 0..4 {
         w.write_packet(&pkt(i, 30)).expect("room for 4");
     }
-    assert_eq!(w.write_packet(&pkt(9, 30)), Err(WriteError::Discarded));
-    assert_eq!(w.write_packet(&pkt(9, 30)), Err(WriteError::Discarded));
+    let full = Err(WriteError::Discarded(DiscardReason::Full));
+    assert_eq!(w.write_packet(&pkt(9, 30)), full);
+    assert_eq!(w.write_packet(&pkt(9, 30)), full);
     let s = b.stats();
     assert_eq!((s.packets_discarded, s.bytes_discarded), (2, 64));
+    assert_eq!(s.discarded_full(), (2, 64));
     assert_eq!(
         s.chunks_discarded, 1,
         "the second drop fails fast, unchanged state"
@@ -186,8 +189,11 @@ fn pinned_chunks_are_not_reused() {
         pieces(&held2),
         vec![Piece::Loss(2), Piece::Packet(pkt(4, 55))]
     );
-    // Now every chunk is pinned: nothing can be had.
-    assert_eq!(w.write_packet(&pkt(5, 55)), Err(WriteError::Discarded));
+    // Now every chunk is pinned: nothing can be had, and that is the reason.
+    assert_eq!(
+        w.write_packet(&pkt(5, 55)),
+        Err(WriteError::Discarded(DiscardReason::Pinned))
+    );
     assert_eq!(pieces(&held), before, "pinned bytes unchanged");
     held.release();
     w.write_packet(&pkt(6, 55))
@@ -196,6 +202,11 @@ fn pinned_chunks_are_not_reused() {
     assert_eq!(drain(&b), vec![Piece::Loss(2), Piece::Packet(pkt(6, 55))]);
     let s = b.stats();
     assert_eq!(s.packets_discarded, 1);
+    assert_eq!(
+        (s.packets_discarded_pinned, s.bytes_discarded_pinned),
+        (1, 57)
+    );
+    assert_eq!(s.discarded_full(), (0, 0));
     assert_eq!(s.packets_overwritten, 1);
     assert!(s.is_balanced());
 }
@@ -311,7 +322,10 @@ fn a_dead_writers_trailing_loss_is_marked_once() {
     let mut w = b.writer(WriterId(2));
     w.write_packet(&pkt(1, 55)).expect("fits");
     w.write_packet(&pkt(2, 55)).expect("fits");
-    assert_eq!(w.write_packet(&pkt(3, 55)), Err(WriteError::Discarded));
+    assert_eq!(
+        w.write_packet(&pkt(3, 55)),
+        Err(WriteError::Discarded(DiscardReason::Full))
+    );
     drop(w);
     assert_eq!(
         drain(&b),
@@ -334,15 +348,28 @@ fn params_are_checked() {
         Buffer::new(params(4, 8, FillPolicy::Discard)),
         Err(RingbufError::ChunkSize { .. })
     ));
+    assert!(matches!(
+        Buffer::new(BufferParams {
+            region_chunks: 0,
+            ..params(4, 64, FillPolicy::Discard)
+        }),
+        Err(RingbufError::RegionChunks)
+    ));
     let p = BufferParams::new(16 * 1024, FillPolicy::RingBuffer);
-    assert_eq!(p.chunk_size, 4096, "small buffers get smaller chunks");
     assert_eq!(
-        BufferParams::new(4096, FillPolicy::Discard).chunk_size,
-        1024
+        (p.chunk_size, p.region_chunks),
+        (256, 16),
+        "small buffers get smaller chunks, and regions of a quarter"
     );
+    let p = BufferParams::new(4096, FillPolicy::Discard);
+    assert_eq!((p.chunk_size, p.region_chunks), (256, 4));
+    let p = BufferParams::new(1 << 20, FillPolicy::Discard);
+    assert_eq!((p.chunk_size, p.region_chunks), (4096, 16));
+    let p = BufferParams::new(64 << 20, FillPolicy::RingBuffer);
+    assert_eq!(p.chunk_size, BufferParams::DEFAULT_CHUNK_SIZE);
     assert_eq!(
-        BufferParams::new(64 << 20, FillPolicy::RingBuffer).chunk_size,
-        BufferParams::DEFAULT_CHUNK_SIZE
+        p.chunk_size * p.region_chunks,
+        BufferParams::DEFAULT_REGION_BYTES
     );
     let b = Buffer::new(params(3, 1000, FillPolicy::Discard)).expect("valid");
     assert_eq!(b.size_bytes(), 3000);
@@ -573,4 +600,116 @@ fn begin_packet_at_least_uses_up_the_region_before_taking_a_new_one() {
             Piece::Packet(pkt(4, 250)),
         ]
     );
+}
+
+/// 40 writers, one small packet each, into a buffer of 1 MiB (256 chunks of
+/// 4 KiB, regions of 64 KiB): every writer gets a share, none is dropped.
+fn many_writers_one_packet_each(policy: FillPolicy) {
+    const WRITERS: u32 = 40;
+    let b = Buffer::new(BufferParams {
+        prefault: false,
+        ..BufferParams::new(1 << 20, policy)
+    })
+    .expect("1 MiB");
+    let mut writers: Vec<Writer> = (1..=WRITERS).map(|i| b.writer(WriterId(i))).collect();
+    for (i, w) in writers.iter_mut().enumerate() {
+        w.write_packet(&pkt(i as u8, 100))
+            .unwrap_or_else(|e| panic!("writer {i}: {e}"));
+    }
+    let held: usize = writers.iter().map(Writer::region_bytes).sum();
+    assert!(held < 1 << 20, "{held} bytes held: some room stays free");
+    let s = b.stats();
+    assert_eq!((s.packets_written, s.packets_discarded), (40, 0));
+    let got = drain(&b);
+    assert_eq!(got.len(), 40, "every writer's packet is kept");
+    // A few writers that attach later, while the first ones still hold
+    // their regions, find the room those left.
+    let mut late: Vec<Writer> = (WRITERS + 1..=WRITERS + 10)
+        .map(|i| b.writer(WriterId(i)))
+        .collect();
+    for w in &mut late {
+        w.write_packet(&pkt(7, 100))
+            .expect("room for a late writer");
+    }
+    assert_eq!(drain(&b).len(), 10);
+    assert!(b.stats().is_balanced());
+}
+
+#[test]
+fn more_writers_than_regions_each_get_a_share_ring_buffer() {
+    many_writers_one_packet_each(FillPolicy::RingBuffer);
+}
+
+#[test]
+fn more_writers_than_regions_each_get_a_share_discard() {
+    many_writers_one_packet_each(FillPolicy::Discard);
+}
+
+#[test]
+fn a_lone_writer_takes_whole_regions() {
+    let b = Buffer::new(BufferParams {
+        prefault: false,
+        ..BufferParams::new(1 << 20, FillPolicy::RingBuffer)
+    })
+    .expect("1 MiB");
+    let mut w = b.writer(WriterId(1));
+    w.write_packet(&pkt(1, 10)).expect("fits");
+    assert_eq!(w.region_bytes(), BufferParams::DEFAULT_REGION_BYTES);
+}
+
+/// A write pass holds part of the buffer: writers keep writing into the
+/// rest, under either policy, and no drop is blamed on the pass.
+fn not_refused_during_a_pass(policy: FillPolicy) {
+    let b = Buffer::new(BufferParams {
+        prefault: false,
+        ..BufferParams::new(1 << 20, policy)
+    })
+    .expect("1 MiB");
+    let mut w = b.writer(WriterId(1));
+    // A quarter of the buffer, then a pass takes it and stays in flight.
+    for i in 0..256 {
+        w.write_packet(&pkt(i as u8, 1000)).expect("room");
+    }
+    let pass = b.take_flush();
+    let before = pieces(&pass);
+    // Another half of the buffer while the pass is in flight.
+    for i in 0..512 {
+        w.write_packet(&pkt(i as u8, 1000))
+            .expect("room while a pass is in flight");
+    }
+    assert_eq!(pieces(&pass), before, "the pass's bytes are untouched");
+    let s = b.stats();
+    assert_eq!((s.packets_discarded, s.packets_overwritten), (0, 0));
+    pass.release();
+    assert_eq!(drain(&b).len(), 512);
+}
+
+#[test]
+fn a_writer_is_not_refused_while_a_pass_is_in_flight_ring_buffer() {
+    not_refused_during_a_pass(FillPolicy::RingBuffer);
+}
+
+#[test]
+fn a_writer_is_not_refused_while_a_pass_is_in_flight_discard() {
+    not_refused_during_a_pass(FillPolicy::Discard);
+}
+
+#[test]
+fn refusals_name_their_reason() {
+    // Two chunks, three writers: the third finds every chunk held.
+    let b = buffer(2, 64, FillPolicy::RingBuffer);
+    let (mut w1, mut w2, mut w3) = (
+        b.writer(WriterId(1)),
+        b.writer(WriterId(2)),
+        b.writer(WriterId(3)),
+    );
+    w1.write_packet(&pkt(1, 10)).expect("a chunk");
+    w2.write_packet(&pkt(2, 10)).expect("a chunk");
+    assert_eq!(
+        w3.write_packet(&pkt(3, 10)),
+        Err(WriteError::Discarded(DiscardReason::HeldByWriters))
+    );
+    let s = b.stats();
+    assert_eq!((s.packets_discarded_held, s.bytes_discarded_held), (1, 12));
+    assert_eq!(s.discarded_full(), (0, 0));
 }

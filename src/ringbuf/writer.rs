@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::buffer::{Buffer, WriterTotals};
 use super::table::pack;
-use super::{WriteError, WriterId};
+use super::{DiscardReason, WriteError, WriterId};
 use crate::wire::framing::{PACKET_TAG, record_header};
 use crate::wire::varint::{self, len_usize as varint_len};
 
@@ -34,6 +34,10 @@ pub const fn slot_header_bytes(max_len: usize) -> usize {
 pub(crate) struct WriterCounters {
     packets_discarded: AtomicU64,
     bytes_discarded: AtomicU64,
+    packets_discarded_pinned: AtomicU64,
+    bytes_discarded_pinned: AtomicU64,
+    packets_discarded_held: AtomicU64,
+    bytes_discarded_held: AtomicU64,
     packets_refused: AtomicU64,
     bytes_refused: AtomicU64,
 }
@@ -43,6 +47,10 @@ impl WriterCounters {
         WriterTotals {
             packets_discarded: self.packets_discarded.load(Ordering::Relaxed),
             bytes_discarded: self.bytes_discarded.load(Ordering::Relaxed),
+            packets_discarded_pinned: self.packets_discarded_pinned.load(Ordering::Relaxed),
+            bytes_discarded_pinned: self.bytes_discarded_pinned.load(Ordering::Relaxed),
+            packets_discarded_held: self.packets_discarded_held.load(Ordering::Relaxed),
+            bytes_discarded_held: self.bytes_discarded_held.load(Ordering::Relaxed),
             packets_refused: self.packets_refused.load(Ordering::Relaxed),
             bytes_refused: self.bytes_refused.load(Ordering::Relaxed),
         }
@@ -70,9 +78,10 @@ pub struct Writer {
     local: WriterTotals,
     /// Packets were dropped since the current region was acquired.
     lost: bool,
-    /// Generation and size of the last refused acquisition: until the
-    /// generation moves, an acquisition at least as big fails without the lock.
-    refused_at: Option<(u64, usize)>,
+    /// Generation, size and reason of the last refused acquisition: until
+    /// the generation moves, an acquisition at least as big fails without
+    /// the lock, for the same reason.
+    refused_at: Option<(u64, usize, DiscardReason)>,
     /// `buffer.max_packet_len()`, kept here for the fast path.
     max_len: usize,
 }
@@ -226,20 +235,20 @@ impl Writer {
         }
         let k = framed.div_ceil(self.buffer.chunk_size());
         if self.cur.is_none()
-            && let Some((generation, refused_k)) = self.refused_at
+            && let Some((generation, refused_k, reason)) = self.refused_at
             && k >= refused_k
             && generation == self.buffer.generation()
         {
-            return Err(self.discard(framed));
+            return Err(self.discard(framed, reason));
         }
         let done = self.cur.take().map(|c| (c.head, c.pos as u32, c.packets));
         match self.buffer.swap_region(self.id, done, k, self.lost) {
-            Ok(head) => {
+            Ok((head, chunks)) => {
                 let cs = self.buffer.chunk_size();
                 self.cur = Some(Current {
                     head,
                     offset: head * cs,
-                    cap: k * cs,
+                    cap: chunks * cs,
                     pos: 0,
                     packets: 0,
                 });
@@ -248,22 +257,47 @@ impl Writer {
                 Ok(())
             }
             Err(refused) => {
-                self.refused_at = Some((refused.0, k));
-                Err(self.discard(framed))
+                self.refused_at = Some((refused.generation, k, refused.reason));
+                Err(self.discard(framed, refused.reason))
             }
         }
     }
 
-    fn discard(&mut self, framed: usize) -> WriteError {
+    fn discard(&mut self, framed: usize, reason: DiscardReason) -> WriteError {
         self.lost = true;
-        self.local.packets_discarded += 1;
-        self.local.bytes_discarded += framed as u64;
-        let c = &self.counters;
+        let (l, c) = (&mut self.local, &self.counters);
+        l.packets_discarded += 1;
+        l.bytes_discarded += framed as u64;
         c.packets_discarded
-            .store(self.local.packets_discarded, Ordering::Relaxed);
+            .store(l.packets_discarded, Ordering::Relaxed);
         c.bytes_discarded
-            .store(self.local.bytes_discarded, Ordering::Relaxed);
-        WriteError::Discarded
+            .store(l.bytes_discarded, Ordering::Relaxed);
+        match reason {
+            DiscardReason::Full => {}
+            DiscardReason::Pinned => {
+                l.packets_discarded_pinned += 1;
+                l.bytes_discarded_pinned += framed as u64;
+                c.packets_discarded_pinned
+                    .store(l.packets_discarded_pinned, Ordering::Relaxed);
+                c.bytes_discarded_pinned
+                    .store(l.bytes_discarded_pinned, Ordering::Relaxed);
+            }
+            DiscardReason::HeldByWriters => {
+                l.packets_discarded_held += 1;
+                l.bytes_discarded_held += framed as u64;
+                c.packets_discarded_held
+                    .store(l.packets_discarded_held, Ordering::Relaxed);
+                c.bytes_discarded_held
+                    .store(l.bytes_discarded_held, Ordering::Relaxed);
+            }
+        }
+        WriteError::Discarded(reason)
+    }
+
+    /// Bytes of the region the writer holds (0 if none): its share, as
+    /// `Buffer` sized it.
+    pub fn region_bytes(&self) -> usize {
+        self.cur.as_ref().map_or(0, |c| c.cap)
     }
 }
 

@@ -23,6 +23,7 @@
 
 mod batch;
 mod cut;
+pub mod direct;
 mod output;
 mod pwritev_sink;
 mod stream_sink;
@@ -137,6 +138,31 @@ pub trait FileSink: Send {
     /// Bytes in the file as far as the sink knows (after a failure, what the
     /// file holds).
     fn bytes_written(&self) -> u64;
+    /// The file takes only `O_DIRECT` writes of whole blocks of this many
+    /// bytes: the caller lays its passes out with [`direct::AlignedPass`].
+    fn direct_alignment(&self) -> Option<usize> {
+        None
+    }
+    /// Writes from now on go through the page cache (`O_DIRECT` off): for
+    /// a session's last, unaligned bytes. A no-op where it was never on.
+    fn end_direct(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Turns `O_DIRECT` off on `fd` (the positioned sinks' `end_direct`).
+pub(crate) fn clear_direct(
+    fd: &std::os::fd::OwnedFd,
+    direct: &mut Option<usize>,
+) -> Result<(), SinkError> {
+    if direct.is_some() {
+        let flags =
+            rustix::fs::fcntl_getfl(fd).map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        rustix::fs::fcntl_setfl(fd, flags - rustix::fs::OFlags::DIRECT)
+            .map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        *direct = None;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

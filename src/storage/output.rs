@@ -32,6 +32,10 @@ pub struct OpenOptions {
     /// `O_EXCL`: refuse to replace an existing file.
     pub no_clobber: bool,
     pub io: IoChoice,
+    /// Write with `O_DIRECT` where the file allows it (probed; the page
+    /// cache otherwise, logged). For streaming sessions without compression
+    /// or a size cap.
+    pub direct: bool,
 }
 
 /// The io_uring probe: a real ring setup and a NOP. `Err` says why not.
@@ -50,7 +54,27 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
                 log::info!("trace output {} is a stream: plain writes", path.display());
                 return Ok(Box::new(StreamSink::new(fd, false)));
             }
-            file_sink(fd, opts.io)
+            let direct = if opts.direct {
+                match super::direct::enable(&fd) {
+                    Ok(align) => {
+                        log::info!(
+                            "trace file {}: O_DIRECT, {align}-byte blocks",
+                            path.display()
+                        );
+                        Some(align)
+                    }
+                    Err(e) => {
+                        log::info!(
+                            "trace file {}: through the page cache, O_DIRECT unavailable ({e})",
+                            path.display()
+                        );
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            file_sink(fd, opts.io, direct)
         }
     }
 }
@@ -93,7 +117,11 @@ fn is_stream(fd: &OwnedFd) -> bool {
     })
 }
 
-fn file_sink(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageError> {
+fn file_sink(
+    fd: OwnedFd,
+    io: IoChoice,
+    direct: Option<usize>,
+) -> Result<Box<dyn FileSink>, StorageError> {
     let use_uring = match io {
         IoChoice::Pwritev => false,
         IoChoice::IoUring => {
@@ -110,19 +138,19 @@ fn file_sink(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageErro
     };
     if !use_uring {
         log::info!("trace file: pwritev");
-        return Ok(Box::new(PwritevSink::new(fd, 0)));
+        return Ok(Box::new(PwritevSink::new(fd, 0).with_direct(direct)));
     }
     // Keep a duplicate so a failed ring setup after the probe can still fall back.
     let spare = fd.try_clone();
     match UringSink::new(fd, 0) {
         Ok(sink) => {
             log::info!("trace file: io_uring");
-            Ok(Box::new(sink))
+            Ok(Box::new(sink.with_direct(direct)))
         }
         Err(e) if io == IoChoice::Auto => {
             let fd = spare.map_err(|se| StorageError::IoUringUnavailable(format!("{e}; {se}")))?;
             log::warn!("io_uring ring setup failed ({e}); writing the trace with pwritev");
-            Ok(Box::new(PwritevSink::new(fd, 0)))
+            Ok(Box::new(PwritevSink::new(fd, 0).with_direct(direct)))
         }
         Err(e) => Err(StorageError::IoUringUnavailable(e.to_string())),
     }

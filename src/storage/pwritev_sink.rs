@@ -19,6 +19,7 @@ pub struct PwritevSink {
     fd: OwnedFd,
     offset: u64,
     poisoned: Option<SinkError>,
+    direct: Option<usize>,
 }
 
 impl PwritevSink {
@@ -28,6 +29,15 @@ impl PwritevSink {
             fd,
             offset,
             poisoned: None,
+            direct: None,
+        }
+    }
+
+    /// The fd was opened `O_DIRECT` (see [`super::direct::enable`]).
+    pub fn with_direct(self, align: Option<usize>) -> Self {
+        PwritevSink {
+            direct: align,
+            ..self
         }
     }
 }
@@ -142,5 +152,13 @@ impl FileSink for PwritevSink {
 
     fn bytes_written(&self) -> u64 {
         self.offset
+    }
+
+    fn direct_alignment(&self) -> Option<usize> {
+        self.direct
+    }
+
+    fn end_direct(&mut self) -> Result<(), SinkError> {
+        super::clear_direct(&self.fd, &mut self.direct)
     }
 }

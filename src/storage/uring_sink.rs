@@ -59,6 +59,7 @@ pub struct UringSink {
     registered: bool,
     offset: u64,
     poisoned: Option<SinkError>,
+    direct: Option<usize>,
 }
 
 fn errno_of(e: &std::io::Error) -> Errno {
@@ -77,7 +78,16 @@ impl UringSink {
             registered,
             offset,
             poisoned: None,
+            direct: None,
         })
+    }
+
+    /// The fd was opened `O_DIRECT` (see [`super::direct::enable`]).
+    pub fn with_direct(self, align: Option<usize>) -> Self {
+        UringSink {
+            direct: align,
+            ..self
+        }
     }
 }
 
@@ -228,6 +238,14 @@ impl FileSink for UringSink {
 
     fn bytes_written(&self) -> u64 {
         self.offset
+    }
+
+    fn direct_alignment(&self) -> Option<usize> {
+        self.direct
+    }
+
+    fn end_direct(&mut self) -> Result<(), SinkError> {
+        super::clear_direct(&self.fd, &mut self.direct)
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
+use crate::storage::direct::{AlignedPass, DirectError};
 use crate::storage::{FileSink, SinkError, cut_at_packet_boundary};
 use crate::trace::service;
 
@@ -59,6 +60,10 @@ pub struct PassStage<'a> {
     pub compress: Option<&'a mut ZstdStage>,
     /// Count the packets written (a walk over the record headers).
     pub count_packets: bool,
+    /// The session's last pass: on an `O_DIRECT` file its last partial
+    /// block goes through the page cache unpadded, so the file ends with
+    /// the pass's last packet (storage::direct).
+    pub last: bool,
 }
 
 /// What made a pass fail.
@@ -68,6 +73,8 @@ pub enum PassFailure {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Compress(#[from] CompressError),
+    #[error(transparent)]
+    Direct(#[from] DirectError),
 }
 
 /// A pass that failed, with what of it reached the file.
@@ -174,10 +181,28 @@ pub fn write_pass_staged(
             }
             None => records,
         };
+        // An O_DIRECT file takes whole blocks: the pass is laid out in them,
+        // with padding packets (storage::direct).
+        let aligned = match sink.direct_alignment() {
+            Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align, !stage.last)?),
+            _ => None,
+        };
+        let aligned_slices = aligned.as_ref().map(AlignedPass::slices);
+        let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
         let bytes = if kept.is_empty() {
             0
         } else {
-            match sink.write_all(&kept) {
+            let tail = aligned.as_ref().and_then(AlignedPass::unaligned_tail);
+            let written = sink
+                .write_all(aligned_slices.as_deref().unwrap_or(&kept))
+                .and_then(|b| match &tail {
+                    Some(t) => {
+                        sink.end_direct()?;
+                        Ok(b + sink.write_all(std::slice::from_ref(t))?)
+                    }
+                    None => Ok(b),
+                });
+            match written {
                 Ok(b) => b,
                 Err(e) => {
                     // The sink kept whole records: count them in the pass's
@@ -192,8 +217,8 @@ pub fn write_pass_staged(
             }
         };
         (input_bytes, compressed_packets) = match &compressed {
-            Some(c) => c.input_of_prefix(bytes),
-            None => (bytes, 0),
+            Some(c) => c.input_of_prefix(bytes - padding),
+            None => (bytes - padding, 0),
         };
         kept_input = input_bytes;
         if stage.count_packets {

@@ -335,7 +335,21 @@ pub struct BufferStatsRecord {
     /// Packets a writer lost before they reached the buffer (refused as too
     /// big for it); trace processor shows it as a `data_loss` stat.
     pub trace_writer_packet_loss: u64,
+    /// The recorder's own counters, for losses Perfetto's fields cannot tell
+    /// apart (they are in `chunks_discarded` too): packets and framed bytes
+    /// discarded while the space was pinned by a write pass, and while every
+    /// free chunk was held by another writer. Written under field numbers
+    /// far above Perfetto's ([`RECORDER_BUFFER_STATS_FIELDS`]), so readers
+    /// that do not know them skip them.
+    pub packets_discarded_pinned: u64,
+    pub bytes_discarded_pinned: u64,
+    pub packets_discarded_held: u64,
+    pub bytes_discarded_held: u64,
 }
+
+/// BufferStats field numbers of the recorder's own counters (the table is
+/// [`crate::wire::buffer_stats::RECORDER_OWN`]).
+pub const RECORDER_BUFFER_STATS_FIELDS: [u32; 4] = bs::RECORDER_OWN;
 
 impl BufferStatsRecord {
     /// The record of one engine buffer's counters.
@@ -352,6 +366,10 @@ impl BufferStatsRecord {
             chunks_read: s.chunks_read,
             chunks_discarded: s.chunks_discarded,
             trace_writer_packet_loss: s.packets_refused,
+            packets_discarded_pinned: s.packets_discarded_pinned,
+            bytes_discarded_pinned: s.bytes_discarded_pinned,
+            packets_discarded_held: s.packets_discarded_held,
+            bytes_discarded_held: s.bytes_discarded_held,
         }
     }
 }
@@ -428,6 +446,17 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
             e.uint(bs::CHUNKS_READ, b.chunks_read);
             e.uint(bs::CHUNKS_DISCARDED, b.chunks_discarded);
             e.uint(bs::TRACE_WRITER_PACKET_LOSS, b.trace_writer_packet_loss);
+            let own = [
+                b.packets_discarded_pinned,
+                b.bytes_discarded_pinned,
+                b.packets_discarded_held,
+                b.bytes_discarded_held,
+            ];
+            for (field, v) in bs::RECORDER_OWN.into_iter().zip(own) {
+                if v > 0 {
+                    e.uint(field, v);
+                }
+            }
             e.end_nested(n);
         }
         e.uint(ts::PRODUCERS_CONNECTED, s.producers_connected as u64);
@@ -491,6 +520,7 @@ mod tests {
             Buffer::new(BufferParams {
                 size_bytes: 4096,
                 chunk_size: 256,
+                region_chunks: 1,
                 policy,
                 prefault: false,
             })
@@ -526,6 +556,43 @@ mod tests {
         assert_eq!(writers, [(3, 0), (2, 1), (5, 1)]);
         assert_eq!(ts.buffer_stats[1].padding_bytes_written(), 0);
         assert_eq!(ts.buffer_stats[0].bytes_written(), 4, "one framed packet");
+    }
+
+    #[test]
+    fn trace_stats_tell_a_pinned_discard_apart() {
+        use crate::ringbuf::{BufferParams, FillPolicy, WriterId};
+        use protobuf::Message;
+        use protobuf::UnknownValueRef;
+        let b = Buffer::new(BufferParams {
+            size_bytes: 128,
+            chunk_size: 64,
+            region_chunks: 1,
+            policy: FillPolicy::RingBuffer,
+            prefault: false,
+        })
+        .expect("valid params");
+        let mut w = b.writer(WriterId(2));
+        w.write_packet(&[7; 50]).expect("fits");
+        w.write_packet(&[7; 50]).expect("fits");
+        // A pass holds both chunks: the next packet has nowhere to go.
+        let pass = b.take_flush();
+        assert!(w.write_packet(&[7; 50]).is_err());
+        let rec = TraceStatsRecord::of_buffers([&*b]);
+        drop(pass);
+        assert_eq!(rec.buffers[0].packets_discarded_pinned, 1);
+        let trace = perfetto_protos::trace::Trace::parse_from_bytes(&trace_stats(0, 1, &rec))
+            .expect("decodes");
+        let stats = &trace.packet[0].trace_stats().buffer_stats[0];
+        assert_eq!(
+            stats.chunks_discarded(),
+            1,
+            "Perfetto's own count has it too"
+        );
+        let own = stats.special_fields.unknown_fields();
+        let [packets, bytes, held, _] = RECORDER_BUFFER_STATS_FIELDS;
+        assert_eq!(own.get(packets), Some(UnknownValueRef::Varint(1)));
+        assert_eq!(own.get(bytes), Some(UnknownValueRef::Varint(52)));
+        assert_eq!(own.get(held), None, "zero counters are left out");
     }
 
     #[test]

@@ -10,6 +10,9 @@ pub mod trace {
 
 /// `TracePacket` (facts §4.2).
 pub mod trace_packet {
+    /// Reserved by Perfetto (a retired field that will not be reused): the
+    /// recorder's padding packets put their filler bytes here.
+    pub const PADDING: u32 = 55;
     // Fields outside the `data` oneof.
     pub const TRUSTED_UID: u32 = 3;
     pub const TIMESTAMP: u32 = 8;
@@ -249,6 +252,11 @@ pub mod buffer_stats {
     pub const CHUNKS_READ: u32 = 17;
     pub const CHUNKS_DISCARDED: u32 = 18;
     pub const TRACE_WRITER_PACKET_LOSS: u32 = 19;
+    /// The recorder's own counters, far above Perfetto's numbers (which end
+    /// at 21) so readers that do not know them skip them: packets and bytes
+    /// discarded while the space was pinned by a write pass, then packets
+    /// and bytes discarded while every free chunk was held by another writer.
+    pub const RECORDER_OWN: [u32; 4] = [1001, 1002, 1003, 1004];
 
     /// Every field's name, field `i + 1` at index `i`.
     pub const NAMES: [&str; 20] = [

@@ -71,6 +71,16 @@ pub fn encode(v: u64) -> ([u8; MAX_LEN], usize) {
     (b, n)
 }
 
+/// Writes `v` as a varint of exactly `width` bytes (a redundant varint when
+/// wider than needed) into `out[..width]`; padding packets use it to hit any
+/// length exactly. The caller keeps `len_usize(v) <= width <= MAX_LEN`.
+pub fn put_width(out: &mut [u8], v: usize, width: usize) {
+    for (i, b) in out[..width].iter_mut().enumerate() {
+        let more = i + 1 < width;
+        *b = ((v >> (7 * i)) & 0x7F) as u8 | if more { 0x80 } else { 0 };
+    }
+}
+
 /// Writes `v` (at most [`REDUNDANT4_MAX`]) as a varint of exactly four bytes,
 /// padding with continuation bytes: protobuf accepts non-minimal varints, so
 /// a length can be reserved before the body it measures is written.

@@ -339,3 +339,49 @@ fn global_flags_before_or_after_the_subcommand() {
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("--config"));
 }
+
+/// Writers start together: with two writers and room for both, each keeps
+/// packets in every run (a writer spawned late used to find the buffer
+/// taken); a run this short says so in its warnings, and its rates are per
+/// the writers' own time, not the last pass.
+#[test]
+fn writers_start_together_and_short_runs_warn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..5 {
+        let lines = bench_json(
+            &[
+                "--writers",
+                "2",
+                "--policy",
+                "discard",
+                "--buffer-kb",
+                "1024",
+                "--packet-size",
+                "64",
+                "--packets",
+                "40000",
+                "--write-period-ms",
+                "600000",
+            ],
+            &dir.path().join(format!("short{i}.pftrace")),
+        );
+        let r = &lines[0];
+        assert!(r["verify"]["ok"].as_bool().expect("verify.ok"), "{r}");
+        for ret in r["verify"]["retention"].as_array().expect("per writer") {
+            assert!(
+                ret["kept"].as_u64() > Some(0),
+                "run {i}: a writer kept nothing: {r}"
+            );
+        }
+        let warnings = r["warnings"].as_array().expect("warnings");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.as_str().is_some_and(|w| w.starts_with("short run"))),
+            "{r}"
+        );
+        let (elapsed, wall) = (r["elapsed_s"].as_f64(), r["wall_s"].as_f64());
+        assert!(elapsed <= wall, "{r}");
+        assert!(r["passes"]["final_ms"].as_f64() > Some(0.0), "{r}");
+    }
+}

@@ -168,3 +168,15 @@ pub fn expand(data: &[u8]) -> (Vec<TracePacket>, Vec<usize>) {
     }
     (out, sizes)
 }
+
+/// A padding packet of an O_DIRECT stream (recorder::trace::padding):
+/// nothing in it but, perhaps, the reserved field 55.
+pub fn is_padding(p: &TracePacket) -> bool {
+    let unknown = p.special_fields.unknown_fields();
+    p.data.is_none()
+        && !p.has_timestamp()
+        && p.optional_trusted_packet_sequence_id.is_none()
+        && unknown
+            .iter()
+            .all(|(f, _)| f == recorder::trace::padding::PADDING_FIELD)
+}

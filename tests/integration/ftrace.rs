@@ -577,12 +577,13 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
 
     let params = BufferParams {
         size_bytes: 32 << 20,
-        chunk_size: BufferParams::DEFAULT_CHUNK_SIZE,
+        chunk_size: BufferParams::DEFAULT_REGION_BYTES,
+        region_chunks: 1,
         policy: FillPolicy::Discard,
         prefault: false,
     };
     let report = |name: &str, s: &recorder::ringbuf::BufferStats, bundles: u64| {
-        let chunk = BufferParams::DEFAULT_CHUNK_SIZE as u64;
+        let chunk = BufferParams::DEFAULT_REGION_BYTES as u64;
         eprintln!(
             "{name}: {bundles} bundles, {} B in {} completed chunks, padding {} B \
              ({:.1}% of the chunks, {:.2} B per byte of data)",
@@ -659,10 +660,11 @@ fn an_event_too_big_for_a_short_bundle_gets_a_full_one() {
         .event(1, &rec)
         .finish(Some(None));
 
-    let chunk = BufferParams::DEFAULT_CHUNK_SIZE;
+    let chunk = BufferParams::DEFAULT_REGION_BYTES;
     let buffer = Buffer::new(BufferParams {
         size_bytes: 4 * chunk,
         chunk_size: chunk,
+        region_chunks: 1,
         policy: FillPolicy::Discard,
         prefault: false,
     })

@@ -452,6 +452,15 @@ fn stdout_output_is_a_valid_trace() {
     crate::trace_processor::check(&run.out);
 }
 
+/// Whether files in `dir` take O_DIRECT (the recorder's own probe).
+fn direct_io_works(dir: &Path) -> bool {
+    let probe = dir.join("direct-probe");
+    let f = std::fs::File::create(&probe).expect("probe file");
+    let ok = recorder::storage::direct::enable(&std::os::fd::OwnedFd::from(f)).is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
 #[test]
 fn sigkill_leaves_a_valid_prefix() {
     for io in sinks() {
@@ -480,6 +489,12 @@ fn sigkill_leaves_a_valid_prefix() {
             for c in test_counters(&packets).values() {
                 assert_eq!(gaps(c), (0, 0), "everything up to the last pass is there");
             }
+            // Where the filesystem takes O_DIRECT the session streamed with
+            // it: its passes are padded to whole blocks.
+            let padded = packets
+                .iter()
+                .any(|p| p.special_fields.unknown_fields().get(55).is_some());
+            assert_eq!(padded, direct_io_works(run.dir.path()), "{io}");
             // Trace processor reads the prefix as the decoders do: no error,
             // the session's start, the stats of the last pass written.
             crate::trace_processor::check(&run.out);

@@ -25,8 +25,9 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
             1 => Just(64 * 1024),
         ],
         2usize..12,
+        prop_oneof![2 => Just(1usize), 1 => Just(2), 1 => Just(4)],
     )
-        .prop_map(|(policy, chunk_size, chunks)| Setup {
+        .prop_map(|(policy, chunk_size, chunks, region_chunks)| Setup {
             policy,
             chunk_size,
             // Few big chunks: the payloads are checked byte by byte.
@@ -35,6 +36,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
             } else {
                 chunks
             },
+            region_chunks,
         })
 }
 
@@ -122,6 +124,7 @@ fn stress(policy: FillPolicy) {
     let params = BufferParams {
         size_bytes: 256 * 1024,
         chunk_size: 4096,
+        region_chunks: 4,
         policy,
         prefault: true,
     };
@@ -152,7 +155,7 @@ fn stress(policy: FillPolicy) {
                     };
                     match r {
                         Ok(()) => ok += 1,
-                        Err(WriteError::Discarded) => dropped += 1,
+                        Err(WriteError::Discarded(_)) => dropped += 1,
                         Err(e) => panic!("unexpected {e:?}"),
                     }
                 }

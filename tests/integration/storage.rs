@@ -37,6 +37,7 @@ fn open(path: &Path, io: IoChoice) -> Box<dyn FileSink> {
         OpenOptions {
             no_clobber: false,
             io,
+            direct: false,
         },
     )
     .expect("output opens");
@@ -166,6 +167,7 @@ fn no_clobber_refuses_an_existing_file() {
     let opts = OpenOptions {
         no_clobber: true,
         io: IoChoice::Auto,
+        direct: false,
     };
     match open_output(OutputPath::File(path.clone()), opts) {
         Err(StorageError::Exists { path: p }) => assert_eq!(p, path),
@@ -195,6 +197,7 @@ fn io_uring_probe_agrees_with_forced_choice() {
         OpenOptions {
             no_clobber: false,
             io: IoChoice::IoUring,
+            direct: false,
         },
     );
     match io_uring_available() {
@@ -494,4 +497,216 @@ fn cut_then_write_keeps_the_file_under_the_cap() {
     let report = recorder::trace::inspect::report(&got);
     assert!(report.corruption.is_none() && report.torn_tail_bytes == 0);
     assert!(cap - cut.kept_bytes <= packets.iter().map(|p| p.len() as u64).max().unwrap_or(0));
+}
+
+/// A small ext4 filesystem in a file, loop-mounted for one test (O_DIRECT
+/// needs a block filesystem; tmpfs refuses it), unmounted when dropped.
+struct Ext4Disk {
+    dir: tempfile::TempDir,
+}
+
+impl Ext4Disk {
+    fn mount(size_mib: u64) -> Result<Ext4Disk, String> {
+        let dir = scratch();
+        let image = dir.path().join("disk.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
+        let f = std::fs::File::create(&image).map_err(|e| e.to_string())?;
+        f.set_len(size_mib << 20).map_err(|e| e.to_string())?;
+        let run = |cmd: &mut Command| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            out.status
+                .success()
+                .then_some(())
+                .ok_or_else(|| format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        };
+        // No journal and no reserved blocks: the whole image is data space.
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", "^has_journal", "-m", "0"])
+            .arg(&image))?;
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mnt))?;
+        Ok(Ext4Disk { dir })
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt").join("direct.pftrace")
+    }
+}
+
+impl Drop for Ext4Disk {
+    fn drop(&mut self) {
+        let mnt = self.dir.path().join("mnt");
+        let ok = Command::new("umount").arg(&mnt).status();
+        if !ok.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        }
+    }
+}
+
+/// An O_DIRECT sink (the probe must pass on the work filesystem, ext4).
+fn open_direct(path: &Path, io: IoChoice) -> Box<dyn FileSink> {
+    let sink = open_output(
+        OutputPath::File(path.to_path_buf()),
+        OpenOptions {
+            no_clobber: false,
+            io,
+            direct: true,
+        },
+    )
+    .expect("output opens");
+    assert_eq!(
+        sink.direct_alignment(),
+        Some(recorder::storage::direct::DIRECT_ALIGN),
+        "{io:?}: O_DIRECT on {}",
+        path.display()
+    );
+    sink
+}
+
+/// Writes one pass as the write pass does for an O_DIRECT sink.
+fn write_aligned(
+    sink: &mut dyn FileSink,
+    bufs: &[IoSlice<'_>],
+) -> Result<u64, recorder::storage::SinkError> {
+    let align = sink.direct_alignment().expect("a direct sink");
+    let pass = recorder::storage::direct::AlignedPass::new(bufs, align, true).expect("laid out");
+    sink.write_all(&pass.slices())
+}
+
+/// The packets of a file, padding packets left out.
+fn packets_without_padding(data: &[u8]) -> Vec<Vec<u8>> {
+    let report = recorder::trace::inspect::report(data);
+    assert_eq!(report.torn_tail_bytes, 0, "whole packets only");
+    assert!(report.corruption.is_none());
+    recorder::trace::reader::frames(data)
+        .map(|f| f.packet)
+        .filter(|p| {
+            !(p.is_empty() || p.starts_with(&[0xBA, 0x03]) || p.iter().all(|&b| b & 0x7F == 0))
+        })
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Packets laid out in a page-aligned mapping as a ring holds them, handed
+/// over as scattered ranges (some starting on a block, most not, one
+/// packet split over none): every packet reaches the O_DIRECT file once, in
+/// order, with padding packets between, and the file opens in trace
+/// processor.
+#[test]
+fn direct_sinks_write_scattered_ranges_in_order() {
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("direct.pftrace");
+        let mut sink = open_direct(&path, io);
+        let mut ring = memmap2::MmapMut::map_anon(8 << 20).expect("map");
+        let mut want: Vec<Vec<u8>> = Vec::new();
+        for round in 0..6u64 {
+            // Ranges of whole packets: (start, end) in the mapping.
+            let mut ranges = Vec::new();
+            let mut round_packets = Vec::new();
+            let mut at = ((round as usize) * 4096) % (1 << 20);
+            for r in 0..40u64 {
+                let start = at;
+                for k in 0..(1 + r % 9) {
+                    let len = [3usize, 200, 4093, 4096, 70_000][((r + k) % 5) as usize];
+                    // A for_testing packet (field 900) whose TestEvent.str
+                    // is `len` letters.
+                    let letters: Vec<u8> = pattern(len, round * 1000 + r * 10 + k)
+                        .iter()
+                        .map(|b| b'a' + b % 26)
+                        .collect();
+                    let mut body = vec![0xA2, 0x38];
+                    body.extend(&framed(&framed(&letters))[1..]);
+                    let p = framed(&body);
+                    ring[at..at + p.len()].copy_from_slice(&p);
+                    at += p.len();
+                    round_packets.push(body);
+                }
+                ranges.push((start, at));
+                // Skip to the next block now and then (a new region).
+                if r % 3 == 0 {
+                    at = at.next_multiple_of(4096);
+                }
+            }
+            // A service packet first, as a pass starts.
+            let head = framed(&[0x40, 1]);
+            let mut bufs = vec![IoSlice::new(&head)];
+            bufs.extend(ranges.iter().map(|&(s, e)| IoSlice::new(&ring[s..e])));
+            want.push(vec![0x40, 1]);
+            want.extend(round_packets);
+            let n = write_aligned(sink.as_mut(), &bufs).expect("write");
+            assert_eq!(n % 4096, 0, "{io:?}: whole blocks");
+            assert_eq!(sink.bytes_written() % 4096, 0);
+        }
+        sink.sync_data().expect("fdatasync");
+        drop(sink);
+        let got = packets_without_padding(&std::fs::read(&path).expect("read back"));
+        assert_eq!(got.len(), want.len(), "{io:?}");
+        assert!(got == want, "{io:?}: packets differ");
+        if let Some(tp) = crate::trace_processor::open(&path) {
+            assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
+        }
+    }
+}
+
+/// A full disk under O_DIRECT (a 4 MiB loop-mounted ext4): the sink is
+/// poisoned with ENOSPC, and the file keeps whole packets only — every pass
+/// that fit, then the packets of the failed one that fit, padding between —
+/// so it opens as a trace.
+#[test]
+fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
+    if common::skip_unless(common::need_root()) {
+        return;
+    }
+    for (io, per_call) in choices()
+        .into_iter()
+        .flat_map(|io| [(io, 3usize), (io, 12)])
+    {
+        let disk = Ext4Disk::mount(4);
+        if common::skip_unless(disk.as_ref().err().map(|e| format!("no loop ext4: {e}"))) {
+            return;
+        }
+        let disk = disk.expect("mounted");
+        let path = disk.path();
+        let mut sink = open_direct(&path, io);
+        let mut written: Vec<Vec<u8>> = Vec::new();
+        let mut failed_call: Vec<Vec<u8>> = Vec::new();
+        let mut err = None;
+        for i in 0..1000u64 {
+            let packets: Vec<Vec<u8>> = (0..per_call)
+                .map(|k| framed(&pattern(10_000 + k * 7, i * 100 + k as u64)))
+                .collect();
+            let bufs: Vec<IoSlice<'_>> = packets.iter().map(|p| IoSlice::new(p)).collect();
+            match write_aligned(sink.as_mut(), &bufs) {
+                Ok(_) => written.extend(packets.iter().map(|p| p[3..].to_vec())),
+                Err(e) => {
+                    err = Some(e);
+                    failed_call = packets;
+                    break;
+                }
+            }
+        }
+        let e = err.expect("a 4 MiB disk fills up");
+        assert!(e.is_disk_full(), "{io:?} {per_call}: {e}");
+        assert_eq!(sink.sync_data().expect_err("poisoned"), e);
+        let in_file = sink.bytes_written();
+        drop(sink);
+        let data = std::fs::read(&path).expect("read back");
+        assert_eq!(data.len() as u64, in_file, "{io:?}");
+        let got = packets_without_padding(&data);
+        // Every whole pass, then a prefix of the failed one.
+        assert!(got.len() >= written.len(), "{io:?}");
+        assert!(
+            got[..written.len()] == written[..],
+            "{io:?}: whole passes differ"
+        );
+        let rest = &got[written.len()..];
+        assert!(rest.len() < per_call, "{io:?}: the failed pass did not fit");
+        for (g, p) in rest.iter().zip(&failed_call) {
+            assert_eq!(g[..], p[3..], "{io:?}");
+        }
+    }
 }

@@ -20,6 +20,7 @@ fn writer(dir: &std::path::Path, policy: RotationPolicy) -> SegmentWriter {
         OpenOptions {
             no_clobber: true,
             io: crate::storage::IoChoice::Pwritev,
+            direct: false,
         },
         SegmentIdentity {
             host: "host".into(),

@@ -1,0 +1,359 @@
+//! `O_DIRECT` streaming: the ring's bytes go to the disk without passing
+//! through the page cache, in writes the block layer takes as they are.
+//!
+//! `O_DIRECT` wants every iovec's address and length, and the file offset,
+//! to be multiples of the block size ([`DIRECT_ALIGN`]). The ring is
+//! page-aligned and cut into 4 KiB chunks, so a range that starts a region
+//! starts aligned; packets, though, end anywhere. A pass is laid out as:
+//!
+//! ```text
+//!  iovecs of the pass:   [svc pkts][ring range A ............][marker][ring range B ...]
+//!  written:              [bounce: svc pkts|pad][A aligned part][bounce: A's tail|marker|pad][B …]
+//!                         copied, padded        straight from     copied, padded
+//!                         to a block            the ring          to a block
+//! ```
+//!
+//! * A slice that starts block-aligned and holds at least a block is written
+//!   straight from its memory, up to its last whole block.
+//! * Everything else (service packets, loss markers, a slice's last partial
+//!   block, slices that start mid-block) is copied into a page-aligned
+//!   bounce buffer, in file order, and each run of copies is closed with a
+//!   padding packet ([`crate::trace::padding`]) that brings it to a whole
+//!   number of blocks. A run always closes at the end of a slice, and every
+//!   slice ends at a packet boundary, so a padding packet never lands inside
+//!   a packet.
+//!
+//! * The session's last pass leaves its last run unpadded: the sink turns
+//!   `O_DIRECT` off ([`crate::storage::FileSink::end_direct`]) and writes it
+//!   through the page cache, so the file ends with the session's last packet
+//!   (`trace_stats`), not with padding.
+//!
+//! The file is then a valid trace at every pass boundary: whole packets,
+//! some of them padding packets that carry nothing (in a reserved
+//! TracePacket field that Perfetto and the independent decoders skip). Each
+//! pass costs at most one block of padding per run of copies. A sink that
+//! fails mid-pass is cut at the last whole packet it wrote, padding
+//! included, as on the page-cache path.
+//!
+//! [`enable`] probes the file: it sets `O_DIRECT` and writes one block of
+//! padding (some filesystems accept the flag and refuse the write), then
+//! truncates it away. Where either fails the page-cache path stays, and the
+//! reason is logged.
+
+use std::io::IoSlice;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::OFlags;
+
+use crate::trace::padding::{MIN_PADDING, write_padding};
+
+/// Block size `O_DIRECT` writes are aligned to: the page size, a multiple
+/// of every common logical block size.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Why `O_DIRECT` was not used, or a pass could not be laid out for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DirectError {
+    #[error("cannot set O_DIRECT: {0}")]
+    Flag(rustix::io::Errno),
+    #[error("an O_DIRECT write of {DIRECT_ALIGN} bytes failed: {0}")]
+    Write(rustix::io::Errno),
+    #[error("an O_DIRECT write of {DIRECT_ALIGN} bytes wrote {0}")]
+    Short(usize),
+    #[error("cannot truncate the probe block: {0}")]
+    Truncate(rustix::io::Errno),
+    #[error("cannot map a bounce buffer: {0}")]
+    Bounce(rustix::io::Errno),
+}
+
+/// An anonymous, page-aligned mapping of `len` bytes.
+fn map_aligned(len: usize) -> Result<memmap2::MmapMut, DirectError> {
+    memmap2::MmapMut::map_anon(len).map_err(|e| {
+        DirectError::Bounce(
+            rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::NOMEM),
+        )
+    })
+}
+
+/// Turns `O_DIRECT` on for `fd`, an empty regular file, when a block
+/// written through it lands; otherwise leaves the flags as they were.
+/// Returns the alignment writes need.
+pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
+    let flags = rustix::fs::fcntl_getfl(fd).map_err(DirectError::Flag)?;
+    rustix::fs::fcntl_setfl(fd, flags | OFlags::DIRECT).map_err(DirectError::Flag)?;
+    let probe = (|| {
+        let mut block = map_aligned(DIRECT_ALIGN)?;
+        write_padding(&mut block);
+        match rustix::io::pwrite(fd, &block, 0) {
+            Ok(n) if n == DIRECT_ALIGN => {}
+            Ok(n) => return Err(DirectError::Short(n)),
+            Err(e) => return Err(DirectError::Write(e)),
+        }
+        rustix::fs::ftruncate(fd, 0).map_err(DirectError::Truncate)
+    })();
+    if let Err(e) = probe {
+        let _ = rustix::fs::fcntl_setfl(fd, flags);
+        let _ = rustix::fs::ftruncate(fd, 0);
+        return Err(e);
+    }
+    Ok(DIRECT_ALIGN)
+}
+
+/// One piece of an aligned pass.
+#[derive(Debug)]
+enum Seg<'a> {
+    /// Whole blocks straight from the caller's memory.
+    Direct(&'a [u8]),
+    /// A range of the bounce buffer (whole blocks).
+    Bounce(std::ops::Range<usize>),
+}
+
+/// A pass's iovecs rearranged for `O_DIRECT` (see the module docs).
+pub struct AlignedPass<'a> {
+    segs: Vec<Seg<'a>>,
+    bounce: Option<memmap2::MmapMut>,
+    /// Bytes of padding added.
+    padding: u64,
+    align: usize,
+}
+
+/// Bytes of padding that close a run of `len` copied bytes.
+fn padding_for(len: usize, align: usize) -> usize {
+    let pad = len.next_multiple_of(align) - len;
+    if pad == 0 || pad >= MIN_PADDING {
+        pad
+    } else {
+        pad + align
+    }
+}
+
+impl<'a> AlignedPass<'a> {
+    /// Lays out `slices` (each ending at a packet boundary) in blocks of
+    /// `align` bytes, copying what cannot be written in place. `pad_last`:
+    /// pad the last run too (false for a session's last pass, whose last
+    /// run [`Self::unaligned_tail`] is written without `O_DIRECT`).
+    pub fn new(slices: &[IoSlice<'a>], align: usize, pad_last: bool) -> Result<Self, DirectError> {
+        // Plan: runs of copied slices (with the tail of a direct slice
+        // first), between direct parts.
+        let mut runs: Vec<Vec<&'a [u8]>> = Vec::new();
+        let mut order: Vec<Option<&'a [u8]>> = Vec::new(); // None: the next run
+        let mut run: Vec<&'a [u8]> = Vec::new();
+        for s in slices {
+            let s: &'a [u8] = crate::sys::iov::io_slice_bytes(s);
+            if s.is_empty() {
+                continue;
+            }
+            let whole = s.len() / align * align;
+            if (s.as_ptr() as usize).is_multiple_of(align) && whole > 0 {
+                if !run.is_empty() {
+                    runs.push(std::mem::take(&mut run));
+                    order.push(None);
+                }
+                order.push(Some(&s[..whole]));
+                if whole < s.len() {
+                    run.push(&s[whole..]);
+                }
+            } else {
+                run.push(s);
+            }
+        }
+        if !run.is_empty() {
+            runs.push(run);
+            order.push(None);
+        }
+        let last_run_ends = matches!(order.last(), Some(None));
+        let n_runs = runs.len();
+        let sizes: Vec<(usize, usize)> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let len: usize = r.iter().map(|s| s.len()).sum();
+                let unpadded = !pad_last && last_run_ends && i + 1 == n_runs;
+                (len, if unpadded { 0 } else { padding_for(len, align) })
+            })
+            .collect();
+        let total: usize = sizes.iter().map(|(l, p)| l + p).sum();
+        let mut bounce = if total > 0 {
+            Some(map_aligned(total)?)
+        } else {
+            None
+        };
+        let mut ranges = Vec::with_capacity(runs.len());
+        let mut padding = 0u64;
+        if let Some(b) = bounce.as_mut() {
+            let mut at = 0;
+            for (r, &(len, pad)) in runs.iter().zip(&sizes) {
+                let start = at;
+                for s in r {
+                    b[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+                debug_assert_eq!(at - start, len);
+                if pad > 0 {
+                    write_padding(&mut b[at..at + pad]);
+                    at += pad;
+                    padding += pad as u64;
+                }
+                ranges.push(start..at);
+            }
+        }
+        let mut ranges = ranges.into_iter();
+        let segs = order
+            .into_iter()
+            .filter_map(|o| match o {
+                Some(d) => Some(Seg::Direct(d)),
+                None => ranges.next().map(Seg::Bounce),
+            })
+            .collect();
+        Ok(AlignedPass {
+            segs,
+            bounce,
+            padding,
+            align,
+        })
+    }
+
+    fn slice(&self, s: &Seg<'a>) -> Option<IoSlice<'_>> {
+        match s {
+            Seg::Direct(d) => Some(IoSlice::new(d)),
+            Seg::Bounce(r) => self.bounce.as_ref().map(|b| IoSlice::new(&b[r.clone()])),
+        }
+    }
+
+    /// The iovecs to write with `O_DIRECT`: every address and length a
+    /// multiple of the alignment (all of the pass but an
+    /// [`unaligned_tail`](Self::unaligned_tail)).
+    pub fn slices(&self) -> Vec<IoSlice<'_>> {
+        let n = self.segs.len() - usize::from(self.unaligned_tail().is_some());
+        self.segs[..n]
+            .iter()
+            .filter_map(|s| self.slice(s))
+            .collect()
+    }
+
+    /// The last run, left unpadded (see [`Self::new`]) and not a whole number
+    /// of blocks: to be written without `O_DIRECT`.
+    pub fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
+        match self.segs.last() {
+            Some(s @ Seg::Bounce(r)) if !r.len().is_multiple_of(self.align) => self.slice(s),
+            _ => None,
+        }
+    }
+
+    /// Bytes of padding packets added.
+    pub fn padding_bytes(&self) -> u64 {
+        self.padding
+    }
+
+    /// Bytes written straight from the caller's memory.
+    pub fn direct_bytes(&self) -> u64 {
+        self.segs
+            .iter()
+            .map(|s| match s {
+                Seg::Direct(d) => d.len() as u64,
+                Seg::Bounce(_) => 0,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(len: usize, fill: u8) -> Vec<u8> {
+        let mut f = vec![0x0A];
+        let mut v = len;
+        while v >= 0x80 {
+            f.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        f.push(v as u8);
+        f.extend(std::iter::repeat_n(fill, len));
+        f
+    }
+
+    #[test]
+    fn a_pass_becomes_whole_blocks_of_the_same_packets_plus_padding() {
+        // A page-aligned "ring" holding packets, and heap packets around it.
+        let mut ring = memmap2::MmapMut::map_anon(4 * DIRECT_ALIGN).expect("map");
+        let mut at = 0;
+        let mut ring_packets = Vec::new();
+        for i in 0..40 {
+            let p = framed(200 + i * 7, i as u8);
+            ring[at..at + p.len()].copy_from_slice(&p);
+            at += p.len();
+            ring_packets.push(p);
+        }
+        let head = framed(50, 0xAA);
+        let marker = framed(4, 0xBB);
+        let tail = framed(3000, 0xCC);
+        let mid = 3 * DIRECT_ALIGN / 2;
+        // Split the ring range at a packet boundary past the first blocks,
+        // so that the second piece starts unaligned.
+        let split = ring_packets
+            .iter()
+            .scan(0, |a, p| {
+                *a += p.len();
+                Some(*a)
+            })
+            .find(|&a| a > mid)
+            .expect("a boundary");
+        let slices = [
+            IoSlice::new(&head),
+            IoSlice::new(&ring[..split]),
+            IoSlice::new(&marker),
+            IoSlice::new(&ring[split..at]),
+            IoSlice::new(&tail),
+        ];
+        let pass = AlignedPass::new(&slices, DIRECT_ALIGN, true).expect("aligned");
+        let out = pass.slices();
+        for s in &out {
+            assert!((s.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
+            assert!(s.len().is_multiple_of(DIRECT_ALIGN));
+        }
+        assert!(
+            pass.direct_bytes() >= DIRECT_ALIGN as u64,
+            "the ring's first block went straight"
+        );
+        let file: Vec<u8> = out.iter().flat_map(|s| s.iter().copied()).collect();
+        let want: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
+        assert_eq!(file.len() as u64, want.len() as u64 + pass.padding_bytes());
+        // The records are the pass's, in order, with padding packets between.
+        let is_padding = |p: &[u8]| p.is_empty() || p.starts_with(&[0xBA, 0x03]);
+        let records: Vec<&[u8]> = crate::trace::reader::frames(&file)
+            .map(|f| f.packet)
+            .filter(|p| !is_padding(p))
+            .collect();
+        let wanted: Vec<&[u8]> = crate::trace::reader::frames(&want)
+            .map(|f| f.packet)
+            .collect();
+        assert_eq!(records.len(), 43);
+        assert_eq!(records, wanted);
+    }
+
+    #[test]
+    fn nothing_to_write_is_no_iovec() {
+        let pass = AlignedPass::new(&[], DIRECT_ALIGN, false).expect("empty");
+        assert!(pass.slices().is_empty());
+    }
+
+    #[test]
+    fn a_last_pass_ends_with_its_own_last_packet() {
+        let a = vec![0x0A, 3, 1, 2, 3];
+        let pass = AlignedPass::new(&[IoSlice::new(&a)], DIRECT_ALIGN, false).expect("laid out");
+        assert!(pass.slices().is_empty());
+        assert_eq!(pass.unaligned_tail().as_deref(), Some(&a[..]));
+        assert_eq!(pass.padding_bytes(), 0);
+    }
+
+    #[test]
+    fn a_one_byte_gap_takes_a_block_more() {
+        assert_eq!(
+            padding_for(DIRECT_ALIGN - 1, DIRECT_ALIGN),
+            1 + DIRECT_ALIGN
+        );
+        assert_eq!(padding_for(DIRECT_ALIGN, DIRECT_ALIGN), 0);
+        assert_eq!(padding_for(10, DIRECT_ALIGN), DIRECT_ALIGN - 10);
+    }
+}
