@@ -43,6 +43,7 @@ pub mod trace;
 
 pub mod config;
 pub mod control;
+pub mod ipc;
 pub mod sources;
 
 pub mod event_loop;

@@ -8,7 +8,11 @@ pub fn check(data: &[u8]) {
     for endpoint in [Endpoint::Trigger, Endpoint::Control] {
         if let Ok(req) = decode_request(data, endpoint) {
             let again = decode_request(&encode_request(&req), endpoint);
-            assert_eq!(again.as_ref(), Ok(&req), "re-encoded request must decode the same");
+            assert_eq!(
+                again.as_ref(),
+                Ok(&req),
+                "re-encoded request must decode the same"
+            );
         }
     }
 }
