@@ -9,4 +9,9 @@
 //! checked; a producer that breaks the protocol loses its connection and
 //! the refusal is counted, never a panic.
 
+pub mod chunk;
 pub mod frame;
+pub mod sequence;
+pub mod smb;
+pub mod socket_path;
+pub mod stats;
