@@ -86,6 +86,11 @@ pub struct MainArgs {
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
     pub on_segment_closed: Option<String>,
+    /// Listen for Perfetto SDK apps here instead of where they look by default
+    /// (/run/perfetto/traced-producer.sock or /tmp/perfetto-producer;
+    /// PERFETTO_PRODUCER_SOCK_NAME also overrides it).
+    #[arg(long, value_name = "PATH")]
+    pub producer_socket: Option<PathBuf>,
 }
 
 impl MainArgs {
@@ -105,6 +110,7 @@ impl MainArgs {
             (self.max_segments.is_some(), "--max-segments"),
             (self.max_disk.is_some(), "--max-disk"),
             (self.on_segment_closed.is_some(), "--on-segment-closed"),
+            (self.producer_socket.is_some(), "--producer-socket"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))

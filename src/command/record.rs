@@ -94,6 +94,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> u8 {
         status_line: !args.background,
         compression,
         rotation,
+        producer_socket: args.producer_socket.clone(),
     };
 
     let mut report = None;

@@ -29,6 +29,7 @@ pub use reactor::Reactor;
 use crate::control::history::{self, TriggerHistory};
 use crate::control::message::{BufferStatus, Reply, Request, SessionStatus, TriggerOutcome};
 use crate::control::server::{ControlServer, Incoming};
+use crate::ipc::host::{HostEvent, ProducerHost};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
@@ -73,6 +74,8 @@ pub struct Recording {
     pub fsync_each_pass: bool,
     pub control: Option<ControlServer>,
     pub history: Option<TriggerHistory>,
+    /// The producer socket and its connections (Perfetto SDK apps).
+    pub producers: Option<ProducerHost>,
     pub config_label: String,
     /// Show a live status line on stderr (when it is a terminal).
     pub status_line: bool,
@@ -109,6 +112,11 @@ struct Loop {
     flushes: FlushCounts,
     /// Bytes `max_file_size_bytes` left out of the passes.
     cut_bytes: u64,
+    /// Flushes waiting for producers' acks, with whether the built-in
+    /// sources finished theirs.
+    producer_flushes: HashMap<FlushId, bool>,
+    /// The stop waits for producers' acks.
+    producer_stop: bool,
 }
 
 impl Loop {
@@ -141,6 +149,8 @@ impl Loop {
             compressed: (0, 0),
             flushes: FlushCounts::default(),
             cut_bytes: 0,
+            producer_flushes: HashMap::new(),
+            producer_stop: false,
         }
     }
 
@@ -182,10 +192,14 @@ impl Loop {
         if let Some(c) = &self.rec.control {
             fds.push(c.wake_fd());
         }
+        if let Some(p) = &self.rec.producers {
+            fds.extend(p.fds());
+        }
         // Readiness only says where to look; every input is drained anyway.
         let _ = self.reactor.wait(&fds, at_most);
         self.take_signals();
         self.take_control_requests();
+        self.take_producer_events();
         for t in self.reactor.due() {
             self.queue.push_back(Event::TimerFired(t));
         }
@@ -225,6 +239,42 @@ impl Loop {
             };
             self.pending.insert(id, inc);
             self.queue.push_back(ev);
+        }
+    }
+
+    fn take_producer_events(&mut self) {
+        let Some(host) = self.rec.producers.as_mut() else {
+            return;
+        };
+        for ev in host.poll() {
+            match ev {
+                HostEvent::Triggers {
+                    producer,
+                    uid,
+                    names,
+                } => {
+                    let names = names.iter().map(|n| self.trigger_name(n)).collect();
+                    self.queue.push_back(Event::Triggers(TriggerArrival {
+                        request: None,
+                        producer,
+                        uid,
+                        names,
+                    }));
+                }
+                HostEvent::Flushed(id) => {
+                    if let Some(complete) = self.producer_flushes.remove(&FlushId(id)) {
+                        self.queue.push_back(Event::SourcesFlushed {
+                            id: FlushId(id),
+                            complete,
+                        });
+                    }
+                }
+                HostEvent::Stopped => {
+                    if std::mem::take(&mut self.producer_stop) {
+                        self.queue.push_back(Event::SourcesStopped);
+                    }
+                }
+            }
         }
     }
 
@@ -273,6 +323,9 @@ impl Loop {
                 for s in &mut self.rec.sources {
                     s.clear_incremental_state();
                 }
+                if let Some(p) = &mut self.rec.producers {
+                    p.clear_incremental_state();
+                }
             }
             Action::PrepareSnapshot(_) => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
@@ -305,6 +358,9 @@ impl Loop {
                 self.queue.push_back(Event::SourceFailed(e.to_string()));
                 return;
             }
+        }
+        if let Some(p) = &mut self.rec.producers {
+            p.start();
         }
     }
 
@@ -375,6 +431,14 @@ impl Loop {
                 complete = false;
             }
         }
+        // Producers answer later, on their sockets.
+        let stop = self.rec.session.state() == State::Stopping;
+        if let Some(p) = &mut self.rec.producers
+            && p.flush(id.0, stop)
+        {
+            self.producer_flushes.insert(id, complete);
+            return;
+        }
         self.queue.push_back(Event::SourcesFlushed { id, complete });
     }
 
@@ -384,6 +448,12 @@ impl Loop {
                 self.warnings.push(e.to_string());
             }
             self.warnings.extend(s.loss_warnings());
+        }
+        if let Some(p) = &mut self.rec.producers
+            && p.stop()
+        {
+            self.producer_stop = true;
+            return;
         }
         self.queue.push_back(Event::SourcesStopped);
     }

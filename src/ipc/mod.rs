@@ -10,7 +10,10 @@
 //! the refusal is counted, never a panic.
 
 pub mod chunk;
+pub mod connection;
+pub mod filter;
 pub mod frame;
+pub mod host;
 pub mod sequence;
 pub mod smb;
 pub mod socket_path;
