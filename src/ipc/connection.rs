@@ -59,8 +59,9 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(20);
 const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
 /// Data sources one producer may register.
 const MAX_DATA_SOURCES: usize = 1024;
-/// Memory a producer may have held in partial packets and waiting chunks.
-const HELD_BYTES: usize = 8 * 1024 * 1024;
+/// Memory a producer may have held in partial packets and chunks waiting for
+/// patches: as much as the largest SMB can hand over before its patches.
+const HELD_BYTES: usize = smb::MAX_SIZE;
 
 /// A data source a producer registered.
 #[derive(Clone, Debug)]

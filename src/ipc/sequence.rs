@@ -28,8 +28,11 @@ const TRUSTED_PID: u64 = 79;
 /// Room for the appended fields: four tags of up to 2 bytes, varints of up
 /// to 10.
 const TRUSTED_SUFFIX_MAX: usize = 4 * 2 + 10 + 5 + 5 + 1;
-/// Chunks one sequence may hold back waiting for patches.
-const MAX_HELD_CHUNKS: usize = 256;
+/// Chunks one sequence may hold back waiting for patches. The SDK moves
+/// chunks as they fill and sends their patches in later commits, so a fast
+/// writer runs well ahead of them; the producer's [`Budget`] is what bounds
+/// the memory.
+const MAX_HELD_CHUNKS: usize = 16 * 1024;
 
 /// Bytes a producer may have held in partial packets and chunks waiting
 /// for patches, over all its sequences.

@@ -10,6 +10,7 @@ mod lifecycle;
 mod loss;
 mod open;
 mod procfs;
+mod producers;
 mod recording;
 mod ringbuf;
 mod schema;
