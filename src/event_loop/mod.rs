@@ -472,8 +472,9 @@ impl Loop {
             .collect();
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
+        let producers = self.rec.producers.as_ref();
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes));
+        let tail = || log.tail(|| trace_stats(buffers, flushes, producers));
         let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
@@ -541,10 +542,11 @@ impl Loop {
             return;
         };
         let started = Instant::now();
-        let tail = self
-            .rec
-            .log
-            .segment_tail(&trace_stats(&self.rec.buffers, self.flushes));
+        let tail = self.rec.log.segment_tail(&trace_stats(
+            &self.rec.buffers,
+            self.flushes,
+            self.rec.producers.as_ref(),
+        ));
         match w.rotate(&tail, reason) {
             Ok(()) => {
                 let (index, uuid) = (w.index(), w.trace_uuid());
@@ -613,6 +615,7 @@ impl Loop {
             .collect();
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
+        let producers = self.rec.producers.as_ref();
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -633,7 +636,7 @@ impl Loop {
             t.push(service::trace_stats(
                 uid,
                 now,
-                &trace_stats(buffers, flushes),
+                &trace_stats(buffers, flushes, producers),
             ));
             t
         };
@@ -740,6 +743,11 @@ impl Loop {
             segments: self.rec.sink.segments(),
             compression: self.rec.compress.as_ref().map(|_| self.compressed),
             cut_bytes: self.cut_bytes,
+            producers: self
+                .rec
+                .producers
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.reports()),
         }
     }
 }
@@ -752,12 +760,35 @@ struct FlushCounts {
     failed: u64,
 }
 
-/// trace_stats from the buffers' live counters and the flushes so far.
-fn trace_stats(buffers: &[SessionBuffer], flushes: FlushCounts) -> TraceStatsRecord {
-    TraceStatsRecord {
+/// trace_stats from the buffers' live counters, the flushes so far and what
+/// producers did.
+fn trace_stats(
+    buffers: &[SessionBuffer],
+    flushes: FlushCounts,
+    producers: Option<&ProducerHost>,
+) -> TraceStatsRecord {
+    let mut rec = TraceStatsRecord {
         flushes_requested: flushes.requested,
         flushes_succeeded: flushes.succeeded,
         flushes_failed: flushes.failed,
         ..TraceStatsRecord::of_buffers(buffers.iter().map(|b| &*b.buffer))
+    };
+    if let Some(p) = producers {
+        let t = p.totals();
+        // The built-in sources count as one producer, as traced_probes does.
+        rec.producers_connected += t.connected;
+        rec.producers_seen += t.seen;
+        rec.data_sources_registered += t.data_sources_registered;
+        rec.chunks_discarded = t.all.chunks_discarded;
+        rec.patches_discarded = t.all.patches_failed;
+        rec.invalid_packets = t.all.invalid_packets;
+        for (b, s) in rec.buffers.iter_mut().zip(&t.per_buffer) {
+            b.patches_succeeded = s.patches_succeeded;
+            b.patches_failed = s.patches_failed;
+            b.abi_violations = s.abi_violations;
+            b.chunks_committed_out_of_order = s.chunks_committed_out_of_order;
+            b.trace_writer_packet_loss += s.trace_writer_packet_loss;
+        }
     }
+    rec
 }

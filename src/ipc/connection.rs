@@ -100,6 +100,8 @@ pub enum Note {
 pub struct Shared<'a> {
     pub buffers: &'a [Arc<Buffer>],
     pub next_sequence: &'a mut u32,
+    /// What producers did per buffer (by index), for `trace_stats`.
+    pub per_buffer: &'a mut [ProducerStats],
 }
 
 /// One producer.
@@ -496,7 +498,11 @@ impl Connection {
                 self.stats.chunks_discarded += 1;
                 continue;
             };
+            let before = self.stats.clone();
             seq.on_chunk(bytes, &mut self.stats, &mut self.budget);
+            if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
+                b.add_change(&before, &self.stats);
+            }
         }
         for p in &r.chunks_to_patch {
             let n = p.patches.len() as u64;
@@ -504,7 +510,8 @@ impl Connection {
                 .writer_id
                 .and_then(|w| u16::try_from(w).ok())
                 .filter(|w| *w != 0);
-            let key = writer.map(|w| (w, p.target_buffer.unwrap_or(0)));
+            let buffer_id = p.target_buffer.unwrap_or(0);
+            let key = writer.map(|w| (w, buffer_id));
             let Some(seq) = key.and_then(|k| self.sequences.get_mut(&k)) else {
                 self.stats.patches_failed += n;
                 continue;
@@ -523,6 +530,7 @@ impl Connection {
                     )
                 })
                 .collect();
+            let before = self.stats.clone();
             seq.patch(
                 p.chunk_id.unwrap_or(0),
                 &patches,
@@ -530,6 +538,12 @@ impl Connection {
                 &mut self.stats,
                 &mut self.budget,
             );
+            if let Some(b) = (buffer_id as usize)
+                .checked_sub(1)
+                .and_then(|i| shared.per_buffer.get_mut(i))
+            {
+                b.add_change(&before, &self.stats);
+            }
         }
     }
 

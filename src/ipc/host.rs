@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::connection::{Connection, Instance, Note, Shared};
 use super::filter::ProducerFilter;
 use super::socket_path::{self, SocketPathError};
-use super::stats::ProducerStats;
+use super::stats::{ProducerStats, ProducerTotals};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::ringbuf::Buffer;
 
@@ -76,6 +76,7 @@ pub struct ProducerHost {
     path: PathBuf,
     wanted: Vec<WantedSource>,
     buffers: Vec<Arc<Buffer>>,
+    per_buffer: Vec<ProducerStats>,
     next_sequence: u32,
     conns: BTreeMap<u32, Connection>,
     gone: Vec<ProducerReport>,
@@ -106,6 +107,7 @@ impl ProducerHost {
             listener,
             path: path.to_path_buf(),
             wanted,
+            per_buffer: vec![ProducerStats::default(); buffers.len()],
             buffers,
             next_sequence: first_sequence,
             conns: BTreeMap::new(),
@@ -146,6 +148,7 @@ impl ProducerHost {
             let mut shared = Shared {
                 buffers: &self.buffers,
                 next_sequence: &mut self.next_sequence,
+                per_buffer: &mut self.per_buffer,
             };
             for note in c.read(&mut shared) {
                 match note {
@@ -362,6 +365,30 @@ impl ProducerHost {
                     None,
                 );
             }
+        }
+    }
+
+    /// The figures of every producer in all, for `trace_stats`.
+    pub fn totals(&self) -> ProducerTotals {
+        let mut all = ProducerStats::default();
+        let zero = ProducerStats::default();
+        let mut seen = 0;
+        for c in self
+            .gone
+            .iter()
+            .map(|r| &r.stats)
+            .chain(self.conns.values().map(|c| &c.stats))
+        {
+            all.add_change(&zero, c);
+            seen += 1;
+        }
+        let live = self.conns.values().filter(|c| c.closed.is_none());
+        ProducerTotals {
+            per_buffer: self.per_buffer.clone(),
+            all,
+            connected: live.clone().count() as u32,
+            seen,
+            data_sources_registered: live.map(|c| c.registered.len() as u32).sum(),
         }
     }
 

@@ -28,3 +28,41 @@ pub struct ProducerStats {
     /// IPC frames or requests refused (oversized, garbage, unknown).
     pub ipc_refusals: u64,
 }
+
+impl ProducerStats {
+    /// Adds what changed from `before` to `after` (counters only grow).
+    pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
+        macro_rules! each {
+            ($($f:ident),*) => {
+                $(self.$f += after.$f.saturating_sub(before.$f);)*
+            };
+        }
+        each!(
+            chunks_committed,
+            chunks_stored,
+            packets,
+            bytes,
+            chunks_discarded,
+            chunks_committed_out_of_order,
+            patches_succeeded,
+            patches_failed,
+            abi_violations,
+            trace_writer_packet_loss,
+            invalid_packets,
+            packets_too_big,
+            ipc_refusals
+        );
+    }
+}
+
+/// The producers of a session in all.
+#[derive(Clone, Debug, Default)]
+pub struct ProducerTotals {
+    /// What producers wrote into each buffer (by index).
+    pub per_buffer: Vec<ProducerStats>,
+    /// Everything, including what no buffer can be charged with.
+    pub all: ProducerStats,
+    pub connected: u32,
+    pub seen: u64,
+    pub data_sources_registered: u32,
+}

@@ -353,6 +353,12 @@ pub struct BufferStatsRecord {
     /// Packets a writer lost before they reached the buffer (refused as too
     /// big for it); trace processor shows it as a `data_loss` stat.
     pub trace_writer_packet_loss: u64,
+    /// Producers' chunk patches applied and not applicable.
+    pub patches_succeeded: u64,
+    pub patches_failed: u64,
+    /// Breaches of the shared-memory ABI by producers writing here.
+    pub abi_violations: u64,
+    pub chunks_committed_out_of_order: u64,
 }
 
 impl BufferStatsRecord {
@@ -370,6 +376,7 @@ impl BufferStatsRecord {
             chunks_read: s.chunks_read,
             chunks_discarded: s.chunks_discarded,
             trace_writer_packet_loss: s.packets_refused,
+            ..Self::default()
         }
     }
 }
@@ -401,6 +408,12 @@ pub struct TraceStatsRecord {
     pub final_flush_outcome: u32,
     /// One entry per packet sequence that wrote into a buffer.
     pub writers: Vec<WriterStatsRecord>,
+    /// Producers' chunks refused (service-wide, as Perfetto counts them).
+    pub chunks_discarded: u64,
+    pub patches_discarded: u64,
+    /// Producer packets dropped for setting a service-only field or being
+    /// malformed.
+    pub invalid_packets: u64,
 }
 
 impl TraceStatsRecord {
@@ -446,6 +459,10 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
             e.uint(17, b.chunks_read);
             e.uint(18, b.chunks_discarded);
             e.uint(19, b.trace_writer_packet_loss);
+            e.uint(5, b.patches_succeeded);
+            e.uint(6, b.patches_failed);
+            e.uint(9, b.abi_violations);
+            e.uint(11, b.chunks_committed_out_of_order);
             e.end_nested(n);
         }
         e.uint(2, s.producers_connected as u64);
@@ -454,6 +471,9 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
         e.uint(5, s.data_sources_seen);
         e.uint(6, s.tracing_sessions as u64);
         e.uint(7, s.total_buffers as u64);
+        e.uint(8, s.chunks_discarded);
+        e.uint(9, s.patches_discarded);
+        e.uint(10, s.invalid_packets);
         e.uint(12, s.flushes_requested);
         e.uint(13, s.flushes_succeeded);
         e.uint(14, s.flushes_failed);
