@@ -93,8 +93,18 @@ pub fn claim(path: &Path) -> Result<UnixListener, SocketPathError> {
         path: path.to_path_buf(),
         source,
     };
-    let listener = UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
+    // A waiting SDK app connects the moment the name appears (it watches
+    // the directory for IN_CREATE), so the name must appear only once the
+    // socket listens: bind and listen under a private name, then link it.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(bind_err)?;
+    let published = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))
+        .and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    published.map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
     Ok(listener)
 }
