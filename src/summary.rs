@@ -252,7 +252,7 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
         }
     }
     if !any {
-        let _ = write!(s, ", nothing lost");
+        let _ = write!(s, ", nothing refused");
     }
     if !p.connected {
         let _ = write!(s, " (disconnected)");

@@ -53,6 +53,11 @@ fn ipc_frame_corpus() {
 }
 
 #[test]
+fn ipc_sequence_corpus() {
+    replay_nonempty("ipc_sequence", recorder_fuzz::ipc_sequence::check);
+}
+
+#[test]
 fn ringbuf_model_corpus() {
     replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
 }

@@ -218,7 +218,11 @@ impl ProducerHost {
                     f.waiting.remove(&id);
                 }
                 self.stop_waiting.retain(|(cid, _)| *cid != id);
-                self.gone.push(report(&c, false));
+                // A connection that never said who it is and did nothing
+                // wrong (a liveness probe, say) is not worth a line.
+                if c.name.is_some() || c.stats != ProducerStats::default() {
+                    self.gone.push(report(&c, false));
+                }
             }
         }
     }
