@@ -32,7 +32,7 @@ pub fn check(data: &[u8]) {
         let len = usize::from(u16::from_le_bytes([rest[1], rest[2]])).min(rest.len() - 3);
         let body = &rest[3..3 + len];
         rest = &rest[3 + len..];
-        if op % 2 == 0 {
+        if op.is_multiple_of(2) {
             let mut chunk = body.to_vec();
             chunk.resize(chunk.len().max(64), 0);
             seq.on_chunk(chunk, &mut stats, &mut budget);
