@@ -536,3 +536,26 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
         assert!(tp.stat("traced_buf_abi_violations", Some(0)) >= 2);
     }
 }
+
+/// An app whose data source handles flushes is asked to flush periodically
+/// and at the stop, and its acks complete those flushes: the session notes
+/// `all_data_sources_flushed` each time (a flush that timed out would not).
+#[test]
+fn flushes_reach_an_app_and_its_acks_complete_them() {
+    let cfg = config("flush_period_ms: 300\nflush_timeout_ms: 30000\n");
+    let s = Session::start(&cfg);
+    let mut app = s.app("flushing_app", &["--packets", "100", "--on-flush"]);
+    app.expect("wrote 100");
+    app.expect("flushed");
+    app.expect("flushed");
+    let (run, _) = s.stop();
+    app.finish();
+    let packets = decode(&run.trace());
+    let flushed = packets
+        .iter()
+        .filter(|p| p.has_service_event() && p.service_event().all_data_sources_flushed())
+        .count();
+    assert!(flushed >= 2, "{flushed} complete flushes noted");
+    let by_pid = counters_by_pid(&packets);
+    assert_eq!(by_pid[0].2, (0..100).collect::<Vec<_>>());
+}

@@ -5,7 +5,10 @@
 //! slices and a counter with the same number.
 //!
 //! `sdk_producer [--ds NAME] [--packets N] [--payload BYTES] [--forever]
-//!               [--trigger NAME] [--wait-secs S] [--shmem-kb KB]`
+//!               [--trigger NAME] [--wait-secs S] [--shmem-kb KB] [--on-flush]`
+//!
+//! With `--on-flush` the data source handles flushes (so the service sends it
+//! Flush requests) and prints `flushed` for each.
 //!
 //! Prints `started` when the data source starts, `config <hex>` with the
 //! config bytes it was set up with, `wrote N` after the last packet, and
@@ -40,6 +43,7 @@ struct Args {
     trigger: Option<String>,
     wait: Duration,
     shmem_kb: u32,
+    on_flush: bool,
 }
 
 fn args() -> Args {
@@ -51,6 +55,7 @@ fn args() -> Args {
         trigger: None,
         wait: Duration::from_secs(60),
         shmem_kb: 0,
+        on_flush: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -60,6 +65,7 @@ fn args() -> Args {
             "--packets" => a.packets = v().parse().expect("--packets N"),
             "--payload" => a.payload = v().parse().expect("--payload BYTES"),
             "--forever" => a.forever = true,
+            "--on-flush" => a.on_flush = true,
             "--trigger" => a.trigger = Some(v()),
             "--shmem-kb" => a.shmem_kb = v().parse().expect("--shmem-kb KB"),
             "--wait-secs" => a.wait = Duration::from_secs(v().parse().expect("--wait-secs S")),
@@ -92,12 +98,15 @@ fn main() {
     let config: Arc<Mutex<Vec<u8>>> = Arc::default();
     let mut ds = DataSource::new();
     let (s1, s2, c1) = (started.clone(), stopped.clone(), config.clone());
-    let ds_args = DataSourceArgsBuilder::new()
+    let mut ds_args = DataSourceArgsBuilder::new()
         .on_setup(move |_, cfg, _| {
             *c1.lock().expect("config lock") = cfg.to_vec();
         })
         .on_start(move |_, _| s1.store(true, Ordering::SeqCst))
         .on_stop(move |_, _| s2.store(true, Ordering::SeqCst));
+    if a.on_flush {
+        ds_args = ds_args.on_flush(|_, _| say("flushed"));
+    }
     ds.register(&a.ds, ds_args.build())
         .expect("register the data source");
 
