@@ -25,12 +25,18 @@
 //! | 5 | `main`, [`cli`] |
 //! | 4 | [`app`] |
 //! | 3 | [`session`], [`event_loop`] |
-//! | 2 | [`config`], [`sources`], [`control`] |
+//! | 2 | [`config`], [`sources`], [`control`], [`ipc`] |
 //! | 1 | [`storage`], [`trace`] |
 //! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`] |
 //!
-//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
-//! the io_uring sink, each block justified by a numbered invariant.
+//! Perfetto SDK apps are producers: they connect to the producer socket
+//! ([`ipc`]), write into shared memory of their own, and the event loop
+//! copies their committed chunks into the same ring buffers, in the file's
+//! framing, with the trusted fields appended.
+//!
+//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`],
+//! the io_uring sink and the producers' shared-memory view
+//! ([`ipc::smb`]), each block justified by a numbered invariant.
 
 pub mod bytes;
 pub mod clock;

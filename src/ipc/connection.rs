@@ -179,7 +179,7 @@ impl Connection {
     pub fn read(&mut self, shared: &mut Shared<'_>) -> Vec<Note> {
         let mut notes = Vec::new();
         let mut taken = 0;
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = [0u8; 64 * 1024];
         while self.closed.is_none() && taken < READ_BUDGET {
             let room = self.decoder.room().min(buf.len());
             match self.stream.read(&mut buf[..room]) {
