@@ -27,7 +27,10 @@ pub use outcome::{BufferSummary, Outcome};
 pub use reactor::Reactor;
 
 use crate::control::history::{self, TriggerHistory};
-use crate::control::message::{BufferStatus, Reply, Request, SessionStatus, TriggerOutcome};
+use crate::control::message::{
+    BufferStatus, MAX_PRODUCERS_SHOWN, ProducerStatus, Reply, Request, SessionStatus,
+    TriggerOutcome,
+};
 use crate::control::server::{ControlServer, Incoming};
 use crate::ipc::host::{HostEvent, ProducerHost};
 use crate::ringbuf::Buffer;
@@ -699,6 +702,28 @@ impl Loop {
                 })
                 .collect(),
             control_requests_refused: self.rec.control.as_ref().map_or(0, |c| c.refused()),
+            producer_socket: self
+                .rec
+                .producers
+                .as_ref()
+                .map(|p| p.path().display().to_string()),
+            producers: self.rec.producers.as_ref().map_or_else(Vec::new, |p| {
+                p.reports()
+                    .into_iter()
+                    .rev()
+                    .take(MAX_PRODUCERS_SHOWN)
+                    .map(|r| ProducerStatus {
+                        refused: r.stats.lost(),
+                        name: r.name,
+                        pid: r.pid,
+                        uid: r.uid,
+                        data_sources: r.data_sources,
+                        packets: r.stats.packets,
+                        bytes: r.stats.bytes,
+                        connected: r.connected,
+                    })
+                    .collect()
+            }),
         }
     }
 

@@ -30,6 +30,17 @@ pub struct ProducerStats {
 }
 
 impl ProducerStats {
+    /// Chunks and packets refused or lost on the way in, in all.
+    pub fn lost(&self) -> u64 {
+        self.chunks_discarded
+            + self.chunks_committed_out_of_order
+            + self.patches_failed
+            + self.abi_violations
+            + self.trace_writer_packet_loss
+            + self.invalid_packets
+            + self.packets_too_big
+    }
+
     /// Adds what changed from `before` to `after` (counters only grow).
     pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
         macro_rules! each {

@@ -190,6 +190,17 @@ fn an_sdk_app_records_complete_and_in_order_by_the_socket_path_alone() {
     let cfg = app.expect("config ");
     app.expect(&format!("wrote {N}"));
     let pid = app.pid();
+    // `recorder query` lists the app beside the buffers.
+    let q = Command::new(recorder_bin())
+        .arg("query")
+        .env("RECORDER_RUNTIME_DIR", s.run.dir.path().join("run"))
+        .output()
+        .expect("query runs");
+    let q = String::from_utf8_lossy(&q.stdout);
+    assert!(
+        q.contains("producer \"sdk_app\"") && q.contains("producer socket:"),
+        "{q}"
+    );
     let (run, err) = s.stop();
     assert_eq!(app.finish(), Some(0), "the app saw its data source stop");
 
