@@ -38,6 +38,13 @@ pub fn check(data: &[u8]) {
         let wire = encode_frame(f).expect("a decoded frame fits when encoded again");
         let (again, err) = decode_all(&wire, wire.len());
         assert_eq!(err, None);
-        assert_eq!(again.as_slice(), std::slice::from_ref(f), "round trip");
+        // A frame of unknown fields only re-encodes empty, and an empty
+        // frame is skipped on the wire.
+        let expect: &[IpcFrame] = if wire.len() == 4 {
+            &[]
+        } else {
+            std::slice::from_ref(f)
+        };
+        assert_eq!(again.as_slice(), expect, "round trip");
     }
 }
