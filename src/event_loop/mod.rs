@@ -439,6 +439,13 @@ impl Loop {
         if let Some(p) = &mut self.rec.producers
             && p.flush(id.0, stop)
         {
+            // Flushes the session already gave up on (its deadline passed)
+            // need no entry: keep only the recent ones.
+            if self.producer_flushes.len() >= 1000
+                && let Some(oldest) = self.producer_flushes.keys().min().copied()
+            {
+                self.producer_flushes.remove(&oldest);
+            }
             self.producer_flushes.insert(id, complete);
             return;
         }

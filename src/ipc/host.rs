@@ -23,6 +23,10 @@ use crate::ringbuf::Buffer;
 
 /// Producers connected at once, at most.
 const MAX_CONNECTIONS: usize = 1024;
+/// Flushes waiting for acks, at most (as Perfetto's service): a producer
+/// that never answers costs the oldest entry, not unbounded memory; the
+/// session's own deadline has long ended such a flush.
+const MAX_PENDING_FLUSHES: usize = 1000;
 /// Flush reason TraceStop / Periodic in the flags' low bits (facts §5.8),
 /// initiator Traced (1) in bits 4-7.
 const FLUSH_FLAGS_PERIODIC: u64 = 1 | (1 << 4);
@@ -331,6 +335,9 @@ impl ProducerHost {
         }
         if waiting.is_empty() {
             return false;
+        }
+        if self.flushes.len() >= MAX_PENDING_FLUSHES {
+            self.flushes.remove(0);
         }
         self.flushes.push(PendingFlush {
             id,
