@@ -705,3 +705,157 @@ fn sequence<'a>(
         )
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protos::ipc_frame::BindService;
+    use std::io::Write;
+
+    fn request(rid: u64, msg: Option<Msg>) -> Vec<u8> {
+        encode_frame(&IpcFrame {
+            request_id: Some(rid),
+            msg,
+            data_for_testing: vec![],
+        })
+        .expect("encode")
+    }
+
+    fn invoke(rid: u64, method: u32, args: Vec<u8>, drop_reply: bool) -> Vec<u8> {
+        request(
+            rid,
+            Some(Msg::MsgInvokeMethod(InvokeMethod {
+                service_id: Some(SERVICE_ID),
+                method_id: Some(method),
+                args_proto: Some(args),
+                drop_reply: Some(drop_reply),
+            })),
+        )
+    }
+
+    /// Feeds `bytes` to a connection and returns the frames it answered.
+    fn exchange(bytes: &[u8]) -> (Vec<IpcFrame>, Vec<Note>, Connection) {
+        let (ours, mut peer) = UnixStream::pair().expect("pair");
+        let mut c = Connection::new(1, ours).expect("connection");
+        peer.write_all(bytes).expect("write");
+        let mut next = 2;
+        let mut shared = Shared {
+            buffers: &[],
+            next_sequence: &mut next,
+            per_buffer: &mut [],
+        };
+        let notes = c.read(&mut shared);
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut d = FrameDecoder::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = peer.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            d.feed(&buf[..n]);
+        }
+        let mut frames = Vec::new();
+        while let Some(f) = d.next_frame().expect("our replies are well-formed") {
+            frames.push(f);
+        }
+        (frames, notes, c)
+    }
+
+    fn bind(rid: u64, name: &str) -> Vec<u8> {
+        request(
+            rid,
+            Some(Msg::MsgBindService(BindService {
+                service_name: Some(name.into()),
+            })),
+        )
+    }
+
+    fn success(f: &IpcFrame) -> Option<bool> {
+        match &f.msg {
+            Some(Msg::MsgInvokeMethodReply(r)) => Some(r.success.unwrap_or(false)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn binding_names_every_method_and_refuses_other_services() {
+        let (frames, _, _) = exchange(&[bind(1, "ConsumerPort"), bind(2, SERVICE_NAME)].concat());
+        let Some(Msg::MsgBindServiceReply(no)) = &frames[0].msg else {
+            panic!("{frames:?}")
+        };
+        assert_eq!((no.success, no.service_id), (None, None));
+        let Some(Msg::MsgBindServiceReply(yes)) = &frames[1].msg else {
+            panic!("{frames:?}")
+        };
+        assert_eq!(frames[1].request_id, Some(2));
+        assert_eq!((yes.success, yes.service_id), (Some(true), Some(1)));
+        let names: Vec<_> = yes
+            .methods
+            .iter()
+            .map(|m| (m.id.unwrap_or(0), m.name.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(names[3], (4, "CommitData".into()));
+        assert_eq!(names.len(), 12);
+    }
+
+    #[test]
+    fn unknown_methods_and_early_calls_get_error_replies_and_the_connection_stays() {
+        let init = InitializeConnectionRequest {
+            producer_name: Some("unit".into()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let bytes = [
+            bind(1, SERVICE_NAME),
+            // Before InitializeConnection: refused.
+            invoke(2, 11, vec![], false),
+            invoke(3, 1, init, false),
+            // Unknown method ids: refused even with drop_reply.
+            invoke(4, 99, vec![], true),
+            invoke(5, 0, vec![], false),
+            // Args that do not decode.
+            invoke(6, 6, vec![0xFF], false),
+            // A frame with no request in it.
+            request(7, None),
+            invoke(8, 11, vec![], false),
+            invoke(
+                9,
+                10,
+                pb::ActivateTriggersRequest {
+                    trigger_names: vec!["t".into()],
+                }
+                .encode_to_vec(),
+                true,
+            ),
+        ]
+        .concat();
+        let (frames, notes, c) = exchange(&bytes);
+        let by_id = |id| {
+            frames
+                .iter()
+                .find(|f| f.request_id == Some(id))
+                .expect("answered")
+        };
+        assert_eq!(success(by_id(2)), Some(false));
+        assert_eq!(success(by_id(3)), Some(true));
+        assert_eq!(success(by_id(4)), Some(false));
+        assert_eq!(success(by_id(5)), Some(false));
+        assert_eq!(success(by_id(6)), Some(false));
+        assert!(matches!(by_id(7).msg, Some(Msg::MsgRequestError(_))));
+        assert_eq!(success(by_id(8)), Some(true));
+        assert!(
+            frames.iter().all(|f| f.request_id != Some(9)),
+            "drop_reply honoured"
+        );
+        assert!(notes.contains(&Note::Triggers(vec!["t".into()])));
+        assert!(c.closed.is_none());
+        assert_eq!(c.name.as_deref(), Some("unit"));
+    }
+
+    #[test]
+    fn an_oversized_frame_closes_the_connection_and_is_counted() {
+        let (_, _, c) = exchange(&u32::MAX.to_le_bytes());
+        assert!(c.closed.is_some());
+        assert_eq!(c.stats.ipc_refusals, 1);
+    }
+}
