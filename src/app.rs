@@ -7,14 +7,17 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config::raw::ServiceFields;
 use crate::config::spec::{self, RecorderSpec, SourceKind};
 use crate::control::history::TriggerHistory;
 use crate::control::runtime_dir;
 use crate::control::server::ControlServer;
 use crate::event_loop::{Recording, SessionBuffer};
+use crate::ipc::filter::ProducerFilter;
+use crate::ipc::host::{ProducerHost, WantedSource};
+use crate::ipc::socket_path::{self, SocketPathError};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
-use crate::session::{Session, Timeline, TimelineError, TriggerMode};
-use crate::sources::DataSource;
+use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::FtraceOptions;
 use crate::sources::ftrace_source::FtraceDataSource;
@@ -22,6 +25,7 @@ use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::ProcessStatsSource;
 use crate::sources::procfs::HostPaths;
 use crate::sources::sys_stats::SysStatsSource;
+use crate::sources::{DataSource, PRODUCER_NAME};
 use crate::storage::compress::ZstdStage;
 use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
@@ -66,6 +70,10 @@ pub enum AppError {
     Timeline(#[from] TimelineError),
     #[error("control socket (needed for triggers)")]
     Control(#[source] crate::control::ControlError),
+    #[error("producer socket")]
+    ProducerSocket(#[from] SocketPathError),
+    #[error("data_sources[{index}].producer_name_regex_filter: {msg}")]
+    ProducerFilter { index: usize, msg: String },
 }
 
 /// How to run, from the command line.
@@ -85,6 +93,9 @@ pub struct RunOptions {
     /// O_DIRECT may be used where it applies (`RECORDER_DIRECT_IO=off`
     /// says no).
     pub direct_io: bool,
+    /// Where SDK apps connect (`--producer-socket`); else the environment's
+    /// or the default path.
+    pub producer_socket: Option<PathBuf>,
 }
 
 /// The first sequence id of data sources; 1 is the recorder's own.
@@ -111,6 +122,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         });
     }
 
+    let filters = producer_filters(spec)?;
     let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
     let mut next_seq = FIRST_SOURCE_SEQUENCE;
     // ftrace tells process_stats which pids it saw, once that poller runs.
@@ -124,6 +136,13 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             });
         };
         let buffer: &Arc<Buffer> = &target.buffer;
+        if !filters[index].admits(PRODUCER_NAME) {
+            log::info!(
+                "data_sources[{index}] ({}): its producer filters leave out the built-in {PRODUCER_NAME}",
+                ds.name
+            );
+            continue;
+        }
         match &ds.kind {
             SourceKind::ForTesting(t) => {
                 let writer = buffer.writer(WriterId(next_seq));
@@ -181,6 +200,8 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     }
 
     let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
+    // Claimed before the output is opened: a refusal truncates nothing.
+    let producers = producer_host(spec, opts, filters, &buffers, next_seq, uuid)?;
     let compression = opts.compression.unwrap_or(spec.compression);
     let compress = match compression {
         spec::Compression::None => None,
@@ -305,9 +326,87 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         fsync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
         control,
         history,
+        producers,
         config_label: opts.config_label.clone(),
         status_line: opts.status_line,
     })
+}
+
+/// The producer filters of every config data source, patterns compiled
+/// (validation checked them already).
+fn producer_filters(spec: &RecorderSpec) -> Result<Vec<ProducerFilter>, AppError> {
+    spec.data_sources
+        .iter()
+        .enumerate()
+        .map(|(index, ds)| {
+            let patterns = ds
+                .producer_name_regex_filter
+                .iter()
+                .map(|p| anchored(p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| AppError::ProducerFilter {
+                    index,
+                    msg: e.to_string(),
+                })?;
+            Ok(ProducerFilter {
+                names: ds.producer_name_filter.clone(),
+                patterns,
+            })
+        })
+        .collect()
+}
+
+/// The producer socket and what producers may provide. A path named on the
+/// command line or in `PERFETTO_PRODUCER_SOCK_NAME`, or a config that only
+/// producers can serve, must be had; a default path another service holds
+/// leaves this session without producers (a warning), so that sessions of
+/// built-in sources can run beside Perfetto's service or each other.
+fn producer_host(
+    spec: &RecorderSpec,
+    opts: &RunOptions,
+    filters: Vec<ProducerFilter>,
+    buffers: &[SessionBuffer],
+    first_sequence: u32,
+    uuid: (i64, i64),
+) -> Result<Option<ProducerHost>, AppError> {
+    let env = std::env::var(socket_path::ENV_VAR).ok();
+    let explicit = opts.producer_socket.is_some() || env.as_deref().is_some_and(|e| !e.is_empty());
+    let path = socket_path::resolve(opts.producer_socket.as_deref(), env.as_deref())?;
+    let needs_producers = spec
+        .data_sources
+        .iter()
+        .any(|d| matches!(d.kind, SourceKind::TrackEvent | SourceKind::Other));
+    let mut wanted = Vec::with_capacity(spec.data_sources.len());
+    for (index, (ds, filter)) in spec.data_sources.iter().zip(filters).enumerate() {
+        let buffer = ds.target_buffer.0 + 1;
+        let svc = ServiceFields {
+            target_buffer: Some(buffer),
+            trace_duration_ms: Some(spec.duration.map_or(0, |d| d.as_millis() as u32)),
+            tracing_session_id: Some(uuid.1 as u64),
+            stop_timeout_ms: Some(spec.data_source_stop_timeout.as_millis() as u32),
+            ..ServiceFields::default()
+        };
+        let config = ds.config_for_source(&svc).map_err(|e| AppError::Source {
+            index,
+            name: ds.name.clone(),
+            source: Box::new(e),
+        })?;
+        wanted.push(WantedSource {
+            name: ds.name.clone(),
+            filter,
+            buffer,
+            config,
+        });
+    }
+    let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
+    match ProducerHost::listen(&path, wanted, rings, first_sequence) {
+        Ok(h) => Ok(Some(h)),
+        Err(e @ SocketPathError::InUse { .. }) if !explicit && !needs_producers => {
+            log::warn!("{e}; this session records its built-in sources only");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The output path made absolute, so it survives `--background`'s chdir.

@@ -80,6 +80,11 @@ pub struct MainArgs {
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
     pub on_segment_closed: Option<String>,
+    /// Listen for Perfetto SDK apps here instead of where they look by default
+    /// (/run/perfetto/traced-producer.sock or /tmp/perfetto-producer;
+    /// PERFETTO_PRODUCER_SOCK_NAME also overrides it).
+    #[arg(long, value_name = "PATH")]
+    pub producer_socket: Option<PathBuf>,
 }
 
 impl MainArgs {
@@ -102,6 +107,7 @@ impl MainArgs {
             (!self.protos.files.is_empty(), "--proto"),
             (!self.protos.include_paths.is_empty(), "--proto-path"),
             (!self.protos.descriptor_sets.is_empty(), "--descriptor-set"),
+            (self.producer_socket.is_some(), "--producer-socket"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))

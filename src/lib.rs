@@ -39,12 +39,18 @@
 //! | 5 | `main`, [`cli`], [`command`] | argument types; one module per command, exit codes |
 //! | 4 | [`app`], [`bench`], [`summary`] | build a recording from a spec; the bench; the end-of-run report |
 //! | 3 | [`session`], [`event_loop`] | decide; execute |
-//! | 2 | [`config`], [`sources`], [`control`] | TraceConfig to spec; data sources; the control socket and runtime dir |
+//! | 2 | [`config`], [`sources`], [`control`], [`ipc`] | TraceConfig to spec; data sources; the control socket and runtime dir; the producer socket and shared memory |
 //! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |
 //! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`wire`], [`bytes`] | the engine; signals and daemon; clocks; generated protos; the wire format; byte counts for people |
 //!
-//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`] and
-//! the io_uring sink, each block justified by a numbered invariant in a
+//! Perfetto SDK apps are producers: they connect to the producer socket
+//! ([`ipc`]), write into shared memory of their own, and the event loop
+//! copies their committed chunks into the same ring buffers, in the file's
+//! framing, with the trusted fields appended.
+//!
+//! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`],
+//! the io_uring sink and the producers' shared-memory view
+//! ([`ipc::smb`]), each block justified by a numbered invariant in a
 //! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 
 pub mod bytes;
@@ -59,6 +65,7 @@ pub mod trace;
 
 pub mod config;
 pub mod control;
+pub mod ipc;
 pub mod sources;
 
 pub mod event_loop;

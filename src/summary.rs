@@ -169,6 +169,9 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             );
         }
     }
+    for p in &o.producers {
+        producer(&mut s, p);
+    }
     let _ = write!(s, "  {packets} packets in all");
     for w in &o.warnings {
         let _ = write!(s, "\n  warning: {w}");
@@ -226,4 +229,54 @@ fn mode_name(m: TriggerMode) -> &'static str {
         TriggerMode::StopTracing => "STOP_TRACING",
         TriggerMode::CloneSnapshot => "CLONE_SNAPSHOT",
     }
+}
+
+/// One producer's line: who, what it wrote, what it lost and why.
+fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
+    let st = &p.stats;
+    let sources = if p.data_sources.is_empty() {
+        "no data source of this config".to_string()
+    } else {
+        p.data_sources.join(", ")
+    };
+    let _ = write!(
+        s,
+        "  producer {:?} (pid {}, uid {}): {sources}; {} packets, {} in {} chunks",
+        p.name,
+        p.pid,
+        p.uid,
+        st.packets,
+        HumanBytes(st.bytes),
+        st.chunks_committed
+    );
+    let losses = [
+        (st.chunks_discarded, "chunks refused"),
+        (st.chunks_committed_out_of_order, "chunks out of order"),
+        (st.patches_failed, "patches failed"),
+        (st.abi_violations, "ABI violations"),
+        (
+            st.trace_writer_packet_loss,
+            "packets the app dropped (its shared memory was full)",
+        ),
+        (
+            st.invalid_packets,
+            "packets refused (service-only fields or malformed)",
+        ),
+        (st.packets_too_big, "packets too big"),
+        (st.ipc_refusals, "IPC requests refused"),
+    ];
+    let mut any = false;
+    for (n, what) in losses {
+        if n > 0 {
+            let _ = write!(s, "{} {n} {what}", if any { "," } else { "; lost:" });
+            any = true;
+        }
+    }
+    if !any {
+        let _ = write!(s, ", nothing refused");
+    }
+    if !p.connected {
+        let _ = write!(s, " (disconnected)");
+    }
+    let _ = writeln!(s);
 }

@@ -7,6 +7,8 @@ pub mod config_text_custom;
 pub mod control_message;
 pub mod control_reply;
 pub mod ftrace_page;
+pub mod ipc_frame;
+pub mod ipc_sequence;
 pub mod ringbuf_model;
 pub mod sys_stats_text;
 pub mod trace_reader;

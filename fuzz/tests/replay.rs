@@ -56,6 +56,16 @@ fn ftrace_page_corpus() {
 }
 
 #[test]
+fn ipc_frame_corpus() {
+    replay_nonempty("ipc_frame", recorder_fuzz::ipc_frame::check);
+}
+
+#[test]
+fn ipc_sequence_corpus() {
+    replay_nonempty("ipc_sequence", recorder_fuzz::ipc_sequence::check);
+}
+
+#[test]
 fn ringbuf_model_corpus() {
     replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
 }

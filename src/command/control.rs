@@ -112,6 +112,22 @@ fn status_text(s: &SessionStatus) -> String {
             b.packets_lost
         ));
     }
+    if let Some(p) = &s.producer_socket {
+        t.push_str(&format!("  producer socket: {}\n", printable(p)));
+    }
+    for p in &s.producers {
+        t.push_str(&format!(
+            "  producer {:?} (pid {}, uid {}{}): {}; {} packets, {}, {} refused or lost\n",
+            printable(&p.name),
+            p.pid,
+            p.uid,
+            if p.connected { "" } else { ", disconnected" },
+            printable(&p.data_sources.join(", ")),
+            p.packets,
+            HumanBytes(p.bytes),
+            p.refused
+        ));
+    }
     t
 }
 

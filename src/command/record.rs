@@ -123,6 +123,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         compression,
         rotation,
         direct_io,
+        producer_socket: args.producer_socket.clone(),
     };
 
     let mut report = None;

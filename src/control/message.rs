@@ -167,6 +167,29 @@ pub struct SessionStatus {
     /// Segmented output: the segments so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<Box<crate::storage::segment::SegmentsStatus>>,
+    /// Where Perfetto SDK apps connect, when the session listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_socket: Option<String>,
+    /// The apps that connected (at most [`MAX_PRODUCERS_SHOWN`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producers: Vec<ProducerStatus>,
+}
+
+/// Producers a status lists at most (the reply stays small).
+pub const MAX_PRODUCERS_SHOWN: usize = 64;
+
+/// One producer (a Perfetto SDK app) of a live session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProducerStatus {
+    pub name: String,
+    pub pid: u32,
+    pub uid: u32,
+    pub data_sources: Vec<String>,
+    pub packets: u64,
+    pub bytes: u64,
+    /// Chunks and packets refused or lost on the way in.
+    pub refused: u64,
+    pub connected: bool,
 }
 
 /// A reply to a client.

@@ -27,8 +27,12 @@ pub use outcome::{BufferSummary, Outcome};
 pub use reactor::Reactor;
 
 use crate::control::history::{self, TriggerHistory};
-use crate::control::message::{BufferStatus, Reply, Request, SessionStatus, TriggerOutcome};
+use crate::control::message::{
+    BufferStatus, MAX_PRODUCERS_SHOWN, ProducerStatus, Reply, Request, SessionStatus,
+    TriggerOutcome,
+};
 use crate::control::server::{ControlServer, Incoming};
+use crate::ipc::host::{HostEvent, ProducerHost};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
@@ -73,6 +77,8 @@ pub struct Recording {
     pub fsync_each_pass: bool,
     pub control: Option<ControlServer>,
     pub history: Option<TriggerHistory>,
+    /// The producer socket and its connections (Perfetto SDK apps).
+    pub producers: Option<ProducerHost>,
     pub config_label: String,
     /// Show a live status line on stderr (when it is a terminal).
     pub status_line: bool,
@@ -109,6 +115,11 @@ struct Loop {
     flushes: FlushCounts,
     /// Bytes `max_file_size_bytes` left out of the passes.
     cut_bytes: u64,
+    /// Flushes waiting for producers' acks, with whether the built-in
+    /// sources finished theirs.
+    producer_flushes: HashMap<FlushId, bool>,
+    /// The stop waits for producers' acks.
+    producer_stop: bool,
 }
 
 impl Loop {
@@ -141,6 +152,8 @@ impl Loop {
             compressed: (0, 0),
             flushes: FlushCounts::default(),
             cut_bytes: 0,
+            producer_flushes: HashMap::new(),
+            producer_stop: false,
         }
     }
 
@@ -182,10 +195,14 @@ impl Loop {
         if let Some(c) = &self.rec.control {
             fds.push(c.wake_fd());
         }
+        if let Some(p) = &self.rec.producers {
+            fds.extend(p.fds());
+        }
         // Readiness only says where to look; every input is drained anyway.
         let _ = self.reactor.wait(&fds, at_most);
         self.take_signals();
         self.take_control_requests();
+        self.take_producer_events();
         for t in self.reactor.due() {
             self.queue.push_back(Event::TimerFired(t));
         }
@@ -225,6 +242,42 @@ impl Loop {
             };
             self.pending.insert(id, inc);
             self.queue.push_back(ev);
+        }
+    }
+
+    fn take_producer_events(&mut self) {
+        let Some(host) = self.rec.producers.as_mut() else {
+            return;
+        };
+        for ev in host.poll() {
+            match ev {
+                HostEvent::Triggers {
+                    producer,
+                    uid,
+                    names,
+                } => {
+                    let names = names.iter().map(|n| self.trigger_name(n)).collect();
+                    self.queue.push_back(Event::Triggers(TriggerArrival {
+                        request: None,
+                        producer,
+                        uid,
+                        names,
+                    }));
+                }
+                HostEvent::Flushed(id) => {
+                    if let Some(complete) = self.producer_flushes.remove(&FlushId(id)) {
+                        self.queue.push_back(Event::SourcesFlushed {
+                            id: FlushId(id),
+                            complete,
+                        });
+                    }
+                }
+                HostEvent::Stopped => {
+                    if std::mem::take(&mut self.producer_stop) {
+                        self.queue.push_back(Event::SourcesStopped);
+                    }
+                }
+            }
         }
     }
 
@@ -273,6 +326,9 @@ impl Loop {
                 for s in &mut self.rec.sources {
                     s.clear_incremental_state();
                 }
+                if let Some(p) = &mut self.rec.producers {
+                    p.clear_incremental_state();
+                }
             }
             Action::PrepareSnapshot(_) => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
@@ -305,6 +361,9 @@ impl Loop {
                 self.queue.push_back(Event::SourceFailed(e.to_string()));
                 return;
             }
+        }
+        if let Some(p) = &mut self.rec.producers {
+            p.start();
         }
     }
 
@@ -375,6 +434,21 @@ impl Loop {
                 complete = false;
             }
         }
+        // Producers answer later, on their sockets.
+        let stop = self.rec.session.state() == State::Stopping;
+        if let Some(p) = &mut self.rec.producers
+            && p.flush(id.0, stop)
+        {
+            // Flushes the session already gave up on (its deadline passed)
+            // need no entry: keep only the recent ones.
+            if self.producer_flushes.len() >= 1000
+                && let Some(oldest) = self.producer_flushes.keys().min().copied()
+            {
+                self.producer_flushes.remove(&oldest);
+            }
+            self.producer_flushes.insert(id, complete);
+            return;
+        }
         self.queue.push_back(Event::SourcesFlushed { id, complete });
     }
 
@@ -384,6 +458,12 @@ impl Loop {
                 self.warnings.push(e.to_string());
             }
             self.warnings.extend(s.loss_warnings());
+        }
+        if let Some(p) = &mut self.rec.producers
+            && p.stop()
+        {
+            self.producer_stop = true;
+            return;
         }
         self.queue.push_back(Event::SourcesStopped);
     }
@@ -402,8 +482,9 @@ impl Loop {
             .collect();
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
+        let producers = self.rec.producers.as_ref();
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes));
+        let tail = || log.tail(|| trace_stats(buffers, flushes, producers));
         let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
@@ -472,10 +553,11 @@ impl Loop {
             return;
         };
         let started = Instant::now();
-        let tail = self
-            .rec
-            .log
-            .segment_tail(&trace_stats(&self.rec.buffers, self.flushes));
+        let tail = self.rec.log.segment_tail(&trace_stats(
+            &self.rec.buffers,
+            self.flushes,
+            self.rec.producers.as_ref(),
+        ));
         match w.rotate(&tail, reason) {
             Ok(()) => {
                 let (index, uuid) = (w.index(), w.trace_uuid());
@@ -544,6 +626,7 @@ impl Loop {
             .collect();
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
+        let producers = self.rec.producers.as_ref();
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -564,7 +647,7 @@ impl Loop {
             t.push(service::trace_stats(
                 uid,
                 now,
-                &trace_stats(buffers, flushes),
+                &trace_stats(buffers, flushes, producers),
             ));
             t
         };
@@ -628,6 +711,28 @@ impl Loop {
                 })
                 .collect(),
             control_requests_refused: self.rec.control.as_ref().map_or(0, |c| c.refused()),
+            producer_socket: self
+                .rec
+                .producers
+                .as_ref()
+                .map(|p| p.path().display().to_string()),
+            producers: self.rec.producers.as_ref().map_or_else(Vec::new, |p| {
+                p.reports()
+                    .into_iter()
+                    .rev()
+                    .take(MAX_PRODUCERS_SHOWN)
+                    .map(|r| ProducerStatus {
+                        refused: r.stats.lost(),
+                        name: r.name,
+                        pid: r.pid,
+                        uid: r.uid,
+                        data_sources: r.data_sources,
+                        packets: r.stats.packets,
+                        bytes: r.stats.bytes,
+                        connected: r.connected,
+                    })
+                    .collect()
+            }),
         }
     }
 
@@ -672,6 +777,11 @@ impl Loop {
             segments: self.rec.sink.segments(),
             compression: self.rec.compress.as_ref().map(|_| self.compressed),
             cut_bytes: self.cut_bytes,
+            producers: self
+                .rec
+                .producers
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.reports()),
         }
     }
 }
@@ -684,12 +794,35 @@ struct FlushCounts {
     failed: u64,
 }
 
-/// trace_stats from the buffers' live counters and the flushes so far.
-fn trace_stats(buffers: &[SessionBuffer], flushes: FlushCounts) -> TraceStatsRecord {
-    TraceStatsRecord {
+/// trace_stats from the buffers' live counters, the flushes so far and what
+/// producers did.
+fn trace_stats(
+    buffers: &[SessionBuffer],
+    flushes: FlushCounts,
+    producers: Option<&ProducerHost>,
+) -> TraceStatsRecord {
+    let mut rec = TraceStatsRecord {
         flushes_requested: flushes.requested,
         flushes_succeeded: flushes.succeeded,
         flushes_failed: flushes.failed,
         ..TraceStatsRecord::of_buffers(buffers.iter().map(|b| &*b.buffer))
+    };
+    if let Some(p) = producers {
+        let t = p.totals();
+        // The built-in sources count as one producer, as traced_probes does.
+        rec.producers_connected += t.connected;
+        rec.producers_seen += t.seen;
+        rec.data_sources_registered += t.data_sources_registered;
+        rec.chunks_discarded = t.all.chunks_discarded;
+        rec.patches_discarded = t.all.patches_failed;
+        rec.invalid_packets = t.all.invalid_packets;
+        for (b, s) in rec.buffers.iter_mut().zip(&t.per_buffer) {
+            b.patches_succeeded = s.patches_succeeded;
+            b.patches_failed = s.patches_failed;
+            b.abi_violations = s.abi_violations;
+            b.chunks_committed_out_of_order = s.chunks_committed_out_of_order;
+            b.trace_writer_packet_loss += s.trace_writer_packet_loss;
+        }
     }
+    rec
 }

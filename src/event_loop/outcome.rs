@@ -36,4 +36,6 @@ pub struct Outcome {
     pub compression: Option<(u64, u64)>,
     /// Bytes `max_file_size_bytes` left out of the file.
     pub cut_bytes: u64,
+    /// Every producer (SDK app) that connected, and what it did.
+    pub producers: Vec<crate::ipc::host::ProducerReport>,
 }

@@ -345,6 +345,12 @@ pub struct BufferStatsRecord {
     pub bytes_discarded_pinned: u64,
     pub packets_discarded_held: u64,
     pub bytes_discarded_held: u64,
+    /// Producers' chunk patches applied and not applicable.
+    pub patches_succeeded: u64,
+    pub patches_failed: u64,
+    /// Breaches of the shared-memory ABI by producers writing here.
+    pub abi_violations: u64,
+    pub chunks_committed_out_of_order: u64,
 }
 
 /// BufferStats field numbers of the recorder's own counters (the table is
@@ -370,6 +376,7 @@ impl BufferStatsRecord {
             bytes_discarded_pinned: s.bytes_discarded_pinned,
             packets_discarded_held: s.packets_discarded_held,
             bytes_discarded_held: s.bytes_discarded_held,
+            ..Self::default()
         }
     }
 }
@@ -401,6 +408,12 @@ pub struct TraceStatsRecord {
     pub final_flush_outcome: u32,
     /// One entry per packet sequence that wrote into a buffer.
     pub writers: Vec<WriterStatsRecord>,
+    /// Producers' chunks refused (service-wide, as Perfetto counts them).
+    pub chunks_discarded: u64,
+    pub patches_discarded: u64,
+    /// Producer packets dropped for setting a service-only field or being
+    /// malformed.
+    pub invalid_packets: u64,
 }
 
 impl TraceStatsRecord {
@@ -446,6 +459,13 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
             e.uint(bs::CHUNKS_READ, b.chunks_read);
             e.uint(bs::CHUNKS_DISCARDED, b.chunks_discarded);
             e.uint(bs::TRACE_WRITER_PACKET_LOSS, b.trace_writer_packet_loss);
+            e.uint(bs::PATCHES_SUCCEEDED, b.patches_succeeded);
+            e.uint(bs::PATCHES_FAILED, b.patches_failed);
+            e.uint(bs::ABI_VIOLATIONS, b.abi_violations);
+            e.uint(
+                bs::CHUNKS_COMMITTED_OUT_OF_ORDER,
+                b.chunks_committed_out_of_order,
+            );
             let own = [
                 b.packets_discarded_pinned,
                 b.bytes_discarded_pinned,
@@ -468,6 +488,9 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
         e.uint(ts::DATA_SOURCES_SEEN, s.data_sources_seen);
         e.uint(ts::TRACING_SESSIONS, s.tracing_sessions as u64);
         e.uint(ts::TOTAL_BUFFERS, s.total_buffers as u64);
+        e.uint(ts::CHUNKS_DISCARDED, s.chunks_discarded);
+        e.uint(ts::PATCHES_DISCARDED, s.patches_discarded);
+        e.uint(ts::INVALID_PACKETS, s.invalid_packets);
         e.uint(ts::FLUSHES_REQUESTED, s.flushes_requested);
         e.uint(ts::FLUSHES_SUCCEEDED, s.flushes_succeeded);
         e.uint(ts::FLUSHES_FAILED, s.flushes_failed);

@@ -27,6 +27,23 @@ pub mod trace_packet {
     pub const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
     pub const MACHINE_ID: u32 = 98;
 
+    /// Fields only the service may write (facts §4.3): a producer packet
+    /// that sets one is dropped and counted.
+    pub const SERVICE_ONLY: &[u32] = &[
+        TRUSTED_UID,
+        TRUSTED_PACKET_SEQUENCE_ID,
+        TRACE_CONFIG,
+        TRACE_STATS,
+        SYNCHRONIZATION_MARKER,
+        COMPRESSED_PACKETS,
+        SERVICE_EVENT,
+        TRUSTED_PID,
+        MACHINE_ID,
+        TRACE_PROVENANCE,
+        PROTOVMS,
+        ZSTD_COMPRESSED_PACKETS,
+    ];
+
     /// Every field outside the `data` oneof.
     pub const NON_DATA: &[u32] = &[
         TRUSTED_UID,
@@ -245,6 +262,10 @@ pub mod buffer_stats {
     pub const CHUNKS_WRITTEN: u32 = 2;
     pub const CHUNKS_OVERWRITTEN: u32 = 3;
     pub const WRITE_WRAP_COUNT: u32 = 4;
+    pub const PATCHES_SUCCEEDED: u32 = 5;
+    pub const PATCHES_FAILED: u32 = 6;
+    pub const ABI_VIOLATIONS: u32 = 9;
+    pub const CHUNKS_COMMITTED_OUT_OF_ORDER: u32 = 11;
     pub const BUFFER_SIZE: u32 = 12;
     pub const BYTES_OVERWRITTEN: u32 = 13;
     pub const BYTES_READ: u32 = 14;

@@ -11,6 +11,7 @@ mod lifecycle;
 mod loss;
 mod open;
 mod procfs;
+mod producers;
 mod recording;
 mod ringbuf;
 mod schema;

@@ -1,0 +1,861 @@
+//! One producer connection: Perfetto's IPC (BindService, InvokeMethod with
+//! request ids, the streaming GetAsyncCommand reply) and the ProducerPort
+//! methods, as the tracing service answers them (producer facts §2, §4).
+//!
+//! The connection is driven by the [`Host`](super::host::ProducerHost):
+//! [`Connection::read`] takes what the socket has and returns what the host
+//! must act on ([`Note`]s); the host sends commands through
+//! [`Connection::command`]. A peer that breaks the framing is dropped and
+//! counted; an unknown method gets an error reply.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{ErrorKind, IoSlice, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
+use super::sequence::{Budget, Sequence, Trust};
+use super::smb::{self, SharedMemory};
+use super::stats::ProducerStats;
+use crate::protos::get_async_command_response::Cmd;
+use crate::protos::ipc_frame::bind_service_reply::MethodInfo;
+use crate::protos::ipc_frame::{
+    BindServiceReply, InvokeMethod, InvokeMethodReply, Msg, RequestError,
+};
+use crate::protos::{
+    self as pb, CommitDataRequest, GetAsyncCommandResponse, InitializeConnectionRequest, IpcFrame,
+};
+use crate::ringbuf::{Buffer, WriterId};
+
+/// The only service: ProducerPort, id 1 (never 0: clients read 0 as "not
+/// connected").
+pub const SERVICE_NAME: &str = "ProducerPort";
+const SERVICE_ID: u32 = 1;
+/// Methods in declaration order: id = index + 1.
+pub const METHODS: [&str; 12] = [
+    "InitializeConnection",
+    "RegisterDataSource",
+    "UnregisterDataSource",
+    "CommitData",
+    "GetAsyncCommand",
+    "RegisterTraceWriter",
+    "UnregisterTraceWriter",
+    "NotifyDataSourceStarted",
+    "NotifyDataSourceStopped",
+    "ActivateTriggers",
+    "Sync",
+    "UpdateDataSource",
+];
+/// Longest wait to hand a frame to a producer that does not read; after it
+/// the producer is dropped (Perfetto waits 10 ms).
+const SEND_TIMEOUT: Duration = Duration::from_millis(20);
+/// Bytes read from one producer per wake-up, so one cannot starve others.
+const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
+/// Data sources one producer may register.
+const MAX_DATA_SOURCES: usize = 1024;
+/// Memory a producer may have held in partial packets and chunks waiting for
+/// patches: as much as the largest SMB can hand over before its patches.
+const HELD_BYTES: usize = smb::MAX_SIZE;
+
+/// A data source a producer registered.
+#[derive(Clone, Debug)]
+pub struct Registered {
+    pub name: String,
+    pub id: u64,
+    pub will_notify_on_stop: bool,
+    pub no_flush: bool,
+}
+
+/// A data source instance started on this producer.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// Index into the config's data sources.
+    pub wanted: usize,
+    pub name: String,
+    /// Global buffer id (index + 1).
+    pub buffer: u32,
+    pub no_flush: bool,
+    pub will_notify_on_stop: bool,
+    pub started_ack: bool,
+    pub stopping: bool,
+}
+
+/// What the host must act on.
+#[derive(Debug, PartialEq)]
+pub enum Note {
+    /// The producer registered, or can now be sent, data sources.
+    Changed,
+    Triggers(Vec<String>),
+    FlushAck(u64),
+    Stopped(u64),
+}
+
+/// State shared by every connection of a session.
+pub struct Shared<'a> {
+    pub buffers: &'a [Arc<Buffer>],
+    pub next_sequence: &'a mut u32,
+    /// What producers did per buffer (by index), for `trace_stats`.
+    pub per_buffer: &'a mut [ProducerStats],
+}
+
+/// One producer.
+pub struct Connection {
+    pub id: u32,
+    stream: UnixStream,
+    decoder: FrameDecoder,
+    pub uid: u32,
+    pub pid: u32,
+    pub name: Option<String>,
+    bound: bool,
+    async_request: Option<u64>,
+    hints: (u32, u32),
+    smb: Option<SharedMemory>,
+    pub registered: Vec<Registered>,
+    pub instances: BTreeMap<u64, Instance>,
+    writers: HashMap<u16, u32>,
+    sequences: HashMap<(u16, u32), Sequence>,
+    budget: Budget,
+    pub stats: ProducerStats,
+    /// Why the connection ended, once it has.
+    pub closed: Option<String>,
+}
+
+impl Connection {
+    pub fn new(id: u32, stream: UnixStream) -> std::io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        let cred = rustix::net::sockopt::socket_peercred(&stream)?;
+        Ok(Self {
+            id,
+            stream,
+            decoder: FrameDecoder::new(),
+            uid: cred.uid.as_raw(),
+            pid: cred.pid.as_raw_nonzero().get() as u32,
+            name: None,
+            bound: false,
+            async_request: None,
+            hints: (0, 0),
+            smb: None,
+            registered: Vec::new(),
+            instances: BTreeMap::new(),
+            writers: HashMap::new(),
+            sequences: HashMap::new(),
+            budget: Budget { left: HELD_BYTES },
+            stats: ProducerStats::default(),
+            closed: None,
+        })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    /// The name for people: the producer's own, or its pid before it said.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(n) => format!("{n} (pid {})", self.pid),
+            None => format!("pid {}", self.pid),
+        }
+    }
+
+    /// Initialized and listening for commands.
+    pub fn ready(&self) -> bool {
+        self.name.is_some() && self.async_request.is_some() && self.closed.is_none()
+    }
+
+    fn close(&mut self, why: String) {
+        if self.closed.is_none() {
+            log::info!("producer {} disconnected: {why}", self.label());
+            self.closed = Some(why);
+        }
+    }
+
+    /// Reads and handles what the socket has (bounded per call).
+    pub fn read(&mut self, shared: &mut Shared<'_>) -> Vec<Note> {
+        let mut notes = Vec::new();
+        let mut taken = 0;
+        let mut buf = [0u8; 64 * 1024];
+        while self.closed.is_none() && taken < READ_BUDGET {
+            let room = self.decoder.room().min(buf.len());
+            match self.stream.read(&mut buf[..room]) {
+                Ok(0) => {
+                    self.close("closed by the producer".into());
+                    break;
+                }
+                Ok(n) => {
+                    taken += n;
+                    self.decoder.feed(&buf[..n]);
+                    loop {
+                        match self.decoder.next_frame() {
+                            Ok(Some(f)) => self.on_frame(f, shared, &mut notes),
+                            Ok(None) => break,
+                            Err(e) => {
+                                self.stats.ipc_refusals += 1;
+                                self.close(format!("refused: {e}"));
+                                break;
+                            }
+                        }
+                        if self.closed.is_some() {
+                            break;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.close(format!("read: {e}"));
+                    break;
+                }
+            }
+        }
+        notes
+    }
+
+    /// At the end of the connection or session: what is still held is lost.
+    pub fn finish(&mut self) {
+        for s in self.sequences.values_mut() {
+            s.finish(&mut self.stats, &mut self.budget);
+        }
+    }
+
+    fn on_frame(&mut self, f: IpcFrame, shared: &mut Shared<'_>, notes: &mut Vec<Note>) {
+        let rid = f.request_id.unwrap_or(0);
+        match f.msg {
+            Some(Msg::MsgBindService(b)) => {
+                let ok = b.service_name.as_deref() == Some(SERVICE_NAME);
+                let reply = if ok {
+                    self.bound = true;
+                    BindServiceReply {
+                        success: Some(true),
+                        service_id: Some(SERVICE_ID),
+                        methods: METHODS
+                            .iter()
+                            .enumerate()
+                            .map(|(i, n)| MethodInfo {
+                                id: Some(i as u32 + 1),
+                                name: Some((*n).into()),
+                            })
+                            .collect(),
+                    }
+                } else {
+                    self.stats.ipc_refusals += 1;
+                    BindServiceReply::default()
+                };
+                self.send(rid, Msg::MsgBindServiceReply(reply), None);
+            }
+            Some(Msg::MsgInvokeMethod(m)) => self.invoke(rid, m, shared, notes),
+            // Peer identity comes from SO_PEERCRED on a unix socket.
+            Some(Msg::SetPeerIdentity(_)) => {}
+            _ => {
+                self.stats.ipc_refusals += 1;
+                self.send(
+                    rid,
+                    Msg::MsgRequestError(RequestError {
+                        error: Some("unknown request".into()),
+                    }),
+                    None,
+                );
+            }
+        }
+    }
+
+    fn fail(&mut self, rid: u64) {
+        self.stats.ipc_refusals += 1;
+        self.send(
+            rid,
+            Msg::MsgInvokeMethodReply(InvokeMethodReply {
+                success: None,
+                has_more: None,
+                reply_proto: None,
+            }),
+            None,
+        );
+    }
+
+    fn ok(&mut self, rid: u64, drop_reply: bool, reply: Vec<u8>) {
+        if !drop_reply {
+            self.send(
+                rid,
+                Msg::MsgInvokeMethodReply(InvokeMethodReply {
+                    success: Some(true),
+                    has_more: Some(false),
+                    reply_proto: Some(reply),
+                }),
+                None,
+            );
+        }
+    }
+
+    fn invoke(
+        &mut self,
+        rid: u64,
+        m: InvokeMethod,
+        shared: &mut Shared<'_>,
+        notes: &mut Vec<Note>,
+    ) {
+        let method = m.method_id.unwrap_or(0) as usize;
+        if !self.bound || m.service_id != Some(SERVICE_ID) || method == 0 || method > METHODS.len()
+        {
+            return self.fail(rid);
+        }
+        let args = m.args_proto.unwrap_or_default();
+        let drop_reply = m.drop_reply.unwrap_or(false);
+        let name = METHODS[method - 1];
+        if self.name.is_none() && name != "InitializeConnection" {
+            // Nothing before InitializeConnection (producer facts §4).
+            if !drop_reply {
+                self.fail(rid);
+            }
+            return;
+        }
+        macro_rules! decode {
+            ($t:ty) => {
+                match <$t>::decode(args.as_slice()) {
+                    Ok(v) => v,
+                    Err(_) => return self.fail(rid),
+                }
+            };
+        }
+        match name {
+            "InitializeConnection" => {
+                let r = decode!(InitializeConnectionRequest);
+                if self.name.is_some() {
+                    return self.fail(rid);
+                }
+                let name = r.producer_name.clone().unwrap_or_default();
+                self.hints = (
+                    r.shared_memory_page_size_hint_bytes.unwrap_or(0),
+                    r.shared_memory_size_hint_bytes.unwrap_or(0),
+                );
+                log::info!(
+                    "producer {name:?} connected (pid {}, uid {}, {})",
+                    self.pid,
+                    self.uid,
+                    r.sdk_version.as_deref().unwrap_or("unknown SDK")
+                );
+                self.name = Some(name);
+                // The recorder always provides the SMB itself.
+                let reply = pb::InitializeConnectionResponse {
+                    using_shmem_provided_by_producer: Some(false),
+                    direct_smb_patching_supported: Some(false),
+                    use_shmem_emulation: Some(false),
+                };
+                self.ok(rid, drop_reply, reply.encode_to_vec());
+                notes.push(Note::Changed);
+            }
+            "RegisterDataSource" | "UpdateDataSource" => {
+                let d = if name == "RegisterDataSource" {
+                    decode!(pb::RegisterDataSourceRequest).data_source_descriptor
+                } else {
+                    decode!(pb::UpdateDataSourceRequest).data_source_descriptor
+                };
+                let d = d.unwrap_or_default();
+                let reg = Registered {
+                    name: d.name.clone().unwrap_or_default(),
+                    id: d.id.unwrap_or(0),
+                    will_notify_on_stop: d.will_notify_on_stop.unwrap_or(false),
+                    no_flush: d.no_flush.unwrap_or(false),
+                };
+                if name == "UpdateDataSource" {
+                    if let Some(r) = self
+                        .registered
+                        .iter_mut()
+                        .find(|r| reg.id != 0 && r.id == reg.id && r.name == reg.name)
+                    {
+                        *r = reg;
+                    }
+                } else {
+                    // An empty name, or an id already registered: ignored.
+                    let known = reg.id != 0 && self.registered.iter().any(|r| r.id == reg.id);
+                    if reg.name.is_empty() || known {
+                        return self.ok(rid, drop_reply, Vec::new());
+                    }
+                    if self.registered.len() >= MAX_DATA_SOURCES {
+                        return self.fail(rid);
+                    }
+                    log::debug!("producer {} registered {:?}", self.label(), reg.name);
+                    self.registered.push(reg);
+                    notes.push(Note::Changed);
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "UnregisterDataSource" => {
+                let r = decode!(pb::UnregisterDataSourceRequest);
+                let n = r.data_source_name.unwrap_or_default();
+                let live: Vec<u64> = self
+                    .instances
+                    .iter()
+                    .filter(|(_, i)| i.name == n && !i.stopping)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in live {
+                    self.stop_instance(id);
+                    notes.push(Note::Stopped(id));
+                }
+                if let Some(at) = self.registered.iter().position(|r| r.name == n) {
+                    self.registered.remove(at);
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "CommitData" => {
+                let r = decode!(CommitDataRequest);
+                self.commit(&r, shared);
+                if let Some(ack) = r.flush_request_id.filter(|a| *a != 0) {
+                    notes.push(Note::FlushAck(ack));
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "GetAsyncCommand" => {
+                // A second bind replaces the stream (the first one ends).
+                if let Some(old) = self.async_request.replace(rid) {
+                    self.fail(old);
+                }
+                notes.push(Note::Changed);
+            }
+            "RegisterTraceWriter" => {
+                let r = decode!(pb::RegisterTraceWriterRequest);
+                let id = r.trace_writer_id.unwrap_or(0);
+                if let (Ok(id), Some(b)) = (u16::try_from(id), r.target_buffer) {
+                    self.writers.insert(id, b);
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "UnregisterTraceWriter" => {
+                let r = decode!(pb::UnregisterTraceWriterRequest);
+                if let Ok(id) = u16::try_from(r.trace_writer_id.unwrap_or(0)) {
+                    self.writers.remove(&id);
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "NotifyDataSourceStarted" => {
+                let r = decode!(pb::NotifyDataSourceStartedRequest);
+                if let Some(i) = self.instances.get_mut(&r.data_source_id.unwrap_or(0)) {
+                    i.started_ack = true;
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "NotifyDataSourceStopped" => {
+                let r = decode!(pb::NotifyDataSourceStoppedRequest);
+                let id = r.data_source_id.unwrap_or(0);
+                if self.instances.get(&id).is_some_and(|i| i.stopping) {
+                    notes.push(Note::Stopped(id));
+                }
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            "ActivateTriggers" => {
+                let r = decode!(pb::ActivateTriggersRequest);
+                notes.push(Note::Triggers(r.trigger_names));
+                self.ok(rid, drop_reply, Vec::new());
+            }
+            // Everything queued before it is handled: reply at once.
+            _ => self.ok(rid, drop_reply, Vec::new()),
+        }
+    }
+
+    /// CommitData's chunk moves and patches (producer facts §4.1).
+    fn commit(&mut self, r: &CommitDataRequest, shared: &mut Shared<'_>) {
+        let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        for mv in &r.chunks_to_move {
+            let Some(smb) = &self.smb else {
+                self.stats.chunks_discarded += 1;
+                continue;
+            };
+            // Emulation (inline chunk bytes) is never offered.
+            if mv.data.is_some() {
+                self.stats.abi_violations += 1;
+                continue;
+            }
+            let bytes =
+                match smb.take_chunk(mv.page.unwrap_or(u32::MAX), mv.chunk.unwrap_or(u32::MAX)) {
+                    Ok(b) => b,
+                    Err(_) => {
+                        self.stats.chunks_discarded += 1;
+                        continue;
+                    }
+                };
+            self.stats.chunks_committed += 1;
+            let buffer_id = mv.target_buffer.unwrap_or(0);
+            let Some(header) = super::chunk::ChunkHeader::parse(&bytes) else {
+                self.stats.abi_violations += 1;
+                continue;
+            };
+            let bound = self.writers.get(&header.writer_id);
+            if !allowed.contains(&buffer_id) || bound.is_some_and(|b| *b != buffer_id) {
+                self.stats.chunks_discarded += 1;
+                continue;
+            }
+            let Some(seq) = sequence(
+                &mut self.sequences,
+                (header.writer_id, buffer_id),
+                (self.uid, self.pid),
+                shared,
+            ) else {
+                self.stats.chunks_discarded += 1;
+                continue;
+            };
+            let before = self.stats.clone();
+            seq.on_chunk(bytes, &mut self.stats, &mut self.budget);
+            if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
+                b.add_change(&before, &self.stats);
+            }
+        }
+        for p in &r.chunks_to_patch {
+            let n = p.patches.len() as u64;
+            let writer = p
+                .writer_id
+                .and_then(|w| u16::try_from(w).ok())
+                .filter(|w| *w != 0);
+            let buffer_id = p.target_buffer.unwrap_or(0);
+            let key = writer.map(|w| (w, buffer_id));
+            let Some(seq) = key.and_then(|k| self.sequences.get_mut(&k)) else {
+                self.stats.patches_failed += n;
+                continue;
+            };
+            if p.patches.len() > 1024 {
+                self.stats.patches_failed += n;
+                continue;
+            }
+            let patches: Vec<(u32, &[u8])> = p
+                .patches
+                .iter()
+                .map(|x| {
+                    (
+                        x.offset.unwrap_or(u32::MAX),
+                        x.data.as_deref().unwrap_or(&[]),
+                    )
+                })
+                .collect();
+            let before = self.stats.clone();
+            seq.patch(
+                p.chunk_id.unwrap_or(0),
+                &patches,
+                !p.has_more_patches.unwrap_or(false),
+                &mut self.stats,
+                &mut self.budget,
+            );
+            if let Some(b) = (buffer_id as usize)
+                .checked_sub(1)
+                .and_then(|i| shared.per_buffer.get_mut(i))
+            {
+                b.add_change(&before, &self.stats);
+            }
+        }
+    }
+
+    /// Sets up and starts data source instance `id` (the SMB and
+    /// SetupTracing first, once).
+    pub fn start_instance(&mut self, id: u64, inst: Instance, config: Vec<u8>) {
+        if self.smb.is_none() {
+            let (page, size) = smb::sizes(self.hints.0, self.hints.1);
+            match SharedMemory::create(size, page) {
+                Ok(s) => {
+                    let cmd = Cmd::SetupTracing(pb::get_async_command_response::SetupTracing {
+                        shared_buffer_page_size_kb: Some((page / 1024) as u32),
+                        shm_key_windows: None,
+                    });
+                    let smb_fd = s.fd();
+                    // The fd rides on the frame that carries SetupTracing.
+                    let dup = smb_fd.try_clone_to_owned();
+                    self.smb = Some(s);
+                    match dup {
+                        Ok(fd) => self.command(cmd, Some(fd.as_fd())),
+                        Err(e) => return self.close(format!("shared memory: {e}")),
+                    }
+                }
+                Err(e) => return self.close(format!("shared memory: {e}")),
+            }
+        }
+        self.instances.insert(id, inst);
+        self.command(
+            Cmd::SetupDataSource(pb::get_async_command_response::SetupDataSource {
+                new_instance_id: Some(id),
+                config: Some(config.clone()),
+            }),
+            None,
+        );
+        self.command(
+            Cmd::StartDataSource(pb::get_async_command_response::StartDataSource {
+                new_instance_id: Some(id),
+                config: Some(config),
+            }),
+            None,
+        );
+    }
+
+    /// Sends StopDataSource; whether an ack is due.
+    pub fn stop_instance(&mut self, id: u64) -> bool {
+        let Some(i) = self.instances.get_mut(&id) else {
+            return false;
+        };
+        if i.stopping {
+            return false;
+        }
+        i.stopping = true;
+        let ack = i.will_notify_on_stop;
+        self.command(
+            Cmd::StopDataSource(pb::get_async_command_response::StopDataSource {
+                instance_id: Some(id),
+            }),
+            None,
+        );
+        ack
+    }
+
+    /// One command on the GetAsyncCommand stream.
+    pub fn command(&mut self, cmd: Cmd, fd: Option<BorrowedFd<'_>>) {
+        let Some(rid) = self.async_request else {
+            return;
+        };
+        let resp = GetAsyncCommandResponse { cmd: Some(cmd) };
+        self.send(
+            rid,
+            Msg::MsgInvokeMethodReply(InvokeMethodReply {
+                success: Some(true),
+                has_more: Some(true),
+                reply_proto: Some(resp.encode_to_vec()),
+            }),
+            fd,
+        );
+    }
+
+    /// Sends one frame, with `fd` on its first bytes; a producer that does
+    /// not take it within [`SEND_TIMEOUT`] is dropped.
+    fn send(&mut self, rid: u64, msg: Msg, fd: Option<BorrowedFd<'_>>) {
+        if self.closed.is_some() {
+            return;
+        }
+        let frame = IpcFrame {
+            request_id: Some(rid),
+            msg: Some(msg),
+            data_for_testing: Vec::new(),
+        };
+        let bytes = match encode_frame(&frame) {
+            Ok(b) => b,
+            Err(e) => return self.close(format!("reply too large: {e}")),
+        };
+        let deadline = Instant::now() + SEND_TIMEOUT;
+        let mut sent = 0;
+        let mut fd = fd;
+        while sent < bytes.len() {
+            let mut space =
+                [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds;
+            if let Some(f) = fd {
+                fds = [f];
+                control.push(SendAncillaryMessage::ScmRights(&fds));
+            }
+            let r = rustix::net::sendmsg(
+                &self.stream,
+                &[IoSlice::new(&bytes[sent..])],
+                &mut control,
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            );
+            match r {
+                Ok(n) => {
+                    sent += n;
+                    fd = None;
+                }
+                Err(rustix::io::Errno::AGAIN) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return self.close("does not read its socket".into());
+                    }
+                    let ts = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: left.as_nanos() as i64,
+                    };
+                    let mut p = [PollFd::new(&self.stream, PollFlags::OUT)];
+                    let _ = poll(&mut p, Some(&ts));
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return self.close(format!("send: {e}")),
+            }
+        }
+    }
+}
+
+/// The sequence of (writer, buffer), made on first use with the next
+/// session-wide sequence id.
+fn sequence<'a>(
+    sequences: &'a mut HashMap<(u16, u32), Sequence>,
+    (writer, buffer_id): (u16, u32),
+    (uid, pid): (u32, u32),
+    shared: &mut Shared<'_>,
+) -> Option<&'a mut Sequence> {
+    if writer == 0 {
+        return None;
+    }
+    let buffer = shared.buffers.get(buffer_id.checked_sub(1)? as usize)?;
+    Some(sequences.entry((writer, buffer_id)).or_insert_with(|| {
+        let sequence_id = *shared.next_sequence;
+        *shared.next_sequence += 1;
+        Sequence::new(
+            buffer.writer(WriterId(sequence_id)),
+            Trust {
+                uid,
+                pid,
+                sequence_id,
+            },
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protos::ipc_frame::BindService;
+    use std::io::Write;
+
+    fn request(rid: u64, msg: Option<Msg>) -> Vec<u8> {
+        encode_frame(&IpcFrame {
+            request_id: Some(rid),
+            msg,
+            data_for_testing: vec![],
+        })
+        .expect("encode")
+    }
+
+    fn invoke(rid: u64, method: u32, args: Vec<u8>, drop_reply: bool) -> Vec<u8> {
+        request(
+            rid,
+            Some(Msg::MsgInvokeMethod(InvokeMethod {
+                service_id: Some(SERVICE_ID),
+                method_id: Some(method),
+                args_proto: Some(args),
+                drop_reply: Some(drop_reply),
+            })),
+        )
+    }
+
+    /// Feeds `bytes` to a connection and returns the frames it answered.
+    fn exchange(bytes: &[u8]) -> (Vec<IpcFrame>, Vec<Note>, Connection) {
+        let (ours, mut peer) = UnixStream::pair().expect("pair");
+        let mut c = Connection::new(1, ours).expect("connection");
+        peer.write_all(bytes).expect("write");
+        let mut next = 2;
+        let mut shared = Shared {
+            buffers: &[],
+            next_sequence: &mut next,
+            per_buffer: &mut [],
+        };
+        let notes = c.read(&mut shared);
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut d = FrameDecoder::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = peer.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            d.feed(&buf[..n]);
+        }
+        let mut frames = Vec::new();
+        while let Some(f) = d.next_frame().expect("our replies are well-formed") {
+            frames.push(f);
+        }
+        (frames, notes, c)
+    }
+
+    fn bind(rid: u64, name: &str) -> Vec<u8> {
+        request(
+            rid,
+            Some(Msg::MsgBindService(BindService {
+                service_name: Some(name.into()),
+            })),
+        )
+    }
+
+    fn success(f: &IpcFrame) -> Option<bool> {
+        match &f.msg {
+            Some(Msg::MsgInvokeMethodReply(r)) => Some(r.success.unwrap_or(false)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn binding_names_every_method_and_refuses_other_services() {
+        let (frames, _, _) = exchange(&[bind(1, "ConsumerPort"), bind(2, SERVICE_NAME)].concat());
+        let Some(Msg::MsgBindServiceReply(no)) = &frames[0].msg else {
+            panic!("{frames:?}")
+        };
+        assert_eq!((no.success, no.service_id), (None, None));
+        let Some(Msg::MsgBindServiceReply(yes)) = &frames[1].msg else {
+            panic!("{frames:?}")
+        };
+        assert_eq!(frames[1].request_id, Some(2));
+        assert_eq!((yes.success, yes.service_id), (Some(true), Some(1)));
+        let names: Vec<_> = yes
+            .methods
+            .iter()
+            .map(|m| (m.id.unwrap_or(0), m.name.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(names[3], (4, "CommitData".into()));
+        assert_eq!(names.len(), 12);
+    }
+
+    #[test]
+    fn unknown_methods_and_early_calls_get_error_replies_and_the_connection_stays() {
+        let init = InitializeConnectionRequest {
+            producer_name: Some("unit".into()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let bytes = [
+            bind(1, SERVICE_NAME),
+            // Before InitializeConnection: refused.
+            invoke(2, 11, vec![], false),
+            invoke(3, 1, init, false),
+            // Unknown method ids: refused even with drop_reply.
+            invoke(4, 99, vec![], true),
+            invoke(5, 0, vec![], false),
+            // Args that do not decode.
+            invoke(6, 6, vec![0xFF], false),
+            // A frame with no request in it.
+            request(7, None),
+            invoke(8, 11, vec![], false),
+            invoke(
+                9,
+                10,
+                pb::ActivateTriggersRequest {
+                    trigger_names: vec!["t".into()],
+                }
+                .encode_to_vec(),
+                true,
+            ),
+        ]
+        .concat();
+        let (frames, notes, c) = exchange(&bytes);
+        let by_id = |id| {
+            frames
+                .iter()
+                .find(|f| f.request_id == Some(id))
+                .expect("answered")
+        };
+        assert_eq!(success(by_id(2)), Some(false));
+        assert_eq!(success(by_id(3)), Some(true));
+        assert_eq!(success(by_id(4)), Some(false));
+        assert_eq!(success(by_id(5)), Some(false));
+        assert_eq!(success(by_id(6)), Some(false));
+        assert!(matches!(by_id(7).msg, Some(Msg::MsgRequestError(_))));
+        assert_eq!(success(by_id(8)), Some(true));
+        assert!(
+            frames.iter().all(|f| f.request_id != Some(9)),
+            "drop_reply honoured"
+        );
+        assert!(notes.contains(&Note::Triggers(vec!["t".into()])));
+        assert!(c.closed.is_none());
+        assert_eq!(c.name.as_deref(), Some("unit"));
+    }
+
+    #[test]
+    fn an_oversized_frame_closes_the_connection_and_is_counted() {
+        let (_, _, c) = exchange(&u32::MAX.to_le_bytes());
+        assert!(c.closed.is_some());
+        assert_eq!(c.stats.ipc_refusals, 1);
+    }
+}

@@ -1,0 +1,440 @@
+//! The producer side of a session: the listening socket, every producer
+//! connection, and the match between the config's data sources and what the
+//! producers registered (by name and the producer filters, facts §5.3).
+//!
+//! The event loop polls [`ProducerHost::fds`], calls [`ProducerHost::poll`]
+//! and turns the returned [`HostEvent`]s into session events; it carries out
+//! the session's start, flush and stop here too. Producers that connect
+//! after the start are started as soon as they can take commands.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::connection::{Connection, Instance, Note, Shared};
+use super::filter::ProducerFilter;
+use super::socket_path::{self, SocketPathError};
+use super::stats::{ProducerStats, ProducerTotals};
+use crate::protos::get_async_command_response::{self as cmd, Cmd};
+use crate::ringbuf::Buffer;
+
+/// Producers connected at once, at most.
+const MAX_CONNECTIONS: usize = 1024;
+/// Flushes waiting for acks, at most (as Perfetto's service): a producer
+/// that never answers costs the oldest entry, not unbounded memory; the
+/// session's own deadline has long ended such a flush.
+const MAX_PENDING_FLUSHES: usize = 1000;
+/// Flush reason TraceStop / Periodic in the flags' low bits (facts §5.8),
+/// initiator Traced (1) in bits 4-7.
+const FLUSH_FLAGS_PERIODIC: u64 = 1 | (1 << 4);
+const FLUSH_FLAGS_STOP: u64 = 2 | (1 << 4);
+
+/// A config data source that producers may provide.
+#[derive(Clone, Debug)]
+pub struct WantedSource {
+    pub name: String,
+    pub filter: ProducerFilter,
+    /// Global buffer id (index + 1).
+    pub buffer: u32,
+    /// The DataSourceConfig as written, service fields rewritten.
+    pub config: Vec<u8>,
+}
+
+/// What the loop turns into session events.
+#[derive(Debug, PartialEq)]
+pub enum HostEvent {
+    Triggers {
+        producer: String,
+        uid: u32,
+        names: Vec<String>,
+    },
+    /// Every producer asked in flush `id` acknowledged it (or went away).
+    Flushed(u64),
+    /// Every instance that acknowledges stops has (or went away).
+    Stopped,
+}
+
+/// What one producer did, for the summary and `trace_stats`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerReport {
+    pub name: String,
+    pub pid: u32,
+    pub uid: u32,
+    pub data_sources: Vec<String>,
+    pub stats: ProducerStats,
+    pub connected: bool,
+}
+
+struct PendingFlush {
+    id: u64,
+    request: u64,
+    waiting: BTreeSet<u32>,
+}
+
+/// The producer socket and its connections.
+pub struct ProducerHost {
+    listener: UnixListener,
+    path: PathBuf,
+    wanted: Vec<WantedSource>,
+    buffers: Vec<Arc<Buffer>>,
+    per_buffer: Vec<ProducerStats>,
+    next_sequence: u32,
+    conns: BTreeMap<u32, Connection>,
+    gone: Vec<ProducerReport>,
+    next_conn: u32,
+    next_instance: u64,
+    started: bool,
+    stopping: bool,
+    flushes: Vec<PendingFlush>,
+    next_flush_request: u64,
+    stop_waiting: BTreeSet<(u32, u64)>,
+    stop_pending: bool,
+    /// Connections refused (too many).
+    pub refused_connections: u64,
+}
+
+impl ProducerHost {
+    /// Listens on `path` (see [`socket_path::claim`]). Sequence ids of
+    /// producer writers start at `first_sequence`.
+    pub fn listen(
+        path: &Path,
+        wanted: Vec<WantedSource>,
+        buffers: Vec<Arc<Buffer>>,
+        first_sequence: u32,
+    ) -> Result<Self, SocketPathError> {
+        let listener = socket_path::claim(path)?;
+        log::info!("producer socket: {}", path.display());
+        Ok(Self {
+            listener,
+            path: path.to_path_buf(),
+            wanted,
+            per_buffer: vec![ProducerStats::default(); buffers.len()],
+            buffers,
+            next_sequence: first_sequence,
+            conns: BTreeMap::new(),
+            gone: Vec::new(),
+            next_conn: 1,
+            next_instance: 1,
+            started: false,
+            stopping: false,
+            flushes: Vec::new(),
+            next_flush_request: 1,
+            stop_waiting: BTreeSet::new(),
+            stop_pending: false,
+            refused_connections: 0,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Descriptors to wait on.
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut v = vec![self.listener.as_fd()];
+        v.extend(self.conns.values().map(|c| c.fd()));
+        v
+    }
+
+    /// Accepts, reads and handles what the producers sent.
+    pub fn poll(&mut self) -> Vec<HostEvent> {
+        self.accept();
+        let mut events = Vec::new();
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        let mut changed = false;
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let mut shared = Shared {
+                buffers: &self.buffers,
+                next_sequence: &mut self.next_sequence,
+                per_buffer: &mut self.per_buffer,
+            };
+            for note in c.read(&mut shared) {
+                match note {
+                    Note::Changed => changed = true,
+                    Note::Triggers(names) => events.push(HostEvent::Triggers {
+                        producer: c.name.clone().unwrap_or_default(),
+                        uid: c.uid,
+                        names,
+                    }),
+                    Note::FlushAck(r) => {
+                        for f in &mut self.flushes {
+                            if f.request <= r {
+                                f.waiting.remove(&id);
+                            }
+                        }
+                    }
+                    Note::Stopped(inst) => {
+                        self.stop_waiting.remove(&(id, inst));
+                    }
+                }
+            }
+        }
+        self.reap();
+        if changed {
+            self.match_sources();
+        }
+        self.completions(&mut events);
+        events
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.conns.len() >= MAX_CONNECTIONS {
+                        self.refused_connections += 1;
+                        continue;
+                    }
+                    let id = self.next_conn;
+                    self.next_conn = self.next_conn.wrapping_add(1).max(1);
+                    match Connection::new(id, stream) {
+                        Ok(c) => {
+                            self.conns.insert(id, c);
+                        }
+                        Err(e) => log::warn!("producer connection: {e}"),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Closed connections: what they committed stays; what they held is
+    /// counted lost; nobody waits for them any more.
+    fn reap(&mut self) {
+        let closed: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.closed.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in closed {
+            if let Some(mut c) = self.conns.remove(&id) {
+                c.finish();
+                for f in &mut self.flushes {
+                    f.waiting.remove(&id);
+                }
+                self.stop_waiting.retain(|(cid, _)| *cid != id);
+                // A connection that never said who it is and did nothing
+                // wrong (a liveness probe, say) is not worth a line.
+                if c.name.is_some() || c.stats != ProducerStats::default() {
+                    self.gone.push(report(&c, false));
+                }
+            }
+        }
+    }
+
+    fn completions(&mut self, events: &mut Vec<HostEvent>) {
+        self.flushes.retain(|f| {
+            if f.waiting.is_empty() {
+                events.push(HostEvent::Flushed(f.id));
+                false
+            } else {
+                true
+            }
+        });
+        if self.stop_pending && self.stop_waiting.is_empty() {
+            self.stop_pending = false;
+            events.push(HostEvent::Stopped);
+        }
+    }
+
+    /// Starts every instance the config asks for that is not running yet.
+    fn match_sources(&mut self) {
+        if !self.started || self.stopping {
+            return;
+        }
+        for c in self.conns.values_mut() {
+            if !c.ready() {
+                continue;
+            }
+            let name = c.name.clone().unwrap_or_default();
+            let regs = c.registered.clone();
+            for reg in &regs {
+                for (w, want) in self.wanted.iter().enumerate() {
+                    if want.name != reg.name || !want.filter.admits(&name) {
+                        continue;
+                    }
+                    if c.instances
+                        .values()
+                        .any(|i| i.wanted == w && i.name == reg.name)
+                    {
+                        continue;
+                    }
+                    let id = self.next_instance;
+                    self.next_instance += 1;
+                    log::info!(
+                        "starting {:?} on producer {} (instance {id})",
+                        reg.name,
+                        c.label()
+                    );
+                    c.start_instance(
+                        id,
+                        Instance {
+                            wanted: w,
+                            name: reg.name.clone(),
+                            buffer: want.buffer,
+                            no_flush: reg.no_flush,
+                            will_notify_on_stop: reg.will_notify_on_stop,
+                            started_ack: false,
+                            stopping: false,
+                        },
+                        want.config.clone(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The session started: start what matches now and whatever connects
+    /// later.
+    pub fn start(&mut self) {
+        self.started = true;
+        self.match_sources();
+    }
+
+    /// Flush `id` (at the stop when `stop`): sends Flush to every producer
+    /// with instances that flush. Whether acks are due
+    /// ([`HostEvent::Flushed`] follows).
+    pub fn flush(&mut self, id: u64, stop: bool) -> bool {
+        let request = self.next_flush_request;
+        self.next_flush_request += 1;
+        let mut waiting = BTreeSet::new();
+        for (cid, c) in &mut self.conns {
+            let ids: Vec<u64> = c
+                .instances
+                .iter()
+                .filter(|(_, i)| !i.no_flush && !i.stopping)
+                .map(|(id, _)| *id)
+                .collect();
+            if ids.is_empty() || c.closed.is_some() {
+                continue;
+            }
+            c.command(
+                Cmd::Flush(cmd::Flush {
+                    data_source_ids: ids,
+                    request_id: Some(request),
+                    flags: Some(if stop {
+                        FLUSH_FLAGS_STOP
+                    } else {
+                        FLUSH_FLAGS_PERIODIC
+                    }),
+                }),
+                None,
+            );
+            if c.closed.is_none() {
+                waiting.insert(*cid);
+            }
+        }
+        if waiting.is_empty() {
+            return false;
+        }
+        if self.flushes.len() >= MAX_PENDING_FLUSHES {
+            self.flushes.remove(0);
+        }
+        self.flushes.push(PendingFlush {
+            id,
+            request,
+            waiting,
+        });
+        true
+    }
+
+    /// Stops every instance. Whether stop acks are due
+    /// ([`HostEvent::Stopped`] follows).
+    pub fn stop(&mut self) -> bool {
+        self.stopping = true;
+        for (cid, c) in &mut self.conns {
+            let ids: Vec<u64> = c.instances.keys().copied().collect();
+            for id in ids {
+                if c.stop_instance(id) {
+                    self.stop_waiting.insert((*cid, id));
+                }
+            }
+        }
+        self.reap();
+        self.stop_pending = !self.stop_waiting.is_empty();
+        self.stop_pending
+    }
+
+    /// ClearIncrementalState to every producer with instances.
+    pub fn clear_incremental_state(&mut self) {
+        for c in self.conns.values_mut() {
+            let ids: Vec<u64> = c.instances.keys().copied().collect();
+            if !ids.is_empty() {
+                c.command(
+                    Cmd::ClearIncrementalState(cmd::ClearIncrementalState {
+                        data_source_ids: ids,
+                    }),
+                    None,
+                );
+            }
+        }
+    }
+
+    /// The figures of every producer in all, for `trace_stats`.
+    pub fn totals(&self) -> ProducerTotals {
+        let mut all = ProducerStats::default();
+        let zero = ProducerStats::default();
+        let mut seen = 0;
+        for c in self
+            .gone
+            .iter()
+            .map(|r| &r.stats)
+            .chain(self.conns.values().map(|c| &c.stats))
+        {
+            all.add_change(&zero, c);
+            seen += 1;
+        }
+        let live = self.conns.values().filter(|c| c.closed.is_none());
+        ProducerTotals {
+            per_buffer: self.per_buffer.clone(),
+            all,
+            connected: live.clone().count() as u32,
+            seen,
+            data_sources_registered: live.map(|c| c.registered.len() as u32).sum(),
+        }
+    }
+
+    /// Every producer seen so far, connected ones last.
+    pub fn reports(&self) -> Vec<ProducerReport> {
+        let mut v = self.gone.clone();
+        v.extend(
+            self.conns
+                .values()
+                .filter(|c| c.name.is_some())
+                .map(|c| report(c, true)),
+        );
+        v
+    }
+}
+
+impl Drop for ProducerHost {
+    fn drop(&mut self) {
+        for c in self.conns.values_mut() {
+            c.finish();
+        }
+        for r in self.reports() {
+            log::debug!("producer {:?} (pid {}): {:?}", r.name, r.pid, r.stats);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn report(c: &Connection, connected: bool) -> ProducerReport {
+    ProducerReport {
+        name: c.name.clone().unwrap_or_default(),
+        pid: c.pid,
+        uid: c.uid,
+        data_sources: c.instances.values().map(|i| i.name.clone()).collect(),
+        stats: c.stats.clone(),
+        connected,
+    }
+}

@@ -1,0 +1,473 @@
+//! One writer sequence of one producer: the chunks a trace writer committed,
+//! reassembled into whole packets in chunk-id order and stored in a ring
+//! buffer in the file's framing, each with the trusted fields appended
+//! (facts §4.3, producer facts §5, §7).
+//!
+//! Chunks that need patching wait (with every later chunk of the sequence)
+//! until their patches arrive; a gap in chunk ids, a bad fragment length or
+//! a packet that sets a trusted field itself costs that packet and marks the
+//! next one `previous_packet_dropped`. Memory held here is charged to the
+//! producer's [`Budget`].
+
+use std::collections::VecDeque;
+
+use super::chunk::{self, ChunkHeader, Fragment};
+use super::stats::ProducerStats;
+use crate::ringbuf::Writer;
+use crate::wire::fields::{Value, fields};
+use crate::wire::key::{WireType, key};
+use crate::wire::trace_packet::{
+    PREVIOUS_PACKET_DROPPED, SERVICE_ONLY, TRUSTED_PACKET_SEQUENCE_ID as TRUSTED_SEQUENCE_ID,
+    TRUSTED_PID, TRUSTED_UID,
+};
+use crate::wire::varint::push as encode_varint;
+/// Room for the appended fields: four tags of up to 2 bytes, varints of up
+/// to 10.
+const TRUSTED_SUFFIX_MAX: usize = 4 * 2 + 10 + 5 + 5 + 1;
+/// Chunks one sequence may hold back waiting for patches. The SDK moves
+/// chunks as they fill and sends their patches in later commits, so a fast
+/// writer runs well ahead of them; the producer's [`Budget`] is what bounds
+/// the memory.
+const MAX_HELD_CHUNKS: usize = 16 * 1024;
+
+/// Bytes a producer may have held in partial packets and chunks waiting
+/// for patches, over all its sequences.
+#[derive(Debug)]
+pub struct Budget {
+    pub left: usize,
+}
+
+/// Who wrote the packets (from the socket, not from the producer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trust {
+    pub uid: u32,
+    pub pid: u32,
+    pub sequence_id: u32,
+}
+
+#[derive(Debug)]
+struct Held {
+    header: ChunkHeader,
+    bytes: Vec<u8>,
+    needs_patching: bool,
+}
+
+/// One (producer, writer, buffer) sequence.
+#[derive(Debug)]
+pub struct Sequence {
+    writer: Writer,
+    trust: Trust,
+    next_chunk: Option<u32>,
+    /// The packet being reassembled across chunks.
+    partial: Option<Vec<u8>>,
+    /// The next stored packet says data was lost before it.
+    dropped: bool,
+    held: VecDeque<Held>,
+    scratch: Vec<u8>,
+}
+
+impl Sequence {
+    pub fn new(writer: Writer, trust: Trust) -> Self {
+        Self {
+            writer,
+            trust,
+            next_chunk: None,
+            partial: None,
+            dropped: false,
+            held: VecDeque::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// A chunk moved out of the SMB (header included), untrusted.
+    pub fn on_chunk(&mut self, bytes: Vec<u8>, stats: &mut ProducerStats, budget: &mut Budget) {
+        let Some(header) = ChunkHeader::parse(&bytes) else {
+            stats.abi_violations += 1;
+            return;
+        };
+        let needs_patching = header.flags & chunk::NEEDS_PATCHING != 0;
+        if !needs_patching && self.held.is_empty() {
+            self.store(&header, &bytes, stats, budget);
+            return;
+        }
+        if self.held.len() >= MAX_HELD_CHUNKS || budget.left < bytes.len() {
+            // Patches that never come would stall the sequence: give the
+            // held chunks up as lost.
+            self.drop_held(stats, budget);
+        }
+        budget.left -= bytes.len().min(budget.left);
+        self.held.push_back(Held {
+            header,
+            bytes,
+            needs_patching,
+        });
+        self.release_held(stats, budget);
+    }
+
+    /// Patches for chunk `chunk_id`: each writes 4 bytes at an offset counted
+    /// from the byte after the chunk header. `done` when no more will come.
+    pub fn patch(
+        &mut self,
+        chunk_id: u32,
+        patches: &[(u32, &[u8])],
+        done: bool,
+        stats: &mut ProducerStats,
+        budget: &mut Budget,
+    ) {
+        let Some(h) = self.held.iter_mut().find(|h| h.header.chunk_id == chunk_id) else {
+            stats.patches_failed += 1;
+            return;
+        };
+        for (offset_untrusted, data) in patches {
+            let at = chunk::HEADER_BYTES + *offset_untrusted as usize;
+            match h.bytes.get_mut(at..at + 4) {
+                Some(dst) if data.len() == 4 => {
+                    dst.copy_from_slice(data);
+                    stats.patches_succeeded += 1;
+                }
+                _ => stats.patches_failed += 1,
+            }
+        }
+        if done {
+            h.needs_patching = false;
+        }
+        self.release_held(stats, budget);
+    }
+
+    /// Stores the held chunks at the front that no longer wait.
+    fn release_held(&mut self, stats: &mut ProducerStats, budget: &mut Budget) {
+        while self.held.front().is_some_and(|h| !h.needs_patching) {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
+            budget.left += h.bytes.len();
+            self.store(&h.header, &h.bytes, stats, budget);
+        }
+    }
+
+    fn drop_held(&mut self, stats: &mut ProducerStats, budget: &mut Budget) {
+        for h in self.held.drain(..) {
+            budget.left += h.bytes.len();
+            stats.chunks_discarded += 1;
+        }
+        self.abandon(budget);
+    }
+
+    /// At the end: chunks still waiting for patches are lost.
+    pub fn finish(&mut self, stats: &mut ProducerStats, budget: &mut Budget) {
+        if !self.held.is_empty() {
+            stats.patches_failed += self.held.len() as u64;
+            self.drop_held(stats, budget);
+        }
+        self.abandon(budget);
+    }
+
+    /// Drops the packet being reassembled; the next one says so.
+    fn abandon(&mut self, budget: &mut Budget) {
+        if let Some(p) = self.partial.take() {
+            budget.left += p.capacity();
+            self.dropped = true;
+        }
+    }
+
+    fn store(
+        &mut self,
+        header: &ChunkHeader,
+        bytes: &[u8],
+        stats: &mut ProducerStats,
+        budget: &mut Budget,
+    ) {
+        if let Some(next) = self.next_chunk
+            && header.chunk_id != next
+        {
+            stats.chunks_committed_out_of_order += 1;
+            self.abandon(budget);
+            self.dropped = true;
+        }
+        self.next_chunk = Some(header.chunk_id.wrapping_add(1));
+        let payload = &bytes[chunk::HEADER_BYTES..];
+        let count = header.count;
+        let mut iter = chunk::fragments(payload, count).enumerate().peekable();
+        while let Some((i, frag)) = iter.next() {
+            let last = iter.peek().is_none() && i + 1 == count as usize;
+            let data = match frag {
+                Ok(Fragment::Bytes(d)) => d,
+                Ok(Fragment::Dropped) => {
+                    stats.trace_writer_packet_loss += 1;
+                    self.abandon(budget);
+                    self.dropped = true;
+                    continue;
+                }
+                Err(_) => {
+                    stats.abi_violations += 1;
+                    self.abandon(budget);
+                    self.dropped = true;
+                    return;
+                }
+            };
+            let continues_prev = i == 0 && header.flags & chunk::FIRST_CONTINUES != 0;
+            let continues_next = last && header.flags & chunk::LAST_CONTINUES != 0;
+            if continues_prev {
+                if self.partial.is_none() {
+                    // The start of this packet is gone.
+                    self.dropped = true;
+                    continue;
+                }
+            } else if self.partial.is_some() {
+                // The previous chunk promised a continuation that never came.
+                self.abandon(budget);
+            }
+            let limit = self.writer.buffer().max_packet_len();
+            let mut packet = self.partial.take().unwrap_or_default();
+            let before = packet.capacity();
+            if packet.len() + data.len() > limit || budget.left + before < packet.len() + data.len()
+            {
+                budget.left += before;
+                stats.packets_too_big += 1;
+                self.dropped = true;
+                continue;
+            }
+            packet.extend_from_slice(data);
+            budget.left = (budget.left + before).saturating_sub(packet.capacity());
+            if continues_next {
+                self.partial = Some(packet);
+                continue;
+            }
+            budget.left += packet.capacity();
+            if packet.is_empty() {
+                continue;
+            }
+            self.emit(&packet, stats);
+        }
+        stats.chunks_stored += 1;
+    }
+
+    /// Validates one whole packet and stores it with the trusted fields.
+    fn emit(&mut self, packet: &[u8], stats: &mut ProducerStats) {
+        if !acceptable(packet) {
+            stats.invalid_packets += 1;
+            self.dropped = true;
+            return;
+        }
+        self.scratch.clear();
+        let varint = |f| key(f, WireType::Varint);
+        encode_varint(&mut self.scratch, varint(TRUSTED_UID));
+        encode_varint(&mut self.scratch, i64::from(self.trust.uid as i32) as u64);
+        encode_varint(&mut self.scratch, varint(TRUSTED_SEQUENCE_ID));
+        encode_varint(&mut self.scratch, u64::from(self.trust.sequence_id));
+        encode_varint(&mut self.scratch, varint(TRUSTED_PID));
+        encode_varint(&mut self.scratch, i64::from(self.trust.pid as i32) as u64);
+        if self.dropped {
+            encode_varint(&mut self.scratch, varint(PREVIOUS_PACKET_DROPPED));
+            encode_varint(&mut self.scratch, 1);
+        }
+        debug_assert!(self.scratch.len() <= TRUSTED_SUFFIX_MAX);
+        let len = packet.len() + self.scratch.len();
+        match self.writer.begin_packet(len) {
+            Ok(mut slot) => {
+                let buf = slot.buf();
+                buf[..packet.len()].copy_from_slice(packet);
+                buf[packet.len()..len].copy_from_slice(&self.scratch);
+                slot.commit(len);
+                self.dropped = false;
+                stats.packets += 1;
+                stats.bytes += packet.len() as u64;
+            }
+            // The ring counts the loss (discarded or refused).
+            Err(_) => self.dropped = true,
+        }
+    }
+}
+
+/// Whether a producer's packet is well-formed at the top level and leaves
+/// the service-only fields alone.
+pub fn acceptable(packet: &[u8]) -> bool {
+    // Groups are refused as Perfetto's validator refuses them.
+    fields(packet).all(|f| {
+        f.is_ok_and(|f| !SERVICE_ONLY.contains(&f.number) && !matches!(f.value, Value::Group(_)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use std::sync::Arc;
+
+    fn chunk_bytes(id: u32, flags: u8, frags: &[&[u8]]) -> Vec<u8> {
+        let mut c = Vec::new();
+        c.extend(id.to_le_bytes());
+        c.extend(1u16.to_le_bytes());
+        c.extend(((frags.len() as u16) | (u16::from(flags) << 10)).to_le_bytes());
+        for f in frags {
+            let n = f.len() as u32;
+            c.extend([
+                (n & 0x7F) as u8 | 0x80,
+                ((n >> 7) & 0x7F) as u8 | 0x80,
+                ((n >> 14) & 0x7F) as u8 | 0x80,
+                ((n >> 21) & 0x7F) as u8,
+            ]);
+            c.extend(*f);
+        }
+        c.resize(256, 0);
+        c
+    }
+
+    /// A packet with only a `timestamp` (field 8).
+    fn packet(ts: u8) -> Vec<u8> {
+        vec![8 << 3, ts]
+    }
+
+    fn packets(buffer: &Arc<Buffer>) -> Vec<Vec<u8>> {
+        let batch = buffer.take_flush();
+        let mut out = Vec::new();
+        for item in batch.items() {
+            if let FlushItem::Data(bytes) = item {
+                let mut frames = crate::wire::framing::frames(bytes);
+                out.extend(frames.by_ref().map(|f| f.packet.to_vec()));
+                let end = frames.end().expect("walked to the end");
+                assert!(
+                    end.torn_tail.is_none() && end.corruption.is_none(),
+                    "whole records only"
+                );
+            }
+        }
+        out
+    }
+
+    fn setup() -> (Arc<Buffer>, Sequence, ProducerStats, Budget) {
+        let buffer =
+            Buffer::new(BufferParams::new(256 * 1024, FillPolicy::RingBuffer)).expect("buffer");
+        let trust = Trust {
+            uid: 1000,
+            pid: 42,
+            sequence_id: 7,
+        };
+        let seq = Sequence::new(buffer.writer(WriterId(7)), trust);
+        (
+            buffer,
+            seq,
+            ProducerStats::default(),
+            Budget { left: 1 << 20 },
+        )
+    }
+
+    fn trusted(p: &[u8], dropped: bool) -> Vec<u8> {
+        let mut v = p.to_vec();
+        v.extend([3 << 3, 0xE8, 0x07, 10 << 3, 7, 0xF8, 0x04, 42]);
+        if dropped {
+            v.extend([0xD0, 0x02, 1]); // field 42, varint 1
+        }
+        v
+    }
+
+    #[test]
+    fn packets_across_chunks_are_reassembled_and_tagged() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        let a = packet(1);
+        let whole = [8 << 3, 5, 2 << 3 | 2, 3, b'a', b'b', b'c'];
+        seq.on_chunk(
+            chunk_bytes(0, chunk::LAST_CONTINUES, &[&a, &whole[..3]]),
+            &mut st,
+            &mut budget,
+        );
+        seq.on_chunk(
+            chunk_bytes(1, chunk::FIRST_CONTINUES, &[&whole[3..]]),
+            &mut st,
+            &mut budget,
+        );
+        assert_eq!(
+            packets(&buffer),
+            vec![trusted(&a, false), trusted(&whole, false)]
+        );
+        assert_eq!(st.packets, 2);
+        assert_eq!(budget.left, 1 << 20);
+    }
+
+    #[test]
+    fn a_gap_loses_the_open_packet_and_marks_the_next() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        seq.on_chunk(
+            chunk_bytes(0, chunk::LAST_CONTINUES, &[&[8 << 3]]),
+            &mut st,
+            &mut budget,
+        );
+        seq.on_chunk(
+            chunk_bytes(5, chunk::FIRST_CONTINUES, &[&[1], &packet(2)]),
+            &mut st,
+            &mut budget,
+        );
+        assert_eq!(packets(&buffer), vec![trusted(&packet(2), true)]);
+        assert_eq!(st.chunks_committed_out_of_order, 1);
+    }
+
+    #[test]
+    fn packets_that_set_trusted_fields_are_dropped_and_counted() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        let forged = [10 << 3, 1];
+        let uid = [3 << 3, 0];
+        seq.on_chunk(
+            chunk_bytes(0, 0, &[&forged, &uid, &[0xFF], &packet(3)]),
+            &mut st,
+            &mut budget,
+        );
+        assert_eq!(st.invalid_packets, 3);
+        assert_eq!(packets(&buffer), vec![trusted(&packet(3), true)]);
+    }
+
+    #[test]
+    fn patched_chunks_wait_for_their_patches_and_hold_back_later_ones() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        // A nested field whose length the writer patches later.
+        let before = [2 << 3 | 2, 0, 0, 0, 0];
+        seq.on_chunk(
+            chunk_bytes(0, chunk::NEEDS_PATCHING, &[&before]),
+            &mut st,
+            &mut budget,
+        );
+        seq.on_chunk(chunk_bytes(1, 0, &[&packet(4)]), &mut st, &mut budget);
+        assert!(packets(&buffer).is_empty());
+        // Payload offset: 4 (fragment length) + 1 (tag) = 5.
+        seq.patch(
+            0,
+            &[(5, &[0x80, 0x80, 0x80, 0x00][..])],
+            true,
+            &mut st,
+            &mut budget,
+        );
+        let got = packets(&buffer);
+        assert_eq!(got.len(), 2);
+        assert_eq!(&got[0][..5], &[2 << 3 | 2, 0x80, 0x80, 0x80, 0x00]);
+        assert_eq!(st.patches_succeeded, 1);
+        seq.patch(9, &[(0, &[0, 0, 0, 0][..])], true, &mut st, &mut budget);
+        assert_eq!(st.patches_failed, 1);
+    }
+
+    #[test]
+    fn the_packet_validator_walks_every_wire_type() {
+        assert!(acceptable(&[
+            8 << 3,
+            1,
+            9,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            8,
+            13,
+            1,
+            2,
+            3,
+            4,
+            2 << 3 | 2,
+            1,
+            0
+        ]));
+        assert!(!acceptable(&[2 << 3 | 2, 5, 0]));
+        assert!(!acceptable(&[8 << 3 | 3]));
+        assert!(!acceptable(&[79 << 3 & 0x7F | 0x80, 79 >> 4, 0]));
+    }
+}

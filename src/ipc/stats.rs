@@ -1,0 +1,79 @@
+//! What each producer did, for `trace_stats` and the summary (Perfetto's
+//! names where they exist).
+
+/// Counters of one producer connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProducerStats {
+    /// Chunks named in CommitData and moved out of the SMB.
+    pub chunks_committed: u64,
+    /// Chunks whose packets were read into a ring buffer.
+    pub chunks_stored: u64,
+    /// Packets stored, and their bytes (without the trusted fields).
+    pub packets: u64,
+    pub bytes: u64,
+    /// Chunks refused: not complete, out of range, a buffer the producer may
+    /// not write, or given up waiting for patches.
+    pub chunks_discarded: u64,
+    pub chunks_committed_out_of_order: u64,
+    pub patches_succeeded: u64,
+    pub patches_failed: u64,
+    /// Bad fragment lengths and other breaches of the shared-memory ABI.
+    pub abi_violations: u64,
+    /// Packets the writer itself marked dropped (its SMB was full).
+    pub trace_writer_packet_loss: u64,
+    /// Packets that set a service-only field or are malformed.
+    pub invalid_packets: u64,
+    /// Packets larger than the buffer takes.
+    pub packets_too_big: u64,
+    /// IPC frames or requests refused (oversized, garbage, unknown).
+    pub ipc_refusals: u64,
+}
+
+impl ProducerStats {
+    /// Chunks and packets refused or lost on the way in, in all.
+    pub fn lost(&self) -> u64 {
+        self.chunks_discarded
+            + self.chunks_committed_out_of_order
+            + self.patches_failed
+            + self.abi_violations
+            + self.trace_writer_packet_loss
+            + self.invalid_packets
+            + self.packets_too_big
+    }
+
+    /// Adds what changed from `before` to `after` (counters only grow).
+    pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
+        macro_rules! each {
+            ($($f:ident),*) => {
+                $(self.$f += after.$f.saturating_sub(before.$f);)*
+            };
+        }
+        each!(
+            chunks_committed,
+            chunks_stored,
+            packets,
+            bytes,
+            chunks_discarded,
+            chunks_committed_out_of_order,
+            patches_succeeded,
+            patches_failed,
+            abi_violations,
+            trace_writer_packet_loss,
+            invalid_packets,
+            packets_too_big,
+            ipc_refusals
+        );
+    }
+}
+
+/// The producers of a session in all.
+#[derive(Clone, Debug, Default)]
+pub struct ProducerTotals {
+    /// What producers wrote into each buffer (by index).
+    pub per_buffer: Vec<ProducerStats>,
+    /// Everything, including what no buffer can be charged with.
+    pub all: ProducerStats,
+    pub connected: u32,
+    pub seen: u64,
+    pub data_sources_registered: u32,
+}
