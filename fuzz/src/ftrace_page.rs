@@ -3,10 +3,10 @@
 //! number of events agrees between a bare walk and a full encoding walk
 //! (typed, compact_sched and generic decoding), whatever the bytes.
 
+use recorder::sources::ftrace::VecOutput;
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter};
 use recorder::sources::ftrace::event_table::EventTable;
 use recorder::sources::ftrace::format::{PageLayout, parse_event_format, parse_header_page};
-use recorder::sources::ftrace::VecOutput;
 use recorder::sources::ftrace::page::{EventIter, parse_header};
 
 const FORMATS: &[(&str, &str)] = &[

@@ -11,7 +11,6 @@
 use recorder::ipc::sequence::{Budget, Sequence, Trust, acceptable};
 use recorder::ipc::stats::ProducerStats;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
-use recorder::trace::reader::read_varint;
 
 const BUDGET: usize = 1 << 20;
 const SUFFIX: [u8; 8] = [3 << 3, 0xE8, 0x07, 10 << 3, 9, 0xF8, 0x04, 42];
@@ -58,13 +57,10 @@ pub fn check(data: &[u8]) {
         let FlushItem::Data(bytes) = item else {
             continue;
         };
-        let mut pos = 0;
-        while pos < bytes.len() {
-            assert_eq!(bytes[pos], 0x0A, "framing");
-            pos += 1;
-            let len = read_varint(bytes, &mut pos).expect("length") as usize;
-            let packet = &bytes[pos..pos + len];
-            pos += len;
+        let mut frames = recorder::wire::framing::frames(bytes);
+        for frame in frames.by_ref() {
+            let packet = frame.packet;
+            let len = packet.len();
             // The producer's part is well-formed; the suffix is ours.
             let (ours, dropped) = if packet.ends_with(&[0xD0, 0x02, 1]) {
                 (&packet[..len - 3], true)
@@ -81,6 +77,11 @@ pub fn check(data: &[u8]) {
             );
             n += 1;
         }
+        let end = frames.end().expect("walked to the end");
+        assert!(
+            end.torn_tail.is_none() && end.corruption.is_none(),
+            "framing"
+        );
     }
     assert_eq!(n, stats.packets, "every stored packet counted once");
 }
