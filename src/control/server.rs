@@ -652,6 +652,35 @@ mod tests {
     use crate::control::message::TriggerOutcome;
     use crate::control::runtime_dir::open_checked;
 
+    /// A server in a fresh runtime directory, and its trigger socket's path.
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        dir: RuntimeDir,
+        me: u32,
+        uid: u32,
+        server: ControlServer,
+        tpath: PathBuf,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = open_checked(&tmp.path().join("run")).expect("dir");
+            let me = std::process::id();
+            let uid = rustix::process::getuid().as_raw();
+            let server = ControlServer::start(&dir, me, uid).expect("start");
+            let (tpath, _) = endpoint_paths(dir.path(), me);
+            Fixture {
+                _tmp: tmp,
+                dir,
+                me,
+                uid,
+                server,
+                tpath,
+            }
+        }
+    }
+
     fn serve_one(server: &ControlServer) -> Incoming {
         loop {
             if let Some(i) = server.pending().pop() {
@@ -663,12 +692,14 @@ mod tests {
 
     #[test]
     fn serves_a_trigger_and_refuses_garbage() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let dir = open_checked(&t.path().join("run")).expect("dir");
-        let me = std::process::id();
-        let uid = rustix::process::getuid().as_raw();
-        let server = ControlServer::start(&dir, me, uid).expect("start");
-        let (tpath, _) = endpoint_paths(dir.path(), me);
+        let Fixture {
+            _tmp: _t,
+            dir,
+            me,
+            uid,
+            server,
+            tpath,
+        } = Fixture::new();
         let endpoint = client::SessionEndpoint::new(dir.path(), me);
         let ep = endpoint.clone();
         let c = std::thread::spawn(move || {
@@ -707,12 +738,14 @@ mod tests {
 
     #[test]
     fn idle_and_slow_connections_do_not_delay_a_trigger() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let dir = open_checked(&t.path().join("run")).expect("dir");
-        let me = std::process::id();
-        let uid = rustix::process::getuid().as_raw();
-        let server = ControlServer::start(&dir, me, uid).expect("start");
-        let (tpath, _) = endpoint_paths(dir.path(), me);
+        let Fixture {
+            _tmp: _t,
+            dir: _,
+            me,
+            uid: _,
+            server,
+            tpath,
+        } = Fixture::new();
         // Idle connections and one that dribbles: more than one uid may hold.
         let mut idle: Vec<UnixStream> = (0..40)
             .map(|_| UnixStream::connect(&tpath).expect("connect"))
@@ -741,12 +774,14 @@ mod tests {
 
     #[test]
     fn a_request_the_busy_loop_has_not_answered_is_reported_queued_and_kept() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let dir = open_checked(&t.path().join("run")).expect("dir");
-        let me = std::process::id();
-        let uid = rustix::process::getuid().as_raw();
-        let server = ControlServer::start(&dir, me, uid).expect("start");
-        let (tpath, _) = endpoint_paths(dir.path(), me);
+        let Fixture {
+            _tmp: _t,
+            dir: _,
+            me,
+            uid: _,
+            server,
+            tpath,
+        } = Fixture::new();
         let req = Request::Trigger {
             names: vec!["t".into()],
             producer: "p".into(),
@@ -762,12 +797,14 @@ mod tests {
 
     #[test]
     fn a_uid_whose_requests_all_wait_on_the_loop_gets_no_more_room() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let dir = open_checked(&t.path().join("run")).expect("dir");
-        let me = std::process::id();
-        let uid = rustix::process::getuid().as_raw();
-        let server = ControlServer::start(&dir, me, uid).expect("start");
-        let (tpath, _) = endpoint_paths(dir.path(), me);
+        let Fixture {
+            _tmp: _t,
+            dir: _,
+            me: _,
+            uid: _,
+            server,
+            tpath,
+        } = Fixture::new();
         let req = message::encode_request(&Request::Trigger {
             names: vec!["t".into()],
             producer: "p".into(),
