@@ -29,11 +29,14 @@ use thiserror::Error;
 
 use super::diagnostic::TextError;
 
-/// The field numbers of `DataSourceConfig` left to users' own fields: above
-/// every number Perfetto uses or reserves there (the highest is 268435455),
-/// below protobuf's maximum (536870911). Must match the `extensions` line of
+/// The field numbers of `DataSourceConfig` left to users' own fields: far
+/// above every number Perfetto uses there, and at most 2^24 - 1, the largest
+/// field number the Perfetto SDK's decoder keeps (an app is handed its
+/// config through it; larger numbers never reach it, measured with a real
+/// SDK app). Perfetto cannot add fields past that either; its one reserved
+/// number there (268435455, a retired id) is outside the range. Must match the `extensions` line of
 /// `protos/data_source_config.proto` (a test checks).
-pub const EXTENSION_RANGE: RangeInclusive<u32> = 400_000_000..=499_999_999;
+pub const EXTENSION_RANGE: RangeInclusive<u32> = 10_000_000..=16_777_215;
 
 /// The message users extend.
 pub const EXTENDEE: &str = "perfetto.protos.DataSourceConfig";
@@ -373,11 +376,12 @@ mod tests {
             ranges,
             vec![*EXTENSION_RANGE.start()..*EXTENSION_RANGE.end() + 1]
         );
-        // Above everything DataSourceConfig uses or reserves.
+        // Above everything DataSourceConfig uses; within what the SDK's
+        // decoder keeps (2^24 - 1), so past Perfetto's one reserved number.
         let top = ds.fields().map(|f| f.number()).max().expect("fields");
         assert!(top < *EXTENSION_RANGE.start());
-        assert!(268_435_455 < *EXTENSION_RANGE.start());
-        assert!(*EXTENSION_RANGE.end() <= 536_870_911);
+        assert!(*EXTENSION_RANGE.end() < 1 << 24);
+        assert!(*EXTENSION_RANGE.end() < 268_435_455);
         let tc = super::super::trace_config_descriptor();
         assert_eq!(tc.extension_ranges().count(), 0);
     }
@@ -386,10 +390,10 @@ mod tests {
     fn range_messages_name_the_field_and_the_range() {
         let (m, h) = range_message(EXTENDEE, 100);
         assert!(m.contains("own 'ftrace_config'"), "{m}");
-        assert!(h.expect("help").contains("400000000 to 499999999"));
+        assert!(h.expect("help").contains("10000000 to 16777215"));
         let (m, _) = range_message(EXTENDEE, 5000);
         assert!(m.contains("outside"), "{m}");
-        let (m, _) = range_message("perfetto.protos.TraceConfig", 400_000_000);
+        let (m, _) = range_message("perfetto.protos.TraceConfig", 10_000_000);
         assert!(m.contains("TraceConfig cannot be extended"), "{m}");
         assert_eq!(
             range_violation(
@@ -447,9 +451,7 @@ extend perfetto.protos.DataSourceConfig {
             "{e}"
         );
         assert!(
-            e.contains(
-                "note: custom fields of DataSourceConfig take numbers 400000000 to 499999999"
-            ),
+            e.contains("note: custom fields of DataSourceConfig take numbers 10000000 to 16777215"),
             "{e}"
         );
         let e = refused(&CONFIG.replace("NUMBER", "5000"));
@@ -459,7 +461,7 @@ extend perfetto.protos.DataSourceConfig {
         );
         let e = refused(
             &CONFIG
-                .replace("NUMBER", "400000000")
+                .replace("NUMBER", "10000000")
                 .replace("DataSourceConfig {", "TraceConfig {")
                 .replace("data_source_config.proto", "trace_config.proto"),
         );
@@ -473,14 +475,14 @@ extend perfetto.protos.DataSourceConfig {
     fn syntax_errors_and_missing_imports_point_into_the_file() {
         let e = refused(
             &CONFIG
-                .replace("NUMBER", "400000000;")
+                .replace("NUMBER", "10000000;")
                 .replace("optional uint32", "optinal uint32"),
         );
         assert!(e.starts_with("DIR/audio.proto:6:"), "{e}");
         assert!(e.contains('^'), "{e}");
         let e = refused(
             &CONFIG
-                .replace("NUMBER", "400000000")
+                .replace("NUMBER", "10000000")
                 .replace("import \"data", "import \"nodata"),
         );
         assert!(
@@ -497,7 +499,7 @@ extend perfetto.protos.DataSourceConfig {
 
     #[test]
     fn text_errors_inside_extensions() {
-        let (_dir, s) = schema_of(&CONFIG.replace("NUMBER", "400000000"));
+        let (_dir, s) = schema_of(&CONFIG.replace("NUMBER", "10000000"));
         let schema = s.expect("compiles");
         let load = |body: &str| {
             let src = format!(

@@ -9,7 +9,7 @@
 //! Extensions by full name in brackets (`[my.pkg.my_config] { … }`), from the
 //! descriptor pool the message comes from (the user's `.proto` files, see
 //! [`super::schema`]). Fields the schema does not know, by number
-//! (`400000001: "…"`), as the printer writes them so that nothing a binary
+//! (`10000001: "…"`), as the printer writes them so that nothing a binary
 //! config carries is lost: varints in decimal, fixed32 and fixed64 as `0x`
 //! with 8 and 16 hex digits, length-delimited values as byte strings, groups
 //! as `N { … }`.

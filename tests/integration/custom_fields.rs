@@ -28,8 +28,8 @@ fn example_schema() -> Schema {
     Schema::load(&example_protos()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-const AUDIO_CONFIG: u32 = 400_000_001;
-const SESSION_TAG: u32 = 400_000_002;
+const AUDIO_CONFIG: u32 = 10_000_001;
+const SESSION_TAG: u32 = 10_000_002;
 
 fn oracle() -> PathBuf {
     common::repo_root().join("tests/oracle/custom_config.py")
@@ -407,9 +407,9 @@ fn config_convert_keeps_custom_fields_with_and_without_the_proto() {
     let out = recorder(&["config", "convert", &bin, "--to", "text"]);
     assert!(out.status.success());
     let by_number = String::from_utf8(out.stdout).expect("utf-8");
-    assert!(by_number.contains("    400000001: \""), "{by_number}");
+    assert!(by_number.contains("    10000001: \""), "{by_number}");
     assert!(
-        by_number.contains("    400000002: 18446744073709551615\n"),
+        by_number.contains("    10000002: 18446744073709551615\n"),
         "{by_number}"
     );
     let txt = dir.path().join("by_number.cfg");
@@ -463,7 +463,7 @@ message MyConfig {
   optional my.units.Unit unit = 2;
 }
 extend perfetto.protos.DataSourceConfig {
-  optional MyConfig my_config = 400000123;
+  optional MyConfig my_config = 10000123;
 }
 "#;
     std::fs::create_dir_all(d.join("my")).expect("mkdir");
@@ -517,12 +517,12 @@ extend perfetto.protos.DataSourceConfig {
             "D/c.cfg:5:32: error: unknown value 'MHZ' for enum Unit (field 'unit')",
         ),
         (
-            good.replace("400000123", "5000"),
+            good.replace("10000123", "5000"),
             ok_body,
-            "D/my/source.proto:10:33: error: field number 5000 is outside DataSourceConfig's range for custom fields\n  optional MyConfig my_config = 5000;\n                                ^~~~\nnote: custom fields of DataSourceConfig take numbers 400000000 to 499999999",
+            "D/my/source.proto:10:33: error: field number 5000 is outside DataSourceConfig's range for custom fields\n  optional MyConfig my_config = 5000;\n                                ^~~~\nnote: custom fields of DataSourceConfig take numbers 10000000 to 16777215",
         ),
         (
-            good.replace("400000123", "113"),
+            good.replace("10000123", "113"),
             ok_body,
             "D/my/source.proto:10:33: error: field number 113 is DataSourceConfig's own 'track_event_config'; a custom field cannot take it",
         ),

@@ -1374,6 +1374,36 @@ fn real_kernel_sched_in_trace_processor_has_thread_and_process_names() {
         return;
     }
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (r1, w1) = rustix::pipe::pipe().expect("pipe");
+    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    let rounds = 3000;
+    let pong = std::thread::Builder::new()
+        .name("tp-pong".into())
+        .spawn(move || {
+            let mut b = [0u8; 1];
+            for _ in 0..rounds {
+                rustix::io::read(&r1, &mut b).expect("read");
+                rustix::io::write(&w2, &b).expect("write");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
+    let ping = std::thread::Builder::new()
+        .name("tp-ping".into())
+        .spawn(move || {
+            let mut b = [1u8; 1];
+            // Named (and blocked) before the session starts, so its name is
+            // already in the start's process scan: a scan racing a thread's
+            // rename would otherwise keep the parent's name.
+            go_rx.recv().expect("go");
+            for _ in 0..rounds {
+                rustix::io::write(&w1, &b).expect("write");
+                rustix::io::read(&r2, &mut b).expect("read");
+            }
+            rustix::thread::gettid().as_raw_nonzero().get()
+        })
+        .expect("spawn");
     let dir = tempfile::tempdir().expect("tmp");
     let (mut rec, out) = Started::on_text(
         dir.path(),
@@ -1394,31 +1424,7 @@ data_sources { config { name: "linux.process_stats" process_stats_config {
 duration_ms: 60000
 "#,
     );
-    let (r1, w1) = rustix::pipe::pipe().expect("pipe");
-    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
-    let rounds = 3000;
-    let pong = std::thread::Builder::new()
-        .name("tp-pong".into())
-        .spawn(move || {
-            let mut b = [0u8; 1];
-            for _ in 0..rounds {
-                rustix::io::read(&r1, &mut b).expect("read");
-                rustix::io::write(&w2, &b).expect("write");
-            }
-            rustix::thread::gettid().as_raw_nonzero().get()
-        })
-        .expect("spawn");
-    let ping = std::thread::Builder::new()
-        .name("tp-ping".into())
-        .spawn(move || {
-            let mut b = [1u8; 1];
-            for _ in 0..rounds {
-                rustix::io::write(&w1, &b).expect("write");
-                rustix::io::read(&r2, &mut b).expect("read");
-            }
-            rustix::thread::gettid().as_raw_nonzero().get()
-        })
-        .expect("spawn");
+    go_tx.send(()).expect("go");
     let tids = [
         ("tp-ping", ping.join().expect("ping")),
         ("tp-pong", pong.join().expect("pong")),
