@@ -256,7 +256,7 @@ fn full(c: &mut Criterion) {
 fn flush(c: &mut Criterion) {
     let mut g = c.benchmark_group("flush");
     g.sample_size(20);
-    for cs in [4096usize, BufferParams::DEFAULT_CHUNK_SIZE] {
+    for cs in [BufferParams::DEFAULT_CHUNK_SIZE, 64 << 10] {
         let buffer = ring(REGION, cs, FillPolicy::Discard);
         let payload = vec![0x5Au8; 200];
         g.bench_function(format!("take_release_64MiB/{}KiB", cs >> 10), |b| {
