@@ -183,8 +183,9 @@ fn counters_by_pid(
 
 /// A typed field from the user's own `.proto` (configs/custom, with
 /// `--proto`) reaches the app inside its DataSourceConfig exactly as
-/// protobuf encodes it: the expected bytes are built here by hand from the
-/// `.proto`'s field numbers, with prost's varints.
+/// protobuf encodes it (the expected bytes are built here by hand from the
+/// `.proto`'s field numbers, with prost's varints), and the app reads it with
+/// its own generated code.
 #[test]
 fn a_typed_custom_field_from_the_users_proto_reaches_the_app() {
     let root = repo_root();
@@ -206,6 +207,11 @@ fn a_typed_custom_field_from_the_users_proto_reaches_the_app() {
     let mut app = s.app("sdk_app", &["--packets", "10"]);
     app.expect("started");
     let cfg = app.expect("config ");
+    // The app decodes it with its own generated message code.
+    assert_eq!(
+        app.expect("audio_config "),
+        "audio_config sample_rate_hz=48000 taps=[1, -2]"
+    );
     app.expect("wrote 10");
     let (_run, _err) = s.stop();
     assert_eq!(app.finish(), Some(0));

@@ -11,8 +11,9 @@
 //! Flush requests) and prints `flushed` for each.
 //!
 //! Prints `started` when the data source starts, `config <hex>` with the
-//! config bytes it was set up with, `wrote N` after the last packet, and
-//! exits when the data source stops (or after `--wait-secs`).
+//! config bytes it was set up with, `audio_config …` when they carry the
+//! example custom field (configs/custom/acme/audio.proto), `wrote N` after the
+//! last packet, and exits when the data source stops (or after `--wait-secs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,23 @@ track_event_categories! {
     }
 }
 use sdk_producer_te as perfetto_te_ns;
+
+/// This app's own config fields, as prost generates them from
+/// configs/custom/acme/audio.proto (the fields it reads).
+#[derive(Clone, PartialEq, prost::Message)]
+struct AudioConfig {
+    #[prost(uint32, optional, tag = "1")]
+    sample_rate_hz: Option<u32>,
+    #[prost(int32, repeated, packed = "false", tag = "4")]
+    taps: Vec<i32>,
+}
+
+/// The DataSourceConfig as this app sees it: only its own extension.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OwnConfig {
+    #[prost(message, optional, tag = "10000001")]
+    audio_config: Option<AudioConfig>,
+}
 
 struct Args {
     ds: String,
@@ -126,6 +144,17 @@ fn main() {
         .collect();
     say("started");
     say(&format!("config {hex}"));
+    let own = <OwnConfig as prost::Message>::decode(config.lock().expect("config lock").as_slice());
+    if let Ok(OwnConfig {
+        audio_config: Some(audio),
+    }) = own
+    {
+        say(&format!(
+            "audio_config sample_rate_hz={} taps={:?}",
+            audio.sample_rate_hz.unwrap_or_default(),
+            audio.taps
+        ));
+    }
 
     let counter = TrackEventTrack::register_counter_track(
         "recorder_test_counter",
