@@ -56,26 +56,45 @@ struct Held {
 #[derive(Debug)]
 pub struct Sequence {
     writer: Writer,
-    trust: Trust,
     next_chunk: Option<u32>,
     /// The packet being reassembled across chunks.
     partial: Option<Vec<u8>>,
     /// The next stored packet says data was lost before it.
     dropped: bool,
     held: VecDeque<Held>,
-    scratch: Vec<u8>,
+    /// trusted_uid, trusted_packet_sequence_id and trusted_pid, encoded once
+    /// (they never change for a sequence); then the same followed by
+    /// previous_packet_dropped, for the packet after a loss.
+    suffix: Vec<u8>,
+    suffix_after_loss: Vec<u8>,
 }
 
 impl Sequence {
     pub fn new(writer: Writer, trust: Trust) -> Self {
+        let mut suffix = Vec::with_capacity(TRUSTED_SUFFIX_MAX);
+        for (field, v) in [
+            (TRUSTED_UID, i64::from(trust.uid as i32) as u64),
+            (TRUSTED_SEQUENCE_ID, u64::from(trust.sequence_id)),
+            (TRUSTED_PID, i64::from(trust.pid as i32) as u64),
+        ] {
+            encode_varint(&mut suffix, key(field, WireType::Varint));
+            encode_varint(&mut suffix, v);
+        }
+        let mut suffix_after_loss = suffix.clone();
+        encode_varint(
+            &mut suffix_after_loss,
+            key(PREVIOUS_PACKET_DROPPED, WireType::Varint),
+        );
+        encode_varint(&mut suffix_after_loss, 1);
+        debug_assert!(suffix_after_loss.len() <= TRUSTED_SUFFIX_MAX);
         Self {
             writer,
-            trust,
             next_chunk: None,
             partial: None,
             dropped: false,
             held: VecDeque::new(),
-            scratch: Vec::new(),
+            suffix,
+            suffix_after_loss,
         }
     }
 
@@ -249,25 +268,17 @@ impl Sequence {
             self.dropped = true;
             return;
         }
-        self.scratch.clear();
-        let varint = |f| key(f, WireType::Varint);
-        encode_varint(&mut self.scratch, varint(TRUSTED_UID));
-        encode_varint(&mut self.scratch, i64::from(self.trust.uid as i32) as u64);
-        encode_varint(&mut self.scratch, varint(TRUSTED_SEQUENCE_ID));
-        encode_varint(&mut self.scratch, u64::from(self.trust.sequence_id));
-        encode_varint(&mut self.scratch, varint(TRUSTED_PID));
-        encode_varint(&mut self.scratch, i64::from(self.trust.pid as i32) as u64);
-        if self.dropped {
-            encode_varint(&mut self.scratch, varint(PREVIOUS_PACKET_DROPPED));
-            encode_varint(&mut self.scratch, 1);
-        }
-        debug_assert!(self.scratch.len() <= TRUSTED_SUFFIX_MAX);
-        let len = packet.len() + self.scratch.len();
+        let suffix = if self.dropped {
+            &self.suffix_after_loss
+        } else {
+            &self.suffix
+        };
+        let len = packet.len() + suffix.len();
         match self.writer.begin_packet(len) {
             Ok(mut slot) => {
                 let buf = slot.buf();
                 buf[..packet.len()].copy_from_slice(packet);
-                buf[packet.len()..len].copy_from_slice(&self.scratch);
+                buf[packet.len()..len].copy_from_slice(suffix);
                 slot.commit(len);
                 self.dropped = false;
                 stats.packets += 1;
