@@ -266,29 +266,34 @@ impl Writer {
     fn discard(&mut self, framed: usize, reason: DiscardReason) -> WriteError {
         self.lost = true;
         let (l, c) = (&mut self.local, &self.counters);
-        l.packets_discarded += 1;
-        l.bytes_discarded += framed as u64;
-        c.packets_discarded
-            .store(l.packets_discarded, Ordering::Relaxed);
-        c.bytes_discarded
-            .store(l.bytes_discarded, Ordering::Relaxed);
+        // The local totals are this writer's; the shared counters mirror them.
+        let count = |local: &mut u64, shared: &AtomicU64, n: u64| {
+            *local += n;
+            shared.store(*local, Ordering::Relaxed);
+        };
+        count(&mut l.packets_discarded, &c.packets_discarded, 1);
+        count(&mut l.bytes_discarded, &c.bytes_discarded, framed as u64);
         match reason {
             DiscardReason::Full => {}
             DiscardReason::Pinned => {
-                l.packets_discarded_pinned += 1;
-                l.bytes_discarded_pinned += framed as u64;
-                c.packets_discarded_pinned
-                    .store(l.packets_discarded_pinned, Ordering::Relaxed);
-                c.bytes_discarded_pinned
-                    .store(l.bytes_discarded_pinned, Ordering::Relaxed);
+                count(
+                    &mut l.packets_discarded_pinned,
+                    &c.packets_discarded_pinned,
+                    1,
+                );
+                count(
+                    &mut l.bytes_discarded_pinned,
+                    &c.bytes_discarded_pinned,
+                    framed as u64,
+                );
             }
             DiscardReason::HeldByWriters => {
-                l.packets_discarded_held += 1;
-                l.bytes_discarded_held += framed as u64;
-                c.packets_discarded_held
-                    .store(l.packets_discarded_held, Ordering::Relaxed);
-                c.bytes_discarded_held
-                    .store(l.bytes_discarded_held, Ordering::Relaxed);
+                count(&mut l.packets_discarded_held, &c.packets_discarded_held, 1);
+                count(
+                    &mut l.bytes_discarded_held,
+                    &c.bytes_discarded_held,
+                    framed as u64,
+                );
             }
         }
         WriteError::Discarded(reason)

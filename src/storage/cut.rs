@@ -76,13 +76,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn frame(payload: &[u8], out: &mut Vec<u8>) {
-        crate::wire::framing::push_record(out, payload);
-    }
-
-    fn flatten(bufs: &[IoSlice<'_>]) -> Vec<u8> {
-        bufs.iter().flat_map(|b| b.iter().copied()).collect()
-    }
+    use crate::storage::test_records::{flatten, frame, records, split};
 
     #[test]
     fn keeps_all_when_under_the_limit() {
@@ -149,20 +143,8 @@ mod tests {
             splits in proptest::collection::vec(0usize..4000, 0..10),
             limit in 0u64..5000,
         ) {
-            let mut data = Vec::new();
-            let mut ends = Vec::new();
-            for (i, s) in sizes.iter().enumerate() {
-                frame(&vec![i as u8; *s], &mut data);
-                ends.push(data.len() as u64);
-            }
-            let mut cuts: Vec<usize> = splits.iter().map(|s| s % (data.len() + 1)).collect();
-            cuts.sort_unstable();
-            let mut bufs = Vec::new();
-            let mut at = 0;
-            for c in cuts.into_iter().chain(std::iter::once(data.len())) {
-                bufs.push(IoSlice::new(&data[at..c]));
-                at = c;
-            }
+            let (data, ends) = records(&sizes, |i| i as u8);
+            let bufs = split(&data, &splits);
             let total = data.len() as u64;
             let expect = if total < limit {
                 total

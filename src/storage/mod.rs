@@ -27,6 +27,8 @@ pub mod direct;
 mod output;
 mod pwritev_sink;
 mod stream_sink;
+#[cfg(test)]
+mod test_records;
 mod uring_sink;
 
 use std::io::IoSlice;
