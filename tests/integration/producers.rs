@@ -213,8 +213,10 @@ fn a_typed_custom_field_from_the_users_proto_reaches_the_app() {
         "audio_config sample_rate_hz=48000 taps=[1, -2]"
     );
     app.expect("wrote 10");
-    let (_run, _err) = s.stop();
+    let (run, _err) = s.stop();
     assert_eq!(app.finish(), Some(0));
+    // The trace (its trace_config carrying the field) reads cleanly.
+    trace_processor::check(&run.out);
 
     // AudioConfig { sample_rate_hz (1): 48000, taps (4, unpacked int32): 1, -2 }
     let mut inner = Vec::new();

@@ -316,7 +316,8 @@ fn stdout_sink_streams_to_a_pipe_and_to_a_file() {
     assert!(got[b..e] == pattern(200_000, 3)[..]);
 }
 
-/// `RECORDER_IO` is read once, by the main job: `pwritev` forces that sink
+/// `RECORDER_IO` (and `RECORDER_DIRECT_IO`) are read once, by the main job:
+/// `RECORDER_IO=pwritev` forces that sink
 /// (the log says which sink writes), an unknown value exits 2 before any
 /// file is made.
 #[test]
@@ -336,6 +337,7 @@ fn recorder_io_env_chooses_the_sink_and_refuses_unknown_values() {
             .sum::<usize>(),
         10
     );
+    crate::trace_processor::check(&run.out);
 
     std::fs::remove_file(&run.out).expect("rm");
     let out = run.command("uring").output().expect("runs");
@@ -343,6 +345,15 @@ fn recorder_io_env_chooses_the_sink_and_refuses_unknown_values() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("RECORDER_IO=uring: expected io_uring, pwritev or auto"),
+        "{stderr}"
+    );
+    assert!(!run.out.exists(), "nothing is made before the refusal");
+    let mut c = run.command("pwritev");
+    let out = c.env("RECORDER_DIRECT_IO", "maybe").output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("RECORDER_DIRECT_IO=maybe: expected off, on or auto"),
         "{stderr}"
     );
     assert!(!run.out.exists(), "nothing is made before the refusal");
