@@ -546,9 +546,23 @@ impl Loop {
         }
     }
 
+    /// Tells the segment writer what each source has lost upstream of its
+    /// buffer so far, for the sidecar of the segment about to close.
+    fn note_upstream_loss(&mut self) {
+        let Output::Segments(w) = &mut self.rec.sink else {
+            return;
+        };
+        for s in &self.rec.sources {
+            if let Some(u) = s.upstream_loss() {
+                w.note_upstream_loss(s.name(), u.events, u.advice);
+            }
+        }
+    }
+
     /// Closes the segment being written (with its closing `trace_stats`)
     /// and opens the next, headed afresh by the service log.
     fn rotate(&mut self, reason: RotateReason) {
+        self.note_upstream_loss();
         let Output::Segments(w) = &mut self.rec.sink else {
             return;
         };
@@ -578,6 +592,7 @@ impl Loop {
     /// The end of the output: the last segment is closed (renamed, its
     /// sidecar written) and queued hooks get their grace period.
     fn close_output(&mut self, failed: bool) {
+        self.note_upstream_loss();
         let Output::Segments(w) = &mut self.rec.sink else {
             return;
         };

@@ -5,9 +5,9 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary};
+use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, events_lost};
 use super::polled::PidRoute;
-use super::{DataSource, SourceError};
+use super::{DataSource, SourceError, UpstreamLoss};
 use crate::ringbuf::Writer;
 
 /// The running (or ready) ftrace source of one session.
@@ -78,6 +78,13 @@ impl DataSource for FtraceDataSource {
         }
     }
 
+    fn upstream_loss(&self) -> Option<UpstreamLoss> {
+        Some(UpstreamLoss {
+            events: self.inner.kernel_lost(),
+            advice: KERNEL_LOSS_ADVICE,
+        })
+    }
+
     fn loss_warnings(&self) -> Vec<String> {
         self.loss.iter().cloned().collect()
     }
@@ -109,14 +116,14 @@ impl DataSource for FtraceDataSource {
     }
 }
 
+/// What to change when the kernel loses events before they are read.
+const KERNEL_LOSS_ADVICE: &str =
+    "raise buffer_size_kb, lower drain_period_ms or drain_buffer_percent";
+
 /// The summary line for events the kernel dropped before we read them
 /// (overruns, per-CPU `dropped events`, pages flagged RB_MISSED_EVENTS).
 fn kernel_loss(name: &str, s: &FtraceSummary) -> Option<String> {
-    let overrun: u64 = s
-        .cpu_stats
-        .iter()
-        .map(|c| c.overrun + c.dropped_events)
-        .sum();
+    let overrun = events_lost(&s.cpu_stats);
     if overrun == 0 && s.encode.lost_pages == 0 {
         return None;
     }
@@ -128,7 +135,7 @@ fn kernel_loss(name: &str, s: &FtraceSummary) -> Option<String> {
         .collect();
     Some(format!(
         "{name}: the kernel lost {overrun} events before they were read ({}; {} pages flagged \
-         RB_MISSED_EVENTS): raise buffer_size_kb, lower drain_period_ms or drain_buffer_percent",
+         RB_MISSED_EVENTS): {KERNEL_LOSS_ADVICE}",
         if cpus.is_empty() {
             "count not reported".to_string()
         } else {

@@ -40,6 +40,14 @@ pub enum SourceError {
 }
 
 /// A data source instance of one session.
+/// A running count of events a source lost before its buffer, with what to
+/// change to lose fewer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpstreamLoss {
+    pub events: u64,
+    pub advice: &'static str,
+}
+
 pub trait DataSource: Send {
     /// The data source name (`linux.ftrace`, …).
     fn name(&self) -> &str;
@@ -60,6 +68,12 @@ pub trait DataSource: Send {
     /// Packets the source could not store (buffer full), for the summary.
     fn packets_dropped(&self) -> u64 {
         0
+    }
+    /// Events lost before they reached the source's buffer (the kernel's,
+    /// for ftrace), counted from the start; read at each segment's close so
+    /// its sidecar accounts for them.
+    fn upstream_loss(&self) -> Option<UpstreamLoss> {
+        None
     }
     /// After [`stop`](DataSource::stop): losses the source saw upstream of
     /// the buffer (the kernel's, say), as summary warnings with advice.

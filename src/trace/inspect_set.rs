@@ -33,6 +33,8 @@ pub struct SegmentSeen {
     pub packets_after_loss: u64,
     /// The sidecar's account of loss (bytes), and why.
     pub sidecar_lost_bytes: Option<u64>,
+    /// Events its sources lost before their buffers, per the sidecar.
+    pub sidecar_lost_events_upstream: Option<u64>,
     pub sidecar_loss_why: Vec<String>,
     /// Whether it has a sidecar, and whether size and sha256 match it.
     pub sidecar: bool,
@@ -140,6 +142,7 @@ fn seen(index: u64, path: &Path, names: &SegmentNames) -> SegmentSeen {
         last_timestamp: None,
         packets_after_loss: 0,
         sidecar_lost_bytes: None,
+        sidecar_lost_events_upstream: None,
         sidecar_loss_why: Vec::new(),
         sidecar: false,
         sidecar_matches: None,
@@ -161,6 +164,7 @@ fn seen(index: u64, path: &Path, names: &SegmentNames) -> SegmentSeen {
     if !partial && let Ok(car) = Sidecar::read(&car_path) {
         s.sidecar = true;
         s.sidecar_lost_bytes = Some(car.loss.bytes_overwritten + car.loss.bytes_discarded);
+        s.sidecar_lost_events_upstream = Some(car.loss.events_lost_upstream);
         s.sidecar_loss_why = car.loss.why.clone();
         let matches = car.bytes == s.bytes && sha256_file(path).is_some_and(|h| h == car.sha256);
         s.sidecar_matches = Some(matches);
@@ -304,8 +308,20 @@ impl fmt::Display for SetReport {
                 s.uncompressed_bytes as f64 / s.bytes.max(1) as f64,
                 s.packets_after_loss
             )?;
-            if let Some(lost) = s.sidecar_lost_bytes.filter(|l| *l > 0) {
-                write!(f, "  lost {lost} bytes: {}", s.sidecar_loss_why.join("; "))?;
+            let mut lost = Vec::new();
+            if let Some(b) = s.sidecar_lost_bytes.filter(|l| *l > 0) {
+                lost.push(format!("{b} bytes"));
+            }
+            if let Some(e) = s.sidecar_lost_events_upstream.filter(|l| *l > 0) {
+                lost.push(format!("{e} events upstream"));
+            }
+            if !lost.is_empty() {
+                write!(
+                    f,
+                    "  lost {}: {}",
+                    lost.join(", "),
+                    s.sidecar_loss_why.join("; ")
+                )?;
             }
             if let Some(e) = &s.error {
                 write!(f, "  ERROR: {e}")?;

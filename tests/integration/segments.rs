@@ -764,3 +764,95 @@ trigger_config {
     }
     assert_eq!(triggers, 1, "the trigger is in the newest segments");
 }
+
+/// The kernel loses events while segments rotate (one page per CPU, drained
+/// rarely, under a fork loop): the sidecars together account for exactly the
+/// loss the trace's own ftrace stats report, segment by segment.
+#[test]
+fn sidecars_account_for_the_events_the_kernel_lost() {
+    let tracefs = Path::new("/sys/kernel/tracing/events/sched/sched_switch");
+    if skip_unless(need_root().or_else(|| (!tracefs.exists()).then(|| "no tracefs".into()))) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("lossy.cfg");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 16384 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  ftrace_events: "sched/sched_process_fork" ftrace_events: "sched/sched_process_exec"
+  buffer_size_kb: 4 drain_period_ms: 1500 drain_buffer_percent: 100 } } }
+write_into_file: true file_write_period_ms: 200 duration_ms: 2500
+"#,
+    )
+    .expect("cfg");
+    let out_dir = dir.path().join("segs");
+    let child = Command::new(recorder_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("-o")
+        .arg(out_dir.join(""))
+        .args(["--rotate-period", "600ms"])
+        .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let until = Instant::now() + Duration::from_millis(2000);
+    while Instant::now() < until {
+        let _ = Command::new("/bin/true").status();
+    }
+    let out = child.wait_with_output().expect("waits");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = segment_files(&out_dir);
+    assert!(files.len() >= 3, "{files:?}");
+    let mut per_segment = Vec::new();
+    let (mut start, mut end) = (None, None);
+    for (index, (path, _)) in &files {
+        let packets = closed_segment(path, *index);
+        let car = sidecar(path).expect("sidecar");
+        let lost = car["loss"]["events_lost_upstream"]
+            .as_u64()
+            .expect("events_lost_upstream");
+        if lost > 0 {
+            let why = car["loss"]["why"].to_string();
+            assert!(
+                why.contains("linux.ftrace") && why.contains("buffer_size_kb"),
+                "{why}"
+            );
+        }
+        per_segment.push(lost);
+        for p in packets.iter().filter(|p| p.has_ftrace_stats()) {
+            let st = p.ftrace_stats();
+            let total: u64 = st
+                .cpu_stats
+                .iter()
+                .map(|c| c.overrun() + c.dropped_events())
+                .sum();
+            match st.phase() {
+                perfetto_protos::ftrace_stats::ftrace_stats::Phase::START_OF_TRACE => {
+                    start.get_or_insert(total);
+                }
+                perfetto_protos::ftrace_stats::ftrace_stats::Phase::END_OF_TRACE => {
+                    end = Some(total)
+                }
+                _ => {}
+            }
+        }
+    }
+    let (start, end) = (start.expect("start stats"), end.expect("end stats"));
+    assert!(
+        end > start,
+        "the kernel lost nothing: the test needs a loss"
+    );
+    assert_eq!(
+        per_segment.iter().sum::<u64>(),
+        end - start,
+        "per segment: {per_segment:?}"
+    );
+}

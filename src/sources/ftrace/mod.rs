@@ -140,6 +140,11 @@ pub struct FtraceSummary {
     pub cpu_stats: Vec<CpuStats>,
 }
 
+/// The events the kernel's counters say were lost, all CPUs together.
+pub fn events_lost(cpus: &[CpuStats]) -> u64 {
+    cpus.iter().map(|c| c.overrun + c.dropped_events).sum()
+}
+
 /// The events `spec` names in `dir`, or none.
 pub fn resolve_event(dir: &Tracefs, spec: &str) -> Vec<(String, String)> {
     if let Some(why) = tracefs::event_spec_problem(spec) {
@@ -236,6 +241,9 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     summary: FtraceSummary,
     cpus: Vec<u32>,
     buffer_size_kb: u32,
+    /// Events the kernel had lost (overrun + dropped) when tracing started;
+    /// nonzero only when the buffer was preserved.
+    lost_at_start: u64,
     /// `set_event_pid` took `tids_to_trace` (else the encoder filters).
     tid_filter_in_kernel: bool,
 }
@@ -258,6 +266,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             summary: FtraceSummary::default(),
             cpus: Vec::new(),
             buffer_size_kb: 0,
+            lost_at_start: 0,
             tid_filter_in_kernel: false,
         })
     }
@@ -657,6 +666,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             self.output = Some(output);
             return Err(e);
         }
+        self.lost_at_start = events_lost(&self.summary.cpu_stats);
         if let Some(s) = &mut self.session {
             s.set("tracing_on", "1")?;
         }
@@ -701,6 +711,18 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             self.buffer_size_kb
         );
         Ok(())
+    }
+
+    /// Events the kernel lost before they were read (overruns and dropped
+    /// events, all CPUs) since tracing started: its counters now while
+    /// running, those at the end after the stop.
+    pub fn kernel_lost(&self) -> u64 {
+        let now = if self.running.is_some() {
+            events_lost(&self.cpu_stats())
+        } else {
+            events_lost(&self.summary.cpu_stats)
+        };
+        now.saturating_sub(self.lost_at_start)
     }
 
     /// Drains every CPU now and returns once the data is in the output.

@@ -24,7 +24,7 @@ pub mod names;
 pub mod policy;
 pub mod sidecar;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::IoSlice;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -139,6 +139,15 @@ struct Open {
     packets: u64,
     input_bytes: u64,
     loss_at_open: Vec<BufferStats>,
+    /// [`SegmentWriter::upstream`]'s counts when the segment opened.
+    upstream_at_open: BTreeMap<String, u64>,
+}
+
+/// A source's running count of events lost before its buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Upstream {
+    events: u64,
+    advice: String,
 }
 
 /// The output of a session as numbered segments. It is the session's
@@ -158,6 +167,9 @@ pub struct SegmentWriter {
     status: SegmentsStatus,
     hooks: Option<HookRunner>,
     kind: SinkKind,
+    /// The latest count of each source's events lost upstream of the
+    /// buffers, by source name (see [`SegmentWriter::note_upstream_loss`]).
+    upstream: BTreeMap<String, Upstream>,
 }
 
 impl SegmentWriter {
@@ -203,6 +215,7 @@ impl SegmentWriter {
             on_disk: VecDeque::new(),
             hooks,
             kind: SinkKind::Pwritev,
+            upstream: BTreeMap::new(),
         };
         w.open_next()?;
         Ok(w)
@@ -225,6 +238,11 @@ impl SegmentWriter {
             packets: 0,
             input_bytes: 0,
             loss_at_open: self.buffers.iter().map(|b| b.stats()).collect(),
+            upstream_at_open: self
+                .upstream
+                .iter()
+                .map(|(k, v)| (k.clone(), v.events))
+                .collect(),
         });
         self.status.segments.push(SegmentRecord {
             index,
@@ -234,6 +252,19 @@ impl SegmentWriter {
         });
         log::debug!("segment {index} opened");
         Ok(())
+    }
+
+    /// Records `source`'s count of events lost before its buffer, from its
+    /// start (the kernel's overruns, say). Called before each close, so the
+    /// closing segment's sidecar holds what grew while it was written.
+    pub fn note_upstream_loss(&mut self, source: &str, events: u64, advice: &str) {
+        self.upstream.insert(
+            source.to_string(),
+            Upstream {
+                events,
+                advice: advice.to_string(),
+            },
+        );
     }
 
     /// The index of the segment being written.
@@ -363,7 +394,7 @@ impl SegmentWriter {
             path: partial.clone(),
             source,
         })?;
-        let loss = self.loss_since(&c.loss_at_open);
+        let loss = self.loss_since(&c.loss_at_open, &c.upstream_at_open);
         let lost_bytes = loss.bytes_overwritten + loss.bytes_discarded;
         let uuid = segment_uuid(self.identity.session_uuid, c.index);
         let car = Sidecar {
@@ -473,7 +504,7 @@ impl SegmentWriter {
         }
     }
 
-    fn loss_since(&self, at_open: &[BufferStats]) -> SegmentLoss {
+    fn loss_since(&self, at_open: &[BufferStats], upstream: &BTreeMap<String, u64>) -> SegmentLoss {
         let mut l = SegmentLoss::default();
         for (b, then) in self.buffers.iter().zip(at_open) {
             let now = b.stats();
@@ -498,6 +529,18 @@ impl SegmentWriter {
         if l.packets_refused > 0 {
             l.why
                 .push("packets larger than their buffer were refused".into());
+        }
+        for (source, u) in &self.upstream {
+            let lost = u
+                .events
+                .saturating_sub(upstream.get(source).copied().unwrap_or(0));
+            if lost > 0 {
+                l.events_lost_upstream += lost;
+                l.why.push(format!(
+                    "{source}: {lost} events were lost before they reached the buffer: {}",
+                    u.advice
+                ));
+            }
         }
         l
     }

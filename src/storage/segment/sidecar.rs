@@ -26,6 +26,11 @@ pub struct SegmentLoss {
     pub packets_discarded: u64,
     /// Packets too big for their buffer.
     pub packets_refused: u64,
+    /// Events sources lost before they reached a buffer (ftrace: the
+    /// kernel overwrote or dropped them before they were read). Absent in
+    /// sidecars written before it existed.
+    #[serde(default)]
+    pub events_lost_upstream: u64,
     /// One sentence per kind of loss, with what to change; empty when nothing was lost.
     pub why: Vec<String>,
 }
@@ -37,6 +42,7 @@ impl SegmentLoss {
             && self.packets_overwritten == 0
             && self.packets_discarded == 0
             && self.packets_refused == 0
+            && self.events_lost_upstream == 0
     }
 }
 

@@ -211,3 +211,58 @@ fn a_period_rotation_is_due_once_the_segment_is_old_enough() {
     std::thread::sleep(Duration::from_millis(5));
     assert_eq!(w.rotation_due(), Some(RotateReason::Period));
 }
+
+#[test]
+fn each_sidecar_counts_the_upstream_loss_that_grew_while_it_was_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), RotationPolicy::default());
+    let names = SegmentNames::from_output(&dir.path().join("t.pftrace"));
+    write(&mut w, &[b"a"]);
+    w.note_upstream_loss("linux.ftrace", 5, "raise buffer_size_kb");
+    w.rotate(&[], RotateReason::Size).expect("rotates");
+    write(&mut w, &[b"b"]);
+    w.note_upstream_loss("linux.ftrace", 5, "raise buffer_size_kb");
+    w.rotate(&[], RotateReason::Size).expect("rotates");
+    write(&mut w, &[b"c"]);
+    w.note_upstream_loss("linux.ftrace", 12, "raise buffer_size_kb");
+    w.note_upstream_loss("other", 0, "-");
+    w.finish(&[]).expect("finishes");
+    let loss: Vec<SegmentLoss> = (0..3)
+        .map(|i| Sidecar::read(&names.sidecar(i)).expect("sidecar").loss)
+        .collect();
+    assert_eq!(
+        loss.iter()
+            .map(|l| l.events_lost_upstream)
+            .collect::<Vec<_>>(),
+        [5, 0, 7]
+    );
+    assert!(loss[1].is_empty() && loss[1].why.is_empty());
+    assert_eq!(
+        loss[2].why,
+        ["linux.ftrace: 7 events were lost before they reached the buffer: raise buffer_size_kb"]
+    );
+}
+
+#[test]
+fn a_sidecar_from_before_upstream_loss_still_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), RotationPolicy::default());
+    write(&mut w, &[b"a"]);
+    w.finish(&[]).expect("finishes");
+    let names = SegmentNames::from_output(&dir.path().join("t.pftrace"));
+    let path = names.sidecar(0);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("reads")).expect("json");
+    v["loss"]
+        .as_object_mut()
+        .expect("loss")
+        .remove("events_lost_upstream");
+    std::fs::write(&path, serde_json::to_vec(&v).expect("json")).expect("writes");
+    assert_eq!(
+        Sidecar::read(&path)
+            .expect("reads")
+            .loss
+            .events_lost_upstream,
+        0
+    );
+}
