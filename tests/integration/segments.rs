@@ -766,7 +766,7 @@ trigger_config {
 }
 
 /// The kernel loses events while segments rotate (one page per CPU, drained
-/// rarely, under a fork loop): the sidecars together account for exactly the
+/// rarely, under a pipe ping-pong): the sidecars together account for exactly the
 /// loss the trace's own ftrace stats report, segment by segment.
 #[test]
 fn sidecars_account_for_the_events_the_kernel_lost() {
@@ -799,10 +799,24 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 2500
         .stderr(Stdio::piped())
         .spawn()
         .expect("runs");
-    let until = Instant::now() + Duration::from_millis(2000);
-    while Instant::now() < until {
-        let _ = Command::new("/bin/true").status();
-    }
+    // Two processes bouncing a byte through pipes for two seconds: far more
+    // switches than one page per CPU holds between wake-ups.
+    let pingpong = "import os, time
+r1, w1 = os.pipe(); r2, w2 = os.pipe()
+end = time.monotonic() + 2
+if os.fork() == 0:
+    while os.read(r1, 1) == b'x':
+        os.write(w2, b'x')
+    os._exit(0)
+while time.monotonic() < end:
+    os.write(w1, b'x'); os.read(r2, 1)
+os.write(w1, b'q')
+";
+    let status = Command::new("python3")
+        .args(["-c", pingpong])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success());
     let out = child.wait_with_output().expect("waits");
     assert!(
         out.status.success(),
@@ -827,6 +841,7 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 2500
             );
         }
         per_segment.push(lost);
+        crate::trace_processor::check(path);
         for p in packets.iter().filter(|p| p.has_ftrace_stats()) {
             let st = p.ftrace_stats();
             let total: u64 = st
