@@ -249,6 +249,9 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
         HumanBytes(st.bytes),
         st.chunks_committed
     );
+    if st.chunks_scraped > 0 {
+        let _ = write!(s, " ({} scraped before their commit)", st.chunks_scraped);
+    }
     let losses = [
         (st.chunks_discarded, "chunks refused"),
         (st.chunks_committed_out_of_order, "chunks out of order"),

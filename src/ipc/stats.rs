@@ -8,6 +8,9 @@ pub struct ProducerStats {
     pub chunks_committed: u64,
     /// Chunks whose packets were read into a ring buffer.
     pub chunks_stored: u64,
+    /// Chunks read by scraping before their commit (at flushes, the stop
+    /// and a disconnect); their commit adds only what came after.
+    pub chunks_scraped: u64,
     /// Packets stored, and their bytes (without the trusted fields).
     pub packets: u64,
     pub bytes: u64,
@@ -51,6 +54,7 @@ impl ProducerStats {
         each!(
             chunks_committed,
             chunks_stored,
+            chunks_scraped,
             packets,
             bytes,
             chunks_discarded,

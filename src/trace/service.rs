@@ -10,9 +10,9 @@ use crate::clock::{BuiltinClock, ClockReadings};
 use crate::ringbuf::{Buffer, BufferStats};
 use crate::trace::encoder::{Overflow, ProtoEncoder};
 use crate::wire::{
-    attribute, buffer_stats as bs, clock, clock_snapshot, system_info as si, trace_attributes,
-    trace_packet as tp, trace_stats as ts, trace_uuid, tracing_service_event as tse, trigger as tr,
-    utsname, writer_stats,
+    attribute, buffer_stats as bs, clock, clock_snapshot, service_event_data_sources as sed,
+    system_info as si, trace_attributes, trace_packet as tp, trace_stats as ts, trace_uuid,
+    tracing_service_event as tse, trigger as tr, utsname, writer_stats,
 };
 
 /// The sequence id of the recorder's own packets (Perfetto's
@@ -271,6 +271,28 @@ pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
         timestamped(e, ts_ns);
         let s = e.begin_nested(tp::SERVICE_EVENT);
         e.bool(ev as u32, true);
+        e.end_nested(s);
+    })
+}
+
+/// Data sources a slow-start or slow-flush event lists at most (facts §4.8).
+pub const MAX_LISTED_DATA_SOURCES: usize = 32;
+
+/// A `slow_starting_data_sources` service event: the (producer, data
+/// source) pairs that had not acknowledged their start.
+pub fn slow_starting(uid: u32, ts_ns: u64, slow: &[(String, String)]) -> Vec<u8> {
+    framed(|e| {
+        trusted(e, uid);
+        timestamped(e, ts_ns);
+        let s = e.begin_nested(tp::SERVICE_EVENT);
+        let list = e.begin_nested(tse::SLOW_STARTING_DATA_SOURCES);
+        for (producer, source) in slow.iter().take(MAX_LISTED_DATA_SOURCES) {
+            let d = e.begin_nested(sed::DATA_SOURCE);
+            e.string(sed::PRODUCER_NAME, producer);
+            e.string(sed::DATA_SOURCE_NAME, source);
+            e.end_nested(d);
+        }
+        e.end_nested(list);
         e.end_nested(s);
     })
 }
