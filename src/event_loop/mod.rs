@@ -749,6 +749,13 @@ impl Loop {
                     .take(MAX_PRODUCERS_SHOWN)
                     .map(|r| ProducerStatus {
                         refused: r.stats.lost(),
+                        losses: r
+                            .stats
+                            .losses()
+                            .into_iter()
+                            .map(|(w, n)| (w.to_string(), n))
+                            .collect(),
+                        chunks_scraped: r.stats.chunks_scraped,
                         name: r.name,
                         pid: r.pid,
                         uid: r.uid,

@@ -44,6 +44,29 @@ impl ProducerStats {
             + self.packets_too_big
     }
 
+    /// What was refused or lost, by reason (for people), non-zero ones only.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("chunks refused", self.chunks_discarded),
+            ("chunks out of order", self.chunks_committed_out_of_order),
+            ("patches failed", self.patches_failed),
+            ("ABI violations", self.abi_violations),
+            (
+                "packets the app dropped (its shared memory was full)",
+                self.trace_writer_packet_loss,
+            ),
+            (
+                "packets refused (service-only fields or malformed)",
+                self.invalid_packets,
+            ),
+            ("packets too big", self.packets_too_big),
+            ("IPC requests refused", self.ipc_refusals),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
+
     /// Adds what changed from `before` to `after` (counters only grow).
     pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
         macro_rules! each {
