@@ -558,6 +558,19 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
     }
     assert!(st.success() && out.contains("done"), "{out}\n{err}");
     app.expect("wrote 1000");
+    // `recorder query` names the hostile producer and why its data was lost.
+    let q = Command::new(recorder_bin())
+        .arg("query")
+        .env("RECORDER_RUNTIME_DIR", s.run.dir.path().join("run"))
+        .output()
+        .expect("query runs");
+    let q = String::from_utf8_lossy(&q.stdout);
+    assert!(
+        q.contains(&format!("producer \"hostile\" (pid {hostile_pid}"))
+            && q.contains("ABI violations")
+            && q.contains("chunks refused"),
+        "{q}"
+    );
     let (run, summary) = s.stop();
     app.finish();
 
@@ -678,6 +691,7 @@ fn packets_left_in_open_chunks_are_scraped_at_the_stop() {
         &["--packets", "5", "--no-commit", "--linger-secs", "30"],
     );
     app.expect("wrote 5");
+    let pid = app.pid();
     let (run, err) = s.stop();
     app.expect("stopped");
     let _ = app.child.kill();
@@ -686,6 +700,19 @@ fn packets_left_in_open_chunks_are_scraped_at_the_stop() {
     let stats = last_trace_stats(&decode(&run.trace()));
     assert_eq!(stats.chunks_discarded(), 0, "{stats:?}");
     assert!(err.contains("scraped"), "the summary says so: {err}");
+    // `recorder inspect` groups the app's sequences under its pid and uid.
+    let out = Command::new(recorder_bin())
+        .arg("inspect")
+        .arg(&run.out)
+        .output()
+        .expect("inspect runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let uid = rustix::process::getuid().as_raw();
+    assert!(
+        text.contains("producers (by trusted pid")
+            && text.contains(&format!("pid {pid:<8} uid {uid:<6}")),
+        "{text}"
+    );
 }
 
 /// Periodic flushes scrape the chunk the app is writing, again and again as
@@ -940,7 +967,10 @@ fn the_clear_period_makes_an_app_start_its_interned_state_again() {
         .iter()
         .filter(|p| p.trusted_packet_sequence_id() == seq && p.sequence_flags() & CLEARED != 0)
         .count();
-    assert!(clears >= 4, "{clears} restarts of the interned state in 2 s");
+    assert!(
+        clears >= 4,
+        "{clears} restarts of the interned state in 2 s"
+    );
     if let Some(tp) = trace_processor::check(&run.out) {
         let unnamed = tp
             .query("select count(*) as n from slice where name is null")
