@@ -790,6 +790,8 @@ fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing(
         if !next_line("setup") {
             let mut err = String::new();
             let _ = slow.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            let _ = slow.kill();
+            let _ = slow.wait();
             if err.contains("No module named") {
                 assert!(!kernel_required(), "python perfetto package missing: {err}");
                 eprintln!("skipped: {err}");
