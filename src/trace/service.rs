@@ -552,6 +552,22 @@ mod tests {
     }
 
     #[test]
+    fn slow_starting_names_producer_and_data_source_as_perfetto_decodes_them() {
+        use protobuf::Message;
+        let slow: Vec<(String, String)> = (0..40)
+            .map(|i| (format!("app{i}"), "track_event".to_string()))
+            .collect();
+        let framed = slow_starting(0, 7, &slow);
+        let trace = perfetto_protos::trace::Trace::parse_from_bytes(&framed).expect("decodes");
+        let p = &trace.packet[0];
+        assert_eq!(p.timestamp(), 7);
+        let listed = &p.service_event().slow_starting_data_sources().data_source;
+        assert_eq!(listed.len(), MAX_LISTED_DATA_SOURCES);
+        assert_eq!(listed[1].producer_name(), "app1");
+        assert_eq!(listed[1].data_source_name(), "track_event");
+    }
+
+    #[test]
     fn frame_uses_minimal_length() {
         assert_eq!(frame(&[1, 2, 3]), vec![0x0a, 3, 1, 2, 3]);
         assert_eq!(frame(&[0; 200])[..3], [0x0a, 0xc8, 0x01]);
