@@ -249,28 +249,13 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
         HumanBytes(st.bytes),
         st.chunks_committed
     );
-    let losses = [
-        (st.chunks_discarded, "chunks refused"),
-        (st.chunks_committed_out_of_order, "chunks out of order"),
-        (st.patches_failed, "patches failed"),
-        (st.abi_violations, "ABI violations"),
-        (
-            st.trace_writer_packet_loss,
-            "packets the app dropped (its shared memory was full)",
-        ),
-        (
-            st.invalid_packets,
-            "packets refused (service-only fields or malformed)",
-        ),
-        (st.packets_too_big, "packets too big"),
-        (st.ipc_refusals, "IPC requests refused"),
-    ];
+    if st.chunks_scraped > 0 {
+        let _ = write!(s, " ({} scraped before their commit)", st.chunks_scraped);
+    }
     let mut any = false;
-    for (n, what) in losses {
-        if n > 0 {
-            let _ = write!(s, "{} {n} {what}", if any { "," } else { "; lost:" });
-            any = true;
-        }
+    for (what, n) in st.losses() {
+        let _ = write!(s, "{} {n} {what}", if any { "," } else { "; lost:" });
+        any = true;
     }
     if !any {
         let _ = write!(s, ", nothing refused");

@@ -5,8 +5,10 @@
 //! budget balances once the sequence finishes. Never a panic.
 //!
 //! Input: records of `[op][len u16 LE][bytes]`: op even → a chunk (the bytes,
-//! header included, padded to 64), op odd → a patch of the chunk id in the
-//! bytes' first 4, offset in the next 4, data the next 4, `done` from op.
+//! header included, padded to 64), committed, or with op bit 1 read by
+//! scraping (complete when op bit 2 is set), op odd → a patch of the chunk
+//! id in the bytes' first 4, offset in the next 4, data the next 4, `done`
+//! from op.
 
 use recorder::ipc::sequence::{Budget, Sequence, Trust, acceptable};
 use recorder::ipc::stats::ProducerStats;
@@ -34,7 +36,11 @@ pub fn check(data: &[u8]) {
         if op.is_multiple_of(2) {
             let mut chunk = body.to_vec();
             chunk.resize(chunk.len().max(64), 0);
-            seq.on_chunk(chunk, &mut stats, &mut budget);
+            if op & 2 == 0 {
+                seq.on_chunk(chunk, &mut stats, &mut budget);
+            } else {
+                seq.on_scraped(&chunk, op & 4 != 0, &mut stats, &mut budget);
+            }
         } else if body.len() >= 12 {
             let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
             let off = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);

@@ -116,8 +116,23 @@ fn status_text(s: &SessionStatus) -> String {
         t.push_str(&format!("  producer socket: {}\n", printable(p)));
     }
     for p in &s.producers {
+        let lost = if p.losses.is_empty() {
+            format!("{} refused or lost", p.refused)
+        } else {
+            let why: Vec<String> = p
+                .losses
+                .iter()
+                .map(|(what, n)| format!("{n} {}", printable(what)))
+                .collect();
+            format!("lost: {}", why.join(", "))
+        };
+        let scraped = if p.chunks_scraped > 0 {
+            format!(", {} chunks scraped", p.chunks_scraped)
+        } else {
+            String::new()
+        };
         t.push_str(&format!(
-            "  producer {:?} (pid {}, uid {}{}): {}; {} packets, {}, {} refused or lost\n",
+            "  producer {:?} (pid {}, uid {}{}): {}; {} packets, {}{scraped}, {lost}\n",
             printable(&p.name),
             p.pid,
             p.uid,
@@ -125,7 +140,6 @@ fn status_text(s: &SessionStatus) -> String {
             printable(&p.data_sources.join(", ")),
             p.packets,
             HumanBytes(p.bytes),
-            p.refused
         ));
     }
     t

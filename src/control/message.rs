@@ -190,6 +190,12 @@ pub struct ProducerStatus {
     /// Chunks and packets refused or lost on the way in.
     pub refused: u64,
     pub connected: bool,
+    /// What was refused or lost, by reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub losses: Vec<(String, u64)>,
+    /// Chunks read by scraping before their commit.
+    #[serde(default)]
+    pub chunks_scraped: u64,
 }
 
 /// A reply to a client.

@@ -120,6 +120,8 @@ struct Loop {
     producer_flushes: HashMap<FlushId, bool>,
     /// The stop waits for producers' acks.
     producer_stop: bool,
+    /// The start waits for producers' acks.
+    producer_start: bool,
 }
 
 impl Loop {
@@ -154,6 +156,7 @@ impl Loop {
             cut_bytes: 0,
             producer_flushes: HashMap::new(),
             producer_stop: false,
+            producer_start: false,
         }
     }
 
@@ -272,6 +275,11 @@ impl Loop {
                         });
                     }
                 }
+                HostEvent::Started => {
+                    if std::mem::take(&mut self.producer_start) {
+                        self.queue.push_back(Event::SourcesStarted);
+                    }
+                }
                 HostEvent::Stopped => {
                     if std::mem::take(&mut self.producer_stop) {
                         self.queue.push_back(Event::SourcesStopped);
@@ -330,6 +338,11 @@ impl Loop {
                     p.clear_incremental_state();
                 }
             }
+            Action::ScrapeProducers => {
+                if let Some(p) = &mut self.rec.producers {
+                    p.scrape();
+                }
+            }
             Action::PrepareSnapshot(_) => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
                 for b in &self.rec.buffers {
@@ -346,6 +359,15 @@ impl Loop {
                 }
             }
             Action::StopSources => self.stop_sources(),
+            Action::NoteSlowStart => {
+                let slow = self.rec.producers.as_ref().map_or_else(Vec::new, |p| {
+                    p.not_started(crate::trace::service::MAX_LISTED_DATA_SOURCES)
+                });
+                if !slow.is_empty() {
+                    log::warn!("data sources slow to start: {slow:?}");
+                    self.rec.log.slow_starting(slow);
+                }
+            }
             Action::Exit(reason) => {
                 log::info!("session over: {reason}");
                 self.exit = Some(reason);
@@ -362,9 +384,13 @@ impl Loop {
                 return;
             }
         }
-        if let Some(p) = &mut self.rec.producers {
-            p.start();
+        if let Some(p) = &mut self.rec.producers
+            && p.start()
+        {
+            self.producer_start = true;
+            return;
         }
+        self.queue.push_back(Event::SourcesStarted);
     }
 
     fn accept_trigger(&mut self, t: AcceptedTrigger) {
@@ -738,6 +764,13 @@ impl Loop {
                     .take(MAX_PRODUCERS_SHOWN)
                     .map(|r| ProducerStatus {
                         refused: r.stats.lost(),
+                        losses: r
+                            .stats
+                            .losses()
+                            .into_iter()
+                            .map(|(w, n)| (w.to_string(), n))
+                            .collect(),
+                        chunks_scraped: r.stats.chunks_scraped,
                         name: r.name,
                         pid: r.pid,
                         uid: r.uid,

@@ -68,6 +68,7 @@ const HELD_BYTES: usize = smb::MAX_SIZE;
 pub struct Registered {
     pub name: String,
     pub id: u64,
+    pub will_notify_on_start: bool,
     pub will_notify_on_stop: bool,
     pub no_flush: bool,
 }
@@ -81,7 +82,12 @@ pub struct Instance {
     /// Global buffer id (index + 1).
     pub buffer: u32,
     pub no_flush: bool,
+    pub will_notify_on_start: bool,
     pub will_notify_on_stop: bool,
+    /// The DataSourceConfig it was set up with (StartDataSource repeats it).
+    pub config: Vec<u8>,
+    /// StartDataSource was sent.
+    pub started: bool,
     pub started_ack: bool,
     pub stopping: bool,
 }
@@ -93,6 +99,8 @@ pub enum Note {
     Changed,
     Triggers(Vec<String>),
     FlushAck(u64),
+    /// An instance acknowledged its start.
+    Started(u64),
     Stopped(u64),
 }
 
@@ -115,6 +123,9 @@ pub struct Connection {
     bound: bool,
     async_request: Option<u64>,
     hints: (u32, u32),
+    /// The producer allows its SMB to be scraped (SMB_SCRAPING_ENABLED;
+    /// unspecified means no, as in Perfetto's service).
+    scraping: bool,
     smb: Option<SharedMemory>,
     pub registered: Vec<Registered>,
     pub instances: BTreeMap<u64, Instance>,
@@ -140,6 +151,7 @@ impl Connection {
             bound: false,
             async_request: None,
             hints: (0, 0),
+            scraping: false,
             smb: None,
             registered: Vec::new(),
             instances: BTreeMap::new(),
@@ -332,6 +344,8 @@ impl Connection {
                     r.shared_memory_page_size_hint_bytes.unwrap_or(0),
                     r.shared_memory_size_hint_bytes.unwrap_or(0),
                 );
+                self.scraping = r.smb_scraping_mode
+                    == Some(pb::initialize_connection_request::ProducerSmbScrapingMode::SmbScrapingEnabled as i32);
                 log::info!(
                     "producer {name:?} connected (pid {}, uid {}, {})",
                     self.pid,
@@ -358,6 +372,7 @@ impl Connection {
                 let reg = Registered {
                     name: d.name.clone().unwrap_or_default(),
                     id: d.id.unwrap_or(0),
+                    will_notify_on_start: d.will_notify_on_start.unwrap_or(false),
                     will_notify_on_stop: d.will_notify_on_stop.unwrap_or(false),
                     no_flush: d.no_flush.unwrap_or(false),
                 };
@@ -434,8 +449,15 @@ impl Connection {
             }
             "NotifyDataSourceStarted" => {
                 let r = decode!(pb::NotifyDataSourceStartedRequest);
-                if let Some(i) = self.instances.get_mut(&r.data_source_id.unwrap_or(0)) {
+                let id = r.data_source_id.unwrap_or(0);
+                // Acks for instances not started, or acked before, change
+                // nothing (producer facts §4).
+                if let Some(i) = self.instances.get_mut(&id)
+                    && i.started
+                    && !i.started_ack
+                {
                     i.started_ack = true;
+                    notes.push(Note::Started(id));
                 }
                 self.ok(rid, drop_reply, Vec::new());
             }
@@ -454,6 +476,59 @@ impl Connection {
             }
             // Everything queued before it is handled: reply at once.
             _ => self.ok(rid, drop_reply, Vec::new()),
+        }
+    }
+
+    /// Reads what the producer wrote but has not committed (producer facts
+    /// §6): at flushes, the stop and its disconnect, when it allows it.
+    /// Only chunks of writers registered for a buffer it was started for;
+    /// per writer in chunk order, never past its chunk being written.
+    pub fn scrape(&mut self, shared: &mut Shared<'_>) {
+        if !self.scraping || self.writers.is_empty() {
+            return;
+        }
+        let Some(smb) = &self.smb else {
+            return;
+        };
+        let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        let mut by_writer: BTreeMap<u16, Vec<(u32, smb::Scraped)>> = BTreeMap::new();
+        for s in smb.scrape() {
+            let Some(h) = super::chunk::ChunkHeader::parse(&s.bytes) else {
+                continue;
+            };
+            if self
+                .writers
+                .get(&h.writer_id)
+                .is_some_and(|b| allowed.contains(b))
+            {
+                by_writer
+                    .entry(h.writer_id)
+                    .or_default()
+                    .push((h.chunk_id, s));
+            }
+        }
+        for (writer, mut chunks) in by_writer {
+            let Some(&buffer_id) = self.writers.get(&writer) else {
+                continue;
+            };
+            let Some(seq) = sequence(
+                &mut self.sequences,
+                (writer, buffer_id),
+                (self.uid, self.pid),
+                shared,
+            ) else {
+                continue;
+            };
+            chunks.sort_by_key(|(id, _)| seq.due_order(*id));
+            let before = self.stats.clone();
+            for (_, s) in chunks {
+                if !seq.on_scraped(&s.bytes, s.complete, &mut self.stats, &mut self.budget) {
+                    break;
+                }
+            }
+            if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
+                b.add_change(&before, &self.stats);
+            }
         }
     }
 
@@ -547,9 +622,9 @@ impl Connection {
         }
     }
 
-    /// Sets up and starts data source instance `id` (the SMB and
-    /// SetupTracing first, once).
-    pub fn start_instance(&mut self, id: u64, inst: Instance, config: Vec<u8>) {
+    /// Sets up data source instance `id` (the SMB and SetupTracing first,
+    /// once); [`Connection::start_instance`] starts it.
+    pub fn setup_instance(&mut self, id: u64, inst: Instance) {
         if self.smb.is_none() {
             let (page, size) = smb::sizes(self.hints.0, self.hints.1);
             match SharedMemory::create(size, page) {
@@ -570,14 +645,28 @@ impl Connection {
                 Err(e) => return self.close(format!("shared memory: {e}")),
             }
         }
+        let config = inst.config.clone();
         self.instances.insert(id, inst);
         self.command(
             Cmd::SetupDataSource(pb::get_async_command_response::SetupDataSource {
                 new_instance_id: Some(id),
-                config: Some(config.clone()),
+                config: Some(config),
             }),
             None,
         );
+    }
+
+    /// Starts instance `id` (set up before); whether a start ack is due.
+    pub fn start_instance(&mut self, id: u64) -> bool {
+        let Some(i) = self.instances.get_mut(&id) else {
+            return false;
+        };
+        if i.started || i.stopping {
+            return false;
+        }
+        i.started = true;
+        let ack = i.will_notify_on_start;
+        let config = i.config.clone();
         self.command(
             Cmd::StartDataSource(pb::get_async_command_response::StartDataSource {
                 new_instance_id: Some(id),
@@ -585,6 +674,7 @@ impl Connection {
             }),
             None,
         );
+        ack && self.closed.is_none()
     }
 
     /// Sends StopDataSource; whether an ack is due.

@@ -53,6 +53,9 @@ pub enum HostEvent {
     },
     /// Every producer asked in flush `id` acknowledged it (or went away).
     Flushed(u64),
+    /// Every instance started at the start that acknowledges starts has
+    /// (or went away).
+    Started,
     /// Every instance that acknowledges stops has (or went away).
     Stopped,
 }
@@ -92,6 +95,9 @@ pub struct ProducerHost {
     next_flush_request: u64,
     stop_waiting: BTreeSet<(u32, u64)>,
     stop_pending: bool,
+    /// Instances whose start ack is awaited (connection, instance).
+    start_waiting: BTreeSet<(u32, u64)>,
+    start_pending: bool,
     /// Connections refused (too many).
     pub refused_connections: u64,
 }
@@ -124,6 +130,8 @@ impl ProducerHost {
             next_flush_request: 1,
             stop_waiting: BTreeSet::new(),
             stop_pending: false,
+            start_waiting: BTreeSet::new(),
+            start_pending: false,
             refused_connections: 0,
         })
     }
@@ -168,6 +176,9 @@ impl ProducerHost {
                                 f.waiting.remove(&id);
                             }
                         }
+                    }
+                    Note::Started(inst) => {
+                        self.start_waiting.remove(&(id, inst));
                     }
                     Note::Stopped(inst) => {
                         self.stop_waiting.remove(&(id, inst));
@@ -217,11 +228,19 @@ impl ProducerHost {
             .collect();
         for id in closed {
             if let Some(mut c) = self.conns.remove(&id) {
+                // What it wrote and never committed, as Perfetto's service
+                // does when a producer goes.
+                c.scrape(&mut Shared {
+                    buffers: &self.buffers,
+                    next_sequence: &mut self.next_sequence,
+                    per_buffer: &mut self.per_buffer,
+                });
                 c.finish();
                 for f in &mut self.flushes {
                     f.waiting.remove(&id);
                 }
                 self.stop_waiting.retain(|(cid, _)| *cid != id);
+                self.start_waiting.retain(|(cid, _)| *cid != id);
                 // A connection that never said who it is and did nothing
                 // wrong (a liveness probe, say) is not worth a line.
                 if c.name.is_some() || c.stats != ProducerStats::default() {
@@ -240,15 +259,21 @@ impl ProducerHost {
                 true
             }
         });
+        if self.start_pending && self.start_waiting.is_empty() {
+            self.start_pending = false;
+            events.push(HostEvent::Started);
+        }
         if self.stop_pending && self.stop_waiting.is_empty() {
             self.stop_pending = false;
             events.push(HostEvent::Stopped);
         }
     }
 
-    /// Starts every instance the config asks for that is not running yet.
+    /// Sets up every instance the config asks for that is not there yet
+    /// (from the session's beginning, as Perfetto's service does for a
+    /// configured session), and starts it when the session has started.
     fn match_sources(&mut self) {
-        if !self.started || self.stopping {
+        if self.stopping {
             return;
         }
         for c in self.conns.values_mut() {
@@ -271,33 +296,66 @@ impl ProducerHost {
                     let id = self.next_instance;
                     self.next_instance += 1;
                     log::info!(
-                        "starting {:?} on producer {} (instance {id})",
+                        "setting up {:?} on producer {} (instance {id})",
                         reg.name,
                         c.label()
                     );
-                    c.start_instance(
+                    c.setup_instance(
                         id,
                         Instance {
                             wanted: w,
                             name: reg.name.clone(),
                             buffer: want.buffer,
                             no_flush: reg.no_flush,
+                            will_notify_on_start: reg.will_notify_on_start,
                             will_notify_on_stop: reg.will_notify_on_stop,
+                            config: want.config.clone(),
+                            started: false,
                             started_ack: false,
                             stopping: false,
                         },
-                        want.config.clone(),
                     );
+                    // A producer that comes after the start is started at
+                    // once; the session's start no longer waits for it.
+                    if self.started {
+                        c.start_instance(id);
+                    }
                 }
             }
         }
     }
 
-    /// The session started: start what matches now and whatever connects
-    /// later.
-    pub fn start(&mut self) {
-        self.started = true;
+    /// The session started: start every instance set up so far, and
+    /// whatever connects later. Whether start acks are due from instances
+    /// that promised them (`will_notify_on_start`; [`HostEvent::Started`]
+    /// follows once they all came or their producers went).
+    pub fn start(&mut self) -> bool {
         self.match_sources();
+        self.started = true;
+        for (cid, c) in &mut self.conns {
+            let ids: Vec<u64> = c.instances.keys().copied().collect();
+            for id in ids {
+                if c.start_instance(id) {
+                    self.start_waiting.insert((*cid, id));
+                }
+            }
+        }
+        self.start_pending = !self.start_waiting.is_empty();
+        self.start_pending
+    }
+
+    /// The (producer, data source) pairs whose start ack is still awaited,
+    /// at most `max`.
+    pub fn not_started(&self, max: usize) -> Vec<(String, String)> {
+        self.start_waiting
+            .iter()
+            .filter_map(|(cid, id)| {
+                let c = self.conns.get(cid)?;
+                let i = c.instances.get(id)?;
+                Some((c.name.clone().unwrap_or_default(), i.name.clone()))
+            })
+            .take(max)
+            .collect()
     }
 
     /// Flush `id` (at the stop when `stop`): sends Flush to every producer
@@ -362,6 +420,18 @@ impl ProducerHost {
         self.reap();
         self.stop_pending = !self.stop_waiting.is_empty();
         self.stop_pending
+    }
+
+    /// Reads what every producer that allows it wrote and has not committed
+    /// yet (at the end of a flush and at the stop).
+    pub fn scrape(&mut self) {
+        for c in self.conns.values_mut() {
+            c.scrape(&mut Shared {
+                buffers: &self.buffers,
+                next_sequence: &mut self.next_sequence,
+                per_buffer: &mut self.per_buffer,
+            });
+        }
     }
 
     /// ClearIncrementalState to every producer with instances.

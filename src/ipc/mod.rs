@@ -13,11 +13,20 @@
 //!   fragments; [`sequence`]: one writer's packets reassembled, validated
 //!   and stored; [`stats`]: what each producer did.
 //!
-//! Known gaps against Perfetto's service: chunks still open in an app's
-//! memory are not scraped at flushes and the stop; the shared-memory
-//! emulation mode and producer-provided memory (startup tracing) are not
-//! offered; data sources are set up and started together at the start, and
-//! `will_notify_on_start` is noted, not waited for.
+//! Data sources are set up from the session's beginning and started with
+//! it; start acks (`will_notify_on_start`) are awaited for
+//! `all_data_sources_started`, never by the session's work. Chunks still
+//! open in an app's memory are scraped at the end of each flush, at the
+//! stop and at a disconnect ([`smb::SharedMemory::scrape`],
+//! [`sequence::Sequence::on_scraped`]).
+//!
+//! Known gaps against Perfetto's service: the shared-memory emulation mode
+//! is not offered (Perfetto uses it only on transports other than a Unix
+//! socket, which is all the recorder listens on; a producer cannot ask for
+//! it); producer-provided memory (startup tracing) is declined, so the SDK
+//! falls back to ours; `last_flush_slow_data_sources` is not written;
+//! `all_data_sources_started` waits only for instances started at the
+//! session's start.
 //!
 //! Everything read from a socket or shared memory is untrusted until
 //! checked; a producer that breaks the protocol loses its connection and

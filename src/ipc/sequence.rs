@@ -8,6 +8,12 @@
 //! a packet that sets a trusted field itself costs that packet and marks the
 //! next one `previous_packet_dropped`. Memory held here is charged to the
 //! producer's [`Budget`].
+//!
+//! Scraping reads chunks before the producer commits them
+//! ([`Sequence::on_scraped`]): whole chunks it finished, and the finished
+//! fragments of the one it is writing. Each such chunk is remembered with
+//! the fragments read from it, so that its commit (or the next scrape)
+//! stores only what came after them: no packet is stored twice.
 
 use std::collections::VecDeque;
 
@@ -29,6 +35,11 @@ const TRUSTED_SUFFIX_MAX: usize = 4 * 2 + 10 + 5 + 5 + 1;
 /// writer runs well ahead of them; the producer's [`Budget`] is what bounds
 /// the memory.
 const MAX_HELD_CHUNKS: usize = 16 * 1024;
+/// Chunks read by scraping and not committed yet that one sequence
+/// remembers. A writer has at most its current chunk and those awaiting a
+/// commit in the SMB; an older entry is one the producer will never commit
+/// (it died, or it is hostile) and is forgotten first.
+const MAX_READ_AHEAD: usize = 1024;
 
 /// Bytes a producer may have held in partial packets and chunks waiting
 /// for patches, over all its sequences.
@@ -43,6 +54,14 @@ pub struct Trust {
     pub uid: u32,
     pub pid: u32,
     pub sequence_id: u32,
+}
+
+/// A chunk read (partly or wholly) by scraping before its commit.
+#[derive(Clone, Copy, Debug)]
+struct ReadAhead {
+    chunk_id: u32,
+    /// Its fragments already read, from the first.
+    fragments: u16,
 }
 
 #[derive(Debug)]
@@ -62,6 +81,7 @@ pub struct Sequence {
     /// The next stored packet says data was lost before it.
     dropped: bool,
     held: VecDeque<Held>,
+    read_ahead: VecDeque<ReadAhead>,
     /// trusted_uid, trusted_packet_sequence_id and trusted_pid, encoded once
     /// (they never change for a sequence); then the same followed by
     /// previous_packet_dropped, for the packet after a loss.
@@ -93,6 +113,7 @@ impl Sequence {
             partial: None,
             dropped: false,
             held: VecDeque::new(),
+            read_ahead: VecDeque::new(),
             suffix,
             suffix_after_loss,
         }
@@ -164,6 +185,85 @@ impl Sequence {
         }
     }
 
+    /// The order in which chunks of this sequence are due: chunk ids
+    /// counted from the next one expected (they are u32 and wrap).
+    pub fn due_order(&self, chunk_id: u32) -> u32 {
+        chunk_id.wrapping_sub(self.next_chunk.unwrap_or(chunk_id))
+    }
+
+    /// A chunk copied by scraping, still in the producer's memory (header
+    /// included, untrusted). `complete`: the writer finished it; otherwise
+    /// it is the chunk being written, whose last fragment may be the packet
+    /// under way and is left out. Returns whether a later chunk of this
+    /// writer may be read next: only after a whole chunk, and never past a
+    /// gap or a chunk that waits for patches.
+    pub fn on_scraped(
+        &mut self,
+        bytes: &[u8],
+        complete: bool,
+        stats: &mut ProducerStats,
+        budget: &mut Budget,
+    ) -> bool {
+        let Some(mut header) = ChunkHeader::parse(bytes) else {
+            return false;
+        };
+        // Chunks held for patches keep everything after them waiting, and a
+        // chunk that needs patches is read when they have come.
+        if !self.held.is_empty() || header.flags & chunk::NEEDS_PATCHING != 0 {
+            return false;
+        }
+        let latest = self.next_chunk.map(|n| n.wrapping_sub(1));
+        let before = self
+            .read_ahead
+            .iter()
+            .find(|r| r.chunk_id == header.chunk_id)
+            .map(|r| r.fragments);
+        match before {
+            // Read before: only the latest chunk can have grown since.
+            Some(_) if latest != Some(header.chunk_id) => return true,
+            Some(_) => {}
+            None => {
+                if self.next_chunk.is_some_and(|n| n != header.chunk_id) {
+                    // A gap (the missing chunk is the commit's business) or
+                    // an old chunk id: not read ahead of its turn.
+                    return false;
+                }
+            }
+        }
+        if !complete {
+            // The packet under way stays out, so nothing continues from here.
+            header.count = header.count.saturating_sub(1);
+            header.flags &= !chunk::LAST_CONTINUES;
+        }
+        let from = before.unwrap_or(0);
+        match before {
+            None => self.store_from(&header, bytes, None, stats, budget),
+            Some(_) if header.count > from => {
+                self.store_from(&header, bytes, Some(from), stats, budget)
+            }
+            Some(_) => {}
+        }
+        let read = header.count.max(from);
+        match self
+            .read_ahead
+            .iter_mut()
+            .find(|r| r.chunk_id == header.chunk_id)
+        {
+            Some(r) => r.fragments = read,
+            None => {
+                stats.chunks_scraped += 1;
+                if self.read_ahead.len() >= MAX_READ_AHEAD {
+                    self.read_ahead.pop_front();
+                }
+                self.read_ahead.push_back(ReadAhead {
+                    chunk_id: header.chunk_id,
+                    fragments: read,
+                });
+            }
+        }
+        complete
+    }
+
     fn drop_held(&mut self, stats: &mut ProducerStats, budget: &mut Budget) {
         for h in self.held.drain(..) {
             budget.left += h.bytes.len();
@@ -189,6 +289,7 @@ impl Sequence {
         }
     }
 
+    /// A committed chunk: what scraping did not read of it yet.
     fn store(
         &mut self,
         header: &ChunkHeader,
@@ -196,7 +297,44 @@ impl Sequence {
         stats: &mut ProducerStats,
         budget: &mut Budget,
     ) {
-        if let Some(next) = self.next_chunk
+        let Some(at) = self
+            .read_ahead
+            .iter()
+            .position(|r| r.chunk_id == header.chunk_id)
+        else {
+            return self.store_from(header, bytes, None, stats, budget);
+        };
+        let Some(r) = self.read_ahead.remove(at) else {
+            return;
+        };
+        if header.count <= r.fragments {
+            // Read whole by scraping already.
+            return;
+        }
+        if self.next_chunk.map(|n| n.wrapping_sub(1)) != Some(header.chunk_id) {
+            // Later chunks were stored since: the rest of this one would
+            // come out of order.
+            stats.chunks_committed_out_of_order += 1;
+            self.abandon(budget);
+            self.dropped = true;
+            return;
+        }
+        self.store_from(header, bytes, Some(r.fragments), stats, budget);
+    }
+
+    /// Stores the packets of a chunk; with `resume`, from that fragment on
+    /// (the ones before were stored from a scraped copy of it).
+    fn store_from(
+        &mut self,
+        header: &ChunkHeader,
+        bytes: &[u8],
+        resume: Option<u16>,
+        stats: &mut ProducerStats,
+        budget: &mut Budget,
+    ) {
+        let skip = resume.unwrap_or(0);
+        if resume.is_none()
+            && let Some(next) = self.next_chunk
             && header.chunk_id != next
         {
             stats.chunks_committed_out_of_order += 1;
@@ -209,6 +347,16 @@ impl Sequence {
         let mut iter = chunk::fragments(payload, count).enumerate().peekable();
         while let Some((i, frag)) = iter.next() {
             let last = iter.peek().is_none() && i + 1 == count as usize;
+            if i < skip as usize {
+                if frag.is_err() {
+                    // It parsed when it was read; the producer changed it.
+                    stats.abi_violations += 1;
+                    self.abandon(budget);
+                    self.dropped = true;
+                    return;
+                }
+                continue;
+            }
             let data = match frag {
                 Ok(Fragment::Bytes(d)) => d,
                 Ok(Fragment::Dropped) => {
@@ -258,7 +406,9 @@ impl Sequence {
             }
             self.emit(&packet, stats);
         }
-        stats.chunks_stored += 1;
+        if resume.is_none() {
+            stats.chunks_stored += 1;
+        }
     }
 
     /// Validates one whole packet and stores it with the trusted fields.
@@ -452,6 +602,97 @@ mod tests {
         assert_eq!(st.patches_succeeded, 1);
         seq.patch(9, &[(0, &[0, 0, 0, 0][..])], true, &mut st, &mut budget);
         assert_eq!(st.patches_failed, 1);
+    }
+
+    /// A chunk as the SDK leaves it while writing: `done` packets finished
+    /// and the count bumped for the next one (a placeholder, not written).
+    fn open_chunk(id: u32, flags: u8, done: &[&[u8]]) -> Vec<u8> {
+        let mut c = chunk_bytes(id, flags, done);
+        c[6..8]
+            .copy_from_slice(&((done.len() as u16 + 1) | (u16::from(flags) << 10)).to_le_bytes());
+        c
+    }
+
+    #[test]
+    fn scraped_packets_are_stored_once_whatever_reads_the_chunk_next() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        let p: Vec<Vec<u8>> = (0..6).map(packet).collect();
+        // Two finished packets in the chunk being written: both are read.
+        assert!(!seq.on_scraped(
+            &open_chunk(0, 0, &[&p[0], &p[1]]),
+            false,
+            &mut st,
+            &mut budget
+        ));
+        // A later scrape of the same chunk adds only the third.
+        seq.on_scraped(
+            &open_chunk(0, 0, &[&p[0], &p[1], &p[2]]),
+            false,
+            &mut st,
+            &mut budget,
+        );
+        // The commit of the whole chunk adds the fourth; the next chunk follows.
+        seq.on_chunk(
+            chunk_bytes(0, 0, &[&p[0], &p[1], &p[2], &p[3]]),
+            &mut st,
+            &mut budget,
+        );
+        seq.on_chunk(chunk_bytes(1, 0, &[&p[4]]), &mut st, &mut budget);
+        // A finished chunk read ahead of its commit: the commit adds nothing.
+        assert!(seq.on_scraped(&chunk_bytes(2, 0, &[&p[5]]), true, &mut st, &mut budget));
+        seq.on_chunk(chunk_bytes(2, 0, &[&p[5]]), &mut st, &mut budget);
+        let want: Vec<_> = p.iter().map(|x| trusted(x, false)).collect();
+        assert_eq!(packets(&buffer), want);
+        assert_eq!(st.chunks_scraped, 2);
+        assert_eq!(st.chunks_committed_out_of_order, 0);
+        assert_eq!(st.packets, 6);
+    }
+
+    #[test]
+    fn scraping_stops_at_gaps_patches_and_the_packet_under_way() {
+        let (buffer, mut seq, mut st, mut budget) = setup();
+        seq.on_chunk(chunk_bytes(0, 0, &[&packet(0)]), &mut st, &mut budget);
+        // Chunk 2 is not next: left to its commit.
+        assert!(!seq.on_scraped(
+            &chunk_bytes(2, 0, &[&packet(2)]),
+            true,
+            &mut st,
+            &mut budget
+        ));
+        // The packet under way (counted, not finished) is not read from an
+        // open chunk, even if it is marked as continuing.
+        let half = [8 << 3];
+        seq.on_scraped(
+            &chunk_bytes(1, chunk::LAST_CONTINUES, &[&packet(1), &half]),
+            false,
+            &mut st,
+            &mut budget,
+        );
+        assert_eq!(
+            packets(&buffer),
+            vec![trusted(&packet(0), false), trusted(&packet(1), false)]
+        );
+        // Its commit completes the packet in the next chunk.
+        seq.on_chunk(
+            chunk_bytes(1, chunk::LAST_CONTINUES, &[&packet(1), &half]),
+            &mut st,
+            &mut budget,
+        );
+        seq.on_chunk(
+            chunk_bytes(2, chunk::FIRST_CONTINUES, &[&[9]]),
+            &mut st,
+            &mut budget,
+        );
+        assert_eq!(packets(&buffer), vec![trusted(&[8 << 3, 9], false)]);
+        // A chunk that waits for patches is not read ahead of them.
+        assert!(!seq.on_scraped(
+            &chunk_bytes(3, chunk::NEEDS_PATCHING, &[&packet(3)]),
+            true,
+            &mut st,
+            &mut budget
+        ));
+        assert!(packets(&buffer).is_empty());
+        assert_eq!(st.chunks_committed_out_of_order, 0);
     }
 
     #[test]

@@ -27,11 +27,20 @@
 //!   our own (no Rust reference into the shared bytes is formed); another
 //!   process writing meanwhile can only change what the copy holds, and the
 //!   copy is parsed as untrusted.
+//! * **S4** Chunks start 4-byte aligned (page header 8 bytes, chunk sizes
+//!   multiples of 4), so a chunk header's `packets` u16 at offset 6 is
+//!   aligned for `AtomicU16`; the producer updates it only atomically (the
+//!   ABI) and whatever it stores there is read as untrusted.
+//!
+//! Scraping ([`SharedMemory::scrape`]) copies chunks the producer has not
+//! committed yet and leaves their state alone: the producer still commits
+//! them later, and the reader keeps what it already took from them
+//! (producer facts §6).
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -102,6 +111,18 @@ pub enum TakeRefusal {
     OutOfRange,
     /// The chunk is not Complete (or the producer kept changing the page).
     NotComplete,
+}
+
+/// A chunk copied by scraping; it stays in the SMB as it was.
+#[derive(Debug)]
+pub struct Scraped {
+    /// The writer had finished it (Complete) and not yet committed it;
+    /// otherwise it is the writer's current chunk, still being written.
+    pub complete: bool,
+    /// The chunk's bytes, header included; the header's packet count and
+    /// flags are the ones loaded before the copy (the fragments they count
+    /// were written before they were stored).
+    pub bytes: Vec<u8>,
 }
 
 /// A producer's shared memory.
@@ -227,6 +248,60 @@ impl SharedMemory {
         Ok(copy)
     }
 
+    /// Copies every chunk that is not free without changing its state, in
+    /// page order: complete ones the producer has not committed yet, and
+    /// those still being written when they hold at least two fragments (the
+    /// last one may be the packet under way; the reader takes the ones
+    /// before it). Everything copied is untrusted.
+    pub fn scrape(&self) -> Vec<Scraped> {
+        let mut out = Vec::new();
+        for page in 0..self.pages() {
+            let bitmap = self.bitmap(page).load(Ordering::Acquire);
+            let n = chunks_in_layout((bitmap >> 28) & 7);
+            if n == 0 || bitmap & ((1u32 << (2 * n)) - 1) == 0 {
+                continue;
+            }
+            let chunk_size = ((self.page - PAGE_HEADER) / n as usize) & !3;
+            if chunk_size < super::chunk::HEADER_BYTES {
+                continue;
+            }
+            for chunk in 0..n {
+                let state = (bitmap >> (2 * chunk)) & 3;
+                if state == STATE_FREE {
+                    continue;
+                }
+                let complete = state == STATE_COMPLETE;
+                let offset = page * self.page + PAGE_HEADER + chunk as usize * chunk_size;
+                // SAFETY: S1 — chunk < n keeps offset + 8 within the page;
+                // S4 — offset + 6 is 2-byte aligned and the producer stores
+                // this field only atomically.
+                let packets = unsafe {
+                    (*(self.map.as_ptr().add(offset + 6) as *const AtomicU16))
+                        .load(Ordering::Acquire)
+                };
+                if !complete && packets & 0x3FF < 2 {
+                    continue;
+                }
+                let mut copy = vec![0u8; chunk_size];
+                // SAFETY: S1 — as above, offset + chunk_size stays within
+                // the page; S3 — a raw copy into our own Vec.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.map.as_ptr().add(offset),
+                        copy.as_mut_ptr(),
+                        chunk_size,
+                    );
+                }
+                copy[6..8].copy_from_slice(&packets.to_le_bytes());
+                out.push(Scraped {
+                    complete,
+                    bytes: copy,
+                });
+            }
+        }
+        out
+    }
+
     /// BeingRead → Free; a page with every chunk free goes back to bitmap 0.
     /// A producer that changed the layout meanwhile keeps its page as is
     /// (it only harms itself).
@@ -316,5 +391,30 @@ mod tests {
         smb.poke(2 * 4096, &((1u32 << 28) | STATE_COMPLETE).to_le_bytes());
         smb.take_chunk(2, 0).expect("complete");
         assert_eq!(smb.bitmap(2).load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn scraping_copies_unfinished_chunks_and_leaves_them_in_place() {
+        let smb = SharedMemory::create(4 * 4096, 4096).expect("memfd");
+        let chunk_size = ((4096 - 8) / 4) & !3;
+        // Page 0, four chunks: complete, being written with 3 fragments,
+        // being written with 1 (nothing finished in it yet), free.
+        let bitmap: u32 = (3 << 28) | STATE_COMPLETE | (1 << 2) | (1 << 4);
+        smb.poke(0, &bitmap.to_le_bytes());
+        smb.poke(8, &[1, 0, 0, 0, 5, 0, 2, 0]);
+        smb.poke(8 + chunk_size, &[2, 0, 0, 0, 5, 0, 3, 0]);
+        smb.poke(8 + 2 * chunk_size, &[3, 0, 0, 0, 5, 0, 1, 0]);
+        let got = smb.scrape();
+        assert_eq!(got.len(), 2);
+        assert!(got[0].complete && !got[1].complete);
+        assert_eq!(&got[0].bytes[..8], &[1, 0, 0, 0, 5, 0, 2, 0]);
+        assert_eq!(&got[1].bytes[..8], &[2, 0, 0, 0, 5, 0, 3, 0]);
+        assert_eq!(got[1].bytes.len(), chunk_size);
+        // Nothing changed state: the commit still moves the complete one.
+        assert_eq!(smb.bitmap(0).load(Ordering::Relaxed), bitmap);
+        assert_eq!(smb.take_chunk(0, 0).map(|c| c[0]), Ok(1));
+        // Reserved layouts and free pages give nothing.
+        smb.poke(4096, &((7u32 << 28) | STATE_COMPLETE).to_le_bytes());
+        assert_eq!(smb.scrape().len(), 1);
     }
 }

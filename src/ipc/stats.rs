@@ -8,6 +8,9 @@ pub struct ProducerStats {
     pub chunks_committed: u64,
     /// Chunks whose packets were read into a ring buffer.
     pub chunks_stored: u64,
+    /// Chunks read by scraping before their commit (at flushes, the stop
+    /// and a disconnect); their commit adds only what came after.
+    pub chunks_scraped: u64,
     /// Packets stored, and their bytes (without the trusted fields).
     pub packets: u64,
     pub bytes: u64,
@@ -41,6 +44,29 @@ impl ProducerStats {
             + self.packets_too_big
     }
 
+    /// What was refused or lost, by reason (for people), non-zero ones only.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("chunks refused", self.chunks_discarded),
+            ("chunks out of order", self.chunks_committed_out_of_order),
+            ("patches failed", self.patches_failed),
+            ("ABI violations", self.abi_violations),
+            (
+                "packets the app dropped (its shared memory was full)",
+                self.trace_writer_packet_loss,
+            ),
+            (
+                "packets refused (service-only fields or malformed)",
+                self.invalid_packets,
+            ),
+            ("packets too big", self.packets_too_big),
+            ("IPC requests refused", self.ipc_refusals),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
+
     /// Adds what changed from `before` to `after` (counters only grow).
     pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
         macro_rules! each {
@@ -51,6 +77,7 @@ impl ProducerStats {
         each!(
             chunks_committed,
             chunks_stored,
+            chunks_scraped,
             packets,
             bytes,
             chunks_discarded,

@@ -34,6 +34,9 @@ pub enum Timer {
     FlushDeadline(FlushId),
     /// The bound on the data sources' stop (`data_source_stop_timeout_ms`).
     StopDeadline,
+    /// How long the start acks of producers' data sources are awaited
+    /// before the session notes which are slow (Perfetto's fixed 20 s).
+    StartDeadline,
 }
 
 /// One trigger name as it arrived, with what the loop looked up for it.
@@ -81,6 +84,9 @@ pub enum Event {
         id: FlushId,
         complete: bool,
     },
+    /// Every data source started, producers' ones that promised to say so
+    /// (`will_notify_on_start`) included.
+    SourcesStarted,
     /// Every data source stopped.
     SourcesStopped,
     /// A write pass finished; `cap_reached` when `max_file_size_bytes` cut
@@ -240,7 +246,9 @@ impl std::fmt::Display for StopReason {
 /// What the event loop must do, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Start the data sources and note `tracing_started`.
+    /// Start the data sources and note `tracing_started`; answer with
+    /// [`Event::SourcesStarted`] once every one that acknowledges its start
+    /// has.
     StartSources,
     /// Fire `Timer` at this time since the origin.
     SetTimer(Timer, Duration),
@@ -273,6 +281,10 @@ pub enum Action {
     StatsTick,
     /// Ask the data sources to drop their incremental state.
     ClearIncrementalState,
+    /// Read what producers wrote into their shared memory and have not
+    /// committed yet (SMB scraping, where they allow it): after every flush
+    /// and once the sources have stopped, as Perfetto's service does.
+    ScrapeProducers,
     /// Clear the buffers marked `clear_before_clone` and note `clone_started`:
     /// snapshot `n` begins (its flush follows).
     PrepareSnapshot(u32),
@@ -285,6 +297,9 @@ pub enum Action {
     AnnounceStop,
     /// Stop every data source; answer with [`Event::SourcesStopped`].
     StopSources,
+    /// Note in the trace which producers' data sources have not
+    /// acknowledged their start yet (`slow_starting_data_sources`).
+    NoteSlowStart,
     /// The session is over.
     Exit(StopReason),
 }

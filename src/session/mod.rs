@@ -41,6 +41,11 @@ pub use event::{
 pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
 
 use crate::storage::segment::policy::rotation_due;
+
+/// How long producers' start acks are awaited before the session notes the
+/// slow ones (Perfetto's `kAllDataSourceStartedTimeout`, not configurable;
+/// producer facts §8). The session records meanwhile: nothing waits on it.
+pub const ALL_STARTED_TIMEOUT: Duration = Duration::from_secs(20);
 use crate::trace::service::ServiceEvent;
 
 /// Where the session is.
@@ -84,6 +89,8 @@ pub struct Session {
     triggered: bool,
     /// The sources were started (a deferred session may never be).
     started: bool,
+    /// `all_data_sources_started` was noted.
+    all_started: bool,
     snapshots: u32,
     /// The trigger whose delayed stop is pending.
     stop_trigger_name: Option<String>,
@@ -101,6 +108,7 @@ impl Session {
             phase: None,
             triggered: false,
             started: false,
+            all_started: false,
             snapshots: 0,
             stop_trigger_name: None,
             flushes: BTreeMap::new(),
@@ -184,6 +192,16 @@ impl Session {
                 out.extend(self.flushed(id, complete, now));
                 out
             }
+            Event::SourcesStarted => {
+                if !self.started || self.all_started || self.state != State::Recording {
+                    return Vec::new();
+                }
+                self.all_started = true;
+                vec![
+                    Action::CancelTimer(Timer::StartDeadline),
+                    Action::Service(ServiceEvent::AllDataSourcesStarted),
+                ]
+            }
             Event::SourcesStopped => match self.phase {
                 Some(StopPhase::StoppingSources) => {
                     let mut out = vec![Action::CancelTimer(Timer::StopDeadline)];
@@ -244,7 +262,10 @@ impl Session {
     fn start_sources(&mut self, now: Duration) -> Vec<Action> {
         self.state = State::Recording;
         self.started = true;
-        let mut out = vec![Action::StartSources];
+        let mut out = vec![
+            Action::StartSources,
+            Action::SetTimer(Timer::StartDeadline, now + ALL_STARTED_TIMEOUT),
+        ];
         let t = &self.timeline;
         let cadences = [
             (Timer::WritePass, t.write_period),
@@ -305,6 +326,10 @@ impl Session {
                 _ => Vec::new(),
             },
             Timer::Snapshot(n) => self.begin_snapshot(n, now),
+            // Some producer has not acknowledged its start: say which; the
+            // session goes on (a later ack still notes all started).
+            Timer::StartDeadline if !self.all_started => vec![Action::NoteSlowStart],
+            Timer::StartDeadline => Vec::new(),
             Timer::WritePass => self.periodic(t, self.timeline.write_period, now, |s, now| {
                 if s.waiting_for_trigger() {
                     Vec::new()
@@ -371,9 +396,11 @@ impl Session {
         let Some(purpose) = self.flushes.remove(&id) else {
             return Vec::new();
         };
+        // Whether acked or timed out, the flush ends by reading what the
+        // producers left in their chunks (producer facts §6).
+        let mut out = vec![Action::ScrapeProducers];
         // Perfetto's readers release sorted data at this marker: only a
         // complete flush may claim it (DESIGN §4).
-        let mut out = Vec::new();
         if complete && purpose != FlushPurpose::Stop && self.state == State::Recording {
             out.push(Action::Service(ServiceEvent::AllDataSourcesFlushed));
         }
@@ -571,6 +598,8 @@ impl Session {
         };
         if writes {
             self.phase = Some(StopPhase::FinalPass);
+            // The stopped producers' open chunks, before the last pass.
+            out.insert(0, Action::ScrapeProducers);
             out.push(Action::WritePass(Pass::Final));
             return out;
         }

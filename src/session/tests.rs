@@ -119,6 +119,7 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
         vec![
             Action::SetTimer(Timer::Stop, ms(2000)),
             Action::StartSources,
+            Action::SetTimer(Timer::StartDeadline, ms(20_000)),
             Action::SetTimer(Timer::Stats, ms(10_000)),
         ]
     );
@@ -146,6 +147,7 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
         a,
         vec![
             Action::CancelTimer(Timer::FlushDeadline(FlushId(0))),
+            Action::ScrapeProducers,
             Action::Service(ServiceEvent::AllDataSourcesFlushed),
             Action::SetTimer(Timer::StopDeadline, ms(7010)),
             Action::StopSources,
@@ -156,6 +158,7 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
         a,
         vec![
             Action::CancelTimer(Timer::StopDeadline),
+            Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
             Action::WritePass(Pass::Final),
         ]
@@ -175,6 +178,35 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
         ]
     );
     assert_eq!(s.state(), State::Finished);
+}
+
+#[test]
+fn all_started_is_noted_once_when_the_acks_came_and_slow_starts_are_named() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    // Producers that never acknowledge do not hold anything up: the
+    // deadline only notes them, and recording goes on.
+    let a = s.on_event(Event::TimerFired(Timer::StartDeadline), ms(20_000));
+    assert_eq!(a, vec![Action::NoteSlowStart]);
+    assert_eq!(s.state(), State::Recording);
+    // A late ack still completes the start, once.
+    let a = s.on_event(Event::SourcesStarted, ms(21_000));
+    assert_eq!(
+        a,
+        vec![
+            Action::CancelTimer(Timer::StartDeadline),
+            Action::Service(ServiceEvent::AllDataSourcesStarted),
+        ]
+    );
+    assert!(s.on_event(Event::SourcesStarted, ms(21_001)).is_empty());
+    assert!(
+        s.on_event(Event::TimerFired(Timer::StartDeadline), ms(40_000))
+            .is_empty()
+    );
+    // Before the start (deferred) an ack means nothing.
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.deferred_start = true;
+    let mut d = begun(t);
+    assert!(d.on_event(Event::SourcesStarted, ms(1)).is_empty());
 }
 
 #[test]
@@ -229,9 +261,10 @@ fn periodic_flush_marks_complete_flushes_only() {
     assert!(a.contains(&Action::Service(ServiceEvent::AllDataSourcesFlushed)));
     let a = s.on_event(Event::TimerFired(Timer::Flush), ms(10_000));
     let id = flush_id(&a).expect("flushes");
-    // Timed out: no claim that the data is complete.
+    // Timed out: no claim that the data is complete (what producers left
+    // in their memory is still read).
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(15_000));
-    assert!(a.is_empty());
+    assert_eq!(a, vec![Action::ScrapeProducers]);
     // A late acknowledgement of that flush changes nothing.
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(15_001));
     assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
@@ -251,15 +284,19 @@ fn flush_before_each_write_pass_then_the_pass() {
         a,
         vec![
             Action::CancelTimer(Timer::FlushDeadline(id)),
+            Action::ScrapeProducers,
             Action::Service(ServiceEvent::AllDataSourcesFlushed),
             Action::WritePass(Pass::Periodic),
         ]
     );
-    // A flush that times out still leads to the pass.
+    // A flush that times out still leads to the pass, after the scrape.
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(20_000));
     let id = flush_id(&a).expect("flushes first");
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(25_000));
-    assert_eq!(a, vec![Action::WritePass(Pass::Periodic)]);
+    assert_eq!(
+        a,
+        vec![Action::ScrapeProducers, Action::WritePass(Pass::Periodic)]
+    );
 }
 
 #[test]
@@ -305,6 +342,7 @@ fn slow_sources_are_bounded_by_their_timeouts() {
     assert_eq!(
         a,
         vec![
+            Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
             Action::WritePass(Pass::Final)
         ]
@@ -528,7 +566,7 @@ fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
     let id = flush_id(&a).expect("flushes");
     // Even a flush that times out is followed by its snapshot.
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(5120));
-    assert_eq!(a, vec![Action::Snapshot(1)]);
+    assert_eq!(a, vec![Action::ScrapeProducers, Action::Snapshot(1)]);
 
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);

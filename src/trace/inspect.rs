@@ -45,6 +45,23 @@ pub struct SequenceReport {
     /// Packets marked `previous_packet_dropped`.
     pub losses: u64,
     pub for_testing: Option<TestSequence>,
+    /// The producer's process and user (`trusted_pid`, `trusted_uid`), for
+    /// sequences written by a producer over the socket.
+    pub pid: Option<i32>,
+    pub uid: Option<i32>,
+}
+
+/// What one producer process wrote (its sequences carry its trusted pid).
+/// Perfetto's format keeps no producer names: `recorder query` and the
+/// summary give them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ProducerSeen {
+    pub uid: Option<i32>,
+    pub sequences: Vec<u32>,
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets marked `previous_packet_dropped` on its sequences.
+    pub losses: u64,
 }
 
 /// A service event packet.
@@ -100,6 +117,8 @@ pub struct InspectReport {
     pub packet_bytes: u64,
     pub by_kind: BTreeMap<String, Tally>,
     pub by_sequence: BTreeMap<u32, SequenceReport>,
+    /// Producers (by trusted pid) and what they wrote.
+    pub producers: BTreeMap<i32, ProducerSeen>,
     pub service_events: Vec<ServiceEventSeen>,
     pub trace_stats_packets: u64,
     pub last_trace_stats: Option<TraceStatsInfo>,
@@ -189,6 +208,10 @@ impl InspectReport {
             .or_default();
         seq.packets += 1;
         seq.bytes += record;
+        if info.trusted_pid.is_some() {
+            seq.pid = info.trusted_pid;
+            seq.uid = info.trusted_uid;
+        }
         if let Some(ts) = info.timestamp {
             seq.first_timestamp.get_or_insert(ts);
             seq.last_timestamp = Some(ts);
@@ -245,7 +268,22 @@ impl InspectReport {
         }
     }
 
+    /// Groups the sequences written by producers by their process.
+    fn tally_producers(&mut self) {
+        self.producers.clear();
+        for (id, s) in &self.by_sequence {
+            let Some(pid) = s.pid else { continue };
+            let p = self.producers.entry(pid).or_default();
+            p.uid = s.uid;
+            p.sequences.push(*id);
+            p.packets += s.packets;
+            p.bytes += s.bytes;
+            p.losses += s.losses;
+        }
+    }
+
     fn finish(&mut self, end: ScanEnd) {
+        self.tally_producers();
         self.file_bytes = end.bytes;
         self.torn_tail = end.torn_tail;
         self.torn_tail_bytes = end.torn_tail.map_or(0, |t| t.bytes);
@@ -338,6 +376,28 @@ impl fmt::Display for InspectReport {
                 )?;
             }
             writeln!(f)?;
+        }
+        if !self.producers.is_empty() {
+            writeln!(
+                f,
+                "\nproducers (by trusted pid; names are not kept in the trace):"
+            )?;
+            for (pid, p) in &self.producers {
+                let seqs: Vec<String> = p.sequences.iter().map(|s| s.to_string()).collect();
+                writeln!(
+                    f,
+                    "  pid {pid:<8} uid {:<6} {:>10} packets {:>14} bytes on sequences {}{}",
+                    p.uid.map_or_else(|| "?".to_string(), |u| u.to_string()),
+                    p.packets,
+                    p.bytes,
+                    seqs.join(", "),
+                    if p.losses > 0 {
+                        format!(", {} after loss", p.losses)
+                    } else {
+                        String::new()
+                    }
+                )?;
+            }
         }
         if let Some(ft) = &self.ftrace {
             writeln!(

@@ -285,6 +285,9 @@ pub struct PacketInfo {
     /// Field number of the `data` oneof member present (the last one wins).
     pub kind: Option<u32>,
     pub trusted_packet_sequence_id: Option<u32>,
+    /// The writer's process, as the service appended it (producers' packets).
+    pub trusted_pid: Option<i32>,
+    pub trusted_uid: Option<i32>,
     pub timestamp: Option<u64>,
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
@@ -314,6 +317,8 @@ impl PacketInfo {
                 (trace_packet::PREVIOUS_PACKET_DROPPED, Value::Varint(x)) => {
                     p.previous_packet_dropped = *x
                 }
+                (trace_packet::TRUSTED_PID, Value::Varint(x)) => p.trusted_pid = Some(*x as i32),
+                (trace_packet::TRUSTED_UID, Value::Varint(x)) => p.trusted_uid = Some(*x as i32),
                 _ => {}
             }
             if trace_packet::NON_DATA.contains(&f) {

@@ -10,9 +10,9 @@ use crate::clock::{BuiltinClock, ClockReadings};
 use crate::ringbuf::{Buffer, BufferStats};
 use crate::trace::encoder::{Overflow, ProtoEncoder};
 use crate::wire::{
-    attribute, buffer_stats as bs, clock, clock_snapshot, system_info as si, trace_attributes,
-    trace_packet as tp, trace_stats as ts, trace_uuid, tracing_service_event as tse, trigger as tr,
-    utsname, writer_stats,
+    attribute, buffer_stats as bs, clock, clock_snapshot, service_event_data_sources as sed,
+    system_info as si, trace_attributes, trace_packet as tp, trace_stats as ts, trace_uuid,
+    tracing_service_event as tse, trigger as tr, utsname, writer_stats,
 };
 
 /// The sequence id of the recorder's own packets (Perfetto's
@@ -275,6 +275,28 @@ pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
     })
 }
 
+/// Data sources a slow-start or slow-flush event lists at most (facts §4.8).
+pub const MAX_LISTED_DATA_SOURCES: usize = 32;
+
+/// A `slow_starting_data_sources` service event: the (producer, data
+/// source) pairs that had not acknowledged their start.
+pub fn slow_starting(uid: u32, ts_ns: u64, slow: &[(String, String)]) -> Vec<u8> {
+    framed(|e| {
+        trusted(e, uid);
+        timestamped(e, ts_ns);
+        let s = e.begin_nested(tp::SERVICE_EVENT);
+        let list = e.begin_nested(tse::SLOW_STARTING_DATA_SOURCES);
+        for (producer, source) in slow.iter().take(MAX_LISTED_DATA_SOURCES) {
+            let d = e.begin_nested(sed::DATA_SOURCE);
+            e.string(sed::PRODUCER_NAME, producer);
+            e.string(sed::DATA_SOURCE_NAME, source);
+            e.end_nested(d);
+        }
+        e.end_nested(list);
+        e.end_nested(s);
+    })
+}
+
 /// A `buffer_cloned` service event for buffer `index`.
 pub fn buffer_cloned(uid: u32, ts_ns: u64, index: u32) -> Vec<u8> {
     framed(|e| {
@@ -527,6 +549,22 @@ mod tests {
         let mut want = vec![0x0a, 0x17, 0x18, 0x00, 0x50, 0x01, 0xa2, 0x02, 0x10];
         want.extend_from_slice(&SYNC_MARKER);
         assert_eq!(m, want);
+    }
+
+    #[test]
+    fn slow_starting_names_producer_and_data_source_as_perfetto_decodes_them() {
+        use protobuf::Message;
+        let slow: Vec<(String, String)> = (0..40)
+            .map(|i| (format!("app{i}"), "track_event".to_string()))
+            .collect();
+        let framed = slow_starting(0, 7, &slow);
+        let trace = perfetto_protos::trace::Trace::parse_from_bytes(&framed).expect("decodes");
+        let p = &trace.packet[0];
+        assert_eq!(p.timestamp(), 7);
+        let listed = &p.service_event().slow_starting_data_sources().data_source;
+        assert_eq!(listed.len(), MAX_LISTED_DATA_SOURCES);
+        assert_eq!(listed[1].producer_name(), "app1");
+        assert_eq!(listed[1].data_source_name(), "track_event");
     }
 
     #[test]

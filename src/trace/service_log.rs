@@ -38,6 +38,8 @@ pub struct ServiceLog {
     initial_snapshot: Option<ClockReadings>,
     queued_snapshots: Vec<ClockReadings>,
     events: Vec<(u64, ServiceEvent)>,
+    /// `slow_starting_data_sources` events not written yet.
+    slow_starts: Vec<(u64, Vec<(String, String)>)>,
     triggers: Vec<TriggerRecord>,
     sync_due: bool,
     stats_due: bool,
@@ -66,6 +68,7 @@ impl ServiceLog {
             initial_snapshot: None,
             queued_snapshots: Vec::new(),
             events: Vec::new(),
+            slow_starts: Vec::new(),
             triggers: Vec::new(),
             sync_due: true,
             stats_due: true,
@@ -111,6 +114,12 @@ impl ServiceLog {
         ) {
             self.add_snapshot();
         }
+    }
+
+    /// Records that these (producer, data source) pairs had not
+    /// acknowledged their start by the deadline.
+    pub fn slow_starting(&mut self, slow: Vec<(String, String)>) {
+        self.slow_starts.push((clock::boottime_ns(), slow));
     }
 
     /// Records an accepted trigger.
@@ -203,8 +212,12 @@ impl ServiceLog {
             for (ts, ev) in self.events.drain(..) {
                 out.push(service::service_event(self.uid, ts, ev));
             }
+            for (ts, slow) in self.slow_starts.drain(..) {
+                out.push(service::slow_starting(self.uid, ts, &slow));
+            }
         } else {
             self.events.clear();
+            self.slow_starts.clear();
         }
         out
     }

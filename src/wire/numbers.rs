@@ -212,6 +212,15 @@ pub mod tracing_service_event {
     ];
 }
 
+/// `TracingServiceEvent.DataSources` (slow_starting_data_sources,
+/// last_flush_slow_data_sources; facts §4.8): repeated `data_source`, each
+/// {producer_name, data_source_name}.
+pub mod service_event_data_sources {
+    pub const DATA_SOURCE: u32 = 1;
+    pub const PRODUCER_NAME: u32 = 1;
+    pub const DATA_SOURCE_NAME: u32 = 2;
+}
+
 /// `Trigger` (facts §4.8).
 pub mod trigger {
     pub const TRIGGER_NAME: u32 = 1;

@@ -3,9 +3,15 @@
 well enough to get a shared memory buffer and a data source started, then
 breaks the shared-memory ABI every way it can, and ends with a garbage frame.
 
-usage: hostile_producer.py SOCKET DATA_SOURCE
+usage: hostile_producer.py SOCKET DATA_SOURCE [--start-ack never|MS]
 
-Prints `started`, then `done` once everything is sent. Messages are encoded
+Prints `started`, then `done` once everything is sent.
+
+With `--start-ack`, it plays a different part: a producer whose data source
+promises to acknowledge its start (will_notify_on_start) and then never does
+(`never`) or does so MS milliseconds late. It prints `setup` and `started` as
+the commands come, `acked` after its late ack, and `stopped` when told to
+stop; it writes nothing. Messages are encoded
 by hand from the field numbers; the one good packet is built with
 perfetto_trace_pb2 (counter 7777), as is the packet that forges trusted_uid.
 """
@@ -15,6 +21,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
@@ -122,8 +129,58 @@ def frag(payload):
     return bytes([(n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, (n >> 21) & 0x7F]) + payload
 
 
+def commands(rd):
+    """The GetAsyncCommand stream: (field, body) of each command."""
+    while True:
+        f = rd.frame()
+        if 6 not in f:
+            continue
+        reply = dict(fields(f[6]))
+        if 3 not in reply:
+            continue
+        for k, v in fields(reply[3]):
+            yield k, v
+
+
+def slow_starter(path, ds_name, ack):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    rd = Reader(sock)
+    sock.sendall(frame(1, field_bytes(3, field_bytes(1, b"ProducerPort"))))
+    rd.frame()
+    init = field_bytes(3, b"slow_starter") + field_varint(4, 1)
+    invoke(sock, 2, 1, init)
+    rd.frame()
+    # Descriptor: name, will_notify_on_start.
+    desc = field_bytes(1, ds_name.encode()) + field_varint(3, 1) + field_varint(7, 42)
+    invoke(sock, 3, 2, field_bytes(1, desc))
+    rd.frame()
+    invoke(sock, 4, 5, b"")
+    rid = 5
+    for kind, body in commands(rd):
+        if kind == 6:
+            print("setup", flush=True)
+        elif kind == 1:
+            inst = dict(fields(body))[1]
+            print("started", flush=True)
+            if ack != "never":
+                time.sleep(int(ack) / 1000)
+                invoke(sock, rid, 8, field_varint(1, inst), drop_reply=True)
+                rid += 1
+                print("acked", flush=True)
+        elif kind == 2:
+            print("stopped", flush=True)
+            return
+
+
 def main():
     path, ds_name = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 4 and sys.argv[3] == "--start-ack":
+        try:
+            slow_starter(path, ds_name, sys.argv[4])
+        except SystemExit:
+            print("closed", flush=True)
+        return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     rd = Reader(sock)

@@ -5,10 +5,18 @@
 //! slices and a counter with the same number.
 //!
 //! `sdk_producer [--ds NAME] [--packets N] [--payload BYTES] [--forever]
-//!               [--trigger NAME] [--wait-secs S] [--shmem-kb KB] [--on-flush]`
+//!               [--trigger NAME] [--wait-secs S] [--shmem-kb KB] [--on-flush]
+//!               [--no-commit] [--interval-ms MS] [--linger-secs S]`
 //!
 //! With `--on-flush` the data source handles flushes (so the service sends it
 //! Flush requests) and prints `flushed` for each.
+//!
+//! With `--no-commit` the app never flushes its writers: what it wrote stays
+//! in its open chunks until they fill (the service sees it only by scraping
+//! them). `--interval-ms` paces the loop; `--linger-secs` keeps the app alive
+//! that long after its data source stopped, without tracing, so its writers
+//! are not destroyed (which would commit their chunks) while the service
+//! finishes.
 //!
 //! Prints `started` when the data source starts, `config <hex>` with the
 //! config bytes it was set up with, `audio_config …` when they carry the
@@ -62,6 +70,9 @@ struct Args {
     wait: Duration,
     shmem_kb: u32,
     on_flush: bool,
+    no_commit: bool,
+    interval: Duration,
+    linger: Duration,
 }
 
 fn args() -> Args {
@@ -74,6 +85,9 @@ fn args() -> Args {
         wait: Duration::from_secs(60),
         shmem_kb: 0,
         on_flush: false,
+        no_commit: false,
+        interval: Duration::ZERO,
+        linger: Duration::ZERO,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -84,6 +98,13 @@ fn args() -> Args {
             "--payload" => a.payload = v().parse().expect("--payload BYTES"),
             "--forever" => a.forever = true,
             "--on-flush" => a.on_flush = true,
+            "--no-commit" => a.no_commit = true,
+            "--interval-ms" => {
+                a.interval = Duration::from_millis(v().parse().expect("--interval-ms MS"))
+            }
+            "--linger-secs" => {
+                a.linger = Duration::from_secs(v().parse().expect("--linger-secs S"))
+            }
             "--trigger" => a.trigger = Some(v()),
             "--shmem-kb" => a.shmem_kb = v().parse().expect("--shmem-kb KB"),
             "--wait-secs" => a.wait = Duration::from_secs(v().parse().expect("--wait-secs S")),
@@ -184,20 +205,25 @@ fn main() {
             ctx.set_counter(TrackEventCounter::Int64(seq as i64));
         });
         seq += 1;
-        if a.forever {
+        if a.forever && !a.no_commit {
             ds.trace(|ctx: &mut TraceContext| ctx.flush(|| {}));
             std::thread::sleep(Duration::from_millis(2));
         }
+        if !a.interval.is_zero() {
+            std::thread::sleep(a.interval);
+        }
     }
-    // Commit what this thread holds: open chunks reach the service at a
-    // flush, when full, or when the writer goes.
-    ds.trace(|ctx: &mut TraceContext| ctx.flush(|| {}));
-    track_event_begin!("recorder_test", "flush", |ctx: &mut EventContext| {
-        ctx.set_flush();
-    });
-    track_event_end!("recorder_test", |ctx: &mut EventContext| {
-        ctx.set_flush();
-    });
+    if !a.no_commit {
+        // Commit what this thread holds: open chunks reach the service at a
+        // flush, when full, or when the writer goes.
+        ds.trace(|ctx: &mut TraceContext| ctx.flush(|| {}));
+        track_event_begin!("recorder_test", "flush", |ctx: &mut EventContext| {
+            ctx.set_flush();
+        });
+        track_event_end!("recorder_test", |ctx: &mut EventContext| {
+            ctx.set_flush();
+        });
+    }
     say(&format!("wrote {seq}"));
     if let Some(t) = &a.trigger {
         Producer::activate_trigger(t, Duration::from_secs(10)).expect("trigger");
@@ -212,4 +238,5 @@ fn main() {
     } else {
         "timed out"
     });
+    std::thread::sleep(a.linger);
 }
