@@ -10,6 +10,10 @@ alternates), and medians are printed as Markdown for BENCHMARKS.md.
   cargo build --release
   python3 scripts/bench_producer.py [--rounds 5] [--sizes 64,1024]
         [--payload-mib 256] [--shmem-kb 0] [--buffer-mib 512] [--dir DIR]
+        [--baseline OTHER_RECORDER]
+
+`--baseline` runs another recorder build as a third side of every round
+(before and after a change, in the same run).
 
 Per run:
 - packets/s kept: the `for_testing` packets found in the trace (counted by
@@ -121,15 +125,15 @@ def result(side, app, trace, cpu, cpu_note):
     }
 
 
-def run_recorder(a, size, packets, work):
+def run_recorder(a, size, packets, work, binary=RECORDER, side="recorder"):
     cfg = os.path.join(work, "bench.cfg")
     with open(cfg, "w") as f:
         f.write(f'buffers {{ size_kb: {a.buffer_mib * 1024} fill_policy: DISCARD }}\n'
                 f'data_sources {{ config {{ name: "{DS_NAME}" }} }}\n')
-    trace = os.path.join(work, f"recorder-{size}.pftrace")
+    trace = os.path.join(work, f"{side}-{size}.pftrace")
     sock = os.path.join(work, "producer.sock")
     env = dict(os.environ, RECORDER_RUNTIME_DIR=os.path.join(work, "run"))
-    rec = subprocess.Popen([RECORDER, "--config", cfg, "-o", trace, "--producer-socket", sock],
+    rec = subprocess.Popen([binary, "--config", cfg, "-o", trace, "--producer-socket", sock],
                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
     t = time.monotonic()
@@ -155,7 +159,7 @@ def run_recorder(a, size, packets, work):
     err = rec.stderr.read().decode()
     if rec.returncode != 0:
         raise RuntimeError(f"recorder exited {rec.returncode}: {err}")
-    r = result("recorder", parse_app(lines), trace, cpu - cpu0, f"process, total {cpu:.3f} s")
+    r = result(side, parse_app(lines), trace, cpu - cpu0, f"process, total {cpu:.3f} s")
     r["trace"] = trace
     return r
 
@@ -195,6 +199,8 @@ def main():
     p.add_argument("--buffer-mib", type=int, default=512)
     p.add_argument("--dir", default=None)
     p.add_argument("--keep", default=None, help="keep the last traces in this directory")
+    p.add_argument("--baseline", default=None,
+                   help="another recorder binary, run as a third side (`recorder-base`)")
     p.add_argument("--test", action="store_true")
     a = p.parse_args()
     if a.test:
@@ -209,8 +215,10 @@ def main():
         for size in sizes:
             packets = 2000 if a.test else a.payload_mib * 1048576 // size
             order = [run_recorder, run_in_process]
-            if rnd % 2:
-                order.reverse()
+            if a.baseline:
+                order.append(lambda *x: run_recorder(*x, binary=a.baseline, side="recorder-base"))
+            # Each side goes first in turn.
+            order = order[rnd % len(order):] + order[:rnd % len(order)]
             for f in order:
                 r = f(a, size, packets, work)
                 runs.setdefault((size, r["side"]), []).append(r)
@@ -225,12 +233,13 @@ def main():
           "| its own loss counters (last round) | CPU per MB kept |")
     print("|---|---|---|---|---|---|---|---|")
     failed = False
+    sides = ["perfetto", "recorder"] + (["recorder-base"] if a.baseline else [])
     for size in sizes:
         med = {}
-        for side in ["perfetto", "recorder"]:
+        for side in sides:
             rs = runs[(size, side)]
             med[side] = statistics.median(r["rate"] for r in rs)
-        for side in ["perfetto", "recorder"]:
+        for side in sides:
             rs = runs[(size, side)]
             last = rs[-1]
             print(f"| {last['packet_bytes']} B | {side} | {med[side] / 1e6:.3f} M "

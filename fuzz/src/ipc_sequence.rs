@@ -34,7 +34,7 @@ pub fn check(data: &[u8]) {
         if op.is_multiple_of(2) {
             let mut chunk = body.to_vec();
             chunk.resize(chunk.len().max(64), 0);
-            seq.on_chunk(chunk, &mut stats, &mut budget);
+            seq.on_chunk(&chunk, &mut stats, &mut budget);
         } else if body.len() >= 12 {
             let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
             let off = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
