@@ -24,11 +24,13 @@ Per run:
   say which), and each service's own counters from its last TraceStats
   (trace_writer_packet_loss: the SDK's drop markers, one per run of drops;
   chunks_discarded, abi_violations, patches_failed);
-- CPU per MB kept: recorder, the whole process from just before the app
-  starts to its exit (its wait4 rusage less its CPU clock sampled before);
-  in-process, the thread the SDK runs Perfetto's service on, from just
-  before the loop to after the trace was read out (per-thread
-  se.sum_exec_runtime). The app's own threads are printed too.
+- CPU per MB kept, while writing and to the end: recorder, the whole
+  process, from just before the app starts to the app's last packet (its
+  CPU clock) and to its exit (wait4 rusage), which includes the stop and
+  writing the trace file; in-process, the thread the SDK runs Perfetto's
+  service on (per-thread se.sum_exec_runtime), from just before the loop to
+  its last packet and to after the trace was read out into its file. The
+  app's own threads are printed too.
 
 `--test` runs one short round with a shared memory large enough that
 nothing can be dropped and checks every packet arrived (a smoke test of this
@@ -85,15 +87,15 @@ def read_app(app, until):
 
 
 def parse_app(lines):
-    r = {"threads": {}}
+    r = {"threads": {}, "during": {}}
     for line in lines:
         w = line.split()
         if w[:1] == ["wrote"]:
             r["wrote"], r["secs"] = int(w[1]), float(w[3])
         elif w[:1] == ["packet_bytes"]:
             r["packet_bytes"] = int(w[1])
-        elif w[:1] == ["thread"]:
-            r["threads"][f"{w[2]}:{w[1]}"] = float(w[3])
+        elif w[:1] in (["thread"], ["during"]):
+            r["threads" if w[0] == "thread" else "during"][f"{w[2]}:{w[1]}"] = float(w[3])
     return r
 
 
@@ -112,7 +114,7 @@ def inspect(trace):
     return seqs[0], counters
 
 
-def result(side, app, trace, cpu, cpu_note):
+def result(side, app, trace, cpu, cpu_note, cpu_writing):
     seq, counters = inspect(trace)
     kept = seq["count"]
     mb = kept * app["packet_bytes"] / 1e6
@@ -121,6 +123,7 @@ def result(side, app, trace, cpu, cpu_note):
         "lost": app["wrote"] - kept, "gaps": seq["gaps"], "out_of_order": seq["out_of_order"],
         "first": seq["first"], "last": seq["last"], "counters": counters,
         "rate": kept / app["secs"], "mb": mb, "cpu": cpu, "cpu_per_mb": cpu / mb if mb else 0.0,
+        "cpu_writing": cpu_writing, "writing_per_mb": cpu_writing / mb if mb else 0.0,
         "cpu_note": cpu_note, "threads": app["threads"], "packet_bytes": app["packet_bytes"],
     }
 
@@ -152,6 +155,7 @@ def run_recorder(a, size, packets, work, binary=RECORDER, side="recorder"):
                            env=dict(os.environ, PERFETTO_PRODUCER_SOCK_NAME=sock),
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     lines = read_app(app, "wrote")
+    cpu_writing = proc_cpu(rec.pid) - cpu0
     rec.send_signal(signal.SIGINT)
     lines += list(app.stdout)
     app.wait(timeout=60)
@@ -159,7 +163,8 @@ def run_recorder(a, size, packets, work, binary=RECORDER, side="recorder"):
     err = rec.stderr.read().decode()
     if rec.returncode != 0:
         raise RuntimeError(f"recorder exited {rec.returncode}: {err}")
-    r = result(side, parse_app(lines), trace, cpu - cpu0, f"process, total {cpu:.3f} s")
+    r = result(side, parse_app(lines), trace, cpu - cpu0, f"process, total {cpu:.3f} s",
+               cpu_writing)
     r["trace"] = trace
     return r
 
@@ -181,7 +186,8 @@ def run_in_process(a, size, packets, work):
     main = os.path.basename(APP)[:15]
     others = {k: v for k, v in parsed["threads"].items() if not k.startswith(main + ":")}
     name, cpu = max(others.items(), key=lambda kv: kv[1]) if others else ("none", 0.0)
-    r = result("perfetto", parsed, trace, cpu, f"thread {name}, process total {total:.3f} s")
+    r = result("perfetto", parsed, trace, cpu, f"thread {name}, process total {total:.3f} s",
+               parsed["during"].get(name, 0.0))
     r["trace"] = trace
     return r
 
@@ -223,14 +229,15 @@ def main():
                 r = f(a, size, packets, work)
                 runs.setdefault((size, r["side"]), []).append(r)
                 print(f"round {rnd + 1} {size} B {r['side']}: {r['rate'] / 1e6:.3f} M/s kept, "
-                      f"{r['kept']}/{r['wrote']} kept ({r['gaps']} gaps), cpu {r['cpu']:.3f} s "
+                      f"{r['kept']}/{r['wrote']} kept ({r['gaps']} gaps), cpu while writing "
+                      f"{r['cpu_writing']:.3f} s, to the end {r['cpu']:.3f} s "
                       f"({r['cpu_note']}), counters: {fmt_counters(r['counters'])}", flush=True)
                 if not a.keep:
                     os.unlink(r["trace"])
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
     print("| packet | service | packets/s kept | ratio | kept of written | lost (seq gaps) "
-          "| its own loss counters (last round) | CPU per MB kept |")
+          "| its own loss counters (last round) | CPU per MB kept: writing / to the end |")
     print("|---|---|---|---|---|---|---|---|")
     failed = False
     sides = ["perfetto", "recorder"] + (["recorder-base"] if a.baseline else [])
@@ -249,7 +256,8 @@ def main():
                   f"| {statistics.median(r['lost'] for r in rs)} "
                   f"({statistics.median(r['gaps'] for r in rs)}) "
                   f"| {fmt_counters(last['counters'])} "
-                  f"| {statistics.median(r['cpu_per_mb'] for r in rs) * 1e3:.2f} ms |")
+                  f"| {statistics.median(r['writing_per_mb'] for r in rs) * 1e3:.2f} / "
+                  f"{statistics.median(r['cpu_per_mb'] for r in rs) * 1e3:.2f} ms |")
             if a.test:
                 bad = [r for r in rs if r["lost"] or r["out_of_order"] or r["kept"] != r["wrote"]]
                 failed |= bool(bad)

@@ -12,10 +12,12 @@
 //!
 //! Prints, one fact a line (scripts/bench_producer.py reads them):
 //! `started`, `packet_bytes B filler F`, `wrote N secs S` (the writing loop
-//! alone, from the first packet to the flush of the last), then for every
-//! thread of this process the CPU it used from just before the loop to the
-//! end: `thread TID NAME CPU_S` (in-process: the service runs on the SDK's
-//! own thread, which this names), and `stopped` or `timed out`.
+//! alone, from the first packet to the flush of the last), preceded by the
+//! CPU every thread of this process used in the loop, `during TID NAME
+//! CPU_S` (in-process: the service runs on the SDK's own thread, which this
+//! names); then the same from the loop to the end, after the stop (and the
+//! read-out of the trace, in-process), `thread TID NAME CPU_S`, and
+//! `stopped` or `timed out`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -187,6 +189,14 @@ fn thread_cpu() -> Vec<(u32, String, f64)> {
     v
 }
 
+/// Thread `tid`'s CPU seconds in a [`thread_cpu`] sample (0: not there).
+fn cpu_of(sample: &[(u32, String, f64)], tid: u32) -> f64 {
+    sample
+        .iter()
+        .find(|(t, _, _)| *t == tid)
+        .map_or(0.0, |s| s.2)
+}
+
 pub fn main(it: impl Iterator<Item = String>) {
     let a = args(it);
     Producer::init(
@@ -246,6 +256,14 @@ pub fn main(it: impl Iterator<Item = String>) {
     // Commit the chunk this thread still holds.
     ds.trace(|ctx: &mut TraceContext| ctx.flush(|| {}));
     let secs = t.elapsed().as_secs_f64();
+    // CPU while writing, before the stop and the read-out (Perfetto's
+    // in-process read-out is much dearer than its recording).
+    for (tid, name, cpu) in thread_cpu() {
+        crate::say(&format!(
+            "during {tid} {name} {:.6}",
+            cpu - cpu_of(&before, tid)
+        ));
+    }
     crate::say(&format!("wrote {} secs {secs:.6}", a.packets));
 
     if let (Some(s), Some(out)) = (session.as_mut(), &a.out) {
@@ -271,11 +289,10 @@ pub fn main(it: impl Iterator<Item = String>) {
         std::thread::sleep(Duration::from_millis(2));
     }
     for (tid, name, cpu) in thread_cpu() {
-        let was = before
-            .iter()
-            .find(|(t, _, _)| *t == tid)
-            .map_or(0.0, |b| b.2);
-        crate::say(&format!("thread {tid} {name} {:.6}", cpu - was));
+        crate::say(&format!(
+            "thread {tid} {name} {:.6}",
+            cpu - cpu_of(&before, tid)
+        ));
     }
     drop(session);
     crate::say(if stopped.load(Ordering::SeqCst) {
