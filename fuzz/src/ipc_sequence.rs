@@ -37,7 +37,7 @@ pub fn check(data: &[u8]) {
             let mut chunk = body.to_vec();
             chunk.resize(chunk.len().max(64), 0);
             if op & 2 == 0 {
-                seq.on_chunk(chunk, &mut stats, &mut budget);
+                seq.on_chunk(&chunk, &mut stats, &mut budget);
             } else {
                 seq.on_scraped(&chunk, op & 4 != 0, &mut stats, &mut budget);
             }

@@ -131,6 +131,8 @@ pub struct Connection {
     pub instances: BTreeMap<u64, Instance>,
     writers: HashMap<u16, u32>,
     sequences: HashMap<(u16, u32), Sequence>,
+    /// Where a chunk is copied out of the SMB (reused for every chunk).
+    chunk_copy: Vec<u8>,
     budget: Budget,
     pub stats: ProducerStats,
     /// Why the connection ended, once it has.
@@ -157,6 +159,7 @@ impl Connection {
             instances: BTreeMap::new(),
             writers: HashMap::new(),
             sequences: HashMap::new(),
+            chunk_copy: Vec::new(),
             budget: Budget { left: HELD_BYTES },
             stats: ProducerStats::default(),
             closed: None,
@@ -535,6 +538,7 @@ impl Connection {
     /// CommitData's chunk moves and patches (producer facts §4.1).
     fn commit(&mut self, r: &CommitDataRequest, shared: &mut Shared<'_>) {
         let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        let mut bytes = std::mem::take(&mut self.chunk_copy);
         for mv in &r.chunks_to_move {
             let Some(smb) = &self.smb else {
                 self.stats.chunks_discarded += 1;
@@ -545,14 +549,14 @@ impl Connection {
                 self.stats.abi_violations += 1;
                 continue;
             }
-            let bytes =
-                match smb.take_chunk(mv.page.unwrap_or(u32::MAX), mv.chunk.unwrap_or(u32::MAX)) {
-                    Ok(b) => b,
-                    Err(_) => {
-                        self.stats.chunks_discarded += 1;
-                        continue;
-                    }
-                };
+            let page = mv.page.unwrap_or(u32::MAX);
+            if smb
+                .take_chunk(page, mv.chunk.unwrap_or(u32::MAX), &mut bytes)
+                .is_err()
+            {
+                self.stats.chunks_discarded += 1;
+                continue;
+            }
             self.stats.chunks_committed += 1;
             let buffer_id = mv.target_buffer.unwrap_or(0);
             let Some(header) = super::chunk::ChunkHeader::parse(&bytes) else {
@@ -574,11 +578,12 @@ impl Connection {
                 continue;
             };
             let before = self.stats.clone();
-            seq.on_chunk(bytes, &mut self.stats, &mut self.budget);
+            seq.on_chunk(&bytes, &mut self.stats, &mut self.budget);
             if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
                 b.add_change(&before, &self.stats);
             }
         }
+        self.chunk_copy = bytes;
         for p in &r.chunks_to_patch {
             let n = p.patches.len() as u64;
             let writer = p

@@ -120,14 +120,16 @@ impl Sequence {
     }
 
     /// A chunk moved out of the SMB (header included), untrusted.
-    pub fn on_chunk(&mut self, bytes: Vec<u8>, stats: &mut ProducerStats, budget: &mut Budget) {
-        let Some(header) = ChunkHeader::parse(&bytes) else {
+    /// Stored at once unless it (or an earlier one) waits for patches; only
+    /// then is it copied to be held.
+    pub fn on_chunk(&mut self, bytes: &[u8], stats: &mut ProducerStats, budget: &mut Budget) {
+        let Some(header) = ChunkHeader::parse(bytes) else {
             stats.abi_violations += 1;
             return;
         };
         let needs_patching = header.flags & chunk::NEEDS_PATCHING != 0;
         if !needs_patching && self.held.is_empty() {
-            self.store(&header, &bytes, stats, budget);
+            self.store(&header, bytes, stats, budget);
             return;
         }
         if self.held.len() >= MAX_HELD_CHUNKS || budget.left < bytes.len() {
@@ -138,7 +140,7 @@ impl Sequence {
         budget.left -= bytes.len().min(budget.left);
         self.held.push_back(Held {
             header,
-            bytes,
+            bytes: bytes.to_vec(),
             needs_patching,
         });
         self.release_held(stats, budget);
@@ -385,6 +387,17 @@ impl Sequence {
                 self.abandon(budget);
             }
             let limit = self.writer.buffer().max_packet_len();
+            if !continues_prev && !continues_next {
+                // Whole in this chunk (most packets): stored straight from
+                // the chunk's copy, nothing held.
+                if data.len() > limit {
+                    stats.packets_too_big += 1;
+                    self.dropped = true;
+                } else if !data.is_empty() {
+                    self.emit(data, stats);
+                }
+                continue;
+            }
             let mut packet = self.partial.take().unwrap_or_default();
             let before = packet.capacity();
             if packet.len() + data.len() > limit || budget.left + before < packet.len() + data.len()
@@ -528,12 +541,12 @@ mod tests {
         let a = packet(1);
         let whole = [8 << 3, 5, 2 << 3 | 2, 3, b'a', b'b', b'c'];
         seq.on_chunk(
-            chunk_bytes(0, chunk::LAST_CONTINUES, &[&a, &whole[..3]]),
+            &chunk_bytes(0, chunk::LAST_CONTINUES, &[&a, &whole[..3]]),
             &mut st,
             &mut budget,
         );
         seq.on_chunk(
-            chunk_bytes(1, chunk::FIRST_CONTINUES, &[&whole[3..]]),
+            &chunk_bytes(1, chunk::FIRST_CONTINUES, &[&whole[3..]]),
             &mut st,
             &mut budget,
         );
@@ -549,12 +562,12 @@ mod tests {
     fn a_gap_loses_the_open_packet_and_marks_the_next() {
         let (buffer, mut seq, mut st, mut budget) = setup();
         seq.on_chunk(
-            chunk_bytes(0, chunk::LAST_CONTINUES, &[&[8 << 3]]),
+            &chunk_bytes(0, chunk::LAST_CONTINUES, &[&[8 << 3]]),
             &mut st,
             &mut budget,
         );
         seq.on_chunk(
-            chunk_bytes(5, chunk::FIRST_CONTINUES, &[&[1], &packet(2)]),
+            &chunk_bytes(5, chunk::FIRST_CONTINUES, &[&[1], &packet(2)]),
             &mut st,
             &mut budget,
         );
@@ -568,7 +581,7 @@ mod tests {
         let forged = [10 << 3, 1];
         let uid = [3 << 3, 0];
         seq.on_chunk(
-            chunk_bytes(0, 0, &[&forged, &uid, &[0xFF], &packet(3)]),
+            &chunk_bytes(0, 0, &[&forged, &uid, &[0xFF], &packet(3)]),
             &mut st,
             &mut budget,
         );
@@ -582,11 +595,11 @@ mod tests {
         // A nested field whose length the writer patches later.
         let before = [2 << 3 | 2, 0, 0, 0, 0];
         seq.on_chunk(
-            chunk_bytes(0, chunk::NEEDS_PATCHING, &[&before]),
+            &chunk_bytes(0, chunk::NEEDS_PATCHING, &[&before]),
             &mut st,
             &mut budget,
         );
-        seq.on_chunk(chunk_bytes(1, 0, &[&packet(4)]), &mut st, &mut budget);
+        seq.on_chunk(&chunk_bytes(1, 0, &[&packet(4)]), &mut st, &mut budget);
         assert!(packets(&buffer).is_empty());
         // Payload offset: 4 (fragment length) + 1 (tag) = 5.
         seq.patch(
@@ -633,14 +646,14 @@ mod tests {
         );
         // The commit of the whole chunk adds the fourth; the next chunk follows.
         seq.on_chunk(
-            chunk_bytes(0, 0, &[&p[0], &p[1], &p[2], &p[3]]),
+            &chunk_bytes(0, 0, &[&p[0], &p[1], &p[2], &p[3]]),
             &mut st,
             &mut budget,
         );
-        seq.on_chunk(chunk_bytes(1, 0, &[&p[4]]), &mut st, &mut budget);
+        seq.on_chunk(&chunk_bytes(1, 0, &[&p[4]]), &mut st, &mut budget);
         // A finished chunk read ahead of its commit: the commit adds nothing.
         assert!(seq.on_scraped(&chunk_bytes(2, 0, &[&p[5]]), true, &mut st, &mut budget));
-        seq.on_chunk(chunk_bytes(2, 0, &[&p[5]]), &mut st, &mut budget);
+        seq.on_chunk(&chunk_bytes(2, 0, &[&p[5]]), &mut st, &mut budget);
         let want: Vec<_> = p.iter().map(|x| trusted(x, false)).collect();
         assert_eq!(packets(&buffer), want);
         assert_eq!(st.chunks_scraped, 2);
@@ -651,7 +664,7 @@ mod tests {
     #[test]
     fn scraping_stops_at_gaps_patches_and_the_packet_under_way() {
         let (buffer, mut seq, mut st, mut budget) = setup();
-        seq.on_chunk(chunk_bytes(0, 0, &[&packet(0)]), &mut st, &mut budget);
+        seq.on_chunk(&chunk_bytes(0, 0, &[&packet(0)]), &mut st, &mut budget);
         // Chunk 2 is not next: left to its commit.
         assert!(!seq.on_scraped(
             &chunk_bytes(2, 0, &[&packet(2)]),
@@ -674,12 +687,12 @@ mod tests {
         );
         // Its commit completes the packet in the next chunk.
         seq.on_chunk(
-            chunk_bytes(1, chunk::LAST_CONTINUES, &[&packet(1), &half]),
+            &chunk_bytes(1, chunk::LAST_CONTINUES, &[&packet(1), &half]),
             &mut st,
             &mut budget,
         );
         seq.on_chunk(
-            chunk_bytes(2, chunk::FIRST_CONTINUES, &[&[9]]),
+            &chunk_bytes(2, chunk::FIRST_CONTINUES, &[&[9]]),
             &mut st,
             &mut budget,
         );

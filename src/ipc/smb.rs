@@ -31,6 +31,9 @@
 //!   multiples of 4), so a chunk header's `packets` u16 at offset 6 is
 //!   aligned for `AtomicU16`; the producer updates it only atomically (the
 //!   ABI) and whatever it stores there is read as untrusted.
+//! * **S5** A chunk is copied into a `Vec`'s spare capacity, reserved for
+//!   its whole length first, and the length is set only after the copy has
+//!   written every byte it covers.
 //!
 //! Scraping ([`SharedMemory::scrape`]) copies chunks the producer has not
 //! committed yet and leaves their state alone: the producer still commits
@@ -188,14 +191,17 @@ impl SharedMemory {
         unsafe { &*(self.map.as_mut_ptr().add(page * self.page) as *const AtomicU32) }
     }
 
-    /// Moves chunk `chunk` of page `page` out of the SMB: marks it being
-    /// read, copies its bytes (header included), frees it. The copy is
-    /// untrusted; the indexes are the producer's and are checked here.
+    /// Moves chunk `chunk` of page `page` out of the SMB into `out`
+    /// (replacing what it held; one buffer serves every chunk, so moving a
+    /// chunk allocates nothing): marks it being read, copies its bytes
+    /// (header included), frees it. The copy is untrusted; the indexes are
+    /// the producer's and are checked here.
     pub fn take_chunk(
         &self,
         page_untrusted: u32,
         chunk_untrusted: u32,
-    ) -> Result<Vec<u8>, TakeRefusal> {
+        out: &mut Vec<u8>,
+    ) -> Result<(), TakeRefusal> {
         let page = page_untrusted as usize;
         if page >= self.pages() {
             return Err(TakeRefusal::OutOfRange);
@@ -227,16 +233,20 @@ impl SharedMemory {
         };
         let chunk_size = ((self.page - PAGE_HEADER) / n as usize) & !3;
         let offset = page * self.page + PAGE_HEADER + chunk_untrusted as usize * chunk_size;
-        let mut copy = vec![0u8; chunk_size];
+        out.clear();
+        out.reserve(chunk_size);
         // SAFETY: S1 — chunk < n keeps offset + chunk_size within the page
         // (n chunks of at most (page − 8) / n bytes after the header); S3 —
-        // a raw copy into our own Vec, no reference into shared bytes.
+        // a raw copy into our own Vec, no reference into shared bytes. S5 —
+        // `out` has room for chunk_size bytes (reserved above) and the copy
+        // initialises all of them before the length covers them.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.map.as_ptr().add(offset),
-                copy.as_mut_ptr(),
+                out.as_mut_ptr(),
                 chunk_size,
             );
+            out.set_len(chunk_size);
             // Freeing zeroes the chunk header first, as the ABI does.
             std::ptr::write_bytes(
                 self.map.as_mut_ptr().add(offset),
@@ -245,7 +255,7 @@ impl SharedMemory {
             );
         }
         self.release(bitmap, layout, n, shift);
-        Ok(copy)
+        Ok(())
     }
 
     /// Copies every chunk that is not free without changing its state, in
@@ -371,25 +381,24 @@ mod tests {
         smb.poke(4096, &bitmap.to_le_bytes());
         let chunk_size = ((4096 - 8) / 2) & !3;
         smb.poke(4096 + 8, &[1, 0, 0, 0, 7, 0, 1, 0, 0xAB]);
-        let copy = smb.take_chunk(1, 0).expect("complete chunk");
+        let mut copy = vec![0xEE; 3];
+        smb.take_chunk(1, 0, &mut copy).expect("complete chunk");
         assert_eq!(copy.len(), chunk_size);
         assert_eq!(&copy[..9], &[1, 0, 0, 0, 7, 0, 1, 0, 0xAB]);
         // Freed: state 0 while chunk 1 stays being written.
         assert_eq!(smb.bitmap(1).load(Ordering::Relaxed), (2 << 28) | (1 << 2));
-        assert_eq!(smb.take_chunk(1, 0), Err(TakeRefusal::NotComplete));
-        assert_eq!(smb.take_chunk(1, 1), Err(TakeRefusal::NotComplete));
-        assert_eq!(smb.take_chunk(1, 2), Err(TakeRefusal::OutOfRange));
-        assert_eq!(smb.take_chunk(4, 0), Err(TakeRefusal::OutOfRange));
-        assert_eq!(
-            smb.take_chunk(u32::MAX, u32::MAX),
-            Err(TakeRefusal::OutOfRange)
-        );
+        let mut take = |page, chunk| smb.take_chunk(page, chunk, &mut copy);
+        assert_eq!(take(1, 0), Err(TakeRefusal::NotComplete));
+        assert_eq!(take(1, 1), Err(TakeRefusal::NotComplete));
+        assert_eq!(take(1, 2), Err(TakeRefusal::OutOfRange));
+        assert_eq!(take(4, 0), Err(TakeRefusal::OutOfRange));
+        assert_eq!(take(u32::MAX, u32::MAX), Err(TakeRefusal::OutOfRange));
         // Reserved layouts have no chunks.
         smb.poke(0, &((7u32 << 28) | STATE_COMPLETE).to_le_bytes());
-        assert_eq!(smb.take_chunk(0, 0), Err(TakeRefusal::OutOfRange));
+        assert_eq!(take(0, 0), Err(TakeRefusal::OutOfRange));
         // The last chunk of a page freed: the bitmap goes back to 0.
         smb.poke(2 * 4096, &((1u32 << 28) | STATE_COMPLETE).to_le_bytes());
-        smb.take_chunk(2, 0).expect("complete");
+        take(2, 0).expect("complete");
         assert_eq!(smb.bitmap(2).load(Ordering::Relaxed), 0);
     }
 
@@ -412,7 +421,9 @@ mod tests {
         assert_eq!(got[1].bytes.len(), chunk_size);
         // Nothing changed state: the commit still moves the complete one.
         assert_eq!(smb.bitmap(0).load(Ordering::Relaxed), bitmap);
-        assert_eq!(smb.take_chunk(0, 0).map(|c| c[0]), Ok(1));
+        let mut copy = Vec::new();
+        assert_eq!(smb.take_chunk(0, 0, &mut copy), Ok(()));
+        assert_eq!(copy[0], 1);
         // Reserved layouts and free pages give nothing.
         smb.poke(4096, &((7u32 << 28) | STATE_COMPLETE).to_le_bytes());
         assert_eq!(smb.scrape().len(), 1);

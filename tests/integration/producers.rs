@@ -981,3 +981,63 @@ fn the_clear_period_makes_an_app_start_its_interned_state_again() {
         assert_eq!(unnamed, 0);
     }
 }
+
+/// The producer benchmark's path (scripts/bench_producer.py driving the
+/// app's `bench` mode into the recorder and into Perfetto's in-process
+/// service) runs in its test mode: one short round per size with a shared
+/// memory that holds every packet, so both traces must be complete. Not a
+/// measurement: it keeps the benchmark from rotting.
+#[test]
+fn the_producer_benchmark_runs_both_backends_in_test_mode() {
+    let keep = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("python3")
+        .arg(repo_root().join("scripts/bench_producer.py"))
+        .arg("--test")
+        .arg("--keep")
+        .arg(keep.path())
+        .env("RECORDER_BIN", recorder_bin())
+        .env("SDK_PRODUCER_BIN", sdk_app())
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("test: every packet arrived"), "{stdout}");
+    for size in [64, 1024] {
+        assert!(
+            stdout.contains(&format!("| {size} B | recorder |")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("| {size} B | perfetto |")),
+            "{stdout}"
+        );
+        for side in ["recorder", "perfetto"] {
+            let path = keep.path().join(format!("{side}-{size}.pftrace"));
+            let packets = decode(&std::fs::read(&path).expect("trace kept"));
+            let counters = test_counters(&packets);
+            assert_eq!(counters.len(), 1, "{side} {size}: {counters:?}");
+            let seq = counters.values().next().expect("one sequence");
+            assert_eq!(seq, &(0..2000).collect::<Vec<u64>>(), "{side} {size}");
+            let sized = packets.iter().find(|p| p.has_for_testing()).expect("one");
+            assert!(
+                sized.for_testing().str().len() + 20 > size,
+                "{side}: packets of about {size} B"
+            );
+            if let Some(py) = python_summary(&path) {
+                let n: usize = py["sequences"]
+                    .as_object()
+                    .expect("sequences")
+                    .values()
+                    .map(|s| s["counters"].as_array().map_or(0, Vec::len))
+                    .sum();
+                assert_eq!(n, 2000, "python agrees ({side} {size})");
+            }
+            if side == "recorder" {
+                trace_processor::check(&path);
+            } else if let Some(tp) = trace_processor::open(&path) {
+                tp.assert_no_errors();
+            }
+        }
+    }
+}

@@ -22,6 +22,10 @@
 //! config bytes it was set up with, `audio_config …` when they carry the
 //! example custom field (configs/custom/acme/audio.proto), `wrote N` after the
 //! last packet, and exits when the data source stops (or after `--wait-secs`).
+//!
+//! `sdk_producer bench …` is the benchmark mode (see [`bench`]).
+
+mod bench;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,6 +126,9 @@ fn say(s: &str) {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("bench") {
+        return bench::main(std::env::args().skip(2));
+    }
     let a = args();
     Producer::init(
         ProducerInitArgsBuilder::new()
