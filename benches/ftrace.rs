@@ -1,6 +1,12 @@
 //! ftrace page parsing and bundle encoding, ns per event, on pages captured
-//! from this machine (`tests/fixtures/ftrace/`). Baseline in the same run:
-//! memcpy of the same raw bytes.
+//! from this machine (`tests/fixtures/ftrace/`). Baselines in the same run:
+//! memcpy of the same raw bytes, and a walk of the ring-buffer pages that
+//! visits every record without decoding it.
+//!
+//! Two groups: `ftrace` (the small mixed fixtures: sched, print, power,
+//! task events) and `ftrace_sched` (64 pages of a pipe ping-pong captured with
+//! `scripts/capture_ftrace_pages.py`: sched_switch + sched_wakeup, the pair
+//! and the compact_sched setting `scripts/bench_ftrace.py` records).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -8,6 +14,7 @@ use std::path::Path;
 use criterion::{Criterion, Throughput, criterion_group};
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, PacketSlot, Writer, WriterId};
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter, count_page_events};
+use recorder::sources::ftrace::event_table::EventTable;
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{PacketOutput, load_layouts, resolve_event};
@@ -50,6 +57,88 @@ fn fixtures() -> (PageLayout, Vec<u8>, Tracefs) {
     one.extend(std::fs::read(dir.join("cpu1.raw")).expect("cpu1"));
     one.extend(std::fs::read(dir.join("lossy_cpu0.raw")).expect("lossy"));
     (l, one, t)
+}
+
+/// The ping-pong pages and a table of just the pair recorded with them.
+fn sched_fixture(compact: bool) -> (PageLayout, Vec<u8>, EventTable) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ftrace");
+    let t = Tracefs::at(dir.join("tree")).expect("fixture tree");
+    let evs = [
+        ("sched".to_string(), "sched_switch".to_string()),
+        ("sched".to_string(), "sched_wakeup".to_string()),
+    ];
+    let (l, table, _) = load_layouts(&t, &evs, compact).expect("layouts");
+    let mut pages = std::fs::read(dir.join("pingpong_cpu0.raw")).expect("pingpong cpu0");
+    pages.extend(std::fs::read(dir.join("pingpong_cpu1.raw")).expect("pingpong cpu1"));
+    (l, pages, table)
+}
+
+/// ns per event of the encoder on the scheduler pages, against memcpy and a
+/// bare walk of the same pages.
+fn bench_sched(c: &mut Criterion) {
+    let (l, pages, table) = sched_fixture(true);
+    let events: usize = pages
+        .chunks_exact(l.page_size())
+        .map(|p| count_page_events(p, &l).expect("clean fixture"))
+        .sum();
+    let mut g = c.benchmark_group("ftrace_sched");
+    g.throughput(Throughput::Elements(events as u64));
+    let mut dst = vec![0u8; pages.len()];
+    g.bench_function("memcpy_raw_pages", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(black_box(&pages));
+            black_box(&dst);
+        })
+    });
+    g.bench_function("walk", |b| {
+        b.iter(|| {
+            let n: usize = pages
+                .chunks_exact(l.page_size())
+                .map(|p| count_page_events(black_box(p), &l).unwrap_or(0))
+                .sum();
+            black_box(n)
+        })
+    });
+    let filter = PrintFilter::default();
+    for compact in [true, false] {
+        let (_, _, table) = if compact {
+            (l, Vec::new(), table.clone())
+        } else {
+            sched_fixture(false)
+        };
+        let name = if compact {
+            "encode_compact"
+        } else {
+            "encode_typed"
+        };
+        let mut sink = Sink::new();
+        let mut enc = BundleEncoder::new(2, 32 * 1024);
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut cur = CpuCursor::default();
+                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
+            })
+        });
+        let mut s2 = Sink::new();
+        let mut e2 = BundleEncoder::new(2, 32 * 1024);
+        e2.encode_pages(
+            &mut s2,
+            &table,
+            &filter,
+            &l,
+            &mut CpuCursor::default(),
+            &pages,
+        );
+        eprintln!(
+            "ftrace_sched/{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.3}x raw)",
+            pages.len(),
+            pages.len() as f64 / events as f64,
+            s2.bytes(),
+            s2.bytes() as f64 / events as f64,
+            s2.bytes() as f64 / pages.len() as f64
+        );
+    }
+    g.finish();
 }
 
 fn bench(c: &mut Criterion) {
@@ -192,7 +281,7 @@ fn end_to_end(mode: &str) {
     );
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, bench_sched);
 
 fn main() {
     if let Ok(mode) = std::env::var("FTRACE_E2E") {

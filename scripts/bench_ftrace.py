@@ -20,7 +20,12 @@ mount namespace with plain files bound over them. Prints Markdown.
 `--zstd LEVELS` adds a recorder row per zstd level (`--compress=LEVEL`);
 `--rotate-size` adds one more at the first level cutting segments of that
 size, and reports its write passes and rotations (from `-v` logs).
-`--rounds N` repeats every row N times, interleaved (one table per round).
+`--rounds N` repeats every row N times, interleaved (one table per round),
+and ends with the medians over the rounds of the two ratios the goals are
+stated in: the load's throughput under the recorder ÷ under trace-cmd, and
+the recorder's CPU per event while the load runs ÷ trace-cmd's.
+`--baseline-bin PATH` adds a row per round for another recorder build (an
+A/B of two builds in the same interleaved run).
 """
 import argparse
 import os
@@ -164,13 +169,13 @@ def decode_recorder(path):
     return events, lost_bundles, overrun, len(data)
 
 
-def run_recorder(dirpath, secs, events, extra=()):
+def run_recorder(dirpath, secs, events, extra=(), binary=None):
     cfg = os.path.join(dirpath, "ftrace_bench.cfg")
     with open(cfg, "w") as f:
         f.write(CONFIG.format(events="\n  ".join(f'ftrace_events: "{e}"' for e in events)))
     segmented = any(a.startswith("--rotate") for a in extra)
     out = os.path.join(dirpath, "ftrace_bench_segments/" if segmented else "ftrace_bench.pftrace")
-    proc = subprocess.Popen([BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([binary or BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True)
     inst = f"{TRACEFS}/instances/recorder-{proc.pid}"
     wait_for(lambda: read(f"{inst}/tracing_on") == "1", "the recorder's instance")
     ops, window = measured_load(proc, secs)
@@ -239,11 +244,29 @@ def main():
     ap.add_argument("--zstd", default="", help="comma-separated zstd levels for extra recorder rows")
     ap.add_argument("--rotate-size", default="", help="one more row: the first zstd level, cut in segments")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--baseline-bin", default="", help="another recorder build: one more row per round")
     args = ap.parse_args()
     ensure_tools()
     levels = [int(x) for x in args.zstd.split(",") if x]
+    ratios = []
     for rnd in range(args.rounds):
-        one_round(args, levels, rnd)
+        ratios.append(one_round(args, levels, rnd))
+    if args.rounds > 1:
+        def median(xs):
+            xs = sorted(xs)
+            n = len(xs)
+            return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        print(f"\n### Medians over {args.rounds} rounds\n")
+        print("| ratio | per round | median |")
+        print("|---|---|---|")
+        for key, what in (("ops", "load under the recorder ÷ under trace-cmd (goal ≥ 1)"),
+                          ("cpu", "recorder CPU/event while the load runs ÷ trace-cmd's (goal ≤ 1)"),
+                          ("base_ops", "load under the recorder ÷ under the baseline build"),
+                          ("base_cpu", "recorder CPU/event ÷ the baseline build's")):
+            xs = [r[key] for r in ratios if key in r]
+            if xs:
+                print(f"| {what} | {', '.join(f'{x:.2f}' for x in xs)} | **{median(xs):.2f}** |")
+        print(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
 
 
 def one_round(args, levels, rnd):
@@ -251,10 +274,14 @@ def one_round(args, levels, rnd):
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         prefix, how = trace_cmd_prefix(d)
         base = load(args.secs)
+        load_before = os.getloadavg()[0]
         rows = [
             ("recorder, sched_switch + sched_wakeup", run_recorder(d, args.secs, sw)),
             (f"trace-cmd {trace_cmd_version()} record ({how})", run_trace_cmd(d, args.secs, prefix)),
         ]
+        if args.baseline_bin:
+            rows.append(("baseline recorder build, sched_switch + sched_wakeup",
+                         run_recorder(d, args.secs, sw, binary=args.baseline_bin)))
         for lvl in levels:
             rows.append((f"recorder --compress={lvl}", run_recorder(d, args.secs, sw, [f"--compress={lvl}"])))
         if args.rotate_size and levels:
@@ -268,7 +295,8 @@ def one_round(args, levels, rnd):
         print(f"\n### Round {rnd + 1} of {args.rounds}\n")
     load_avg = os.getloadavg()
     print(f"`stress-ng --switch 2` for {args.secs} s per row; untraced baseline {base:,.0f} bogo ops/s; "
-          f"load average after the runs {load_avg[0]:.2f}; {os.cpu_count()} CPUs.\n")
+          f"load average {load_before:.2f} before the round, {load_avg[0]:.2f} after it; "
+          f"{os.cpu_count()} CPUs.\n")
     print("| tracer | events | rate | lost | CPU s during the load (% of a core) | ns/event | whole run CPU s (ns/event) | raw B/event | output B/event (× raw) | load vs untraced |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
@@ -285,6 +313,13 @@ def one_round(args, levels, rnd):
             print(f"\n{name}: {len(r['rotations'])} rotations, longest {1e3 * max(r['rotations']):.1f} ms "
                   f"(median {1e3 * sorted(r['rotations'])[len(r['rotations']) // 2]:.1f} ms); "
                   f"{len(p)} write passes, median {1e3 * p[len(p) // 2]:.1f} ms, longest {1e3 * p[-1]:.1f} ms.")
+    rec, tc = rows[0][1], rows[1][1]
+    per_event = lambda r: r["window"] / max(r["events"], 1)
+    out = dict(ops=rec["ops"] / tc["ops"], cpu=per_event(rec) / per_event(tc))
+    if args.baseline_bin:
+        b = rows[2][1]
+        out.update(base_ops=rec["ops"] / b["ops"], base_cpu=per_event(rec) / per_event(b))
+    return out
 
 
 def trace_cmd_version():

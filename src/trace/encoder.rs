@@ -11,7 +11,7 @@
 //! overflowed and further writes are ignored, so callers check once at the end
 //! ([`ProtoEncoder::finish`]) instead of after every field.
 
-use crate::wire::{WireType, key, varint};
+use crate::wire::{PackedKey, WireType, key, varint};
 
 /// Bytes reserved for the length of a nested message.
 pub const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
@@ -94,6 +94,12 @@ impl<'a> ProtoEncoder<'a> {
         if self.overflow {
             return;
         }
+        // Bytes past the varint in the window are left as scratch: nothing
+        // before `pos` is touched, and what lies after it is not output.
+        if let Some(w) = self.buf[self.pos..].first_chunk_mut::<{ varint::MAX_LEN }>() {
+            self.pos += varint::put_max(w, v);
+            return;
+        }
         match varint::put(&mut self.buf[self.pos..], v) {
             Some(n) => self.pos += n,
             None => self.overflow = true,
@@ -117,6 +123,64 @@ impl<'a> ProtoEncoder<'a> {
     #[inline]
     pub fn tag(&mut self, field: u32, wt: WireType) {
         self.varint(key(field, wt));
+    }
+
+    /// A key encoded beforehand: five bytes copied where there is room
+    /// (a fixed-size copy), the key's length kept.
+    #[inline(always)]
+    fn packed_key(&mut self, k: &PackedKey) {
+        if self.overflow {
+            return;
+        }
+        let (bytes, n) = k.padded();
+        if let Some(w) = self.buf[self.pos..].first_chunk_mut::<5>() {
+            *w = *bytes;
+            self.pos += n;
+            return;
+        }
+        self.bytes_raw(k.as_bytes());
+    }
+
+    /// A varint field under a key encoded beforehand (hot paths).
+    #[inline]
+    pub fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        self.packed_key(k);
+        self.varint(v);
+    }
+
+    /// A `bytes`/`string` field under a key encoded beforehand.
+    #[inline]
+    pub fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        self.packed_key(k);
+        self.varint(b.len() as u64);
+        self.bytes_raw(b);
+    }
+
+    /// A `bytes`/`string` field of the first `n` (≤ 16) bytes of `word`
+    /// (short text such as a comm): with room, all 16 are copied at once
+    /// and `n` kept.
+    #[inline]
+    pub fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        self.packed_key(k);
+        self.varint(n as u64);
+        if self.overflow {
+            return;
+        }
+        if let Some(w) = self.buf[self.pos..].first_chunk_mut::<16>() {
+            *w = *word;
+            self.pos += n.min(16);
+            return;
+        }
+        self.bytes_raw(&word[..n.min(16)]);
+    }
+
+    /// [`begin_short`](Self::begin_short) under a key encoded beforehand.
+    #[inline]
+    pub fn begin_short_at(&mut self, k: &PackedKey) -> Short {
+        self.packed_key(k);
+        let at = self.pos;
+        self.bytes_raw(&[0]);
+        Short(at)
     }
 
     /// A `uint32`/`uint64`/`bool`/enum field, or an `int32`/`int64` holding a
@@ -264,6 +328,43 @@ impl<'a> ProtoEncoder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The pre-keyed writes give the bytes (and the overflow) of the
+        /// plain ones, wherever the buffer ends.
+        #[test]
+        fn packed_key_writes_match_plain_writes(
+            field in 1u32..2000,
+            v in any::<u64>(),
+            text in proptest::collection::vec(1u8..0x80, 0..=16),
+            room in 0usize..48,
+        ) {
+            let mut word = [0u8; 16];
+            word[..text.len()].copy_from_slice(&text);
+            let k = PackedKey::new(field, WireType::Varint);
+            let kl = PackedKey::new(field, WireType::Len);
+            let mut a = vec![0xeeu8; room];
+            let mut b = vec![0xeeu8; room];
+            let mut ea = ProtoEncoder::new(&mut a);
+            let mut eb = ProtoEncoder::new(&mut b);
+            ea.uint(field, v);
+            eb.uint_at(&k, v);
+            ea.bytes(field, &text);
+            eb.bytes16_at(&kl, &word, text.len());
+            ea.bytes(field + 1, &text);
+            eb.bytes_at(&PackedKey::new(field + 1, WireType::Len), &text);
+            let s1 = ea.begin_short(field);
+            let s2 = eb.begin_short_at(&kl);
+            ea.end_short(s1);
+            eb.end_short(s2);
+            let (ra, rb) = (ea.finish(), eb.finish());
+            prop_assert_eq!(ra, rb);
+            if let Ok(n) = ra {
+                prop_assert_eq!(&a[..n], &b[..n]);
+            }
+        }
+    }
 
     #[test]
     fn nested_and_overflow() {

@@ -58,6 +58,37 @@ pub const fn key_byte(field: u32, wt: WireType) -> u8 {
     key(field, wt) as u8
 }
 
+/// A field's key, varint-encoded once: hot encoders copy its bytes instead
+/// of encoding the same key for every message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedKey {
+    bytes: [u8; 5],
+    len: u8,
+}
+
+impl PackedKey {
+    /// The key of `field` (at most [`MAX_FIELD`]) with wire type `wt`.
+    pub fn new(field: u32, wt: WireType) -> Self {
+        let mut bytes = [0u8; 5];
+        // A key of at most 32 bits takes at most five bytes.
+        let len = varint::put(&mut bytes, key(field.min(MAX_FIELD), wt)).unwrap_or(5) as u8;
+        Self { bytes, len }
+    }
+
+    /// The encoded key.
+    #[inline(always)]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// The encoded key zero-padded to five bytes, and its length: a writer
+    /// with room copies all five (a fixed-size copy) and keeps `len`.
+    #[inline(always)]
+    pub fn padded(&self) -> (&[u8; 5], usize) {
+        (&self.bytes, self.len as usize)
+    }
+}
+
 /// Why a key is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyError {
@@ -106,6 +137,8 @@ mod tests {
             let (got, n) = varint::encode(key(field, wt));
             prop_assert_eq!(&got[..n], &want[..]);
             prop_assert_eq!(key_len(field), prost::encoding::key_len(field));
+            let packed = PackedKey::new(field, wt);
+            prop_assert_eq!(packed.as_bytes(), &want[..]);
             prop_assert_eq!(split(key(field, wt)), Ok((field, wt)));
             // Any value as a key: valid exactly when prost takes it.
             let (bytes, n) = varint::encode(raw);

@@ -14,5 +14,5 @@ pub mod numbers;
 pub mod varint;
 
 pub use fields::{Field, Fields, Value, WireError, fields, for_each};
-pub use key::{WireType, key, key_len};
+pub use key::{PackedKey, WireType, key, key_len};
 pub use numbers::*;

@@ -49,6 +49,23 @@ pub fn put(out: &mut [u8], mut v: u64) -> Option<usize> {
     }
 }
 
+/// [`put`] into a window known to hold any varint: the loop is bounded by
+/// the window, so it runs without a length check per byte.
+#[inline(always)]
+pub fn put_max(out: &mut [u8; MAX_LEN], mut v: u64) -> usize {
+    for (i, b) in out.iter_mut().enumerate().take(MAX_LEN - 1) {
+        if v < 0x80 {
+            *b = v as u8;
+            return i + 1;
+        }
+        *b = (v as u8) | 0x80;
+        v >>= 7;
+    }
+    // The tenth byte holds the 64th bit.
+    out[MAX_LEN - 1] = v as u8;
+    MAX_LEN
+}
+
 /// Appends `v` as a minimal varint; the bytes it took.
 #[inline]
 pub fn push(out: &mut Vec<u8>, mut v: u64) -> usize {
@@ -208,6 +225,9 @@ mod tests {
                 prop_assert_eq!(len(v), prost::encoding::encoded_len_varint(v));
                 let (arr, n) = encode(v);
                 prop_assert_eq!(&arr[..n], &want[..]);
+                let mut window = [0u8; MAX_LEN];
+                let n = put_max(&mut window, v);
+                prop_assert_eq!(&window[..n], &want[..]);
                 prop_assert_eq!(decode(&want), Ok((v, want.len())));
             }
         }

@@ -2047,3 +2047,137 @@ fn real_kernel_ftrace_clears_incremental_state() {
         assert!(cs.waking_comm_index.iter().all(|i| *i < n));
     }
 }
+
+/// One encoding of captured pages whose exact bytes are kept in
+/// `tests/fixtures/ftrace/golden/` (zstd): the encoder's output, byte for
+/// byte, as the earlier field-by-field encoder wrote it, and the thread ids
+/// it reported.
+struct GoldenCase {
+    name: &'static str,
+    pages: &'static [&'static str],
+    compact: bool,
+    max_packet: usize,
+    tids: &'static [u32],
+    clock_and_clear: bool,
+}
+
+const GOLDEN: &[GoldenCase] = &[
+    GoldenCase {
+        name: "mixed_typed",
+        pages: &["cpu0.raw", "cpu1.raw", "gap_cpu0.raw", "lossy_cpu0.raw"],
+        compact: false,
+        max_packet: 16 * 1024,
+        tids: &[],
+        clock_and_clear: false,
+    },
+    GoldenCase {
+        name: "mixed_compact",
+        pages: &["cpu0.raw", "cpu1.raw", "gap_cpu0.raw", "lossy_cpu0.raw"],
+        compact: true,
+        max_packet: 16 * 1024,
+        tids: &[],
+        clock_and_clear: false,
+    },
+    GoldenCase {
+        name: "pingpong_typed",
+        pages: &["pingpong_cpu0.raw", "pingpong_cpu1.raw"],
+        compact: false,
+        max_packet: 32 * 1024,
+        tids: &[],
+        clock_and_clear: true,
+    },
+    GoldenCase {
+        name: "pingpong_compact",
+        pages: &["pingpong_cpu0.raw", "pingpong_cpu1.raw"],
+        compact: true,
+        max_packet: 16 * 1024,
+        tids: &[],
+        clock_and_clear: true,
+    },
+    GoldenCase {
+        name: "mixed_tids",
+        pages: &["cpu0.raw", "cpu1.raw", "pingpong_cpu0.raw"],
+        compact: true,
+        max_packet: 16 * 1024,
+        tids: &[72, 7824, 0x4b69],
+        clock_and_clear: false,
+    },
+];
+
+fn golden_encode(c: &GoldenCase) -> (Vec<u8>, Vec<i32>) {
+    let (l, table) = fixture_table(c.compact);
+    let pages: Vec<u8> = c.pages.iter().flat_map(|p| raw(p)).collect();
+    let mut out = VecOutput::new();
+    let mut enc = BundleEncoder::new(SEQ, c.max_packet);
+    if !c.tids.is_empty() {
+        enc.set_tid_filter(c.tids);
+    }
+    if c.clock_and_clear {
+        enc.set_ftrace_clock(4);
+        enc.clear_incremental_state();
+    }
+    let mut cur = CpuCursor {
+        cpu: 3,
+        ..Default::default()
+    };
+    // Two drains: bundles and the pid report continue across calls.
+    let half = pages.len() / l.page_size() / 2 * l.page_size();
+    let mut pids = Vec::new();
+    for part in [&pages[..half], &pages[half..]] {
+        enc.encode_pages(
+            &mut out,
+            &table,
+            &PrintFilter::default(),
+            &l,
+            &mut cur,
+            part,
+        );
+        let mut p = Vec::new();
+        enc.take_pids(&mut p);
+        pids.extend(p);
+        pids.push(-1);
+    }
+    (out.bytes, pids)
+}
+
+/// Every golden case encodes to exactly the bytes kept, which the
+/// independent decoder reads. `RECORDER_UPDATE_GOLDEN=1` rewrites them
+/// (only after a deliberate change of the output).
+#[test]
+fn encoder_output_is_byte_identical_to_the_golden_files() {
+    let dir = fixtures().join("golden");
+    let update = std::env::var_os("RECORDER_UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    for c in GOLDEN {
+        let (bytes, pids) = golden_encode(c);
+        let pid_text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        let bin = dir.join(format!("{}.pb.zst", c.name));
+        let txt = dir.join(format!("{}.pids", c.name));
+        if update {
+            std::fs::create_dir_all(&dir).expect("golden dir");
+            std::fs::write(&bin, zstd::encode_all(&bytes[..], 19).expect("zstd")).expect("write");
+            std::fs::write(&txt, &pid_text).expect("write");
+        }
+        let want = zstd::decode_all(&std::fs::read(&bin).expect("golden file")[..]).expect("zstd");
+        let p = decode(&want);
+        assert!(
+            !events(&p).is_empty() || !bundles(&p).is_empty(),
+            "{}",
+            c.name
+        );
+        if bytes != want {
+            let at = bytes.iter().zip(&want).position(|(a, b)| a != b);
+            panic!(
+                "{}: {} bytes against the golden {}, first difference at {at:?}",
+                c.name,
+                bytes.len(),
+                want.len()
+            );
+        }
+        assert_eq!(
+            pid_text,
+            std::fs::read_to_string(&txt).expect("golden pids"),
+            "{}",
+            c.name
+        );
+    }
+}

@@ -14,8 +14,8 @@
 //!        └ 10 previous_bundle_end_timestamp
 //! ```
 
-use super::event_table::{CompactPlan, EventEntry, EventTable, ProtoKind};
-use super::format::{Field, FieldKind, PageLayout, read_int, read_str, read_uint};
+use super::event_table::{CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, comm16};
+use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, RawEvent, parse_header};
 use crate::sources::output::PacketOutput;
 use crate::trace::encoder::ProtoEncoder;
@@ -80,20 +80,59 @@ pub struct CpuCursor {
     pub last_ts: u64,
 }
 
+/// One packed column: varints appended into a buffer that is only ever
+/// grown, each written through a window with room for the longest varint.
+#[derive(Default)]
+struct Column {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Column {
+    /// Appends `v`; the bytes it took.
+    #[inline(always)]
+    fn push(&mut self, v: u64) -> usize {
+        if let Some(w) = self.buf[self.len..].first_chunk_mut::<{ varint::MAX_LEN }>() {
+            let n = varint::put_max(w, v);
+            self.len += n;
+            return n;
+        }
+        self.grow_and_push(v)
+    }
+
+    #[cold]
+    fn grow_and_push(&mut self, v: u64) -> usize {
+        self.buf.resize((2 * self.buf.len()).max(1024), 0);
+        self.push(v)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
 /// Packed compact_sched columns of the bundle being written.
 #[derive(Default)]
 struct CompactCols {
-    switch_ts: Vec<u8>,
-    switch_prev_state: Vec<u8>,
-    switch_next_pid: Vec<u8>,
-    switch_next_prio: Vec<u8>,
-    switch_comm: Vec<u8>,
-    waking_ts: Vec<u8>,
-    waking_pid: Vec<u8>,
-    waking_target_cpu: Vec<u8>,
-    waking_prio: Vec<u8>,
-    waking_comm: Vec<u8>,
-    waking_flags: Vec<u8>,
+    switch_ts: Column,
+    switch_prev_state: Column,
+    switch_next_pid: Column,
+    switch_next_prio: Column,
+    switch_comm: Column,
+    waking_ts: Column,
+    waking_pid: Column,
+    waking_target_cpu: Column,
+    waking_prio: Column,
+    waking_comm: Column,
+    waking_flags: Column,
     last_switch_ts: u64,
     last_waking_ts: u64,
     /// Interned comms (NUL-padded to 16 bytes, compared as one u128).
@@ -126,7 +165,7 @@ impl CompactCols {
         self.last_waking_ts = 0;
     }
 
-    fn cols_mut(&mut self) -> [&mut Vec<u8>; 11] {
+    fn cols_mut(&mut self) -> [&mut Column; 11] {
         [
             &mut self.switch_ts,
             &mut self.switch_prev_state,
@@ -188,7 +227,7 @@ impl CompactCols {
             (cs::SWITCH_NEXT_PRIO, &self.switch_next_prio),
         ] {
             if !col.is_empty() {
-                enc.bytes(field, col);
+                enc.bytes(field, col.bytes());
             }
         }
         for (k, n) in &self.intern {
@@ -205,7 +244,7 @@ impl CompactCols {
             (cs::WAKING_COMMON_FLAGS, &self.waking_flags),
         ] {
             if !col.is_empty() {
-                enc.bytes(field, col);
+                enc.bytes(field, col.bytes());
             }
         }
         enc.end_nested(nested);
@@ -216,23 +255,13 @@ impl CompactCols {
 /// padded into a u128, and their count. The kernel's 16-byte `char[]` comms
 /// are read as one word.
 #[inline]
-fn comm_key(rec: &[u8], f: &Field) -> (u128, usize) {
-    const LO: u128 = u128::from_le_bytes([1; 16]);
-    const HI: u128 = u128::from_le_bytes([0x80; 16]);
-    if f.kind == FieldKind::CharArray
-        && f.size == 16
-        && let Some(c) = rec.get(f.offset..).and_then(|r| r.first_chunk::<16>())
+fn comm_key(rec: &[u8], t: TextAt) -> (u128, usize) {
+    if let TextAt::Comm16(at) = t
+        && let Some(k) = comm16(rec, at)
     {
-        let v = u128::from_le_bytes(*c);
-        // The lowest set bit marks the first zero byte (the haszero test).
-        let zero = v.wrapping_sub(LO) & !v & HI;
-        if zero == 0 {
-            return (v, 16);
-        }
-        let n = (zero.trailing_zeros() / 8) as usize;
-        return (v & ((1u128 << (8 * n)) - 1), n);
+        return k;
     }
-    let s = read_str(rec, f).unwrap_or_default();
+    let s = t.read(rec).unwrap_or_default();
     let n = s.len().min(16);
     let mut key = [0u8; 16];
     key[..n].copy_from_slice(&s[..n]);
@@ -250,6 +279,9 @@ fn utf8_or_placeholder(b: &[u8]) -> &[u8] {
         b"<invalid utf-8>"
     }
 }
+
+/// The top bit of every byte of a word: clear when all 16 bytes are ASCII.
+const ASCII_HIGH_BITS: u128 = u128::from_le_bytes([0x80; 16]);
 
 /// `TracePacket.sequence_flags`: SEQ_INCREMENTAL_STATE_CLEARED.
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
@@ -371,8 +403,9 @@ impl BundleEncoder {
     }
 
     fn tid_kept(tids: &[i32], entry: &EventEntry, rec: &[u8]) -> bool {
-        let has = |f: &super::format::Field| {
-            read_int(rec, f).is_some_and(|p| tids.binary_search(&(p as i32)).is_ok())
+        let has = |f: &IntAt| {
+            f.int(rec)
+                .is_some_and(|p| tids.binary_search(&(p as i32)).is_ok())
         };
         entry.pid.as_ref().is_some_and(has) || entry.pid_fields.iter().any(has)
     }
@@ -553,8 +586,7 @@ impl BundleEncoder {
             return Fit::Skipped;
         }
         let reserve = self.compact.encoded_len() + TRAILER_BYTES;
-        if entry.is_print
-            && let Some(buf) = entry.format.field("buf").and_then(|f| read_str(rec, f))
+        if let Some(buf) = entry.print_buf.and_then(|t| t.read(rec))
             && !filter.allows(buf)
         {
             self.stats.filtered_prints += 1;
@@ -581,26 +613,36 @@ impl BundleEncoder {
         let mark = enc.len();
         let e = enc.begin_short(feb::EVENT);
         enc.uint(ftrace_event::TIMESTAMP, ev.timestamp);
-        if let Some(p) = entry.pid.as_ref().and_then(|f| read_int(rec, f)) {
+        if let Some(p) = entry.pid.and_then(|f| f.int(rec)) {
             enc.uint(ftrace_event::PID, p as u32 as u64);
         }
         if let Some(plan) = &entry.typed {
-            let m = enc.begin_short(plan.proto_field);
-            for (no, kind, f) in &plan.fields {
-                match kind {
-                    ProtoKind::Int => {
-                        if let Some(v) = read_int(rec, f) {
-                            enc.int(*no, v);
+            let m = enc.begin_short_at(&plan.key);
+            for op in &plan.ops {
+                match *op {
+                    TypedOp::Int(k, f) => {
+                        if let Some(v) = f.int(rec) {
+                            enc.uint_at(&k, v as u64);
                         }
                     }
-                    ProtoKind::Uint => {
-                        if let Some(v) = read_uint(rec, f.offset, f.size) {
-                            enc.uint(*no, v);
+                    TypedOp::Uint(k, f) => {
+                        if let Some(v) = f.uint(rec) {
+                            enc.uint_at(&k, v);
                         }
                     }
-                    ProtoKind::Str => {
-                        if let Some(s) = read_str(rec, f) {
-                            enc.bytes(*no, utf8_or_placeholder(s));
+                    TypedOp::Str(k, TextAt::Comm16(at)) => {
+                        if let Some((word, n)) = comm16(rec, at) {
+                            let b = word.to_le_bytes();
+                            if word & ASCII_HIGH_BITS == 0 {
+                                enc.bytes16_at(&k, &b, n);
+                            } else {
+                                enc.bytes_at(&k, utf8_or_placeholder(&b[..n]));
+                            }
+                        }
+                    }
+                    TypedOp::Str(k, t) => {
+                        if let Some(s) = t.read(rec) {
+                            enc.bytes_at(&k, utf8_or_placeholder(s));
                         }
                     }
                 }
@@ -626,7 +668,7 @@ impl BundleEncoder {
 
     fn note_pids(&mut self, entry: &EventEntry, rec: &[u8]) {
         for f in &entry.pid_fields {
-            if let Some(p) = read_int(rec, f)
+            if let Some(p) = f.int(rec)
                 && p > 0
             {
                 // A direct-mapped cache of recent pids keeps the list short:
@@ -675,35 +717,31 @@ impl BundleEncoder {
     fn compact_event(&mut self, plan: &CompactPlan, ev: &RawEvent<'_>) {
         let rec = ev.payload;
         let c = &mut self.compact;
-        let int = |f| read_int(rec, f).unwrap_or(0) as u64;
+        let int = |f: IntAt| f.int(rec).unwrap_or(0) as u64;
         let n = match plan {
             CompactPlan::Switch(p) => {
-                let (k, n) = comm_key(rec, &p.next_comm);
+                let (k, n) = comm_key(rec, p.next_comm);
                 let idx = c.intern(k, n);
                 let dt = ev.timestamp.wrapping_sub(c.last_switch_ts);
                 c.last_switch_ts = ev.timestamp;
-                varint::push(&mut c.switch_ts, dt)
-                    + varint::push(&mut c.switch_prev_state, int(&p.prev_state))
-                    + varint::push(&mut c.switch_next_pid, int(&p.next_pid))
-                    + varint::push(&mut c.switch_next_prio, int(&p.next_prio))
-                    + varint::push(&mut c.switch_comm, idx as u64)
+                c.switch_ts.push(dt)
+                    + c.switch_prev_state.push(int(p.prev_state))
+                    + c.switch_next_pid.push(int(p.next_pid))
+                    + c.switch_next_prio.push(int(p.next_prio))
+                    + c.switch_comm.push(idx as u64)
             }
             CompactPlan::Waking(p) => {
-                let (k, n) = comm_key(rec, &p.comm);
+                let (k, n) = comm_key(rec, p.comm);
                 let idx = c.intern(k, n);
                 let dt = ev.timestamp.wrapping_sub(c.last_waking_ts);
                 c.last_waking_ts = ev.timestamp;
-                let flags = p
-                    .common_flags
-                    .as_ref()
-                    .and_then(|f| read_uint(rec, f.offset, f.size))
-                    .unwrap_or(0);
-                varint::push(&mut c.waking_ts, dt)
-                    + varint::push(&mut c.waking_pid, int(&p.pid))
-                    + varint::push(&mut c.waking_target_cpu, int(&p.target_cpu))
-                    + varint::push(&mut c.waking_prio, int(&p.prio))
-                    + varint::push(&mut c.waking_comm, idx as u64)
-                    + varint::push(&mut c.waking_flags, flags)
+                let flags = p.common_flags.and_then(|f| f.uint(rec)).unwrap_or(0);
+                c.waking_ts.push(dt)
+                    + c.waking_pid.push(int(p.pid))
+                    + c.waking_target_cpu.push(int(p.target_cpu))
+                    + c.waking_prio.push(int(p.prio))
+                    + c.waking_comm.push(idx as u64)
+                    + c.waking_flags.push(flags)
             }
         };
         c.col_bytes += n;
@@ -725,6 +763,7 @@ pub fn count_page_events(page: &[u8], layout: &PageLayout) -> Result<usize, Page
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sources::ftrace::format::Field;
     use proptest::prelude::*;
 
     fn comm_field(size: usize) -> Field {
@@ -752,7 +791,8 @@ mod tests {
                 let s = read_str(&rec, &f).unwrap_or_default();
                 let mut key = [0u8; 16];
                 key[..s.len()].copy_from_slice(s);
-                prop_assert_eq!(comm_key(&rec, &f), (u128::from_le_bytes(key), s.len()));
+                let t = TextAt::of(&f).expect("text");
+                prop_assert_eq!(comm_key(&rec, t), (u128::from_le_bytes(key), s.len()));
             }
         }
     }

@@ -1,8 +1,19 @@
 //! The events of one recording: each enabled event's layout, resolved once
-//! into what the encoder needs (proto field numbers paired with kernel field
-//! offsets), indexed by kernel event id.
+//! into what the encoder needs, indexed by kernel event id. A plan is a
+//! short list of small `Copy` steps (where a field sits in the record, how
+//! wide it is, the proto key to write it under, already encoded), so the
+//! encoder's loop per event reads no names, sizes or kinds from the format.
+//!
+//! ```text
+//!  events/sched/sched_wakeup/format        plan (TypedPlan)
+//!   char comm[16]  offset:8  size:16  ──►  Str  { key 0x0a,  Comm16 @8 }
+//!   pid_t pid      offset:24 size:4   ──►  Int  { key 0x10,  I32 @24 }
+//!   int prio       offset:28 size:4   ──►  Int  { key 0x18,  I32 @28 }
+//!   int target_cpu offset:32 size:4   ──►  Int  { key 0x28,  I32 @32 }
+//! ```
 
-use super::format::{EventFormat, Field, FieldKind};
+use super::format::{EventFormat, Field, FieldKind, read_uint, until_nul};
+use crate::wire::{PackedKey, WireType};
 
 /// How a kernel field is written into its typed proto message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,35 +221,151 @@ pub fn is_typed(group: &str, name: &str) -> bool {
     TYPED.iter().any(|t| t.0 == group && t.1 == name)
 }
 
+/// Where an integer field sits in a record and how it is read, resolved
+/// once from its format line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntAt {
+    pub offset: usize,
+    /// 1, 2, 4 or 8.
+    pub size: u8,
+    pub signed: bool,
+}
+
+impl IntAt {
+    /// The field's place, if it is an integer.
+    pub fn of(f: &Field) -> Option<Self> {
+        (f.kind == FieldKind::Int && matches!(f.size, 1 | 2 | 4 | 8)).then_some(Self {
+            offset: f.offset,
+            size: f.size as u8,
+            signed: f.signed,
+        })
+    }
+
+    /// The raw little-endian value (no sign extension).
+    #[inline(always)]
+    pub fn uint(self, rec: &[u8]) -> Option<u64> {
+        read_uint(rec, self.offset, self.size as usize)
+    }
+
+    /// The value, sign-extended when the field is signed.
+    #[inline(always)]
+    pub fn int(self, rec: &[u8]) -> Option<i64> {
+        let v = self.uint(rec)?;
+        Some(if self.signed && self.size < 8 {
+            let shift = 64 - 8 * u32::from(self.size);
+            ((v << shift) as i64) >> shift
+        } else {
+            v as i64
+        })
+    }
+}
+
+/// Where a text field sits in a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextAt {
+    /// `char name[16]` (comms): read as one 16-byte word.
+    Comm16(usize),
+    /// `char name[N]`, N ≠ 16: `size` bytes, NUL-padded.
+    Array { offset: usize, size: usize },
+    /// `__data_loc char[] name`: a u32 at `offset` holding `len << 16 | at`.
+    DataLoc(usize),
+    /// `char name[]`: the rest of the record.
+    Tail(usize),
+}
+
+impl TextAt {
+    /// The field's place, if it is text.
+    pub fn of(f: &Field) -> Option<Self> {
+        Some(match f.kind {
+            FieldKind::CharArray if f.size == 16 => Self::Comm16(f.offset),
+            FieldKind::CharArray => Self::Array {
+                offset: f.offset,
+                size: f.size,
+            },
+            FieldKind::DataLoc => Self::DataLoc(f.offset),
+            FieldKind::TailString => Self::Tail(f.offset),
+            FieldKind::Int | FieldKind::Opaque => return None,
+        })
+    }
+
+    /// The text up to its first NUL (what `format::read_str` gives).
+    #[inline]
+    pub fn read(self, rec: &[u8]) -> Option<&[u8]> {
+        let raw = match self {
+            Self::Comm16(at) => {
+                let (_, n) = comm16(rec, at)?;
+                return rec.get(at..at + n);
+            }
+            Self::Array { offset, size } => rec.get(offset..offset.checked_add(size)?)?,
+            Self::Tail(at) => rec.get(at..)?,
+            Self::DataLoc(at) => {
+                let loc = read_uint(rec, at, 4)? as u32;
+                let off = (loc & 0xffff) as usize;
+                let len = (loc >> 16) as usize;
+                rec.get(off..off + len)?
+            }
+        };
+        Some(until_nul(raw))
+    }
+}
+
+/// The 16 bytes at `at` as one word with the bytes from the first NUL on
+/// cleared, and the count before it (≤ 16).
+#[inline(always)]
+pub fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
+    const LO: u128 = u128::from_le_bytes([1; 16]);
+    const HI: u128 = u128::from_le_bytes([0x80; 16]);
+    let v = u128::from_le_bytes(*rec.get(at..)?.first_chunk::<16>()?);
+    // The lowest set bit marks the first zero byte (the haszero test).
+    let zero = v.wrapping_sub(LO) & !v & HI;
+    if zero == 0 {
+        return Some((v, 16));
+    }
+    let n = (zero.trailing_zeros() / 8) as usize;
+    Some((v & ((1u128 << (8 * n)) - 1), n))
+}
+
+/// One field of a typed message: its key, encoded once, and where its
+/// value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypedOp {
+    /// `int32`/`int64`: sign-extended.
+    Int(PackedKey, IntAt),
+    /// `uint32`/`uint64`.
+    Uint(PackedKey, IntAt),
+    /// `string`.
+    Str(PackedKey, TextAt),
+}
+
 /// A typed event's encoding plan.
 #[derive(Clone, Debug)]
 pub struct TypedPlan {
-    /// Field of `FtraceEvent` holding the message.
-    pub proto_field: u32,
-    pub fields: Vec<(u32, ProtoKind, Field)>,
+    /// Key of the `FtraceEvent` field holding the message.
+    pub key: PackedKey,
+    pub ops: Vec<TypedOp>,
 }
 
 /// The fields compact_sched needs from sched_switch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct SwitchPlan {
-    pub prev_state: Field,
-    pub next_pid: Field,
-    pub next_prio: Field,
-    pub next_comm: Field,
+    pub prev_state: IntAt,
+    pub next_pid: IntAt,
+    pub next_prio: IntAt,
+    pub next_comm: TextAt,
 }
 
 /// The fields compact_sched needs from sched_waking.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct WakingPlan {
-    pub pid: Field,
-    pub target_cpu: Field,
-    pub prio: Field,
-    pub comm: Field,
-    pub common_flags: Option<Field>,
+    pub pid: IntAt,
+    pub target_cpu: IntAt,
+    pub prio: IntAt,
+    pub comm: TextAt,
+    pub common_flags: Option<IntAt>,
 }
 
 /// Which compact form an event takes when compact_sched is on.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum CompactPlan {
     Switch(SwitchPlan),
     Waking(WakingPlan),
@@ -250,11 +377,13 @@ pub struct EventEntry {
     pub format: EventFormat,
     pub typed: Option<TypedPlan>,
     pub compact: Option<CompactPlan>,
-    pub pid: Option<Field>,
-    /// Integer fields naming threads (for process_stats).
-    pub pid_fields: Vec<Field>,
-    /// `ftrace/print`, subject to the print filter.
-    pub is_print: bool,
+    /// `common_pid`.
+    pub pid: Option<IntAt>,
+    /// Integer fields naming threads (for process_stats), in
+    /// [`PID_FIELDS`] order; the thread filter checks them too.
+    pub pid_fields: Vec<IntAt>,
+    /// `ftrace/print`'s text, subject to the print filter.
+    pub print_buf: Option<TextAt>,
 }
 
 /// Event entries by kernel id.
@@ -262,22 +391,15 @@ pub struct EventEntry {
 pub struct EventTable {
     by_id: Vec<Option<EventEntry>>,
     /// Where the id sits in every record (`common_type`).
-    id_field: Option<Field>,
+    id_field: Option<IntAt>,
 }
 
-fn int_field(f: &EventFormat, name: &str) -> Option<Field> {
-    f.field(name).filter(|x| x.kind == FieldKind::Int).cloned()
+fn int_field(f: &EventFormat, name: &str) -> Option<IntAt> {
+    f.field(name).and_then(IntAt::of)
 }
 
-fn text_field(f: &EventFormat, name: &str) -> Option<Field> {
-    f.field(name)
-        .filter(|x| {
-            matches!(
-                x.kind,
-                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString
-            )
-        })
-        .cloned()
+fn text_field(f: &EventFormat, name: &str) -> Option<TextAt> {
+    f.field(name).and_then(TextAt::of)
 }
 
 impl EventTable {
@@ -291,20 +413,23 @@ impl EventTable {
             .iter()
             .find(|t| t.0 == format.group && t.1 == format.name)
             .map(|t| TypedPlan {
-                proto_field: t.2,
-                fields: t
+                key: PackedKey::new(t.2, WireType::Len),
+                ops: t
                     .3
                     .iter()
                     .filter_map(|&(no, name, kind)| {
                         let f = format.field(name)?;
-                        let ok = match kind {
-                            ProtoKind::Str => matches!(
-                                f.kind,
-                                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString
-                            ),
-                            _ => f.kind == FieldKind::Int,
-                        };
-                        ok.then(|| (no, kind, f.clone()))
+                        Some(match kind {
+                            ProtoKind::Str => {
+                                TypedOp::Str(PackedKey::new(no, WireType::Len), TextAt::of(f)?)
+                            }
+                            ProtoKind::Int => {
+                                TypedOp::Int(PackedKey::new(no, WireType::Varint), IntAt::of(f)?)
+                            }
+                            ProtoKind::Uint => {
+                                TypedOp::Uint(PackedKey::new(no, WireType::Varint), IntAt::of(f)?)
+                            }
+                        })
                     })
                     .collect(),
             });
@@ -333,7 +458,7 @@ impl EventTable {
             None
         };
         if self.id_field.is_none() {
-            self.id_field = format.field("common_type").cloned();
+            self.id_field = format.field("common_type").and_then(IntAt::of);
         }
         let pid = int_field(&format, "common_pid");
         let pid_fields = if typed.is_some() {
@@ -344,7 +469,9 @@ impl EventTable {
         } else {
             Vec::new()
         };
-        let is_print = format.group == "ftrace" && format.name == "print";
+        let print_buf = (format.group == "ftrace" && format.name == "print")
+            .then(|| text_field(&format, "buf"))
+            .flatten();
         let id = format.id as usize;
         if self.by_id.len() <= id {
             self.by_id.resize(id + 1, None);
@@ -355,16 +482,16 @@ impl EventTable {
             compact,
             pid,
             pid_fields,
-            is_print,
+            print_buf,
         });
     }
 
     /// The id of a record, read where `common_type` lives.
     #[inline]
     pub fn event_id(&self, rec: &[u8]) -> Option<u16> {
-        match &self.id_field {
-            Some(f) => super::format::read_uint(rec, f.offset, f.size).map(|v| v as u16),
-            None => super::format::read_uint(rec, 0, 2).map(|v| v as u16),
+        match self.id_field {
+            Some(f) => f.uint(rec).map(|v| v as u16),
+            None => read_uint(rec, 0, 2).map(|v| v as u16),
         }
     }
 
@@ -379,5 +506,47 @@ impl EventTable {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::ftrace::format::{read_int, read_str};
+    use proptest::prelude::*;
+
+    fn field(kind: FieldKind, offset: usize, size: usize, signed: bool) -> Field {
+        Field {
+            name: "f".into(),
+            type_name: String::new(),
+            offset,
+            size,
+            signed,
+            kind,
+        }
+    }
+
+    proptest! {
+        /// The resolved reads give what the field-by-field reads of
+        /// `format` give, for any record bytes and any place.
+        #[test]
+        fn resolved_reads_match_the_format_reads(
+            rec in proptest::collection::vec(prop_oneof![Just(0u8), Just(0x80u8), Just(0xffu8), any::<u8>()], 0..48),
+            offset in 0usize..40,
+            size_pick in 0usize..4,
+            signed in any::<bool>(),
+            text_size in prop_oneof![Just(16usize), 0usize..24],
+        ) {
+            let size = [1, 2, 4, 8][size_pick];
+            let f = field(FieldKind::Int, offset, size, signed);
+            let at = IntAt::of(&f).expect("an integer");
+            prop_assert_eq!(at.int(&rec), read_int(&rec, &f));
+            prop_assert_eq!(at.uint(&rec), read_uint(&rec, offset, size));
+            for kind in [FieldKind::CharArray, FieldKind::DataLoc, FieldKind::TailString] {
+                let f = field(kind, offset, if kind == FieldKind::DataLoc { 4 } else { text_size }, false);
+                let t = TextAt::of(&f).expect("text");
+                prop_assert_eq!(t.read(&rec), read_str(&rec, &f));
+            }
+        }
     }
 }
