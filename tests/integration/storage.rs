@@ -7,7 +7,7 @@ use std::process::Command;
 
 use recorder::storage::{
     FileSink, IOV_MAX, IoChoice, OpenOptions, OutputPath, SinkKind, StorageError, StreamSink,
-    cut_at_packet_boundary, io_uring_available, open_output,
+    WriteProgress, cut_at_packet_boundary, io_uring_available, open_output,
 };
 
 use crate::common;
@@ -718,6 +718,240 @@ fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
         assert!(rest.len() < per_call, "{io:?}: the failed pass did not fit");
         for (g, p) in rest.iter().zip(&failed_call) {
             assert_eq!(g[..], p[3..], "{io:?}");
+        }
+    }
+}
+
+/// A sink over a real file that writes each call in steps of `step` bytes;
+/// after each step it reports the progress, tells the test how far it got
+/// and waits for the test's go-ahead: a write pass held in flight.
+struct SteppedSink {
+    inner: Box<dyn FileSink>,
+    step: usize,
+    done_tx: std::sync::mpsc::Sender<u64>,
+    go_rx: std::sync::mpsc::Receiver<()>,
+}
+
+impl FileSink for SteppedSink {
+    fn kind(&self) -> SinkKind {
+        self.inner.kind()
+    }
+
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, recorder::storage::SinkError> {
+        // Every step's slices are made before anything is written: once a
+        // step is reported, its bytes are not read again (P1).
+        let mut steps: Vec<Vec<IoSlice<'_>>> = vec![Vec::new()];
+        let mut room = self.step;
+        for b in bufs {
+            let mut s: &[u8] = b;
+            while !s.is_empty() {
+                if room == 0 {
+                    steps.push(Vec::new());
+                    room = self.step;
+                }
+                let take = s.len().min(room);
+                steps
+                    .last_mut()
+                    .expect("a step")
+                    .push(IoSlice::new(&s[..take]));
+                s = &s[take..];
+                room -= take;
+            }
+        }
+        let mut done = 0u64;
+        for step in steps.iter().filter(|s| !s.is_empty()) {
+            done += self.inner.write_all(step)?;
+            progress.written(done);
+            self.done_tx.send(done).expect("the test listens");
+            self.go_rx.recv().expect("the test answers");
+        }
+        Ok(done)
+    }
+
+    fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.sync_data()
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.inner.bytes_written()
+    }
+
+    fn direct_alignment(&self) -> Option<usize> {
+        self.inner.direct_alignment()
+    }
+
+    fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.end_direct()
+    }
+}
+
+/// A `for_testing` packet of sequence 2 with `counter`, about 1000 bytes,
+/// encoded by the independent encoder.
+fn counter_packet(counter: u64) -> Vec<u8> {
+    use protobuf::Message;
+    let mut p = perfetto_protos::trace_packet::TracePacket::new();
+    p.set_trusted_packet_sequence_id(2);
+    let ev = p.mut_for_testing();
+    ev.set_counter(counter);
+    ev.set_str("x".repeat(980));
+    p.write_to_bytes().expect("encodes")
+}
+
+/// A DISCARD buffer written full, then a write pass over all of it held in
+/// flight step by step (64 KiB at a time, through the real sinks, with and
+/// without O_DIRECT): after each step the writer takes the chunks the pass
+/// has written — it is refused only once those are used up, and then for
+/// the reason that is true (`Pinned`: the rest is in the pass) — so by the
+/// end of the pass it has written nearly a buffer's worth again. Both
+/// passes' packets reach the file in order.
+#[test]
+fn a_pass_in_flight_gives_back_what_it_has_written() {
+    use recorder::ringbuf::{
+        Buffer, BufferParams, DiscardReason, FillPolicy, WriteError, WriterId,
+    };
+    use recorder::storage::write_pass::{Take, write_pass};
+    const STEP: usize = 64 * 1024;
+    for (io, direct) in choices()
+        .into_iter()
+        .flat_map(|io| [(io, false), (io, true)])
+    {
+        let dir = scratch();
+        let path = dir.path().join("held.pftrace");
+        let inner = if direct {
+            open_direct(&path, io)
+        } else {
+            open(&path, io)
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let mut sink = SteppedSink {
+            inner,
+            step: STEP,
+            done_tx,
+            go_rx,
+        };
+        let buffer = Buffer::new(BufferParams::new(1 << 20, FillPolicy::Discard)).expect("buffer");
+        let mut w = buffer.writer(WriterId(2));
+        let mut counter = 0u64;
+        let mut accepted = Vec::new();
+        // Fills the buffer: the first refusal is a full buffer.
+        let first = loop {
+            match w.write_packet(&counter_packet(counter)) {
+                Ok(()) => accepted.push(counter),
+                Err(e) => break e,
+            }
+            counter += 1;
+        };
+        counter += 1;
+        assert_eq!(first, WriteError::Discarded(DiscardReason::Full), "{io:?}");
+        let full = buffer.stats();
+        let before_pass = accepted.len();
+
+        let pass_buffer = buffer.clone();
+        let pass = std::thread::spawn(move || {
+            let r = write_pass(
+                &mut sink,
+                &[],
+                &[(pass_buffer, Take::Consume)],
+                Vec::new,
+                None,
+                false,
+            );
+            // Hangs up on the test: the pass is over.
+            sink.done_tx = std::sync::mpsc::channel().0;
+            (r, sink)
+        });
+        let slack = if direct { 3 * STEP } else { 2 * STEP } as u64;
+        let (mut steps, mut bytes_during) = (0, 0u64);
+        let mut refusals = Vec::new();
+        let mut last_done = 0;
+        while let Ok(done) = done_rx.recv() {
+            steps += 1;
+            last_done = done;
+            // Write until refused: the chunks the pass has written so far.
+            loop {
+                let p = counter_packet(counter);
+                counter += 1;
+                match w.write_packet(&p) {
+                    Ok(()) => {
+                        accepted.push(counter - 1);
+                        bytes_during += p.len() as u64 + 3;
+                    }
+                    Err(e) => {
+                        refusals.push((done, e));
+                        break;
+                    }
+                }
+            }
+            // What the pass has written came back, less a region or two
+            // (a region goes back once all its bytes are in the file).
+            assert!(
+                bytes_during + slack >= done.min(full.bytes_written),
+                "{io:?} direct {direct}: {bytes_during} bytes written back after {done}"
+            );
+            go_tx.send(()).expect("the sink waits");
+        }
+        let (r, mut sink) = pass.join().expect("the pass thread");
+        let report = r.expect("the pass");
+        assert_eq!(report.buffer_bytes, full.bytes_written, "{io:?}");
+        assert!(steps >= 15, "{io:?}: the pass went in steps ({steps})");
+        // Refused because the rest was pinned while the pass held some of
+        // it; once it has let go of everything, because the buffer is full.
+        for &(done, e) in &refusals {
+            let why = if done < last_done {
+                DiscardReason::Pinned
+            } else {
+                DiscardReason::Full
+            };
+            assert_eq!(
+                e,
+                WriteError::Discarded(why),
+                "{io:?} direct {direct}: refused after {done} of {last_done} bytes"
+            );
+        }
+        let refused_pinned = refusals.iter().filter(|(d, _)| *d < last_done).count() as u64;
+        let s = buffer.stats();
+        assert_eq!(s.packets_discarded_pinned, refused_pinned, "{io:?}");
+        assert_eq!(s.packets_discarded_held, 0, "{io:?}");
+        assert!(
+            accepted.len() - before_pass >= before_pass * 3 / 4,
+            "{io:?} direct {direct}: {} packets during the pass, {before_pass} before",
+            accepted.len() - before_pass
+        );
+        assert!(s.is_balanced(), "{io:?}: {s:?}");
+
+        // The second pass writes what came in meanwhile; it runs freely.
+        drop(w);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        sink.done_tx = done_tx;
+        let go = std::thread::spawn(move || {
+            while done_rx.recv().is_ok() {
+                go_tx.send(()).expect("the sink waits");
+            }
+        });
+        write_pass(
+            &mut sink,
+            &[],
+            &[(buffer.clone(), Take::Consume)],
+            Vec::new,
+            None,
+            true,
+        )
+        .expect("the second pass");
+        drop(sink);
+        go.join().expect("the go-ahead thread");
+
+        let data = std::fs::read(&path).expect("read back");
+        let packets = common::decode(&data);
+        let counters = common::test_counters(&packets);
+        assert_eq!(counters.get(&2), Some(&accepted), "{io:?} direct {direct}");
+        if let Some(tp) = crate::trace_processor::open(&path) {
+            // The refused packets are marked as lost on sequence 2.
+            tp.assert_no_errors();
         }
     }
 }
