@@ -736,11 +736,8 @@ fn a_batch_lets_go_of_its_regions_as_their_bytes_are_written() {
     );
     // SAFETY: M4 — this test reads the batch's bytes only below, and only
     // what is still pinned.
-    assert_eq!(
-        unsafe { batch.release_written(56) },
-        0,
-        "no region whole yet"
-    );
+    let released = unsafe { batch.release_written(56) };
+    assert_eq!(released, 0, "no region whole yet");
     // SAFETY: M4 — as above.
     assert_eq!(unsafe { batch.release_written(57 + 10) }, 57);
     assert_eq!(batch.released_through(), 57);
