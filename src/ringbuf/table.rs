@@ -330,7 +330,7 @@ impl Table {
         self.free_chunks -= k;
         self.writing_chunks += k;
         self.writing_regions += 1;
-        live.committed[start].0.store(0, Ordering::Release);
+        live.committed[start].0.store(pack(0, 0), Ordering::Release);
         if wrapped {
             self.totals.write_wrap_count += 1;
         }
