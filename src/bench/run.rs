@@ -17,7 +17,7 @@ use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId, slot_header_byt
 use crate::sources::for_testing::max_packet_len;
 use crate::storage::write_pass::{Take, write_pass};
 use crate::storage::{
-    FileSink, IoChoice, OpenOptions, OutputPath, SinkError, SinkKind, open_output,
+    FileSink, IoChoice, OpenOptions, OutputPath, SinkError, SinkKind, WriteProgress, open_output,
 };
 
 /// One buffer of a configuration.
@@ -78,9 +78,16 @@ impl FileSink for NullSink {
     fn kind(&self) -> SinkKind {
         SinkKind::Stream
     }
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError> {
         let n: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         self.bytes += n;
+        if n > 0 {
+            progress.written(n);
+        }
         Ok(n)
     }
     fn sync_data(&mut self) -> Result<(), SinkError> {

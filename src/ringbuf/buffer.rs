@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::memory::Memory;
-use super::table::{Committed, Live, Refused, Table};
+use super::table::{Committed, Live, Pin, Refused, Table};
 use super::writer::{MAX_SLOT_HEADER_BYTES, Writer, WriterCounters};
 use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, WriterId};
 
@@ -270,7 +270,7 @@ impl Buffer {
         inner.writers.retain(|c| !Arc::ptr_eq(c, counters));
     }
 
-    pub(crate) fn release(&self, pins: &[u32]) {
+    pub(crate) fn release(&self, pins: &[Pin]) {
         self.lock().table.release(&self.live, pins);
     }
 }

@@ -1,10 +1,12 @@
-//! Flush batches: byte ranges of the mapping, pinned until released.
+//! Flush batches: byte ranges of the mapping, pinned until released, as a
+//! whole or region by region as their bytes reach the file (M4).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::WriterId;
 use super::buffer::Buffer;
-use super::table::{RawItem, Taken};
+use super::table::{Pin, RawItem, Taken};
 
 /// One piece of a batch, in file order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,11 +20,16 @@ pub enum FlushItem<'a> {
 }
 
 /// What one `take_flush` (or `snapshot`) gathered. The ranges stay pinned —
-/// never overwritten — until [`release`](FlushBatch::release) (or drop).
+/// never overwritten — until [`release`](FlushBatch::release) (or drop), or,
+/// region by region, until [`release_written`](FlushBatch::release_written)
+/// lets go of them.
 pub struct FlushBatch {
     buffer: Arc<Buffer>,
     items: Vec<RawItem>,
-    pins: Vec<u32>,
+    /// The regions pinned, in data order (`data_end` ascending).
+    pins: Vec<Pin>,
+    /// `pins[..released]` were let go of by `release_written`.
+    released: Cell<usize>,
     len_bytes: u64,
 }
 
@@ -41,6 +48,7 @@ impl FlushBatch {
             buffer,
             items: taken.items,
             pins: taken.pins,
+            released: Cell::new(0),
             len_bytes: taken.bytes,
         }
     }
@@ -51,10 +59,12 @@ impl FlushBatch {
         let base = self.buffer.base();
         self.items.iter().map(move |item| match *item {
             RawItem::Data { offset, len } => {
-                // SAFETY: M1, M3 — the range lies in the mapping, below the
-                // committed length it was read at (M2: never written again),
-                // and its region is pinned by this batch until release, which
-                // needs `self` by value and so outlives this borrow.
+                // SAFETY: M1, M3, M4 — the range lies in the mapping, below
+                // the committed length it was read at (M2: never written
+                // again), and its region is pinned by this batch until
+                // release, which needs `self` by value and so outlives this
+                // borrow, or until `release_written`, whose caller promised
+                // never to read the range again.
                 FlushItem::Data(unsafe { std::slice::from_raw_parts(base.add(offset), len) })
             }
             RawItem::Loss(writer) => FlushItem::Loss { writer },
@@ -76,14 +86,46 @@ impl FlushBatch {
         self.items.is_empty()
     }
 
+    /// The first `data_bytes` bytes of the batch's data (its
+    /// [`FlushItem::Data`] ranges, in order) are in the file: unpins every
+    /// region whose range ends within them, so that writers may take those
+    /// chunks while the rest of the batch is still being written. Returns
+    /// where the last region let go of ends in the batch's data (0 if none
+    /// yet): a packet boundary, since a region holds whole packets (R1).
+    ///
+    /// # Safety
+    /// M4: the caller never reads the first `data_bytes` bytes of the data
+    /// again — through a slice [`items`](Self::items) returned, or anything
+    /// (an `IoSlice`, an iovec handed to the kernel) made from one — since
+    /// a writer may overwrite them as soon as this returns.
+    pub unsafe fn release_written(&self, data_bytes: u64) -> u64 {
+        let from = self.released.get();
+        let done = self.pins[from..].partition_point(|p| p.data_end <= data_bytes);
+        if done > 0 {
+            self.buffer.release(&self.pins[from..from + done]);
+            self.released.set(from + done);
+        }
+        self.released_through()
+    }
+
+    /// Where the regions let go of by [`release_written`](Self::release_written)
+    /// end in the batch's data.
+    pub fn released_through(&self) -> u64 {
+        match self.released.get() {
+            0 => 0,
+            n => self.pins[n - 1].data_end,
+        }
+    }
+
     /// The I/O is done (or failed): unpin, and free what was fully read.
     pub fn release(self) {}
 }
 
 impl Drop for FlushBatch {
     fn drop(&mut self) {
-        if !self.pins.is_empty() {
-            self.buffer.release(&self.pins);
+        let rest = &self.pins[self.released.get()..];
+        if !rest.is_empty() {
+            self.buffer.release(rest);
         }
     }
 }

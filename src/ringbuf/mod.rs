@@ -50,7 +50,7 @@
 //! state change applies to a whole region. States:
 //! free → writing (one writer) → complete → free, where the flusher may read
 //! the committed prefix of a writing region and pin any region it read until
-//! the batch is released.
+//! its bytes are in the file (or the batch is released).
 //!
 //! # Policies
 //!
@@ -83,7 +83,7 @@
 //!   the per-packet path takes no lock; the mutex is held only for table
 //!   bookkeeping, never across I/O; a writer that finds no chunk drops.
 //!
-//! Memory safety rests on three more, cited by every `// SAFETY:`:
+//! Memory safety rests on four more, cited by every `// SAFETY:`:
 //! * **M1** The mapping is created once, never moved or unmapped while the
 //!   [`Buffer`] lives; every access is within `[0, chunk_count * chunk_size)`.
 //! * **M2** Only the writer that owns a writing region writes to it, and only
@@ -91,7 +91,11 @@
 //!   never written again while the region is not free.
 //! * **M3** A region referenced by an unreleased [`FlushBatch`] is pinned: it
 //!   is never handed to a writer, so the bytes of the batch stay unchanged
-//!   until `release`.
+//!   until `release`, or until `release_written` lets go of it (M4).
+//! * **M4** `FlushBatch::release_written(n)` unpins only regions whose bytes
+//!   lie entirely in the first `n` bytes of the batch's data, and its caller
+//!   (an `unsafe` call) never reads those bytes again: a write pass lets go
+//!   of what the kernel has written while the rest is still in flight.
 //!
 //! # Writers and chunks
 //!
@@ -114,10 +118,13 @@
 //! least half of the space available when the last of them took its
 //! share); regions return as their writers fill or flush them.
 //!
-//! **W2** A write pass pins only the regions it read, and only until its
-//! batch is released; writers take free (DISCARD) or complete unpinned
-//! (RING_BUFFER) chunks around them, so a pass in flight never refuses a
-//! writer while such chunks exist.
+//! **W2** A write pass pins only the regions it read, and only until their
+//! bytes are in the file: the pass lets go of each region as the sink
+//! reports its bytes written (`release_written`, M4), not at the end of
+//! the pass. Writers take free (DISCARD) or complete unpinned (RING_BUFFER)
+//! chunks around them, so a pass in flight never refuses a writer while
+//! such chunks exist, and what the pass has written already is such
+//! chunks.
 //!
 //! A writer that finds no chunk drops the packet and counts it by
 //! [`DiscardReason`]: DISCARD full of unread data, space pinned by a pass in

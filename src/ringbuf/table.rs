@@ -82,10 +82,19 @@ pub(crate) enum RawItem {
     Loss(WriterId),
 }
 
+/// A region a batch pins, and where its bytes end in the batch's data (the
+/// sum of the data items' lengths up to and including this region's range).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pin {
+    pub(crate) head: u32,
+    pub(crate) data_end: u64,
+}
+
 /// What `take` gathered.
 pub(crate) struct Taken {
     pub(crate) items: Vec<RawItem>,
-    pub(crate) pins: Vec<u32>,
+    /// In data order, so `data_end` never decreases.
+    pub(crate) pins: Vec<Pin>,
     pub(crate) bytes: u64,
 }
 
@@ -321,7 +330,7 @@ impl Table {
         self.free_chunks -= k;
         self.writing_chunks += k;
         self.writing_regions += 1;
-        live.committed[start].0.store(0, Ordering::Release);
+        live.committed[start].0.store(pack(0, 0), Ordering::Release);
         if wrapped {
             self.totals.write_wrap_count += 1;
         }
@@ -481,8 +490,11 @@ impl Table {
                 let len = (end - r.read) as usize;
                 push_data(&mut taken.items, offset, len);
                 r.pins += 1;
-                taken.pins.push(h as u32);
                 taken.bytes += len as u64;
+                taken.pins.push(Pin {
+                    head: h as u32,
+                    data_end: taken.bytes,
+                });
                 if !snapshot {
                     totals.bytes_read += len as u64;
                     totals.packets_read += u64::from(end_packets - r.read_packets);
@@ -510,14 +522,19 @@ impl Table {
         }
         if !snapshot {
             sequences.retain(|_, s| s.writers > 0 || !s.regions.is_empty() || s.loss_tail);
+            if taken.bytes > 0 {
+                // What was unread is now pinned: a writer refused before
+                // asks again, and is told the new reason.
+                self.bump(live);
+            }
         }
         taken
     }
 
     /// A batch is done with these regions.
-    pub(crate) fn release(&mut self, live: &Live, pins: &[u32]) {
-        for &h in pins {
-            let h = h as usize;
+    pub(crate) fn release(&mut self, live: &Live, pins: &[Pin]) {
+        for pin in pins {
+            let h = pin.head as usize;
             let Some(r) = self.region_mut(h) else {
                 continue;
             };

@@ -713,3 +713,61 @@ fn refusals_name_their_reason() {
     assert_eq!((s.packets_discarded_held, s.bytes_discarded_held), (1, 12));
     assert_eq!(s.discarded_full(), (0, 0));
 }
+
+#[test]
+fn a_batch_lets_go_of_its_regions_as_their_bytes_are_written() {
+    // 4 chunks of 64 B, DISCARD: every region a chunk, each holding one
+    // 55-byte packet (57 framed bytes).
+    let b = buffer(4, 64, FillPolicy::Discard);
+    let mut w = b.writer(WriterId(2));
+    for i in 0..4 {
+        w.write_packet(&pkt(i, 55)).expect("fits");
+    }
+    assert_eq!(
+        w.write_packet(&pkt(9, 55)),
+        Err(WriteError::Discarded(DiscardReason::Full))
+    );
+    let batch = b.take_flush();
+    assert_eq!(batch.len_bytes(), 4 * 57);
+    // While the whole batch is pinned, the refusal says so.
+    assert_eq!(
+        w.write_packet(&pkt(9, 55)),
+        Err(WriteError::Discarded(DiscardReason::Pinned))
+    );
+    // SAFETY: M4 — this test reads the batch's bytes only below, and only
+    // what is still pinned.
+    let released = unsafe { batch.release_written(56) };
+    assert_eq!(released, 0, "no region whole yet");
+    // SAFETY: M4 — as above.
+    assert_eq!(unsafe { batch.release_written(57 + 10) }, 57);
+    assert_eq!(batch.released_through(), 57);
+    w.write_packet(&pkt(5, 55))
+        .expect("the written region is free again");
+    assert_eq!(
+        w.write_packet(&pkt(6, 55)),
+        Err(WriteError::Discarded(DiscardReason::Pinned)),
+        "the rest is still in the pass"
+    );
+    // The unreleased part reads as it was.
+    let Some(FlushItem::Data(last)) = batch.items().last() else {
+        panic!("data");
+    };
+    assert_eq!(&last[last.len() - 55..], &pkt(3, 55)[..]);
+    // SAFETY: M4 — nothing of the batch is read after this.
+    assert_eq!(unsafe { batch.release_written(4 * 57) }, 4 * 57);
+    drop(batch);
+    w.write_packet(&pkt(7, 55)).expect("all let go of");
+    let s = b.stats();
+    assert_eq!(s.packets_discarded_pinned, 2);
+    assert_eq!(s.packets_discarded, 3);
+    assert!(s.is_balanced());
+    assert_eq!(
+        drain(&b),
+        vec![
+            Piece::Loss(2),
+            Piece::Packet(pkt(5, 55)),
+            Piece::Loss(2),
+            Piece::Packet(pkt(7, 55))
+        ]
+    );
+}

@@ -4,11 +4,11 @@
 //! encoding, through [`PacketSlot`]) and one Release store of the committed
 //! length: no lock, no syscall, no allocation, no read-modify-write.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::buffer::{Buffer, WriterTotals};
-use super::table::pack;
 use super::{DiscardReason, WriteError, WriterId};
 use crate::wire::framing::{PACKET_TAG, record_header};
 use crate::wire::varint::{self, len_usize as varint_len};
@@ -57,15 +57,56 @@ impl WriterCounters {
     }
 }
 
-/// The region a writer holds.
+/// The region a writer holds. The per-packet path works from these fields
+/// alone (no `Arc` or table lookup), so it is: a room check, the header and
+/// copy at `base + pos`, one add to `word` and its Release store.
+///
+/// Invariants (with M1, M2):
+/// * **C1** `base` is the region's first byte in the mapping and `cap` its
+///   length: `[base, base + cap)` lies in the mapping (M1) and belongs to
+///   this writer (M2) while it holds the region.
+/// * **C2** `committed` is the region's committed word in `Live::committed`,
+///   alive as long as the `Buffer` (the writer's `Arc` keeps it).
+/// * **C3** `word` is what was last stored there: `pack(pos, packets)`, with
+///   `pos <= cap < 2^32`, so adding a framed length and `1 << 32` moves both
+///   halves without a carry between them.
 #[derive(Debug)]
 struct Current {
     head: usize,
-    /// Offset of the region in the mapping.
-    offset: usize,
+    base: NonNull<u8>,
+    committed: NonNull<AtomicU64>,
     cap: usize,
-    pos: usize,
-    packets: u32,
+    word: u64,
+}
+
+// SAFETY: C1, C2 — the pointers lead into the `Buffer` the owning `Writer`
+// keeps alive through its `Arc`, and only that writer uses them (M2); moving
+// the writer to another thread moves that ownership with it.
+unsafe impl Send for Current {}
+
+impl Current {
+    /// Bytes committed so far (C3: the word's low half).
+    #[inline(always)]
+    fn pos(&self) -> usize {
+        self.word as u32 as usize
+    }
+
+    /// Packets committed so far (C3: the word's high half).
+    #[inline(always)]
+    fn packets(&self) -> u32 {
+        (self.word >> 32) as u32
+    }
+
+    /// Bytes free after the committed ones.
+    #[inline(always)]
+    fn room(&self) -> usize {
+        self.cap - self.pos()
+    }
+
+    /// What completing the region hands the table: (head, bytes, packets).
+    fn done(&self) -> (usize, u32, u32) {
+        (self.head, self.pos() as u32, self.packets())
+    }
 }
 
 /// Writes one sequence's packets into a [`Buffer`]. `Send`, used by one
@@ -126,9 +167,9 @@ impl Writer {
         let framed = 1 + varint_len(len) + len;
         if len <= self.max_len
             && let Some(c) = self.cur.as_mut()
-            && c.cap - c.pos >= framed
+            && c.room() >= framed
         {
-            put_packet(&self.buffer, c, packet);
+            put_packet(c, packet);
             return Ok(());
         }
         self.write_slow(packet, framed)
@@ -141,7 +182,7 @@ impl Writer {
             .cur
             .as_mut()
             .expect("make_room succeeded, so the writer holds a region");
-        put_packet(&self.buffer, c, packet);
+        put_packet(c, packet);
         Ok(())
     }
 
@@ -149,16 +190,17 @@ impl Writer {
     /// place through the returned slot (zero-copy).
     #[inline]
     pub fn begin_packet(&mut self, max_len: usize) -> Result<PacketSlot<'_>, WriteError> {
-        let framed = slot_header_bytes(max_len) + max_len;
-        let fits =
-            max_len <= self.max_len && matches!(&self.cur, Some(c) if c.cap - c.pos >= framed);
+        let header = slot_header_bytes(max_len);
+        let framed = header + max_len;
+        let fits = max_len <= self.max_len && matches!(&self.cur, Some(c) if c.room() >= framed);
         if !fits {
             self.make_room(max_len, framed)?;
         }
-        Ok(PacketSlot {
-            writer: self,
-            max_len,
-        })
+        let cur = self
+            .cur
+            .as_mut()
+            .expect("begin_packet holds a region once make_room succeeded");
+        Ok(PacketSlot::new(cur, header, max_len))
     }
 
     /// Like [`begin_packet`](Self::begin_packet), for encoders that can split
@@ -182,34 +224,18 @@ impl Writer {
         }
         // The header of any length up to `free` fits in 1 + varint_len(free).
         let room = self.cur.as_ref().map_or(0, |c| {
-            let free = c.cap - c.pos;
+            let free = c.room();
             free.saturating_sub(1 + varint_len(free))
         });
         let len = room.min(max_len);
         if len > 0 && len >= min_len {
-            return Ok(PacketSlot {
-                writer: self,
-                max_len: len,
-            });
+            let cur = self
+                .cur
+                .as_mut()
+                .expect("room was measured in the region the writer holds");
+            return Ok(PacketSlot::new(cur, slot_header_bytes(len), len));
         }
         self.begin_packet(max_len)
-    }
-
-    /// The space of a slot of `max_len` bytes at the current position.
-    #[inline]
-    fn slot_buf(&mut self, max_len: usize) -> &mut [u8] {
-        let base = self.buffer.base();
-        let c = self
-            .cur
-            .as_ref()
-            .expect("a slot exists only while its writer holds a region");
-        let header = slot_header_bytes(max_len);
-        // SAFETY: M1, M2 — begin_packet (or begin_packet_at_least) made sure
-        // `slot_header_bytes(max_len) + max_len` bytes are free at `pos` in
-        // the writer's own region; the memory is initialised (zeroed or old
-        // data) and only this writer touches it until it publishes a larger
-        // committed length.
-        unsafe { std::slice::from_raw_parts_mut(base.add(c.offset + c.pos + header), max_len) }
     }
 
     /// Hands the current region over (commits it), e.g. before going idle.
@@ -217,7 +243,8 @@ impl Writer {
     /// prefixes too.
     pub fn flush(&mut self) {
         if let Some(c) = self.cur.take() {
-            self.buffer.complete(c.head, c.pos as u32, c.packets);
+            let (head, used, packets) = c.done();
+            self.buffer.complete(head, used, packets);
         }
     }
 
@@ -241,16 +268,19 @@ impl Writer {
         {
             return Err(self.discard(framed, reason));
         }
-        let done = self.cur.take().map(|c| (c.head, c.pos as u32, c.packets));
+        let done = self.cur.take().map(|c| c.done());
         match self.buffer.swap_region(self.id, done, k, self.lost) {
             Ok((head, chunks)) => {
                 let cs = self.buffer.chunk_size();
+                // SAFETY: M1 — the region `[head * cs, (head + chunks) * cs)`
+                // lies in the mapping (the table hands out only its chunks).
+                let base = unsafe { self.buffer.base().add(head * cs) };
                 self.cur = Some(Current {
                     head,
-                    offset: head * cs,
+                    base: NonNull::new(base).expect("the mapping is not at address 0"),
+                    committed: NonNull::from(self.buffer.committed(head)),
                     cap: chunks * cs,
-                    pos: 0,
-                    packets: 0,
+                    word: 0,
                 });
                 self.lost = false;
                 self.refused_at = None;
@@ -308,20 +338,20 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        let done = self.cur.take().map(|c| (c.head, c.pos as u32, c.packets));
+        let done = self.cur.take().map(|c| c.done());
         self.buffer.detach(self.id, done, self.lost, &self.counters);
     }
 }
 
 /// Writes a framed packet at the region's write position and publishes it.
 #[inline(always)]
-fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
+fn put_packet(c: &mut Current, packet: &[u8]) {
     let len = packet.len();
-    // SAFETY: M1, M2 — the caller checked that the framed packet fits at
+    // SAFETY: C1, M2 — the caller checked that the framed packet fits at
     // `pos` in the region this writer owns; nobody else writes there, and
     // the flusher reads only below the committed length published after.
     let n = unsafe {
-        let dst = buffer.base().add(c.offset + c.pos);
+        let dst = c.base.as_ptr().add(c.pos());
         let n = if len < 0x80 {
             // The common case: a one-byte length.
             dst.cast::<[u8; 2]>()
@@ -332,11 +362,11 @@ fn put_packet(buffer: &Buffer, c: &mut Current, packet: &[u8]) {
             std::ptr::copy_nonoverlapping(header.as_ptr(), dst, n);
             n
         };
-        debug_assert!(c.cap - c.pos >= n + len);
+        debug_assert!(c.room() >= n + len);
         std::ptr::copy_nonoverlapping(packet.as_ptr(), dst.add(n), len);
         n
     };
-    publish(buffer, c, n + len);
+    publish(c, n + len);
 }
 
 /// Writes `0x0A` and `len` as a redundant varint filling the rest of an
@@ -379,28 +409,52 @@ unsafe fn put_slot_header(dst: *mut u8, n: usize, len: usize) {
 
 /// Moves the committed length past a packet of `framed` bytes.
 #[inline(always)]
-fn publish(buffer: &Buffer, c: &mut Current, framed: usize) {
-    c.pos += framed;
-    c.packets += 1;
-    // Release: the packet's bytes are visible to whoever Acquire-loads the
-    // new length (R1: the flusher only ever sees whole packets).
-    buffer
-        .committed(c.head)
-        .store(pack(c.pos as u32, c.packets), Ordering::Release);
+fn publish(c: &mut Current, framed: usize) {
+    debug_assert!(framed <= c.room());
+    // C3: the low half stays within `cap`, the high half counts the packet.
+    c.word += framed as u64 + (1 << 32);
+    // SAFETY: C2 — the word lives in the buffer's table, kept alive by the
+    // writer's `Arc`. Release: the packet's bytes are visible to whoever
+    // Acquire-loads the new length (R1: the flusher only ever sees whole
+    // packets).
+    unsafe { c.committed.as_ref() }.store(c.word, Ordering::Release);
 }
 
 /// Room for one packet, encoded in place. Dropped without
 /// [`commit`](PacketSlot::commit), nothing is written.
 pub struct PacketSlot<'a> {
-    writer: &'a mut Writer,
+    cur: &'a mut Current,
+    /// The slot's first byte (its header's), at the region's `pos`.
+    at: NonNull<u8>,
+    header: usize,
     max_len: usize,
 }
 
-impl PacketSlot<'_> {
+impl<'a> PacketSlot<'a> {
+    /// A slot at `cur`'s position; the caller made sure `header + max_len`
+    /// bytes are free there.
+    #[inline(always)]
+    fn new(cur: &'a mut Current, header: usize, max_len: usize) -> PacketSlot<'a> {
+        debug_assert!(header + max_len <= cur.room());
+        // SAFETY: C1 — `pos <= cap`, so the address lies in the region.
+        let at = unsafe { cur.base.add(cur.pos()) };
+        PacketSlot {
+            cur,
+            at,
+            header,
+            max_len,
+        }
+    }
+
     /// The packet's bytes: exactly the `max_len` asked for, contiguous.
     #[inline]
     pub fn buf(&mut self) -> &mut [u8] {
-        self.writer.slot_buf(self.max_len)
+        // SAFETY: C1, M1, M2 — begin_packet (or begin_packet_at_least) made
+        // sure `header + max_len` bytes are free at `pos` in the writer's own
+        // region; the memory is initialised (zeroed or old data) and only
+        // this writer touches it until it publishes a larger committed
+        // length. The slot borrows the writer, so no other slice of it lives.
+        unsafe { std::slice::from_raw_parts_mut(self.at.as_ptr().add(self.header), self.max_len) }
     }
 
     /// The reserved length.
@@ -419,15 +473,9 @@ impl PacketSlot<'_> {
             "PacketSlot::commit: {len} bytes exceed the {} reserved",
             self.max_len
         );
-        let w = self.writer;
-        let c = w
-            .cur
-            .as_mut()
-            .expect("a slot exists only while its writer holds a region");
-        let n = slot_header_bytes(self.max_len);
-        // SAFETY: M1, M2 — the `n` header bytes precede the slot's buffer in
+        // SAFETY: C1, M2 — the `header` bytes precede the slot's buffer in
         // the space begin_packet reserved in this writer's own region.
-        unsafe { put_slot_header(w.buffer.base().add(c.offset + c.pos), n, len) };
-        publish(&w.buffer, c, n + len);
+        unsafe { put_slot_header(self.at.as_ptr(), self.header, len) };
+        publish(self.cur, self.header + len);
     }
 }

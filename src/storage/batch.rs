@@ -7,7 +7,7 @@
 
 use std::io::IoSlice;
 
-use crate::sys::iov::io_slice_bytes;
+use crate::sys::iov::io_slice_from;
 
 /// Linux's `IOV_MAX`: the most iovecs one `pwritev`/`writev`/WRITEV takes.
 pub const IOV_MAX: usize = 1024;
@@ -57,8 +57,9 @@ impl<'s, 'a> Cursor<'s, 'a> {
         let mut total = 0usize;
         let (mut idx, mut off) = (self.idx, self.off);
         while idx < self.bufs.len() && out.len() < max_iov && total < max_bytes {
-            let whole: &'a [u8] = io_slice_bytes(&self.bufs[idx]);
-            let rest = &whole[off..];
+            // Only from the cursor on: what is behind it may be let go of
+            // (storage P1).
+            let rest: &'a [u8] = io_slice_from(&self.bufs[idx], off);
             let take = rest.len().min(max_bytes - total);
             if take > 0 {
                 out.push(IoSlice::new(&rest[..take]));

@@ -102,15 +102,28 @@ pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
 /// One piece of an aligned pass.
 #[derive(Debug)]
 enum Seg<'a> {
-    /// Whole blocks straight from the caller's memory.
-    Direct(&'a [u8]),
+    /// Whole blocks straight from the caller's memory (an `IoSlice`, not a
+    /// reference: once written, the caller may let go of them, P1).
+    Direct(IoSlice<'a>),
     /// A range of the bounce buffer (whole blocks).
     Bounce(std::ops::Range<usize>),
 }
 
+/// A piece and where it lies in the pass before (`input`, positions in the
+/// caller's slices) and after (`out_start`, in the iovecs written) the
+/// layout. A bounce range holds its input bytes in order, then padding.
+#[derive(Debug)]
+struct Placed<'a> {
+    seg: Seg<'a>,
+    in_start: u64,
+    in_len: u64,
+    out_start: u64,
+    out_len: u64,
+}
+
 /// A pass's iovecs rearranged for `O_DIRECT` (see the module docs).
 pub struct AlignedPass<'a> {
-    segs: Vec<Seg<'a>>,
+    segs: Vec<Placed<'a>>,
     bounce: Option<memmap2::MmapMut>,
     /// Bytes of padding added.
     padding: u64,
@@ -134,10 +147,12 @@ impl<'a> AlignedPass<'a> {
     /// run [`Self::unaligned_tail`] is written without `O_DIRECT`).
     pub fn new(slices: &[IoSlice<'a>], align: usize, pad_last: bool) -> Result<Self, DirectError> {
         // Plan: runs of copied slices (with the tail of a direct slice
-        // first), between direct parts.
-        let mut runs: Vec<Vec<&'a [u8]>> = Vec::new();
-        let mut order: Vec<Option<&'a [u8]>> = Vec::new(); // None: the next run
+        // first), between direct parts, each with its input position.
+        let mut runs: Vec<(u64, Vec<&'a [u8]>)> = Vec::new();
+        // (Some(direct part) | None: the next run, input start)
+        let mut order: Vec<(Option<&'a [u8]>, u64)> = Vec::new();
         let mut run: Vec<&'a [u8]> = Vec::new();
+        let (mut at, mut run_at) = (0u64, 0u64);
         for s in slices {
             let s: &'a [u8] = crate::sys::iov::io_slice_bytes(s);
             if s.is_empty() {
@@ -146,27 +161,32 @@ impl<'a> AlignedPass<'a> {
             let whole = s.len() / align * align;
             if (s.as_ptr() as usize).is_multiple_of(align) && whole > 0 {
                 if !run.is_empty() {
-                    runs.push(std::mem::take(&mut run));
-                    order.push(None);
+                    runs.push((run_at, std::mem::take(&mut run)));
+                    order.push((None, run_at));
                 }
-                order.push(Some(&s[..whole]));
+                order.push((Some(&s[..whole]), at));
                 if whole < s.len() {
+                    run_at = at + whole as u64;
                     run.push(&s[whole..]);
                 }
             } else {
+                if run.is_empty() {
+                    run_at = at;
+                }
                 run.push(s);
             }
+            at += s.len() as u64;
         }
         if !run.is_empty() {
-            runs.push(run);
-            order.push(None);
+            runs.push((run_at, run));
+            order.push((None, run_at));
         }
-        let last_run_ends = matches!(order.last(), Some(None));
+        let last_run_ends = matches!(order.last(), Some((None, _)));
         let n_runs = runs.len();
         let sizes: Vec<(usize, usize)> = runs
             .iter()
             .enumerate()
-            .map(|(i, r)| {
+            .map(|(i, (_, r))| {
                 let len: usize = r.iter().map(|s| s.len()).sum();
                 let unpadded = !pad_last && last_run_ends && i + 1 == n_runs;
                 (len, if unpadded { 0 } else { padding_for(len, align) })
@@ -182,7 +202,7 @@ impl<'a> AlignedPass<'a> {
         let mut padding = 0u64;
         if let Some(b) = bounce.as_mut() {
             let mut at = 0;
-            for (r, &(len, pad)) in runs.iter().zip(&sizes) {
+            for ((_, r), &(len, pad)) in runs.iter().zip(&sizes) {
                 let start = at;
                 for s in r {
                     b[at..at + s.len()].copy_from_slice(s);
@@ -194,15 +214,31 @@ impl<'a> AlignedPass<'a> {
                     at += pad;
                     padding += pad as u64;
                 }
-                ranges.push(start..at);
+                ranges.push((start..at, len as u64));
             }
         }
         let mut ranges = ranges.into_iter();
+        let mut out = 0u64;
         let segs = order
             .into_iter()
-            .filter_map(|o| match o {
-                Some(d) => Some(Seg::Direct(d)),
-                None => ranges.next().map(Seg::Bounce),
+            .filter_map(|(o, in_start)| {
+                let (seg, in_len, out_len) = match o {
+                    Some(d) => (Seg::Direct(IoSlice::new(d)), d.len() as u64, d.len() as u64),
+                    None => {
+                        let (r, len) = ranges.next()?;
+                        let out_len = r.len() as u64;
+                        (Seg::Bounce(r), len, out_len)
+                    }
+                };
+                let placed = Placed {
+                    seg,
+                    in_start,
+                    in_len,
+                    out_start: out,
+                    out_len,
+                };
+                out += out_len;
+                Some(placed)
             })
             .collect();
         Ok(AlignedPass {
@@ -215,7 +251,7 @@ impl<'a> AlignedPass<'a> {
 
     fn slice(&self, s: &Seg<'a>) -> Option<IoSlice<'_>> {
         match s {
-            Seg::Direct(d) => Some(IoSlice::new(d)),
+            Seg::Direct(d) => Some(*d),
             Seg::Bounce(r) => self.bounce.as_ref().map(|b| IoSlice::new(&b[r.clone()])),
         }
     }
@@ -227,14 +263,14 @@ impl<'a> AlignedPass<'a> {
         let n = self.segs.len() - usize::from(self.unaligned_tail().is_some());
         self.segs[..n]
             .iter()
-            .filter_map(|s| self.slice(s))
+            .filter_map(|s| self.slice(&s.seg))
             .collect()
     }
 
     /// The last run, left unpadded (see [`Self::new`]) and not a whole number
     /// of blocks: to be written without `O_DIRECT`.
     pub fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
-        match self.segs.last() {
+        match self.segs.last().map(|s| &s.seg) {
             Some(s @ Seg::Bounce(r)) if !r.len().is_multiple_of(self.align) => self.slice(s),
             _ => None,
         }
@@ -249,11 +285,39 @@ impl<'a> AlignedPass<'a> {
     pub fn direct_bytes(&self) -> u64 {
         self.segs
             .iter()
-            .map(|s| match s {
+            .map(|s| match &s.seg {
                 Seg::Direct(d) => d.len() as u64,
                 Seg::Bounce(_) => 0,
             })
             .sum()
+    }
+
+    /// How much of the caller's slices is in the file once the first
+    /// `out_done` bytes of the layout are: the bytes before the corresponding
+    /// position, copied or not (copies count only once written, so that
+    /// [`Self::output_of`] of anything at or below it is at or below
+    /// `out_done`).
+    pub fn input_done(&self, out_done: u64) -> u64 {
+        let k = self
+            .segs
+            .partition_point(|s| s.out_start + s.out_len <= out_done);
+        match self.segs.get(k) {
+            Some(s) => s.in_start + (out_done.saturating_sub(s.out_start)).min(s.in_len),
+            None => self.segs.last().map_or(0, |s| s.in_start + s.in_len),
+        }
+    }
+
+    /// Where position `in_pos` of the caller's slices lies in the layout (a
+    /// packet boundary there maps to one here: the bytes are the same, the
+    /// padding follows a run's last packet).
+    pub fn output_of(&self, in_pos: u64) -> u64 {
+        let k = self
+            .segs
+            .partition_point(|s| s.in_start + s.in_len < in_pos);
+        match self.segs.get(k) {
+            Some(s) => s.out_start + in_pos.saturating_sub(s.in_start).min(s.in_len),
+            None => self.segs.last().map_or(0, |s| s.out_start + s.out_len),
+        }
     }
 }
 

@@ -20,6 +20,15 @@
 //!   stream (no offsets, no fdatasync), like stdout.
 //! - [`cut_at_packet_boundary`] trims a write to the last whole packet under
 //!   a byte cap (`max_file_size_bytes`).
+//! - A write reports how far it got while it runs ([`WriteProgress`]), so
+//!   that a write pass unpins the ring regions already in the file while
+//!   the rest is in flight.
+//!
+//! Invariant (the write pass's unpinning relies on it, ringbuf M4):
+//! - **P1** A sink that was told a floor by [`WriteProgress::written`] never
+//!   reads the call's buffers below it again, not even to cut the file at a
+//!   packet boundary after a failure (it walks packets from the floor, which
+//!   is one). Every sink in this module honours it.
 
 mod batch;
 mod cut;
@@ -124,6 +133,32 @@ pub enum StorageError {
     IoUringUnavailable(String),
 }
 
+/// Told how far a write has got while it runs, so that its caller can let
+/// go of memory already in the file (a write pass unpins ring regions).
+pub trait WriteProgress {
+    /// The first `done` bytes of the call's buffers are in the file (the
+    /// requests holding them completed). Returns the floor: a packet
+    /// boundary at or below `done` under which the caller may have let go of
+    /// the memory; the sink never reads the buffers below it again (P1).
+    /// Called with `done` growing, never twice with the same value.
+    fn written(&mut self, done: u64) -> u64;
+}
+
+/// Progress nobody listens to: the caller keeps all of its memory.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+
+impl WriteProgress for NoProgress {
+    fn written(&mut self, _done: u64) -> u64 {
+        0
+    }
+}
+
+/// Bytes a positioned sink hands the kernel per request (an io_uring SQE, a
+/// pwritev(2) call) at most: the step in which a pass's memory is let go of
+/// as it is written ([`WriteProgress`]), and what a short write resubmits.
+pub const WRITE_STEP_BYTES: usize = 4 << 20;
+
 /// Where trace bytes go. Implementations never copy the data: the kernel
 /// reads the caller's memory (the ring buffer's mmap) directly.
 pub trait FileSink: Send {
@@ -134,7 +169,17 @@ pub trait FileSink: Send {
     /// On the first error (ENOSPC, EIO, a short write that cannot continue)
     /// the sink is poisoned: this and every later call return the error, and
     /// nothing is retried.
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError>;
+    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+        self.write_all_reporting(bufs, &mut NoProgress)
+    }
+    /// [`write_all`](Self::write_all), telling `progress` how much of `bufs`
+    /// is in the file as requests complete, and honouring the floor it
+    /// returns (P1).
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError>;
     /// `fdatasync` (a no-op for a pipe). Fails with the poison error too.
     fn sync_data(&mut self) -> Result<(), SinkError>;
     /// Bytes in the file as far as the sink knows (after a failure, what the

@@ -1,6 +1,7 @@
 //! The `pwritev(2)` sink: the fallback where io_uring is blocked (containers,
 //! `kernel.io_uring_disabled`). Same semantics as the io_uring sink, one
-//! synchronous call per batch of at most `IOV_MAX` iovecs.
+//! synchronous call per batch of at most `IOV_MAX` iovecs and
+//! [`WRITE_STEP_BYTES`], progress reported after each.
 
 use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
@@ -8,11 +9,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX, total_len};
-use super::{FileSink, SinkError, SinkKind, cut_at_packet_boundary};
-
-/// The kernel's cap on one read/write (`MAX_RW_COUNT`); larger requests are
-/// short writes anyway.
-const MAX_CALL_BYTES: usize = 0x7fff_f000;
+use super::{
+    FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress, cut_at_packet_boundary,
+};
 
 /// Appends at its own offset with `pwritev`.
 pub struct PwritevSink {
@@ -63,6 +62,9 @@ pub(super) fn sync_or_poison(
 /// (`bufs` hold the file's framing), so a full disk keeps every packet that
 /// fit; the file is cut there and synced (best effort). When the cut fails,
 /// the sink reports `written_to`, the end of the bytes known to be in place.
+/// Packets are walked from `floor`, a packet boundary the caller's progress
+/// returned (P1: the bytes below it are not read).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn poison(
     fd: impl AsFd,
     slot: &mut Option<SinkError>,
@@ -70,11 +72,12 @@ pub(super) fn poison(
     call_start: u64,
     written_to: u64,
     bufs: &[IoSlice<'_>],
+    floor: u64,
     err: SinkError,
 ) -> SinkError {
     *slot = Some(err);
     let in_place = written_to.saturating_sub(call_start);
-    let keep = call_start + whole_packets_within(bufs, in_place);
+    let keep = call_start + whole_packets_within(bufs, floor, in_place);
     *offset = if keep == written_to || rustix::fs::ftruncate(&fd, keep).is_ok() {
         keep
     } else {
@@ -91,33 +94,41 @@ pub(super) fn poison(
 }
 
 /// Bytes of the whole `0x0A <len> <packet>` records at the start of `bufs`
-/// that end within their first `n` bytes.
-fn whole_packets_within(bufs: &[IoSlice<'_>], n: u64) -> u64 {
-    if n == 0 {
-        return 0;
+/// that end within their first `n` bytes, walked from `floor` (a packet
+/// boundary; the bytes below it are not read, P1).
+fn whole_packets_within(bufs: &[IoSlice<'_>], floor: u64, n: u64) -> u64 {
+    if n <= floor {
+        return n.min(floor);
     }
-    let (_, cut) = cut_at_packet_boundary(bufs, n.saturating_add(1));
-    cut.kept_bytes.min(n)
+    let mut from = Cursor::new(bufs);
+    from.advance(floor as usize);
+    let mut rest = Vec::new();
+    from.peek_batch(usize::MAX, usize::MAX, &mut rest);
+    let within = n - floor;
+    let (_, cut) = cut_at_packet_boundary(&rest, within.saturating_add(1));
+    floor + cut.kept_bytes.min(within)
 }
 
 /// Writes `bufs` at `*offset` with pwritev(2) until all are written, and
 /// moves `*offset` past them; a failure poisons the sink (see [`poison`]).
-/// Shared by the positioned sinks.
+/// Tells `progress` after each call. Shared by the positioned sinks.
 pub(super) fn pwritev_all(
     fd: &OwnedFd,
     poisoned: &mut Option<SinkError>,
     offset: &mut u64,
     bufs: &[IoSlice<'_>],
+    progress: &mut dyn WriteProgress,
 ) -> Result<u64, SinkError> {
     if let Some(e) = *poisoned {
         return Err(e);
     }
     let start = *offset;
     let mut pos = start;
+    let mut floor = 0u64;
     let mut cursor = Cursor::new(bufs);
     let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
     loop {
-        let len = cursor.peek_batch(IOV_MAX, MAX_CALL_BYTES, &mut batch);
+        let len = cursor.peek_batch(IOV_MAX, WRITE_STEP_BYTES, &mut batch);
         if len == 0 {
             break;
         }
@@ -126,12 +137,13 @@ pub(super) fn pwritev_all(
             Ok(n) => {
                 pos += n as u64;
                 cursor.advance(n);
+                floor = floor.max(progress.written(pos - start));
                 continue;
             }
             Err(Errno::INTR) => continue,
             Err(errno) => SinkError::Write { errno, offset: pos },
         };
-        return Err(poison(fd, poisoned, offset, start, pos, bufs, err));
+        return Err(poison(fd, poisoned, offset, start, pos, bufs, floor, err));
     }
     *offset = pos;
     Ok(pos - start)
@@ -142,8 +154,18 @@ impl FileSink for PwritevSink {
         SinkKind::Pwritev
     }
 
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
-        pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, bufs)
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError> {
+        pwritev_all(
+            &self.fd,
+            &mut self.poisoned,
+            &mut self.offset,
+            bufs,
+            progress,
+        )
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {

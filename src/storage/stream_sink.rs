@@ -8,7 +8,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX};
-use super::{FileSink, SinkError, SinkKind};
+use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress};
 
 /// Writes in order with `writev`; `sync_data` is a no-op unless the stream
 /// is a regular file.
@@ -45,7 +45,11 @@ impl FileSink for StreamSink {
         SinkKind::Stream
     }
 
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
         }
@@ -53,7 +57,7 @@ impl FileSink for StreamSink {
         let mut cursor = Cursor::new(bufs);
         let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
         loop {
-            if cursor.peek_batch(IOV_MAX, usize::MAX, &mut batch) == 0 {
+            if cursor.peek_batch(IOV_MAX, WRITE_STEP_BYTES, &mut batch) == 0 {
                 break;
             }
             match rustix::io::writev(&self.fd, &batch) {
@@ -65,6 +69,9 @@ impl FileSink for StreamSink {
                 Ok(n) => {
                     self.written += n as u64;
                     cursor.advance(n);
+                    // A stream is never cut after a failure, so nothing
+                    // below the floor is read again (P1).
+                    progress.written(self.written - start);
                 }
                 Err(Errno::INTR) => {}
                 // A non-blocking stdout: wait until the reader makes room.

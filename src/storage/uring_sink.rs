@@ -8,7 +8,14 @@
 //!                   slot 1: ...                               @ off + len0
 //!                   ... ≤ QUEUE_DEPTH slots ──► submit_and_wait ──► reap
 //!  short completion → the slot's iovecs advance, resubmitted at off + res
+//!  after each reap: progress ◄── everything below the lowest busy slot's
+//!                                offset (or the next unsubmitted byte)
 //! ```
+//!
+//! Completions arrive in any order; progress is the prefix of the call
+//! with no request left in flight, so the caller may let go of it (P1: the
+//! sink reads nothing below the floor it is given, and the kernel is done
+//! with those iovecs).
 //!
 //! Invariants the `unsafe` blocks rely on:
 //! - U1 Every iovec array handed to the kernel (a slot's `Vec<IoSlice>`) and
@@ -33,13 +40,14 @@ use rustix::io::Errno;
 
 use super::batch::{Cursor, IOV_MAX, advance_owned};
 use super::pwritev_sink::{poison, pwritev_all, sync_or_poison};
-use super::{FileSink, SinkError, SinkKind};
+use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress};
 
 /// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
 pub const QUEUE_DEPTH: usize = 8;
-/// Bytes per request at most, so one pass spreads over several requests and
-/// a short write resubmits little.
-pub const SQE_MAX_BYTES: usize = 4 << 20;
+/// Bytes per request at most, so one pass spreads over several requests,
+/// its memory is let go of as they complete, and a short write resubmits
+/// little.
+pub const SQE_MAX_BYTES: usize = WRITE_STEP_BYTES;
 /// Passes up to this size are written with one pwritev(2) instead.
 pub const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
@@ -116,7 +124,11 @@ impl FileSink for UringSink {
         SinkKind::IoUring
     }
 
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
         }
@@ -124,7 +136,13 @@ impl FileSink for UringSink {
         // is one pwritev(2): through the ring a buffered write is handed to a
         // kernel worker thread, two context switches for a few bytes.
         if bufs.iter().map(|b| b.len()).sum::<usize>() <= SMALL_WRITE_BYTES {
-            return pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, bufs);
+            return pwritev_all(
+                &self.fd,
+                &mut self.poisoned,
+                &mut self.offset,
+                bufs,
+                progress,
+            );
         }
         let start = self.offset;
         let mut cursor = Cursor::new(bufs);
@@ -141,6 +159,8 @@ impl FileSink for UringSink {
         let mut failure: Option<SinkError> = None;
         // The lowest file offset a failed or abandoned request did not write.
         let mut hole = u64::MAX;
+        // What progress was told, and the floor it returned (P1).
+        let (mut reported, mut floor) = (0u64, 0u64);
         loop {
             if failure.is_none() {
                 for (i, slot) in slots.iter_mut().enumerate() {
@@ -211,6 +231,16 @@ impl FileSink for UringSink {
                     push(&mut self.ring, self.registered, &self.fd, &slots[i], i);
                 }
             }
+            if failure.is_none() {
+                // Everything below the lowest byte a request still holds
+                // (a resubmitted slot's offset has moved past what it wrote).
+                let pending = slots.iter().filter(|s| s.busy).map(|s| s.offset);
+                let done = pending.min().unwrap_or(next) - start;
+                if done > reported {
+                    reported = done;
+                    floor = floor.max(progress.written(done));
+                }
+            }
         }
         match failure {
             None => {
@@ -226,6 +256,7 @@ impl FileSink for UringSink {
                     start,
                     written_to,
                     bufs,
+                    floor,
                     err,
                 ))
             }

@@ -11,6 +11,21 @@
 //!
 //! A failed pass says what did not reach the file ([`PassError`]): the sink
 //! keeps the whole packets that fit (a full disk), the rest is counted.
+//!
+//! The pass lets go of each ring region as soon as its bytes are in the
+//! file ([`Unpin`]): the sink reports how much of the list it has written
+//! ([`WriteProgress`]), the pass maps that to each batch's data and unpins
+//! the regions it covers (ringbuf M4), so writers take those chunks while
+//! the rest of the pass is still in flight. Compressed, the batches are
+//! let go of once compressed (the zstd frames are copies); under `O_DIRECT`
+//! the progress is mapped through the block layout ([`AlignedPass`]).
+//!
+//! The one `unsafe` call ([`Unpin::through`]) rests on:
+//! - **P1** (storage) the sink never reads the list below the floor it is
+//!   given, and tells only of bytes whose requests completed;
+//! - **P2** this pass reads none of the list after handing it to the sink:
+//!   cutting at the cap, counting packets, compressing and laying out
+//!   blocks all happen before.
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -19,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
 use crate::storage::direct::{AlignedPass, DirectError};
-use crate::storage::{FileSink, SinkError, cut_at_packet_boundary};
+use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
 use crate::trace::service;
 
 /// What a pass did.
@@ -136,17 +151,30 @@ pub fn write_pass_staged(
         .collect();
     let tail = tail();
     let mut iov: Vec<IoSlice<'_>> = head.iter().map(|p| IoSlice::new(p)).collect();
+    let mut at = total_len(&iov);
     let mut buffer_bytes = 0u64;
     let mut next_marker = markers.iter();
-    for b in &batches {
+    let mut spans = Vec::new();
+    for (batch, b) in batches.iter().enumerate() {
+        let mut data_at = 0u64;
         for it in b.items() {
             match it {
                 FlushItem::Data(d) => {
-                    buffer_bytes += d.len() as u64;
+                    let len = d.len() as u64;
+                    spans.push(Span {
+                        at,
+                        len,
+                        batch,
+                        data_at,
+                    });
+                    at += len;
+                    data_at += len;
+                    buffer_bytes += len;
                     iov.push(IoSlice::new(d));
                 }
                 FlushItem::Loss { .. } => {
                     if let Some(m) = next_marker.next() {
+                        at += m.len() as u64;
                         iov.push(IoSlice::new(m));
                     }
                 }
@@ -162,9 +190,20 @@ pub fn write_pass_staged(
     let mut compressed_packets = 0u64;
     let mut packets = 0u64;
     let mut kept_input = 0u64;
+    let mut unpin = Unpin {
+        batches: &batches,
+        spans,
+        next: 0,
+        floor: 0,
+    };
     let result = (|| -> Result<u64, PassFailure> {
         let compressed = match stage.compress {
-            Some(z) => Some(z.compress(&iov)?),
+            Some(z) => {
+                let c = z.compress(&iov)?;
+                // The frames are copies: the ring's bytes are not read again.
+                unpin.through(total);
+                Some(c)
+            }
             None => None,
         };
         let records = match &compressed {
@@ -189,19 +228,31 @@ pub fn write_pass_staged(
         };
         let aligned_slices = aligned.as_ref().map(AlignedPass::slices);
         let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
+        // Counted before the write (P2).
+        if stage.count_packets && compressed.is_none() {
+            packets = count_records(&kept);
+        }
         let bytes = if kept.is_empty() {
             0
         } else {
             let tail = aligned.as_ref().and_then(AlignedPass::unaligned_tail);
-            let written = sink
-                .write_all(aligned_slices.as_deref().unwrap_or(&kept))
-                .and_then(|b| match &tail {
-                    Some(t) => {
-                        sink.end_direct()?;
-                        Ok(b + sink.write_all(std::slice::from_ref(t))?)
-                    }
-                    None => Ok(b),
-                });
+            let written = match &aligned {
+                Some(a) => sink.write_all_reporting(
+                    aligned_slices.as_deref().unwrap_or(&[]),
+                    &mut Aligned {
+                        layout: a,
+                        unpin: &mut unpin,
+                    },
+                ),
+                None => sink.write_all_reporting(&kept, &mut unpin),
+            };
+            let written = written.and_then(|b| match &tail {
+                Some(t) => {
+                    sink.end_direct()?;
+                    Ok(b + sink.write_all(std::slice::from_ref(t))?)
+                }
+                None => Ok(b),
+            });
             match written {
                 Ok(b) => b,
                 Err(e) => {
@@ -221,11 +272,10 @@ pub fn write_pass_staged(
             None => (bytes - padding, 0),
         };
         kept_input = input_bytes;
-        if stage.count_packets {
-            packets = match &compressed {
-                Some(c) => c.packets_of_prefix(bytes),
-                None => count_records(&kept),
-            };
+        if stage.count_packets
+            && let Some(c) = &compressed
+        {
+            packets = c.packets_of_prefix(bytes);
         }
         if sync || cap_reached {
             sink.sync_data()?;
@@ -255,4 +305,102 @@ pub fn write_pass_staged(
 
 fn total_len(iov: &[IoSlice<'_>]) -> u64 {
     iov.iter().map(|s| s.len() as u64).sum()
+}
+
+/// Where one data range of a batch lies in the pass's list.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// Position in the list.
+    at: u64,
+    len: u64,
+    /// Index of its batch.
+    batch: usize,
+    /// Position in that batch's data.
+    data_at: u64,
+}
+
+/// Lets go of the ring regions whose bytes are in the file, as the sink
+/// reports them (see the module docs).
+struct Unpin<'b> {
+    batches: &'b [FlushBatch],
+    /// The batches' data ranges, in list order.
+    spans: Vec<Span>,
+    /// The first span not wholly written yet.
+    next: usize,
+    /// Where the last region let go of ends in the list.
+    floor: u64,
+}
+
+impl Unpin<'_> {
+    /// The first `done` bytes of the list are in the file: unpins the
+    /// regions within them. Returns the floor: where the last region let go
+    /// of ends in the list, a packet boundary (0 while none is).
+    fn through(&mut self, done: u64) -> u64 {
+        let mut i = self.next;
+        // The last span reached, and how far into its batch's data.
+        let mut reached: Option<(usize, u64)> = None;
+        while let Some(&s) = self.spans.get(i) {
+            if s.at >= done {
+                break;
+            }
+            if let Some((j, data_done)) = reached
+                && self.spans[j].batch != s.batch
+            {
+                self.release(j, data_done);
+            }
+            let written = (done - s.at).min(s.len);
+            reached = Some((i, s.data_at + written));
+            if written < s.len {
+                break;
+            }
+            i += 1;
+        }
+        if let Some((j, data_done)) = reached {
+            self.release(j, data_done);
+        }
+        self.next = i;
+        self.floor
+    }
+
+    /// Unpins the regions in the first `data_done` bytes of span `j`'s
+    /// batch (all below `done` in the list) and moves the floor.
+    #[allow(unsafe_code)]
+    fn release(&mut self, j: usize, data_done: u64) {
+        let batch = self.spans[j].batch;
+        let b = &self.batches[batch];
+        let before = b.released_through();
+        // SAFETY: M4 — the first `data_done` bytes of this batch's data lie
+        // below `done` in the list, which the sink has written (its requests
+        // completed, P1); the regions let go of end at or below the floor
+        // returned, under which the sink never reads the list again (P1), and
+        // this pass reads none of it after handing it over (P2).
+        let released = unsafe { b.release_written(data_done) };
+        if released > before {
+            // The batch's data position, back in the list.
+            let first = self.spans[..=j].partition_point(|t| t.batch < batch);
+            let k = first + self.spans[first..=j].partition_point(|t| t.data_at + t.len < released);
+            let t = self.spans[k];
+            self.floor = self.floor.max(t.at + (released - t.data_at));
+        }
+    }
+}
+
+impl WriteProgress for Unpin<'_> {
+    fn written(&mut self, done: u64) -> u64 {
+        self.through(done)
+    }
+}
+
+/// Progress through an `O_DIRECT` layout: its positions mapped to the
+/// list's and back.
+struct Aligned<'l, 'a, 'u, 'b> {
+    layout: &'l AlignedPass<'a>,
+    unpin: &'u mut Unpin<'b>,
+}
+
+impl WriteProgress for Aligned<'_, '_, '_, '_> {
+    fn written(&mut self, done: u64) -> u64 {
+        let floor = self.unpin.through(self.layout.input_done(done));
+        self.layout.output_of(floor)
+    }
 }

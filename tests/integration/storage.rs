@@ -7,7 +7,7 @@ use std::process::Command;
 
 use recorder::storage::{
     FileSink, IOV_MAX, IoChoice, OpenOptions, OutputPath, SinkKind, StorageError, StreamSink,
-    cut_at_packet_boundary, io_uring_available, open_output,
+    WriteProgress, cut_at_packet_boundary, io_uring_available, open_output,
 };
 
 use crate::common;
@@ -719,5 +719,349 @@ fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
         for (g, p) in rest.iter().zip(&failed_call) {
             assert_eq!(g[..], p[3..], "{io:?}");
         }
+    }
+}
+
+/// A sink over a real file that writes each call in steps of `step` bytes;
+/// after each step it reports the progress, tells the test how far it got
+/// and waits for the test's go-ahead: a write pass held in flight.
+struct SteppedSink {
+    inner: Box<dyn FileSink>,
+    step: usize,
+    done_tx: std::sync::mpsc::Sender<u64>,
+    go_rx: std::sync::mpsc::Receiver<()>,
+}
+
+impl FileSink for SteppedSink {
+    fn kind(&self) -> SinkKind {
+        self.inner.kind()
+    }
+
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, recorder::storage::SinkError> {
+        // Every step's slices are made before anything is written: once a
+        // step is reported, its bytes are not read again (P1).
+        let mut steps: Vec<Vec<IoSlice<'_>>> = vec![Vec::new()];
+        let mut room = self.step;
+        for b in bufs {
+            let mut s: &[u8] = b;
+            while !s.is_empty() {
+                if room == 0 {
+                    steps.push(Vec::new());
+                    room = self.step;
+                }
+                let take = s.len().min(room);
+                steps
+                    .last_mut()
+                    .expect("a step")
+                    .push(IoSlice::new(&s[..take]));
+                s = &s[take..];
+                room -= take;
+            }
+        }
+        let mut done = 0u64;
+        for step in steps.iter().filter(|s| !s.is_empty()) {
+            done += self.inner.write_all(step)?;
+            progress.written(done);
+            self.done_tx.send(done).expect("the test listens");
+            self.go_rx.recv().expect("the test answers");
+        }
+        Ok(done)
+    }
+
+    fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.sync_data()
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.inner.bytes_written()
+    }
+
+    fn direct_alignment(&self) -> Option<usize> {
+        self.inner.direct_alignment()
+    }
+
+    fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.end_direct()
+    }
+}
+
+/// A `for_testing` packet of sequence 2 with `counter`, about 1000 bytes,
+/// encoded by the independent encoder.
+fn counter_packet(counter: u64) -> Vec<u8> {
+    use protobuf::Message;
+    let mut p = perfetto_protos::trace_packet::TracePacket::new();
+    p.set_trusted_packet_sequence_id(2);
+    let ev = p.mut_for_testing();
+    ev.set_counter(counter);
+    ev.set_str("x".repeat(980));
+    p.write_to_bytes().expect("encodes")
+}
+
+/// A DISCARD buffer written full, then a write pass over all of it held in
+/// flight step by step (64 KiB at a time, through the real sinks, with and
+/// without O_DIRECT): after each step the writer takes the chunks the pass
+/// has written — it is refused only once those are used up, and then for
+/// the reason that is true (`Pinned`: the rest is in the pass) — so by the
+/// end of the pass it has written nearly a buffer's worth again. Both
+/// passes' packets reach the file in order.
+#[test]
+fn a_pass_in_flight_gives_back_what_it_has_written() {
+    use recorder::ringbuf::{
+        Buffer, BufferParams, DiscardReason, FillPolicy, WriteError, WriterId,
+    };
+    use recorder::storage::write_pass::{Take, write_pass};
+    const STEP: usize = 64 * 1024;
+    for (io, direct) in choices()
+        .into_iter()
+        .flat_map(|io| [(io, false), (io, true)])
+    {
+        let dir = scratch();
+        let path = dir.path().join("held.pftrace");
+        let inner = if direct {
+            open_direct(&path, io)
+        } else {
+            open(&path, io)
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let mut sink = SteppedSink {
+            inner,
+            step: STEP,
+            done_tx,
+            go_rx,
+        };
+        let buffer = Buffer::new(BufferParams::new(1 << 20, FillPolicy::Discard)).expect("buffer");
+        let mut w = buffer.writer(WriterId(2));
+        let mut counter = 0u64;
+        let mut accepted = Vec::new();
+        // Fills the buffer: the first refusal is a full buffer.
+        let first = loop {
+            match w.write_packet(&counter_packet(counter)) {
+                Ok(()) => accepted.push(counter),
+                Err(e) => break e,
+            }
+            counter += 1;
+        };
+        counter += 1;
+        assert_eq!(first, WriteError::Discarded(DiscardReason::Full), "{io:?}");
+        let full = buffer.stats();
+        let before_pass = accepted.len();
+
+        let pass_buffer = buffer.clone();
+        let pass = std::thread::spawn(move || {
+            let r = write_pass(
+                &mut sink,
+                &[],
+                &[(pass_buffer, Take::Consume)],
+                Vec::new,
+                None,
+                false,
+            );
+            // Hangs up on the test: the pass is over.
+            sink.done_tx = std::sync::mpsc::channel().0;
+            (r, sink)
+        });
+        let slack = if direct { 3 * STEP } else { 2 * STEP } as u64;
+        let (mut steps, mut bytes_during) = (0, 0u64);
+        let mut refusals = Vec::new();
+        let mut last_done = 0;
+        while let Ok(done) = done_rx.recv() {
+            steps += 1;
+            last_done = done;
+            // Write until refused: the chunks the pass has written so far.
+            loop {
+                let p = counter_packet(counter);
+                counter += 1;
+                match w.write_packet(&p) {
+                    Ok(()) => {
+                        accepted.push(counter - 1);
+                        bytes_during += p.len() as u64 + 3;
+                    }
+                    Err(e) => {
+                        refusals.push((done, e));
+                        break;
+                    }
+                }
+            }
+            // What the pass has written came back, less a region or two
+            // (a region goes back once all its bytes are in the file).
+            assert!(
+                bytes_during + slack >= done.min(full.bytes_written),
+                "{io:?} direct {direct}: {bytes_during} bytes written back after {done}"
+            );
+            go_tx.send(()).expect("the sink waits");
+        }
+        let (r, mut sink) = pass.join().expect("the pass thread");
+        let report = r.expect("the pass");
+        assert_eq!(report.buffer_bytes, full.bytes_written, "{io:?}");
+        assert!(steps >= 15, "{io:?}: the pass went in steps ({steps})");
+        // Refused because the rest was pinned while the pass held some of
+        // it; once it has let go of everything, because the buffer is full.
+        for &(done, e) in &refusals {
+            let why = if done < last_done {
+                DiscardReason::Pinned
+            } else {
+                DiscardReason::Full
+            };
+            assert_eq!(
+                e,
+                WriteError::Discarded(why),
+                "{io:?} direct {direct}: refused after {done} of {last_done} bytes"
+            );
+        }
+        let refused_pinned = refusals.iter().filter(|(d, _)| *d < last_done).count() as u64;
+        let s = buffer.stats();
+        assert_eq!(s.packets_discarded_pinned, refused_pinned, "{io:?}");
+        assert_eq!(s.packets_discarded_held, 0, "{io:?}");
+        assert!(
+            accepted.len() - before_pass >= before_pass * 3 / 4,
+            "{io:?} direct {direct}: {} packets during the pass, {before_pass} before",
+            accepted.len() - before_pass
+        );
+        assert!(s.is_balanced(), "{io:?}: {s:?}");
+
+        // The second pass writes what came in meanwhile; it runs freely.
+        drop(w);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        sink.done_tx = done_tx;
+        let go = std::thread::spawn(move || {
+            while done_rx.recv().is_ok() {
+                go_tx.send(()).expect("the sink waits");
+            }
+        });
+        write_pass(
+            &mut sink,
+            &[],
+            &[(buffer.clone(), Take::Consume)],
+            Vec::new,
+            None,
+            true,
+        )
+        .expect("the second pass");
+        drop(sink);
+        go.join().expect("the go-ahead thread");
+
+        let data = std::fs::read(&path).expect("read back");
+        let packets = common::decode(&data);
+        let counters = common::test_counters(&packets);
+        assert_eq!(counters.get(&2), Some(&accepted), "{io:?} direct {direct}");
+        if let Some(tp) = crate::trace_processor::open(&path) {
+            // The refused packets are marked as lost on sequence 2.
+            tp.assert_no_errors();
+        }
+    }
+}
+
+/// What a sink reported while it wrote.
+#[derive(Default)]
+struct Reports(Vec<u64>);
+
+impl WriteProgress for Reports {
+    fn written(&mut self, done: u64) -> u64 {
+        self.0.push(done);
+        0
+    }
+}
+
+/// A 40 MiB call is reported in steps as its requests complete (io_uring
+/// holds at most 32 MiB in flight, pwritev writes 4 MiB a call), growing,
+/// ending at the whole call; the file holds the bytes.
+#[test]
+fn sinks_report_progress_as_requests_complete() {
+    let data = pattern(40 << 20, 7);
+    let bufs = split(&data, &[1 << 20, 3000, 5 << 20, 1]);
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("progress.bin");
+        let mut sink = open(&path, io);
+        let mut reports = Reports::default();
+        let n = sink
+            .write_all_reporting(&bufs, &mut reports)
+            .expect("write");
+        assert_eq!(n, data.len() as u64);
+        let r = &reports.0;
+        assert!(r.len() >= 2, "{io:?}: reported in steps: {r:?}");
+        assert!(r.windows(2).all(|w| w[0] < w[1]), "{io:?}: growing: {r:?}");
+        assert_eq!(r.last().copied(), Some(n), "{io:?}");
+        assert!(std::fs::read(&path).expect("read back") == data, "{io:?}");
+    }
+}
+
+/// A full disk in the middle of a pass that has already let go of the
+/// regions it wrote (a 12 MiB loop-mounted ext4, passes of a 16 MiB ring,
+/// with and without O_DIRECT): the sink walks packets only from the floor
+/// the pass gave it, and the file still ends at a whole packet — the
+/// written packets in order, then nothing torn.
+#[test]
+fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+    use recorder::storage::write_pass::{Take, write_pass};
+    if common::skip_unless(common::need_root()) {
+        return;
+    }
+    for (io, direct) in choices()
+        .into_iter()
+        .flat_map(|io| [(io, false), (io, true)])
+    {
+        let disk = Ext4Disk::mount(12);
+        if common::skip_unless(disk.as_ref().err().map(|e| format!("no loop ext4: {e}"))) {
+            return;
+        }
+        let disk = disk.expect("mounted");
+        let path = disk.path();
+        let mut sink = if direct {
+            open_direct(&path, io)
+        } else {
+            open(&path, io)
+        };
+        let buffer = Buffer::new(BufferParams::new(16 << 20, FillPolicy::Discard)).expect("buffer");
+        let mut w = buffer.writer(WriterId(2));
+        let mut accepted = Vec::new();
+        let mut counter = 0u64;
+        let err = loop {
+            while w.write_packet(&counter_packet(counter)).is_ok() {
+                accepted.push(counter);
+                counter += 1;
+            }
+            w.flush();
+            match write_pass(
+                sink.as_mut(),
+                &[],
+                &[(buffer.clone(), Take::Consume)],
+                Vec::new,
+                None,
+                false,
+            ) {
+                Ok(_) => assert!(counter < 1_000_000, "{io:?}: a 12 MiB disk fills up"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.kept_bytes > 0, "{io:?} direct {direct}: {err}");
+        let in_file = sink.bytes_written();
+        drop(sink);
+        let data = std::fs::read(&path).expect("read back");
+        assert_eq!(data.len() as u64, in_file, "{io:?} direct {direct}");
+        assert_eq!(
+            common::whole_prefix(&data),
+            data.len(),
+            "{io:?} direct {direct}: whole packets only"
+        );
+        let got = common::test_counters(&common::decode(&data))
+            .remove(&2)
+            .unwrap_or_default();
+        assert!(
+            got.len() > 4096,
+            "{io:?} direct {direct}: {} kept",
+            got.len()
+        );
+        assert_eq!(
+            got[..],
+            accepted[..got.len()],
+            "{io:?} direct {direct}: a prefix of what was written, in order"
+        );
     }
 }

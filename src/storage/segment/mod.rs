@@ -37,7 +37,10 @@ use self::names::SegmentNames;
 use self::policy::{RotateReason, RotationPolicy};
 use self::sidecar::{SIDECAR_VERSION, SegmentLoss, Sidecar};
 use super::write_pass::PassReport;
-use super::{FileSink, OpenOptions, OutputPath, SinkError, SinkKind, StorageError, open_output};
+use super::{
+    FileSink, OpenOptions, OutputPath, SinkError, SinkKind, StorageError, WriteProgress,
+    open_output,
+};
 use crate::ringbuf::{Buffer, BufferStats};
 
 /// How long the end of a session waits for queued `--on-segment-closed` commands.
@@ -572,23 +575,24 @@ impl FileSink for SegmentWriter {
         self.current.as_ref().map_or(self.kind, |c| c.sink.kind())
     }
 
-    fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
+    fn write_all_reporting(
+        &mut self,
+        bufs: &[IoSlice<'_>],
+        progress: &mut dyn WriteProgress,
+    ) -> Result<u64, SinkError> {
         let Some(c) = &mut self.current else {
             return Ok(0);
         };
-        let r = c.sink.write_all(bufs);
-        match r {
-            Ok(n) => {
-                for b in bufs {
-                    c.hasher.update(&b[..]);
-                }
-                Ok(n)
-            }
-            Err(e) => {
-                c.hash_stale = true;
-                Err(e)
-            }
+        // Hashed before the write: once written, the caller may let go of
+        // the bytes (P1). A failed write makes the hash stale.
+        for b in bufs {
+            c.hasher.update(&b[..]);
         }
+        let r = c.sink.write_all_reporting(bufs, progress);
+        if r.is_err() {
+            c.hash_stale = true;
+        }
+        r
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {
