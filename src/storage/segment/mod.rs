@@ -393,10 +393,6 @@ impl SegmentWriter {
             drop(c.sink);
             hex(&digest)
         };
-        std::fs::rename(&partial, &path).map_err(|source| SegmentError::Close {
-            path: partial.clone(),
-            source,
-        })?;
         let loss = self.loss_since(&c.loss_at_open, &c.upstream_at_open);
         let lost_bytes = loss.bytes_overwritten + loss.bytes_discarded;
         let uuid = segment_uuid(self.identity.session_uuid, c.index);
@@ -433,7 +429,15 @@ impl SegmentWriter {
             s.closed_by = closed_by.to_string();
             s.lost_bytes = lost_bytes;
         }
+        // The sidecar first, then the rename: a segment under its final name
+        // always has its sidecar, even after a crash between the two (which
+        // leaves the sidecar beside a whole `.partial`). A sidecar that cannot
+        // be written still lets the segment close.
         let wrote_sidecar = car.write_atomically(&sidecar_path);
+        std::fs::rename(&partial, &path).map_err(|source| SegmentError::Close {
+            path: partial.clone(),
+            source,
+        })?;
         // The rename and the sidecar are durable once the directory is.
         let dir_synced = sync_dir(&self.names.dir);
         let sidecar_bytes = std::fs::metadata(&sidecar_path).map_or(0, |m| m.len());
