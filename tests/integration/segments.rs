@@ -562,16 +562,41 @@ fn the_hook_gets_each_path_and_the_settings_file_works() {
     }
 }
 
-#[test]
-fn ftrace_segments_each_resolve_their_threads() {
+/// Runs the binary on ftrace config `cfg` into a segment directory with
+/// `args`, calling `during` while it records; `None` when the kernel parts
+/// are missing (skipped). Returns the temporary directory (kept alive), the
+/// segment directory and the run's output.
+fn ftrace_segments(
+    cfg: &str,
+    args: &[&str],
+    during: impl FnOnce(),
+) -> Option<(tempfile::TempDir, PathBuf, Output)> {
     let tracefs = Path::new("/sys/kernel/tracing/events/sched/sched_switch");
     if skip_unless(need_root().or_else(|| (!tracefs.exists()).then(|| "no tracefs".into()))) {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("sched.cfg");
-    std::fs::write(
-        &cfg,
+    let cfg_path = dir.path().join("ftrace.cfg");
+    std::fs::write(&cfg_path, cfg).expect("cfg");
+    let out_dir = dir.path().join("segs");
+    let child = Command::new(recorder_bin())
+        .arg("--config")
+        .arg(&cfg_path)
+        .arg("-o")
+        .arg(out_dir.join(""))
+        .args(args)
+        .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    during();
+    let out = child.wait_with_output().expect("waits");
+    Some((dir, out_dir, out))
+}
+
+#[test]
+fn ftrace_segments_each_resolve_their_threads() {
+    let Some((_dir, out_dir, out)) = ftrace_segments(
         r#"
 buffers { size_kb: 16384 fill_policy: RING_BUFFER }
 data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
@@ -582,18 +607,11 @@ data_sources { config { name: "linux.process_stats" target_buffer: 0
   process_stats_config { scan_all_processes_on_start: true } } }
 write_into_file: true file_write_period_ms: 200 duration_ms: 3000
 "#,
-    )
-    .expect("cfg");
-    let out_dir = dir.path().join("segs");
-    let out = Command::new(recorder_bin())
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-o")
-        .arg(out_dir.join(""))
-        .args(["--compress", "--rotate-period", "700ms"])
-        .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
-        .output()
-        .expect("runs");
+        &["--compress", "--rotate-period", "700ms"],
+        || {},
+    ) else {
+        return;
+    };
     ok(&out);
     let files = segment_files(&out_dir);
     assert!(files.len() >= 3, "{files:?}");
@@ -770,38 +788,10 @@ trigger_config {
 /// loss the trace's own ftrace stats report, segment by segment.
 #[test]
 fn sidecars_account_for_the_events_the_kernel_lost() {
-    let tracefs = Path::new("/sys/kernel/tracing/events/sched/sched_switch");
-    if skip_unless(need_root().or_else(|| (!tracefs.exists()).then(|| "no tracefs".into()))) {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("lossy.cfg");
-    std::fs::write(
-        &cfg,
-        r#"
-buffers { size_kb: 16384 fill_policy: RING_BUFFER }
-data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
-  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
-  ftrace_events: "sched/sched_process_fork" ftrace_events: "sched/sched_process_exec"
-  buffer_size_kb: 4 drain_period_ms: 1500 drain_buffer_percent: 100 } } }
-write_into_file: true file_write_period_ms: 200 duration_ms: 2500
-"#,
-    )
-    .expect("cfg");
-    let out_dir = dir.path().join("segs");
-    let child = Command::new(recorder_bin())
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-o")
-        .arg(out_dir.join(""))
-        .args(["--rotate-period", "600ms"])
-        .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs");
     // Two processes bouncing a byte through pipes for two seconds: far more
     // switches than one page per CPU holds between wake-ups.
-    let pingpong = "import os, time
+    let pingpong = || {
+        let script = "import os, time
 r1, w1 = os.pipe(); r2, w2 = os.pipe()
 end = time.monotonic() + 2
 if os.fork() == 0:
@@ -812,12 +802,26 @@ while time.monotonic() < end:
     os.write(w1, b'x'); os.read(r2, 1)
 os.write(w1, b'q')
 ";
-    let status = Command::new("python3")
-        .args(["-c", pingpong])
-        .status()
-        .expect("python3 runs");
-    assert!(status.success());
-    let out = child.wait_with_output().expect("waits");
+        let status = Command::new("python3")
+            .args(["-c", script])
+            .status()
+            .expect("python3 runs");
+        assert!(status.success());
+    };
+    let Some((_dir, out_dir, out)) = ftrace_segments(
+        r#"
+buffers { size_kb: 16384 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  ftrace_events: "sched/sched_process_fork" ftrace_events: "sched/sched_process_exec"
+  buffer_size_kb: 4 drain_period_ms: 1500 drain_buffer_percent: 100 } } }
+write_into_file: true file_write_period_ms: 200 duration_ms: 2500
+"#,
+        &["--rotate-period", "600ms"],
+        pingpong,
+    ) else {
+        return;
+    };
     assert!(
         out.status.success(),
         "{}",
