@@ -73,20 +73,26 @@ fn sched_fixture(compact: bool) -> (PageLayout, Vec<u8>, EventTable) {
     (l, pages, table)
 }
 
-/// ns per event of the encoder on the scheduler pages, against memcpy and a
-/// bare walk of the same pages.
-fn bench_sched(c: &mut Criterion) {
-    let (l, pages, table) = sched_fixture(true);
+/// One group over `pages`: the baselines (memcpy of the raw bytes, a bare
+/// walk of every record) and each named encoder table, ns per event, with
+/// the output size per event printed for the report.
+fn encoder_group(
+    c: &mut Criterion,
+    group: &str,
+    l: &PageLayout,
+    pages: &[u8],
+    encoders: &[(&str, EventTable)],
+) {
     let events: usize = pages
         .chunks_exact(l.page_size())
-        .map(|p| count_page_events(p, &l).expect("clean fixture"))
+        .map(|p| count_page_events(p, l).expect("clean fixture"))
         .sum();
-    let mut g = c.benchmark_group("ftrace_sched");
+    let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(events as u64));
     let mut dst = vec![0u8; pages.len()];
     g.bench_function("memcpy_raw_pages", |b| {
         b.iter(|| {
-            dst.copy_from_slice(black_box(&pages));
+            dst.copy_from_slice(black_box(pages));
             black_box(&dst);
         })
     });
@@ -94,43 +100,32 @@ fn bench_sched(c: &mut Criterion) {
         b.iter(|| {
             let n: usize = pages
                 .chunks_exact(l.page_size())
-                .map(|p| count_page_events(black_box(p), &l).unwrap_or(0))
+                .map(|p| count_page_events(black_box(p), l).unwrap_or(0))
                 .sum();
             black_box(n)
         })
     });
     let filter = PrintFilter::default();
-    for compact in [true, false] {
-        let (_, _, table) = if compact {
-            (l, Vec::new(), table.clone())
-        } else {
-            sched_fixture(false)
-        };
-        let name = if compact {
-            "encode_compact"
-        } else {
-            "encode_typed"
-        };
+    for (name, table) in encoders {
         let mut sink = Sink::new();
         let mut enc = BundleEncoder::new(2, 32 * 1024);
-        g.bench_function(name, |b| {
+        g.bench_function(*name, |b| {
             b.iter(|| {
                 let mut cur = CpuCursor::default();
-                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
+                enc.encode_pages(&mut sink, table, &filter, l, &mut cur, black_box(pages));
             })
         });
         let mut s2 = Sink::new();
-        let mut e2 = BundleEncoder::new(2, 32 * 1024);
-        e2.encode_pages(
+        BundleEncoder::new(2, 32 * 1024).encode_pages(
             &mut s2,
-            &table,
+            table,
             &filter,
-            &l,
+            l,
             &mut CpuCursor::default(),
-            &pages,
+            pages,
         );
         eprintln!(
-            "ftrace_sched/{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.3}x raw)",
+            "{group}/{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.3}x raw)",
             pages.len(),
             pages.len() as f64 / events as f64,
             s2.bytes(),
@@ -141,71 +136,36 @@ fn bench_sched(c: &mut Criterion) {
     g.finish();
 }
 
+/// ns per event of the encoder on the scheduler pages.
+fn bench_sched(c: &mut Criterion) {
+    let (l, pages, compact) = sched_fixture(true);
+    let (_, _, typed) = sched_fixture(false);
+    encoder_group(
+        c,
+        "ftrace_sched",
+        &l,
+        &pages,
+        &[("encode_compact", compact), ("encode_typed", typed)],
+    );
+}
+
 fn bench(c: &mut Criterion) {
     let (l, pages, t) = fixtures();
     let mut evs = Vec::new();
     for g in t.groups() {
         evs.extend(resolve_event(&t, &format!("{g}/*")));
     }
-    let events: usize = pages
-        .chunks_exact(l.page_size())
-        .map(|p| count_page_events(p, &l).expect("clean fixture"))
-        .sum();
-    let mut g = c.benchmark_group("ftrace");
-    g.throughput(Throughput::Elements(events as u64));
-    let mut dst = vec![0u8; pages.len()];
-    g.bench_function("memcpy_raw_pages", |b| {
-        b.iter(|| {
-            dst.copy_from_slice(black_box(&pages));
-            black_box(&dst);
-        })
-    });
-    g.bench_function("walk", |b| {
-        b.iter(|| {
-            let n: usize = pages
-                .chunks_exact(l.page_size())
-                .map(|p| count_page_events(black_box(p), &l).unwrap_or(0))
-                .sum();
-            black_box(n)
-        })
-    });
-    for compact in [false, true] {
-        let (_, table, _) = load_layouts(&t, &evs, compact).expect("layouts");
-        let name = if compact {
-            "parse_encode_compact"
-        } else {
-            "parse_encode_typed"
-        };
-        let mut sink = Sink::new();
-        let mut enc = BundleEncoder::new(2, 32 * 1024);
-        let filter = PrintFilter::default();
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                let mut cur = CpuCursor::default();
-                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
-            })
-        });
-        // Output size per event, for the report.
-        let mut s2 = Sink::new();
-        let mut e2 = BundleEncoder::new(2, 32 * 1024);
-        e2.encode_pages(
-            &mut s2,
-            &table,
-            &filter,
-            &l,
-            &mut CpuCursor::default(),
-            &pages,
-        );
-        eprintln!(
-            "{name}: {events} events, raw {} B ({:.1} B/event), encoded {} B ({:.1} B/event, {:.2}x raw)",
-            pages.len(),
-            pages.len() as f64 / events as f64,
-            s2.bytes(),
-            s2.bytes() as f64 / events as f64,
-            s2.bytes() as f64 / pages.len() as f64
-        );
-    }
-    g.finish();
+    let table = |compact| load_layouts(&t, &evs, compact).expect("layouts").1;
+    encoder_group(
+        c,
+        "ftrace",
+        &l,
+        &pages,
+        &[
+            ("parse_encode_typed", table(false)),
+            ("parse_encode_compact", table(true)),
+        ],
+    );
 }
 
 /// CPU seconds (user + system) of this process so far, exited threads included.

@@ -155,6 +155,12 @@ impl App {
     fn finish(mut self) -> Option<i32> {
         wait_with_timeout(&mut self.child, Duration::from_secs(60)).code()
     }
+
+    /// Ends an app that lingers (`--linger-secs`, `--forever`).
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn config(extra: &str) -> String {
@@ -694,8 +700,7 @@ fn packets_left_in_open_chunks_are_scraped_at_the_stop() {
     let pid = app.pid();
     let (run, err) = s.stop();
     app.expect("stopped");
-    let _ = app.child.kill();
-    let _ = app.child.wait();
+    app.kill();
     assert_every_packet_once(&run, 5);
     let stats = last_trace_stats(&decode(&run.trace()));
     assert_eq!(stats.chunks_discarded(), 0, "{stats:?}");
@@ -737,8 +742,7 @@ fn chunks_scraped_at_flushes_are_not_stored_twice_when_committed() {
     app.expect(&format!("wrote {N}"));
     let (run, _) = s.stop();
     app.expect("stopped");
-    let _ = app.child.kill();
-    let _ = app.child.wait();
+    app.kill();
     assert_every_packet_once(&run, N);
     let stats = last_trace_stats(&decode(&run.trace()));
     let b = &stats.buffer_stats[0];
@@ -892,8 +896,7 @@ fn each_rotated_segment_resolves_an_apps_interned_names_on_its_own() {
         let _ = e.read_to_string(&mut err);
     }
     assert!(st.success(), "{err}");
-    let _ = app.child.kill();
-    let _ = app.child.wait();
+    app.kill();
 
     let mut files: Vec<PathBuf> = std::fs::read_dir(&out_dir)
         .expect("segments")
@@ -954,8 +957,7 @@ fn the_clear_period_makes_an_app_start_its_interned_state_again() {
     app.expect("started");
     std::thread::sleep(Duration::from_millis(2000));
     let (run, _) = s.stop();
-    let _ = app.child.kill();
-    let _ = app.child.wait();
+    app.kill();
     let packets = decode(&run.trace());
     let te_seqs: std::collections::BTreeSet<u32> = packets
         .iter()
