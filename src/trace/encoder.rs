@@ -89,15 +89,24 @@ impl<'a> ProtoEncoder<'a> {
         }
     }
 
-    #[inline]
+    /// Every field writes at least one: kept inline, its rare tail apart.
+    #[inline(always)]
     fn varint(&mut self, v: u64) {
-        if self.overflow {
-            return;
-        }
         // Bytes past the varint in the window are left as scratch: nothing
         // before `pos` is touched, and what lies after it is not output.
-        if let Some(w) = self.buf[self.pos..].first_chunk_mut::<{ varint::MAX_LEN }>() {
+        if !self.overflow
+            && let Some(w) = self.buf[self.pos..].first_chunk_mut::<{ varint::MAX_LEN }>()
+        {
             self.pos += varint::put_max(w, v);
+            return;
+        }
+        self.varint_near_end(v);
+    }
+
+    /// [`varint`](Self::varint) within ten bytes of the end, or overflowed.
+    #[cold]
+    fn varint_near_end(&mut self, v: u64) {
+        if self.overflow {
             return;
         }
         match varint::put(&mut self.buf[self.pos..], v) {

@@ -666,6 +666,7 @@ impl BundleEncoder {
         Fit::Written
     }
 
+    #[inline(always)]
     fn note_pids(&mut self, entry: &EventEntry, rec: &[u8]) {
         for f in &entry.pid_fields {
             if let Some(p) = f.int(rec)

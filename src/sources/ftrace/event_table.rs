@@ -229,34 +229,68 @@ pub struct IntAt {
     /// 1, 2, 4 or 8.
     pub size: u8,
     pub signed: bool,
+    /// The field is read from the 8-byte word ending here: at its own end,
+    /// or at byte 8 for a field in the first 8 (the common header).
+    word_end: usize,
+    /// Bits of the word above the field, shifted out first.
+    up: u8,
+    /// `64 − 8·size`: then brings the field down from the top of the word.
+    down: u8,
 }
 
 impl IntAt {
     /// The field's place, if it is an integer.
     pub fn of(f: &Field) -> Option<Self> {
-        (f.kind == FieldKind::Int && matches!(f.size, 1 | 2 | 4 | 8)).then_some(Self {
+        if f.kind != FieldKind::Int || !matches!(f.size, 1 | 2 | 4 | 8) {
+            return None;
+        }
+        let end = f.offset.checked_add(f.size)?;
+        let word_end = end.max(8);
+        Some(Self {
             offset: f.offset,
             size: f.size as u8,
             signed: f.signed,
+            word_end,
+            up: (8 * (word_end - end)) as u8,
+            down: (64 - 8 * f.size) as u8,
         })
+    }
+
+    /// The word holding the field, with the field in its top bytes; `None`
+    /// when the record is shorter than the word.
+    #[inline(always)]
+    fn word(self, rec: &[u8]) -> Option<u64> {
+        let w = rec.get(..self.word_end)?.last_chunk::<8>()?;
+        Some(u64::from_le_bytes(*w) << self.up)
     }
 
     /// The raw little-endian value (no sign extension).
     #[inline(always)]
     pub fn uint(self, rec: &[u8]) -> Option<u64> {
-        read_uint(rec, self.offset, self.size as usize)
+        // Branch-free for any width; only a record shorter than 8 bytes
+        // takes the byte-wise read.
+        match self.word(rec) {
+            Some(w) => Some(w >> self.down),
+            None => read_uint(rec, self.offset, self.size as usize),
+        }
     }
 
     /// The value, sign-extended when the field is signed.
     #[inline(always)]
     pub fn int(self, rec: &[u8]) -> Option<i64> {
-        let v = self.uint(rec)?;
-        Some(if self.signed && self.size < 8 {
-            let shift = 64 - 8 * u32::from(self.size);
-            ((v << shift) as i64) >> shift
-        } else {
-            v as i64
-        })
+        match self.word(rec) {
+            Some(w) if self.signed => Some((w as i64) >> self.down),
+            Some(w) => Some((w >> self.down) as i64),
+            None => {
+                let v = read_uint(rec, self.offset, self.size as usize)?;
+                Some(if self.signed && self.size < 8 {
+                    let shift = 64 - 8 * u32::from(self.size);
+                    ((v << shift) as i64) >> shift
+                } else {
+                    v as i64
+                })
+            }
+        }
     }
 }
 
