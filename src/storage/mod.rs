@@ -148,8 +148,9 @@ pub trait WriteProgress {
     /// The first `done` bytes of the call's buffers are in the file (the
     /// requests holding them completed). Returns the floor: a packet
     /// boundary at or below `done` under which the caller may have let go of
-    /// the memory; the sink never reads the buffers below it again (P1).
-    /// Called with `done` growing, never twice with the same value.
+    /// the memory; nothing reads the buffers below it again (P1, kept by
+    /// the sink's [`WriteList`], which is what calls this). Called with
+    /// `done` growing, never twice with the same value.
     fn written(&mut self, done: u64) -> u64;
 }
 
