@@ -171,8 +171,8 @@ impl Writer {
     /// Small enough to inline into the caller's loop: a packet under 128
     /// bytes (a one-byte length, so no varint to size) takes one compare
     /// against `short_max`, the room check, a 2-byte header store, an
-    /// inline copy and the publish; anything else goes through
-    /// [`write_long`](Self::write_long).
+    /// inline copy and the publish; anything else takes the general path,
+    /// out of line.
     #[inline]
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
         let len = packet.len();
