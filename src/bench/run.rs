@@ -1,7 +1,6 @@
 //! Runs one configuration end to end: real buffers, real writer threads,
 //! real write passes into a real sink, then decodes the file.
 
-use std::io::IoSlice;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +16,7 @@ use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId, slot_header_byt
 use crate::sources::for_testing::max_packet_len;
 use crate::storage::write_pass::{Take, write_pass};
 use crate::storage::{
-    FileSink, IoChoice, OpenOptions, OutputPath, SinkError, SinkKind, WriteProgress, open_output,
+    FileSink, IoChoice, OpenOptions, OutputPath, SinkError, SinkKind, WriteList, open_output,
 };
 
 /// One buffer of a configuration.
@@ -78,16 +77,11 @@ impl FileSink for NullSink {
     fn kind(&self) -> SinkKind {
         SinkKind::Stream
     }
-    fn write_all_reporting(
-        &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError> {
-        let n: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
+        let n = list.len();
         self.bytes += n;
-        if n > 0 {
-            progress.written(n);
-        }
+        list.advance(n as usize);
+        list.written(n);
         Ok(n)
     }
     fn sync_data(&mut self) -> Result<(), SinkError> {

@@ -97,7 +97,8 @@ impl FlushBatch {
     /// M4: the caller never reads the first `data_bytes` bytes of the data
     /// again — through a slice [`items`](Self::items) returned, or anything
     /// (an `IoSlice`, an iovec handed to the kernel) made from one — since
-    /// a writer may overwrite them as soon as this returns.
+    /// a writer may overwrite them as soon as this returns. (A write pass
+    /// keeps this through `storage::WriteList`, storage P1.)
     pub unsafe fn release_written(&self, data_bytes: u64) -> u64 {
         let from = self.released.get();
         let done = self.pins[from..].partition_point(|p| p.data_end <= data_bytes);

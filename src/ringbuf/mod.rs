@@ -95,7 +95,10 @@
 //! * **M4** `FlushBatch::release_written(n)` unpins only regions whose bytes
 //!   lie entirely in the first `n` bytes of the batch's data, and its caller
 //!   (an `unsafe` call) never reads those bytes again: a write pass lets go
-//!   of what the kernel has written while the rest is still in flight.
+//!   of what the kernel has written while the rest is still in flight. The
+//!   one caller is `storage::write_pass`; what it relies on lives there and
+//!   in `storage` (P1, kept by `storage::WriteList` for every sink, not by
+//!   each sink; P2, local to the pass).
 //!
 //! # Writers and chunks
 //!

@@ -18,6 +18,8 @@ use crate::wire::varint::{self, len_usize as varint_len};
 pub const MAX_SLOT_HEADER_BYTES: usize = 5;
 /// Largest length a 4-byte varint holds.
 const MAX_SLOT_LEN: usize = varint::REDUNDANT4_MAX as usize;
+/// Largest length a one-byte varint holds: the short path's packets.
+const SHORT_MAX: usize = 0x7F;
 
 /// Bytes a slot of `max_len` reserves before the packet: the 0x0A tag and
 /// the length as a varint as wide as `max_len`'s (2 bytes below 128, 3 below
@@ -125,6 +127,9 @@ pub struct Writer {
     refused_at: Option<(u64, usize, DiscardReason)>,
     /// `buffer.max_packet_len()`, kept here for the fast path.
     max_len: usize,
+    /// Longest packet with a one-byte length the buffer takes:
+    /// `min(max_len, 127)`, so the short path needs one compare.
+    short_max: usize,
 }
 
 impl std::fmt::Debug for Writer {
@@ -146,6 +151,7 @@ impl Writer {
             lost: false,
             refused_at: None,
             max_len: buffer.max_packet_len(),
+            short_max: buffer.max_packet_len().min(SHORT_MAX),
             buffer,
         }
     }
@@ -161,8 +167,29 @@ impl Writer {
     }
 
     /// Stores `packet` as `0x0A <varint len> packet`.
+    ///
+    /// Small enough to inline into the caller's loop: a packet under 128
+    /// bytes (a one-byte length, so no varint to size) takes one compare
+    /// against `short_max`, the room check, a 2-byte header store, an
+    /// inline copy and the publish; anything else takes the general path,
+    /// out of line.
     #[inline]
     pub fn write_packet(&mut self, packet: &[u8]) -> Result<(), WriteError> {
+        let len = packet.len();
+        if len <= self.short_max
+            && let Some(c) = self.cur.as_mut()
+            && c.room() >= 2 + len
+        {
+            put_short(c, packet);
+            return Ok(());
+        }
+        self.write_long(packet)
+    }
+
+    /// [`write_packet`](Self::write_packet) for any length, or with no room
+    /// in the region.
+    #[inline(never)]
+    fn write_long(&mut self, packet: &[u8]) -> Result<(), WriteError> {
         let len = packet.len();
         let framed = 1 + varint_len(len) + len;
         if len <= self.max_len
@@ -340,6 +367,82 @@ impl Drop for Writer {
     fn drop(&mut self) {
         let done = self.cur.take().map(|c| c.done());
         self.buffer.detach(self.id, done, self.lost, &self.counters);
+    }
+}
+
+/// Writes a packet of at most [`SHORT_MAX`] bytes, framed with a 2-byte
+/// header, at the region's write position and publishes it.
+#[inline(always)]
+fn put_short(c: &mut Current, packet: &[u8]) {
+    let len = packet.len();
+    debug_assert!(len <= SHORT_MAX && c.room() >= 2 + len);
+    // SAFETY: C1, M2 — the caller checked that the 2 + len framed bytes fit
+    // at `pos` in the region this writer owns; nobody else writes there, and
+    // the flusher reads only below the committed length published after.
+    // No shared slice covers the region at or above `pos` (readers get only
+    // what lies below the committed length, M2), so `packet` cannot overlap
+    // the destination.
+    unsafe {
+        let dst = c.base.as_ptr().add(c.pos());
+        dst.cast::<[u8; 2]>().write_unaligned(u16::to_le_bytes(
+            u16::from(PACKET_TAG) | ((len as u16) << 8),
+        ));
+        copy_short(packet.as_ptr(), dst.add(2), len);
+    }
+    publish(c, 2 + len);
+}
+
+/// Copies `len < 128` bytes with a few fixed-size moves, the last of each
+/// size overlapping the end, instead of a `memcpy` call: for short packets
+/// the call and its dispatch cost about as much as the copy.
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `len` bytes, and the two
+/// ranges do not overlap.
+#[inline(always)]
+unsafe fn copy_short(src: *const u8, dst: *mut u8, len: usize) {
+    debug_assert!(len <= SHORT_MAX);
+    /// One unaligned move of `N` bytes at offset `at`.
+    ///
+    /// # Safety
+    /// As `copy_short`'s, for `at + N <= len`.
+    #[inline(always)]
+    unsafe fn mv<const N: usize>(src: *const u8, dst: *mut u8, at: usize) {
+        // SAFETY: by the caller's contract `[at, at + N)` lies within the
+        // `len` bytes both pointers are valid for.
+        unsafe {
+            dst.add(at)
+                .cast::<[u8; N]>()
+                .write_unaligned(src.add(at).cast::<[u8; N]>().read_unaligned())
+        }
+    }
+    // SAFETY: every move below covers `[at, at + N)` with `at + N <= len`
+    // (each branch's bound), which the caller's contract makes valid. Each
+    // branch takes the lengths up to twice its move, so a 64-byte packet is
+    // two 32-byte moves, not four.
+    unsafe {
+        if len > 64 {
+            mv::<32>(src, dst, 0);
+            mv::<32>(src, dst, 32);
+            mv::<32>(src, dst, len - 64);
+            mv::<32>(src, dst, len - 32);
+        } else if len >= 32 {
+            mv::<32>(src, dst, 0);
+            mv::<32>(src, dst, len - 32);
+        } else if len >= 16 {
+            mv::<16>(src, dst, 0);
+            mv::<16>(src, dst, len - 16);
+        } else if len >= 8 {
+            mv::<8>(src, dst, 0);
+            mv::<8>(src, dst, len - 8);
+        } else if len >= 4 {
+            mv::<4>(src, dst, 0);
+            mv::<4>(src, dst, len - 4);
+        } else if len > 0 {
+            mv::<1>(src, dst, 0);
+            mv::<1>(src, dst, len / 2);
+            mv::<1>(src, dst, len - 1);
+        }
     }
 }
 

@@ -47,12 +47,15 @@ impl<'s, 'a> Cursor<'s, 'a> {
 
     /// Fills `out` (cleared first) with the next batch of at most `max_iov`
     /// slices and `max_bytes` bytes, without advancing. Returns its length.
-    pub fn peek_batch(
+    pub fn peek_batch<'o>(
         &self,
         max_iov: usize,
         max_bytes: usize,
-        out: &mut Vec<IoSlice<'a>>,
-    ) -> usize {
+        out: &mut Vec<IoSlice<'o>>,
+    ) -> usize
+    where
+        'a: 'o,
+    {
         out.clear();
         let mut total = 0usize;
         let (mut idx, mut off) = (self.idx, self.off);
@@ -69,18 +72,6 @@ impl<'s, 'a> Cursor<'s, 'a> {
             off = 0;
         }
         total
-    }
-
-    /// Takes the next batch and advances past it.
-    pub fn take_batch(
-        &mut self,
-        max_iov: usize,
-        max_bytes: usize,
-        out: &mut Vec<IoSlice<'a>>,
-    ) -> usize {
-        let n = self.peek_batch(max_iov, max_bytes, out);
-        self.advance(n);
-        n
     }
 
     /// Consumes `n` bytes.
@@ -103,15 +94,6 @@ impl<'s, 'a> Cursor<'s, 'a> {
 /// Total bytes of `bufs`.
 pub fn total_len(bufs: &[IoSlice<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
-}
-
-/// Drops the first `n` bytes of an owned batch (after a short write).
-pub fn advance_owned(batch: &mut Vec<IoSlice<'_>>, n: usize) {
-    let mut s: &mut [IoSlice<'_>] = batch.as_mut_slice();
-    IoSlice::advance_slices(&mut s, n);
-    let keep = s.len();
-    let drop = batch.len() - keep;
-    batch.drain(..drop);
 }
 
 #[cfg(test)]
@@ -137,7 +119,8 @@ mod tests {
         let mut got = Vec::new();
         let mut batch = Vec::new();
         while !c.is_done() {
-            let n = c.take_batch(2, 1000, &mut batch);
+            let n = c.peek_batch(2, 1000, &mut batch);
+            c.advance(n);
             assert!(batch.len() <= 2 && n <= 1000 && n > 0);
             assert!(batch.iter().all(|b| !b.is_empty()));
             got.extend(flatten(&batch));
@@ -156,10 +139,5 @@ mod tests {
         c.advance(13);
         c.peek_batch(8, 100, &mut batch);
         assert_eq!(flatten(&batch), vec![2u8; 7]);
-        let mut owned = vec![IoSlice::new(&a), IoSlice::new(&b)];
-        advance_owned(&mut owned, 15);
-        assert_eq!(flatten(&owned), vec![2u8; 5]);
-        advance_owned(&mut owned, 5);
-        assert!(owned.is_empty());
     }
 }

@@ -20,15 +20,24 @@
 //!   stream (no offsets, no fdatasync), like stdout.
 //! - [`cut_at_packet_boundary`] trims a write to the last whole packet under
 //!   a byte cap (`max_file_size_bytes`).
-//! - A write reports how far it got while it runs ([`WriteProgress`]), so
-//!   that a write pass unpins the ring regions already in the file while
-//!   the rest is in flight.
+//! - A write reports how far it got while it runs ([`WriteProgress`], through
+//!   the sink's [`WriteList`]), so that a write pass unpins the ring regions
+//!   already in the file while the rest is in flight.
 //!
 //! Invariant (the write pass's unpinning relies on it, ringbuf M4):
-//! - **P1** A sink that was told a floor by [`WriteProgress::written`] never
+//! - **P1** Once [`WriteProgress::written`] has returned a floor, nothing
 //!   reads the call's buffers below it again, not even to cut the file at a
-//!   packet boundary after a failure (it walks packets from the floor, which
-//!   is one). Every sink in this module honours it.
+//!   packet boundary after a failure (packets are walked from the floor,
+//!   which is one), and only bytes whose requests completed are reported.
+//!
+//! P1 lives in [`WriteList`], not in each sink: a sink sees the caller's
+//! buffers only through the list, whose views are borrows of it that start
+//! at its cursor and end before the next report (reporting needs the list
+//! exclusively), and whose failure walk starts at the floor. A safe sink
+//! cannot break P1 however it is written. The one sink that keeps the
+//! caller's memory past a report is the io_uring sink, as raw iovecs in
+//! flight, under its own `unsafe` and invariant (U1): it reports only the
+//! prefix below its lowest request in flight.
 
 mod batch;
 mod cut;
@@ -139,8 +148,9 @@ pub trait WriteProgress {
     /// The first `done` bytes of the call's buffers are in the file (the
     /// requests holding them completed). Returns the floor: a packet
     /// boundary at or below `done` under which the caller may have let go of
-    /// the memory; the sink never reads the buffers below it again (P1).
-    /// Called with `done` growing, never twice with the same value.
+    /// the memory; nothing reads the buffers below it again (P1, kept by
+    /// the sink's [`WriteList`], which is what calls this). Called with
+    /// `done` growing, never twice with the same value.
     fn written(&mut self, done: u64) -> u64;
 }
 
@@ -151,6 +161,156 @@ pub struct NoProgress;
 impl WriteProgress for NoProgress {
     fn written(&mut self, _done: u64) -> u64 {
         0
+    }
+}
+
+/// One write's bytes as its sink sees them: the caller's list, read only
+/// through borrows of this value that start at its cursor, and progress
+/// told through `&mut self`. No view a sink takes can outlive a report
+/// ([`written`](Self::written) needs the list exclusively), and none starts
+/// below the floor a report returned, so every sink keeps P1 by
+/// construction, whatever it does; the only code that holds the caller's
+/// memory past a report is a sink's own `unsafe` (the io_uring sink's
+/// iovecs in flight, which it reports only once they complete, its U1).
+///
+/// A view held across a report does not compile:
+///
+/// ```compile_fail,E0499
+/// # use std::io::IoSlice;
+/// # use recorder::storage::{NoProgress, WriteList};
+/// let data = [0x0Au8, 0];
+/// let bufs = [IoSlice::new(&data)];
+/// let mut progress = NoProgress;
+/// let mut list = WriteList::new(&bufs, &mut progress);
+/// let view = list.peek(1, 2);
+/// list.written(0);
+/// assert_eq!(view.len(), 1);
+/// ```
+pub struct WriteList<'l, 'a> {
+    bufs: &'l [IoSlice<'a>],
+    cursor: batch::Cursor<'l, 'a>,
+    len: u64,
+    /// Bytes handed out (the cursor's position).
+    pos: u64,
+    /// What `progress` was told last.
+    reported: u64,
+    /// The floor `progress` returned: nothing below it is read again.
+    floor: u64,
+    progress: &'l mut dyn WriteProgress,
+    /// The last [`peek`](Self::peek)'s iovecs, emptied at every report.
+    scratch: Vec<IoSlice<'a>>,
+}
+
+impl std::fmt::Debug for WriteList<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteList")
+            .field("len", &self.len)
+            .field("pos", &self.pos)
+            .field("reported", &self.reported)
+            .field("floor", &self.floor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'l, 'a> WriteList<'l, 'a> {
+    /// `bufs`, telling `progress` how far the write got.
+    pub fn new(bufs: &'l [IoSlice<'a>], progress: &'l mut dyn WriteProgress) -> Self {
+        WriteList {
+            bufs,
+            cursor: batch::Cursor::new(bufs),
+            len: batch::total_len(bufs),
+            pos: 0,
+            reported: 0,
+            floor: 0,
+            progress,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Bytes in the list.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes handed out so far ([`advance`](Self::advance)).
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Every byte has been handed out.
+    pub fn is_done(&self) -> bool {
+        self.cursor.is_done()
+    }
+
+    /// The next batch at the cursor, at most `max_iov` iovecs and
+    /// `max_bytes` bytes, without handing it out; empty once
+    /// [`is_done`](Self::is_done). Borrowed from the list, so it ends
+    /// before the next report.
+    pub fn peek(&mut self, max_iov: usize, max_bytes: usize) -> &[IoSlice<'_>] {
+        self.cursor
+            .peek_batch(max_iov, max_bytes, &mut self.scratch);
+        &self.scratch
+    }
+
+    /// The next `n` bytes at the cursor are on their way to the file
+    /// (written, or in a request the kernel holds).
+    pub fn advance(&mut self, n: usize) {
+        let n = (n as u64).min(self.len - self.pos);
+        self.cursor.advance(n as usize);
+        self.pos += n;
+    }
+
+    /// The first `done` bytes are in the file (their requests completed;
+    /// at most what was handed out): tells the caller, once per new
+    /// `done`, and returns the floor, a packet boundary at or below `done`
+    /// under which the caller may have let go of its memory and below
+    /// which nothing is read again (P1).
+    pub fn written(&mut self, done: u64) -> u64 {
+        self.scratch.clear();
+        let done = done.min(self.pos);
+        if done > self.reported {
+            self.reported = done;
+            let floor = self.progress.written(done).min(done);
+            self.floor = self.floor.max(floor);
+        }
+        self.floor
+    }
+
+    /// Where the caller may have let go of memory (see
+    /// [`written`](Self::written)); 0 until it has.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// The bytes from the cursor on, in order (e.g. to hash them before
+    /// they are written).
+    pub fn rest(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let mut out = Vec::new();
+        self.cursor.peek_batch(usize::MAX, usize::MAX, &mut out);
+        out.into_iter().map(|s| crate::sys::iov::io_slice_bytes(&s))
+    }
+
+    /// Bytes of the whole `0x0A <len> <packet>` records at the start of
+    /// the list that end within its first `n` bytes (`n` at most what was
+    /// handed out), walked from the floor, a packet boundary: what a failed
+    /// write keeps. Nothing below the floor is read (P1).
+    pub fn whole_packets_within(&self, n: u64) -> u64 {
+        let n = n.min(self.pos);
+        if n <= self.floor {
+            return n;
+        }
+        let mut from = batch::Cursor::new(self.bufs);
+        from.advance(self.floor as usize);
+        let mut rest = Vec::new();
+        from.peek_batch(usize::MAX, usize::MAX, &mut rest);
+        let within = n - self.floor;
+        let (_, cut) = cut_at_packet_boundary(&rest, within.saturating_add(1));
+        self.floor + cut.kept_bytes.min(within)
     }
 }
 
@@ -170,16 +330,23 @@ pub trait FileSink: Send {
     /// the sink is poisoned: this and every later call return the error, and
     /// nothing is retried.
     fn write_all(&mut self, bufs: &[IoSlice<'_>]) -> Result<u64, SinkError> {
-        self.write_all_reporting(bufs, &mut NoProgress)
+        self.write_list(&mut WriteList::new(bufs, &mut NoProgress))
     }
     /// [`write_all`](Self::write_all), telling `progress` how much of `bufs`
-    /// is in the file as requests complete, and honouring the floor it
-    /// returns (P1).
+    /// is in the file as requests complete (P1: through a [`WriteList`],
+    /// which never shows the sink a byte below the floor `progress`
+    /// returns).
     fn write_all_reporting(
         &mut self,
         bufs: &[IoSlice<'_>],
         progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError>;
+    ) -> Result<u64, SinkError> {
+        self.write_list(&mut WriteList::new(bufs, progress))
+    }
+    /// Appends all of `list` (see [`write_all`](Self::write_all)), telling
+    /// it how far the write got as requests complete
+    /// ([`WriteList::written`]).
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError>;
     /// `fdatasync` (a no-op for a pipe). Fails with the poison error too.
     fn sync_data(&mut self) -> Result<(), SinkError>;
     /// Bytes in the file as far as the sink knows (after a failure, what the
@@ -226,6 +393,52 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
         assert!(!SinkError::Sync(rustix::io::Errno::IO).is_disk_full());
         assert!(e.to_string().contains("offset 3"));
+    }
+
+    /// Lets go of everything up to 12 bytes once told of them, and keeps
+    /// what it was told.
+    struct LetGo(Vec<u64>);
+
+    impl WriteProgress for LetGo {
+        fn written(&mut self, done: u64) -> u64 {
+            self.0.push(done);
+            if done >= 12 { 12 } else { 0 }
+        }
+    }
+
+    /// The list reports only what was handed out, and after a report shows
+    /// nothing below the floor: the failure walk starts there (the 12 bytes
+    /// below it are not records at all, so a walk from 0 would keep none).
+    #[test]
+    fn a_write_list_reads_nothing_below_the_floor() {
+        let below = [0xFFu8; 12];
+        let (a, b) = (
+            crate::wire::framing::record(&[1u8; 20]),
+            crate::wire::framing::record(&[2u8; 30]),
+        );
+        let bufs = [IoSlice::new(&below), IoSlice::new(&a), IoSlice::new(&b)];
+        let mut progress = LetGo(Vec::new());
+        let mut list = WriteList::new(&bufs, &mut progress);
+        assert_eq!(list.len(), 66);
+        // Nothing handed out yet: nothing to report.
+        assert_eq!(list.written(30), 0);
+        let step: usize = list.peek(8, 20).iter().map(|s| s.len()).sum();
+        assert_eq!(step, 20);
+        list.advance(step);
+        assert_eq!(list.written(30), 12, "capped at the 20 bytes handed out");
+        assert_eq!(list.floor(), 12);
+        list.advance(20);
+        // 40 bytes in place: the record from 12 to 34 is whole, the next
+        // one is not.
+        assert_eq!(list.whole_packets_within(40), 34);
+        assert_eq!(list.rest().map(<[u8]>::len).sum::<usize>(), 26);
+        // At most what was handed out is in place.
+        assert_eq!(list.whole_packets_within(66), 34);
+        list.advance(26);
+        assert!(list.is_done());
+        assert_eq!(list.whole_packets_within(66), 66);
+        drop(list);
+        assert_eq!(progress.0, vec![20]);
     }
 }
 pub mod compress;

@@ -3,15 +3,12 @@
 //! synchronous call per batch of at most `IOV_MAX` iovecs and
 //! [`WRITE_STEP_BYTES`], progress reported after each.
 
-use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::io::Errno;
 
-use super::batch::{Cursor, IOV_MAX, total_len};
-use super::{
-    FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress, cut_at_packet_boundary,
-};
+use super::batch::IOV_MAX;
+use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteList};
 
 /// Appends at its own offset with `pwritev`.
 pub struct PwritevSink {
@@ -59,25 +56,22 @@ pub(super) fn sync_or_poison(
 
 /// Poisons after a failed call. Of the call's bytes, those in place
 /// (`call_start..written_to`) are kept up to the last whole packet in them
-/// (`bufs` hold the file's framing), so a full disk keeps every packet that
-/// fit; the file is cut there and synced (best effort). When the cut fails,
-/// the sink reports `written_to`, the end of the bytes known to be in place.
-/// Packets are walked from `floor`, a packet boundary the caller's progress
-/// returned (P1: the bytes below it are not read).
-#[allow(clippy::too_many_arguments)]
+/// (the list holds the file's framing), so a full disk keeps every packet
+/// that fit; the file is cut there and synced (best effort). When the cut
+/// fails, the sink reports `written_to`, the end of the bytes known to be
+/// in place. Packets are walked from the list's floor (P1).
 pub(super) fn poison(
     fd: impl AsFd,
     slot: &mut Option<SinkError>,
     offset: &mut u64,
     call_start: u64,
     written_to: u64,
-    bufs: &[IoSlice<'_>],
-    floor: u64,
+    list: &WriteList<'_, '_>,
     err: SinkError,
 ) -> SinkError {
     *slot = Some(err);
     let in_place = written_to.saturating_sub(call_start);
-    let keep = call_start + whole_packets_within(bufs, floor, in_place);
+    let keep = call_start + list.whole_packets_within(in_place);
     *offset = if keep == written_to || rustix::fs::ftruncate(&fd, keep).is_ok() {
         keep
     } else {
@@ -88,62 +82,42 @@ pub(super) fn poison(
         "trace file sink poisoned: {err}; file kept at {} bytes ({} of the failed write's {} bytes)",
         *offset,
         *offset - call_start,
-        total_len(bufs)
+        list.len()
     );
     err
 }
 
-/// Bytes of the whole `0x0A <len> <packet>` records at the start of `bufs`
-/// that end within their first `n` bytes, walked from `floor` (a packet
-/// boundary; the bytes below it are not read, P1).
-fn whole_packets_within(bufs: &[IoSlice<'_>], floor: u64, n: u64) -> u64 {
-    if n <= floor {
-        return n.min(floor);
-    }
-    let mut from = Cursor::new(bufs);
-    from.advance(floor as usize);
-    let mut rest = Vec::new();
-    from.peek_batch(usize::MAX, usize::MAX, &mut rest);
-    let within = n - floor;
-    let (_, cut) = cut_at_packet_boundary(&rest, within.saturating_add(1));
-    floor + cut.kept_bytes.min(within)
-}
-
-/// Writes `bufs` at `*offset` with pwritev(2) until all are written, and
-/// moves `*offset` past them; a failure poisons the sink (see [`poison`]).
-/// Tells `progress` after each call. Shared by the positioned sinks.
+/// Writes `list` at `*offset` with pwritev(2) until all of it is written,
+/// and moves `*offset` past it; a failure poisons the sink (see [`poison`]).
+/// Tells the list after each call. Shared by the positioned sinks.
 pub(super) fn pwritev_all(
     fd: &OwnedFd,
     poisoned: &mut Option<SinkError>,
     offset: &mut u64,
-    bufs: &[IoSlice<'_>],
-    progress: &mut dyn WriteProgress,
+    list: &mut WriteList<'_, '_>,
 ) -> Result<u64, SinkError> {
     if let Some(e) = *poisoned {
         return Err(e);
     }
     let start = *offset;
     let mut pos = start;
-    let mut floor = 0u64;
-    let mut cursor = Cursor::new(bufs);
-    let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
     loop {
-        let len = cursor.peek_batch(IOV_MAX, WRITE_STEP_BYTES, &mut batch);
-        if len == 0 {
+        let batch = list.peek(IOV_MAX, WRITE_STEP_BYTES);
+        if batch.is_empty() {
             break;
         }
-        let err = match rustix::io::pwritev(fd, &batch, pos) {
+        let err = match rustix::io::pwritev(fd, batch, pos) {
             Ok(0) => SinkError::NoProgress { offset: pos },
             Ok(n) => {
                 pos += n as u64;
-                cursor.advance(n);
-                floor = floor.max(progress.written(pos - start));
+                list.advance(n);
+                list.written(pos - start);
                 continue;
             }
             Err(Errno::INTR) => continue,
             Err(errno) => SinkError::Write { errno, offset: pos },
         };
-        return Err(poison(fd, poisoned, offset, start, pos, bufs, floor, err));
+        return Err(poison(fd, poisoned, offset, start, pos, list, err));
     }
     *offset = pos;
     Ok(pos - start)
@@ -154,18 +128,8 @@ impl FileSink for PwritevSink {
         SinkKind::Pwritev
     }
 
-    fn write_all_reporting(
-        &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError> {
-        pwritev_all(
-            &self.fd,
-            &mut self.poisoned,
-            &mut self.offset,
-            bufs,
-            progress,
-        )
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
+        pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, list)
     }
 
     fn sync_data(&mut self) -> Result<(), SinkError> {

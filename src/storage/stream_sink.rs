@@ -1,14 +1,13 @@
 //! The stream sink: `writev(2)` on stdout (a pipe or a file), for `-o -`.
 //! A pipe has no offsets, so writes go in order at the stream's position.
 
-use std::io::IoSlice;
 use std::os::fd::OwnedFd;
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 
-use super::batch::{Cursor, IOV_MAX};
-use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress};
+use super::batch::IOV_MAX;
+use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteList};
 
 /// Writes in order with `writev`; `sync_data` is a no-op unless the stream
 /// is a regular file.
@@ -45,22 +44,17 @@ impl FileSink for StreamSink {
         SinkKind::Stream
     }
 
-    fn write_all_reporting(
-        &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError> {
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
         }
         let start = self.written;
-        let mut cursor = Cursor::new(bufs);
-        let mut batch = Vec::with_capacity(bufs.len().min(IOV_MAX));
         loop {
-            if cursor.peek_batch(IOV_MAX, WRITE_STEP_BYTES, &mut batch) == 0 {
+            let batch = list.peek(IOV_MAX, WRITE_STEP_BYTES);
+            if batch.is_empty() {
                 break;
             }
-            match rustix::io::writev(&self.fd, &batch) {
+            match rustix::io::writev(&self.fd, batch) {
                 Ok(0) => {
                     return Err(self.fail(SinkError::NoProgress {
                         offset: self.written,
@@ -68,10 +62,10 @@ impl FileSink for StreamSink {
                 }
                 Ok(n) => {
                     self.written += n as u64;
-                    cursor.advance(n);
+                    list.advance(n);
                     // A stream is never cut after a failure, so nothing
-                    // below the floor is read again (P1).
-                    progress.written(self.written - start);
+                    // is read below the cursor again.
+                    list.written(self.written - start);
                 }
                 Err(Errno::INTR) => {}
                 // A non-blocking stdout: wait until the reader makes room.

@@ -4,7 +4,7 @@
 //! offset counter.
 //!
 //! ```text
-//!  bufs ──Cursor──► slot 0: ≤ IOV_MAX iovecs, ≤ SQE_MAX_BYTES @ off
+//!  list ──peek───► slot 0: ≤ IOV_MAX iovecs, ≤ SQE_MAX_BYTES @ off
 //!                   slot 1: ...                               @ off + len0
 //!                   ... ≤ QUEUE_DEPTH slots ──► submit_and_wait ──► reap
 //!  short completion → the slot's iovecs advance, resubmitted at off + res
@@ -14,18 +14,22 @@
 //!
 //! Completions arrive in any order; progress is the prefix of the call
 //! with no request left in flight, so the caller may let go of it (P1: the
-//! sink reads nothing below the floor it is given, and the kernel is done
-//! with those iovecs).
+//! kernel is done with those iovecs, and the list shows the sink nothing
+//! below the floor).
 //!
 //! Invariants the `unsafe` blocks rely on:
-//! - U1 Every iovec array handed to the kernel (a slot's `Vec<IoSlice>`) and
+//! - U1 Every iovec array handed to the kernel (a slot's `Vec<iovec>`) and
 //!   the memory its entries point to stay alive and unmoved until that
-//!   request's completion is reaped: slots live for the whole `write_all`
-//!   call, a slot's vector is not touched while it is in flight, `bufs` is
-//!   borrowed for the call, and the call returns only when nothing is in
-//!   flight. If the ring itself fails mid-call the slots are leaked instead,
-//!   so the arrays stay valid for whatever the kernel still holds (the kernel
-//!   only reads that memory).
+//!   request's completion is reaped: slots live for the whole `write_list`
+//!   call, a slot's vector is not touched while it is in flight, the list's
+//!   buffers are borrowed for the call, and the call returns only when
+//!   nothing is in flight. The slots' iovecs are raw copies of the list's
+//!   views, so they outlive its reports: the sink tells the list (which may
+//!   then let go of memory, P1) only of the prefix below its lowest request
+//!   in flight, never of bytes a busy slot points to. If the ring itself
+//!   fails mid-call the slots are leaked instead, so the arrays stay valid
+//!   for whatever the kernel still holds (the kernel only reads that
+//!   memory).
 //! - U2 The file descriptor (raw, or registered at index 0) stays open for as
 //!   long as the ring exists: the sink owns both, and `ring` is declared (so
 //!   dropped) before `fd`.
@@ -38,9 +42,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use io_uring::{IoUring, opcode, types};
 use rustix::io::Errno;
 
-use super::batch::{Cursor, IOV_MAX, advance_owned};
+use super::batch::IOV_MAX;
 use super::pwritev_sink::{poison, pwritev_all, sync_or_poison};
-use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteProgress};
+use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteList};
 
 /// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
 pub const QUEUE_DEPTH: usize = 8;
@@ -51,9 +55,10 @@ pub const SQE_MAX_BYTES: usize = WRITE_STEP_BYTES;
 /// Passes up to this size are written with one pwritev(2) instead.
 pub const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
-/// One request's iovecs and where it writes.
-struct Slot<'a> {
-    iov: Vec<IoSlice<'a>>,
+/// One request's iovecs (raw: they stay in flight across the list's
+/// reports, U1) and where it writes.
+struct Slot {
+    iov: Vec<libc::iovec>,
     offset: u64,
     len: usize,
     busy: bool,
@@ -100,8 +105,8 @@ impl UringSink {
 }
 
 /// Queues `slot`'s request (submitted by the next `submit_and_wait`).
-fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot<'_>, index: usize) {
-    let iov = slot.iov.as_ptr().cast::<libc::iovec>();
+fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot, index: usize) {
+    let iov = slot.iov.as_ptr();
     // IOV_MAX bounds a slot's length, so it fits a u32.
     let n = slot.iov.len() as u32;
     let op = if registered {
@@ -111,12 +116,35 @@ fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot<'_>, ind
     };
     let entry = op.offset(slot.offset).build().user_data(index as u64);
     // SAFETY: U1 keeps the iovec array and the data alive until this request
-    // completes; U2 keeps the fd open; `IoSlice` is ABI-compatible with
-    // `iovec` on Unix (std guarantees it).
+    // completes; U2 keeps the fd open.
     let pushed = unsafe { ring.submission().push(&entry) };
     // At most QUEUE_DEPTH requests are queued or in flight and the
     // submission queue has QUEUE_DEPTH entries.
     pushed.expect("submission queue has room for every slot");
+}
+
+/// A view's address and length, for a request that outlives the view (U1).
+fn raw_iovec(s: &IoSlice<'_>) -> libc::iovec {
+    libc::iovec {
+        iov_base: s.as_ptr().cast_mut().cast(),
+        iov_len: s.len(),
+    }
+}
+
+/// Drops the first `n` bytes of a slot's iovecs (after a short write).
+fn advance_raw(iov: &mut Vec<libc::iovec>, mut n: usize) {
+    let mut whole = 0;
+    for v in iov.iter_mut() {
+        if n < v.iov_len {
+            // Pointer arithmetic only: nothing is read here.
+            v.iov_base = v.iov_base.cast::<u8>().wrapping_add(n).cast();
+            v.iov_len -= n;
+            break;
+        }
+        n -= v.iov_len;
+        whole += 1;
+    }
+    iov.drain(..whole);
 }
 
 impl FileSink for UringSink {
@@ -124,29 +152,18 @@ impl FileSink for UringSink {
         SinkKind::IoUring
     }
 
-    fn write_all_reporting(
-        &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError> {
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
         }
         // A small pass (an idle session's service packets, a quiet source)
         // is one pwritev(2): through the ring a buffered write is handed to a
         // kernel worker thread, two context switches for a few bytes.
-        if bufs.iter().map(|b| b.len()).sum::<usize>() <= SMALL_WRITE_BYTES {
-            return pwritev_all(
-                &self.fd,
-                &mut self.poisoned,
-                &mut self.offset,
-                bufs,
-                progress,
-            );
+        if list.len() <= SMALL_WRITE_BYTES as u64 {
+            return pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, list);
         }
         let start = self.offset;
-        let mut cursor = Cursor::new(bufs);
-        let mut slots: Vec<Slot<'_>> = (0..QUEUE_DEPTH)
+        let mut slots: Vec<Slot> = (0..QUEUE_DEPTH)
             .map(|_| Slot {
                 iov: Vec::new(),
                 offset: 0,
@@ -159,15 +176,17 @@ impl FileSink for UringSink {
         let mut failure: Option<SinkError> = None;
         // The lowest file offset a failed or abandoned request did not write.
         let mut hole = u64::MAX;
-        // What progress was told, and the floor it returned (P1).
-        let (mut reported, mut floor) = (0u64, 0u64);
         loop {
             if failure.is_none() {
                 for (i, slot) in slots.iter_mut().enumerate() {
-                    if slot.busy || cursor.is_done() {
+                    if slot.busy || list.is_done() {
                         continue;
                     }
-                    slot.len = cursor.take_batch(IOV_MAX, SQE_MAX_BYTES, &mut slot.iov);
+                    let batch = list.peek(IOV_MAX, SQE_MAX_BYTES);
+                    slot.iov.clear();
+                    slot.iov.extend(batch.iter().map(raw_iovec));
+                    slot.len = slot.iov.iter().map(|v| v.iov_len).sum();
+                    list.advance(slot.len);
                     slot.offset = next;
                     slot.busy = true;
                     next += slot.len as u64;
@@ -210,7 +229,7 @@ impl FileSink for UringSink {
                     hole = hole.min(slot.offset);
                 } else if (res as usize) < slot.len {
                     let n = res as usize;
-                    advance_owned(&mut slot.iov, n);
+                    advance_raw(&mut slot.iov, n);
                     slot.offset += n as u64;
                     slot.len -= n;
                     if failure.is_none() {
@@ -235,11 +254,8 @@ impl FileSink for UringSink {
                 // Everything below the lowest byte a request still holds
                 // (a resubmitted slot's offset has moved past what it wrote).
                 let pending = slots.iter().filter(|s| s.busy).map(|s| s.offset);
-                let done = pending.min().unwrap_or(next) - start;
-                if done > reported {
-                    reported = done;
-                    floor = floor.max(progress.written(done));
-                }
+                // U1: never a byte a busy slot points to.
+                list.written(pending.min().unwrap_or(next) - start);
             }
         }
         match failure {
@@ -255,8 +271,7 @@ impl FileSink for UringSink {
                     &mut self.offset,
                     start,
                     written_to,
-                    bufs,
-                    floor,
+                    list,
                     err,
                 ))
             }

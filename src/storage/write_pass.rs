@@ -20,12 +20,19 @@
 //! let go of once compressed (the zstd frames are copies); under `O_DIRECT`
 //! the progress is mapped through the block layout ([`AlignedPass`]).
 //!
-//! The one `unsafe` call ([`Unpin::through`]) rests on:
-//! - **P1** (storage) the sink never reads the list below the floor it is
-//!   given, and tells only of bytes whose requests completed;
+//! The one `unsafe` call (`FlushBatch::release_written`, ringbuf M4, in
+//! [`Unpin::through`]) rests on:
+//! - **P1** (storage) nothing reads the list below the floor a report
+//!   returned, and only bytes whose requests completed are reported. This
+//!   is not a promise of each sink: a sink sees the list only through a
+//!   [`WriteList`](crate::storage::WriteList), whose views are borrows that
+//!   start at or above the floor and end before the next report, so a safe
+//!   sink cannot break it; the io_uring sink, which keeps raw iovecs in
+//!   flight, reports only below them (its U1);
 //! - **P2** this pass reads none of the list after handing it to the sink:
 //!   cutting at the cap, counting packets, compressing and laying out
-//!   blocks all happen before.
+//!   blocks all happen before, and the progress handlers below hold only
+//!   positions. P2 is local to [`write_pass_staged`].
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -372,8 +379,9 @@ impl Unpin<'_> {
         // SAFETY: M4 — the first `data_done` bytes of this batch's data lie
         // below `done` in the list, which the sink has written (its requests
         // completed, P1); the regions let go of end at or below the floor
-        // returned, under which the sink never reads the list again (P1), and
-        // this pass reads none of it after handing it over (P2).
+        // returned, under which the sink's `WriteList` shows it nothing
+        // again (P1), and this pass reads none of it after handing it over
+        // (P2).
         let released = unsafe { b.release_written(data_done) };
         if released > before {
             // The batch's data position, back in the list.

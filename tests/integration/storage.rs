@@ -7,7 +7,7 @@ use std::process::Command;
 
 use recorder::storage::{
     FileSink, IOV_MAX, IoChoice, OpenOptions, OutputPath, SinkKind, StorageError, StreamSink,
-    WriteProgress, cut_at_packet_boundary, io_uring_available, open_output,
+    WriteList, WriteProgress, cut_at_packet_boundary, io_uring_available, open_output,
 };
 
 use crate::common;
@@ -737,35 +737,20 @@ impl FileSink for SteppedSink {
         self.inner.kind()
     }
 
-    fn write_all_reporting(
+    fn write_list(
         &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
+        list: &mut WriteList<'_, '_>,
     ) -> Result<u64, recorder::storage::SinkError> {
-        // Every step's slices are made before anything is written: once a
-        // step is reported, its bytes are not read again (P1).
-        let mut steps: Vec<Vec<IoSlice<'_>>> = vec![Vec::new()];
-        let mut room = self.step;
-        for b in bufs {
-            let mut s: &[u8] = b;
-            while !s.is_empty() {
-                if room == 0 {
-                    steps.push(Vec::new());
-                    room = self.step;
-                }
-                let take = s.len().min(room);
-                steps
-                    .last_mut()
-                    .expect("a step")
-                    .push(IoSlice::new(&s[..take]));
-                s = &s[take..];
-                room -= take;
-            }
-        }
         let mut done = 0u64;
-        for step in steps.iter().filter(|s| !s.is_empty()) {
-            done += self.inner.write_all(step)?;
-            progress.written(done);
+        loop {
+            let step = list.peek(usize::MAX, self.step);
+            if step.is_empty() {
+                break;
+            }
+            let n = self.inner.write_all(step)?;
+            done += n;
+            list.advance(n as usize);
+            list.written(done);
             self.done_tx.send(done).expect("the test listens");
             self.go_rx.recv().expect("the test answers");
         }

@@ -38,8 +38,7 @@ use self::policy::{RotateReason, RotationPolicy};
 use self::sidecar::{SIDECAR_VERSION, SegmentLoss, Sidecar};
 use super::write_pass::PassReport;
 use super::{
-    FileSink, OpenOptions, OutputPath, SinkError, SinkKind, StorageError, WriteProgress,
-    open_output,
+    FileSink, OpenOptions, OutputPath, SinkError, SinkKind, StorageError, WriteList, open_output,
 };
 use crate::ringbuf::{Buffer, BufferStats};
 
@@ -579,20 +578,16 @@ impl FileSink for SegmentWriter {
         self.current.as_ref().map_or(self.kind, |c| c.sink.kind())
     }
 
-    fn write_all_reporting(
-        &mut self,
-        bufs: &[IoSlice<'_>],
-        progress: &mut dyn WriteProgress,
-    ) -> Result<u64, SinkError> {
+    fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
         let Some(c) = &mut self.current else {
             return Ok(0);
         };
         // Hashed before the write: once written, the caller may let go of
         // the bytes (P1). A failed write makes the hash stale.
-        for b in bufs {
-            c.hasher.update(&b[..]);
+        for b in list.rest() {
+            c.hasher.update(b);
         }
-        let r = c.sink.write_all_reporting(bufs, progress);
+        let r = c.sink.write_list(list);
         if r.is_err() {
             c.hash_stale = true;
         }
