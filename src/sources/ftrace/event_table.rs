@@ -355,8 +355,10 @@ pub fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
     if zero == 0 {
         return Some((v, 16));
     }
-    let n = (zero.trailing_zeros() / 8) as usize;
-    Some((v & ((1u128 << (8 * n)) - 1), n))
+    // Its lowest set bit is exact (borrows only run upwards): every bit
+    // below it is the comm's bytes and the zero byte's own clear low bits.
+    let below = (zero & zero.wrapping_neg()) - 1;
+    Some((v & below, (zero.trailing_zeros() / 8) as usize))
 }
 
 /// One field of a typed message: its key, encoded once, and where its
