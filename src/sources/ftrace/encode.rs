@@ -618,31 +618,32 @@ impl BundleEncoder {
         }
         if let Some(plan) = &entry.typed {
             let m = enc.begin_short_at(&plan.key);
+            // Matched by reference: a step is read in place, not copied out.
             for op in &plan.ops {
-                match *op {
+                match op {
                     TypedOp::Int(k, f) => {
                         if let Some(v) = f.int(rec) {
-                            enc.uint_at(&k, v as u64);
+                            enc.uint_at(k, v as u64);
                         }
                     }
                     TypedOp::Uint(k, f) => {
                         if let Some(v) = f.uint(rec) {
-                            enc.uint_at(&k, v);
+                            enc.uint_at(k, v);
                         }
                     }
                     TypedOp::Str(k, TextAt::Comm16(at)) => {
-                        if let Some((word, n)) = comm16(rec, at) {
+                        if let Some((word, n)) = comm16(rec, *at) {
                             let b = word.to_le_bytes();
                             if word & ASCII_HIGH_BITS == 0 {
-                                enc.bytes16_at(&k, &b, n);
+                                enc.bytes16_at(k, &b, n);
                             } else {
-                                enc.bytes_at(&k, utf8_or_placeholder(&b[..n]));
+                                enc.bytes_at(k, utf8_or_placeholder(&b[..n]));
                             }
                         }
                     }
                     TypedOp::Str(k, t) => {
                         if let Some(s) = t.read(rec) {
-                            enc.bytes_at(&k, utf8_or_placeholder(s));
+                            enc.bytes_at(k, utf8_or_placeholder(s));
                         }
                     }
                 }
