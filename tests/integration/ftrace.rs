@@ -1455,9 +1455,13 @@ duration_ms: 60000
             cmdline.join(" "),
             "the process's command line"
         );
+        // Every row of the tid is printed on failure: a thread split over
+        // two utids would show here (seen once under a parallel full run:
+        // 65 slices in the first row).
         assert!(
             m["slices"].int() >= 100 && m["dur"].int() > 0,
-            "{name}: {m:?}"
+            "{name}: {:?}",
+            r.maps()
         );
         let states: BTreeSet<String> = tp
             .query(&format!(
