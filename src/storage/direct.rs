@@ -23,6 +23,12 @@
 //!   slice ends at a packet boundary, so a padding packet never lands inside
 //!   a packet.
 //!
+//! * A pass shorter than [`MIN_DIRECT_PASS`] is not laid out at all: the
+//!   sink turns `O_DIRECT` off and the pass goes through the page cache,
+//!   unpadded. The next pass at least that long first writes one padding
+//!   packet (through the page cache) that ends on a block boundary, then
+//!   turns `O_DIRECT` back on ([`padding_to_block`]).
+//!
 //! * The session's last pass leaves its last run unpadded: the sink turns
 //!   `O_DIRECT` off ([`crate::storage::FileSink::end_direct`]) and writes it
 //!   through the page cache, so the file ends with the session's last packet
@@ -50,6 +56,32 @@ use crate::trace::padding::{MIN_PADDING, write_padding};
 /// Block size `O_DIRECT` writes are aligned to: the page size, a multiple
 /// of every common logical block size.
 pub const DIRECT_ALIGN: usize = 4096;
+
+/// Passes shorter than this go through the page cache even where the file
+/// takes `O_DIRECT`: laid out in blocks, a pass of a few KiB is mostly
+/// padding (65% of the file at 100 ms passes of a slow stream, BENCHMARKS),
+/// while at this size the padding is a few percent at most.
+pub const MIN_DIRECT_PASS: u64 = 256 * 1024;
+
+/// A padding packet that brings a file of `len` bytes to a multiple of
+/// `align` (a block more when the gap is too short for a packet); empty
+/// when it is already there. Written through the page cache before
+/// `O_DIRECT` is turned back on.
+pub fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
+    let align = align as u64;
+    let mut gap = (align - len % align) % align;
+    if gap == 0 {
+        return Vec::new();
+    }
+    if gap < MIN_PADDING as u64 {
+        gap += align;
+    }
+    let mut pad = vec![0u8; gap as usize];
+    // `gap` is between MIN_PADDING and two blocks: a valid padding length.
+    let written = write_padding(&mut pad);
+    debug_assert!(written);
+    pad
+}
 
 /// Why `O_DIRECT` was not used, or a pass could not be laid out for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

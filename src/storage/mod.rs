@@ -358,10 +358,40 @@ pub trait FileSink: Send {
         None
     }
     /// Writes from now on go through the page cache (`O_DIRECT` off): for
-    /// a session's last, unaligned bytes. A no-op where it was never on.
+    /// a session's last, unaligned bytes, or passes too small to fill
+    /// blocks. A no-op where it was never on.
     fn end_direct(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
+    /// The block size of a file that took `O_DIRECT` when it was opened,
+    /// whether or not it is on now ([`end_direct`](Self::end_direct) turns
+    /// it off, [`resume_direct`](Self::resume_direct) back on).
+    fn direct_capability(&self) -> Option<usize> {
+        None
+    }
+    /// Turns `O_DIRECT` back on after [`end_direct`](Self::end_direct); the
+    /// caller has brought the file to a block boundary. A no-op where the
+    /// file never took it.
+    fn resume_direct(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Turns `O_DIRECT` back on for `fd` when it took it (`capable`): the
+/// positioned sinks' `resume_direct`.
+pub(crate) fn set_direct(
+    fd: &std::os::fd::OwnedFd,
+    direct: &mut Option<usize>,
+    capable: Option<usize>,
+) -> Result<(), SinkError> {
+    if direct.is_none() && capable.is_some() {
+        let flags =
+            rustix::fs::fcntl_getfl(fd).map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::DIRECT)
+            .map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        *direct = capable;
+    }
+    Ok(())
 }
 
 /// Turns `O_DIRECT` off on `fd` (the positioned sinks' `end_direct`).

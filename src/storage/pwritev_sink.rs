@@ -15,7 +15,10 @@ pub struct PwritevSink {
     fd: OwnedFd,
     offset: u64,
     poisoned: Option<SinkError>,
+    /// The block size while `O_DIRECT` is on.
     direct: Option<usize>,
+    /// The block size when the file took `O_DIRECT` at open, on or not now.
+    direct_capable: Option<usize>,
 }
 
 impl PwritevSink {
@@ -26,6 +29,7 @@ impl PwritevSink {
             offset,
             poisoned: None,
             direct: None,
+            direct_capable: None,
         }
     }
 
@@ -33,6 +37,7 @@ impl PwritevSink {
     pub fn with_direct(self, align: Option<usize>) -> Self {
         PwritevSink {
             direct: align,
+            direct_capable: align,
             ..self
         }
     }
@@ -146,5 +151,13 @@ impl FileSink for PwritevSink {
 
     fn end_direct(&mut self) -> Result<(), SinkError> {
         super::clear_direct(&self.fd, &mut self.direct)
+    }
+
+    fn direct_capability(&self) -> Option<usize> {
+        self.direct_capable
+    }
+
+    fn resume_direct(&mut self) -> Result<(), SinkError> {
+        super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
     }
 }

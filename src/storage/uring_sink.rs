@@ -72,7 +72,10 @@ pub struct UringSink {
     registered: bool,
     offset: u64,
     poisoned: Option<SinkError>,
+    /// The block size while `O_DIRECT` is on.
     direct: Option<usize>,
+    /// The block size when the file took `O_DIRECT` at open, on or not now.
+    direct_capable: Option<usize>,
 }
 
 fn errno_of(e: &std::io::Error) -> Errno {
@@ -92,6 +95,7 @@ impl UringSink {
             offset,
             poisoned: None,
             direct: None,
+            direct_capable: None,
         })
     }
 
@@ -99,6 +103,7 @@ impl UringSink {
     pub fn with_direct(self, align: Option<usize>) -> Self {
         UringSink {
             direct: align,
+            direct_capable: align,
             ..self
         }
     }
@@ -292,6 +297,14 @@ impl FileSink for UringSink {
 
     fn end_direct(&mut self) -> Result<(), SinkError> {
         super::clear_direct(&self.fd, &mut self.direct)
+    }
+
+    fn direct_capability(&self) -> Option<usize> {
+        self.direct_capable
+    }
+
+    fn resume_direct(&mut self) -> Result<(), SinkError> {
+        super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
     }
 }
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
-use crate::storage::direct::{AlignedPass, DirectError};
+use crate::storage::direct::{AlignedPass, DirectError, MIN_DIRECT_PASS, padding_to_block};
 use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
 use crate::trace::service;
 
@@ -204,6 +204,8 @@ pub fn write_pass_staged(
         floor: 0,
     };
     let result = (|| -> Result<u64, PassFailure> {
+        // Bytes of the padding that took the file back to a block boundary.
+        let mut resume_padding = 0u64;
         let compressed = match stage.compress {
             Some(z) => {
                 let c = z.compress(&iov)?;
@@ -227,6 +229,26 @@ pub fn write_pass_staged(
             }
             None => records,
         };
+        // A pass too small to fill blocks goes through the page cache; a
+        // large one after such passes pads the file to a block boundary and
+        // turns O_DIRECT back on (storage::direct, MIN_DIRECT_PASS).
+        let kept_len = total_len(&kept);
+        if !kept.is_empty() && kept_len < MIN_DIRECT_PASS && sink.direct_alignment().is_some() {
+            sink.end_direct()?;
+        } else if kept_len >= MIN_DIRECT_PASS
+            && !stage.last
+            && sink.direct_alignment().is_none()
+            && let Some(align) = sink.direct_capability()
+        {
+            let pad = padding_to_block(sink.bytes_written(), align);
+            let at = sink.bytes_written() + pad.len() as u64;
+            if max_file_size.is_none_or(|cap| at + kept_len <= cap) {
+                if !pad.is_empty() {
+                    resume_padding = sink.write_all(&[IoSlice::new(&pad)])?;
+                }
+                sink.resume_direct()?;
+            }
+        }
         // An O_DIRECT file takes whole blocks: the pass is laid out in them,
         // with padding packets (storage::direct).
         let aligned = match sink.direct_alignment() {
@@ -265,7 +287,7 @@ pub fn write_pass_staged(
                 Err(e) => {
                     // The sink kept whole records: count them in the pass's
                     // own (uncompressed) bytes.
-                    let in_file = sink.bytes_written().saturating_sub(before);
+                    let in_file = sink.bytes_written().saturating_sub(before + resume_padding);
                     kept_input = match &compressed {
                         Some(c) => c.input_of_prefix(in_file).0,
                         None => in_file,
@@ -287,7 +309,7 @@ pub fn write_pass_staged(
         if sync || cap_reached {
             sink.sync_data()?;
         }
-        Ok(bytes)
+        Ok(resume_padding + bytes)
     })();
     drop(iov);
     for b in batches {

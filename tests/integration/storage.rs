@@ -1050,3 +1050,83 @@ fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
         );
     }
 }
+
+/// On a file that takes O_DIRECT, passes too small to fill blocks go
+/// through the page cache with no padding at all, and a large pass after
+/// them first pads the file to a block boundary, then writes through
+/// O_DIRECT again: every packet is there once, in order, and the trace
+/// opens in trace processor.
+#[test]
+fn direct_small_passes_go_through_the_page_cache_unpadded() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+    use recorder::storage::direct::{DIRECT_ALIGN, MIN_DIRECT_PASS};
+    use recorder::storage::write_pass::{Take, write_pass};
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("mixed.pftrace");
+        let mut sink = open_direct(&path, io);
+        let buffer = Buffer::new(BufferParams::new(8 << 20, FillPolicy::Discard)).expect("buffer");
+        let mut w = buffer.writer(WriterId(2));
+        let mut want: Vec<Vec<u8>> = Vec::new();
+        // Packets per pass, about 200 bytes each: slow, slow, a burst,
+        // slow, a burst.
+        for (pass, n) in [(0u64, 10u64), (1, 40), (2, 3000), (3, 5), (4, 2500)] {
+            let mut bytes = 0u64;
+            for i in 0..n {
+                // A for_testing packet (field 900) whose TestEvent.str is
+                // 190 letters.
+                let letters: Vec<u8> = pattern(190, pass * 100_000 + i)
+                    .iter()
+                    .map(|b| b'a' + b % 26)
+                    .collect();
+                let mut body = vec![0xA2, 0x38];
+                body.extend(&framed(&framed(&letters))[1..]);
+                w.write_packet(&body).expect("room");
+                bytes += framed(&body).len() as u64;
+                want.push(body);
+            }
+            let before = sink.bytes_written();
+            let r = write_pass(
+                sink.as_mut(),
+                &[],
+                &[(buffer.clone(), Take::Consume)],
+                Vec::new,
+                None,
+                false,
+            )
+            .expect("pass");
+            assert_eq!(r.input_bytes, bytes, "{io:?} pass {pass}: data only");
+            if bytes < MIN_DIRECT_PASS {
+                assert_eq!(sink.direct_alignment(), None, "{io:?} pass {pass}");
+                assert_eq!(r.bytes, bytes, "{io:?} pass {pass}: no padding");
+                assert_eq!(sink.bytes_written(), before + bytes);
+            } else {
+                assert_eq!(
+                    sink.direct_alignment(),
+                    Some(DIRECT_ALIGN),
+                    "{io:?} pass {pass}"
+                );
+                assert_eq!(
+                    sink.bytes_written() % DIRECT_ALIGN as u64,
+                    0,
+                    "{io:?} pass {pass}"
+                );
+                // One padding packet back to a block, then at most a block
+                // per run of copies.
+                assert!(
+                    r.bytes - bytes < 4 * DIRECT_ALIGN as u64,
+                    "{io:?} pass {pass}: {} bytes of padding",
+                    r.bytes - bytes
+                );
+            }
+        }
+        sink.sync_data().expect("fdatasync");
+        drop(sink);
+        let got = packets_without_padding(&std::fs::read(&path).expect("read back"));
+        assert_eq!(got.len(), want.len(), "{io:?}");
+        assert!(got == want, "{io:?}: packets differ");
+        if let Some(tp) = crate::trace_processor::open(&path) {
+            assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
+        }
+    }
+}
