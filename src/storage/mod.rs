@@ -385,10 +385,7 @@ pub(crate) fn set_direct(
     capable: Option<usize>,
 ) -> Result<(), SinkError> {
     if direct.is_none() && capable.is_some() {
-        let flags =
-            rustix::fs::fcntl_getfl(fd).map_err(|errno| SinkError::Write { errno, offset: 0 })?;
-        rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::DIRECT)
-            .map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        direct_flag(fd, true)?;
         *direct = capable;
     }
     Ok(())
@@ -400,13 +397,22 @@ pub(crate) fn clear_direct(
     direct: &mut Option<usize>,
 ) -> Result<(), SinkError> {
     if direct.is_some() {
-        let flags =
-            rustix::fs::fcntl_getfl(fd).map_err(|errno| SinkError::Write { errno, offset: 0 })?;
-        rustix::fs::fcntl_setfl(fd, flags - rustix::fs::OFlags::DIRECT)
-            .map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+        direct_flag(fd, false)?;
         *direct = None;
     }
     Ok(())
+}
+
+/// Sets or clears `O_DIRECT` in `fd`'s status flags.
+fn direct_flag(fd: &std::os::fd::OwnedFd, on: bool) -> Result<(), SinkError> {
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+    let flags = fcntl_getfl(fd).map_err(|errno| SinkError::Write { errno, offset: 0 })?;
+    let flags = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    fcntl_setfl(fd, flags).map_err(|errno| SinkError::Write { errno, offset: 0 })
 }
 
 #[cfg(test)]

@@ -588,6 +588,25 @@ fn write_aligned(
 }
 
 /// The packets of a file, padding packets left out.
+/// A for_testing packet (field 900) whose TestEvent.str is `len` letters.
+fn for_testing_packet(len: usize, seed: u64) -> Vec<u8> {
+    let letters: Vec<u8> = pattern(len, seed).iter().map(|b| b'a' + b % 26).collect();
+    let mut body = vec![0xA2, 0x38];
+    body.extend(&framed(&framed(&letters))[1..]);
+    body
+}
+
+/// The file at `path` holds exactly the packets `want`, in order, padding
+/// aside, and opens in trace processor with no error or data-loss stat.
+fn assert_holds_packets(path: &Path, want: &[Vec<u8>], io: IoChoice) {
+    let got = packets_without_padding(&std::fs::read(path).expect("read back"));
+    assert_eq!(got.len(), want.len(), "{io:?}");
+    assert!(got == want, "{io:?}: packets differ");
+    if let Some(tp) = crate::trace_processor::open(path) {
+        assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
+    }
+}
+
 fn packets_without_padding(data: &[u8]) -> Vec<Vec<u8>> {
     let report = recorder::trace::inspect::report(data);
     assert_eq!(report.torn_tail_bytes, 0, "whole packets only");
@@ -623,14 +642,7 @@ fn direct_sinks_write_scattered_ranges_in_order() {
                 let start = at;
                 for k in 0..(1 + r % 9) {
                     let len = [3usize, 200, 4093, 4096, 70_000][((r + k) % 5) as usize];
-                    // A for_testing packet (field 900) whose TestEvent.str
-                    // is `len` letters.
-                    let letters: Vec<u8> = pattern(len, round * 1000 + r * 10 + k)
-                        .iter()
-                        .map(|b| b'a' + b % 26)
-                        .collect();
-                    let mut body = vec![0xA2, 0x38];
-                    body.extend(&framed(&framed(&letters))[1..]);
+                    let body = for_testing_packet(len, round * 1000 + r * 10 + k);
                     let p = framed(&body);
                     ring[at..at + p.len()].copy_from_slice(&p);
                     at += p.len();
@@ -654,12 +666,7 @@ fn direct_sinks_write_scattered_ranges_in_order() {
         }
         sink.sync_data().expect("fdatasync");
         drop(sink);
-        let got = packets_without_padding(&std::fs::read(&path).expect("read back"));
-        assert_eq!(got.len(), want.len(), "{io:?}");
-        assert!(got == want, "{io:?}: packets differ");
-        if let Some(tp) = crate::trace_processor::open(&path) {
-            assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
-        }
+        assert_holds_packets(&path, &want, io);
     }
 }
 
@@ -1073,14 +1080,7 @@ fn direct_small_passes_go_through_the_page_cache_unpadded() {
         for (pass, n) in [(0u64, 10u64), (1, 40), (2, 3000), (3, 5), (4, 2500)] {
             let mut bytes = 0u64;
             for i in 0..n {
-                // A for_testing packet (field 900) whose TestEvent.str is
-                // 190 letters.
-                let letters: Vec<u8> = pattern(190, pass * 100_000 + i)
-                    .iter()
-                    .map(|b| b'a' + b % 26)
-                    .collect();
-                let mut body = vec![0xA2, 0x38];
-                body.extend(&framed(&framed(&letters))[1..]);
+                let body = for_testing_packet(190, pass * 100_000 + i);
                 w.write_packet(&body).expect("room");
                 bytes += framed(&body).len() as u64;
                 want.push(body);
@@ -1122,11 +1122,6 @@ fn direct_small_passes_go_through_the_page_cache_unpadded() {
         }
         sink.sync_data().expect("fdatasync");
         drop(sink);
-        let got = packets_without_padding(&std::fs::read(&path).expect("read back"));
-        assert_eq!(got.len(), want.len(), "{io:?}");
-        assert!(got == want, "{io:?}: packets differ");
-        if let Some(tp) = crate::trace_processor::open(&path) {
-            assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
-        }
+        assert_holds_packets(&path, &want, io);
     }
 }
