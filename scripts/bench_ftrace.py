@@ -214,10 +214,11 @@ def trace_cmd_prefix(dirpath):
     return ["unshare", "-m", "--propagation", "private", wrapper], f"in a mount namespace (stock run: {why})"
 
 
-def run_trace_cmd(dirpath, secs, prefix):
+def run_trace_cmd(dirpath, secs, prefix, events=("sched/sched_switch", "sched/sched_wakeup")):
     out = os.path.join(dirpath, "ftrace_bench.dat")
-    proc = subprocess.Popen([*prefix, "trace-cmd", "record", "-e", "sched:sched_switch", "-e", "sched:sched_wakeup",
-                             "-o", out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    evs = [a for e in events for a in ("-e", e.replace("/", ":"))]
+    proc = subprocess.Popen([*prefix, "trace-cmd", "record", *evs, "-o", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: read(f"{TRACEFS}/events/sched/sched_switch/enable") == "1"
              and read(f"{TRACEFS}/tracing_on") == "1", "trace-cmd to start")
     time.sleep(0.5)  # its per-CPU readers start after the events are on
@@ -262,7 +263,9 @@ def main():
         for key, what in (("ops", "load under the recorder ÷ under trace-cmd (goal ≥ 1)"),
                           ("cpu", "recorder CPU/event while the load runs ÷ trace-cmd's (goal ≤ 1)"),
                           ("base_ops", "load under the recorder ÷ under the baseline build"),
-                          ("base_cpu", "recorder CPU/event ÷ the baseline build's")):
+                          ("base_cpu", "recorder CPU/event ÷ the baseline build's"),
+                          ("waking_ops", "sched_waking pair: load under the recorder ÷ under trace-cmd"),
+                          ("waking_cpu", "sched_waking pair: recorder CPU/event in the load window ÷ trace-cmd's")):
             xs = [r[key] for r in ratios if key in r]
             if xs:
                 print(f"| {what} | {', '.join(f'{x:.2f}' for x in xs)} | **{median(xs):.2f}** |")
@@ -289,8 +292,13 @@ def one_round(args, levels, rnd):
             rows.append((f"recorder --compress={levels[0]} --rotate-size {args.rotate_size}",
                          run_recorder(d, args.secs, sw, extra)))
         if not levels:
+            # Perfetto's recommended pair (both in compact_sched), against
+            # trace-cmd recording the same events.
+            waking = ["sched/sched_switch", "sched/sched_waking"]
             rows.append(("recorder, sched_switch + sched_waking (both compact)",
-                         run_recorder(d, args.secs, ["sched/sched_switch", "sched/sched_waking"])))
+                         run_recorder(d, args.secs, waking)))
+            rows.append(("trace-cmd, sched_switch + sched_waking",
+                         run_trace_cmd(d, args.secs, prefix, waking)))
     if args.rounds > 1:
         print(f"\n### Round {rnd + 1} of {args.rounds}\n")
     load_avg = os.getloadavg()
@@ -319,6 +327,11 @@ def one_round(args, levels, rnd):
     if args.baseline_bin:
         b = rows[2][1]
         out.update(base_ops=rec["ops"] / b["ops"], base_cpu=per_event(rec) / per_event(b))
+    named = dict(rows)
+    wrec = named.get("recorder, sched_switch + sched_waking (both compact)")
+    wtc = named.get("trace-cmd, sched_switch + sched_waking")
+    if wrec and wtc:
+        out.update(waking_ops=wrec["ops"] / wtc["ops"], waking_cpu=per_event(wrec) / per_event(wtc))
     return out
 
 
