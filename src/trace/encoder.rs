@@ -9,7 +9,9 @@
 //!
 //! Every write checks bounds; once a write does not fit the encoder is marked
 //! overflowed and further writes are ignored, so callers check once at the end
-//! ([`ProtoEncoder::finish`]) instead of after every field.
+//! ([`ProtoEncoder::finish`]) instead of after every field. A message known to
+//! be small (a typed ftrace event) is written in a [`Window`] instead: room is
+//! checked once for all of it.
 
 use crate::wire::{PackedKey, WireType, key, varint};
 
@@ -334,6 +336,152 @@ impl<'a> ProtoEncoder<'a> {
     }
 }
 
+/// Bytes a [`Window`] may take: every message in it has a one-byte length.
+pub const WINDOW_MAX_LEN: usize = 127;
+/// The window's span: its limit plus the widest single write (16 bytes of
+/// text), so that no write needs a check of its own.
+const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
+
+/// Room for one small message, checked once ([`ProtoEncoder::window`]): a
+/// caller that knows its message takes at most [`WINDOW_MAX_LEN`] bytes
+/// writes it field by field with no bounds or overflow test per field.
+///
+/// Each write lands at the window's position masked to its first 128 bytes,
+/// so it stays in the span whatever the caller wrote; a caller that wrote
+/// more than the limit gets an overflow at [`close`](Window::close), never
+/// bytes outside the window.
+pub struct Window<'e> {
+    buf: &'e mut [u8; WINDOW_SPAN],
+    len: usize,
+    end: &'e mut usize,
+    overflow: &'e mut bool,
+}
+
+impl Window<'_> {
+    /// Where the next write starts: `len` while within the limit.
+    #[inline(always)]
+    fn at(&self) -> usize {
+        self.len & WINDOW_MAX_LEN
+    }
+
+    #[inline(always)]
+    fn key(&mut self, k: &PackedKey) {
+        let (bytes, n) = k.padded();
+        let at = self.at();
+        if let Some(w) = self.buf[at..].first_chunk_mut::<5>() {
+            *w = *bytes;
+        }
+        self.len += n;
+    }
+
+    #[inline(always)]
+    fn varint(&mut self, v: u64) {
+        let at = self.at();
+        if let Some(w) = self.buf[at..].first_chunk_mut::<{ varint::MAX_LEN }>() {
+            self.len += varint::put_max(w, v);
+        }
+    }
+
+    /// A varint field with a key known at compile time (`field` < 16).
+    #[inline(always)]
+    pub fn uint(&mut self, field: u32, v: u64) {
+        self.varint(key(field, WireType::Varint));
+        self.varint(v);
+    }
+
+    /// [`ProtoEncoder::uint_at`].
+    #[inline(always)]
+    pub fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        self.key(k);
+        self.varint(v);
+    }
+
+    /// [`ProtoEncoder::bytes16_at`]: the first `n` (≤ 16) bytes of `word`.
+    #[inline(always)]
+    pub fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        self.key(k);
+        let n = n.min(16);
+        self.varint(n as u64);
+        let at = self.at();
+        if let Some(w) = self.buf[at..].first_chunk_mut::<16>() {
+            *w = *word;
+        }
+        self.len += n;
+    }
+
+    /// A `bytes` field of at most 16 bytes (longer ones are cut there).
+    pub fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        let mut word = [0u8; 16];
+        let n = b.len().min(16);
+        word[..n].copy_from_slice(&b[..n]);
+        self.bytes16_at(k, &word, n);
+    }
+
+    /// Opens a nested message under `field` (< 16); its length takes one
+    /// byte, as every message in the window is under 128 bytes.
+    #[inline(always)]
+    pub fn begin(&mut self, field: u32) -> Short {
+        self.varint(key(field, WireType::Len));
+        self.open()
+    }
+
+    /// [`begin`](Self::begin) under a key encoded beforehand.
+    #[inline(always)]
+    pub fn begin_at(&mut self, k: &PackedKey) -> Short {
+        self.key(k);
+        self.open()
+    }
+
+    #[inline(always)]
+    fn open(&mut self) -> Short {
+        let at = self.at();
+        self.len += 1;
+        Short(at)
+    }
+
+    /// Closes a message opened in this window.
+    #[inline(always)]
+    pub fn end(&mut self, s: Short) {
+        let body = (self.len - s.0 - 1) & WINDOW_MAX_LEN;
+        self.buf[s.0 & WINDOW_MAX_LEN] = body as u8;
+    }
+
+    /// Keeps what was written; an overflow if it passed the limit.
+    #[inline(always)]
+    pub fn close(self) {
+        if self.len > WINDOW_MAX_LEN {
+            *self.overflow = true;
+        } else {
+            *self.end += self.len;
+        }
+    }
+}
+
+impl ProtoEncoder<'_> {
+    /// A [`Window`] at the end of what is written, when the encoder has
+    /// room for its whole span and has not overflowed. Dropping it without
+    /// [`close`](Window::close) keeps nothing.
+    #[inline(always)]
+    pub fn window(&mut self) -> Option<Window<'_>> {
+        if self.overflow {
+            return None;
+        }
+        let buf = self
+            .buf
+            .get_mut(self.pos..)?
+            .first_chunk_mut::<WINDOW_SPAN>()?;
+        Some(Window {
+            buf,
+            len: 0,
+            end: &mut self.pos,
+            overflow: &mut self.overflow,
+        })
+    }
+
+    /// The window's span: the room [`window`](Self::window) needs.
+    pub const WINDOW_SPAN: usize = WINDOW_SPAN;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,6 +521,80 @@ mod tests {
                 prop_assert_eq!(&a[..n], &b[..n]);
             }
         }
+    }
+
+    proptest! {
+        /// A window writes the bytes of the checked writes, nested lengths
+        /// included, after whatever the encoder held before it.
+        #[test]
+        fn window_writes_match_checked_writes(
+            before in 0usize..40,
+            field in 1u32..2000,
+            ts in any::<u64>(),
+            vals in proptest::collection::vec(any::<u64>(), 0..4),
+            text in proptest::collection::vec(any::<u8>(), 0..=16),
+        ) {
+            let mut word = [0u8; 16];
+            word[..text.len()].copy_from_slice(&text);
+            let kv = PackedKey::new(field, WireType::Varint);
+            let kl = PackedKey::new(field + 1, WireType::Len);
+            let mut a = vec![0u8; 512];
+            let mut b = vec![0u8; 512];
+            let mut ea = ProtoEncoder::new(&mut a);
+            let mut eb = ProtoEncoder::new(&mut b);
+            for e in [&mut ea, &mut eb] {
+                e.raw(&vec![0x5a; before]);
+            }
+            let o = ea.begin_short(2);
+            ea.uint(1, ts);
+            let i = ea.begin_short_at(&kl);
+            for &v in &vals {
+                ea.uint_at(&kv, v);
+            }
+            ea.bytes16_at(&kl, &word, text.len());
+            ea.bytes_at(&kl, &text);
+            ea.end_short(i);
+            ea.end_short(o);
+            let mut w = eb.window().expect("room");
+            let o = w.begin(2);
+            w.uint(1, ts);
+            let i = w.begin_at(&kl);
+            for &v in &vals {
+                w.uint_at(&kv, v);
+            }
+            w.bytes16_at(&kl, &word, text.len());
+            w.bytes_at(&kl, &text);
+            w.end(i);
+            w.end(o);
+            w.close();
+            let (ra, rb) = (ea.finish(), eb.finish());
+            prop_assert_eq!(ra, rb);
+            let n = ra.expect("fits");
+            prop_assert_eq!(&a[..n], &b[..n]);
+        }
+    }
+
+    /// A window needs room for its whole span; one written past its limit
+    /// overflows at close, and one dropped unclosed keeps nothing.
+    #[test]
+    fn window_room_limit_and_drop() {
+        let mut small = [0u8; WINDOW_SPAN - 1];
+        assert!(ProtoEncoder::new(&mut small).window().is_none());
+        let mut buf = [0u8; 300];
+        let mut e = ProtoEncoder::new(&mut buf);
+        e.uint(1, 1);
+        {
+            let mut w = e.window().expect("room");
+            w.uint(1, 7);
+        }
+        assert_eq!(e.len(), 2, "an unclosed window keeps nothing");
+        let mut w = e.window().expect("room");
+        for _ in 0..13 {
+            w.uint(1, u64::MAX);
+        }
+        w.close();
+        assert!(e.overflowed(), "143 bytes is past the limit");
+        assert!(e.window().is_none(), "no window after an overflow");
     }
 
     #[test]

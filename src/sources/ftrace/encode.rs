@@ -14,15 +14,21 @@
 //!        └ 10 previous_bundle_end_timestamp
 //! ```
 
-use super::event_table::{CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, comm16};
+use super::event_table::{
+    CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, TypedPlan, comm16,
+};
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, RawEvent, parse_header};
 use crate::sources::output::PacketOutput;
-use crate::trace::encoder::ProtoEncoder;
+use crate::trace::encoder::{ProtoEncoder, WINDOW_MAX_LEN, Window};
 use crate::wire::{
     compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
     generic_ftrace_event as gfe, trace_packet, varint,
 };
+
+/// The most a typed event's header takes before its message: the event's
+/// key and one-byte length, the timestamp and the pid (keys and varints).
+const EVENT_HEAD_MAX: usize = 2 + (1 + 10) + (1 + 10);
 
 /// Room kept free in a bundle for its trailer (compact header, lost flag,
 /// previous_bundle_end_timestamp, nested lengths).
@@ -610,6 +616,16 @@ impl BundleEncoder {
             self.stats.compact_events += 1;
             return Fit::Written;
         }
+        if let Some(plan) = &entry.typed
+            && plan
+                .max_len
+                .is_some_and(|m| m + EVENT_HEAD_MAX <= WINDOW_MAX_LEN)
+            && enc.remaining() >= reserve + ProtoEncoder::WINDOW_SPAN
+            && let Some(w) = enc.window()
+            && typed_in_window(w, entry, plan, ev)
+        {
+            return self.written(entry, rec);
+        }
         let mark = enc.len();
         let e = enc.begin_short(feb::EVENT);
         enc.uint(ftrace_event::TIMESTAMP, ev.timestamp);
@@ -657,6 +673,12 @@ impl BundleEncoder {
             enc.truncate(mark);
             return Fit::NoRoom;
         }
+        self.written(entry, rec)
+    }
+
+    /// Counts a typed or generic event written.
+    #[inline(always)]
+    fn written(&mut self, entry: &EventEntry, rec: &[u8]) -> Fit {
         self.note_pids(entry, rec);
         self.stats.events += 1;
         if entry.typed.is_some() {
@@ -748,6 +770,56 @@ impl BundleEncoder {
         };
         c.col_bytes += n;
     }
+}
+
+/// Writes a typed event whose plan is bounded ([`TypedPlan::max_len`]) into
+/// a window the caller sized for it, one room check for the whole event;
+/// the bytes are those of the checked path. False, with nothing kept, for a
+/// field the bound does not cover. Out of line: inlined, it made the event
+/// loop too large for the compact path to stay inlined in it.
+#[inline(never)]
+fn typed_in_window(
+    mut w: Window<'_>,
+    entry: &EventEntry,
+    plan: &TypedPlan,
+    ev: &RawEvent<'_>,
+) -> bool {
+    let rec = ev.payload;
+    let e = w.begin(feb::EVENT);
+    w.uint(ftrace_event::TIMESTAMP, ev.timestamp);
+    if let Some(p) = entry.pid.and_then(|f| f.int(rec)) {
+        w.uint(ftrace_event::PID, p as u32 as u64);
+    }
+    let m = w.begin_at(&plan.key);
+    for op in &plan.ops {
+        match op {
+            TypedOp::Int(k, f) => {
+                if let Some(v) = f.int(rec) {
+                    w.uint_at(k, v as u64);
+                }
+            }
+            TypedOp::Uint(k, f) => {
+                if let Some(v) = f.uint(rec) {
+                    w.uint_at(k, v);
+                }
+            }
+            TypedOp::Str(k, TextAt::Comm16(at)) => {
+                if let Some((word, n)) = comm16(rec, *at) {
+                    let b = word.to_le_bytes();
+                    if word & ASCII_HIGH_BITS == 0 {
+                        w.bytes16_at(k, &b, n);
+                    } else {
+                        w.bytes_at(k, utf8_or_placeholder(&b[..n]));
+                    }
+                }
+            }
+            TypedOp::Str(..) => return false,
+        }
+    }
+    w.end(m);
+    w.end(e);
+    w.close();
+    true
 }
 
 /// Counts the events of one page with the walker alone (no decoding): the

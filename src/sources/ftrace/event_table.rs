@@ -13,7 +13,7 @@
 //! ```
 
 use super::format::{EventFormat, Field, FieldKind, read_uint, until_nul};
-use crate::wire::{PackedKey, WireType};
+use crate::wire::{PackedKey, WireType, varint};
 
 /// How a kernel field is written into its typed proto message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -379,6 +379,29 @@ pub struct TypedPlan {
     /// Key of the `FtraceEvent` field holding the message.
     pub key: PackedKey,
     pub ops: Vec<TypedOp>,
+    /// The most bytes the message takes, key and length included, when
+    /// every field is bounded (integers, comms); `None` with other text.
+    pub max_len: Option<usize>,
+}
+
+impl TypedPlan {
+    fn new(key: PackedKey, ops: Vec<TypedOp>) -> Self {
+        let fields = ops.iter().try_fold(0, |sum, op| {
+            Some(
+                sum + match op {
+                    TypedOp::Int(k, _) | TypedOp::Uint(k, _) => {
+                        k.as_bytes().len() + varint::MAX_LEN
+                    }
+                    TypedOp::Str(k, TextAt::Comm16(_)) => k.as_bytes().len() + 1 + 16,
+                    TypedOp::Str(..) => return None,
+                },
+            )
+        });
+        // The message's own key, and a one-byte length (it stays under 128
+        // bytes wherever this bound is used).
+        let max_len = fields.map(|f| key.as_bytes().len() + 1 + f);
+        Self { key, ops, max_len }
+    }
 }
 
 /// The fields compact_sched needs from sched_switch.
@@ -448,9 +471,8 @@ impl EventTable {
         let typed = TYPED
             .iter()
             .find(|t| t.0 == format.group && t.1 == format.name)
-            .map(|t| TypedPlan {
-                key: PackedKey::new(t.2, WireType::Len),
-                ops: t
+            .map(|t| {
+                let ops = t
                     .3
                     .iter()
                     .filter_map(|&(no, name, kind)| {
@@ -467,7 +489,8 @@ impl EventTable {
                             }
                         })
                     })
-                    .collect(),
+                    .collect();
+                TypedPlan::new(PackedKey::new(t.2, WireType::Len), ops)
             });
         let compact = if !compact_sched || format.group != "sched" {
             None
