@@ -20,9 +20,9 @@ use super::event_table::{
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, RawEvent, parse_header};
 use crate::sources::output::PacketOutput;
-use crate::trace::encoder::{ProtoEncoder, WINDOW_MAX_LEN, Window};
+use crate::trace::encoder::{ProtoEncoder, Short, WINDOW_MAX_LEN, Window};
 use crate::wire::{
-    compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
+    PackedKey, compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
     generic_ftrace_event as gfe, trace_packet, varint,
 };
 
@@ -627,48 +627,16 @@ impl BundleEncoder {
             return self.written(entry, rec);
         }
         let mark = enc.len();
-        let e = enc.begin_short(feb::EVENT);
-        enc.uint(ftrace_event::TIMESTAMP, ev.timestamp);
-        if let Some(p) = entry.pid.and_then(|f| f.int(rec)) {
-            enc.uint(ftrace_event::PID, p as u32 as u64);
-        }
-        if let Some(plan) = &entry.typed {
-            let m = enc.begin_short_at(&plan.key);
-            // Matched by reference: a step is read in place, not copied out.
-            for op in &plan.ops {
-                match op {
-                    TypedOp::Int(k, f) => {
-                        if let Some(v) = f.int(rec) {
-                            enc.uint_at(k, v as u64);
-                        }
-                    }
-                    TypedOp::Uint(k, f) => {
-                        if let Some(v) = f.uint(rec) {
-                            enc.uint_at(k, v);
-                        }
-                    }
-                    TypedOp::Str(k, TextAt::Comm16(at)) => {
-                        if let Some((word, n)) = comm16(rec, *at) {
-                            let b = word.to_le_bytes();
-                            if word & ASCII_HIGH_BITS == 0 {
-                                enc.bytes16_at(k, &b, n);
-                            } else {
-                                enc.bytes_at(k, utf8_or_placeholder(&b[..n]));
-                            }
-                        }
-                    }
-                    TypedOp::Str(k, t) => {
-                        if let Some(s) = t.read(rec) {
-                            enc.bytes_at(k, utf8_or_placeholder(s));
-                        }
-                    }
-                }
+        match &entry.typed {
+            Some(plan) => {
+                write_typed(enc, entry, plan, ev);
             }
-            enc.end_short(m);
-        } else {
-            Self::generic_event(enc, entry, rec);
+            None => {
+                let e = event_head(enc, entry, ev);
+                Self::generic_event(enc, entry, rec);
+                enc.end(e);
+            }
         }
-        enc.end_short(e);
         if enc.overflowed() || enc.remaining() < reserve {
             enc.truncate(mark);
             return Fit::NoRoom;
@@ -772,25 +740,109 @@ impl BundleEncoder {
     }
 }
 
-/// Writes a typed event whose plan is bounded ([`TypedPlan::max_len`]) into
-/// a window the caller sized for it, one room check for the whole event;
-/// the bytes are those of the checked path. False, with nothing kept, for a
-/// field the bound does not cover. Out of line: inlined, it made the event
-/// loop too large for the compact path to stay inlined in it.
-#[inline(never)]
-fn typed_in_window(
-    mut w: Window<'_>,
+/// What writing one event needs: the checked [`ProtoEncoder`], or a
+/// [`Window`] checked once for a bounded event. One [`write_typed`] serves
+/// both, so they write the same bytes.
+trait EventWriter {
+    /// Writes only what [`TypedPlan::max_len`] bounds (no other text).
+    const BOUNDED: bool;
+    fn begin(&mut self, field: u32) -> Short;
+    fn begin_at(&mut self, k: &PackedKey) -> Short;
+    fn end(&mut self, s: Short);
+    fn uint(&mut self, field: u32, v: u64);
+    fn uint_at(&mut self, k: &PackedKey, v: u64);
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize);
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]);
+}
+
+impl EventWriter for ProtoEncoder<'_> {
+    const BOUNDED: bool = false;
+    #[inline(always)]
+    fn begin(&mut self, field: u32) -> Short {
+        self.begin_short(field)
+    }
+    #[inline(always)]
+    fn begin_at(&mut self, k: &PackedKey) -> Short {
+        self.begin_short_at(k)
+    }
+    #[inline(always)]
+    fn end(&mut self, s: Short) {
+        self.end_short(s)
+    }
+    #[inline(always)]
+    fn uint(&mut self, field: u32, v: u64) {
+        ProtoEncoder::uint(self, field, v)
+    }
+    #[inline(always)]
+    fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        ProtoEncoder::uint_at(self, k, v)
+    }
+    #[inline(always)]
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        ProtoEncoder::bytes16_at(self, k, word, n)
+    }
+    #[inline(always)]
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        ProtoEncoder::bytes_at(self, k, b)
+    }
+}
+
+impl EventWriter for Window<'_> {
+    const BOUNDED: bool = true;
+    #[inline(always)]
+    fn begin(&mut self, field: u32) -> Short {
+        Window::begin(self, field)
+    }
+    #[inline(always)]
+    fn begin_at(&mut self, k: &PackedKey) -> Short {
+        Window::begin_at(self, k)
+    }
+    #[inline(always)]
+    fn end(&mut self, s: Short) {
+        Window::end(self, s)
+    }
+    #[inline(always)]
+    fn uint(&mut self, field: u32, v: u64) {
+        Window::uint(self, field, v)
+    }
+    #[inline(always)]
+    fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        Window::uint_at(self, k, v)
+    }
+    #[inline(always)]
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        Window::bytes16_at(self, k, word, n)
+    }
+    #[inline(always)]
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        Window::bytes_at(self, k, b)
+    }
+}
+
+/// Opens an `FtraceEvent`: its timestamp and pid.
+#[inline(always)]
+fn event_head<W: EventWriter>(w: &mut W, entry: &EventEntry, ev: &RawEvent<'_>) -> Short {
+    let e = w.begin(feb::EVENT);
+    w.uint(ftrace_event::TIMESTAMP, ev.timestamp);
+    if let Some(p) = entry.pid.and_then(|f| f.int(ev.payload)) {
+        w.uint(ftrace_event::PID, p as u32 as u64);
+    }
+    e
+}
+
+/// A typed event. False, having written part of it, when a bounded writer
+/// meets text the bound does not cover (the caller then drops the window).
+#[inline(always)]
+fn write_typed<W: EventWriter>(
+    w: &mut W,
     entry: &EventEntry,
     plan: &TypedPlan,
     ev: &RawEvent<'_>,
 ) -> bool {
     let rec = ev.payload;
-    let e = w.begin(feb::EVENT);
-    w.uint(ftrace_event::TIMESTAMP, ev.timestamp);
-    if let Some(p) = entry.pid.and_then(|f| f.int(rec)) {
-        w.uint(ftrace_event::PID, p as u32 as u64);
-    }
+    let e = event_head(w, entry, ev);
     let m = w.begin_at(&plan.key);
+    // Matched by reference: a step is read in place, not copied out.
     for op in &plan.ops {
         match op {
             TypedOp::Int(k, f) => {
@@ -813,13 +865,35 @@ fn typed_in_window(
                     }
                 }
             }
-            TypedOp::Str(..) => return false,
+            TypedOp::Str(..) if W::BOUNDED => return false,
+            TypedOp::Str(k, t) => {
+                if let Some(s) = t.read(rec) {
+                    w.bytes_at(k, utf8_or_placeholder(s));
+                }
+            }
         }
     }
     w.end(m);
     w.end(e);
-    w.close();
     true
+}
+
+/// A typed event whose plan is bounded ([`TypedPlan::max_len`]), in a window
+/// the caller sized for it: one room check for the whole event. False, with
+/// nothing kept, for text the bound does not cover. Out of line: inlined, it
+/// made the event loop too large for the compact path to stay inlined in it.
+#[inline(never)]
+fn typed_in_window(
+    mut w: Window<'_>,
+    entry: &EventEntry,
+    plan: &TypedPlan,
+    ev: &RawEvent<'_>,
+) -> bool {
+    let done = write_typed(&mut w, entry, plan, ev);
+    if done {
+        w.close();
+    }
+    done
 }
 
 /// Counts the events of one page with the walker alone (no decoding): the
