@@ -338,9 +338,10 @@ impl<'a> ProtoEncoder<'a> {
 
 /// Bytes a [`Window`] may take: every message in it has a one-byte length.
 pub const WINDOW_MAX_LEN: usize = 127;
-/// The window's span: its limit plus the widest single write (16 bytes of
-/// text), so that no write needs a check of its own.
-const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
+/// The window's span, the room [`ProtoEncoder::window`] needs: its limit
+/// plus the widest single write (16 bytes of text), so that no write needs
+/// a check of its own.
+pub const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
 
 /// Room for one small message, checked once ([`ProtoEncoder::window`]): a
 /// caller that knows its message takes at most [`WINDOW_MAX_LEN`] bytes
@@ -382,68 +383,11 @@ impl Window<'_> {
         }
     }
 
-    /// A varint field with a key known at compile time (`field` < 16).
-    #[inline(always)]
-    pub fn uint(&mut self, field: u32, v: u64) {
-        self.varint(key(field, WireType::Varint));
-        self.varint(v);
-    }
-
-    /// [`ProtoEncoder::uint_at`].
-    #[inline(always)]
-    pub fn uint_at(&mut self, k: &PackedKey, v: u64) {
-        self.key(k);
-        self.varint(v);
-    }
-
-    /// [`ProtoEncoder::bytes16_at`]: the first `n` (≤ 16) bytes of `word`.
-    #[inline(always)]
-    pub fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
-        self.key(k);
-        let n = n.min(16);
-        self.varint(n as u64);
-        let at = self.at();
-        if let Some(w) = self.buf[at..].first_chunk_mut::<16>() {
-            *w = *word;
-        }
-        self.len += n;
-    }
-
-    /// A `bytes` field of at most 16 bytes (longer ones are cut there).
-    pub fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
-        let mut word = [0u8; 16];
-        let n = b.len().min(16);
-        word[..n].copy_from_slice(&b[..n]);
-        self.bytes16_at(k, &word, n);
-    }
-
-    /// Opens a nested message under `field` (< 16); its length takes one
-    /// byte, as every message in the window is under 128 bytes.
-    #[inline(always)]
-    pub fn begin(&mut self, field: u32) -> Short {
-        self.varint(key(field, WireType::Len));
-        self.open()
-    }
-
-    /// [`begin`](Self::begin) under a key encoded beforehand.
-    #[inline(always)]
-    pub fn begin_at(&mut self, k: &PackedKey) -> Short {
-        self.key(k);
-        self.open()
-    }
-
     #[inline(always)]
     fn open(&mut self) -> Short {
         let at = self.at();
         self.len += 1;
         Short(at)
-    }
-
-    /// Closes a message opened in this window.
-    #[inline(always)]
-    pub fn end(&mut self, s: Short) {
-        let body = (self.len - s.0 - 1) & WINDOW_MAX_LEN;
-        self.buf[s.0 & WINDOW_MAX_LEN] = body as u8;
     }
 
     /// Keeps what was written; an overflow if it passed the limit.
@@ -454,6 +398,116 @@ impl Window<'_> {
         } else {
             *self.end += self.len;
         }
+    }
+}
+
+/// The writes of a message whose nested parts have one-byte lengths (a
+/// typed ftrace event), by the checked [`ProtoEncoder`] or by a [`Window`]:
+/// code written once against it emits the same bytes through either.
+pub trait ShortWriter {
+    /// Writes only bounded fields: at most 16 bytes of text each (a
+    /// [`Window`]); callers keep longer text for the checked encoder.
+    const BOUNDED: bool;
+    /// Opens a nested message under `field`.
+    fn begin(&mut self, field: u32) -> Short;
+    /// [`begin`](Self::begin) under a key encoded beforehand.
+    fn begin_at(&mut self, k: &PackedKey) -> Short;
+    /// Closes a message opened by this writer.
+    fn end(&mut self, s: Short);
+    /// A varint field.
+    fn uint(&mut self, field: u32, v: u64);
+    /// A varint field under a key encoded beforehand.
+    fn uint_at(&mut self, k: &PackedKey, v: u64);
+    /// A `bytes` field of the first `n` (≤ 16) bytes of `word`.
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize);
+    /// A `bytes` field (at most 16 bytes where [`BOUNDED`](Self::BOUNDED)).
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]);
+}
+
+impl ShortWriter for ProtoEncoder<'_> {
+    const BOUNDED: bool = false;
+    #[inline(always)]
+    fn begin(&mut self, field: u32) -> Short {
+        self.begin_short(field)
+    }
+    #[inline(always)]
+    fn begin_at(&mut self, k: &PackedKey) -> Short {
+        self.begin_short_at(k)
+    }
+    #[inline(always)]
+    fn end(&mut self, s: Short) {
+        self.end_short(s)
+    }
+    #[inline(always)]
+    fn uint(&mut self, field: u32, v: u64) {
+        ProtoEncoder::uint(self, field, v)
+    }
+    #[inline(always)]
+    fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        ProtoEncoder::uint_at(self, k, v)
+    }
+    #[inline(always)]
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        ProtoEncoder::bytes16_at(self, k, word, n)
+    }
+    #[inline(always)]
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        ProtoEncoder::bytes_at(self, k, b)
+    }
+}
+
+impl ShortWriter for Window<'_> {
+    const BOUNDED: bool = true;
+
+    /// `field` < 16: its key is one byte.
+    #[inline(always)]
+    fn begin(&mut self, field: u32) -> Short {
+        self.varint(key(field, WireType::Len));
+        self.open()
+    }
+
+    #[inline(always)]
+    fn begin_at(&mut self, k: &PackedKey) -> Short {
+        self.key(k);
+        self.open()
+    }
+
+    #[inline(always)]
+    fn end(&mut self, s: Short) {
+        let body = (self.len - s.0 - 1) & WINDOW_MAX_LEN;
+        self.buf[s.0 & WINDOW_MAX_LEN] = body as u8;
+    }
+
+    #[inline(always)]
+    fn uint(&mut self, field: u32, v: u64) {
+        self.varint(key(field, WireType::Varint));
+        self.varint(v);
+    }
+
+    #[inline(always)]
+    fn uint_at(&mut self, k: &PackedKey, v: u64) {
+        self.key(k);
+        self.varint(v);
+    }
+
+    #[inline(always)]
+    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+        self.key(k);
+        let n = n.min(16);
+        self.varint(n as u64);
+        let at = self.at();
+        if let Some(w) = self.buf[at..].first_chunk_mut::<16>() {
+            *w = *word;
+        }
+        self.len += n;
+    }
+
+    /// Cut at 16 bytes.
+    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+        let mut word = [0u8; 16];
+        let n = b.len().min(16);
+        word[..n].copy_from_slice(&b[..n]);
+        self.bytes16_at(k, &word, n);
     }
 }
 
@@ -477,9 +531,6 @@ impl ProtoEncoder<'_> {
             overflow: &mut self.overflow,
         })
     }
-
-    /// The window's span: the room [`window`](Self::window) needs.
-    pub const WINDOW_SPAN: usize = WINDOW_SPAN;
 }
 
 #[cfg(test)]
@@ -523,6 +574,28 @@ mod tests {
         }
     }
 
+    /// One message of every kind of write, through either writer.
+    fn sample<W: ShortWriter>(
+        w: &mut W,
+        ts: u64,
+        vals: &[u64],
+        word: &[u8; 16],
+        text: &[u8],
+        kv: &PackedKey,
+        kl: &PackedKey,
+    ) {
+        let o = w.begin(2);
+        w.uint(1, ts);
+        let i = w.begin_at(kl);
+        for &v in vals {
+            w.uint_at(kv, v);
+        }
+        w.bytes16_at(kl, word, text.len());
+        w.bytes_at(kl, text);
+        w.end(i);
+        w.end(o);
+    }
+
     proptest! {
         /// A window writes the bytes of the checked writes, nested lengths
         /// included, after whatever the encoder held before it.
@@ -545,27 +618,9 @@ mod tests {
             for e in [&mut ea, &mut eb] {
                 e.raw(&vec![0x5a; before]);
             }
-            let o = ea.begin_short(2);
-            ea.uint(1, ts);
-            let i = ea.begin_short_at(&kl);
-            for &v in &vals {
-                ea.uint_at(&kv, v);
-            }
-            ea.bytes16_at(&kl, &word, text.len());
-            ea.bytes_at(&kl, &text);
-            ea.end_short(i);
-            ea.end_short(o);
+            sample(&mut ea, ts, &vals, &word, &text, &kv, &kl);
             let mut w = eb.window().expect("room");
-            let o = w.begin(2);
-            w.uint(1, ts);
-            let i = w.begin_at(&kl);
-            for &v in &vals {
-                w.uint_at(&kv, v);
-            }
-            w.bytes16_at(&kl, &word, text.len());
-            w.bytes_at(&kl, &text);
-            w.end(i);
-            w.end(o);
+            sample(&mut w, ts, &vals, &word, &text, &kv, &kl);
             w.close();
             let (ra, rb) = (ea.finish(), eb.finish());
             prop_assert_eq!(ra, rb);

@@ -20,9 +20,11 @@ use super::event_table::{
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, RawEvent, parse_header};
 use crate::sources::output::PacketOutput;
-use crate::trace::encoder::{ProtoEncoder, Short, WINDOW_MAX_LEN, Window};
+use crate::trace::encoder::{
+    ProtoEncoder, Short, ShortWriter, WINDOW_MAX_LEN, WINDOW_SPAN, Window,
+};
 use crate::wire::{
-    PackedKey, compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
+    compact_sched as cs, ftrace_event, ftrace_event_bundle as feb, generic_field,
     generic_ftrace_event as gfe, trace_packet, varint,
 };
 
@@ -620,7 +622,7 @@ impl BundleEncoder {
             && plan
                 .max_len
                 .is_some_and(|m| m + EVENT_HEAD_MAX <= WINDOW_MAX_LEN)
-            && enc.remaining() >= reserve + ProtoEncoder::WINDOW_SPAN
+            && enc.remaining() >= reserve + WINDOW_SPAN
             && let Some(w) = enc.window()
             && typed_in_window(w, entry, plan, ev)
         {
@@ -634,7 +636,7 @@ impl BundleEncoder {
             None => {
                 let e = event_head(enc, entry, ev);
                 Self::generic_event(enc, entry, rec);
-                enc.end(e);
+                enc.end_short(e);
             }
         }
         if enc.overflowed() || enc.remaining() < reserve {
@@ -740,88 +742,9 @@ impl BundleEncoder {
     }
 }
 
-/// What writing one event needs: the checked [`ProtoEncoder`], or a
-/// [`Window`] checked once for a bounded event. One [`write_typed`] serves
-/// both, so they write the same bytes.
-trait EventWriter {
-    /// Writes only what [`TypedPlan::max_len`] bounds (no other text).
-    const BOUNDED: bool;
-    fn begin(&mut self, field: u32) -> Short;
-    fn begin_at(&mut self, k: &PackedKey) -> Short;
-    fn end(&mut self, s: Short);
-    fn uint(&mut self, field: u32, v: u64);
-    fn uint_at(&mut self, k: &PackedKey, v: u64);
-    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize);
-    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]);
-}
-
-impl EventWriter for ProtoEncoder<'_> {
-    const BOUNDED: bool = false;
-    #[inline(always)]
-    fn begin(&mut self, field: u32) -> Short {
-        self.begin_short(field)
-    }
-    #[inline(always)]
-    fn begin_at(&mut self, k: &PackedKey) -> Short {
-        self.begin_short_at(k)
-    }
-    #[inline(always)]
-    fn end(&mut self, s: Short) {
-        self.end_short(s)
-    }
-    #[inline(always)]
-    fn uint(&mut self, field: u32, v: u64) {
-        ProtoEncoder::uint(self, field, v)
-    }
-    #[inline(always)]
-    fn uint_at(&mut self, k: &PackedKey, v: u64) {
-        ProtoEncoder::uint_at(self, k, v)
-    }
-    #[inline(always)]
-    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
-        ProtoEncoder::bytes16_at(self, k, word, n)
-    }
-    #[inline(always)]
-    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
-        ProtoEncoder::bytes_at(self, k, b)
-    }
-}
-
-impl EventWriter for Window<'_> {
-    const BOUNDED: bool = true;
-    #[inline(always)]
-    fn begin(&mut self, field: u32) -> Short {
-        Window::begin(self, field)
-    }
-    #[inline(always)]
-    fn begin_at(&mut self, k: &PackedKey) -> Short {
-        Window::begin_at(self, k)
-    }
-    #[inline(always)]
-    fn end(&mut self, s: Short) {
-        Window::end(self, s)
-    }
-    #[inline(always)]
-    fn uint(&mut self, field: u32, v: u64) {
-        Window::uint(self, field, v)
-    }
-    #[inline(always)]
-    fn uint_at(&mut self, k: &PackedKey, v: u64) {
-        Window::uint_at(self, k, v)
-    }
-    #[inline(always)]
-    fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
-        Window::bytes16_at(self, k, word, n)
-    }
-    #[inline(always)]
-    fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
-        Window::bytes_at(self, k, b)
-    }
-}
-
 /// Opens an `FtraceEvent`: its timestamp and pid.
 #[inline(always)]
-fn event_head<W: EventWriter>(w: &mut W, entry: &EventEntry, ev: &RawEvent<'_>) -> Short {
+fn event_head<W: ShortWriter>(w: &mut W, entry: &EventEntry, ev: &RawEvent<'_>) -> Short {
     let e = w.begin(feb::EVENT);
     w.uint(ftrace_event::TIMESTAMP, ev.timestamp);
     if let Some(p) = entry.pid.and_then(|f| f.int(ev.payload)) {
@@ -833,7 +756,7 @@ fn event_head<W: EventWriter>(w: &mut W, entry: &EventEntry, ev: &RawEvent<'_>) 
 /// A typed event. False, having written part of it, when a bounded writer
 /// meets text the bound does not cover (the caller then drops the window).
 #[inline(always)]
-fn write_typed<W: EventWriter>(
+fn write_typed<W: ShortWriter>(
     w: &mut W,
     entry: &EventEntry,
     plan: &TypedPlan,
