@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Side by side on one machine, in one run: the release `recorder` and
-`trace-cmd record` capturing sched_switch + sched_wakeup while
-`stress-ng --switch 2` runs, plus the load alone as the baseline.
+"""Side by side on one machine, in one run: the release `recorder`,
+`trace-cmd record` and `perf record -a` capturing sched_switch +
+sched_wakeup while `stress-ng --switch 2` runs, plus the load alone as the
+baseline.
 
   cargo build --release && sudo python3 scripts/bench_ftrace.py [--secs 10] [--dir /var/tmp]
       [--zstd 1,3] [--rounds N] [--rotate-size 16M]
@@ -26,6 +27,10 @@ stated in: the load's throughput under the recorder ÷ under trace-cmd, and
 the recorder's CPU per event while the load runs ÷ trace-cmd's.
 `--baseline-bin PATH` adds a row per round for another recorder build (an
 A/B of two builds in the same interleaved run).
+
+Each round's header names the CPU model and kernel: trace-cmd's cost per
+event is mostly the kernel copying its raw pages into the page cache, and
+moves with the host far more than the recorder's user-space encoding does.
 """
 import argparse
 import os
@@ -67,7 +72,8 @@ exec "$@"
 
 
 def ensure_tools():
-    missing = [p for p, b in (("stress-ng", "stress-ng"), ("trace-cmd", "trace-cmd")) if not shutil.which(b)]
+    missing = [p for p, b in (("stress-ng", "stress-ng"), ("trace-cmd", "trace-cmd"), ("linux-perf", "perf"))
+               if not shutil.which(b)]
     if missing:
         subprocess.run(["apt-get", "install", "-y", *missing], check=True, stdout=subprocess.DEVNULL)
 
@@ -264,12 +270,23 @@ def main():
                           ("cpu", "recorder CPU/event while the load runs ÷ trace-cmd's (goal ≤ 1)"),
                           ("base_ops", "load under the recorder ÷ under the baseline build"),
                           ("base_cpu", "recorder CPU/event ÷ the baseline build's"),
+                          ("perf_ops", "load under the recorder ÷ under perf record"),
+                          ("perf_cpu", "recorder CPU/event in the load window ÷ perf record's"),
                           ("waking_ops", "sched_waking pair: load under the recorder ÷ under trace-cmd"),
                           ("waking_cpu", "sched_waking pair: recorder CPU/event in the load window ÷ trace-cmd's")):
             xs = [r[key] for r in ratios if key in r]
             if xs:
                 print(f"| {what} | {', '.join(f'{x:.2f}' for x in xs)} | **{median(xs):.2f}** |")
         print(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
+
+
+def raw_per_event(r):
+    """Raw ftrace bytes per event; perf has no such figure."""
+    return "–" if r["raw"] is None else f"{r['raw'] / max(r['events'], 1):.1f}"
+
+
+def out_vs_raw(r):
+    return "" if r["raw"] is None else f" ({r['out'] / max(r['raw'], 1):.3f}×)"
 
 
 def one_round(args, levels, rnd):
@@ -282,6 +299,8 @@ def one_round(args, levels, rnd):
             ("recorder, sched_switch + sched_wakeup", run_recorder(d, args.secs, sw)),
             (f"trace-cmd {trace_cmd_version()} record ({how})", run_trace_cmd(d, args.secs, prefix)),
         ]
+        if shutil.which("perf"):
+            rows.append(("perf record -a", run_perf(d, args.secs)))
         if args.baseline_bin:
             rows.append(("baseline recorder build, sched_switch + sched_wakeup",
                          run_recorder(d, args.secs, sw, binary=args.baseline_bin)))
@@ -304,15 +323,15 @@ def one_round(args, levels, rnd):
     load_avg = os.getloadavg()
     print(f"`stress-ng --switch 2` for {args.secs} s per row; untraced baseline {base:,.0f} bogo ops/s; "
           f"load average {load_before:.2f} before the round, {load_avg[0]:.2f} after it; "
-          f"{os.cpu_count()} CPUs.\n")
+          f"{os.cpu_count()} CPUs ({host()}).\n")
     print("| tracer | events | rate | lost | CPU s during the load (% of a core) | ns/event | whole run CPU s (ns/event) | raw B/event | output B/event (× raw) | load vs untraced |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         ev = max(r["events"], 1)
         print(f"| {name} | {r['events'] / 1e6:.2f} M | {r['events'] / args.secs / 1e6:.2f} M/s | {r['lost']} | "
               f"{r['window']:.2f} ({100 * r['window'] / args.secs:.1f}%) | {1e9 * r['window'] / ev:.0f} | "
-              f"{r['cpu']:.2f} ({1e9 * r['cpu'] / ev:.0f}) | {r['raw'] / ev:.1f} | "
-              f"{r['out'] / ev:.1f} ({r['out'] / max(r['raw'], 1):.3f}×) | {r['ops'] / base:.2f}× |")
+              f"{r['cpu']:.2f} ({1e9 * r['cpu'] / ev:.0f}) | {raw_per_event(r)} | "
+              f"{r['out'] / ev:.1f}{out_vs_raw(r)} | {r['ops'] / base:.2f}× |")
     early = [r["early"] for _, r in rows if r["early"] is not None]
     print(f"\nRecorder watermark drains per run: {early}.")
     for name, r in rows:
@@ -324,15 +343,51 @@ def one_round(args, levels, rnd):
     rec, tc = rows[0][1], rows[1][1]
     per_event = lambda r: r["window"] / max(r["events"], 1)
     out = dict(ops=rec["ops"] / tc["ops"], cpu=per_event(rec) / per_event(tc))
-    if args.baseline_bin:
-        b = rows[2][1]
-        out.update(base_ops=rec["ops"] / b["ops"], base_cpu=per_event(rec) / per_event(b))
     named = dict(rows)
+    if args.baseline_bin:
+        b = named["baseline recorder build, sched_switch + sched_wakeup"]
+        out.update(base_ops=rec["ops"] / b["ops"], base_cpu=per_event(rec) / per_event(b))
+    if "perf record -a" in named:
+        pf = named["perf record -a"]
+        out.update(perf_ops=rec["ops"] / pf["ops"], perf_cpu=per_event(rec) / per_event(pf))
     wrec = named.get("recorder, sched_switch + sched_waking (both compact)")
     wtc = named.get("trace-cmd, sched_switch + sched_waking")
     if wrec and wtc:
         out.update(waking_ops=wrec["ops"] / wtc["ops"], waking_cpu=per_event(wrec) / per_event(wtc))
     return out
+
+
+def run_perf(dirpath, secs, events=("sched/sched_switch", "sched/sched_wakeup")):
+    """`perf record -a` on the same tracepoints: its samples are the events;
+    lost chunks are the LOST records perf reports."""
+    out = os.path.join(dirpath, "ftrace_bench.perf.data")
+    evs = [a for e in events for a in ("-e", e.replace("/", ":"))]
+    proc = subprocess.Popen(["perf", "record", *evs, "-a", "-o", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # perf writes its header once the events are open.
+    wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, "perf record to start")
+    time.sleep(0.5)
+    ops, window = measured_load(proc, secs)
+    cpu = stop_and_rusage(proc)
+    err = proc.stderr.read()
+    if proc.returncode not in (0, 130, -2):
+        raise SystemExit(f"perf record failed ({proc.returncode}): {err}")
+    stat = subprocess.run(["perf", "report", "-i", out, "--stats"], capture_output=True, text=True).stdout
+    m = re.search(r"^\s*SAMPLE events:\s*(\d+)", stat, re.M)
+    events = int(m.group(1)) if m else 0
+    m = re.search(r"^\s*LOST events:\s*(\d+)", stat, re.M)
+    lost = int(m.group(1)) if m else 0
+    size = os.path.getsize(out)
+    os.unlink(out)
+    return dict(events=events, raw=None, out=size, lost=f"{lost} lost chunks", lost_n=lost,
+                cpu=cpu, window=window, ops=ops, early=None)
+
+
+def host():
+    """The CPU model and kernel: ratios against trace-cmd move with them."""
+    model = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
+                  if line.startswith("model name")), "?")
+    return f"{model}, kernel {os.uname().release}"
 
 
 def trace_cmd_version():
