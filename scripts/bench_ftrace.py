@@ -28,9 +28,11 @@ the recorder's CPU per event while the load runs ÷ trace-cmd's.
 `--baseline-bin PATH` adds a row per round for another recorder build (an
 A/B of two builds in the same interleaved run).
 
-Each round's header names the CPU model and kernel: trace-cmd's cost per
-event is mostly the kernel copying its raw pages into the page cache, and
-moves with the host far more than the recorder's user-space encoding does.
+Each round's header names the CPU model, the kernel and whether the guest
+reports free pages to its host: trace-cmd's cost per event is mostly the
+kernel copying its raw pages into the page cache, and moves with the host
+(a first write to a reported page is faulted in by the host) far more than
+the recorder's user-space encoding does.
 """
 import argparse
 import os
@@ -384,10 +386,16 @@ def run_perf(dirpath, secs, events=("sched/sched_switch", "sched/sched_wakeup"))
 
 
 def host():
-    """The CPU model and kernel: ratios against trace-cmd move with them."""
+    """The CPU model, the kernel, and whether the guest reports free pages to
+    its host: ratios against trace-cmd move with them (with page reporting,
+    every page-cache folio trace-cmd fills is faulted in by the host)."""
     model = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
                   if line.startswith("model name")), "?")
-    return f"{model}, kernel {os.uname().release}"
+    reported = read("/sys/module/page_reporting/parameters/reported_kib")
+    # This counter is not in every kernel; without it the state is unknown.
+    pages = (f"{int(reported) / 2**20:.0f} GiB of free pages reported to the host" if reported.isdigit()
+             else "free page reporting unknown")
+    return f"{model}, kernel {os.uname().release}, {pages}"
 
 
 def trace_cmd_version():
