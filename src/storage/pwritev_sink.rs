@@ -65,6 +65,12 @@ pub(super) fn sync_or_poison(
 /// that fit; the file is cut there and synced (best effort). When the cut
 /// fails, the sink reports `written_to`, the end of the bytes known to be
 /// in place. Packets are walked from the list's floor (P1).
+///
+/// The cut is made even when the kept bytes end at `written_to`: io_uring's
+/// requests complete in any order, so one above a failed request may have
+/// filled blocks past the hole (a full disk gives the last free blocks to
+/// whichever request takes them first) and the file would end with a hole
+/// and then stray data.
 pub(super) fn poison(
     fd: impl AsFd,
     slot: &mut Option<SinkError>,
@@ -77,7 +83,7 @@ pub(super) fn poison(
     *slot = Some(err);
     let in_place = written_to.saturating_sub(call_start);
     let keep = call_start + list.whole_packets_within(in_place);
-    *offset = if keep == written_to || rustix::fs::ftruncate(&fd, keep).is_ok() {
+    *offset = if rustix::fs::ftruncate(&fd, keep).is_ok() {
         keep
     } else {
         written_to
@@ -159,5 +165,43 @@ impl FileSink for PwritevSink {
 
     fn resume_direct(&mut self) -> Result<(), SinkError> {
         super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::NoProgress;
+    use std::io::IoSlice;
+    use std::os::fd::AsFd;
+
+    /// A failed call whose kept packets end exactly where its bytes in place
+    /// end still cuts the file there: a request above the hole (io_uring
+    /// completes them in any order) had extended it with stray bytes.
+    #[test]
+    fn a_failed_call_cuts_off_what_a_request_past_the_hole_wrote() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = std::fs::File::create(dir.path().join("cut.bin")).expect("file");
+        // Two TracePacket records: 0x0A, length 3, three bytes.
+        let packets = [0x0a, 3, 1, 2, 3, 0x0a, 3, 4, 5, 6];
+        let bufs = [IoSlice::new(&packets)];
+        let mut progress = NoProgress;
+        let mut list = WriteList::new(&bufs, &mut progress);
+        let _ = list.peek(IOV_MAX, usize::MAX);
+        list.advance(packets.len());
+        // The first record is in place; a later request wrote at 20..30.
+        rustix::io::pwrite(file.as_fd(), &packets[..5], 0).expect("first");
+        rustix::io::pwrite(file.as_fd(), &[9; 10], 20).expect("past the hole");
+        let mut poisoned = None;
+        let mut offset = 0;
+        let err = SinkError::Write {
+            errno: Errno::NOSPC,
+            offset: 5,
+        };
+        poison(&file, &mut poisoned, &mut offset, 0, 5, &list, err);
+        assert_eq!(offset, 5);
+        assert_eq!(poisoned, Some(err));
+        let len = file.metadata().expect("metadata").len();
+        assert_eq!(len, 5, "the file ends at the last whole packet in place");
     }
 }
