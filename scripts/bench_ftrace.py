@@ -222,10 +222,14 @@ def trace_cmd_prefix(dirpath):
     return ["unshare", "-m", "--propagation", "private", wrapper], f"in a mount namespace (stock run: {why})"
 
 
+def event_args(events):
+    """`-e group:name` per event, as trace-cmd and perf take them."""
+    return [a for e in events for a in ("-e", e.replace("/", ":"))]
+
+
 def run_trace_cmd(dirpath, secs, prefix, events=("sched/sched_switch", "sched/sched_wakeup")):
     out = os.path.join(dirpath, "ftrace_bench.dat")
-    evs = [a for e in events for a in ("-e", e.replace("/", ":"))]
-    proc = subprocess.Popen([*prefix, "trace-cmd", "record", *evs, "-o", out],
+    proc = subprocess.Popen([*prefix, "trace-cmd", "record", *event_args(events), "-o", out],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: read(f"{TRACEFS}/events/sched/sched_switch/enable") == "1"
              and read(f"{TRACEFS}/tracing_on") == "1", "trace-cmd to start")
@@ -301,8 +305,7 @@ def one_round(args, levels, rnd):
             ("recorder, sched_switch + sched_wakeup", run_recorder(d, args.secs, sw)),
             (f"trace-cmd {trace_cmd_version()} record ({how})", run_trace_cmd(d, args.secs, prefix)),
         ]
-        if shutil.which("perf"):
-            rows.append(("perf record -a", run_perf(d, args.secs)))
+        rows.append(("perf record -a", run_perf(d, args.secs)))
         if args.baseline_bin:
             rows.append(("baseline recorder build, sched_switch + sched_wakeup",
                          run_recorder(d, args.secs, sw, binary=args.baseline_bin)))
@@ -349,9 +352,8 @@ def one_round(args, levels, rnd):
     if args.baseline_bin:
         b = named["baseline recorder build, sched_switch + sched_wakeup"]
         out.update(base_ops=rec["ops"] / b["ops"], base_cpu=per_event(rec) / per_event(b))
-    if "perf record -a" in named:
-        pf = named["perf record -a"]
-        out.update(perf_ops=rec["ops"] / pf["ops"], perf_cpu=per_event(rec) / per_event(pf))
+    pf = named["perf record -a"]
+    out.update(perf_ops=rec["ops"] / pf["ops"], perf_cpu=per_event(rec) / per_event(pf))
     wrec = named.get("recorder, sched_switch + sched_waking (both compact)")
     wtc = named.get("trace-cmd, sched_switch + sched_waking")
     if wrec and wtc:
@@ -363,8 +365,7 @@ def run_perf(dirpath, secs, events=("sched/sched_switch", "sched/sched_wakeup"))
     """`perf record -a` on the same tracepoints: its samples are the events;
     lost chunks are the LOST records perf reports."""
     out = os.path.join(dirpath, "ftrace_bench.perf.data")
-    evs = [a for e in events for a in ("-e", e.replace("/", ":"))]
-    proc = subprocess.Popen(["perf", "record", *evs, "-a", "-o", out],
+    proc = subprocess.Popen(["perf", "record", *event_args(events), "-a", "-o", out],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # perf writes its header once the events are open.
     wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, "perf record to start")

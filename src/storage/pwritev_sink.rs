@@ -173,7 +173,6 @@ mod tests {
     use super::*;
     use crate::storage::NoProgress;
     use std::io::IoSlice;
-    use std::os::fd::AsFd;
 
     /// A failed call whose kept packets end exactly where its bytes in place
     /// end still cuts the file there: a request above the hole (io_uring
