@@ -1,0 +1,370 @@
+//! The fleet recipe end to end: two recorder sessions standing in for two
+//! machines (each in its own UTS namespace, so their sidecars carry
+//! different host names) ship their closed segments with
+//! `scripts/ship_segment.sh` (rclone, to a local remote) into one store laid
+//! out HOST/BOOT/SESSION/; `recorder inspect` checks the store, `recorder
+//! index --unshipped` finds what a failed hook left behind, and one
+//! scheduling question is asked of every host at once with Perfetto's
+//! BatchTraceProcessor (`scripts/fleet_query.py`), its answers checked
+//! segment by segment with trace processor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+const HOSTS: [&str; 2] = ["fleet-a", "fleet-b"];
+
+/// Scheduling for ~3 s in segments of ~1 s.
+const CONFIG: &str = r#"
+buffers { size_kb: 16384 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  ftrace_events: "task/task_newtask" ftrace_events: "task/task_rename"
+  compact_sched { enabled: true } drain_period_ms: 100 } } }
+data_sources { config { name: "linux.process_stats" target_buffer: 0
+  process_stats_config { scan_all_processes_on_start: true } } }
+write_into_file: true file_write_period_ms: 200 duration_ms: 3300
+"#;
+
+/// The longest runnable wait of one trace, as the script asks it.
+const RUNNABLE: &str = "select max(dur) as wait from thread_state \
+                        where state in ('R', 'R+') and dur > 0";
+
+/// Why the recipe cannot run here, if it cannot.
+fn missing_parts() -> Option<String> {
+    let runs = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    need_root()
+        .or_else(|| {
+            (!Path::new("/sys/kernel/tracing/events/sched/sched_switch").exists())
+                .then(|| "no tracefs".into())
+        })
+        .or_else(|| (!runs("unshare", &["--uts", "true"])).then(|| "unshare --uts fails".into()))
+        .or_else(|| {
+            (!runs("rclone", &["version"])).then(|| "no rclone (apt-get install rclone)".into())
+        })
+        .or_else(|| {
+            (!runs(
+                "python3",
+                &["-c", "import pandas, perfetto.batch_trace_processor.api"],
+            ))
+            .then(|| "no Python perfetto and pandas (pip install perfetto pandas)".into())
+        })
+        .or_else(crate::trace_processor::unavailable)
+}
+
+/// Busy loops, so threads wait runnable while the hosts record.
+struct Load(Vec<Child>);
+
+impl Load {
+    fn start(n: usize) -> Load {
+        Load(
+            (0..n)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("sh")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Fleet {
+    dir: tempfile::TempDir,
+    store: PathBuf,
+    rclone_conf: PathBuf,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("store");
+        std::fs::create_dir_all(&store).expect("store");
+        // A named remote, as a user's S3 bucket would be; here a local one.
+        let rclone_conf = dir.path().join("rclone.conf");
+        std::fs::write(&rclone_conf, "[fleet]\ntype = local\n").expect("rclone.conf");
+        std::fs::write(dir.path().join("fleet.cfg"), CONFIG).expect("cfg");
+        Fleet {
+            dir,
+            store,
+            rclone_conf,
+        }
+    }
+
+    fn out(&self, host: &str) -> PathBuf {
+        self.dir.path().join(format!("out-{host}"))
+    }
+
+    /// The rclone destination of the store.
+    fn dest(&self) -> String {
+        format!("fleet:{}", self.store.display())
+    }
+
+    /// A command with what the shipping script needs.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("RCLONE_CONFIG", &self.rclone_conf)
+            .env("RECORDER", recorder_bin());
+        c
+    }
+
+    /// Records as `host` (its own UTS namespace), shipping with `hook`.
+    fn record(&self, host: &str, hook: &str) -> Child {
+        let mut c = self.command("unshare");
+        c.args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", host])
+            .arg(recorder_bin())
+            .arg("--config")
+            .arg(self.dir.path().join("fleet.cfg"))
+            .arg("-o")
+            .arg(self.out(host).join(""))
+            .args(["--rotate-period", "1s", "--on-segment-closed", hook])
+            .env(
+                "RECORDER_RUNTIME_DIR",
+                self.dir.path().join(format!("run-{host}")),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c.spawn().expect("unshare runs")
+    }
+
+    fn recorder(&self, args: &[&str], paths: &[&Path]) -> Output {
+        let mut c = self.command(recorder_bin());
+        c.args(args).args(paths);
+        c.output().expect("recorder runs")
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The closed segments a session left in its output directory.
+fn closed_segments(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .expect("out dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("trace-") && n.ends_with(".pftrace"))
+        .collect()
+}
+
+fn rows(out: &Output) -> Vec<Value> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn two_hosts_ship_into_one_store_and_answer_one_question() {
+    if skip_unless(missing_parts()) {
+        return;
+    }
+    let fleet = Fleet::new();
+    let script = repo_root().join("scripts/ship_segment.sh");
+    let ship = format!("{} {}", script.display(), fleet.dest());
+    // The second host's hook fails once (its network was down, say).
+    let flaky =
+        format!("f() {{ [ \"$RECORDER_SEGMENT_INDEX\" = 1 ] && return 75; {ship} \"$1\"; }}; f");
+    let sessions = {
+        let _load = Load::start(2);
+        let a = fleet.record(HOSTS[0], &ship);
+        let b = fleet.record(HOSTS[1], &flaky);
+        [a, b].map(|c| c.wait_with_output().expect("waits"))
+    };
+    for (host, out) in HOSTS.iter().zip(&sessions) {
+        assert!(out.status.success(), "{host}: {}", text(&out.stderr));
+    }
+    let local: BTreeMap<&str, BTreeSet<String>> = HOSTS
+        .iter()
+        .map(|h| (*h, closed_segments(&fleet.out(h))))
+        .collect();
+    for (h, segs) in &local {
+        assert!(segs.len() >= 3, "{h}: {segs:?}");
+    }
+
+    // The store is checked: the failed hook's segment is named missing.
+    let inspect = fleet.recorder(&["inspect"], &[&fleet.store]);
+    let report = text(&inspect.stdout);
+    assert_eq!(inspect.status.code(), Some(1), "{report}");
+    let gap = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("missing"))
+        .unwrap_or_else(|| panic!("no missing segment named:\n{report}"));
+    assert!(
+        gap.contains(&format!("{}/", HOSTS[1])) && gap.contains("trace-000001.pftrace"),
+        "{gap}"
+    );
+
+    // Shipping resumes from the sidecars: what the store lacks, shipped by hand.
+    let out_b = fleet.out(HOSTS[1]);
+    let left = fleet.recorder(
+        &["index", "--format", "{path}", "--unshipped"],
+        &[&fleet.store, &out_b],
+    );
+    assert!(left.status.success(), "{}", text(&left.stderr));
+    assert_eq!(text(&left.stdout), "trace-000001.pftrace\n");
+    let resumed = fleet
+        .command(&script)
+        .arg(fleet.dest())
+        .arg(out_b.join("trace-000001.pftrace"))
+        .output()
+        .expect("ships");
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    // Shipping again changes nothing (retries are safe).
+    let again = fleet
+        .command(&script)
+        .arg(fleet.dest())
+        .arg(out_b.join("trace-000001.pftrace"))
+        .output()
+        .expect("ships");
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    for host in HOSTS {
+        let left = fleet.recorder(&["index", "--unshipped"], &[&fleet.store, &fleet.out(host)]);
+        assert!(left.status.success(), "{}", text(&left.stderr));
+        assert_eq!(text(&left.stdout), "", "{host}: nothing left to ship");
+    }
+    let inspect = fleet.recorder(&["inspect"], &[&fleet.store]);
+    let report = text(&inspect.stdout);
+    assert!(
+        inspect.status.success(),
+        "{report}{}",
+        text(&inspect.stderr)
+    );
+    assert!(report.contains("sessions from 2 hosts"), "{report}");
+
+    // The index: every copy ok, laid out HOST/BOOT/SESSION/, one row per
+    // segment each host closed, matching its local sidecar.
+    let index = fleet.recorder(&["index"], &[&fleet.store]);
+    assert!(index.status.success(), "{}", text(&index.stderr));
+    let table = rows(&index);
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in &table {
+        assert_eq!(r["status"], "ok", "{r}");
+        let host = r["host"].as_str().expect("host");
+        let path = r["path"].as_str().expect("path");
+        assert_eq!(r["store_path"].as_str(), Some(path));
+        let want = format!(
+            "{host}/{}/{}/",
+            r["boot_id"].as_str().expect("boot"),
+            r["session_uuid"].as_str().expect("session")
+        );
+        assert!(path.starts_with(&want), "{path}");
+        let file = path.rsplit('/').next().expect("file");
+        let car: Value = serde_json::from_slice(
+            &std::fs::read(fleet.out(host).join(format!("{file}.json"))).expect("local sidecar"),
+        )
+        .expect("json");
+        assert_eq!(r["sha256"], car["sha256"]);
+        assert!(r["first_realtime_ns"].as_u64().is_some(), "{r}");
+        seen.entry(host.to_string())
+            .or_default()
+            .insert(file.to_string());
+    }
+    let local_named: BTreeMap<String, BTreeSet<String>> = local
+        .iter()
+        .map(|(h, s)| (h.to_string(), s.clone()))
+        .collect();
+    assert_eq!(seen, local_named);
+
+    // A damaged copy is named corrupt (then put back).
+    let victim = fleet.store.join(table[0]["path"].as_str().expect("path"));
+    let good = std::fs::read(&victim).expect("read");
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    std::fs::write(&victim, &bad).expect("write");
+    let inspect = fleet.recorder(&["inspect"], &[&fleet.store]);
+    let report = text(&inspect.stdout);
+    assert_eq!(inspect.status.code(), Some(1), "{report}");
+    assert!(
+        report.lines().any(|l| l.trim_start().starts_with("corrupt")
+            && l.contains(table[0]["path"].as_str().expect("path"))),
+        "{report}"
+    );
+    std::fs::write(&victim, &good).expect("restore");
+
+    // One question of every host, from the time the later host's second
+    // segment began: segments ending before it are not opened.
+    let from = HOSTS
+        .iter()
+        .map(|h| {
+            table
+                .iter()
+                .find(|r| r["host"] == *h && r["index"] == 1)
+                .and_then(|r| r["first_realtime_ns"].as_u64())
+                .expect("segment 1")
+        })
+        .max()
+        .expect("hosts");
+    let mut want: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &table {
+        if r["last_realtime_ns"].as_u64().expect("last") >= from {
+            want.entry(r["host"].as_str().expect("host").to_string())
+                .or_default()
+                .push(r["path"].as_str().expect("path").to_string());
+        }
+    }
+    let index_file = fleet.dir.path().join("index.jsonl");
+    std::fs::write(&index_file, &index.stdout).expect("index");
+    let answer = Command::new("python3")
+        .arg(repo_root().join("scripts/fleet_query.py"))
+        .arg(&fleet.store)
+        .arg(&index_file)
+        .args(["--from", &from.to_string(), "--json", "--trace-processor"])
+        .arg(crate::trace_processor::query_program())
+        .output()
+        .expect("python3 runs");
+    assert!(answer.status.success(), "{}", text(&answer.stderr));
+    let answer: Value = serde_json::from_slice(&answer.stdout).expect("json");
+    let hosts = answer["hosts"].as_array().expect("hosts");
+    assert_eq!(hosts.len(), 2, "{answer}");
+    for (h, (host, paths)) in hosts.iter().zip(&want) {
+        assert_eq!(h["host"].as_str(), Some(host.as_str()));
+        let mut picked: Vec<String> = h["paths"]
+            .as_array()
+            .expect("paths")
+            .iter()
+            .map(|p| p.as_str().expect("path").to_string())
+            .collect();
+        picked.sort();
+        assert_eq!(&picked, paths, "{host}: the segments picked by time");
+        assert!(
+            paths.len() < local[host.as_str()].len(),
+            "{host}: {paths:?}"
+        );
+        // The same question of each segment alone, in trace processor.
+        let mut longest = 0;
+        for p in paths {
+            let tp = crate::trace_processor::open(&fleet.store.join(p)).expect("tp");
+            longest = longest.max(tp.query(RUNNABLE).scalar().opt_int().unwrap_or(0));
+        }
+        assert!(longest > 0, "{host}: threads waited runnable under load");
+        assert_eq!(h["longest_runnable_ns"].as_i64(), Some(longest), "{h}");
+        assert!(
+            paths.contains(&h["path"].as_str().expect("path").to_string()),
+            "{h}"
+        );
+    }
+}
