@@ -183,6 +183,13 @@ pub fn scan(root: &Path) -> Result<StoreReport, StoreError> {
         };
         let trace = dir.join(trace_name);
         let sidecar = dir.join(format!("{trace_name}{SIDECAR_SUFFIX}"));
+        if !trace.is_file() && !sidecar.is_file() {
+            // Gone, both (a budget deleted them): nothing to describe.
+            return Err(StoreError::Read {
+                path: trace,
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
         let files = Files {
             trace: trace.is_file().then_some(trace),
             sidecar: sidecar.is_file().then_some(sidecar),
@@ -541,6 +548,15 @@ fn wall(ns: Option<u64>) -> String {
     )
 }
 
+/// Text from a sidecar or a file name as printed for people: a store's
+/// sidecars come from other machines, and a control character in them must
+/// not reach the terminal.
+fn shown(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 impl fmt::Display for StoreReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Sessions in order: (host, boot, session) → their rows.
@@ -558,7 +574,7 @@ impl fmt::Display for StoreReport {
         writeln!(
             f,
             "{}: {} segments of {} sessions from {} hosts; {ok} ok",
-            self.root.display(),
+            shown(&self.root.display().to_string()),
             self.rows.len(),
             sessions.len(),
             hosts.len()
@@ -576,9 +592,9 @@ impl fmt::Display for StoreReport {
             writeln!(
                 f,
                 "  {:<20}  {:<8.8}  {:<8.8}  {:>8}  {:>12}  {:>12}  {} … {}",
-                host,
-                boot,
-                session,
+                shown(host),
+                shown(boot),
+                shown(session),
                 rows.len(),
                 bytes,
                 lost,
@@ -594,8 +610,8 @@ impl fmt::Display for StoreReport {
                     f,
                     "  {:<10}  {}: {}",
                     r.status.name(),
-                    r.path,
-                    r.problem.as_deref().unwrap_or("")
+                    shown(&r.path),
+                    shown(r.problem.as_deref().unwrap_or(""))
                 )?;
             }
         }

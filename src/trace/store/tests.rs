@@ -179,6 +179,13 @@ fn one_segment_is_read_by_its_path_or_its_sidecars() {
             Some(format!("a_b/b00t/{}/trace-000003.pftrace", uuid_text(7, 0)))
         );
     }
+    // A deleted segment (and sidecar) is an error, not a row.
+    std::fs::remove_file(dir.path().join("trace-000004.pftrace")).expect("rm");
+    std::fs::remove_file(dir.path().join("trace-000004.pftrace.json")).expect("rm");
+    assert!(matches!(
+        scan(&dir.path().join("trace-000004.pftrace")),
+        Err(StoreError::Read { .. })
+    ));
     let other = dir.path().join("notes.txt");
     std::fs::write(&other, b"x").expect("write");
     assert!(matches!(scan(&other), Err(StoreError::NotASegment(_))));
@@ -211,4 +218,32 @@ fn fields_name_every_field_of_a_row() {
     let mut keys = keys;
     keys.sort_unstable();
     assert_eq!(keys, want);
+}
+
+#[test]
+fn a_planted_fifo_and_escape_codes_neither_block_nor_reach_the_terminal() {
+    let store = tempfile::tempdir().expect("tempdir");
+    let d = store.path().join("x");
+    segment(&d, "evil\u{1b}[2J\nhost", 1, 0, b"data");
+    let fifo = d.join("trace-000001.pftrace");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    // A fifo is not a segment: read, it would block the scan.
+    let r = scan(store.path()).expect("scans");
+    assert_eq!(r.rows.len(), 1, "{r:#?}");
+    let text = r.to_string();
+    assert!(
+        !text.contains('\u{1b}') && text.contains("evil?[2J?host"),
+        "{text}"
+    );
+    assert_eq!(
+        r.rows[0]
+            .store_path
+            .as_deref()
+            .map(|p| p.split('/').count()),
+        Some(4)
+    );
 }
