@@ -368,3 +368,65 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
         );
     }
 }
+
+#[test]
+fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
+    let rclone = Command::new("rclone")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless((!rclone).then(|| "no rclone (apt-get install rclone)".into())) {
+        return;
+    }
+    let run = crate::recording::Run::new(&crate::recording::test_config(
+        16384,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100 duration_ms: 1500",
+        "message_count: 0 message_size: 100 max_messages_per_second: 2000",
+    ));
+    let fleet = Fleet::new();
+    let out = run.dir.path().join("segs");
+    let script = repo_root().join("scripts/ship_segment.sh");
+    // Each shipping starts after the budget (one closed segment kept while
+    // recording) has deleted its segment, but for the last two.
+    let hook = format!("sleep 0.4; {} {}", script.display(), fleet.dest());
+    let mut c = run.command_to("pwritev", &out.join(""));
+    c.args(["--rotate-period", "250ms", "--max-segments", "2"])
+        .args(["--on-segment-closed", &hook])
+        .env("RCLONE_CONFIG", &fleet.rclone_conf)
+        .env("RECORDER", recorder_bin());
+    let o = c.output().expect("runs");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let kept = closed_segments(&out);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    let index = fleet.recorder(&["index"], &[&fleet.store]);
+    assert_eq!(index.status.code(), Some(1), "{}", text(&index.stderr));
+    let table = rows(&index);
+    let mut shipped = BTreeSet::new();
+    let mut gaps = 0;
+    for r in &table {
+        match r["status"].as_str() {
+            Some("ok") => {
+                let path = r["path"].as_str().expect("path");
+                shipped.insert(path.rsplit('/').next().expect("file").to_string());
+            }
+            // Deleted before its command ran: the command failed, shipping
+            // nothing, and the store names the gap.
+            Some("missing") => {
+                assert!(
+                    r["problem"].as_str().is_some_and(|p| p.contains("neither")),
+                    "{r}"
+                );
+                gaps += 1;
+            }
+            _ => panic!("no torn or unchecked copy: {r}"),
+        }
+    }
+    assert!(gaps > 0, "{table:?}");
+    assert!(shipped.is_superset(&kept), "{shipped:?} {kept:?}");
+    let left = fleet.recorder(&["index", "--unshipped"], &[&fleet.store, &out]);
+    assert!(left.status.success(), "{}", text(&left.stderr));
+    assert_eq!(text(&left.stdout), "");
+}
