@@ -430,3 +430,106 @@ fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
     assert!(left.status.success(), "{}", text(&left.stderr));
     assert_eq!(text(&left.stdout), "");
 }
+
+#[test]
+fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
+    use std::os::unix::fs::PermissionsExt;
+    if skip_unless(crate::hardening::attacker_missing()) {
+        return;
+    }
+    let run = crate::recording::Run::new(&crate::recording::test_config(
+        1024,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100 duration_ms: 300",
+        "message_count: 0 message_size: 100 max_messages_per_second: 1000",
+    ));
+    let out = run.dir.path().join("segs");
+    let o = run
+        .command_to("pwritev", &out.join(""))
+        .args(["--rotate-period", "1s"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // A shared upload area: anyone may write, as on a collection host.
+    let fleet = Fleet::new();
+    let perm = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    perm(fleet.dir.path(), 0o755);
+    perm(&fleet.store, 0o1777);
+    let good = fleet.store.join("good");
+    std::fs::create_dir_all(&good).expect("mkdir");
+    for f in ["trace-000000.pftrace", "trace-000000.pftrace.json"] {
+        std::fs::copy(out.join(f), good.join(f)).expect("copy");
+        perm(&good.join(f), 0o644);
+    }
+    // As nobody: a fifo named as a segment, a directory loop, a link to a
+    // file only root may read, a 4 MB "sidecar", and a sidecar whose host
+    // name clears the terminal.
+    let plant = format!(
+        "set -e; mkdir -p {s}/evil; cd {s}/evil; mkfifo trace-000000.pftrace; ln -s .. loop; \
+         ln -s /etc/shadow trace-000001.pftrace; head -c 4000000 /dev/zero > trace-000002.pftrace.json; \
+         cp {g}/trace-000000.pftrace trace-000003.pftrace; \
+         sed 's/\"host\": \"[^\"]*\"/\"host\": \"\\\\u001b[2J\"/' {g}/trace-000000.pftrace.json > trace-000003.pftrace.json",
+        s = fleet.store.display(),
+        g = good.display()
+    );
+    let planted = crate::hardening::as_nobody("sh")
+        .args(["-c", &plant])
+        .output()
+        .expect("sh");
+    assert!(planted.status.success(), "{}", text(&planted.stderr));
+    assert!(
+        std::fs::read_to_string(fleet.store.join("evil/trace-000003.pftrace.json"))
+            .expect("planted")
+            .contains("\\u001b[2J"),
+        "the escape is in the sidecar"
+    );
+
+    for args in [&["inspect"][..], &["index"][..]] {
+        let mut c = fleet.command(recorder_bin());
+        c.args(args).arg(&fleet.store);
+        let o = crate::hardening::output_within(
+            &mut c,
+            std::time::Duration::from_secs(20),
+            "checking a planted store",
+        );
+        let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {stdout}{stderr}");
+        assert!(
+            !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
+            "{args:?}: {stdout:?}"
+        );
+        assert!(
+            !stdout.contains("loop/"),
+            "{args:?}: the loop is not followed"
+        );
+        if args == ["index"] {
+            let table = rows(&o);
+            let status = |path: &str| {
+                table
+                    .iter()
+                    .find(|r| r["path"] == path)
+                    .map(|r| r["status"].as_str().expect("status").to_string())
+            };
+            assert_eq!(status("good/trace-000000.pftrace").as_deref(), Some("ok"));
+            // Not a sidecar; the link is never read (a gap); the fifo is no
+            // segment (its index is the good copy's).
+            assert_eq!(
+                status("evil/trace-000002.pftrace").as_deref(),
+                Some("corrupt")
+            );
+            assert_eq!(
+                status("evil/trace-000001.pftrace").as_deref(),
+                Some("missing")
+            );
+            assert_eq!(status("evil/trace-000000.pftrace"), None);
+            // A copy of good's segment under another name: its sidecar
+            // describes another file.
+            assert_eq!(
+                status("evil/trace-000003.pftrace").as_deref(),
+                Some("corrupt")
+            );
+        }
+    }
+}
