@@ -548,6 +548,15 @@ fn wall(ns: Option<u64>) -> String {
     )
 }
 
+/// `1 host`, `2 hosts`.
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// Text from a sidecar or a file name as printed for people: a store's
 /// sidecars come from other machines, and a control character in them must
 /// not reach the terminal.
@@ -573,11 +582,11 @@ impl fmt::Display for StoreReport {
         let ok = self.rows.iter().filter(|r| r.status == Status::Ok).count();
         writeln!(
             f,
-            "{}: {} segments of {} sessions from {} hosts; {ok} ok",
+            "{}: {} of {} from {}; {ok} ok",
             shown(&self.root.display().to_string()),
-            self.rows.len(),
-            sessions.len(),
-            hosts.len()
+            count(self.rows.len(), "segment"),
+            count(sessions.len(), "session"),
+            count(hosts.len(), "host")
         )?;
         writeln!(
             f,

@@ -253,12 +253,20 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
         text(&inspect.stderr)
     );
     assert!(report.contains("sessions from 2 hosts"), "{report}");
+    let json = fleet.recorder(&["inspect", "--json"], &[&fleet.store]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let doc: Value = serde_json::from_slice(&json.stdout).expect("one JSON document");
 
     // The index: every copy ok, laid out HOST/BOOT/SESSION/, one row per
     // segment each host closed, matching its local sidecar.
     let index = fleet.recorder(&["index"], &[&fleet.store]);
     assert!(index.status.success(), "{}", text(&index.stderr));
     let table = rows(&index);
+    assert_eq!(
+        doc["rows"].as_array(),
+        Some(&table),
+        "inspect --json, index: one table"
+    );
     let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for r in &table {
         assert_eq!(r["status"], "ok", "{r}");
