@@ -347,6 +347,29 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
     assert!(answer.status.success(), "{}", text(&answer.stderr));
     let answer: Value = serde_json::from_slice(&answer.stdout).expect("json");
     let hosts = answer["hosts"].as_array().expect("hosts");
+    // The table for people, of one host.
+    let table_a = Command::new("python3")
+        .arg(repo_root().join("scripts/fleet_query.py"))
+        .arg(&fleet.store)
+        .arg(&index_file)
+        .args([
+            "--from",
+            &from.to_string(),
+            "--host",
+            HOSTS[0],
+            "--trace-processor",
+        ])
+        .arg(crate::trace_processor::query_program())
+        .output()
+        .expect("python3 runs");
+    assert!(table_a.status.success(), "{}", text(&table_a.stderr));
+    let lines: Vec<String> = text(&table_a.stdout).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 2, "a header and fleet-a: {lines:?}");
+    let ms = hosts[0]["longest_runnable_ns"].as_f64().expect("ns") / 1e6;
+    assert!(
+        lines[1].starts_with(HOSTS[0]) && lines[1].contains(&format!("{ms:.3} ms")),
+        "{lines:?}"
+    );
     assert_eq!(hosts.len(), 2, "{answer}");
     for (h, (host, paths)) in hosts.iter().zip(&want) {
         assert_eq!(h["host"].as_str(), Some(host.as_str()));
