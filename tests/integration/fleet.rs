@@ -564,3 +564,81 @@ fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
         }
     }
 }
+
+#[test]
+fn after_a_crash_the_sidecars_say_what_is_left_to_ship() {
+    let rclone = Command::new("rclone")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless((!rclone).then(|| "no rclone (apt-get install rclone)".into())) {
+        return;
+    }
+    let run = crate::recording::Run::new(&crate::recording::test_config(
+        16384,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100 duration_ms: 20000",
+        "message_count: 0 message_size: 100 max_messages_per_second: 2000",
+    ));
+    let fleet = Fleet::new();
+    let out = run.dir.path().join("segs");
+    let script = repo_root().join("scripts/ship_segment.sh");
+    // A shipper slower than the session lives: nothing is shipped before the crash.
+    let hook = format!("sleep 30; {} {}", script.display(), fleet.dest());
+    let mut child = run
+        .command_to("pwritev", &out.join(""))
+        .args(["--rotate-period", "200ms", "--on-segment-closed", &hook])
+        .env("RCLONE_CONFIG", &fleet.rclone_conf)
+        .env("RECORDER", recorder_bin())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runs");
+    let t0 = std::time::Instant::now();
+    while !(out.is_dir() && closed_segments(&out).len() >= 3)
+        && t0.elapsed() < std::time::Duration::from_secs(15)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    crate::recording::signal(&child, rustix::process::Signal::KILL);
+    let _ = child.wait();
+    let closed = closed_segments(&out);
+    assert!(closed.len() >= 3, "{closed:?}");
+
+    // The closed segments, found from their sidecars; not the one being
+    // written (no sidecar: it never closed).
+    let left = fleet.recorder(
+        &["index", "--format", "{path}", "--unshipped"],
+        &[&fleet.store, &out],
+    );
+    assert!(left.status.success(), "{}", text(&left.stderr));
+    let listed: BTreeSet<String> = text(&left.stdout).lines().map(String::from).collect();
+    assert_eq!(listed, closed);
+    // The resume loop of the docs.
+    let resume = format!(
+        "\"$RECORDER\" index --unshipped {store} --format '{out}/{{path}}' {out} | \
+         while read -r s; do {script} {dest} \"$s\" || exit 1; done",
+        store = fleet.store.display(),
+        out = out.display(),
+        script = script.display(),
+        dest = fleet.dest()
+    );
+    let resumed = fleet
+        .command("sh")
+        .args(["-c", &resume])
+        .output()
+        .expect("sh");
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let left = fleet.recorder(&["index", "--unshipped"], &[&fleet.store, &out]);
+    assert_eq!(text(&left.stdout), "", "{}", text(&left.stderr));
+    let index = fleet.recorder(&["index"], &[&fleet.store]);
+    assert!(index.status.success(), "{}", text(&index.stderr));
+    let stored: BTreeSet<String> = rows(&index)
+        .iter()
+        .map(|r| {
+            let p = r["path"].as_str().expect("path");
+            p.rsplit('/').next().expect("file").to_string()
+        })
+        .collect();
+    assert_eq!(stored, closed);
+}
