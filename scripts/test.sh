@@ -14,6 +14,10 @@ fi
 if ! python3 -c 'import grpc_tools.protoc' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check grpcio-tools
 fi
+# pandas, for Perfetto's BatchTraceProcessor in the fleet test (scripts/fleet_query.py).
+if ! python3 -c 'import pandas' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check pandas
+fi
 # zstd for the oracle's reading of compressed traces.
 if ! python3 -c 'import zstandard' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zstandard

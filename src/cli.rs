@@ -139,11 +139,26 @@ pub enum Command {
     Config(ConfigArgs),
     /// Read a trace: packets by kind and sequence, stats, losses (a torn tail is tolerated).
     Inspect {
-        /// The trace file, or a directory of segments.
+        /// The trace file, a directory of segments, or a store (segments of
+        /// many sessions and hosts below it, e.g. HOST/BOOT/SESSION/…: each
+        /// checked against its sidecar).
         file: PathBuf,
         /// The report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// List a store's segments from their sidecars, one JSON object a line
+    /// (host, boot id, session, index, times, bytes, loss, sha256, path), each
+    /// checked: ok, missing, corrupt, duplicated, no_sidecar.
+    Index {
+        /// A store (a tree of segments and sidecars), an output directory, or one segment.
+        path: PathBuf,
+        /// List only the ok segments STORE holds no matching copy of (what is left to ship).
+        #[arg(long, value_name = "STORE")]
+        unshipped: Option<PathBuf>,
+        /// Print each row as TEMPLATE, `{field}` standing for a field ('{store_path}').
+        #[arg(long, value_name = "TEMPLATE")]
+        format: Option<String>,
     },
     /// Fire triggers at every running session (any user may).
     Trigger {

@@ -1,4 +1,4 @@
-//! `recorder inspect FILE|DIR [--json]`.
+//! `recorder inspect FILE|DIR|STORE [--json]`.
 
 use std::fmt::Display;
 use std::path::Path;
@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::ExitCode;
-use crate::trace::{inspect, inspect_set};
+use crate::trace::{inspect, inspect_set, store};
 
 /// Prints what a trace (or a directory of segments) holds; exit 1 when it is
 /// corrupt beyond a torn tail (the report is still printed, up to the
@@ -15,6 +15,12 @@ pub fn run(path: &Path, json: bool) -> ExitCode {
     if path.is_dir() {
         match inspect_set::report_dir(path) {
             Ok(r) => print_report(path, &r, json, r.verdict()),
+            // No segments here: a store holds them in directories below.
+            Err(empty @ inspect_set::SetError::Empty(_)) => match store::scan(path) {
+                Ok(r) if r.rows.is_empty() => fail(empty),
+                Ok(r) => print_report(path, &r, json, r.verdict()),
+                Err(e) => fail(e),
+            },
             Err(e) => fail(e),
         }
     } else {

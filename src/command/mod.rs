@@ -5,6 +5,7 @@ pub mod bench;
 pub mod config;
 pub mod control;
 mod exit;
+pub mod index;
 pub mod inspect;
 pub mod open;
 pub mod record;
@@ -56,6 +57,11 @@ pub fn run(cli: Cli) -> ExitCode {
             } => config::convert(&file, to, out.as_deref(), &form),
         },
         Command::Inspect { file, json } => inspect::run(&file, json),
+        Command::Index {
+            path,
+            unshipped,
+            format,
+        } => index::run(&path, unshipped.as_deref(), format.as_deref()),
         Command::Trigger { names, producer } => control::fire(&names, &producer),
         Command::Query { json } => control::query(json),
         Command::Stop { pid, all } => control::stop(pid, all),

@@ -99,20 +99,7 @@ fn sets_in(dir: &Path) -> Result<Sets, SetError> {
     for entry in rd.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let trace_name = name.strip_suffix(".partial").unwrap_or(&name);
-        let Some((stem_idx, ext)) = trace_name.rsplit_once('.') else {
-            continue;
-        };
-        let Some((stem, idx)) = stem_idx.rsplit_once('-') else {
-            continue;
-        };
-        if ext == "json"
-            || ext == "tmp"
-            || idx.len() < 6
-            || !idx.bytes().all(|b| b.is_ascii_digit())
-        {
-            continue;
-        }
-        let Ok(index) = idx.parse::<u64>() else {
+        let Some((stem, index, ext)) = segment_name(trace_name) else {
             continue;
         };
         sets.entry((stem.to_string(), ext.to_string()))
@@ -122,7 +109,19 @@ fn sets_in(dir: &Path) -> Result<Sets, SetError> {
     Ok(sets)
 }
 
-fn sha256_file(path: &Path) -> Option<String> {
+/// `NAME-NNNNNN.EXT` (six digits or more) as (NAME, index, EXT); None for
+/// any other name, sidecars (`….json`) and temporary files included.
+pub(crate) fn segment_name(file_name: &str) -> Option<(&str, u64, &str)> {
+    let (stem_idx, ext) = file_name.rsplit_once('.')?;
+    let (stem, idx) = stem_idx.rsplit_once('-')?;
+    if ext == "json" || ext == "tmp" || idx.len() < 6 || !idx.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stem, idx.parse().ok()?, ext))
+}
+
+/// The sha256 of a file, hex; None when it cannot be read.
+pub(crate) fn sha256_file(path: &Path) -> Option<String> {
     let mut f = std::fs::File::open(path).ok()?;
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h).ok()?;

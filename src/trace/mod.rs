@@ -7,3 +7,4 @@ pub mod padding;
 pub mod reader;
 pub mod service;
 pub mod service_log;
+pub mod store;

@@ -16,7 +16,7 @@ use crate::recording::{Run, sinks, test_config};
 const NOBODY: &str = "65534";
 
 /// Why the attacker cannot be played here, if it cannot.
-fn attacker_missing() -> Option<String> {
+pub(crate) fn attacker_missing() -> Option<String> {
     need_root().or_else(|| {
         let ok = Command::new("setpriv")
             .arg("--version")
@@ -43,7 +43,7 @@ fn as_user(uid: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
     c
 }
 
-fn as_nobody(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub(crate) fn as_nobody(program: impl AsRef<std::ffi::OsStr>) -> Command {
     as_user(NOBODY, program)
 }
 
@@ -95,7 +95,7 @@ fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
     }
 }
 
-fn output_within(c: &mut Command, limit: Duration, what: &str) -> Output {
+pub(crate) fn output_within(c: &mut Command, limit: Duration, what: &str) -> Output {
     let child = c
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod config;
 mod custom_fields;
+mod fleet;
 mod ftrace;
 mod hardening;
 mod lifecycle;

@@ -117,7 +117,7 @@ pub fn shell_path() -> PathBuf {
 /// library, `ldconfig -p | grep -q` under `pipefail`, can fail when grep
 /// exits first, and then tries apt-get again, which fails while another
 /// test holds the package lock).
-fn query_program() -> PathBuf {
+pub fn query_program() -> PathBuf {
     let wrapper = shell_path();
     let shell = wrapper.with_file_name("trace_processor_shell");
     if wrapper.file_name().is_some_and(|n| n == "trace_processor") && shell.exists() {

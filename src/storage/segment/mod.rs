@@ -395,6 +395,8 @@ impl SegmentWriter {
         let loss = self.loss_since(&c.loss_at_open, &c.upstream_at_open);
         let lost_bytes = loss.bytes_overwritten + loss.bytes_discarded;
         let uuid = segment_uuid(self.identity.session_uuid, c.index);
+        let last_ts = c.last_ts.max(c.first_ts);
+        let wall = realtime_offset();
         let car = Sidecar {
             version: SIDECAR_VERSION,
             file: path
@@ -410,7 +412,9 @@ impl SegmentWriter {
             ),
             trace_uuid: sidecar::uuid_text(uuid.0, uuid.1),
             first_timestamp_ns: c.first_ts,
-            last_timestamp_ns: c.last_ts.max(c.first_ts),
+            last_timestamp_ns: last_ts,
+            first_realtime_ns: to_realtime(c.first_ts, wall),
+            last_realtime_ns: to_realtime(last_ts, wall),
             packets: c.packets,
             bytes,
             uncompressed_bytes: c.input_bytes,
@@ -646,6 +650,18 @@ impl Output {
             Output::Segments(w) => Some(w.status()),
         }
     }
+}
+
+/// REALTIME minus BOOTTIME now, in ns.
+fn realtime_offset() -> i128 {
+    let boot = crate::clock::boottime_ns();
+    i128::from(crate::clock::BuiltinClock::Realtime.now_ns()) - i128::from(boot)
+}
+
+/// A BOOTTIME instant on the wall clock, given their difference (None
+/// before the epoch: a clock not yet set).
+fn to_realtime(boottime_ns: u64, offset: i128) -> Option<u64> {
+    u64::try_from(i128::from(boottime_ns) + offset).ok()
 }
 
 fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {

@@ -66,6 +66,14 @@ pub struct Sidecar {
     /// pass may be up to one write period older).
     pub first_timestamp_ns: u64,
     pub last_timestamp_ns: u64,
+    /// The same two instants on the wall clock (REALTIME ns since the
+    /// epoch, read with BOOTTIME when the segment closed), so segments of
+    /// different machines can be placed on one time line. Absent in
+    /// sidecars written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_realtime_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_realtime_ns: Option<u64>,
     /// TracePackets in it (inside compressed packets, when compressed).
     pub packets: u64,
     /// Bytes of the file.
@@ -166,6 +174,8 @@ mod tests {
             trace_uuid: uuid_text(1, 3),
             first_timestamp_ns: 5,
             last_timestamp_ns: 9,
+            first_realtime_ns: Some(1_000_005),
+            last_realtime_ns: Some(1_000_009),
             packets: 3,
             bytes: 100,
             uncompressed_bytes: 100,
@@ -175,12 +185,24 @@ mod tests {
             sha256: "00".into(),
         };
         s.write_atomically(&path).expect("writes");
-        assert_eq!(Sidecar::read(&path), Ok(s));
+        assert_eq!(Sidecar::read(&path), Ok(s.clone()));
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("lists")
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("s.json")]);
+        // A sidecar from before the wall-clock fields still reads.
+        let mut old = serde_json::to_value(&s).expect("json");
+        if let Some(o) = old.as_object_mut() {
+            o.remove("first_realtime_ns");
+            o.remove("last_realtime_ns");
+        }
+        std::fs::write(&path, old.to_string()).expect("write");
+        let read = Sidecar::read(&path).expect("reads");
+        assert_eq!(
+            (read.first_realtime_ns, read.last_realtime_ns),
+            (None, None)
+        );
         std::fs::write(&path, b"{").expect("write");
         assert!(Sidecar::read(&path).is_err());
     }

@@ -83,6 +83,19 @@ fn rotation_closes_renames_and_describes_each_segment() {
     assert_eq!(car1.closed_by, "end");
     assert_eq!(car1.sha256, sha256_of(&names.path(1)));
     assert!(car1.first_timestamp_ns >= car.last_timestamp_ns);
+    // The wall-clock times keep the BOOTTIME span and fall around now.
+    let now = crate::clock::BuiltinClock::Realtime.now_ns();
+    let (Some(first), Some(last)) = (car1.first_realtime_ns, car1.last_realtime_ns) else {
+        panic!("wall-clock times in {car1:?}");
+    };
+    assert_eq!(
+        last - first,
+        car1.last_timestamp_ns - car1.first_timestamp_ns
+    );
+    assert!(
+        last <= now && now - last < 60_000_000_000,
+        "{last} vs {now}"
+    );
     let st = w.status();
     assert_eq!(st.segments.len(), 2);
     assert!(
