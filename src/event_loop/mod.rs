@@ -84,9 +84,11 @@ pub struct Recording {
     pub status_line: bool,
 }
 
-/// Runs the session to its end.
-pub fn run(rec: Recording) -> Outcome {
-    let mut l = Loop::new(rec);
+/// Runs the session to its end. `signals` were installed before the
+/// session was set up (a signal that came meanwhile stops it at once);
+/// without them the loop installs its own.
+pub fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
+    let mut l = Loop::new(rec, signals);
     l.run();
     l.outcome()
 }
@@ -125,14 +127,14 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(rec: Recording) -> Self {
-        let signals = match Signals::install() {
+    fn new(rec: Recording, signals: Option<Signals>) -> Self {
+        let signals = signals.or_else(|| match Signals::install() {
             Ok(s) => Some(s),
             Err(e) => {
                 log::warn!("cannot install signal handlers: {e}");
                 None
             }
-        };
+        });
         let status = if rec.status_line {
             StatusLine::on_terminal()
         } else {
@@ -164,6 +166,8 @@ impl Loop {
         self.queue.push_back(Event::Begin {
             wall_ms: crate::clock::realtime_ms(),
         });
+        // A signal during set-up: the session stops as soon as it began.
+        self.take_signals();
         loop {
             while let Some(ev) = self.queue.pop_front() {
                 let now = self.reactor.now();
