@@ -172,6 +172,9 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
     for p in &o.producers {
         producer(&mut s, p);
     }
+    for q in &o.quotas {
+        quota(&mut s, q);
+    }
     let _ = write!(s, "  {packets} packets in all");
     for w in &o.warnings {
         let _ = write!(s, "\n  warning: {w}");
@@ -229,6 +232,32 @@ fn mode_name(m: TriggerMode) -> &'static str {
         TriggerMode::StopTracing => "STOP_TRACING",
         TriggerMode::CloneSnapshot => "CLONE_SNAPSHOT",
     }
+}
+
+/// One uid's quota line: what its producers were refused, and its closed
+/// producers folded into it.
+fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
+    let who = if q.uid == crate::ipc::quota::OTHER_UIDS {
+        "other uids".to_string()
+    } else {
+        format!("uid {}", q.uid)
+    };
+    let _ = write!(s, "  producers of {who}:");
+    let mut sep = " ";
+    for (limit, n) in q.hits.each() {
+        let _ = write!(s, "{sep}{n} {}", limit.what());
+        sep = ", ";
+    }
+    if q.closed_producers > 0 {
+        let _ = write!(
+            s,
+            "{sep}{} more closed producers ({} packets, {})",
+            q.closed_producers,
+            q.closed_stats.packets,
+            HumanBytes(q.closed_stats.bytes)
+        );
+    }
+    let _ = writeln!(s);
 }
 
 /// One producer's line: who, what it wrote, what it lost and why.

@@ -27,10 +27,9 @@ fn producer_socket_line(spec: &config::RecorderSpec) -> String {
         Ok(Opening::Closed) => "producer socket: stays closed (every data source is built in; \
              --producer-socket PATH lets apps connect)\n"
             .to_string(),
-        Ok(Opening::Open { path, reason }) => format!(
-            "producer socket: opens at {} ({reason})\n",
-            path.display()
-        ),
+        Ok(Opening::Open { path, reason }) => {
+            format!("producer socket: opens at {} ({reason})\n", path.display())
+        }
         Err(e) => format!("producer socket: cannot open: {e}\n"),
     }
 }

@@ -31,6 +31,9 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
             None
         }
     };
+    // Room for the producer quotas and the control path's reserve.
+    let open_files = crate::ipc::quota::raise_open_file_limit();
+    log::debug!("open-file limit: {open_files}");
     let Some(path) = args.config.as_deref() else {
         eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
         return ExitCode::Usage;

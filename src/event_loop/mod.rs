@@ -689,7 +689,7 @@ impl Loop {
                 now,
                 ServiceEvent::ReadTracingBuffersCompleted,
             ));
-            t.push(service::trace_stats(
+            t.extend(service::stats_packets(
                 uid,
                 now,
                 &trace_stats(buffers, flushes, producers),
@@ -834,9 +834,39 @@ impl Loop {
                 .producers
                 .as_ref()
                 .map_or_else(Vec::new, |p| p.reports()),
+            quotas: self
+                .rec
+                .producers
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.quota_reports()),
         }
     }
 }
+
+/// The `trace_attributes` entries of per-uid quota hits and folded closed
+/// producers: `recorder.quota.uid.<uid>.<limit>` and
+/// `recorder.quota.uid.<uid>.closed_producers`.
+fn quota_attributes(reports: &[crate::ipc::quota::UidReport]) -> Vec<(String, i64)> {
+    let mut v = Vec::new();
+    for r in reports {
+        for (limit, n) in r.hits.each() {
+            v.push((
+                format!("{}{}.{}", QUOTA_KEY_PREFIX, r.uid, limit.key()),
+                i64::try_from(n).unwrap_or(i64::MAX),
+            ));
+        }
+        if r.closed_producers > 0 {
+            v.push((
+                format!("{}{}.closed_producers", QUOTA_KEY_PREFIX, r.uid),
+                i64::try_from(r.closed_producers).unwrap_or(i64::MAX),
+            ));
+        }
+    }
+    v
+}
+
+/// Where per-uid quota figures live in `trace_attributes`.
+pub const QUOTA_KEY_PREFIX: &str = "recorder.quota.uid.";
 
 /// Flushes asked of the data sources, for `trace_stats`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -868,6 +898,7 @@ fn trace_stats(
         rec.chunks_discarded = t.all.chunks_discarded;
         rec.patches_discarded = t.all.patches_failed;
         rec.invalid_packets = t.all.invalid_packets;
+        rec.quota_hits = quota_attributes(&p.quota_reports());
         for (b, s) in rec.buffers.iter_mut().zip(&t.per_buffer) {
             b.patches_succeeded = s.patches_succeeded;
             b.patches_failed = s.patches_failed;

@@ -89,7 +89,10 @@ impl std::fmt::Display for Reason {
 pub enum Opening {
     /// No app can connect; nothing is claimed on the file system.
     Closed,
-    Open { path: PathBuf, reason: Reason },
+    Open {
+        path: PathBuf,
+        reason: Reason,
+    },
 }
 
 /// Closed by default: open only when `--producer-socket` is given
