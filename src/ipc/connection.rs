@@ -184,7 +184,7 @@ impl Connection {
     /// The name for people: the producer's own, or its pid before it said.
     pub fn label(&self) -> String {
         match &self.name {
-            Some(n) => format!("{n} (pid {})", self.pid),
+            Some(n) => format!("{} (pid {})", short(n), self.pid),
             None => format!("pid {}", self.pid),
         }
     }
@@ -376,8 +376,11 @@ impl Connection {
                     == Some(pb::initialize_connection_request::ProducerSmbScrapingMode::SmbScrapingEnabled as i32);
                 let sdk = r.sdk_version.as_deref().unwrap_or("unknown SDK");
                 let line = format!(
-                    "producer {name:?} connected (pid {}, uid {}, {:.64})",
-                    self.pid, self.uid, sdk
+                    "producer {:?} connected (pid {}, uid {}, {})",
+                    short(&name),
+                    self.pid,
+                    self.uid,
+                    short(sdk)
                 );
                 self.log(log::Level::Info, line);
                 self.name = Some(name);
@@ -430,7 +433,11 @@ impl Connection {
                         self.hits.add(Limit::RegisteredBytes, 1);
                         return self.fail(rid);
                     }
-                    let line = format!("producer {} registered {:?}", self.label(), reg.name);
+                    let line = format!(
+                        "producer {} registered {:?}",
+                        self.label(),
+                        short(&reg.name)
+                    );
                     self.log(log::Level::Debug, line);
                     self.registered_bytes += reg.name.len();
                     self.registered.push(reg);
@@ -816,6 +823,19 @@ impl Connection {
             }
         }
     }
+}
+
+/// A name a peer chose, cut for a log line.
+pub fn short(name: &str) -> &str {
+    const MAX: usize = 64;
+    if name.len() <= MAX {
+        return name;
+    }
+    let mut end = MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// The sequence of (writer, buffer), made on first use with the next

@@ -345,7 +345,7 @@ impl ProducerHost {
                     self.next_instance += 1;
                     let line = format!(
                         "setting up {:?} on producer {} (instance {id})",
-                        reg.name,
+                        super::connection::short(&reg.name),
                         c.label()
                     );
                     say(&mut self.quotas, c.uid, log::Level::Info, &line);
