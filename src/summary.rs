@@ -271,7 +271,7 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
     let _ = write!(
         s,
         "  producer {:?} (pid {}, uid {}): {sources}; {} packets, {} in {} chunks",
-        p.name,
+        crate::ipc::connection::short(&p.name),
         p.pid,
         p.uid,
         st.packets,

@@ -203,6 +203,9 @@ def churn(path, cycles, namelen, seconds):
             s.connect(path)
             name = (b"churn.%06d." % n).ljust(namelen, b"c")
             s.sendall(ipc_bind() + ipc_init(name) + ipc_register(3, b"track_event"))
+            # Gone once answered: a producer that said who it is.
+            s.settimeout(1)
+            s.recv(4096)
         except OSError:
             time.sleep(0.01)
         s.close()

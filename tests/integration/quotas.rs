@@ -35,7 +35,7 @@ impl Flood {
     fn start(args: &[&str]) -> Flood {
         let script = repo_root().join("tests/attacker/hostile_peer.py");
         let mut child = Command::new("prlimit")
-            .arg("--nofile=8192:8192")
+            .arg("--nofile=4096:4096")
             .args(["setpriv", "--reuid", NOBODY, "--regid", NOBODY])
             .arg("--clear-groups")
             .arg(python())
@@ -113,12 +113,15 @@ trigger_config {{
 }
 
 /// A root session of `config` in a directory every user may search, its
-/// producer socket there (when `apps`), under `ulimit -n` of `nofile`.
-fn root_session(run: &Run, apps: bool, nofile: u32) -> (Child, PathBuf) {
+/// producer socket there (when `apps`), under `ulimit -n` of `nofile` when
+/// given.
+fn root_session(run: &Run, apps: bool, nofile: Option<u32>) -> (Child, PathBuf) {
     let socket = run.dir.path().join("producer.sock");
     let mut c = Command::new("prlimit");
-    c.arg(format!("--nofile={nofile}:{nofile}"))
-        .arg(recorder_bin())
+    if let Some(n) = nofile {
+        c.arg(format!("--nofile={n}:{n}"));
+    }
+    c.arg(recorder_bin())
         .arg("--config")
         .arg(&run.config)
         .arg("-o")
@@ -366,7 +369,7 @@ fn idle_producer_connections_keep_neither_a_trigger_nor_an_app_out() {
     // Built before the attack starts.
     sdk_app();
     let run = shared_run(&flight(true));
-    let (session, socket) = root_session(&run, true, 1024);
+    let (session, socket) = root_session(&run, true, Some(1024));
     let sock = socket.to_str().expect("utf-8");
     let _idle = Flood::start(&["hold", sock, "1500"]);
     std::thread::sleep(Duration::from_millis(1500));
@@ -403,7 +406,7 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
         return;
     }
     let run = shared_run(&flight(true));
-    let (session, socket) = root_session(&run, true, 65536);
+    let (session, socket) = root_session(&run, true, None);
     std::thread::sleep(Duration::from_millis(500));
     let before = rss_kb(session.id());
     let mut flood = Flood::start(&[
@@ -442,7 +445,7 @@ fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
         return;
     }
     let run = shared_run(&flight(true));
-    let (session, socket) = root_session(&run, true, 65536);
+    let (session, socket) = root_session(&run, true, None);
     std::thread::sleep(Duration::from_millis(500));
     let before = rss_kb(session.id());
     let mut churn = Flood::start(&["churn", socket.to_str().expect("utf-8"), "3000", "1000"]);
@@ -471,7 +474,10 @@ fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
             "{seen} seen, {refused} refused"
         );
         let folded = quota_attribute(&run.out, 65534, "closed_producers").unwrap_or(0);
-        assert!(folded as u64 + 64 >= seen, "{folded} folded of {seen}");
+        assert!(
+            folded + 64 + refused >= 3000,
+            "{folded} folded, {refused} refused"
+        );
     }
 }
 
@@ -490,7 +496,7 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     let run = shared_run(&flight(true));
-    let (session, socket) = root_session(&run, true, 1024);
+    let (session, socket) = root_session(&run, true, Some(1024));
     let sock = socket.to_str().expect("utf-8");
     let trig = runtime(&run).join(format!("recorder-{}.trigger", session.id()));
     let trig = trig.to_str().expect("utf-8");
