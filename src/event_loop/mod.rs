@@ -33,6 +33,7 @@ use crate::control::message::{
 };
 use crate::control::server::{ControlServer, Incoming};
 use crate::ipc::host::{HostEvent, ProducerHost};
+use crate::ipc::quota::{Limit, UidReport};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
@@ -513,8 +514,9 @@ impl Loop {
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
         let producers = self.rec.producers.as_ref();
+        let control = self.rec.control.as_ref();
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes, producers));
+        let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control));
         let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
@@ -601,6 +603,7 @@ impl Loop {
             &self.rec.buffers,
             self.flushes,
             self.rec.producers.as_ref(),
+            self.rec.control.as_ref(),
         ));
         match w.rotate(&tail, reason) {
             Ok(()) => {
@@ -672,6 +675,7 @@ impl Loop {
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
         let producers = self.rec.producers.as_ref();
+        let control = self.rec.control.as_ref();
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -692,7 +696,7 @@ impl Loop {
             t.extend(service::stats_packets(
                 uid,
                 now,
-                &trace_stats(buffers, flushes, producers),
+                &trace_stats(buffers, flushes, producers, control),
             ));
             t
         };
@@ -834,11 +838,7 @@ impl Loop {
                 .producers
                 .as_ref()
                 .map_or_else(Vec::new, |p| p.reports()),
-            quotas: self
-                .rec
-                .producers
-                .as_ref()
-                .map_or_else(Vec::new, |p| p.quota_reports()),
+            quotas: quota_reports(self.rec.producers.as_ref(), self.rec.control.as_ref()),
         }
     }
 }
@@ -846,7 +846,7 @@ impl Loop {
 /// The `trace_attributes` entries of per-uid quota hits and folded closed
 /// producers: `recorder.quota.uid.<uid>.<limit>` and
 /// `recorder.quota.uid.<uid>.closed_producers`.
-fn quota_attributes(reports: &[crate::ipc::quota::UidReport]) -> Vec<(String, i64)> {
+fn quota_attributes(reports: &[UidReport]) -> Vec<(String, i64)> {
     let mut v = Vec::new();
     for r in reports {
         for (limit, n) in r.hits.each() {
@@ -882,6 +882,7 @@ fn trace_stats(
     buffers: &[SessionBuffer],
     flushes: FlushCounts,
     producers: Option<&ProducerHost>,
+    control: Option<&ControlServer>,
 ) -> TraceStatsRecord {
     let mut rec = TraceStatsRecord {
         flushes_requested: flushes.requested,
@@ -898,7 +899,6 @@ fn trace_stats(
         rec.chunks_discarded = t.all.chunks_discarded;
         rec.patches_discarded = t.all.patches_failed;
         rec.invalid_packets = t.all.invalid_packets;
-        rec.quota_hits = quota_attributes(&p.quota_reports());
         for (b, s) in rec.buffers.iter_mut().zip(&t.per_buffer) {
             b.patches_succeeded = s.patches_succeeded;
             b.patches_failed = s.patches_failed;
@@ -907,5 +907,30 @@ fn trace_stats(
             b.trace_writer_packet_loss += s.trace_writer_packet_loss;
         }
     }
+    rec.quota_hits = quota_attributes(&quota_reports(producers, control));
     rec
+}
+
+/// Every uid that hit a producer quota, had its closed producers folded or
+/// had control or trigger requests refused, by uid.
+fn quota_reports(
+    producers: Option<&ProducerHost>,
+    control: Option<&ControlServer>,
+) -> Vec<UidReport> {
+    let mut v = producers.map_or_else(Vec::new, |p| p.quota_reports());
+    for (uid, n) in control.map_or_else(Vec::new, |c| c.refused_by_uid()) {
+        match v.iter_mut().find(|r| r.uid == uid) {
+            Some(r) => r.hits.add(Limit::ControlRequests, n),
+            None => {
+                let mut r = UidReport {
+                    uid,
+                    ..UidReport::default()
+                };
+                r.hits.add(Limit::ControlRequests, n);
+                v.push(r);
+            }
+        }
+    }
+    v.sort_by_key(|r| r.uid);
+    v
 }

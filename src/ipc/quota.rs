@@ -19,6 +19,7 @@
 //! | closed producers kept one by one | [`MAX_CLOSED_KEPT`] | later ones fold into their uid's line |
 //! | uids accounted one by one | [`MAX_UIDS`] | later uids share one account |
 //! | log lines per uid | [`LOG_BURST`], then one per [`LOG_INTERVAL`] | the line is counted, not written |
+//! | control and trigger requests | `control::server`'s caps per uid and in all | the request is refused; counted here as `control_requests` |
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -103,10 +104,12 @@ pub enum Limit {
     RegisteredBytes,
     Sequences,
     LogLines,
+    /// Requests on the control and trigger sockets refused (counted there).
+    ControlRequests,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 7] = [
+    pub const ALL: [Limit; 8] = [
         Limit::ConnectionsPerUid,
         Limit::Connections,
         Limit::NameLength,
@@ -114,6 +117,7 @@ impl Limit {
         Limit::RegisteredBytes,
         Limit::Sequences,
         Limit::LogLines,
+        Limit::ControlRequests,
     ];
 
     /// Its key in the trace and the summary.
@@ -126,6 +130,7 @@ impl Limit {
             Limit::RegisteredBytes => "registered_bytes",
             Limit::Sequences => "sequences",
             Limit::LogLines => "log_lines",
+            Limit::ControlRequests => "control_requests",
         }
     }
 
@@ -139,6 +144,7 @@ impl Limit {
             Limit::RegisteredBytes => "data sources refused (too many name bytes)",
             Limit::Sequences => "chunks refused (too many writers)",
             Limit::LogLines => "log lines left out",
+            Limit::ControlRequests => "control or trigger requests refused",
         }
     }
 }

@@ -33,10 +33,14 @@ struct Flood {
 
 impl Flood {
     fn start(args: &[&str]) -> Flood {
+        Flood::start_as(NOBODY, args)
+    }
+
+    fn start_as(uid: &str, args: &[&str]) -> Flood {
         let script = repo_root().join("tests/attacker/hostile_peer.py");
         let mut child = Command::new("prlimit")
             .arg("--nofile=4096:4096")
-            .args(["setpriv", "--reuid", NOBODY, "--regid", NOBODY])
+            .args(["setpriv", "--reuid", uid, "--regid", uid])
             .arg("--clear-groups")
             .arg(python())
             .arg(script)
@@ -376,10 +380,10 @@ fn idle_producer_connections_keep_neither_a_trigger_nor_an_app_out() {
     let mut app = App::spawn(&socket, "quota_app", &["--packets", "300"]);
     let app_pid = app.pid();
     app.expect("wrote 300");
-    app.finish();
     let took = trigger_within_a_second(&run);
     eprintln!("trigger beside 1500 idle connections: {took:?}");
     let (packets, err) = ended_on_the_trigger(&run, session);
+    app.finish();
     let by_pid = counters_by_pid(&packets);
     let ours: Vec<_> = by_pid
         .iter()
@@ -482,10 +486,10 @@ fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
 }
 
 /// Every attack at once against a root flight recorder under `ulimit -n
-/// 1024` for `RECORDER_SOAK_SECS` (60): idle connections, huge names,
-/// producers that come and go, and idle trigger connections; the trigger of
-/// another uid must arrive within 1 s at the end and an app beside it
-/// records every packet.
+/// 1024` for `RECORDER_SOAK_SECS` (60): idle producer and trigger
+/// connections (uid 65534), huge names (65532), producers that come and go
+/// (65531); the trigger of another uid must arrive within 1 s at the end,
+/// an app beside it records every packet, and RSS and the log stay bounded.
 #[test]
 fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     if skip_unless(attacker_missing()) {
@@ -503,8 +507,12 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     let s = secs.to_string();
     let before = rss_kb(session.id());
     let _idle = Flood::start(&["hold", sock, "1500", "--seconds", &s]);
-    let _names = Flood::start(&["names", sock, "8", "1024", "100000", "--seconds", &s]);
-    let _churn = Flood::start(&["churn", sock, "0", "1000", "--seconds", &s]);
+    // Each attack from its own uid, so that each gets past the others' caps.
+    let _names = Flood::start_as(
+        "65532",
+        &["names", sock, "8", "1024", "100000", "--seconds", &s],
+    );
+    let _churn = Flood::start_as("65531", &["churn", sock, "0", "1000", "--seconds", &s]);
     let _trigger_idle = Flood::start(&["hold", trig, "64", "--seconds", &s]);
     let end = Instant::now() + Duration::from_secs(secs);
     let mut peak = 0;
@@ -515,7 +523,6 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     let mut app = App::spawn(&socket, "soak_app", &["--packets", "300"]);
     let app_pid = app.pid();
     app.expect("wrote 300");
-    app.finish();
     let took = trigger_within_a_second(&run);
     eprintln!("after {secs} s of attacks: trigger in {took:?}, RSS {before} -> peak {peak} KiB");
     assert!(
@@ -523,6 +530,7 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
         "RSS grew from {before} to {peak} KiB"
     );
     let (packets, err) = ended_on_the_trigger(&run, session);
+    app.finish();
     let by_pid = counters_by_pid(&packets);
     let ours: Vec<_> = by_pid
         .iter()
