@@ -22,6 +22,7 @@ use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 use super::quota::{
     Hits, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
+    MIN_SHARED_MEMORY,
 };
 use super::sequence::{Budget, Sequence, Trust};
 use super::smb::{self, SharedMemory};
@@ -677,11 +678,26 @@ impl Connection {
         }
     }
 
+    /// Bytes of the shared memory buffer it was given (0 before).
+    pub fn shared_memory(&self) -> usize {
+        self.smb.as_ref().map_or(0, |s| s.size())
+    }
+
     /// Sets up data source instance `id` (the SMB and SetupTracing first,
-    /// once); [`Connection::start_instance`] starts it.
-    pub fn setup_instance(&mut self, id: u64, inst: Instance) {
+    /// once, within `room` bytes of its uid's shared memory quota: smaller
+    /// than asked when needed, and not at all when even
+    /// [`MIN_SHARED_MEMORY`] does not fit — a hit, and no instance);
+    /// [`Connection::start_instance`] starts it. Whether it was set up.
+    pub fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
         if self.smb.is_none() {
-            let (page, size) = smb::sizes(self.hints.0, self.hints.1);
+            let (page, mut size) = smb::sizes(self.hints.0, self.hints.1);
+            if size > room {
+                size = room - room % page;
+                if size < MIN_SHARED_MEMORY.max(page) {
+                    self.hits.add(Limit::SharedMemory, 1);
+                    return false;
+                }
+            }
             match SharedMemory::create(size, page) {
                 Ok(s) => {
                     let cmd = Cmd::SetupTracing(pb::get_async_command_response::SetupTracing {
@@ -694,10 +710,16 @@ impl Connection {
                     self.smb = Some(s);
                     match dup {
                         Ok(fd) => self.command(cmd, Some(fd.as_fd())),
-                        Err(e) => return self.close(format!("shared memory: {e}")),
+                        Err(e) => {
+                            self.close(format!("shared memory: {e}"));
+                            return false;
+                        }
                     }
                 }
-                Err(e) => return self.close(format!("shared memory: {e}")),
+                Err(e) => {
+                    self.close(format!("shared memory: {e}"));
+                    return false;
+                }
             }
         }
         let config = inst.config.clone();
@@ -709,6 +731,7 @@ impl Connection {
             }),
             None,
         );
+        true
     }
 
     /// Starts instance `id` (set up before); whether a start ack is due.
@@ -1070,5 +1093,30 @@ mod tests {
         let (_, _, c) = exchange(&bytes.concat());
         assert_eq!(c.registered.len(), fit);
         assert_eq!(c.hits.get(Limit::RegisteredBytes), 3);
+    }
+
+    #[test]
+    fn shared_memory_fits_the_uids_room_or_is_not_given() {
+        let inst = || Instance {
+            wanted: 0,
+            name: "ds".into(),
+            buffer: 1,
+            no_flush: false,
+            will_notify_on_start: false,
+            will_notify_on_stop: false,
+            config: Vec::new(),
+            started: false,
+            started_ack: false,
+            stopping: false,
+        };
+        let (ours, _peer) = UnixStream::pair().expect("pair");
+        let mut c = Connection::new(1, ours).expect("connection");
+        c.hints = (4096, 4 * 1024 * 1024);
+        assert!(!c.setup_instance(1, inst(), MIN_SHARED_MEMORY - 1));
+        assert_eq!(c.hits.get(Limit::SharedMemory), 1);
+        assert_eq!((c.shared_memory(), c.instances.len()), (0, 0));
+        assert!(c.setup_instance(2, inst(), 1024 * 1024 + 100));
+        assert_eq!(c.shared_memory(), 1024 * 1024, "cut to the room, in pages");
+        assert_eq!(c.instances.len(), 1);
     }
 }

@@ -284,6 +284,7 @@ impl ProducerHost {
                 self.start_waiting.retain(|(cid, _)| *cid != id);
                 charge(&mut self.quotas, &mut c);
                 self.quotas.release(c.uid);
+                self.quotas.shared_memory(c.uid, c.shared_memory(), false);
                 // A connection that never said who it is and did nothing
                 // wrong (a liveness probe, say) is not worth a line; past
                 // MAX_CLOSED_KEPT, closed producers are folded per uid.
@@ -348,8 +349,9 @@ impl ProducerHost {
                         super::connection::short(&reg.name),
                         c.label()
                     );
-                    say(&mut self.quotas, c.uid, log::Level::Info, &line);
-                    c.setup_instance(
+                    let room = self.quotas.shared_memory_room(c.uid);
+                    let before = c.shared_memory();
+                    let set_up = c.setup_instance(
                         id,
                         Instance {
                             wanted: w,
@@ -363,7 +365,14 @@ impl ProducerHost {
                             started_ack: false,
                             stopping: false,
                         },
+                        room,
                     );
+                    self.quotas
+                        .shared_memory(c.uid, c.shared_memory() - before, true);
+                    if !set_up {
+                        continue;
+                    }
+                    say(&mut self.quotas, c.uid, log::Level::Info, &line);
                     // A producer that comes after the start is started at
                     // once; the session's start no longer waits for it.
                     if self.started {

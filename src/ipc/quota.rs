@@ -16,6 +16,7 @@
 //! | data sources per producer | [`MAX_DATA_SOURCES`] | RegisterDataSource fails |
 //! | name bytes per producer | [`MAX_REGISTERED_BYTES`] | RegisterDataSource fails |
 //! | sequences and writers per producer | [`MAX_SEQUENCES`] | the chunk is refused |
+//! | shared memory per uid | [`MAX_SHARED_MEMORY_PER_UID`] | a smaller buffer, or none: the data source is not set up |
 //! | closed producers kept one by one | [`MAX_CLOSED_KEPT`] | later ones fold into their uid's line |
 //! | uids accounted one by one | [`MAX_UIDS`] | later uids share one account |
 //! | log lines per uid | [`LOG_BURST`], then one per [`LOG_INTERVAL`] | the line is counted, not written |
@@ -46,6 +47,12 @@ pub const MAX_DATA_SOURCES: usize = 256;
 pub const MAX_REGISTERED_BYTES: usize = 64 * 1024;
 /// Sequences (writer and buffer) and trace writers one producer may have.
 pub const MAX_SEQUENCES: usize = 1024;
+/// Shared memory buffers one uid's producers may hold in all (the recorder
+/// creates them, and its reads can fault their pages in).
+pub const MAX_SHARED_MEMORY_PER_UID: usize = 128 * 1024 * 1024;
+/// The smallest buffer given when a uid's room is short of what its
+/// producer asked for (the default size).
+pub const MIN_SHARED_MEMORY: usize = 256 * 1024;
 /// Closed producers kept one by one for the summary and `recorder query`;
 /// the ones after are folded into one line per uid.
 pub const MAX_CLOSED_KEPT: usize = 64;
@@ -103,19 +110,21 @@ pub enum Limit {
     DataSources,
     RegisteredBytes,
     Sequences,
+    SharedMemory,
     LogLines,
     /// Requests on the control and trigger sockets refused (counted there).
     ControlRequests,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 8] = [
+    pub const ALL: [Limit; 9] = [
         Limit::ConnectionsPerUid,
         Limit::Connections,
         Limit::NameLength,
         Limit::DataSources,
         Limit::RegisteredBytes,
         Limit::Sequences,
+        Limit::SharedMemory,
         Limit::LogLines,
         Limit::ControlRequests,
     ];
@@ -129,6 +138,7 @@ impl Limit {
             Limit::DataSources => "data_sources",
             Limit::RegisteredBytes => "registered_bytes",
             Limit::Sequences => "sequences",
+            Limit::SharedMemory => "shared_memory",
             Limit::LogLines => "log_lines",
             Limit::ControlRequests => "control_requests",
         }
@@ -143,6 +153,7 @@ impl Limit {
             Limit::DataSources => "data sources refused (too many)",
             Limit::RegisteredBytes => "data sources refused (too many name bytes)",
             Limit::Sequences => "chunks refused (too many writers)",
+            Limit::SharedMemory => "data sources not set up (shared memory of this uid used up)",
             Limit::LogLines => "log lines left out",
             Limit::ControlRequests => "control or trigger requests refused",
         }
@@ -196,6 +207,8 @@ pub struct UidReport {
 #[derive(Debug)]
 struct Account {
     live: usize,
+    /// Bytes of shared memory its producers hold.
+    shared_memory: usize,
     hits: Hits,
     closed_producers: u64,
     closed_stats: ProducerStats,
@@ -210,6 +223,7 @@ impl Account {
     fn new() -> Self {
         Self {
             live: 0,
+            shared_memory: 0,
             hits: Hits::default(),
             closed_producers: 0,
             closed_stats: ProducerStats::default(),
@@ -297,6 +311,21 @@ impl Quotas {
         if n > 0 {
             self.account(uid).hits.add(limit, n);
         }
+    }
+
+    /// Shared memory `uid`'s producers may still be given.
+    pub fn shared_memory_room(&mut self, uid: u32) -> usize {
+        MAX_SHARED_MEMORY_PER_UID.saturating_sub(self.account(uid).shared_memory)
+    }
+
+    /// `uid`'s producers now hold `bytes` more (`grew`) or fewer.
+    pub fn shared_memory(&mut self, uid: u32, bytes: usize, grew: bool) {
+        let a = self.account(uid);
+        a.shared_memory = if grew {
+            a.shared_memory.saturating_add(bytes)
+        } else {
+            a.shared_memory.saturating_sub(bytes)
+        };
     }
 
     /// Adds `hits` to `uid`'s account.
@@ -417,6 +446,16 @@ mod tests {
         assert_eq!(q.may_log(8, t0), Some(0), "another uid is not charged");
         assert_eq!(q.may_log(7, t0 + LOG_INTERVAL), Some(2));
         assert_eq!(q.reports()[0].hits.get(Limit::LogLines), 2);
+    }
+
+    #[test]
+    fn shared_memory_is_charged_to_its_uid_and_given_back() {
+        let mut q = Quotas::new(10, 10);
+        q.shared_memory(7, 100 * 1024 * 1024, true);
+        assert_eq!(q.shared_memory_room(7), 28 * 1024 * 1024);
+        assert_eq!(q.shared_memory_room(8), MAX_SHARED_MEMORY_PER_UID);
+        q.shared_memory(7, 100 * 1024 * 1024, false);
+        assert_eq!(q.shared_memory_room(7), MAX_SHARED_MEMORY_PER_UID);
     }
 
     #[test]
