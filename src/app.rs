@@ -366,11 +366,17 @@ pub fn producer_opening(
     serve: bool,
 ) -> Result<Opening, SocketPathError> {
     let env = std::env::var(socket_path::ENV_VAR).ok();
+    // A built-in source its producer filters leave out is for apps too.
+    let filters = producer_filters(spec).unwrap_or_default();
     let app_sources: Vec<String> = spec
         .data_sources
         .iter()
-        .filter(|d| matches!(d.kind, SourceKind::TrackEvent | SourceKind::Other))
-        .map(|d| d.name.clone())
+        .enumerate()
+        .filter(|(i, d)| {
+            matches!(d.kind, SourceKind::TrackEvent | SourceKind::Other)
+                || filters.get(*i).is_some_and(|f| !f.admits(PRODUCER_NAME))
+        })
+        .map(|(_, d)| d.name.clone())
         .fold(Vec::new(), |mut v, n| {
             if !v.contains(&n) {
                 v.push(n);

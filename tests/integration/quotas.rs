@@ -273,6 +273,19 @@ fn a_squatted_producer_path_cannot_touch_a_session_of_built_in_sources() {
             && said.contains(SEQUENCE_DS),
         "{said}"
     );
+    // A built-in source its producer filters leave out is for apps as well.
+    let filtered = Run::new(
+        "buffers { size_kb: 1024 }\n\
+         data_sources { config { name: \"linux.process_stats\" } producer_name_filter: \"an_app\" }\n",
+    );
+    let check = Command::new(recorder_bin())
+        .args(["config", "check"])
+        .arg(&filtered.config)
+        .env("PERFETTO_PRODUCER_SOCK_NAME", &file)
+        .output()
+        .expect("config check");
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(said.contains("producer socket: opens at"), "{said}");
     let out = apps
         .command("pwritev")
         .env("PERFETTO_PRODUCER_SOCK_NAME", &file)
