@@ -15,7 +15,7 @@ use crate::control::server::ControlServer;
 use crate::event_loop::{Recording, SessionBuffer};
 use crate::ipc::filter::ProducerFilter;
 use crate::ipc::host::{ProducerHost, WantedSource};
-use crate::ipc::socket_path::{self, SocketPathError};
+use crate::ipc::socket_path::{self, Opening, SocketPathError};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
@@ -356,11 +356,40 @@ fn producer_filters(spec: &RecorderSpec) -> Result<Vec<ProducerFilter>, AppError
         .collect()
 }
 
-/// The producer socket and what producers may provide. A path named on the
-/// command line or in `PERFETTO_PRODUCER_SOCK_NAME`, or a config that only
-/// producers can serve, must be had; a default path another service holds
-/// leaves this session without producers (a warning), so that sessions of
-/// built-in sources can run beside Perfetto's service or each other.
+/// Whether this session opens the producer socket, and where: closed
+/// unless the config names data sources only apps provide or
+/// `--producer-socket` is given (`flag`); `PERFETTO_PRODUCER_SOCK_NAME`
+/// only moves it. `recorder serve` is to pass `serve`.
+pub fn producer_opening(
+    spec: &RecorderSpec,
+    flag: Option<&std::path::Path>,
+    serve: bool,
+) -> Result<Opening, SocketPathError> {
+    let env = std::env::var(socket_path::ENV_VAR).ok();
+    // A built-in source its producer filters leave out is for apps too.
+    let filters = producer_filters(spec).unwrap_or_default();
+    let app_sources: Vec<String> = spec
+        .data_sources
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| {
+            matches!(d.kind, SourceKind::TrackEvent | SourceKind::Other)
+                || filters.get(*i).is_some_and(|f| !f.admits(PRODUCER_NAME))
+        })
+        .map(|(_, d)| d.name.clone())
+        .fold(Vec::new(), |mut v, n| {
+            if !v.contains(&n) {
+                v.push(n);
+            }
+            v
+        });
+    socket_path::decide(flag, env.as_deref(), &app_sources, serve)
+}
+
+/// The producer socket and what producers may provide, when the session
+/// opens it ([`producer_opening`]); a session that does not claims nothing,
+/// so a path squatted by anyone cannot affect it. Once it is to open, any
+/// failure to claim the path is the session's.
 fn producer_host(
     spec: &RecorderSpec,
     opts: &RunOptions,
@@ -369,13 +398,20 @@ fn producer_host(
     first_sequence: u32,
     uuid: (i64, i64),
 ) -> Result<Option<ProducerHost>, AppError> {
-    let env = std::env::var(socket_path::ENV_VAR).ok();
-    let explicit = opts.producer_socket.is_some() || env.as_deref().is_some_and(|e| !e.is_empty());
-    let path = socket_path::resolve(opts.producer_socket.as_deref(), env.as_deref())?;
-    let needs_producers = spec
-        .data_sources
-        .iter()
-        .any(|d| matches!(d.kind, SourceKind::TrackEvent | SourceKind::Other));
+    // Not a service: `recorder serve` will open it for its apps.
+    let path = match producer_opening(spec, opts.producer_socket.as_deref(), false)? {
+        Opening::Closed => {
+            log::debug!(
+                "producer socket: closed (every data source is built in; \
+                 --producer-socket PATH lets apps connect)"
+            );
+            return Ok(None);
+        }
+        Opening::Open { path, reason } => {
+            log::debug!("producer socket opens: {reason}");
+            path
+        }
+    };
     let mut wanted = Vec::with_capacity(spec.data_sources.len());
     for (index, (ds, filter)) in spec.data_sources.iter().zip(filters).enumerate() {
         let buffer = ds.target_buffer.0 + 1;
@@ -399,14 +435,12 @@ fn producer_host(
         });
     }
     let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
-    match ProducerHost::listen(&path, wanted, rings, first_sequence) {
-        Ok(h) => Ok(Some(h)),
-        Err(e @ SocketPathError::InUse { .. }) if !explicit && !needs_producers => {
-            log::warn!("{e}; this session records its built-in sources only");
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
-    }
+    Ok(Some(ProducerHost::listen(
+        &path,
+        wanted,
+        rings,
+        first_sequence,
+    )?))
 }
 
 /// The output path made absolute, so it survives `--background`'s chdir.

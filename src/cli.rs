@@ -9,7 +9,7 @@ use crate::config::{LoadOptions, UserProtos};
 
 const AFTER_HELP: &str = "\
 Exit codes:
-  0  success
+  0  success (also a recording stopped by SIGINT/SIGTERM, even during set-up)
   1  runtime failure (I/O error, full disk, kernel refused)
   2  usage or config error (unlike Perfetto, a rejected config is not a success)
 
@@ -80,9 +80,11 @@ pub struct MainArgs {
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
     pub on_segment_closed: Option<String>,
-    /// Listen for Perfetto SDK apps here instead of where they look by default
-    /// (/run/perfetto/traced-producer.sock or /tmp/perfetto-producer;
-    /// PERFETTO_PRODUCER_SOCK_NAME also overrides it).
+    /// Let Perfetto SDK apps connect, at PATH. Without it the producer socket
+    /// opens only when the config names a data source no built-in source
+    /// provides, where apps look by default (/run/perfetto/traced-producer.sock
+    /// or /tmp/perfetto-producer; PERFETTO_PRODUCER_SOCK_NAME moves it but
+    /// never opens it).
     #[arg(long, value_name = "PATH")]
     pub producer_socket: Option<PathBuf>,
 }

@@ -172,6 +172,9 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
     for p in &o.producers {
         producer(&mut s, p);
     }
+    for q in &o.quotas {
+        quota(&mut s, q);
+    }
     let _ = write!(s, "  {packets} packets in all");
     for w in &o.warnings {
         let _ = write!(s, "\n  warning: {w}");
@@ -231,6 +234,32 @@ fn mode_name(m: TriggerMode) -> &'static str {
     }
 }
 
+/// One uid's quota line: what its producers were refused, and its closed
+/// producers folded into it.
+fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
+    let who = if q.uid == crate::ipc::quota::OTHER_UIDS {
+        "other uids".to_string()
+    } else {
+        format!("uid {}", q.uid)
+    };
+    let _ = write!(s, "  producers of {who}:");
+    let mut sep = " ";
+    for (limit, n) in q.hits.each() {
+        let _ = write!(s, "{sep}{n} {}", limit.what());
+        sep = ", ";
+    }
+    if q.closed_producers > 0 {
+        let _ = write!(
+            s,
+            "{sep}{} more closed producers ({} packets, {})",
+            q.closed_producers,
+            q.closed_stats.packets,
+            HumanBytes(q.closed_stats.bytes)
+        );
+    }
+    let _ = writeln!(s);
+}
+
 /// One producer's line: who, what it wrote, what it lost and why.
 fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
     let st = &p.stats;
@@ -242,7 +271,7 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
     let _ = write!(
         s,
         "  producer {:?} (pid {}, uid {}): {sources}; {} packets, {} in {} chunks",
-        p.name,
+        crate::ipc::connection::short(&p.name),
         p.pid,
         p.uid,
         st.packets,

@@ -56,6 +56,11 @@ fn ftrace_page_corpus() {
 }
 
 #[test]
+fn quota_model_corpus() {
+    replay_nonempty("quota_model", recorder_fuzz::quota_model::check);
+}
+
+#[test]
 fn ipc_frame_corpus() {
     replay_nonempty("ipc_frame", recorder_fuzz::ipc_frame::check);
 }

@@ -19,6 +19,21 @@ pub fn load(file: &Path, opts: LoadOptions, protos: &ProtoArgs) -> Result<Loaded
     config::load_path_in(file, opts, &schema).map_err(|e| report(&e))
 }
 
+/// Whether a session of `spec` opens the producer socket, and where (as
+/// `recorder --config` without `--producer-socket` would).
+fn producer_socket_line(spec: &config::RecorderSpec) -> String {
+    use crate::ipc::socket_path::Opening;
+    match crate::app::producer_opening(spec, None, false) {
+        Ok(Opening::Closed) => "producer socket: stays closed (every data source is built in; \
+             --producer-socket PATH lets apps connect)\n"
+            .to_string(),
+        Ok(Opening::Open { path, reason }) => {
+            format!("producer socket: opens at {} ({reason})\n", path.display())
+        }
+        Err(e) => format!("producer socket: cannot open: {e}\n"),
+    }
+}
+
 /// Validates `file` and prints the plan; with `explain`, every field's fate.
 pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
     let loaded = match load(file, form.options(), &form.protos) {
@@ -39,6 +54,9 @@ pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
         config::plan::describe(&spec)
     );
     if let Err(code) = super::print_out(head) {
+        return code;
+    }
+    if let Err(code) = super::print_out(producer_socket_line(&spec)) {
         return code;
     }
     if file != Path::new("-") {

@@ -4,7 +4,9 @@
 /// a success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitCode {
-    /// Done as asked.
+    /// Done as asked. A recording stopped by SIGINT or SIGTERM ends so too,
+    /// whenever the signal came, during set-up included: the trace is valid
+    /// (with only the recorder's own packets when nothing was recorded yet).
     Success = 0,
     /// A runtime failure: an I/O error, a full disk, the kernel refused, a
     /// session could not be reached.

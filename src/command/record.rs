@@ -13,10 +13,27 @@ use crate::control::session_name::SessionNameLock;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
+use crate::sys::signals::Signals;
 
 /// The main job from its arguments: load and validate the config (its notes
 /// and warnings logged), then record.
+///
+/// SIGINT and SIGTERM are caught from here on, before anything is loaded or
+/// set up: one that arrives during set-up (the config, the output, tracefs,
+/// the sources' start) is seen by the event loop as soon as it runs, so the
+/// session stops at once with a valid trace (possibly holding only the
+/// recorder's own packets) and the exit code of any signal stop, 0.
 pub fn run_main_job(args: &MainArgs) -> ExitCode {
+    let signals = match Signals::install() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            log::warn!("cannot install signal handlers: {e}");
+            None
+        }
+    };
+    // Room for the producer quotas and the control path's reserve.
+    let open_files = crate::ipc::quota::raise_open_file_limit();
+    log::debug!("open-file limit: {open_files}");
     let Some(path) = args.config.as_deref() else {
         eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
         return ExitCode::Usage;
@@ -36,11 +53,12 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
     for w in &spec.warnings {
         log::warn!("{w}");
     }
-    run(&spec, args)
+    run(&spec, args, signals)
 }
 
-/// Records as `spec` says.
-pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
+/// Records as `spec` says; `signals` are the handlers installed before the
+/// set-up began (the event loop installs its own when `None`).
+pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> ExitCode {
     if !spec.activate_triggers.is_empty() {
         // As with Perfetto's cmdline: such a config only fires its triggers.
         return super::control::fire(&spec.activate_triggers, "perfetto_cmd_producer");
@@ -195,7 +213,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         r.ok();
     }
     let timeline = rec.session.timeline().clone();
-    let outcome = crate::event_loop::run(rec);
+    let outcome = crate::event_loop::run(rec, signals);
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
     if outcome.reason.is_failure() {
         ExitCode::Runtime

@@ -33,6 +33,7 @@ use rustix::time::Timespec;
 use super::ControlError;
 use super::message::{self, Endpoint, Refusal, Reply, Request};
 use super::runtime_dir::RuntimeDir;
+use crate::ipc::quota::{MAX_UIDS, OTHER_UIDS};
 
 /// How long a client has, from connecting, to send its whole request.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(1);
@@ -95,6 +96,7 @@ pub struct ControlServer {
     requests: Receiver<Incoming>,
     wake_rx: OwnedFd,
     refused: Arc<AtomicU64>,
+    refused_by_uid: RefusedByUid,
     stopping: Arc<AtomicBool>,
     /// Dropping it (closing the pipe) tells the thread to stop: it sleeps in
     /// poll(2) with no timeout when idle, so an idle session costs no wake-ups.
@@ -130,6 +132,7 @@ impl ControlServer {
         let (tx, rx) = std::sync::mpsc::sync_channel(2 * MAX_CONNECTIONS);
         let (reply_tx, reply_rx) = channel();
         let refused = Arc::new(AtomicU64::new(0));
+        let refused_by_uid = RefusedByUid::default();
         let stopping = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             trigger,
@@ -137,6 +140,7 @@ impl ControlServer {
             tx,
             wake_tx,
             refused: refused.clone(),
+            refused_by_uid: refused_by_uid.clone(),
             stopping: stopping.clone(),
             stop_rx,
             answer_rx,
@@ -156,6 +160,7 @@ impl ControlServer {
             requests: rx,
             wake_rx,
             refused,
+            refused_by_uid,
             stopping,
             stop_tx: Some(stop_tx),
             thread: Some(thread),
@@ -187,6 +192,12 @@ impl ControlServer {
     /// slow, pushed out by a peer's connection cap).
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The same, by the peer's uid (uids past `ipc::quota::MAX_UIDS` share
+    /// `ipc::quota::OTHER_UIDS`).
+    pub fn refused_by_uid(&self) -> Vec<(u32, u64)> {
+        self.refused_by_uid.snapshot()
     }
 
     /// Tells the server the session is stopping: a further stop request is
@@ -232,6 +243,30 @@ fn bind(dir: &RuntimeDir, name: &str, mode: u32) -> Result<UnixListener, Control
     Ok(l)
 }
 
+/// Requests refused per peer uid, shared with the server's owner; bounded
+/// as the producer quotas are (`ipc::quota::MAX_UIDS`).
+#[derive(Clone, Debug, Default)]
+struct RefusedByUid(Arc<std::sync::Mutex<std::collections::BTreeMap<u32, u64>>>);
+
+impl RefusedByUid {
+    fn add(&self, uid: u32) {
+        let Ok(mut m) = self.0.lock() else { return };
+        let key = if m.contains_key(&uid) || m.len() < MAX_UIDS {
+            uid
+        } else {
+            OTHER_UIDS
+        };
+        *m.entry(key).or_default() += 1;
+    }
+
+    fn snapshot(&self) -> Vec<(u32, u64)> {
+        self.0
+            .lock()
+            .map(|m| m.iter().map(|(u, n)| (*u, *n)).collect())
+            .unwrap_or_default()
+    }
+}
+
 /// What a connection is doing.
 enum Phase {
     /// Reading the request line.
@@ -266,6 +301,7 @@ struct Worker {
     tx: SyncSender<Incoming>,
     wake_tx: OwnedFd,
     refused: Arc<AtomicU64>,
+    refused_by_uid: RefusedByUid,
     stopping: Arc<AtomicBool>,
     /// Read end of the stop pipe: readable (end of file) once the server is dropped.
     stop_rx: OwnedFd,
@@ -394,8 +430,9 @@ impl Worker {
         self.conns.retain(|c| c.id != id);
     }
 
-    fn refuse(&self, why: &str) {
+    fn refuse(&self, uid: u32, why: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.refused_by_uid.add(uid);
         log::debug!("control request refused: {why}");
     }
 
@@ -411,7 +448,8 @@ impl Worker {
     }
 
     fn refuse_with(&mut self, id: u64, refusal: &Refusal) {
-        self.refuse(&refusal.to_string());
+        let uid = self.conn(id).map_or(OTHER_UIDS, |c| c.uid);
+        self.refuse(uid, &refusal.to_string());
         self.reply(id, &Reply::Refused(refusal.to_string()));
     }
 
@@ -585,7 +623,7 @@ impl Worker {
             if !self.make_room(uid) {
                 // Every connection of that uid waits on the loop: this one
                 // is turned away at once.
-                self.refuse("no room for another connection");
+                self.refuse(uid, "no room for another connection");
                 let refusal = Refusal::TooManyConnections(MAX_CONNECTIONS_PER_UID);
                 let _ =
                     (&stream).write(&message::encode_reply(&Reply::Refused(refusal.to_string())));
@@ -634,7 +672,10 @@ impl Worker {
             return false;
         };
         let victim = self.conns.remove(pos);
-        self.refuse(&format!("uid {victim_uid} holds too many connections"));
+        self.refuse(
+            victim_uid,
+            &format!("uid {victim_uid} holds too many connections"),
+        );
         if matches!(victim.phase, Phase::Reading { .. }) {
             // Best effort: a client that reads learns why.
             let refusal = Refusal::TooManyConnections(MAX_CONNECTIONS_PER_UID);
@@ -731,6 +772,9 @@ mod tests {
         let r = client::request(&tpath, me, &Request::Query {}, client::deadline()).expect("reply");
         assert!(matches!(r, Reply::Refused(_)));
         assert_eq!(server.refused(), 2);
+        // Charged to the uid that sent them, and to no other.
+        let uid = rustix::process::getuid().as_raw();
+        assert_eq!(server.refused_by_uid(), vec![(uid, 2)]);
         assert_eq!(client::sessions_in(dir.path()).len(), 1);
         drop(server);
         assert!(client::sessions_in(dir.path()).is_empty());

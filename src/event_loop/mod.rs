@@ -33,6 +33,7 @@ use crate::control::message::{
 };
 use crate::control::server::{ControlServer, Incoming};
 use crate::ipc::host::{HostEvent, ProducerHost};
+use crate::ipc::quota::{Limit, UidReport};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
@@ -84,9 +85,11 @@ pub struct Recording {
     pub status_line: bool,
 }
 
-/// Runs the session to its end.
-pub fn run(rec: Recording) -> Outcome {
-    let mut l = Loop::new(rec);
+/// Runs the session to its end. `signals` were installed before the
+/// session was set up (a signal that came meanwhile stops it at once);
+/// without them the loop installs its own.
+pub fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
+    let mut l = Loop::new(rec, signals);
     l.run();
     l.outcome()
 }
@@ -125,14 +128,14 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(rec: Recording) -> Self {
-        let signals = match Signals::install() {
+    fn new(rec: Recording, signals: Option<Signals>) -> Self {
+        let signals = signals.or_else(|| match Signals::install() {
             Ok(s) => Some(s),
             Err(e) => {
                 log::warn!("cannot install signal handlers: {e}");
                 None
             }
-        };
+        });
         let status = if rec.status_line {
             StatusLine::on_terminal()
         } else {
@@ -164,6 +167,8 @@ impl Loop {
         self.queue.push_back(Event::Begin {
             wall_ms: crate::clock::realtime_ms(),
         });
+        // A signal during set-up: the session stops as soon as it began.
+        self.take_signals();
         loop {
             while let Some(ev) = self.queue.pop_front() {
                 let now = self.reactor.now();
@@ -509,8 +514,9 @@ impl Loop {
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
         let producers = self.rec.producers.as_ref();
+        let control = self.rec.control.as_ref();
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes, producers));
+        let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control));
         let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
@@ -597,6 +603,7 @@ impl Loop {
             &self.rec.buffers,
             self.flushes,
             self.rec.producers.as_ref(),
+            self.rec.control.as_ref(),
         ));
         match w.rotate(&tail, reason) {
             Ok(()) => {
@@ -668,6 +675,7 @@ impl Loop {
         let buffers = &self.rec.buffers;
         let flushes = self.flushes;
         let producers = self.rec.producers.as_ref();
+        let control = self.rec.control.as_ref();
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -685,10 +693,10 @@ impl Loop {
                 now,
                 ServiceEvent::ReadTracingBuffersCompleted,
             ));
-            t.push(service::trace_stats(
+            t.extend(service::stats_packets(
                 uid,
                 now,
-                &trace_stats(buffers, flushes, producers),
+                &trace_stats(buffers, flushes, producers, control),
             ));
             t
         };
@@ -830,9 +838,35 @@ impl Loop {
                 .producers
                 .as_ref()
                 .map_or_else(Vec::new, |p| p.reports()),
+            quotas: quota_reports(self.rec.producers.as_ref(), self.rec.control.as_ref()),
         }
     }
 }
+
+/// The `trace_attributes` entries of per-uid quota hits and folded closed
+/// producers: `recorder.quota.uid.<uid>.<limit>` and
+/// `recorder.quota.uid.<uid>.closed_producers`.
+fn quota_attributes(reports: &[UidReport]) -> Vec<(String, i64)> {
+    let mut v = Vec::new();
+    for r in reports {
+        for (limit, n) in r.hits.each() {
+            v.push((
+                format!("{}{}.{}", QUOTA_KEY_PREFIX, r.uid, limit.key()),
+                i64::try_from(n).unwrap_or(i64::MAX),
+            ));
+        }
+        if r.closed_producers > 0 {
+            v.push((
+                format!("{}{}.closed_producers", QUOTA_KEY_PREFIX, r.uid),
+                i64::try_from(r.closed_producers).unwrap_or(i64::MAX),
+            ));
+        }
+    }
+    v
+}
+
+/// Where per-uid quota figures live in `trace_attributes`.
+pub const QUOTA_KEY_PREFIX: &str = "recorder.quota.uid.";
 
 /// Flushes asked of the data sources, for `trace_stats`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -848,6 +882,7 @@ fn trace_stats(
     buffers: &[SessionBuffer],
     flushes: FlushCounts,
     producers: Option<&ProducerHost>,
+    control: Option<&ControlServer>,
 ) -> TraceStatsRecord {
     let mut rec = TraceStatsRecord {
         flushes_requested: flushes.requested,
@@ -872,5 +907,30 @@ fn trace_stats(
             b.trace_writer_packet_loss += s.trace_writer_packet_loss;
         }
     }
+    rec.quota_hits = quota_attributes(&quota_reports(producers, control));
     rec
+}
+
+/// Every uid that hit a producer quota, had its closed producers folded or
+/// had control or trigger requests refused, by uid.
+fn quota_reports(
+    producers: Option<&ProducerHost>,
+    control: Option<&ControlServer>,
+) -> Vec<UidReport> {
+    let mut v = producers.map_or_else(Vec::new, |p| p.quota_reports());
+    for (uid, n) in control.map_or_else(Vec::new, |c| c.refused_by_uid()) {
+        match v.iter_mut().find(|r| r.uid == uid) {
+            Some(r) => r.hits.add(Limit::ControlRequests, n),
+            None => {
+                let mut r = UidReport {
+                    uid,
+                    ..UidReport::default()
+                };
+                r.hits.add(Limit::ControlRequests, n);
+                v.push(r);
+            }
+        }
+    }
+    v.sort_by_key(|r| r.uid);
+    v
 }

@@ -38,4 +38,7 @@ pub struct Outcome {
     pub cut_bytes: u64,
     /// Every producer (SDK app) that connected, and what it did.
     pub producers: Vec<crate::ipc::host::ProducerReport>,
+    /// Every uid that hit a producer quota or whose closed producers were
+    /// folded into one line.
+    pub quotas: Vec<crate::ipc::quota::UidReport>,
 }

@@ -20,6 +20,10 @@ use rustix::event::{PollFd, PollFlags, poll};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
+use super::quota::{
+    Hits, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
+    MIN_SHARED_MEMORY,
+};
 use super::sequence::{Budget, Sequence, Trust};
 use super::smb::{self, SharedMemory};
 use super::stats::ProducerStats;
@@ -57,8 +61,6 @@ pub const METHODS: [&str; 12] = [
 const SEND_TIMEOUT: Duration = Duration::from_millis(20);
 /// Bytes read from one producer per wake-up, so one cannot starve others.
 const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
-/// Data sources one producer may register.
-const MAX_DATA_SOURCES: usize = 1024;
 /// Memory a producer may have held in partial packets and chunks waiting for
 /// patches: as much as the largest SMB can hand over before its patches.
 const HELD_BYTES: usize = smb::MAX_SIZE;
@@ -135,6 +137,13 @@ pub struct Connection {
     chunk_copy: Vec<u8>,
     budget: Budget,
     pub stats: ProducerStats,
+    /// Its quota hits (`ipc::quota`), charged to its uid by the host.
+    pub hits: Hits,
+    /// Bytes of the names in `registered`.
+    registered_bytes: usize,
+    /// Lines to log, which the host writes within the uid's log quota
+    /// (drained after every call).
+    pub log_lines: Vec<(log::Level, String)>,
     /// Why the connection ended, once it has.
     pub closed: Option<String>,
 }
@@ -162,6 +171,9 @@ impl Connection {
             chunk_copy: Vec::new(),
             budget: Budget { left: HELD_BYTES },
             stats: ProducerStats::default(),
+            hits: Hits::default(),
+            registered_bytes: 0,
+            log_lines: Vec::new(),
             closed: None,
         })
     }
@@ -173,7 +185,7 @@ impl Connection {
     /// The name for people: the producer's own, or its pid before it said.
     pub fn label(&self) -> String {
         match &self.name {
-            Some(n) => format!("{n} (pid {})", self.pid),
+            Some(n) => format!("{} (pid {})", short(n), self.pid),
             None => format!("pid {}", self.pid),
         }
     }
@@ -185,8 +197,18 @@ impl Connection {
 
     fn close(&mut self, why: String) {
         if self.closed.is_none() {
-            log::info!("producer {} disconnected: {why}", self.label());
+            self.log(
+                log::Level::Info,
+                format!("producer {} disconnected: {why}", self.label()),
+            );
             self.closed = Some(why);
+        }
+    }
+
+    /// A line for the host to log, within the uid's quota.
+    fn log(&mut self, level: log::Level, line: String) {
+        if log::log_enabled!(level) {
+            self.log_lines.push((level, line));
         }
     }
 
@@ -343,18 +365,25 @@ impl Connection {
                     return self.fail(rid);
                 }
                 let name = r.producer_name.clone().unwrap_or_default();
+                if name.len() > MAX_NAME_BYTES {
+                    self.hits.add(Limit::NameLength, 1);
+                    return self.fail(rid);
+                }
                 self.hints = (
                     r.shared_memory_page_size_hint_bytes.unwrap_or(0),
                     r.shared_memory_size_hint_bytes.unwrap_or(0),
                 );
                 self.scraping = r.smb_scraping_mode
                     == Some(pb::initialize_connection_request::ProducerSmbScrapingMode::SmbScrapingEnabled as i32);
-                log::info!(
-                    "producer {name:?} connected (pid {}, uid {}, {})",
+                let sdk = r.sdk_version.as_deref().unwrap_or("unknown SDK");
+                let line = format!(
+                    "producer {:?} connected (pid {}, uid {}, {})",
+                    short(&name),
                     self.pid,
                     self.uid,
-                    r.sdk_version.as_deref().unwrap_or("unknown SDK")
+                    short(sdk)
                 );
+                self.log(log::Level::Info, line);
                 self.name = Some(name);
                 // The recorder always provides the SMB itself.
                 let reply = pb::InitializeConnectionResponse {
@@ -372,6 +401,10 @@ impl Connection {
                     decode!(pb::UpdateDataSourceRequest).data_source_descriptor
                 };
                 let d = d.unwrap_or_default();
+                if d.name.as_ref().is_some_and(|n| n.len() > MAX_NAME_BYTES) {
+                    self.hits.add(Limit::NameLength, 1);
+                    return self.fail(rid);
+                }
                 let reg = Registered {
                     name: d.name.clone().unwrap_or_default(),
                     id: d.id.unwrap_or(0),
@@ -394,9 +427,20 @@ impl Connection {
                         return self.ok(rid, drop_reply, Vec::new());
                     }
                     if self.registered.len() >= MAX_DATA_SOURCES {
+                        self.hits.add(Limit::DataSources, 1);
                         return self.fail(rid);
                     }
-                    log::debug!("producer {} registered {:?}", self.label(), reg.name);
+                    if self.registered_bytes + reg.name.len() > MAX_REGISTERED_BYTES {
+                        self.hits.add(Limit::RegisteredBytes, 1);
+                        return self.fail(rid);
+                    }
+                    let line = format!(
+                        "producer {} registered {:?}",
+                        self.label(),
+                        short(&reg.name)
+                    );
+                    self.log(log::Level::Debug, line);
+                    self.registered_bytes += reg.name.len();
                     self.registered.push(reg);
                     notes.push(Note::Changed);
                 }
@@ -416,7 +460,8 @@ impl Connection {
                     notes.push(Note::Stopped(id));
                 }
                 if let Some(at) = self.registered.iter().position(|r| r.name == n) {
-                    self.registered.remove(at);
+                    let r = self.registered.remove(at);
+                    self.registered_bytes = self.registered_bytes.saturating_sub(r.name.len());
                 }
                 self.ok(rid, drop_reply, Vec::new());
             }
@@ -439,6 +484,10 @@ impl Connection {
                 let r = decode!(pb::RegisterTraceWriterRequest);
                 let id = r.trace_writer_id.unwrap_or(0);
                 if let (Ok(id), Some(b)) = (u16::try_from(id), r.target_buffer) {
+                    if self.writers.len() >= MAX_SEQUENCES && !self.writers.contains_key(&id) {
+                        self.hits.add(Limit::Sequences, 1);
+                        return self.fail(rid);
+                    }
                     self.writers.insert(id, b);
                 }
                 self.ok(rid, drop_reply, Vec::new());
@@ -519,6 +568,7 @@ impl Connection {
                 (writer, buffer_id),
                 (self.uid, self.pid),
                 shared,
+                &mut self.hits,
             ) else {
                 continue;
             };
@@ -573,6 +623,7 @@ impl Connection {
                 (header.writer_id, buffer_id),
                 (self.uid, self.pid),
                 shared,
+                &mut self.hits,
             ) else {
                 self.stats.chunks_discarded += 1;
                 continue;
@@ -627,11 +678,26 @@ impl Connection {
         }
     }
 
+    /// Bytes of the shared memory buffer it was given (0 before).
+    pub fn shared_memory(&self) -> usize {
+        self.smb.as_ref().map_or(0, |s| s.size())
+    }
+
     /// Sets up data source instance `id` (the SMB and SetupTracing first,
-    /// once); [`Connection::start_instance`] starts it.
-    pub fn setup_instance(&mut self, id: u64, inst: Instance) {
+    /// once, within `room` bytes of its uid's shared memory quota: smaller
+    /// than asked when needed, and not at all when even
+    /// [`MIN_SHARED_MEMORY`] does not fit — a hit, and no instance);
+    /// [`Connection::start_instance`] starts it. Whether it was set up.
+    pub fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
         if self.smb.is_none() {
-            let (page, size) = smb::sizes(self.hints.0, self.hints.1);
+            let (page, mut size) = smb::sizes(self.hints.0, self.hints.1);
+            if size > room {
+                size = room - room % page;
+                if size < MIN_SHARED_MEMORY.max(page) {
+                    self.hits.add(Limit::SharedMemory, 1);
+                    return false;
+                }
+            }
             match SharedMemory::create(size, page) {
                 Ok(s) => {
                     let cmd = Cmd::SetupTracing(pb::get_async_command_response::SetupTracing {
@@ -644,10 +710,16 @@ impl Connection {
                     self.smb = Some(s);
                     match dup {
                         Ok(fd) => self.command(cmd, Some(fd.as_fd())),
-                        Err(e) => return self.close(format!("shared memory: {e}")),
+                        Err(e) => {
+                            self.close(format!("shared memory: {e}"));
+                            return false;
+                        }
                     }
                 }
-                Err(e) => return self.close(format!("shared memory: {e}")),
+                Err(e) => {
+                    self.close(format!("shared memory: {e}"));
+                    return false;
+                }
             }
         }
         let config = inst.config.clone();
@@ -659,6 +731,7 @@ impl Connection {
             }),
             None,
         );
+        true
     }
 
     /// Starts instance `id` (set up before); whether a start ack is due.
@@ -775,6 +848,19 @@ impl Connection {
     }
 }
 
+/// A name a peer chose, cut for a log line.
+pub fn short(name: &str) -> &str {
+    const MAX: usize = 64;
+    if name.len() <= MAX {
+        return name;
+    }
+    let mut end = MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 /// The sequence of (writer, buffer), made on first use with the next
 /// session-wide sequence id.
 fn sequence<'a>(
@@ -782,8 +868,13 @@ fn sequence<'a>(
     (writer, buffer_id): (u16, u32),
     (uid, pid): (u32, u32),
     shared: &mut Shared<'_>,
+    hits: &mut Hits,
 ) -> Option<&'a mut Sequence> {
     if writer == 0 {
+        return None;
+    }
+    if sequences.len() >= MAX_SEQUENCES && !sequences.contains_key(&(writer, buffer_id)) {
+        hits.add(Limit::Sequences, 1);
         return None;
     }
     let buffer = shared.buffers.get(buffer_id.checked_sub(1)? as usize)?;
@@ -952,5 +1043,80 @@ mod tests {
         let (_, _, c) = exchange(&u32::MAX.to_le_bytes());
         assert!(c.closed.is_some());
         assert_eq!(c.stats.ipc_refusals, 1);
+    }
+
+    fn register(rid: u64, name: &str) -> Vec<u8> {
+        let req = pb::RegisterDataSourceRequest {
+            data_source_descriptor: Some(pb::ProducerDataSourceDescriptor {
+                name: Some(name.into()),
+                ..Default::default()
+            }),
+        };
+        invoke(rid, 2, req.encode_to_vec(), false)
+    }
+
+    #[test]
+    fn names_data_sources_and_name_bytes_are_refused_past_their_quotas() {
+        let init = |name: &str| {
+            InitializeConnectionRequest {
+                producer_name: Some(name.into()),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        let (frames, _, c) =
+            exchange(&[bind(1, SERVICE_NAME), invoke(2, 1, init(&long), false)].concat());
+        assert_eq!(success(&frames[1]), Some(false));
+        assert_eq!(c.name, None);
+        assert_eq!(c.hits.get(Limit::NameLength), 1);
+
+        let mut bytes = vec![bind(1, SERVICE_NAME), invoke(2, 1, init("q"), false)];
+        bytes.push(register(3, &long));
+        for i in 0..MAX_DATA_SOURCES + 5 {
+            bytes.push(register(10 + i as u64, &format!("ds{i}")));
+        }
+        let (frames, _, c) = exchange(&bytes.concat());
+        let failed = frames.iter().filter(|f| success(f) == Some(false)).count();
+        assert_eq!(failed, 1 + 5);
+        assert_eq!(c.registered.len(), MAX_DATA_SOURCES);
+        assert_eq!(c.hits.get(Limit::NameLength), 1);
+        assert_eq!(c.hits.get(Limit::DataSources), 5);
+
+        // Names near the length limit run into the byte quota first.
+        let near = "y".repeat(MAX_NAME_BYTES - 8);
+        let mut bytes = vec![bind(1, SERVICE_NAME), invoke(2, 1, init("b"), false)];
+        let fit = MAX_REGISTERED_BYTES / MAX_NAME_BYTES;
+        for i in 0..fit + 3 {
+            bytes.push(register(10 + i as u64, &format!("{near}{i:08}")));
+        }
+        let (_, _, c) = exchange(&bytes.concat());
+        assert_eq!(c.registered.len(), fit);
+        assert_eq!(c.hits.get(Limit::RegisteredBytes), 3);
+    }
+
+    #[test]
+    fn shared_memory_fits_the_uids_room_or_is_not_given() {
+        let inst = || Instance {
+            wanted: 0,
+            name: "ds".into(),
+            buffer: 1,
+            no_flush: false,
+            will_notify_on_start: false,
+            will_notify_on_stop: false,
+            config: Vec::new(),
+            started: false,
+            started_ack: false,
+            stopping: false,
+        };
+        let (ours, _peer) = UnixStream::pair().expect("pair");
+        let mut c = Connection::new(1, ours).expect("connection");
+        c.hints = (4096, 4 * 1024 * 1024);
+        assert!(!c.setup_instance(1, inst(), MIN_SHARED_MEMORY - 1));
+        assert_eq!(c.hits.get(Limit::SharedMemory), 1);
+        assert_eq!((c.shared_memory(), c.instances.len()), (0, 0));
+        assert!(c.setup_instance(2, inst(), 1024 * 1024 + 100));
+        assert_eq!(c.shared_memory(), 1024 * 1024, "cut to the room, in pages");
+        assert_eq!(c.instances.len(), 1);
     }
 }

@@ -26,6 +26,10 @@ pub const HEADER_BYTES: usize = 4;
 /// The largest payload a frame may carry.
 pub const MAX_PAYLOAD_BYTES: usize = MAX_FRAME_BYTES - HEADER_BYTES;
 
+/// Capacity a decoder keeps between frames; a larger buffer is given back
+/// once its frame is taken.
+const IDLE_CAPACITY: usize = 4096;
+
 /// Why a byte stream was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
@@ -79,6 +83,10 @@ impl FrameDecoder {
             }
             let decoded = IpcFrame::decode(&self.buf[HEADER_BYTES..HEADER_BYTES + len]);
             self.buf.drain(..HEADER_BYTES + len);
+            // An idle connection holds no frame-sized buffer.
+            if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
+                self.buf = Vec::new();
+            }
             if len == 0 {
                 continue;
             }

@@ -16,13 +16,15 @@ use std::sync::Arc;
 
 use super::connection::{Connection, Instance, Note, Shared};
 use super::filter::ProducerFilter;
+use super::quota::{self, MAX_CLOSED_KEPT, MAX_CONNECTIONS_PER_UID, Quotas, UidReport};
 use super::socket_path::{self, SocketPathError};
 use super::stats::{ProducerStats, ProducerTotals};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::ringbuf::Buffer;
 
-/// Producers connected at once, at most.
-const MAX_CONNECTIONS: usize = 1024;
+/// Connections taken from the listener per wake-up: a uid that reconnects
+/// as fast as it is refused cannot hold the loop.
+const ACCEPT_BATCH: usize = 64;
 /// Flushes waiting for acks, at most (as Perfetto's service): a producer
 /// that never answers costs the oldest entry, not unbounded memory; the
 /// session's own deadline has long ended such a flush.
@@ -98,8 +100,10 @@ pub struct ProducerHost {
     /// Instances whose start ack is awaited (connection, instance).
     start_waiting: BTreeSet<(u32, u64)>,
     start_pending: bool,
-    /// Connections refused (too many).
-    pub refused_connections: u64,
+    /// Per-uid accounts: connections, hits, closed producers, log lines.
+    quotas: Quotas,
+    /// Connections admitted so far (Perfetto's producers_seen).
+    seen: u64,
 }
 
 impl ProducerHost {
@@ -112,7 +116,11 @@ impl ProducerHost {
         first_sequence: u32,
     ) -> Result<Self, SocketPathError> {
         let listener = socket_path::claim(path)?;
-        log::info!("producer socket: {}", path.display());
+        let max = quota::connection_budget(quota::open_file_limit());
+        log::info!(
+            "producer socket: {} (at most {max} connections, {MAX_CONNECTIONS_PER_UID} per uid)",
+            path.display()
+        );
         Ok(Self {
             listener,
             path: path.to_path_buf(),
@@ -132,7 +140,8 @@ impl ProducerHost {
             stop_pending: false,
             start_waiting: BTreeSet::new(),
             start_pending: false,
-            refused_connections: 0,
+            quotas: Quotas::new(max, MAX_CONNECTIONS_PER_UID),
+            seen: 0,
         })
     }
 
@@ -191,28 +200,60 @@ impl ProducerHost {
             self.match_sources();
         }
         self.completions(&mut events);
+        self.charge();
         events
     }
 
+    /// Moves every connection's quota hits to its uid's account and writes
+    /// its log lines within that uid's log quota.
+    fn charge(&mut self) {
+        for c in self.conns.values_mut() {
+            charge(&mut self.quotas, c);
+        }
+    }
+
     fn accept(&mut self) {
-        loop {
+        for _ in 0..ACCEPT_BATCH {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if self.conns.len() >= MAX_CONNECTIONS {
-                        self.refused_connections += 1;
+                    // Charged to the peer's uid before anything is
+                    // allocated for it; refused, it is closed at once.
+                    let Ok(cred) = rustix::net::sockopt::socket_peercred(&stream) else {
+                        continue;
+                    };
+                    let uid = cred.uid.as_raw();
+                    if let Err(limit) = self.quotas.admit(uid) {
+                        drop(stream);
+                        let line = format!(
+                            "producer connection of uid {uid} refused: {} (at most {} per uid, {} in all)",
+                            limit.what(),
+                            MAX_CONNECTIONS_PER_UID,
+                            self.quotas.max_connections()
+                        );
+                        say(&mut self.quotas, uid, log::Level::Warn, &line);
                         continue;
                     }
+                    self.seen += 1;
                     let id = self.next_conn;
                     self.next_conn = self.next_conn.wrapping_add(1).max(1);
                     match Connection::new(id, stream) {
                         Ok(c) => {
                             self.conns.insert(id, c);
                         }
-                        Err(e) => log::warn!("producer connection: {e}"),
+                        Err(e) => {
+                            self.quotas.release(uid);
+                            log::warn!("producer connection: {e}");
+                        }
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    // Out of descriptors despite the budget: the listener
+                    // waits (the control path has its own reserve).
+                    log::debug!("producer socket: accept: {e}");
+                    break;
+                }
             }
         }
     }
@@ -241,10 +282,18 @@ impl ProducerHost {
                 }
                 self.stop_waiting.retain(|(cid, _)| *cid != id);
                 self.start_waiting.retain(|(cid, _)| *cid != id);
+                charge(&mut self.quotas, &mut c);
+                self.quotas.release(c.uid);
+                self.quotas.shared_memory(c.uid, c.shared_memory(), false);
                 // A connection that never said who it is and did nothing
-                // wrong (a liveness probe, say) is not worth a line.
+                // wrong (a liveness probe, say) is not worth a line; past
+                // MAX_CLOSED_KEPT, closed producers are folded per uid.
                 if c.name.is_some() || c.stats != ProducerStats::default() {
-                    self.gone.push(report(&c, false));
+                    if self.gone.len() < MAX_CLOSED_KEPT {
+                        self.gone.push(report(&c, false));
+                    } else {
+                        self.quotas.fold_closed(c.uid, &c.stats);
+                    }
                 }
             }
         }
@@ -295,12 +344,14 @@ impl ProducerHost {
                     }
                     let id = self.next_instance;
                     self.next_instance += 1;
-                    log::info!(
+                    let line = format!(
                         "setting up {:?} on producer {} (instance {id})",
-                        reg.name,
+                        super::connection::short(&reg.name),
                         c.label()
                     );
-                    c.setup_instance(
+                    let room = self.quotas.shared_memory_room(c.uid);
+                    let before = c.shared_memory();
+                    let set_up = c.setup_instance(
                         id,
                         Instance {
                             wanted: w,
@@ -314,7 +365,14 @@ impl ProducerHost {
                             started_ack: false,
                             stopping: false,
                         },
+                        room,
                     );
+                    self.quotas
+                        .shared_memory(c.uid, c.shared_memory() - before, true);
+                    if !set_up {
+                        continue;
+                    }
+                    say(&mut self.quotas, c.uid, log::Level::Info, &line);
                     // A producer that comes after the start is started at
                     // once; the session's start no longer waits for it.
                     if self.started {
@@ -453,7 +511,6 @@ impl ProducerHost {
     pub fn totals(&self) -> ProducerTotals {
         let mut all = ProducerStats::default();
         let zero = ProducerStats::default();
-        let mut seen = 0;
         for c in self
             .gone
             .iter()
@@ -461,16 +518,23 @@ impl ProducerHost {
             .chain(self.conns.values().map(|c| &c.stats))
         {
             all.add_change(&zero, c);
-            seen += 1;
         }
+        let (_, folded) = self.quotas.closed_stats();
+        all.add_change(&zero, &folded);
         let live = self.conns.values().filter(|c| c.closed.is_none());
         ProducerTotals {
             per_buffer: self.per_buffer.clone(),
             all,
             connected: live.clone().count() as u32,
-            seen,
+            seen: self.seen,
             data_sources_registered: live.map(|c| c.registered.len() as u32).sum(),
         }
+    }
+
+    /// Every uid that hit a limit or whose closed producers were folded,
+    /// by uid.
+    pub fn quota_reports(&self) -> Vec<UidReport> {
+        self.quotas.reports()
     }
 
     /// Every producer seen so far, connected ones last.
@@ -495,6 +559,30 @@ impl Drop for ProducerHost {
             log::debug!("producer {:?} (pid {}): {:?}", r.name, r.pid, r.stats);
         }
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Moves `c`'s quota hits to its uid's account and writes its log lines
+/// within that uid's log quota.
+fn charge(quotas: &mut Quotas, c: &mut Connection) {
+    if !c.hits.is_empty() {
+        quotas.add_hits(c.uid, &std::mem::take(&mut c.hits));
+    }
+    for (level, line) in std::mem::take(&mut c.log_lines) {
+        say(quotas, c.uid, level, &line);
+    }
+}
+
+/// Logs `line`, caused by `uid`, within that uid's log quota; lines left
+/// out are counted and said with the next one written.
+fn say(quotas: &mut Quotas, uid: u32, level: log::Level, line: &str) {
+    if !log::log_enabled!(level) {
+        return;
+    }
+    match quotas.may_log(uid, std::time::Instant::now()) {
+        Some(0) => log::log!(level, "{line}"),
+        Some(n) => log::log!(level, "{line} ({n} earlier lines of uid {uid} left out)"),
+        None => {}
     }
 }
 

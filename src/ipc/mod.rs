@@ -11,7 +11,9 @@
 //! - [`smb`]: the sealed shared memory and its chunk state machine (the one
 //!   `unsafe` part, invariants S1–S3); [`chunk`]: a chunk's header and
 //!   fragments; [`sequence`]: one writer's packets reassembled, validated
-//!   and stored; [`stats`]: what each producer did.
+//!   and stored; [`stats`]: what each producer did;
+//! - [`quota`]: what one uid's connections may cost, checked before
+//!   allocating.
 //!
 //! Data sources are set up from the session's beginning and started with
 //! it; start acks (`will_notify_on_start`) are awaited for
@@ -37,6 +39,7 @@ pub mod connection;
 pub mod filter;
 pub mod frame;
 pub mod host;
+pub mod quota;
 pub mod sequence;
 pub mod smb;
 pub mod socket_path;

@@ -6,10 +6,18 @@
 //! both (producer facts §1.4). The recorder listens where the app looks, and
 //! `--producer-socket PATH` overrides everything.
 //!
-//! Anyone may connect, as with Perfetto's service (mode 0666): producers of
-//! every user record into the session, each tagged with its own uid and pid
-//! from the socket. A path held by a live listener (Perfetto's own service,
-//! another recorder) is refused; a stale socket file is replaced.
+//! Whether the socket opens at all is decided first ([`decide`]): closed by
+//! default, it opens only for a session that needs apps — its config names a
+//! data source no built-in source provides, or `--producer-socket` is given
+//! (or, later, a long-lived service asks for it: [`Reason::Serve`]).
+//! `PERFETTO_PRODUCER_SOCK_NAME` says *where*, never *whether*. So a path
+//! another user squats cannot affect a session of built-in sources.
+//!
+//! Once open, anyone may connect, as with Perfetto's service (mode 0666):
+//! producers of every user record into the session, each tagged with its own
+//! uid and pid from the socket, within per-uid quotas (`ipc::quota`). A path
+//! held by a live listener (Perfetto's own service, another recorder) is
+//! refused; a stale socket file is replaced.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -44,6 +52,72 @@ pub enum SocketPathError {
     },
     #[error("an abstract or network producer socket ({0}) is not supported: give a path")]
     NotAPath(String),
+}
+
+/// Why a session opens the producer socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// `--producer-socket PATH`.
+    Flag,
+    /// The config names data sources only apps provide (their names).
+    AppSources(Vec<String>),
+    /// A long-lived service that serves apps whatever its sessions name.
+    Serve,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Flag => f.write_str("--producer-socket is given"),
+            Reason::AppSources(names) => {
+                write!(f, "the config names data sources only apps provide: ")?;
+                for (i, n) in names.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{n:?}")?;
+                }
+                Ok(())
+            }
+            Reason::Serve => f.write_str("the service serves apps"),
+        }
+    }
+}
+
+/// Whether the producer socket opens, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// No app can connect; nothing is claimed on the file system.
+    Closed,
+    Open {
+        path: PathBuf,
+        reason: Reason,
+    },
+}
+
+/// Closed by default: open only when `--producer-socket` is given
+/// (`flag`), the config names data sources no built-in source provides
+/// (`app_sources`), or `serve` says so. The environment (`env`, the value
+/// of [`ENV_VAR`]) only chooses the path of a socket that opens.
+pub fn decide(
+    flag: Option<&Path>,
+    env: Option<&str>,
+    app_sources: &[String],
+    serve: bool,
+) -> Result<Opening, SocketPathError> {
+    let reason = if flag.is_some() {
+        Reason::Flag
+    } else if !app_sources.is_empty() {
+        Reason::AppSources(app_sources.to_vec())
+    } else if serve {
+        Reason::Serve
+    } else {
+        return Ok(Opening::Closed);
+    };
+    Ok(Opening::Open {
+        path: resolve(flag, env)?,
+        reason,
+    })
 }
 
 /// The path to listen on: the flag, else the environment, else where an SDK
@@ -125,6 +199,44 @@ mod tests {
         assert!(d == Path::new(RUN_SOCKET) || d == Path::new(TMP_SOCKET));
         assert!(resolve(None, Some("@abstract")).is_err());
         assert!(resolve(None, Some("/a,/b")).is_err());
+    }
+
+    #[test]
+    fn the_socket_stays_closed_unless_apps_are_needed_or_it_is_asked_for() {
+        let none: &[String] = &[];
+        // The environment alone opens nothing.
+        assert_eq!(
+            decide(None, Some("/y/env.sock"), none, false).expect("ok"),
+            Opening::Closed
+        );
+        assert_eq!(
+            decide(Some(Path::new("/f")), None, none, false).expect("ok"),
+            Opening::Open {
+                path: "/f".into(),
+                reason: Reason::Flag
+            }
+        );
+        let apps = vec!["track_event".to_string()];
+        assert_eq!(
+            decide(None, Some("/y/env.sock"), &apps, false).expect("ok"),
+            Opening::Open {
+                path: "/y/env.sock".into(),
+                reason: Reason::AppSources(apps.clone())
+            }
+        );
+        assert!(matches!(
+            decide(None, None, none, true).expect("ok"),
+            Opening::Open {
+                reason: Reason::Serve,
+                ..
+            }
+        ));
+        // A bad environment value matters only when the socket opens.
+        assert_eq!(
+            decide(None, Some("@abstract"), none, false).expect("ok"),
+            Opening::Closed
+        );
+        assert!(decide(None, Some("@abstract"), &apps, false).is_err());
     }
 
     #[test]

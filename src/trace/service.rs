@@ -436,6 +436,10 @@ pub struct TraceStatsRecord {
     /// Producer packets dropped for setting a service-only field or being
     /// malformed.
     pub invalid_packets: u64,
+    /// Quota hits per uid, as `trace_attributes` entries
+    /// (`recorder.quota.uid.<uid>.<limit>`): TraceStats counts producers but
+    /// has no per-uid field, so they go beside it (see [`stats_packets`]).
+    pub quota_hits: Vec<(String, i64)>,
 }
 
 impl TraceStatsRecord {
@@ -460,6 +464,21 @@ impl TraceStatsRecord {
         rec.total_buffers = rec.buffers.len() as u32;
         rec
     }
+}
+
+/// The `trace_stats` packet, and after it the `trace_attributes` packet of
+/// the per-uid quota hits when there are any.
+pub fn stats_packets(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<Vec<u8>> {
+    let mut out = vec![trace_stats(uid, ts_ns, s)];
+    if !s.quota_hits.is_empty() {
+        let attrs: Vec<(&str, AttributeValue)> = s
+            .quota_hits
+            .iter()
+            .map(|(k, v)| (k.as_str(), AttributeValue::Long(*v)))
+            .collect();
+        out.push(trace_attributes(uid, ts_ns, &attrs));
+    }
+    out
 }
 
 /// The `trace_stats` packet.

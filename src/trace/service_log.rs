@@ -96,7 +96,7 @@ impl ServiceLog {
     /// The packets that close a segment after its last pass: `trace_stats`,
     /// so each segment carries the buffers' figures at its end.
     pub fn segment_tail(&self, stats: &TraceStatsRecord) -> Vec<Vec<u8>> {
-        vec![service::trace_stats(self.uid, clock::boottime_ns(), stats)]
+        service::stats_packets(self.uid, clock::boottime_ns(), stats)
     }
 
     /// Tracing started: the initial clock snapshot and `tracing_started`.
@@ -234,7 +234,7 @@ impl ServiceLog {
             ));
         }
         if std::mem::take(&mut self.stats_due) {
-            out.push(service::trace_stats(self.uid, now, &stats()));
+            out.extend(service::stats_packets(self.uid, now, &stats()));
         }
         out
     }

@@ -12,6 +12,15 @@ until killed (or for --seconds).
                                   dribble  one byte every 5 s
                                   lie      read the request, answer
                                            "stopping" or "accepted"
+  names SOCKET CONNS COUNT SIZE
+                                on a producer socket: CONNS producers that
+                                each register COUNT data sources named with
+                                SIZE bytes; says "done" once all are sent and
+                                holds the connections
+  churn SOCKET CYCLES NAMELEN   on a producer socket: CYCLES times connect,
+                                initialize as a producer named with NAMELEN
+                                bytes, register a data source and close
+                                (CYCLES 0: until --seconds); says "done"
 """
 
 import argparse
@@ -108,6 +117,108 @@ def fake(directory, suffix, mode, pid, seconds):
     os.unlink(path)
 
 
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field_bytes(num, b):
+    return varint(num << 3 | 2) + varint(len(b)) + b
+
+
+def field_varint(num, v):
+    return varint(num << 3) + varint(v)
+
+
+def ipc_frame(request_id, body):
+    f = field_varint(2, request_id) + body
+    return len(f).to_bytes(4, "little") + f
+
+
+def ipc_bind():
+    return ipc_frame(1, field_bytes(3, field_bytes(1, b"ProducerPort")))
+
+
+def ipc_invoke(request_id, method, args):
+    m = field_varint(1, 1) + field_varint(2, method) + field_bytes(3, args)
+    return ipc_frame(request_id, field_bytes(5, m))
+
+
+def ipc_init(name):
+    return ipc_invoke(2, 1, field_bytes(3, name))
+
+
+def ipc_register(request_id, name):
+    return ipc_invoke(request_id, 2, field_bytes(1, field_bytes(1, name)))
+
+
+def drain(s):
+    try:
+        while s.recv(65536, socket.MSG_DONTWAIT):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+    except OSError:
+        pass
+
+
+def names(path, conns, count, size, seconds):
+    socks = []
+    for _ in range(conns):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            s.sendall(ipc_bind() + ipc_init(b"name_flood"))
+            socks.append(s)
+        except OSError:
+            # Refused (this uid's connections are capped): go on with the rest.
+            s.close()
+    print("ready", flush=True)
+    for i in range(count):
+        for k, s in enumerate(socks):
+            name = (b"n%d.%06d." % (k, i)).ljust(size, b"x")
+            try:
+                s.sendall(ipc_register(10 + i, name))
+            except OSError:
+                pass
+            drain(s)
+    print("done", flush=True)
+    end = time.time() + seconds
+    while time.time() < end:
+        for s in socks:
+            drain(s)
+        time.sleep(0.2)
+
+
+def churn(path, cycles, namelen, seconds):
+    print("ready", flush=True)
+    end = time.time() + seconds
+    n = 0
+    while (cycles and n < cycles) or (not cycles and time.time() < end):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            name = (b"churn.%06d." % n).ljust(namelen, b"c")
+            s.sendall(ipc_bind() + ipc_init(name) + ipc_register(3, b"track_event"))
+            # Gone once answered: a producer that said who it is.
+            s.settimeout(1)
+            s.recv(4096)
+        except OSError:
+            time.sleep(0.01)
+        s.close()
+        n += 1
+    print("done", flush=True)
+    while time.time() < end:
+        time.sleep(0.2)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -122,9 +233,24 @@ def main():
     f.add_argument("mode", choices=["flood", "dribble", "lie"])
     f.add_argument("--pid", type=int, default=os.getpid())
     f.add_argument("--seconds", type=float, default=120)
+    n = sub.add_parser("names")
+    n.add_argument("socket")
+    n.add_argument("conns", type=int)
+    n.add_argument("count", type=int)
+    n.add_argument("size", type=int)
+    n.add_argument("--seconds", type=float, default=120)
+    c = sub.add_parser("churn")
+    c.add_argument("socket")
+    c.add_argument("cycles", type=int)
+    c.add_argument("namelen", type=int)
+    c.add_argument("--seconds", type=float, default=120)
     a = p.parse_args()
     if a.cmd == "hold":
         hold(a.socket, a.n, a.dribble, a.seconds)
+    elif a.cmd == "names":
+        names(a.socket, a.conns, a.count, a.size, a.seconds)
+    elif a.cmd == "churn":
+        churn(a.socket, a.cycles, a.namelen, a.seconds)
     else:
         fake(a.dir, a.suffix, a.mode, a.pid, a.seconds)
 

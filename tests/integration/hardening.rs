@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use crate::recording::{Run, sinks, test_config};
 
-const NOBODY: &str = "65534";
+pub(crate) const NOBODY: &str = "65534";
 
 /// Why the attacker cannot be played here, if it cannot.
 pub(crate) fn attacker_missing() -> Option<String> {
@@ -26,7 +26,7 @@ pub(crate) fn attacker_missing() -> Option<String> {
     })
 }
 
-fn python() -> &'static str {
+pub(crate) fn python() -> &'static str {
     if Path::new("/usr/bin/python3").exists() {
         "/usr/bin/python3"
     } else {
@@ -35,7 +35,7 @@ fn python() -> &'static str {
 }
 
 /// `program` run as uid `uid` (no groups).
-fn as_user(uid: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub(crate) fn as_user(uid: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut c = Command::new("setpriv");
     c.args(["--reuid", uid, "--regid", uid, "--clear-groups"])
         .arg(program)
@@ -77,7 +77,7 @@ impl Drop for Attacker {
 }
 
 /// Waits for `child` at most `limit`; kills it (and says so) when it takes longer.
-fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+pub(crate) fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
     let t0 = Instant::now();
     loop {
         if child.try_wait().expect("wait").is_some() {
@@ -104,13 +104,13 @@ pub(crate) fn output_within(c: &mut Command, limit: Duration, what: &str) -> Out
     wait_within(child, limit, what)
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A session shared with other users: its directory is searchable by all and
 /// its runtime directory exists, root-owned and sticky (as `/run/recorder`).
-fn shared_run(config: &str) -> Run {
+pub(crate) fn shared_run(config: &str) -> Run {
     let run = Run::new(config);
     std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
@@ -120,12 +120,12 @@ fn shared_run(config: &str) -> Run {
     run
 }
 
-fn runtime(run: &Run) -> PathBuf {
+pub(crate) fn runtime(run: &Run) -> PathBuf {
     run.dir.path().join("run")
 }
 
 /// `recorder ARGS` against `run`'s runtime directory, as `uid` (None: root).
-fn recorder_as(run: &Run, uid: Option<&str>, args: &[&str]) -> Command {
+pub(crate) fn recorder_as(run: &Run, uid: Option<&str>, args: &[&str]) -> Command {
     let mut c = match uid {
         Some(u) => as_user(u, recorder_bin()),
         None => Command::new(recorder_bin()),
@@ -136,7 +136,7 @@ fn recorder_as(run: &Run, uid: Option<&str>, args: &[&str]) -> Command {
     c
 }
 
-fn wait_listening(run: &Run, pid: u32) {
+pub(crate) fn wait_listening(run: &Run, pid: u32) {
     let sock = runtime(run).join(format!("recorder-{pid}.trigger"));
     let t0 = Instant::now();
     while !sock.exists() {
@@ -150,7 +150,7 @@ fn wait_listening(run: &Run, pid: u32) {
 
 /// A flight recorder: STOP_TRACING on `trigger` (no delay), `extra` in the
 /// trigger block.
-fn flight_config(trigger_extra: &str, top_extra: &str) -> String {
+pub(crate) fn flight_config(trigger_extra: &str, top_extra: &str) -> String {
     format!(
         r#"
 buffers {{ size_kb: 2048 fill_policy: RING_BUFFER }}

@@ -13,6 +13,7 @@ mod loss;
 mod open;
 mod procfs;
 mod producers;
+mod quotas;
 mod recording;
 mod ringbuf;
 mod schema;

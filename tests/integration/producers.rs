@@ -19,7 +19,7 @@ use crate::trace_processor;
 
 /// The SDK app, built once (its own cargo workspace and target dir: it
 /// compiles the C SDK).
-fn sdk_app() -> PathBuf {
+pub(crate) fn sdk_app() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let root = repo_root();
@@ -36,7 +36,7 @@ fn sdk_app() -> PathBuf {
     .clone()
 }
 
-const SEQUENCE_DS: &str = "recorder.test.sequence";
+pub(crate) const SEQUENCE_DS: &str = "recorder.test.sequence";
 
 /// A recorder session listening on a socket of its own.
 struct Session {
@@ -116,13 +116,13 @@ fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitSt
     }
 }
 
-struct App {
+pub(crate) struct App {
     child: Child,
     lines: BufReader<ChildStdout>,
 }
 
 impl App {
-    fn spawn(socket: &Path, name: &str, args: &[&str]) -> Self {
+    pub(crate) fn spawn(socket: &Path, name: &str, args: &[&str]) -> Self {
         let mut child = Command::new(sdk_app())
             .arg0(name)
             .args(args)
@@ -136,7 +136,7 @@ impl App {
     }
 
     /// The next line the app prints that starts with `prefix`.
-    fn expect(&mut self, prefix: &str) -> String {
+    pub(crate) fn expect(&mut self, prefix: &str) -> String {
         let mut line = String::new();
         loop {
             line.clear();
@@ -148,11 +148,11 @@ impl App {
         }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn finish(mut self) -> Option<i32> {
+    pub(crate) fn finish(mut self) -> Option<i32> {
         wait_with_timeout(&mut self.child, Duration::from_secs(60)).code()
     }
 
@@ -173,7 +173,7 @@ fn config(extra: &str) -> String {
 }
 
 /// for_testing counters per (sequence, pid), in file order.
-fn counters_by_pid(
+pub(crate) fn counters_by_pid(
     packets: &[perfetto_protos::trace_packet::TracePacket],
 ) -> Vec<(u32, u32, Vec<u64>)> {
     let mut v: Vec<(u32, u32, Vec<u64>)> = Vec::new();
