@@ -10,6 +10,8 @@ use crate::cli::MainArgs;
 use crate::config::{Compression, LoadOptions, RecorderSpec};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
+use crate::storage::create::{self, OutputDir};
+use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
@@ -106,6 +108,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         eprintln!(
             "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
         );
+        return ExitCode::Usage;
+    }
+    // Every directory a file will be made in is checked before anything is
+    // opened: a refusal touches nothing.
+    if let OutputPath::File(out) = &output
+        && let Err(e) = check_output_dir(out, rotation.rotates())
+    {
+        eprintln!("error: {e}");
         return ExitCode::Usage;
     }
     let compression = args.compress.map(|level| {
@@ -229,6 +239,19 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
     Ok(p)
 }
 
+/// The output's directory (the segments' one when rotating) checked as
+/// [`create`] will use it; a FIFO or device named by `-o` needs none.
+fn check_output_dir(out: &Path, rotates: bool) -> Result<(), create::CreateError> {
+    if rotates {
+        return create::check_ahead(&SegmentNames::from_output(out).dir);
+    }
+    if create::is_named_stream(out) {
+        return Ok(());
+    }
+    let (dir, _) = create::split(out)?;
+    create::check_ahead(&dir)
+}
+
 /// Whether writing `out` would overwrite the config (`-` is stdin): the
 /// same file, through a link or another path.
 fn is_the_config(out: &Path, config: &Path) -> bool {
@@ -245,14 +268,12 @@ fn is_the_config(out: &Path, config: &Path) -> bool {
     c.is_ok_and(|c| c == (o.dev(), o.ino()))
 }
 
-/// `OUT.log` for a background session, opened (never through a symlink)
+/// `OUT.log` for a background session, made new (never through a link)
 /// before the fork; `None`, with a warning, when it cannot be.
 fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
-    use rustix::fs::{Mode, OFlags};
     let path = PathBuf::from(format!("{}.log", out.display()));
-    let flags =
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::open(&path, flags, Mode::RUSR | Mode::WUSR) {
+    let opened = OutputDir::of_file(&path).and_then(|(dir, name)| dir.replace(&name));
+    match opened {
         Ok(fd) => Some((path, fd)),
         Err(e) => {
             eprintln!(
