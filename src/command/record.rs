@@ -136,6 +136,17 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         producer_socket: args.producer_socket.clone(),
     };
 
+    // A root session forks its privileged broker now, while the process is
+    // single-threaded; it gives up root once its sources have started.
+    let privileges = match crate::privilege::start() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Runtime;
+        }
+    };
+    let broker = privileges.as_ref().map(|p| p.broker.clone());
+
     let mut report = None;
     if args.background {
         // Detached, stderr is /dev/null: the logs and the final summary go
@@ -190,7 +201,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
             }
         }
     };
-    let rec = match app::build(spec, &opts) {
+    let mut rec = match app::build(spec, &opts) {
         Ok(r) => r,
         Err(e) => {
             let line = super::chain(&e);
@@ -204,8 +215,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
     if let Some(r) = report.as_mut() {
         r.ok();
     }
+    rec.privileges = privileges;
     let timeline = rec.session.timeline().clone();
     let outcome = crate::event_loop::run(rec);
+    // The session's objects are gone (their tracefs files closed): the
+    // broker undoes the tracefs changes and removes the sockets now.
+    if let Some(b) = broker {
+        b.teardown();
+    }
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
     if outcome.reason.is_failure() {
         ExitCode::Runtime

@@ -93,6 +93,21 @@ impl OutputDir {
         })
     }
 
+    /// A directory already open (passed by another process), checked as
+    /// [`OutputDir::open`] checks.
+    pub fn from_fd(path: &Path, fd: OwnedFd) -> Result<Self, CreateError> {
+        let me = rustix::process::geteuid().as_raw();
+        check_dir(path, &fd, me).map_err(|why| CreateError::Refused {
+            path: path.to_path_buf(),
+            why,
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            fd: Arc::new(fd),
+            delegate: None,
+        })
+    }
+
     /// The directory holding `file` and the file's name in it.
     pub fn of_file(file: &Path) -> Result<(Self, String), CreateError> {
         let (dir, name) = split(file)?;
@@ -271,7 +286,9 @@ fn stream_stat(path: &Path) -> Option<rustix::fs::Stat> {
         FileType::Symlink => return None,
         _ => lst,
     };
-    is_stream_type(st.st_mode).then_some(st)
+    // A FIFO or device someone else put there is not one the user named.
+    let ours = |uid: u32| uid == 0 || uid == me;
+    (is_stream_type(st.st_mode) && ours(st.st_uid)).then_some(st)
 }
 
 /// Writes `bytes` as a new file at `path` (replacing the entry there), or
@@ -296,8 +313,9 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CreateError> {
 /// A FIFO, character device or socket at `path` that the user named
 /// explicitly (`-o /dev/null`, `-o FIFO`), opened for writing as before;
 /// `None` when `path` is anything else (then it is created as a file).
-/// Through a symlink only when the link belongs to root or to us (as the
-/// kernel's protected_symlinks rule has it).
+/// Only one that belongs to root or to us, reached through a symlink only
+/// when the link does too (the kernel's protected_symlinks and
+/// protected_fifos rules): what another user planted is never opened.
 pub fn open_stream(path: &Path) -> Result<Option<OwnedFd>, CreateError> {
     if stream_stat(path).is_none() {
         return Ok(None);

@@ -10,6 +10,7 @@ mod hardening;
 mod lifecycle;
 mod loss;
 mod open;
+mod privilege;
 mod procfs;
 mod producers;
 mod recording;

@@ -78,6 +78,49 @@ pub enum SegmentError {
 /// How many taken `.partial` names a session skips in a row before it gives up.
 const MAX_SKIPPED_NAMES: u64 = 64;
 
+/// `--on-segment-closed` run by another process (the privileged broker,
+/// so that the command keeps the invoking user's rights).
+pub trait RemoteHooks: Send + Sync {
+    /// Runs the command on segment `index` (`file`, `sidecar`: names in the
+    /// segments' directory).
+    fn submit(&self, index: u64, file: &str, sidecar: &str);
+    fn counts(&self) -> HookCounts;
+    /// Waits up to `grace` for queued commands; the counts and last error.
+    fn finish(&self, grace: Duration) -> (HookCounts, Option<String>);
+}
+
+/// Where the `--on-segment-closed` command runs.
+enum Hooks {
+    Local(HookRunner),
+    Remote(Arc<dyn RemoteHooks>),
+}
+
+impl Hooks {
+    fn submit(&self, job: HookJob, file: &str, sidecar: &str) {
+        match self {
+            Hooks::Local(r) => r.submit(job),
+            Hooks::Remote(r) => r.submit(job.index, file, sidecar),
+        }
+    }
+
+    fn counts(&self) -> HookCounts {
+        match self {
+            Hooks::Local(r) => r.counts(),
+            Hooks::Remote(r) => r.counts(),
+        }
+    }
+
+    fn finish(&mut self, grace: Duration) -> (HookCounts, Option<String>) {
+        match self {
+            Hooks::Local(r) => {
+                let c = r.finish(grace);
+                (c, r.last_error())
+            }
+            Hooks::Remote(r) => r.finish(grace),
+        }
+    }
+}
+
 /// Who and where, for every sidecar of the session.
 #[derive(Debug, Clone, Default)]
 pub struct SegmentIdentity {
@@ -176,7 +219,7 @@ pub struct SegmentWriter {
     /// Closed segments still on disk, oldest first: (index, bytes with sidecar).
     on_disk: VecDeque<(u64, u64)>,
     status: SegmentsStatus,
-    hooks: Option<HookRunner>,
+    hooks: Option<Hooks>,
     kind: SinkKind,
     /// The latest count of each source's events lost upstream of the
     /// buffers, by source name (see [`SegmentWriter::note_upstream_loss`]).
@@ -209,7 +252,9 @@ impl SegmentWriter {
         }
         let dir = OutputDir::open(&names.dir)?;
         let hooks = match &policy.on_closed {
-            Some(cmd) => Some(HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?),
+            Some(cmd) => Some(Hooks::Local(
+                HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?,
+            )),
             None => None,
         };
         let mut w = Self {
@@ -232,6 +277,11 @@ impl SegmentWriter {
         };
         w.open_next()?;
         Ok(w)
+    }
+
+    /// The segments' names.
+    pub fn names(&self) -> &SegmentNames {
+        &self.names
     }
 
     /// The directory the segments are made in.
@@ -381,12 +431,28 @@ impl SegmentWriter {
         r
     }
 
+    /// The `--on-segment-closed` command, if any.
+    pub fn hook_command(&self) -> Option<&str> {
+        self.policy.on_closed.as_deref()
+    }
+
+    /// From now on the command runs in `remote`; the local runner (which
+    /// has run nothing yet when this is called at the start) is ended.
+    pub fn hand_hooks_to(&mut self, remote: Arc<dyn RemoteHooks>) {
+        if let Some(Hooks::Local(r)) = &mut self.hooks {
+            r.finish(Duration::ZERO);
+        }
+        if self.hooks.is_some() {
+            self.hooks = Some(Hooks::Remote(remote));
+        }
+    }
+
     fn finish_hooks(&mut self) {
         if let Some(h) = &mut self.hooks {
-            let c = h.finish(HOOK_GRACE);
+            let (c, last_error) = h.finish(HOOK_GRACE);
             self.status.hook = Some(c);
             if c.failed > 0
-                && let Some(e) = h.last_error()
+                && let Some(e) = last_error
             {
                 self.status.warnings.push(format!(
                     "{} --on-segment-closed command(s) failed; last: {e}",
@@ -518,11 +584,15 @@ impl SegmentWriter {
         }
         self.enforce_budget(next);
         if let Some(h) = &self.hooks {
-            h.submit(HookJob {
-                path,
-                sidecar: sidecar_path,
-                index: c.index,
-            });
+            h.submit(
+                HookJob {
+                    path,
+                    sidecar: sidecar_path,
+                    index: c.index,
+                },
+                &self.names.file_name(c.index),
+                &sidecar_name,
+            );
         }
         Ok(())
     }
