@@ -1,6 +1,6 @@
 //! The main job: `recorder --config FILE -o OUT`.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -136,9 +136,18 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         producer_socket: args.producer_socket.clone(),
     };
 
+    // Detached, stderr is /dev/null: the logs and the final summary go to a
+    // file beside the trace instead (the broker's too).
+    let log = match (&opts.output, args.background) {
+        (OutputPath::File(p), true) => open_log(p),
+        _ => None,
+    };
     // A root session forks its privileged broker now, while the process is
     // single-threaded; it gives up root once its sources have started.
-    let privileges = match crate::privilege::start() {
+    let detached_stderr = args
+        .background
+        .then(|| log.as_ref().map(|(_, fd)| fd.as_fd()));
+    let privileges = match crate::privilege::start(detached_stderr) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -149,12 +158,6 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
 
     let mut report = None;
     if args.background {
-        // Detached, stderr is /dev/null: the logs and the final summary go
-        // to a file beside the trace instead.
-        let log = match &opts.output {
-            OutputPath::File(p) => open_log(p),
-            OutputPath::Stdout => None,
-        };
         match fork_detached() {
             Ok(Forked::Parent { child, status }) => {
                 return match status {

@@ -243,3 +243,86 @@ fn dir_path(fd: &OwnedFd) -> PathBuf {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .unwrap_or_else(|_| PathBuf::from("?"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registered(dir: &std::path::Path) -> State {
+        let mut st = State::default();
+        let fd = rustix::fs::open(
+            dir,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("dir");
+        let (r, _) = st.handle(
+            Request::RegisterDir {
+                prefixes: vec!["t-".into()],
+            },
+            Some(fd),
+        );
+        assert!(matches!(r, Reply::Registered(0)), "{r:?}");
+        st
+    }
+
+    #[test]
+    fn only_the_sessions_names_in_registered_directories_after_the_seal() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut st = registered(d.path());
+        let create = |name: &str| Request::Create {
+            dir: 0,
+            name: name.into(),
+            replace: false,
+        };
+        // Nothing is done before the seal.
+        assert!(matches!(
+            st.handle(create("t-1"), None).0,
+            Reply::Refused(_)
+        ));
+        assert!(matches!(st.handle(Request::Seal, None).0, Reply::Done));
+        let (r, fd) = st.handle(create("t-1"), None);
+        assert!(matches!(r, Reply::File) && fd.is_some(), "{r:?}");
+        assert!(matches!(st.handle(create("t-1"), None).0, Reply::Exists));
+        for bad in ["../t-2", "x-1", "t-1/..", "..", "", "/etc/t-1"] {
+            let (r, fd) = st.handle(create(bad), None);
+            assert!(
+                matches!(r, Reply::Refused(_)) && fd.is_none(),
+                "{bad}: {r:?}"
+            );
+        }
+        let (r, _) = st.handle(
+            Request::Rename {
+                dir: 0,
+                from: "t-1".into(),
+                to: "passwd".into(),
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        let (r, _) = st.handle(
+            Request::Create {
+                dir: 7,
+                name: "t-3".into(),
+                replace: false,
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        // Registrations are closed.
+        let other = tempfile::tempdir().expect("tempdir");
+        let fd = rustix::fs::open(
+            other.path(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("dir");
+        let (r, _) = st.handle(
+            Request::RegisterDir {
+                prefixes: vec![String::new()],
+            },
+            Some(fd),
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+    }
+}

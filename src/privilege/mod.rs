@@ -164,8 +164,12 @@ pub struct Privileges {
 }
 
 /// Forks the broker when running as root (and `RECORDER_USER` is not
-/// `root`). Call while the process is single-threaded.
-pub fn start() -> Result<Option<Privileges>, PrivilegeError> {
+/// `root`). Call while the process is single-threaded. For a session going
+/// to the background, `detached_stderr` is where the broker's stderr goes
+/// (`Some(None)`: /dev/null), so that it holds no terminal or pipe.
+pub fn start(
+    detached_stderr: Option<Option<BorrowedFd<'_>>>,
+) -> Result<Option<Privileges>, PrivilegeError> {
     if !rustix::process::geteuid().is_root() {
         return Ok(None);
     }
@@ -177,7 +181,7 @@ pub fn start() -> Result<Option<Privileges>, PrivilegeError> {
     match crate::sys::privdrop::fork_broker().map_err(PrivilegeError::Start)? {
         crate::sys::privdrop::Fork::Child => {
             drop(mine);
-            run_broker(theirs)
+            run_broker(theirs, detached_stderr)
         }
         crate::sys::privdrop::Fork::Parent { child } => {
             drop(theirs);
@@ -198,7 +202,7 @@ pub fn start() -> Result<Option<Privileges>, PrivilegeError> {
 }
 
 /// The broker's life, in the forked child: never returns.
-fn run_broker(sock: OwnedFd) -> ! {
+fn run_broker(sock: OwnedFd, detached_stderr: Option<Option<BorrowedFd<'_>>>) -> ! {
     if let Err(e) = crate::sys::privdrop::ignore_stop_signals() {
         log::warn!("broker: {e}");
     }
@@ -211,6 +215,15 @@ fn run_broker(sock: OwnedFd) -> ! {
     {
         let _ = rustix::stdio::dup2_stdin(&null);
         let _ = rustix::stdio::dup2_stdout(&null);
+        match detached_stderr {
+            Some(Some(log)) => {
+                let _ = rustix::stdio::dup2_stderr(log);
+            }
+            Some(None) => {
+                let _ = rustix::stdio::dup2_stderr(&null);
+            }
+            None => {}
+        }
     }
     broker::serve(sock);
     std::process::exit(0)

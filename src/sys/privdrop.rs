@@ -41,10 +41,11 @@ pub fn fork_broker() -> io::Result<Fork> {
     }
 }
 
-/// Ignores SIGINT and SIGTERM (the broker acts on its socket's end, not on
-/// the terminal's Ctrl-C, which reaches the whole process group).
+/// Ignores SIGINT, SIGTERM and SIGHUP (the broker acts on its socket's end,
+/// not on the terminal's Ctrl-C or hang-up, which reach the whole process
+/// group), and SIGPIPE.
 pub fn ignore_stop_signals() -> io::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGPIPE] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
         // SAFETY: P3 — SIG_IGN is not a handler; no code runs on delivery.
         let old = unsafe { libc::signal(sig, libc::SIG_IGN) };
         if old == libc::SIG_ERR {

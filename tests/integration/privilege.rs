@@ -518,3 +518,83 @@ fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
     assert!(!theirs.join("segs").exists());
     assert_eq!(std::fs::read_dir(&open).expect("dir").count(), 0);
 }
+
+#[test]
+fn planted_snapshot_and_log_names_are_replaced_not_written_through() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let run = Run::new(
+        r#"
+buffers { size_kb: 2048 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0
+  for_testing { message_count: 0 max_messages_per_second: 2000 message_size: 8 } } }
+trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers { name: "snap" } }
+"#,
+    );
+    std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let shared = run.dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let safe = run.dir.path().join("safe");
+    std::fs::create_dir(&safe).expect("mkdir");
+    let victims: Vec<(PathBuf, std::fs::Metadata)> =
+        (0..3).map(|i| victim(&safe, &format!("v{i}"))).collect();
+    plant(&shared, "snap.pftrace.0", "symlink", &victims[0].0);
+    plant(&shared, "snap.pftrace.1", "hardlink", &victims[1].0);
+    plant(&shared, "snap.pftrace.log", "symlink", &victims[2].0);
+    let out = shared.join("snap.pftrace");
+    let o = run
+        .command_to("pwritev", &out)
+        .arg("--background")
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pid: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    wait_for("the drop", Duration::from_secs(20), || {
+        status(pid).get("NoNewPrivs").is_some_and(|v| v == "1")
+    });
+    for _ in 0..2 {
+        let t = Command::new(recorder_bin())
+            .args(["trigger", "snap"])
+            .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"))
+            .output()
+            .expect("trigger");
+        assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for(
+        "the background session's end",
+        Duration::from_secs(20),
+        || !Path::new(&format!("/proc/{pid}")).exists(),
+    );
+    for (v, meta) in &victims {
+        untouched(v, meta);
+    }
+    let log = std::fs::read_to_string(shared.join("snap.pftrace.log")).expect("log");
+    assert!(
+        std::fs::symlink_metadata(shared.join("snap.pftrace.log"))
+            .expect("meta")
+            .is_file()
+    );
+    for n in 0..2 {
+        let p = shared.join(format!("snap.pftrace.{n}"));
+        let meta = std::fs::symlink_metadata(&p).expect("snapshot");
+        assert!(
+            meta.is_file() && meta.nlink() == 1,
+            "{}: {log}",
+            p.display()
+        );
+        assert!(
+            decode(&std::fs::read(&p).expect("read"))
+                .iter()
+                .any(|p| p.has_clone_snapshot_trigger()),
+            "{log}"
+        );
+        check_trace(&p);
+    }
+}
