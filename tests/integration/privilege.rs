@@ -360,7 +360,7 @@ fn names_planted_in_a_sticky_directory_are_never_written_through() {
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
-        &format!("write_into_file: true file_write_period_ms: 250 duration_ms: 4000"),
+        "write_into_file: true file_write_period_ms: 250 duration_ms: 4000",
         "message_count: 0 message_size: 200 max_messages_per_second: 4000",
     ));
     let safe = run.dir.path().join("safe");
