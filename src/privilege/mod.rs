@@ -306,10 +306,14 @@ pub fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
             "still privileged after the drop",
         )));
     }
+    // Threads started before (the control worker, source readers) changed
+    // uid with this one and lost every capability; no_new_privs is this
+    // thread's and its later children's.
     log::info!(
-        "gave up root: now uid {} gid {}, no capabilities, no_new_privs",
+        "gave up root: now uid {} gid {}, no capabilities, no_new_privs ({} threads)",
         user.uid,
-        user.gid
+        user.gid,
+        crate::sys::privdrop::thread_count()
     );
     Ok(())
 }
