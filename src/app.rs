@@ -275,6 +275,15 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         OutputPath::File(p) => Some(p.clone()),
         OutputPath::Stdout => None,
     };
+    // Snapshots are made beside the output, in its directory checked now
+    // (held open, so that they can be made after a privilege drop).
+    let snapshot_dir = match (&snapshot_base, spec.trigger.as_ref().map(|t| t.mode)) {
+        (Some(p), Some(spec::TriggerMode::CloneSnapshot)) => Some(
+            crate::storage::create::OutputDir::of_file(p)
+                .map_err(|e| AppError::Output(e.into()))?,
+        ),
+        _ => None,
+    };
 
     let uid = rustix::process::getuid().as_raw();
     let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
@@ -329,6 +338,8 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         producers,
         config_label: opts.config_label.clone(),
         status_line: opts.status_line,
+        snapshot_dir,
+        privileges: None,
     })
 }
 

@@ -69,6 +69,7 @@ pub mod ipc;
 pub mod sources;
 
 pub mod event_loop;
+pub mod privilege;
 pub mod session;
 
 pub mod app;

@@ -256,7 +256,8 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         print!("{}", bench::table::sweep_table(&reports));
     }
     if let Some(path) = &args.plot
-        && let Err(e) = std::fs::write(path, bench::plot::svg(&reports))
+        && let Err(e) =
+            crate::storage::create::write_file(path, bench::plot::svg(&reports).as_bytes())
     {
         eprintln!("error: cannot write {}: {e}", path.display());
         failed = true;

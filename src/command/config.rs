@@ -118,7 +118,9 @@ pub fn convert(
         }
     };
     let result = match out {
-        Some(p) if p != Path::new("-") => std::fs::write(p, &bytes),
+        Some(p) if p != Path::new("-") => {
+            crate::storage::create::write_file(p, &bytes).map_err(std::io::Error::other)
+        }
         _ => std::io::stdout().write_all(&bytes),
     };
     match result {

@@ -1,6 +1,6 @@
 //! The main job: `recorder --config FILE -o OUT`.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,8 @@ use crate::cli::MainArgs;
 use crate::config::{Compression, LoadOptions, RecorderSpec};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
+use crate::storage::create::{self, OutputDir};
+use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
@@ -126,6 +128,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         );
         return ExitCode::Usage;
     }
+    // Every directory a file will be made in is checked before anything is
+    // opened: a refusal touches nothing.
+    if let OutputPath::File(out) = &output
+        && let Err(e) = check_output_dir(out, rotation.rotates())
+    {
+        eprintln!("error: {e}");
+        return ExitCode::Usage;
+    }
     let compression = args.compress.map(|level| {
         if spec.compression != Compression::None {
             log::info!("--compress replaces the config's compression setting");
@@ -144,14 +154,28 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         producer_socket: args.producer_socket.clone(),
     };
 
+    // Detached, stderr is /dev/null: the logs and the final summary go to a
+    // file beside the trace instead (the broker's too).
+    let log = match (&opts.output, args.background) {
+        (OutputPath::File(p), true) => open_log(p),
+        _ => None,
+    };
+    // A root session forks its privileged broker now, while the process is
+    // single-threaded; it gives up root once its sources have started.
+    let detached_stderr = args
+        .background
+        .then(|| log.as_ref().map(|(_, fd)| fd.as_fd()));
+    let privileges = match crate::privilege::start(detached_stderr) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Runtime;
+        }
+    };
+    let broker = privileges.as_ref().map(|p| p.broker.clone());
+
     let mut report = None;
     if args.background {
-        // Detached, stderr is /dev/null: the logs and the final summary go
-        // to a file beside the trace instead.
-        let log = match &opts.output {
-            OutputPath::File(p) => open_log(p),
-            OutputPath::Stdout => None,
-        };
         match fork_detached() {
             Ok(Forked::Parent { child, status }) => {
                 return match status {
@@ -198,7 +222,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
             }
         }
     };
-    let rec = match app::build(spec, &opts) {
+    let mut rec = match app::build(spec, &opts) {
         Ok(r) => r,
         Err(e) => {
             let line = super::chain(&e);
@@ -212,8 +236,14 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
     if let Some(r) = report.as_mut() {
         r.ok();
     }
+    rec.privileges = privileges;
     let timeline = rec.session.timeline().clone();
     let outcome = crate::event_loop::run(rec, signals);
+    // The session's objects are gone (their tracefs files closed): the
+    // broker undoes the tracefs changes and removes the sockets now.
+    if let Some(b) = broker {
+        b.teardown();
+    }
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
     if outcome.reason.is_failure() {
         ExitCode::Runtime
@@ -247,6 +277,19 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
     Ok(p)
 }
 
+/// The output's directory (the segments' one when rotating) checked as
+/// [`create`] will use it; a FIFO or device named by `-o` needs none.
+fn check_output_dir(out: &Path, rotates: bool) -> Result<(), create::CreateError> {
+    if rotates {
+        return create::check_ahead(&SegmentNames::from_output(out).dir);
+    }
+    if create::is_named_stream(out) {
+        return Ok(());
+    }
+    let (dir, _) = create::split(out)?;
+    create::check_ahead(&dir)
+}
+
 /// Whether writing `out` would overwrite the config (`-` is stdin): the
 /// same file, through a link or another path.
 fn is_the_config(out: &Path, config: &Path) -> bool {
@@ -263,14 +306,12 @@ fn is_the_config(out: &Path, config: &Path) -> bool {
     c.is_ok_and(|c| c == (o.dev(), o.ino()))
 }
 
-/// `OUT.log` for a background session, opened (never through a symlink)
+/// `OUT.log` for a background session, made new (never through a link)
 /// before the fork; `None`, with a warning, when it cannot be.
 fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
-    use rustix::fs::{Mode, OFlags};
     let path = PathBuf::from(format!("{}.log", out.display()));
-    let flags =
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::open(&path, flags, Mode::RUSR | Mode::WUSR) {
+    let opened = OutputDir::of_file(&path).and_then(|(dir, name)| dir.replace(&name));
+    match opened {
         Ok(fd) => Some((path, fd)),
         Err(e) => {
             eprintln!(

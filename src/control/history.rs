@@ -40,6 +40,18 @@ pub enum HistoryError {
 pub struct TriggerHistory {
     dir: RuntimeDir,
     name: String,
+    /// The file opened once, for a session that gives up root after its
+    /// set-up (the file stays root's).
+    held: Option<std::sync::Arc<File>>,
+}
+
+/// Releases the lock on a descriptor that stays open elsewhere.
+struct Unlock<'a>(&'a File);
+
+impl Drop for Unlock<'_> {
+    fn drop(&mut self) {
+        let _ = flock(self.0, FlockOperation::Unlock);
+    }
 }
 
 impl TriggerHistory {
@@ -48,6 +60,25 @@ impl TriggerHistory {
         Self {
             dir: dir.clone(),
             name: format!("trigger-history.{}", rustix::process::geteuid().as_raw()),
+            held: None,
+        }
+    }
+
+    /// Opens (creating) the file now and keeps it: from here on lookups and
+    /// updates use this descriptor, so they work after a privilege drop.
+    pub fn hold_open(&mut self) -> Result<(), HistoryError> {
+        let f = self
+            .dir
+            .open_own_file(&self.name, true)?
+            .ok_or_else(|| std::io::Error::other("the history file was not created"))?;
+        self.held = Some(std::sync::Arc::new(f));
+        Ok(())
+    }
+
+    fn file(&self, create: bool) -> Result<Option<File>, HistoryError> {
+        match &self.held {
+            Some(f) => Ok(Some(f.try_clone()?)),
+            None => Ok(self.dir.open_own_file(&self.name, create)?),
         }
     }
 
@@ -83,10 +114,12 @@ impl TriggerHistory {
 
     /// How many times `name` was accepted in the 24 hours before `now_secs`.
     pub fn count(&self, name: &str, now_secs: u64) -> Result<u32, HistoryError> {
-        let Some(mut f) = self.dir.open_own_file(&self.name, false)? else {
+        let Some(mut f) = self.file(false)? else {
             return Ok(0);
         };
         Self::lock(&f, FlockOperation::NonBlockingLockShared)?;
+        let g = f.try_clone()?;
+        let _unlock = Unlock(&g);
         let n = Self::entries(&mut f, now_secs)?
             .iter()
             .filter(|(_, n)| n == name)
@@ -98,10 +131,11 @@ impl TriggerHistory {
     /// than 24 hours (and the oldest ones beyond [`MAX_FILE_BYTES`]).
     pub fn record(&self, name: &str, now_secs: u64) -> Result<(), HistoryError> {
         let mut f = self
-            .dir
-            .open_own_file(&self.name, true)?
+            .file(true)?
             .ok_or_else(|| std::io::Error::other("the history file was not created"))?;
         Self::lock(&f, FlockOperation::NonBlockingLockExclusive)?;
+        let g = f.try_clone()?;
+        let _unlock = Unlock(&g);
         let mut entries = Self::entries(&mut f, now_secs)?;
         entries.push((now_secs, name.to_string()));
         let lines: Vec<String> = entries.iter().map(|(t, n)| format!("{t} {n}\n")).collect();

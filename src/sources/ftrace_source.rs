@@ -78,6 +78,10 @@ impl DataSource for FtraceDataSource {
         }
     }
 
+    fn hand_over_teardown(&mut self) -> Option<crate::sources::ftrace::tracefs::TracefsTeardown> {
+        self.inner.hand_over_teardown()
+    }
+
     fn upstream_loss(&self) -> Option<UpstreamLoss> {
         Some(UpstreamLoss {
             events: self.inner.kernel_lost(),

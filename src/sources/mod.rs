@@ -80,4 +80,10 @@ pub trait DataSource: Send {
     fn loss_warnings(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Gives the undoing of the source's kernel settings (tracefs) to the
+    /// privileged broker before this process gives up root; the source will
+    /// not undo them itself.
+    fn hand_over_teardown(&mut self) -> Option<crate::sources::ftrace::tracefs::TracefsTeardown> {
+        None
+    }
 }

@@ -40,6 +40,7 @@
 //! prefix below its lowest request in flight.
 
 mod batch;
+pub mod create;
 mod cut;
 pub mod direct;
 mod output;
@@ -53,7 +54,7 @@ use std::io::IoSlice;
 
 pub use batch::IOV_MAX;
 pub use cut::{Cut, cut_at_packet_boundary};
-pub use output::{IoChoice, OpenOptions, OutputPath, io_uring_available, open_output};
+pub use output::{IoChoice, OpenOptions, OutputPath, io_uring_available, open_in, open_output};
 pub use pwritev_sink::PwritevSink;
 pub use stream_sink::StreamSink;
 pub use uring_sink::UringSink;
@@ -140,6 +141,19 @@ pub enum StorageError {
     Stdout(#[source] std::io::Error),
     #[error("io_uring was requested but is unavailable: {0}")]
     IoUringUnavailable(String),
+    #[error(transparent)]
+    Create(create::CreateError),
+}
+
+impl From<create::CreateError> for StorageError {
+    fn from(e: create::CreateError) -> Self {
+        match e {
+            create::CreateError::Exists { path } => StorageError::Exists { path },
+            create::CreateError::OpenDir { path, source }
+            | create::CreateError::Create { path, source } => StorageError::Open { path, source },
+            e => StorageError::Create(e),
+        }
+    }
 }
 
 /// Told how far a write has got while it runs, so that its caller can let

@@ -3,9 +3,9 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
-use rustix::fs::{FileType, Mode, OFlags};
-use rustix::io::Errno;
+use rustix::fs::FileType;
 
+use super::create::{self, OutputDir};
 use super::{FileSink, PwritevSink, StorageError, StreamSink, UringSink, uring_sink};
 
 /// Where the trace goes.
@@ -43,78 +43,67 @@ pub fn io_uring_available() -> Result<(), String> {
     uring_sink::probe()
 }
 
-/// Opens the output (`O_CREAT|O_TRUNC`, `O_EXCL` with no-clobber, mode 0600
-/// as Perfetto's cmdline does) and returns its sink.
+/// Opens the output and returns its sink: a FIFO, device or socket the
+/// path names is written as a stream; anything else is a new file (mode
+/// 0600, as Perfetto's cmdline makes it) made through [`create`]: with
+/// no-clobber an existing name is refused, else it is replaced (never
+/// written through).
 pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSink>, StorageError> {
     match path {
         OutputPath::Stdout => open_stdout(),
         OutputPath::File(path) => {
-            let fd = open_file(&path, opts.no_clobber)?;
-            if is_stream(&fd) {
+            if let Some(fd) = create::open_stream(&path)? {
                 log::info!("trace output {} is a stream: plain writes", path.display());
                 return Ok(Box::new(StreamSink::new(fd, false)));
             }
-            let direct = if opts.direct {
-                match super::direct::enable(&fd) {
-                    Ok(align) => {
-                        log::info!(
-                            "trace file {}: O_DIRECT, {align}-byte blocks",
-                            path.display()
-                        );
-                        Some(align)
-                    }
-                    Err(e) => {
-                        log::info!(
-                            "trace file {}: through the page cache, O_DIRECT unavailable ({e})",
-                            path.display()
-                        );
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            file_sink(fd, opts.io, direct)
+            let (dir, name) = OutputDir::of_file(&path)?;
+            open_in(&dir, &name, opts)
         }
     }
 }
 
-fn open_file(path: &std::path::Path, no_clobber: bool) -> Result<OwnedFd, StorageError> {
-    let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC;
-    flags |= if no_clobber {
-        OFlags::EXCL
+/// Creates `name` in the checked directory `dir` (see [`open_output`]) and
+/// returns its sink.
+pub fn open_in(
+    dir: &OutputDir,
+    name: &str,
+    opts: OpenOptions,
+) -> Result<Box<dyn FileSink>, StorageError> {
+    let fd = if opts.no_clobber {
+        dir.create_new(name)?
     } else {
-        OFlags::TRUNC
+        dir.replace(name)?
     };
-    let fd = rustix::fs::open(path, flags, Mode::RUSR | Mode::WUSR).map_err(|e| match e {
-        Errno::EXIST if no_clobber => StorageError::Exists {
-            path: path.to_path_buf(),
-        },
-        e => StorageError::Open {
-            path: path.to_path_buf(),
-            source: e.into(),
-        },
-    })?;
-    // The umask may have narrowed the mode, never widened it; an existing
-    // file keeps its mode on O_TRUNC, so set 0600 explicitly (not on a
-    // device or FIFO, whose mode is someone else's).
-    if !is_stream(&fd)
-        && let Err(e) = rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)
-    {
-        log::debug!("fchmod 0600 on {}: {e}", path.display());
-    }
-    Ok(fd)
+    sink_for(fd, &dir.join(name), opts)
 }
 
-/// A FIFO, a character device (a tty, `/dev/null`) or a socket: no offsets
-/// to write at, nothing to fdatasync.
-fn is_stream(fd: &OwnedFd) -> bool {
-    rustix::fs::fstat(fd).is_ok_and(|st| {
-        matches!(
-            FileType::from_raw_mode(st.st_mode),
-            FileType::Fifo | FileType::CharacterDevice | FileType::Socket
-        )
-    })
+/// The sink for a new file `fd` (named `path` in messages).
+pub fn sink_for(
+    fd: OwnedFd,
+    path: &std::path::Path,
+    opts: OpenOptions,
+) -> Result<Box<dyn FileSink>, StorageError> {
+    let direct = if opts.direct {
+        match super::direct::enable(&fd) {
+            Ok(align) => {
+                log::info!(
+                    "trace file {}: O_DIRECT, {align}-byte blocks",
+                    path.display()
+                );
+                Some(align)
+            }
+            Err(e) => {
+                log::info!(
+                    "trace file {}: through the page cache, O_DIRECT unavailable ({e})",
+                    path.display()
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    file_sink(fd, opts.io, direct)
 }
 
 fn file_sink(

@@ -11,6 +11,7 @@ mod hardening;
 mod lifecycle;
 mod loss;
 mod open;
+mod privilege;
 mod procfs;
 mod producers;
 mod quotas;

@@ -246,6 +246,8 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     lost_at_start: u64,
     /// `set_event_pid` took `tids_to_trace` (else the encoder filters).
     tid_filter_in_kernel: bool,
+    /// Each CPU's `per_cpu/cpuN/stats`, opened at the start.
+    stats_files: Vec<std::fs::File>,
 }
 
 impl<O: PacketOutput + 'static> FtraceSource<O> {
@@ -268,12 +270,18 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             buffer_size_kb: 0,
             lost_at_start: 0,
             tid_filter_in_kernel: false,
+            stats_files: Vec::new(),
         })
     }
 
     /// Sets the callback told the thread ids seen (for process_stats).
     pub fn on_pids(&mut self, sink: PidSink) {
         self.pid_sink = Some(sink);
+    }
+
+    /// See [`TracefsSession::hand_over`].
+    pub fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
+        self.session.as_mut()?.hand_over()
     }
 
     /// The tracefs directory being recorded in, once started.
@@ -285,6 +293,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         let Some(s) = &self.session else {
             return Vec::new();
         };
+        if self.stats_files.len() == self.cpus.len() {
+            return self
+                .cpus
+                .iter()
+                .zip(&self.stats_files)
+                .map(|(&c, f)| CpuStats::parse(c as u64, &read_whole(f)))
+                .collect();
+        }
         self.cpus
             .iter()
             .map(|&c| {
@@ -660,6 +676,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 }
             }
         }
+        // Held open: the stats stay readable after the process gives up root.
+        self.stats_files = self
+            .cpus
+            .iter()
+            .filter_map(|&c| {
+                std::fs::File::open(session.dir().path(&format!("per_cpu/cpu{c}/stats"))).ok()
+            })
+            .collect();
         self.session = Some(session);
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
         if let Err(e) = self.write_stats(Phase::StartOfTrace, &mut output) {
@@ -777,6 +801,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         self.summary.non_monotonic = non_monotonic;
         drop(pipes);
         let res = self.write_stats(Phase::EndOfTrace, &mut output);
+        // An instance with a file open cannot be removed.
+        self.stats_files.clear();
         self.output = Some(output);
         if let Some(mut s) = self.session.take() {
             s.restore();
@@ -796,4 +822,21 @@ impl<O: PacketOutput + 'static> Drop for FtraceSource<O> {
             let _ = self.stop();
         }
     }
+}
+
+/// A tracefs file read again from its start through a held descriptor
+/// (empty on error).
+fn read_whole(f: &std::fs::File) -> String {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut at = 0u64;
+    while let Ok(n) = f.read_at(&mut buf, at) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        at += n as u64;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

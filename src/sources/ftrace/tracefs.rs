@@ -383,37 +383,50 @@ impl TracefsSession {
             return;
         }
         self.restored = true;
+        self.teardown().run();
+    }
+
+    /// Hands the undoing over to someone else (the privileged broker, after
+    /// this process gave up root): returns what [`restore`](Self::restore)
+    /// would do, and this session will no longer do it.
+    pub fn hand_over(&mut self) -> Option<TracefsTeardown> {
+        if self.restored {
+            return None;
+        }
+        self.restored = true;
+        Some(self.teardown())
+    }
+
+    /// The restore as a list of steps, in order.
+    fn teardown(&self) -> TracefsTeardown {
+        let mut steps = Vec::new();
+        let write = |dir: &Tracefs, rel: &str, value: &str| TeardownStep {
+            path: dir.path(rel),
+            value: value.to_string(),
+            append: false,
+        };
         // Stop tracing first so nothing more is written while restoring.
         let sets_tracing = self
             .saved
             .iter()
             .any(|u| matches!(u, Undo::Write { top: false, rel, .. } if rel == "tracing_on"));
-        if sets_tracing && let Err(e) = self.dir.write("tracing_on", "0") {
-            log::warn!("restoring tracefs: {e}");
+        if sets_tracing {
+            steps.push(write(&self.dir, "tracing_on", "0"));
         }
         for undo in self.saved.iter().rev() {
-            let res = match undo {
+            match undo {
                 Undo::Write { top, rel, value } => {
-                    let dir = if *top { &self.top } else { &self.dir };
                     // tracing_on goes back last, after everything else.
                     if !*top && rel == "tracing_on" {
                         continue;
                     }
-                    dir.write(rel, value)
+                    steps.push(write(if *top { &self.top } else { &self.dir }, rel, value));
                 }
-                Undo::Append { rel, line } => {
-                    let p = self.top.path(rel);
-                    fs::OpenOptions::new()
-                        .append(true)
-                        .open(&p)
-                        .and_then(|mut f| {
-                            std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
-                        })
-                        .map_err(|e| io_err(&p, e))
-                }
-            };
-            if let Err(e) = res {
-                log::warn!("restoring tracefs: {e}");
+                Undo::Append { rel, line } => steps.push(TeardownStep {
+                    path: self.top.path(rel),
+                    value: line.clone(),
+                    append: true,
+                }),
             }
         }
         for undo in &self.saved {
@@ -423,18 +436,56 @@ impl TracefsSession {
                 value,
             } = undo
                 && rel == "tracing_on"
-                && let Err(e) = self.dir.write(rel, value)
             {
-                log::warn!("restoring tracefs {rel}: {e}");
+                steps.push(write(&self.dir, rel, value));
             }
         }
-        if self.created_instance
-            && let Err(e) = fs::remove_dir(self.dir.root())
+        TracefsTeardown {
+            steps,
+            remove_dir: self.created_instance.then(|| self.dir.root().to_path_buf()),
+        }
+    }
+}
+
+/// One write of a restore.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TeardownStep {
+    pub path: PathBuf,
+    pub value: String,
+    /// Appended as a line (`kprobe_events`) rather than written.
+    pub append: bool,
+}
+
+/// What undoes a recording's tracefs changes: writes in order, then the
+/// instance directory to remove.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TracefsTeardown {
+    pub steps: Vec<TeardownStep>,
+    pub remove_dir: Option<PathBuf>,
+}
+
+impl TracefsTeardown {
+    /// Performs it; errors are logged, the rest still done.
+    pub fn run(&self) {
+        for step in &self.steps {
+            let res = if step.append {
+                fs::OpenOptions::new()
+                    .append(true)
+                    .open(&step.path)
+                    .and_then(|mut f| {
+                        std::io::Write::write_all(&mut f, format!("{}\n", step.value).as_bytes())
+                    })
+            } else {
+                fs::write(&step.path, &step.value)
+            };
+            if let Err(e) = res {
+                log::warn!("restoring tracefs {}: {e}", step.path.display());
+            }
+        }
+        if let Some(d) = &self.remove_dir
+            && let Err(e) = fs::remove_dir(d)
         {
-            log::warn!(
-                "removing tracefs instance {}: {e}",
-                self.dir.root().display()
-            );
+            log::warn!("removing tracefs instance {}: {e}", d.display());
         }
     }
 }

@@ -36,10 +36,9 @@ use self::hook::{HookCounts, HookJob, HookRunner};
 use self::names::SegmentNames;
 use self::policy::{RotateReason, RotationPolicy};
 use self::sidecar::{SIDECAR_VERSION, SegmentLoss, Sidecar};
+use super::create::{CreateError, OutputDir};
 use super::write_pass::PassReport;
-use super::{
-    FileSink, OpenOptions, OutputPath, SinkError, SinkKind, StorageError, WriteList, open_output,
-};
+use super::{FileSink, OpenOptions, SinkError, SinkKind, StorageError, WriteList};
 use crate::ringbuf::{Buffer, BufferStats};
 
 /// How long the end of a session waits for queued `--on-segment-closed` commands.
@@ -70,6 +69,56 @@ pub enum SegmentError {
     },
     #[error("cannot start the --on-segment-closed thread: {0}")]
     Hook(#[source] std::io::Error),
+    #[error(transparent)]
+    Refused(#[from] CreateError),
+    #[error("{dir}: {tried} names in a row were already taken by other entries; giving up")]
+    NamesTaken { dir: PathBuf, tried: u64 },
+}
+
+/// How many taken `.partial` names a session skips in a row before it gives up.
+const MAX_SKIPPED_NAMES: u64 = 64;
+
+/// `--on-segment-closed` run by another process (the privileged broker,
+/// so that the command keeps the invoking user's rights).
+pub trait RemoteHooks: Send + Sync {
+    /// Runs the command on segment `index` (`file`, `sidecar`: names in the
+    /// segments' directory).
+    fn submit(&self, index: u64, file: &str, sidecar: &str);
+    fn counts(&self) -> HookCounts;
+    /// Waits up to `grace` for queued commands; the counts and last error.
+    fn finish(&self, grace: Duration) -> (HookCounts, Option<String>);
+}
+
+/// Where the `--on-segment-closed` command runs.
+enum Hooks {
+    Local(HookRunner),
+    Remote(Arc<dyn RemoteHooks>),
+}
+
+impl Hooks {
+    fn submit(&self, job: HookJob, file: &str, sidecar: &str) {
+        match self {
+            Hooks::Local(r) => r.submit(job),
+            Hooks::Remote(r) => r.submit(job.index, file, sidecar),
+        }
+    }
+
+    fn counts(&self) -> HookCounts {
+        match self {
+            Hooks::Local(r) => r.counts(),
+            Hooks::Remote(r) => r.counts(),
+        }
+    }
+
+    fn finish(&mut self, grace: Duration) -> (HookCounts, Option<String>) {
+        match self {
+            Hooks::Local(r) => {
+                let c = r.finish(grace);
+                (c, r.last_error())
+            }
+            Hooks::Remote(r) => r.finish(grace),
+        }
+    }
 }
 
 /// Who and where, for every sidecar of the session.
@@ -132,6 +181,8 @@ impl SegmentsStatus {
 struct Open {
     index: u64,
     sink: Box<dyn FileSink>,
+    /// The same file, for hashing it again after a failed write.
+    file: std::fs::File,
     hasher: Sha256,
     /// The hash no longer matches the file (a failed write cut it back).
     hash_stale: bool,
@@ -158,6 +209,7 @@ struct Upstream {
 /// `max_file_size_bytes` and the rotation size apply to).
 pub struct SegmentWriter {
     names: SegmentNames,
+    dir: OutputDir,
     policy: RotationPolicy,
     open_opts: OpenOptions,
     identity: SegmentIdentity,
@@ -167,7 +219,7 @@ pub struct SegmentWriter {
     /// Closed segments still on disk, oldest first: (index, bytes with sidecar).
     on_disk: VecDeque<(u64, u64)>,
     status: SegmentsStatus,
-    hooks: Option<HookRunner>,
+    hooks: Option<Hooks>,
     kind: SinkKind,
     /// The latest count of each source's events lost upstream of the
     /// buffers, by source name (see [`SegmentWriter::note_upstream_loss`]).
@@ -198,8 +250,11 @@ impl SegmentWriter {
                 first,
             });
         }
+        let dir = OutputDir::open(&names.dir)?;
         let hooks = match &policy.on_closed {
-            Some(cmd) => Some(HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?),
+            Some(cmd) => Some(Hooks::Local(
+                HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?,
+            )),
             None => None,
         };
         let mut w = Self {
@@ -208,6 +263,7 @@ impl SegmentWriter {
                 ..Default::default()
             },
             names,
+            dir,
             policy,
             open_opts,
             identity,
@@ -223,15 +279,60 @@ impl SegmentWriter {
         Ok(w)
     }
 
+    /// The segments' names.
+    pub fn names(&self) -> &SegmentNames {
+        &self.names
+    }
+
+    /// The directory the segments are made in.
+    pub fn dir(&self) -> &OutputDir {
+        &self.dir
+    }
+
+    /// The directory, to hand its operations to a broker.
+    pub fn dir_mut(&mut self) -> &mut OutputDir {
+        &mut self.dir
+    }
+
+    /// Opens the next segment. A `.partial` name another entry already holds
+    /// (planted by someone else) is skipped, with a warning: the segment
+    /// takes the next index.
     fn open_next(&mut self) -> Result<(), SegmentError> {
-        let index = self.next_index;
-        let sink = open_output(OutputPath::File(self.names.partial(index)), self.open_opts)?;
+        let mut skipped = 0;
+        let (index, fd) = loop {
+            let index = self.next_index;
+            self.next_index += 1;
+            match self.dir.create_new(&self.names.partial_name(index)) {
+                Ok(fd) => break (index, fd),
+                Err(CreateError::Exists { path }) if skipped < MAX_SKIPPED_NAMES => {
+                    skipped += 1;
+                    let w = format!(
+                        "{} was already taken by another entry: segment {index} skipped",
+                        path.display()
+                    );
+                    log::warn!("{w}");
+                    self.status.warnings.push(w);
+                }
+                Err(CreateError::Exists { .. }) => {
+                    return Err(SegmentError::NamesTaken {
+                        dir: self.names.dir.clone(),
+                        tried: skipped + 1,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let file = std::fs::File::from(fd.try_clone().map_err(|source| SegmentError::Close {
+            path: self.names.partial(index),
+            source,
+        })?);
+        let sink = super::output::sink_for(fd, &self.names.partial(index), self.open_opts)?;
         self.kind = sink.kind();
-        self.next_index += 1;
         let now = crate::clock::boottime_ns();
         self.current = Some(Open {
             index,
             sink,
+            file,
             hasher: Sha256::new(),
             hash_stale: false,
             opened: Instant::now(),
@@ -330,12 +431,28 @@ impl SegmentWriter {
         r
     }
 
+    /// The `--on-segment-closed` command, if any.
+    pub fn hook_command(&self) -> Option<&str> {
+        self.policy.on_closed.as_deref()
+    }
+
+    /// From now on the command runs in `remote`; the local runner (which
+    /// has run nothing yet when this is called at the start) is ended.
+    pub fn hand_hooks_to(&mut self, remote: Arc<dyn RemoteHooks>) {
+        if let Some(Hooks::Local(r)) = &mut self.hooks {
+            r.finish(Duration::ZERO);
+        }
+        if self.hooks.is_some() {
+            self.hooks = Some(Hooks::Remote(remote));
+        }
+    }
+
     fn finish_hooks(&mut self) {
         if let Some(h) = &mut self.hooks {
-            let c = h.finish(HOOK_GRACE);
+            let (c, last_error) = h.finish(HOOK_GRACE);
             self.status.hook = Some(c);
             if c.failed > 0
-                && let Some(e) = h.last_error()
+                && let Some(e) = last_error
             {
                 self.status.warnings.push(format!(
                     "{} --on-segment-closed command(s) failed; last: {e}",
@@ -383,7 +500,7 @@ impl SegmentWriter {
         let path = self.names.path(c.index);
         let sha256 = if c.hash_stale || failed {
             drop(c.sink);
-            hash_file(&partial).map_err(|source| SegmentError::Close {
+            hash_file(&c.file).map_err(|source| SegmentError::Close {
                 path: partial.clone(),
                 source,
             })?
@@ -424,6 +541,7 @@ impl SegmentWriter {
             sha256,
         };
         let sidecar_path = self.names.sidecar(c.index);
+        let sidecar_name = self.names.sidecar_name(c.index);
         if let Some(s) = self.status.segments.last_mut() {
             s.path = path.clone();
             s.bytes = bytes;
@@ -436,14 +554,19 @@ impl SegmentWriter {
         // always has its sidecar, even after a crash between the two (which
         // leaves the sidecar beside a whole `.partial`). A sidecar that cannot
         // be written still lets the segment close.
-        let wrote_sidecar = car.write_atomically(&sidecar_path);
-        std::fs::rename(&partial, &path).map_err(|source| SegmentError::Close {
-            path: partial.clone(),
-            source,
-        })?;
+        let wrote_sidecar = car.write_atomically(&self.dir, &sidecar_name);
+        self.dir
+            .rename(
+                &self.names.partial_name(c.index),
+                &self.names.file_name(c.index),
+            )
+            .map_err(|e| SegmentError::Close {
+                path: partial.clone(),
+                source: std::io::Error::other(e),
+            })?;
         // The rename and the sidecar are durable once the directory is.
-        let dir_synced = sync_dir(&self.names.dir);
-        let sidecar_bytes = std::fs::metadata(&sidecar_path).map_or(0, |m| m.len());
+        let dir_synced = self.dir.sync();
+        let sidecar_bytes = *wrote_sidecar.as_ref().unwrap_or(&0);
         self.on_disk.push_back((c.index, bytes + sidecar_bytes));
         log::info!(
             "segment {} closed ({closed_by}): {} bytes, {} packets",
@@ -465,11 +588,15 @@ impl SegmentWriter {
         }
         self.enforce_budget(next);
         if let Some(h) = &self.hooks {
-            h.submit(HookJob {
-                path,
-                sidecar: sidecar_path,
-                index: c.index,
-            });
+            h.submit(
+                HookJob {
+                    path,
+                    sidecar: sidecar_path,
+                    index: c.index,
+                },
+                &self.names.file_name(c.index),
+                &sidecar_name,
+            );
         }
         Ok(())
     }
@@ -497,13 +624,9 @@ impl SegmentWriter {
             let Some((index, _)) = self.on_disk.pop_front() else {
                 break;
             };
-            for p in [self.names.path(index), self.names.sidecar(index)] {
-                if let Err(e) = std::fs::remove_file(&p)
-                    && e.kind() != std::io::ErrorKind::NotFound
-                {
-                    self.status
-                        .warnings
-                        .push(format!("cannot delete {}: {e}", p.display()));
+            for name in [self.names.file_name(index), self.names.sidecar_name(index)] {
+                if let Err(e) = self.dir.remove(&name) {
+                    self.status.warnings.push(format!("cannot delete: {e}"));
                 }
             }
             self.status.deleted += 1;
@@ -664,14 +787,21 @@ fn to_realtime(boottime_ns: u64, offset: i128) -> Option<u64> {
     u64::try_from(i128::from(boottime_ns) + offset).ok()
 }
 
-fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
-}
-
-fn hash_file(path: &std::path::Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+/// The sha256 of the whole file, read through the descriptor kept open
+/// (after a privilege drop the path may no longer be ours to open).
+fn hash_file(f: &std::fs::File) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
     let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h)?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut at = 0u64;
+    loop {
+        let n = f.read_at(&mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
     Ok(hex(&h.finalize()))
 }
 

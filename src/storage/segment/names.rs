@@ -51,8 +51,19 @@ impl SegmentNames {
         Self { dir, stem, ext }
     }
 
-    fn file_name(&self, index: u64) -> String {
+    /// The closed segment's file name.
+    pub fn file_name(&self, index: u64) -> String {
         format!("{}-{index:06}.{}", self.stem, self.ext)
+    }
+
+    /// The file name while it is written.
+    pub fn partial_name(&self, index: u64) -> String {
+        format!("{}{PARTIAL_SUFFIX}", self.file_name(index))
+    }
+
+    /// The sidecar's file name.
+    pub fn sidecar_name(&self, index: u64) -> String {
+        format!("{}{SIDECAR_SUFFIX}", self.file_name(index))
     }
 
     /// The closed segment's path.
@@ -62,14 +73,12 @@ impl SegmentNames {
 
     /// The path while it is written.
     pub fn partial(&self, index: u64) -> PathBuf {
-        self.dir
-            .join(format!("{}{PARTIAL_SUFFIX}", self.file_name(index)))
+        self.dir.join(self.partial_name(index))
     }
 
     /// The sidecar's path.
     pub fn sidecar(&self, index: u64) -> PathBuf {
-        self.dir
-            .join(format!("{}{SIDECAR_SUFFIX}", self.file_name(index)))
+        self.dir.join(self.sidecar_name(index))
     }
 
     /// The index of a file of this set (closed, partial or sidecar), if it is one.

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::policy::RotateReason;
+use crate::storage::create::OutputDir;
 
 /// Format version of the sidecar.
 pub const SIDECAR_VERSION: u32 = 1;
@@ -100,21 +101,21 @@ impl Sidecar {
         }
     }
 
-    /// Writes `self` at `path` atomically: a temporary file, fdatasync, rename.
-    pub fn write_atomically(&self, path: &Path) -> std::io::Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp);
+    /// Writes `self` as `name` in `dir` atomically: a temporary file made
+    /// there, fdatasync, rename. Returns its size.
+    pub fn write_atomically(&self, dir: &OutputDir, name: &str) -> std::io::Result<u64> {
+        let (tmp, fd) = dir.create_temp(name).map_err(std::io::Error::other)?;
         let result = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::fs::File::from(fd);
             let mut text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
             text.push(b'\n');
             f.write_all(&text)?;
             f.sync_data()?;
-            std::fs::rename(&tmp, path)
+            dir.rename(&tmp, name).map_err(std::io::Error::other)?;
+            Ok(text.len() as u64)
         })();
         if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = dir.remove(&tmp);
         }
         result
     }
@@ -184,7 +185,8 @@ mod tests {
             closed_by: "size".into(),
             sha256: "00".into(),
         };
-        s.write_atomically(&path).expect("writes");
+        let od = OutputDir::open(dir.path()).expect("dir");
+        s.write_atomically(&od, "s.json").expect("writes");
         assert_eq!(Sidecar::read(&path), Ok(s.clone()));
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("lists")

@@ -31,7 +31,8 @@ fn segment(dir: &Path, host: &str, session: i64, index: u64, data: &[u8]) -> Pat
             .map(|b| format!("{b:02x}"))
             .collect(),
     };
-    car.write_atomically(&dir.join(format!("trace-{index:06}.pftrace.json")))
+    let od = crate::storage::create::OutputDir::open(dir).expect("dir");
+    car.write_atomically(&od, &format!("trace-{index:06}.pftrace.json"))
         .expect("sidecar");
     path
 }

@@ -1,0 +1,328 @@
+//! The broker: the root side of the split. Forked while the recorder is
+//! still single-threaded, it keeps root and does, on request, the few
+//! things the unprivileged recorder cannot: make, rename and remove files
+//! in the directories registered before the drop, run the
+//! `--on-segment-closed` command as the invoking user, and undo the tracefs
+//! changes. When the recorder's end of the socket closes (its normal exit,
+//! a crash, SIGKILL) it undoes what is left and exits.
+//!
+//! Every request is checked: registrations only before `Seal`; names plain
+//! (no `/`, not `..`) and starting with a prefix registered for that
+//! directory, so a compromised recorder cannot use it to write elsewhere.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::message::{self, MessageError, Reply, Request};
+use crate::sources::ftrace::tracefs::TracefsTeardown;
+use crate::storage::create::{self, CreateError, OutputDir};
+use crate::storage::segment::hook::{HookJob, HookRunner};
+
+/// A directory the recorder may have files made in.
+struct Registered {
+    dir: OutputDir,
+    prefixes: Vec<String>,
+}
+
+#[derive(Default)]
+struct State {
+    dirs: Vec<Registered>,
+    /// Sockets to remove at the end: (directory, name).
+    leftovers: Vec<(OwnedFd, String)>,
+    teardowns: Vec<TracefsTeardown>,
+    hooks: Option<(HookRunner, PathBuf)>,
+    sealed: bool,
+}
+
+/// Serves requests on `sock` until the other end closes, then cleans up.
+/// Runs in the forked child; returns when it is time to exit.
+pub fn serve(sock: OwnedFd) {
+    let mut st = State::default();
+    loop {
+        let (req, fd) = match message::recv::<Request>(sock.as_fd()) {
+            Ok(r) => r,
+            Err(MessageError::Closed) => break,
+            Err(e) => {
+                // A malformed request is answered, not fatal: the other end
+                // is the only one that can send here.
+                log::warn!("broker: {e}");
+                if message::send(sock.as_fd(), &Reply::Refused(e.to_string()), None).is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let (reply, out) = st.handle(req, fd);
+        let sent = message::send(sock.as_fd(), &reply, out.as_ref().map(AsFd::as_fd));
+        if sent.is_err() {
+            break;
+        }
+    }
+    st.clean_up(crate::storage::segment::HOOK_GRACE);
+}
+
+impl State {
+    fn handle(&mut self, req: Request, fd: Option<OwnedFd>) -> (Reply, Option<OwnedFd>) {
+        let refused = |why: String| (Reply::Refused(why), None);
+        match req {
+            Request::RegisterDir { .. }
+            | Request::RegisterLeftover { .. }
+            | Request::RegisterTeardown { .. }
+            | Request::RegisterHook { .. }
+                if self.sealed =>
+            {
+                refused("registrations are closed".into())
+            }
+            Request::RegisterDir { prefixes } => {
+                let Some(fd) = fd else {
+                    return refused("no directory descriptor".into());
+                };
+                if prefixes.iter().any(|p| create::check_name(p).is_err()) {
+                    return refused("a prefix is not a plain name".into());
+                }
+                let path = dir_path(&fd);
+                let dir = match OutputDir::from_fd(&path, fd) {
+                    Ok(d) => d,
+                    Err(e) => return refused(e.to_string()),
+                };
+                self.dirs.push(Registered { dir, prefixes });
+                (Reply::Registered(self.dirs.len() as u32 - 1), None)
+            }
+            Request::RegisterLeftover { name } => {
+                let Some(fd) = fd else {
+                    return refused("no directory descriptor".into());
+                };
+                if create::check_name(&name).is_err() {
+                    return refused(format!("{name:?} is not a plain name"));
+                }
+                self.leftovers.push((fd, name));
+                (Reply::Done, None)
+            }
+            Request::RegisterTeardown { teardown } => {
+                self.teardowns.push(teardown);
+                (Reply::Done, None)
+            }
+            Request::RegisterHook { command, dir } => match HookRunner::start(command) {
+                Ok(r) => {
+                    self.hooks = Some((r, dir));
+                    (Reply::Done, None)
+                }
+                Err(e) => refused(format!("cannot start the hook runner: {e}")),
+            },
+            Request::Seal => {
+                self.sealed = true;
+                (Reply::Done, None)
+            }
+            Request::Create { dir, name, replace } => match self.allowed(dir, &[&name]) {
+                Err(why) => refused(why),
+                Ok(d) => {
+                    let r = if replace {
+                        d.replace(&name)
+                    } else {
+                        d.create_new(&name)
+                    };
+                    match r {
+                        Ok(fd) => (Reply::File, Some(fd)),
+                        Err(CreateError::Exists { .. }) => (Reply::Exists, None),
+                        Err(e) => refused(e.to_string()),
+                    }
+                }
+            },
+            Request::Rename { dir, from, to } => match self.allowed(dir, &[&from, &to]) {
+                Err(why) => refused(why),
+                Ok(d) => match d.rename(&from, &to) {
+                    Ok(()) => (Reply::Done, None),
+                    Err(e) => refused(e.to_string()),
+                },
+            },
+            Request::Remove { dir, name } => match self.allowed(dir, &[&name]) {
+                Err(why) => refused(why),
+                Ok(d) => match d.remove(&name) {
+                    Ok(()) => (Reply::Done, None),
+                    Err(e) => refused(e.to_string()),
+                },
+            },
+            Request::SegmentClosed {
+                file,
+                sidecar,
+                index,
+            } => {
+                let Some((runner, dir)) = &self.hooks else {
+                    return refused("no hook registered".into());
+                };
+                if create::check_name(&file).is_err() || create::check_name(&sidecar).is_err() {
+                    return refused("not a plain name".into());
+                }
+                runner.submit(HookJob {
+                    path: dir.join(&file),
+                    sidecar: dir.join(&sidecar),
+                    index,
+                });
+                (Reply::Done, None)
+            }
+            Request::HookCounts => match &self.hooks {
+                Some((r, _)) => (
+                    Reply::Hooks {
+                        counts: r.counts(),
+                        last_error: r.last_error(),
+                    },
+                    None,
+                ),
+                None => refused("no hook registered".into()),
+            },
+            Request::FinishHooks { grace_ms } => match &mut self.hooks {
+                Some((r, _)) => {
+                    let grace =
+                        Duration::from_millis(grace_ms).min(crate::storage::segment::HOOK_GRACE);
+                    let counts = r.finish(grace);
+                    (
+                        Reply::Hooks {
+                            counts,
+                            last_error: r.last_error(),
+                        },
+                        None,
+                    )
+                }
+                None => refused("no hook registered".into()),
+            },
+            Request::Teardown => {
+                self.tear_down();
+                (Reply::Done, None)
+            }
+        }
+    }
+
+    /// The registered directory `id`, when every name is one of its own.
+    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, String> {
+        if !self.sealed {
+            return Err("not sealed yet".into());
+        }
+        let reg = self
+            .dirs
+            .get(id as usize)
+            .ok_or_else(|| format!("no directory {id}"))?;
+        for name in names {
+            create::check_name(name).map_err(|e| e.to_string())?;
+            let body = name.strip_prefix('.').unwrap_or(name);
+            if !reg.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
+                return Err(format!("{name:?} is not a name of this session"));
+            }
+        }
+        Ok(&reg.dir)
+    }
+
+    /// Undoes the tracefs changes and removes leftover sockets, once.
+    fn tear_down(&mut self) {
+        for t in self.teardowns.drain(..) {
+            t.run();
+        }
+        for (dir, name) in self.leftovers.drain(..) {
+            // Only a socket: the name is in a directory others may write.
+            let is_socket = rustix::fs::statat(&dir, &name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| {
+                    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
+                });
+            if is_socket {
+                let _ = rustix::fs::unlinkat(&dir, &name, rustix::fs::AtFlags::empty());
+            }
+        }
+    }
+
+    fn clean_up(&mut self, grace: Duration) {
+        self.tear_down();
+        if let Some((r, _)) = &mut self.hooks {
+            r.finish(grace);
+        }
+    }
+}
+
+/// The directory's path, for messages and hooks (from /proc).
+fn dir_path(fd: &OwnedFd) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .unwrap_or_else(|_| PathBuf::from("?"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registered(dir: &std::path::Path) -> State {
+        let mut st = State::default();
+        let fd = rustix::fs::open(
+            dir,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("dir");
+        let (r, _) = st.handle(
+            Request::RegisterDir {
+                prefixes: vec!["t-".into()],
+            },
+            Some(fd),
+        );
+        assert!(matches!(r, Reply::Registered(0)), "{r:?}");
+        st
+    }
+
+    #[test]
+    fn only_the_sessions_names_in_registered_directories_after_the_seal() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut st = registered(d.path());
+        let create = |name: &str| Request::Create {
+            dir: 0,
+            name: name.into(),
+            replace: false,
+        };
+        // Nothing is done before the seal.
+        assert!(matches!(
+            st.handle(create("t-1"), None).0,
+            Reply::Refused(_)
+        ));
+        assert!(matches!(st.handle(Request::Seal, None).0, Reply::Done));
+        let (r, fd) = st.handle(create("t-1"), None);
+        assert!(matches!(r, Reply::File) && fd.is_some(), "{r:?}");
+        assert!(matches!(st.handle(create("t-1"), None).0, Reply::Exists));
+        for bad in ["../t-2", "x-1", "t-1/..", "..", "", "/etc/t-1"] {
+            let (r, fd) = st.handle(create(bad), None);
+            assert!(
+                matches!(r, Reply::Refused(_)) && fd.is_none(),
+                "{bad}: {r:?}"
+            );
+        }
+        let (r, _) = st.handle(
+            Request::Rename {
+                dir: 0,
+                from: "t-1".into(),
+                to: "passwd".into(),
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        let (r, _) = st.handle(
+            Request::Create {
+                dir: 7,
+                name: "t-3".into(),
+                replace: false,
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        // Registrations are closed.
+        let other = tempfile::tempdir().expect("tempdir");
+        let fd = rustix::fs::open(
+            other.path(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("dir");
+        let (r, _) = st.handle(
+            Request::RegisterDir {
+                prefixes: vec![String::new()],
+            },
+            Some(fd),
+        );
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+    }
+}

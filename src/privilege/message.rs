@@ -1,0 +1,238 @@
+//! The broker's message format: one request or reply per SOCK_SEQPACKET
+//! datagram, JSON of the enums below, at most [`MAX_MESSAGE`] bytes, with at
+//! most one descriptor beside it (SCM_RIGHTS). Versionless: both ends are
+//! the same binary, forked from one process.
+
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::sources::ftrace::tracefs::TracefsTeardown;
+use crate::storage::segment::hook::HookCounts;
+
+/// The largest datagram either side sends or accepts.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+
+/// What the unprivileged process asks. The `Register*` requests and
+/// `Seal` are accepted only before the drop; after `Seal`, only the
+/// operations on what was registered.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// With a directory descriptor: files may be made there whose names
+    /// start with one of `prefixes` (or `.` and a prefix: temporary names).
+    RegisterDir {
+        prefixes: Vec<String>,
+    },
+    /// With a directory descriptor: the socket `name` there is removed when
+    /// the session ends.
+    RegisterLeftover {
+        name: String,
+    },
+    /// Tracefs changes to undo at the end.
+    RegisterTeardown {
+        teardown: TracefsTeardown,
+    },
+    /// The `--on-segment-closed` command, run by the broker as root.
+    RegisterHook {
+        command: String,
+        dir: PathBuf,
+    },
+    /// No more registrations.
+    Seal,
+    Create {
+        dir: u32,
+        name: String,
+        replace: bool,
+    },
+    Rename {
+        dir: u32,
+        from: String,
+        to: String,
+    },
+    Remove {
+        dir: u32,
+        name: String,
+    },
+    /// A segment closed: run the hook on it.
+    SegmentClosed {
+        file: String,
+        sidecar: String,
+        index: u64,
+    },
+    HookCounts,
+    /// Wait up to `grace_ms` for queued hooks, then report.
+    FinishHooks {
+        grace_ms: u64,
+    },
+    /// Undo the tracefs changes and remove the leftovers now.
+    Teardown,
+}
+
+/// The broker's answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Done,
+    Registered(u32),
+    /// A descriptor comes with it.
+    File,
+    /// The name is taken.
+    Exists,
+    Hooks {
+        counts: HookCounts,
+        last_error: Option<String>,
+    },
+    Refused(String),
+}
+
+/// A message that could not be sent or read.
+#[derive(Debug, thiserror::Error)]
+pub enum MessageError {
+    #[error("the other end is gone")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("message of {0} bytes is over the limit")]
+    TooLarge(usize),
+}
+
+/// Sends `msg` (with `fd`) as one datagram.
+pub fn send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<(), MessageError> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| MessageError::Malformed(e.to_string()))?;
+    if bytes.len() > MAX_MESSAGE {
+        return Err(MessageError::TooLarge(bytes.len()));
+    }
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds;
+    if let Some(f) = fd {
+        fds = [f];
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+    }
+    loop {
+        match rustix::net::sendmsg(
+            sock,
+            &[std::io::IoSlice::new(&bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET) => {
+                return Err(MessageError::Closed);
+            }
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    }
+}
+
+/// Receives one datagram: the message and the descriptor beside it, if any.
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> Result<(T, Option<OwnedFd>), MessageError> {
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = loop {
+        match rustix::net::recvmsg(
+            sock,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CONNRESET) => return Err(MessageError::Closed),
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    };
+    let mut fd = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                // One descriptor at most; any other is closed here.
+                if fd.is_none() {
+                    fd = Some(f);
+                }
+            }
+        }
+    }
+    if r.bytes == 0 {
+        return Err(MessageError::Closed);
+    }
+    if r.bytes > MAX_MESSAGE || r.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(MessageError::TooLarge(r.bytes));
+    }
+    let msg = serde_json::from_slice(&buf[..r.bytes])
+        .map_err(|e| MessageError::Malformed(e.to_string()))?;
+    Ok((msg, fd))
+}
+
+/// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).
+pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(Into::into)
+}
+
+/// `fd` borrowed, for [`send`].
+pub fn borrow(fd: &impl AsFd) -> BorrowedFd<'_> {
+    fd.as_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_request_and_a_descriptor_cross() {
+        let (a, b) = pair().expect("pair");
+        let f = tempfile::tempfile().expect("file");
+        let req = Request::Create {
+            dir: 3,
+            name: "t-000001.pftrace.partial".into(),
+            replace: false,
+        };
+        send(a.as_fd(), &req, Some(f.as_fd())).expect("send");
+        let (got, fd): (Request, _) = recv(b.as_fd()).expect("recv");
+        assert!(matches!(got, Request::Create { dir: 3, .. }));
+        assert!(fd.is_some());
+        drop(a);
+        assert!(matches!(
+            recv::<Request>(b.as_fd()),
+            Err(MessageError::Closed)
+        ));
+    }
+
+    #[test]
+    fn oversized_and_malformed_datagrams_are_refused() {
+        let (a, b) = pair().expect("pair");
+        rustix::net::send(&a, &vec![b'x'; MAX_MESSAGE + 10], SendFlags::empty()).expect("send");
+        assert!(matches!(
+            recv::<Request>(b.as_fd()),
+            Err(MessageError::TooLarge(_))
+        ));
+        rustix::net::send(&a, b"{\"Nope\":1}", SendFlags::empty()).expect("send");
+        assert!(matches!(
+            recv::<Request>(b.as_fd()),
+            Err(MessageError::Malformed(_))
+        ));
+    }
+}

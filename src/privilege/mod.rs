@@ -1,0 +1,319 @@
+//! Least privilege for root sessions: a privilege drop after set-up, with a
+//! small privileged broker for the few later operations that need root.
+//!
+//! ```text
+//!  recorder (root) ── fork, still single-threaded ──► broker (root; ignores SIGINT/SIGTERM)
+//!     │ set-up as root: config, output, tracefs, pipes, sockets, rings
+//!     │ register with the broker: segment and snapshot directories (fds),
+//!     │   leftover sockets, tracefs teardown, the hook command; seal
+//!     │ drop: setgroups([]), setresgid/setresuid to the service user,
+//!     │   capabilities cleared (bounding set too), no_new_privs, not dumpable
+//!     ▼
+//!  recorder (service user): reads other users' bytes; new files, renames,
+//!     deletions and hooks by request over a SOCK_SEQPACKET pair (fds by
+//!     SCM_RIGHTS); at the end "teardown"; its end closing (exit, crash,
+//!     SIGKILL) makes the broker undo what is left and exit.
+//! ```
+//!
+//! A session started by another user does not drop: it already reads
+//! others' bytes with no more than its own rights.
+
+pub mod broker;
+pub mod message;
+pub mod user;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use self::message::{Reply, Request};
+use self::user::ServiceUser;
+use crate::storage::create::{CreateError, Delegate};
+use crate::storage::segment::RemoteHooks;
+use crate::storage::segment::hook::HookCounts;
+
+/// The split failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error("cannot choose the service user: {0}")]
+    User(String),
+    #[error("cannot start the privileged broker: {0}")]
+    Start(#[source] std::io::Error),
+    #[error("the privileged broker: {0}")]
+    Broker(String),
+    #[error("cannot give up root: {0}")]
+    Drop(#[source] std::io::Error),
+}
+
+/// The recorder's end of the broker's socket.
+#[derive(Debug)]
+pub struct Broker {
+    sock: Mutex<OwnedFd>,
+    pid: u32,
+}
+
+impl Broker {
+    /// One request, its reply (and descriptor).
+    fn call(
+        &self,
+        req: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Reply, Option<OwnedFd>), String> {
+        let sock = self
+            .sock
+            .lock()
+            .map_err(|_| "broker lock poisoned".to_string())?;
+        message::send(sock.as_fd(), req, fd).map_err(|e| e.to_string())?;
+        let (reply, fd) = message::recv::<Reply>(sock.as_fd()).map_err(|e| e.to_string())?;
+        match reply {
+            Reply::Refused(why) => Err(why),
+            r => Ok((r, fd)),
+        }
+    }
+
+    fn done(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Result<(), PrivilegeError> {
+        self.call(req, fd).map(drop).map_err(PrivilegeError::Broker)
+    }
+
+    /// The broker's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Undoes the tracefs changes and removes leftover sockets now (the end
+    /// of the session), waiting until done.
+    pub fn teardown(&self) {
+        if let Err(e) = self.call(&Request::Teardown, None) {
+            log::warn!("privileged broker teardown: {e}");
+        }
+    }
+}
+
+impl Delegate for Broker {
+    fn create(&self, dir: u32, name: &str, replace: bool) -> Result<OwnedFd, CreateError> {
+        let req = Request::Create {
+            dir,
+            name: name.into(),
+            replace,
+        };
+        match self.call(&req, None) {
+            Ok((Reply::File, Some(fd))) => Ok(fd),
+            Ok((Reply::Exists, _)) => Err(CreateError::Exists { path: name.into() }),
+            Ok((r, _)) => Err(CreateError::Broker(format!("unexpected reply {r:?}"))),
+            Err(e) => Err(CreateError::Broker(e)),
+        }
+    }
+
+    fn rename(&self, dir: u32, from: &str, to: &str) -> Result<(), CreateError> {
+        let req = Request::Rename {
+            dir,
+            from: from.into(),
+            to: to.into(),
+        };
+        self.call(&req, None).map(drop).map_err(CreateError::Broker)
+    }
+
+    fn remove(&self, dir: u32, name: &str) -> Result<(), CreateError> {
+        let req = Request::Remove {
+            dir,
+            name: name.into(),
+        };
+        self.call(&req, None).map(drop).map_err(CreateError::Broker)
+    }
+}
+
+impl RemoteHooks for Broker {
+    fn submit(&self, index: u64, file: &str, sidecar: &str) {
+        let req = Request::SegmentClosed {
+            file: file.into(),
+            sidecar: sidecar.into(),
+            index,
+        };
+        if let Err(e) = self.call(&req, None) {
+            log::warn!("--on-segment-closed for segment {index}: {e}");
+        }
+    }
+
+    fn counts(&self) -> HookCounts {
+        match self.call(&Request::HookCounts, None) {
+            Ok((Reply::Hooks { counts, .. }, _)) => counts,
+            _ => HookCounts::default(),
+        }
+    }
+
+    fn finish(&self, grace: Duration) -> (HookCounts, Option<String>) {
+        let req = Request::FinishHooks {
+            grace_ms: grace.as_millis() as u64,
+        };
+        match self.call(&req, None) {
+            Ok((Reply::Hooks { counts, last_error }, _)) => (counts, last_error),
+            Ok((r, _)) => (
+                HookCounts::default(),
+                Some(format!("unexpected reply {r:?}")),
+            ),
+            Err(e) => (HookCounts::default(), Some(e)),
+        }
+    }
+}
+
+/// A root session's plan: its broker, and whom to become.
+#[derive(Debug)]
+pub struct Privileges {
+    pub broker: Arc<Broker>,
+    pub user: ServiceUser,
+}
+
+/// Forks the broker when running as root (and `RECORDER_USER` is not
+/// `root`). Call while the process is single-threaded. For a session going
+/// to the background, `detached_stderr` is where the broker's stderr goes
+/// (`Some(None)`: /dev/null), so that it holds no terminal or pipe.
+pub fn start(
+    detached_stderr: Option<Option<BorrowedFd<'_>>>,
+) -> Result<Option<Privileges>, PrivilegeError> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(None);
+    }
+    let Some(user) = user::choose().map_err(PrivilegeError::User)? else {
+        log::info!("{}=root: this session keeps root", user::ENV);
+        return Ok(None);
+    };
+    let (mine, theirs) = message::pair().map_err(PrivilegeError::Start)?;
+    match crate::sys::privdrop::fork_broker().map_err(PrivilegeError::Start)? {
+        crate::sys::privdrop::Fork::Child => {
+            drop(mine);
+            run_broker(theirs, detached_stderr)
+        }
+        crate::sys::privdrop::Fork::Parent { child } => {
+            drop(theirs);
+            log::info!(
+                "privileged broker: pid {child}; the session will run as uid {} ({})",
+                user.uid,
+                user.why
+            );
+            Ok(Some(Privileges {
+                broker: Arc::new(Broker {
+                    sock: Mutex::new(mine),
+                    pid: child,
+                }),
+                user,
+            }))
+        }
+    }
+}
+
+/// The broker's life, in the forked child: never returns.
+fn run_broker(sock: OwnedFd, detached_stderr: Option<Option<BorrowedFd<'_>>>) -> ! {
+    if let Err(e) = crate::sys::privdrop::ignore_stop_signals() {
+        log::warn!("broker: {e}");
+    }
+    // Nothing to read; and a pipe on stdout (`-o -`) must see its end when
+    // the recorder exits, not when the broker does.
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
+        match detached_stderr {
+            Some(Some(log)) => {
+                let _ = rustix::stdio::dup2_stderr(log);
+            }
+            Some(None) => {
+                let _ = rustix::stdio::dup2_stderr(&null);
+            }
+            None => {}
+        }
+    }
+    broker::serve(sock);
+    std::process::exit(0)
+}
+
+/// What the recorder registers with the broker before it drops.
+#[derive(Default)]
+pub struct Registration<'a> {
+    /// Directories files are made in after the drop, with their names'
+    /// prefixes; each gets the id it is to use.
+    pub dirs: Vec<(BorrowedFd<'a>, Vec<String>)>,
+    /// Sockets to remove at the end: (directory, name).
+    pub leftovers: Vec<(BorrowedFd<'a>, String)>,
+    pub teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
+    /// The `--on-segment-closed` command and the segments' directory.
+    pub hook: Option<(String, std::path::PathBuf)>,
+}
+
+impl Privileges {
+    /// Registers what the broker will do, seals, and gives up root for the
+    /// whole process. Returns the registered directories' ids, in order.
+    pub fn drop_now(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
+        let b = &self.broker;
+        let mut ids = Vec::with_capacity(reg.dirs.len());
+        for (fd, prefixes) in reg.dirs {
+            match b.call(&Request::RegisterDir { prefixes }, Some(fd)) {
+                Ok((Reply::Registered(id), _)) => ids.push(id),
+                Ok((r, _)) => {
+                    return Err(PrivilegeError::Broker(format!("unexpected reply {r:?}")));
+                }
+                Err(e) => return Err(PrivilegeError::Broker(e)),
+            }
+        }
+        for (fd, name) in reg.leftovers {
+            b.done(&Request::RegisterLeftover { name }, Some(fd))?;
+        }
+        for teardown in reg.teardowns {
+            b.done(&Request::RegisterTeardown { teardown }, None)?;
+        }
+        if let Some((command, dir)) = reg.hook {
+            b.done(&Request::RegisterHook { command, dir }, None)?;
+        }
+        b.done(&Request::Seal, None)?;
+        give_up_root(&self.user)?;
+        Ok(ids)
+    }
+}
+
+/// The drop itself; checked afterwards (uid and capabilities).
+pub fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    let err = |e: rustix::io::Errno| PrivilegeError::Drop(e.into());
+    // The bounding set first: dropping from it needs CAP_SETPCAP.
+    for cap in 0..64u32 {
+        let Some(set) = CapabilitySet::from_bits(1u64 << cap) else {
+            break;
+        };
+        match rustix::thread::remove_capability_from_bounding_set(set) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(err(e)),
+        }
+    }
+    crate::sys::privdrop::set_ids(user.uid, user.gid).map_err(PrivilegeError::Drop)?;
+    let none = CapabilitySets {
+        effective: CapabilitySet::empty(),
+        permitted: CapabilitySet::empty(),
+        inheritable: CapabilitySet::empty(),
+    };
+    rustix::thread::set_capabilities(None, none).map_err(err)?;
+    rustix::thread::clear_ambient_capability_set().map_err(err)?;
+    rustix::thread::set_no_new_privs(true).map_err(err)?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(err)?;
+    let caps = rustix::thread::capabilities(None).map_err(err)?;
+    let uid = rustix::process::getuid().as_raw();
+    let euid = rustix::process::geteuid().as_raw();
+    if uid == 0 || euid == 0 || !caps.effective.is_empty() || !caps.permitted.is_empty() {
+        return Err(PrivilegeError::Drop(std::io::Error::other(
+            "still privileged after the drop",
+        )));
+    }
+    // Threads started before (the control worker, source readers) changed
+    // uid with this one and lost every capability; no_new_privs is this
+    // thread's and its later children's.
+    log::info!(
+        "gave up root: now uid {} gid {}, no capabilities, no_new_privs ({} threads)",
+        user.uid,
+        user.gid,
+        crate::sys::privdrop::thread_count()
+    );
+    Ok(())
+}

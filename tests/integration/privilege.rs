@@ -1,0 +1,600 @@
+//! Least privilege on the built binary, as root: the process that reads
+//! other users' bytes gives up root once set up; the broker keeps root for
+//! new segments, renames, deletions, hooks and the tracefs teardown (also
+//! after SIGKILL); and files are made only through checked directories,
+//! never through a name another user planted. Every kept trace is decoded
+//! and loaded in trace processor.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::recording::{Run, test_config};
+
+const NOBODY: u32 = 65534;
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+fn tracefs_missing() -> Option<String> {
+    need_root().or_else(|| {
+        Path::new(TRACEFS)
+            .join("instances")
+            .is_dir()
+            .then_some(())
+            .map_or_else(
+                || Some(format!("no tracefs instances at {TRACEFS}")),
+                |()| None,
+            )
+    })
+}
+
+fn setpriv_missing() -> Option<String> {
+    need_root().or_else(|| {
+        let ok = Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        (!ok).then(|| "setpriv missing".to_string())
+    })
+}
+
+/// `name:` lines of /proc/PID/status.
+fn status(pid: u32) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The children of `pid` (their pids).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(child: Child) -> String {
+    let out = child.wait_with_output().expect("waits");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// Decodes `path` (whole packets) and loads it in trace processor with no
+/// error stats.
+fn check_trace(path: &Path) {
+    let data = std::fs::read(path).expect("trace");
+    assert_eq!(whole_prefix(&data), data.len(), "{}", path.display());
+    assert!(!decode(&data).is_empty(), "{}", path.display());
+    crate::trace_processor::check(path);
+}
+
+const FTRACE: &str = r#"
+buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0
+  ftrace_config { ftrace_events: "sched/sched_switch" } } }
+write_into_file: true
+file_write_period_ms: 200
+duration_ms: 30000
+"#;
+
+#[test]
+fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
+    if skip_unless(tracefs_missing().or_else(setpriv_missing)) {
+        return;
+    }
+    let run = Run::new(FTRACE);
+    let sock = run.dir.path().join("producer.sock");
+    let mut c = run.command("pwritev");
+    c.arg("--producer-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = c.spawn().expect("starts");
+    let pid = child.id();
+    let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
+    wait_for("the drop", Duration::from_secs(20), || {
+        status(pid)
+            .get("Uid")
+            .is_some_and(|u| !u.starts_with("0\t"))
+    });
+    let st = status(pid);
+    let uid: u32 = st["Uid"]
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .expect("uid");
+    assert!(uid != 0 && uid != NOBODY, "{st:?}");
+    for ids in [&st["Uid"], &st["Gid"]] {
+        assert!(ids.split_whitespace().all(|i| i != "0"), "{st:?}");
+    }
+    for caps in ["CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"] {
+        assert_eq!(st[caps], "0000000000000000", "{caps}: {st:?}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+    assert_eq!(st["Groups"], "", "{st:?}");
+    assert!(sock.exists(), "the producer socket is open");
+    assert!(instance.is_dir(), "recording into {}", instance.display());
+    // The broker, its one child, keeps root.
+    let kids = children(pid);
+    assert_eq!(kids.len(), 1, "the broker only: {kids:?}");
+    let broker = status(kids[0]);
+    assert!(broker["Uid"].starts_with("0\t"), "{broker:?}");
+    // nobody cannot signal the recorder (a dedicated uid, not 65534).
+    let kill = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["kill", "-0", &pid.to_string()])
+        .output()
+        .expect("setpriv runs");
+    assert!(!kill.status.success(), "nobody may not signal the recorder");
+    signal(&child, rustix::process::Signal::INT);
+    let stderr = finish(child);
+    assert!(stderr.contains("gave up root"), "{stderr}");
+    assert!(
+        !instance.exists(),
+        "the broker removed the instance at the stop"
+    );
+    assert!(!sock.exists(), "the producer socket is removed at the end");
+    check_trace(&run.out);
+}
+
+fn signal(child: &Child, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, sig).expect("signal");
+}
+
+#[test]
+fn sigkill_of_the_recorder_still_tears_tracefs_down() {
+    if skip_unless(tracefs_missing()) {
+        return;
+    }
+    let run = Run::new(FTRACE);
+    let mut c = run.command("pwritev");
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().expect("starts");
+    let pid = child.id();
+    let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
+    let runtime = run.dir.path().join("run");
+    let control = runtime.join(format!("recorder-{pid}.trigger"));
+    wait_for("the drop", Duration::from_secs(20), || {
+        status(pid).get("NoNewPrivs").is_some_and(|v| v == "1")
+    });
+    assert!(instance.is_dir());
+    assert!(control.exists(), "{}", control.display());
+    child.kill().expect("SIGKILL");
+    child.wait().expect("waits");
+    wait_for(
+        "the instance removed after SIGKILL",
+        Duration::from_secs(10),
+        || !instance.exists(),
+    );
+    wait_for(
+        "the control socket removed",
+        Duration::from_secs(10),
+        || !control.exists(),
+    );
+    let data = std::fs::read(&run.out).expect("trace");
+    let whole = whole_prefix_lenient(&data);
+    assert!(whole > 0, "the killed session kept its passes");
+}
+
+/// Whole records at the start of `data` (a SIGKILLed file may end inside one).
+fn whole_prefix_lenient(data: &[u8]) -> usize {
+    let mut pos = 0;
+    while pos < data.len() && data[pos] == 0x0a {
+        let mut len: u64 = 0;
+        let mut shift = 0;
+        let mut i = pos + 1;
+        while i < data.len() {
+            let b = data[i];
+            len |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            i += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        let end = i + len as usize;
+        if end > data.len() {
+            break;
+        }
+        pos = end;
+    }
+    pos
+}
+
+const STREAMING: &str = "write_into_file: true file_write_period_ms: 100";
+
+/// Segment files of `dir`: index → (name, closed).
+fn segments(dir: &Path) -> std::collections::BTreeMap<u64, (PathBuf, bool)> {
+    let mut m = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).expect("dir").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let (base, partial) = match name.strip_suffix(".partial") {
+            Some(b) => (b.to_string(), true),
+            None => (name.clone(), false),
+        };
+        let Some(idx) = base
+            .strip_prefix("trace-")
+            .and_then(|r| r.strip_suffix(".pftrace"))
+            .and_then(|d| d.parse().ok())
+        else {
+            continue;
+        };
+        // A planted entry is not a segment.
+        if e.file_type().is_ok_and(|t| t.is_file()) && e.metadata().is_ok_and(|m| m.uid() == 0) {
+            m.insert(idx, (e.path(), !partial));
+        }
+    }
+    m
+}
+
+#[test]
+fn a_rotating_session_in_a_root_directory_still_rotates_deletes_and_runs_hooks_as_root() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let run = Run::new(&test_config(
+        16384,
+        "RING_BUFFER",
+        &format!("{STREAMING} duration_ms: 2500"),
+        "message_count: 0 message_size: 200 max_messages_per_second: 8000",
+    ));
+    let dir = run.dir.path().join("ring");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let hook_log = run.dir.path().join("hook.log");
+    let hook = run.dir.path().join("hook.sh");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\necho \"$(id -u) $1\" >> {}\n",
+            hook_log.display()
+        ),
+    )
+    .expect("hook");
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut c = run.command_to("pwritev", &dir.join(""));
+    c.args(["--rotate-size", "64K", "--max-segments", "3"])
+        .arg("--on-segment-closed")
+        .arg(&hook)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let stderr = finish(c.spawn().expect("starts"));
+    assert!(stderr.contains("gave up root"), "{stderr}");
+    let files = segments(&dir);
+    assert_eq!(files.len(), 3, "{files:?}\n{stderr}");
+    let last = *files.keys().last().expect("some");
+    assert!(last >= 5, "{stderr}");
+    for (path, closed) in files.values() {
+        assert!(closed, "{}", path.display());
+        let meta = std::fs::metadata(path).expect("meta");
+        assert_eq!(meta.uid(), 0, "the broker made it");
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let car = PathBuf::from(format!("{}.json", path.display()));
+        assert!(car.is_file(), "{}", car.display());
+        check_trace(path);
+    }
+    let leftovers: Vec<String> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp") || n.ends_with(".partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(stderr.contains("deleted by the budget"), "{stderr}");
+    let log = std::fs::read_to_string(&hook_log).expect("hooks ran");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len() as u64, last + 1, "{log}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("0 ")),
+        "hooks run as root: {log}"
+    );
+}
+
+/// An entry planted by another user (uid 65534), pointing at or linked to
+/// `victim`.
+fn plant(dir: &Path, name: &str, what: &str, victim: &Path) {
+    let p = dir.join(name);
+    match what {
+        "symlink" => std::os::unix::fs::symlink(victim, &p).expect("symlink"),
+        "hardlink" => std::fs::hard_link(victim, &p).expect("link"),
+        "fifo" => rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            0,
+        )
+        .expect("mkfifo"),
+        _ => unreachable!(),
+    }
+    let _ = rustix::fs::chownat(
+        rustix::fs::CWD,
+        &p,
+        Some(rustix::process::Uid::from_raw(NOBODY)),
+        Some(rustix::process::Gid::from_raw(NOBODY)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    );
+}
+
+fn victim(dir: &Path, name: &str) -> (PathBuf, std::fs::Metadata) {
+    let v = dir.join(name);
+    std::fs::write(&v, b"precious\n").expect("victim");
+    let meta = std::fs::metadata(&v).expect("meta");
+    (v, meta)
+}
+
+fn untouched(v: &Path, before: &std::fs::Metadata) {
+    assert_eq!(
+        std::fs::read(v).expect("victim"),
+        b"precious\n",
+        "{}",
+        v.display()
+    );
+    let now = std::fs::metadata(v).expect("meta");
+    assert_eq!(now.mtime_nsec(), before.mtime_nsec(), "{}", v.display());
+    assert_eq!(now.mode(), before.mode(), "{}", v.display());
+}
+
+#[test]
+fn names_planted_in_a_sticky_directory_are_never_written_through() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let run = Run::new(&test_config(
+        16384,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 250 duration_ms: 4000",
+        "message_count: 0 message_size: 200 max_messages_per_second: 4000",
+    ));
+    let safe = run.dir.path().join("safe");
+    std::fs::create_dir(&safe).expect("mkdir");
+    let shared = run.dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let victims: Vec<(PathBuf, std::fs::Metadata)> =
+        (0..8).map(|i| victim(&safe, &format!("v{i}"))).collect();
+
+    // A single-file trace at a planted symlink: replaced, not written through.
+    let single = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 300",
+        "message_count: 100 message_size: 64",
+    ));
+    let out = shared.join("single.pftrace");
+    plant(&shared, "single.pftrace", "symlink", &victims[0].0);
+    let o = single.command_to("pwritev", &out).output().expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::symlink_metadata(&out).expect("meta").is_file());
+    check_trace(&out);
+    // With --no-clobber the planted name is an error, and nothing is opened.
+    plant(&shared, "nc.pftrace", "fifo", &victims[0].0);
+    let mut c = single.command_to("pwritev", &shared.join("nc.pftrace"));
+    c.arg("--no-clobber");
+    let o = c.output().expect("runs");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already exists"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A rotating session: links, FIFOs and hard links at the names it will
+    // use next, planted while it runs.
+    let mut c = run.command_to("pwritev", &shared.join(""));
+    c.args(["--rotate-size", "16K"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = c.spawn().expect("starts");
+    wait_for("segment 1", Duration::from_secs(20), || {
+        shared.join("trace-000001.pftrace.json").exists()
+    });
+    let base = segments(&shared).keys().last().copied().unwrap_or(1) + 3;
+    let n = |i: u64| format!("trace-{i:06}.pftrace");
+    plant(
+        &shared,
+        &format!("{}.partial", n(base)),
+        "symlink",
+        &victims[1].0,
+    );
+    plant(
+        &shared,
+        &format!("{}.partial", n(base + 1)),
+        "fifo",
+        &victims[2].0,
+    );
+    plant(
+        &shared,
+        &format!("{}.partial", n(base + 2)),
+        "hardlink",
+        &victims[3].0,
+    );
+    plant(&shared, &n(base + 3), "symlink", &victims[4].0);
+    plant(
+        &shared,
+        &format!("{}.json", n(base + 3)),
+        "hardlink",
+        &victims[5].0,
+    );
+    plant(
+        &shared,
+        &format!(".{}.json.tmp", n(base + 4)),
+        "symlink",
+        &victims[6].0,
+    );
+    plant(
+        &shared,
+        &format!("{}.json.tmp", n(base + 4)),
+        "fifo",
+        &victims[7].0,
+    );
+    let stderr = finish(child);
+    for (v, meta) in &victims {
+        untouched(v, meta);
+    }
+    assert!(
+        stderr.contains("was already taken by another entry"),
+        "{stderr}"
+    );
+    let files = segments(&shared);
+    assert!(
+        files.keys().last().is_some_and(|l| *l > base + 4),
+        "{files:?}\n{stderr}"
+    );
+    for i in [base, base + 1, base + 2] {
+        assert!(
+            !files.contains_key(&i),
+            "segment {i} was skipped: {files:?}"
+        );
+    }
+    // The final name and sidecar of base+3 were replaced by the segment's own.
+    assert!(files.get(&(base + 3)).is_some_and(|(_, closed)| *closed));
+    for (path, closed) in files.values() {
+        assert!(closed, "{}", path.display());
+        assert!(PathBuf::from(format!("{}.json", path.display())).is_file());
+        check_trace(path);
+    }
+}
+
+#[test]
+fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let run = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 300",
+        "message_count: 100 message_size: 64",
+    ));
+    let theirs = run.dir.path().join("theirs");
+    std::fs::create_dir(&theirs).expect("mkdir");
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    rustix::fs::chown(
+        &theirs,
+        Some(rustix::process::Uid::from_raw(NOBODY)),
+        Some(rustix::process::Gid::from_raw(NOBODY)),
+    )
+    .expect("chown");
+    let existing = theirs.join("trace.pftrace");
+    std::fs::write(&existing, b"earlier\n").expect("write");
+    let open = run.dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    for (out, rotate, fix) in [
+        (existing.clone(), false, "belongs to uid 65534"),
+        (theirs.join("segs/"), true, "belongs to uid 65534"),
+        (open.join("t.pftrace"), false, "chmod +t"),
+    ] {
+        let mut c = run.command_to("pwritev", &out);
+        if rotate {
+            c.args(["--rotate-size", "64K"]);
+        }
+        let o = c.output().expect("runs");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {stderr}", out.display());
+        assert!(stderr.contains(fix), "{stderr}");
+    }
+    assert_eq!(std::fs::read(&existing).expect("kept"), b"earlier\n");
+    assert!(!theirs.join("segs").exists());
+    assert_eq!(std::fs::read_dir(&open).expect("dir").count(), 0);
+}
+
+#[test]
+fn planted_snapshot_and_log_names_are_replaced_not_written_through() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    let run = Run::new(
+        r#"
+buffers { size_kb: 2048 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0
+  for_testing { message_count: 0 max_messages_per_second: 2000 message_size: 8 } } }
+trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers { name: "snap" } }
+"#,
+    );
+    std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let shared = run.dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let safe = run.dir.path().join("safe");
+    std::fs::create_dir(&safe).expect("mkdir");
+    let victims: Vec<(PathBuf, std::fs::Metadata)> =
+        (0..3).map(|i| victim(&safe, &format!("v{i}"))).collect();
+    plant(&shared, "snap.pftrace.0", "symlink", &victims[0].0);
+    plant(&shared, "snap.pftrace.1", "hardlink", &victims[1].0);
+    plant(&shared, "snap.pftrace.log", "symlink", &victims[2].0);
+    let out = shared.join("snap.pftrace");
+    let o = run
+        .command_to("pwritev", &out)
+        .arg("--background")
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pid: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    wait_for("the drop", Duration::from_secs(20), || {
+        status(pid).get("NoNewPrivs").is_some_and(|v| v == "1")
+    });
+    for _ in 0..2 {
+        let t = Command::new(recorder_bin())
+            .args(["trigger", "snap"])
+            .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"))
+            .output()
+            .expect("trigger");
+        assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for(
+        "the background session's end",
+        Duration::from_secs(20),
+        || !Path::new(&format!("/proc/{pid}")).exists(),
+    );
+    for (v, meta) in &victims {
+        untouched(v, meta);
+    }
+    let log = std::fs::read_to_string(shared.join("snap.pftrace.log")).expect("log");
+    assert!(
+        std::fs::symlink_metadata(shared.join("snap.pftrace.log"))
+            .expect("meta")
+            .is_file()
+    );
+    for n in 0..2 {
+        let p = shared.join(format!("snap.pftrace.{n}"));
+        let meta = std::fs::symlink_metadata(&p).expect("snapshot");
+        assert!(
+            meta.is_file() && meta.nlink() == 1,
+            "{}: {log}",
+            p.display()
+        );
+        assert!(
+            decode(&std::fs::read(&p).expect("read"))
+                .iter()
+                .any(|p| p.has_clone_snapshot_trigger()),
+            "{log}"
+        );
+        check_trace(&p);
+    }
+}
