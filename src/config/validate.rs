@@ -1,5 +1,5 @@
 //! Validation of a decoded TraceConfig into a [`RecorderSpec`], following the
-//! tracing service's rules (facts §5.1) and saying so where Perfetto would do
+//! tracing service's rules (ARCHITECTURE.md §8.1) and saying so where Perfetto would do
 //! something surprising without a word.
 
 use std::collections::HashSet;
@@ -1120,7 +1120,7 @@ fn file(
     })
 }
 
-/// The write period a `file_write_period_ms` value gives (facts §5.7: 0 is
+/// The write period a `file_write_period_ms` value gives (ARCHITECTURE.md §8.5: 0 is
 /// 5000, under 100 is raised to 100), and what changed, if anything.
 pub fn write_period_ms(v: u32) -> (u32, Option<String>) {
     match v {
@@ -1148,7 +1148,7 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
         };
     };
     let write_period = file.write_period.as_millis() as u32;
-    // facts §5.7: the write_flush_mode decides; flush_period_ms is honoured only
+    // ARCHITECTURE.md §8.5: the write_flush_mode decides; flush_period_ms is honoured only
     // with WRITE_FLUSH_DISABLED.
     match tc.write_flush_mode.unwrap_or(0) {
         2 => {

@@ -5,8 +5,8 @@
 //! file, so every rule is unit-tested (`tests.rs`).
 //!
 //! States: (deferred) → (waiting for a start trigger) → recording →
-//! stopping → finished. Trigger semantics follow Perfetto's service (facts
-//! §5.9–5.10):
+//! stopping → finished. Trigger semantics follow Perfetto's service (ARCHITECTURE.md
+//! §8.7–8.8):
 //! - START_TRACING: idle until a listed trigger; then record for its
 //!   `stop_delay_ms` (0: until stopped). `trigger_timeout_ms` first: end with
 //!   nothing recorded.
@@ -17,10 +17,10 @@
 //!   snapshot after its `stop_delay_ms`; `trigger_timeout_ms` ends it.
 //!
 //! Periodic work while recording, each on its own timer aligned to
-//! wall-clock multiples of its period (facts §5.4): write passes
+//! wall-clock multiples of its period (ARCHITECTURE.md §8.3): write passes
 //! (`write_into_file`), the stats tick, flushes, incremental-state clears.
 //!
-//! The stop sequence (facts §5.9): flush the sources (bounded by
+//! The stop sequence (ARCHITECTURE.md §8.7): flush the sources (bounded by
 //! `flush_timeout_ms`; skipped by a second signal or when the output is
 //! gone), stop them (bounded by `data_source_stop_timeout_ms`), note
 //! `tracing_disabled`, run the final pass (or only fdatasync when nothing may
@@ -44,7 +44,7 @@ use crate::storage::segment::policy::rotation_due;
 
 /// How long producers' start acks are awaited before the session notes the
 /// slow ones (Perfetto's `kAllDataSourceStartedTimeout`, not configurable;
-/// producer facts §8). The session records meanwhile: nothing waits on it.
+/// ARCHITECTURE.md §9.8). The session records meanwhile: nothing waits on it.
 pub const ALL_STARTED_TIMEOUT: Duration = Duration::from_secs(20);
 use crate::trace::service::ServiceEvent;
 
@@ -135,7 +135,7 @@ impl Session {
 
     /// Whether the session still waits for what makes its data count (a
     /// trigger, or `recorder start`): until then nothing is written, not even
-    /// the recorder's own packets (facts §5.10).
+    /// the recorder's own packets (ARCHITECTURE.md §8.8).
     pub fn waiting_for_trigger(&self) -> bool {
         if self.timeline.deferred_start && !self.started {
             return true;
@@ -397,10 +397,10 @@ impl Session {
             return Vec::new();
         };
         // Whether acked or timed out, the flush ends by reading what the
-        // producers left in their chunks (producer facts §6).
+        // producers left in their chunks (ARCHITECTURE.md §9.7).
         let mut out = vec![Action::ScrapeProducers];
         // Perfetto's readers release sorted data at this marker: only a
-        // complete flush may claim it (DESIGN §4).
+        // complete flush may claim it (ARCHITECTURE.md §6).
         if complete && purpose != FlushPurpose::Stop && self.state == State::Recording {
             out.push(Action::Service(ServiceEvent::AllDataSourcesFlushed));
         }

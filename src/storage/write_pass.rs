@@ -78,7 +78,7 @@ pub enum Take {
 /// What happens between the ring and the sink.
 #[derive(Debug, Default)]
 pub struct PassStage<'a> {
-    /// Compress the pass (facts §4.9).
+    /// Compress the pass (ARCHITECTURE.md §7.9).
     pub compress: Option<&'a mut ZstdStage>,
     /// Count the packets written (a walk over the record headers).
     pub count_packets: bool,

@@ -7,7 +7,7 @@
 //!  7 B up    0A  <len>  BA 03 <n>  <n zero bytes>            field 55, bytes
 //! ```
 //!
-//! Field 55 of TracePacket is reserved (facts §4.2): Perfetto will not give
+//! Field 55 of TracePacket is reserved (ARCHITECTURE.md §7.2): Perfetto will not give
 //! it a meaning, and every reader skips a field it does not know. The
 //! length varints may be wider than needed (a redundant varint, as slot
 //! headers use), so that any total length can be hit exactly. Trace

@@ -134,7 +134,10 @@ pub fn unavailable() -> Option<String> {
     WHY.get_or_init(|| {
         let path = shell_path();
         if !path.exists() {
-            return Some(format!("no trace processor at {}", path.display()));
+            return Some(format!(
+                "no trace processor at {} (set RECORDER_TRACE_PROCESSOR)",
+                path.display()
+            ));
         }
         let runs = |p: &Path| {
             Command::new(p)

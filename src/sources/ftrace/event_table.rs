@@ -45,7 +45,7 @@ const WAKEUP_FIELDS: &[(u32, &str, ProtoKind)] = &[
 ];
 
 /// Field numbers from Perfetto's `ftrace_event.proto` and the per-event
-/// messages (facts §4.4).
+/// messages (ARCHITECTURE.md §7.4).
 const TYPED: &[TypedSpec] = &[
     ("ftrace", "print", 3, &[(1, "ip", U), (2, "buf", S)]),
     (
