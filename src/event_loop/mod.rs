@@ -35,8 +35,8 @@ use crate::control::server::{ControlServer, Incoming};
 use crate::ipc::host::{HostEvent, ProducerHost};
 use crate::ringbuf::Buffer;
 use crate::session::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
-    StopReason, TriggerArrival, TriggerName,
+    AcceptedTrigger, Action, Answer, Event, FlushCounts, FlushId, Pass, RequestId, SegmentFill,
+    Session, State, StopReason, TriggerArrival, TriggerName,
 };
 use crate::sources::DataSource;
 use crate::storage::compress::ZstdStage;
@@ -112,7 +112,6 @@ struct Loop {
     status: Option<StatusLine>,
     /// Bytes before and after compression, over every pass.
     compressed: (u64, u64),
-    flushes: FlushCounts,
     /// Bytes `max_file_size_bytes` left out of the passes.
     cut_bytes: u64,
     /// Flushes waiting for producers' acks, with whether the built-in
@@ -152,7 +151,6 @@ impl Loop {
             warnings: Vec::new(),
             status,
             compressed: (0, 0),
-            flushes: FlushCounts::default(),
             cut_bytes: 0,
             producer_flushes: HashMap::new(),
             producer_stop: false,
@@ -507,7 +505,7 @@ impl Loop {
             .map(|b| (b.buffer.clone(), Take::Consume))
             .collect();
         let buffers = &self.rec.buffers;
-        let flushes = self.flushes;
+        let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let log = &mut self.rec.log;
         let tail = || log.tail(|| trace_stats(buffers, flushes, producers));
@@ -595,7 +593,7 @@ impl Loop {
         let started = Instant::now();
         let tail = self.rec.log.segment_tail(&trace_stats(
             &self.rec.buffers,
-            self.flushes,
+            self.rec.session.flush_counts(),
             self.rec.producers.as_ref(),
         ));
         match w.rotate(&tail, reason) {
@@ -666,7 +664,7 @@ impl Loop {
             })
             .collect();
         let buffers = &self.rec.buffers;
-        let flushes = self.flushes;
+        let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let uid = self.rec.log.uid();
         let tail = || {
@@ -832,14 +830,6 @@ impl Loop {
                 .map_or_else(Vec::new, |p| p.reports()),
         }
     }
-}
-
-/// Flushes asked of the data sources, for `trace_stats`.
-#[derive(Clone, Copy, Debug, Default)]
-struct FlushCounts {
-    requested: u64,
-    succeeded: u64,
-    failed: u64,
 }
 
 /// trace_stats from the buffers' live counters, the flushes so far and what

@@ -96,6 +96,19 @@ pub struct Session {
     stop_trigger_name: Option<String>,
     flushes: BTreeMap<FlushId, FlushPurpose>,
     next_flush: u64,
+    flush_counts: FlushCounts,
+}
+
+/// The flushes asked of the data sources so far, as `trace_stats` reports
+/// them (ARCHITECTURE.md §8.6). Every flush requested ends as exactly one of
+/// succeeded (all acked in time) or failed (timed out, or cut short by the
+/// stop or a second signal), so once none is pending `requested =
+/// succeeded + failed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushCounts {
+    pub requested: u64,
+    pub succeeded: u64,
+    pub failed: u64,
 }
 
 impl Session {
@@ -113,11 +126,17 @@ impl Session {
             stop_trigger_name: None,
             flushes: BTreeMap::new(),
             next_flush: 0,
+            flush_counts: FlushCounts::default(),
         }
     }
 
     pub fn state(&self) -> State {
         self.state
+    }
+
+    /// The flushes so far, for `trace_stats`.
+    pub fn flush_counts(&self) -> FlushCounts {
+        self.flush_counts
     }
 
     pub fn timeline(&self) -> &Timeline {
@@ -174,7 +193,9 @@ impl Session {
             Event::Signal => match self.phase {
                 // A second signal: finish with what is buffered.
                 Some(StopPhase::Flushing(id)) => {
-                    self.flushes.remove(&id);
+                    if self.flushes.remove(&id).is_some() {
+                        self.flush_counts.failed += 1;
+                    }
                     let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
                     out.extend(self.stop_sources(now));
                     out
@@ -384,6 +405,7 @@ impl Session {
         let id = FlushId(self.next_flush);
         self.next_flush += 1;
         self.flushes.insert(id, purpose);
+        self.flush_counts.requested += 1;
         let timeout = self.timeline.flush_timeout;
         vec![
             Action::SetTimer(Timer::FlushDeadline(id), now + timeout),
@@ -396,6 +418,11 @@ impl Session {
         let Some(purpose) = self.flushes.remove(&id) else {
             return Vec::new();
         };
+        if complete {
+            self.flush_counts.succeeded += 1;
+        } else {
+            self.flush_counts.failed += 1;
+        }
         // Whether acked or timed out, the flush ends by reading what the
         // producers left in their chunks (ARCHITECTURE.md §9.7).
         let mut out = vec![Action::ScrapeProducers];
@@ -558,8 +585,10 @@ impl Session {
         self.stop_reason = Some(reason);
         // Flushes still under way no longer lead anywhere.
         let mut out = vec![Action::AnnounceStop];
+        let cut_short = std::mem::take(&mut self.flushes);
+        self.flush_counts.failed += cut_short.len() as u64;
         out.extend(
-            std::mem::take(&mut self.flushes)
+            cut_short
                 .into_keys()
                 .map(|id| Action::CancelTimer(Timer::FlushDeadline(id))),
         );
