@@ -663,7 +663,7 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
         }
     }
     for (i, e) in f.ftrace_events.iter().enumerate() {
-        if let Some(why) = crate::sources::ftrace::tracefs::event_spec_problem(e) {
+        if let Some(why) = super::event_name::event_spec_problem(e) {
             cx.err(
                 format!("{path}.config.ftrace_config.ftrace_events[{i}]"),
                 why,

@@ -474,7 +474,7 @@ mod tests {
             prop_assert_eq!(c.len(), g.len());
             let payloads = unpack(&flatten(&c.slices()));
             for p in &payloads {
-                let mut f = crate::trace::reader::frames(p);
+                let mut f = crate::wire::framing::frames(p);
                 let n = f.by_ref().count();
                 prop_assert!(n > 0);
                 prop_assert_eq!(f.end().and_then(|e| e.torn_tail), None);

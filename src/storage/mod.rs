@@ -43,6 +43,7 @@ mod batch;
 mod cut;
 pub mod direct;
 mod output;
+pub mod packets;
 mod pwritev_sink;
 mod stream_sink;
 #[cfg(test)]

@@ -530,16 +530,6 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
     })
 }
 
-/// The packet standing where a sequence lost data: it carries only the
-/// sequence id and `previous_packet_dropped`, so trace processor counts the
-/// loss and resets that sequence's incremental state at exactly that point.
-pub fn loss_marker(sequence_id: u32) -> Vec<u8> {
-    framed(|e| {
-        e.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, sequence_id as u64);
-        e.uint(tp::PREVIOUS_PACKET_DROPPED, 1);
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,7 +206,7 @@ pub fn expand(data: &[u8]) -> (Vec<TracePacket>, Vec<usize>) {
     (out, sizes)
 }
 
-/// A padding packet of an O_DIRECT stream (recorder::trace::padding):
+/// A padding packet of an O_DIRECT stream (recorder::storage::packets):
 /// nothing in it but, perhaps, the reserved field 55.
 pub fn is_padding(p: &TracePacket) -> bool {
     let unknown = p.special_fields.unknown_fields();
@@ -215,5 +215,5 @@ pub fn is_padding(p: &TracePacket) -> bool {
         && p.optional_trusted_packet_sequence_id.is_none()
         && unknown
             .iter()
-            .all(|(f, _)| f == recorder::trace::padding::PADDING_FIELD)
+            .all(|(f, _)| f == recorder::storage::packets::PADDING_FIELD)
 }

@@ -7,6 +7,7 @@ mod config;
 mod custom_fields;
 mod ftrace;
 mod hardening;
+mod layers;
 mod lifecycle;
 mod loss;
 mod open;
