@@ -36,7 +36,7 @@ use crate::ipc::host::{HostEvent, ProducerHost};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushCounts, FlushId, Pass, RequestId, SegmentFill,
-    Session, State, StopReason, TriggerArrival, TriggerName,
+    Session, SourceFailure, SourcePhase, State, StopReason, TriggerArrival, TriggerName,
 };
 use crate::sources::DataSource;
 use crate::storage::compress::ZstdStage;
@@ -305,7 +305,11 @@ impl Loop {
     fn take_source_failures(&mut self) {
         for s in &mut self.rec.sources {
             if let Some(f) = s.take_failure() {
-                let ev = Event::SourceFailed(format!("{}: {f}", s.name()));
+                let ev = Event::SourceFailed(SourceFailure {
+                    source: s.name().to_string(),
+                    phase: SourcePhase::Running,
+                    cause: f,
+                });
                 self.queue.push_back(ev);
             }
         }
@@ -378,7 +382,11 @@ impl Loop {
         self.rec.log.started();
         for s in &mut self.rec.sources {
             if let Err(e) = s.start() {
-                self.queue.push_back(Event::SourceFailed(e.to_string()));
+                self.queue.push_back(Event::SourceFailed(SourceFailure {
+                    source: s.name().to_string(),
+                    phase: SourcePhase::Starting,
+                    cause: e.cause_text(),
+                }));
                 return;
             }
         }

@@ -35,8 +35,8 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, StartRefusal,
-    StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
+    SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
 pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
 

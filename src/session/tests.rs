@@ -438,11 +438,20 @@ fn timers_do_nothing_while_stopping() {
 #[test]
 fn source_failure_stops_with_a_flush() {
     let mut s = begun(timeline(TriggerMode::None, vec![]));
-    let a = s.on_event(Event::SourceFailed("ftrace: gone".into()), ms(5));
+    let gone = SourceFailure {
+        source: "linux.ftrace".into(),
+        phase: SourcePhase::Running,
+        cause: "tracefs went away".into(),
+    };
+    assert_eq!(
+        gone.to_string(),
+        "linux.ftrace failed while recording: tracefs went away"
+    );
+    let a = s.on_event(Event::SourceFailed(gone.clone()), ms(5));
     let all = finish_stop(&mut s, a, 5);
     assert!(all.contains(&Action::WritePass(Pass::Final)));
     let r = exit_reason(&all).expect("exits");
-    assert_eq!(r, StopReason::SourceFailed("ftrace: gone".into()));
+    assert_eq!(r, StopReason::SourceFailed(gone));
     assert!(r.is_failure());
 }
 
