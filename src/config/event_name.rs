@@ -27,3 +27,64 @@ pub fn event_spec_problem(spec: &str) -> Option<String> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_specs_are_plain_names() {
+        for bad in [
+            "../x",
+            "..",
+            "sched/../../x",
+            "a/b/c",
+            "",
+            "sched/",
+            "/sched",
+            "x\n",
+        ] {
+            assert!(event_spec_problem(bad).is_some(), "{bad:?}");
+        }
+        for good in [
+            "sched/sched_switch",
+            "sched/*",
+            "sched_switch",
+            "ftrace/print",
+        ] {
+            assert_eq!(event_spec_problem(good), None, "{good:?}");
+        }
+    }
+
+    /// Every name a config turns into a tracefs path is held to the same
+    /// grammar at load: events, the instance, kprobe functions and option
+    /// names (`.` and `..` included).
+    #[test]
+    fn names_that_would_leave_tracefs_are_refused_at_load() {
+        for (set, path) in [
+            ("instance_name: \"..\"", "ftrace_config.instance_name"),
+            ("instance_name: \".\"", "ftrace_config.instance_name"),
+            (
+                "tracefs_options { name: \"..\" state: STATE_ENABLED }",
+                "ftrace_config.tracefs_options[0].name",
+            ),
+            (
+                "kprobe_events { probe: \"..\" type: KPROBE_TYPE_KPROBE }",
+                "ftrace_config.kprobe_events[0].probe",
+            ),
+            (
+                "ftrace_events: \"sched/..\"",
+                "ftrace_config.ftrace_events[0]",
+            ),
+        ] {
+            let text = format!(
+                "buffers {{ size_kb: 64 }} data_sources {{ config {{ name: \"linux.ftrace\" ftrace_config {{ {set} }} }} }}"
+            );
+            let err = crate::config::load_text(&text, "t", false)
+                .expect("parses")
+                .validate()
+                .expect_err("refused");
+            assert!(err.to_string().contains(path), "{set}: {err}");
+        }
+    }
+}
