@@ -14,13 +14,20 @@ use crate::config::{self, LoadOptions};
 use crate::ringbuf::FillPolicy;
 use crate::storage::IoChoice;
 
-fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, String> {
+/// A run length `recorder bench` cannot use (exit code 2).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+enum StopAtError {
+    #[error("--duration {0}: must be positive")]
+    Duration(f64),
+    #[error("--packets must be at least 1")]
+    NoPackets,
+}
+
+fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, StopAtError> {
     match (args.duration, args.packets) {
-        (Some(s), _) if !(s.is_finite() && s > 0.0) => {
-            Err(format!("--duration {s}: must be positive"))
-        }
+        (Some(s), _) if !(s.is_finite() && s > 0.0) => Err(StopAtError::Duration(s)),
         (Some(s), _) => Ok(Some(StopAt::Duration(Duration::from_secs_f64(s)))),
-        (None, Some(0)) => Err("--packets must be at least 1".into()),
+        (None, Some(0)) => Err(StopAtError::NoPackets),
         (None, Some(n)) => Ok(Some(StopAt::Packets(n))),
         (None, None) => Ok(None),
     }
