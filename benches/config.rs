@@ -2,8 +2,8 @@
 //! ftrace.cfg (235 events), as text and as binary, each loaded and validated.
 //!
 //! `cargo bench --bench config`. Perfetto's configs are read from
-//! `$RECORDER_PERFETTO_TEST_CONFIGS` (else the CI checkout's sibling
-//! directory); without them only long_trace is measured.
+//! `$RECORDER_PERFETTO_TEST_CONFIGS` (a directory of Perfetto's own test
+//! configs); without it only long_trace is measured.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -12,11 +12,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use recorder::config::{self, LoadOptions};
 
 fn perfetto_configs() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/perfetto-test-configs")
-        });
+    let p = PathBuf::from(std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS")?);
     p.is_dir().then_some(p)
 }
 
