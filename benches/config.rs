@@ -2,7 +2,8 @@
 //! ftrace.cfg (235 events), as text and as binary, each loaded and validated.
 //!
 //! `cargo bench --bench config`. Perfetto's configs are read from
-//! `../shared/perfetto-test-configs` or `$RECORDER_PERFETTO_TEST_CONFIGS`.
+//! `$RECORDER_PERFETTO_TEST_CONFIGS` (a directory of Perfetto's own test
+//! configs); without it only long_trace is measured.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -11,11 +12,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use recorder::config::{self, LoadOptions};
 
 fn perfetto_configs() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/perfetto-test-configs");
-    if p.is_dir() {
-        return Some(p);
-    }
-    std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS").map(PathBuf::from)
+    let p = PathBuf::from(std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS")?);
+    p.is_dir().then_some(p)
 }
 
 fn bench(c: &mut Criterion) {

@@ -295,7 +295,7 @@ fn recorder_run(policy: FillPolicy, filler: &[u8], packets: u64) -> Side {
         match it {
             FlushItem::Data(d) => file.extend_from_slice(d),
             FlushItem::Loss { writer } => {
-                file.extend(recorder::trace::service::loss_marker(writer.0))
+                file.extend(recorder::storage::packets::loss_marker(writer.0))
             }
         }
     }

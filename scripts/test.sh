@@ -23,12 +23,15 @@ if ! python3 -c 'import zstandard' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zstandard
 fi
 
-# Perfetto's trace processor (../shared/tools), the third oracle. Its wrapper
-# installs its one runtime library (Debian libprotobuf32) on a fresh machine
-# when run as root: run it once here, before the tests run it in parallel. The
-# tests say why they skip without it (a failure under CI).
-tp=../shared/tools/trace_processor
-if [ -x "$tp" ] && ! "$tp" --version >/dev/null; then
+# Perfetto's trace processor, the third oracle, is not part of the repository:
+# $RECORDER_TRACE_PROCESSOR names its wrapper (CI points it at Perfetto's
+# prebuilt tools). The wrapper installs its one runtime library (Debian
+# libprotobuf32) on a fresh machine when run as root: run it once here, before
+# the tests run it in parallel. Without it the tests that use it say why they
+# skip (a failure under RECORDER_REQUIRE_PEERS=1, as in CI), and so do the
+# tests of Perfetto's own test configs ($RECORDER_PERFETTO_TEST_CONFIGS).
+tp=${RECORDER_TRACE_PROCESSOR:-}
+if [ -n "$tp" ] && [ -x "$tp" ] && ! "$tp" --version >/dev/null; then
   echo "warning: $tp does not run here (as root it installs libprotobuf32)" >&2
 fi
 

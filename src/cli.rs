@@ -7,6 +7,12 @@ use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{LoadOptions, UserProtos};
 
+/// The port `recorder open` serves on: the Perfetto UI may fetch from
+/// 127.0.0.1:9001 only (its content security policy).
+pub const OPEN_DEFAULT_PORT: u16 = 9001;
+/// The public Perfetto UI, where `recorder open` points by default.
+pub const OPEN_DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
+
 const AFTER_HELP: &str = "\
 Exit codes:
   0  success (also a recording stopped by SIGINT/SIGTERM, even during set-up)
@@ -194,19 +200,19 @@ pub enum Command {
         all: bool,
     },
     /// Measure buffer policies, sizes and write periods under a load.
-    Bench(crate::command::bench::BenchArgs),
+    Bench(BenchArgs),
     /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.
     Open {
         /// The trace file.
         file: PathBuf,
         /// Local port to serve on (ui.perfetto.dev fetches only from 9001).
-        #[arg(long, default_value_t = crate::command::open::DEFAULT_PORT)]
+        #[arg(long, default_value_t = OPEN_DEFAULT_PORT)]
         port: u16,
         /// Print the link only; start no browser.
         #[arg(long)]
         no_browser: bool,
         /// The UI's origin, for a self-hosted Perfetto UI.
-        #[arg(long, default_value = crate::command::open::DEFAULT_ORIGIN, value_name = "URL")]
+        #[arg(long, default_value = OPEN_DEFAULT_ORIGIN, value_name = "URL")]
         origin: String,
     },
 }
@@ -397,4 +403,96 @@ mod tests {
             .expect_err("refused");
         assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
+}
+
+/// A fill policy on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// RING_BUFFER: overwrite the oldest unflushed data.
+    Ring,
+    /// DISCARD: drop new data while full.
+    Discard,
+}
+
+/// The sink for the trace files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoArg {
+    /// io_uring when the kernel allows it, else pwritev.
+    Auto,
+    IoUring,
+    Pwritev,
+}
+
+/// `recorder bench` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Take buffers, write period and for_testing sources from this TraceConfig.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["writers", "packet_size", "policy", "buffer_kb", "chunk_kb", "write_period_ms", "rate", "max_rate"])]
+    pub config: Option<PathBuf>,
+    /// Writer threads.
+    #[arg(long, default_value_t = 1)]
+    pub writers: usize,
+    /// TracePacket sizes in bytes (comma list; each is swept).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64",
+        value_name = "B[,B…]"
+    )]
+    pub packet_size: Vec<usize>,
+    /// Fill policies (comma list).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "ring",
+        value_name = "ring,discard"
+    )]
+    pub policy: Vec<PolicyArg>,
+    /// Buffer sizes in KiB (comma list).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "16384",
+        value_name = "KB[,…]"
+    )]
+    pub buffer_kb: Vec<u64>,
+    /// Chunk sizes in KiB (comma list; default: the engine's choice per size).
+    #[arg(long, value_delimiter = ',', value_name = "KB[,…]")]
+    pub chunk_kb: Vec<u64>,
+    /// Write periods in ms (comma list; under 100 is raised to 100 as when recording).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000",
+        value_name = "MS[,…]"
+    )]
+    pub write_period_ms: Vec<u64>,
+    /// Offered packets per second, over all writers.
+    #[arg(long, value_name = "PPS", conflicts_with = "max_rate")]
+    pub rate: Option<f64>,
+    /// Offer as fast as the writers can (the default).
+    #[arg(long)]
+    pub max_rate: bool,
+    /// Seconds per configuration (default 3).
+    #[arg(long, value_name = "S", conflicts_with = "packets")]
+    pub duration: Option<f64>,
+    /// Packets per configuration, over all writers.
+    #[arg(long, value_name = "N")]
+    pub packets: Option<u64>,
+    /// Keep the trace here (`NAME.N.EXT` per configuration in a sweep).
+    #[arg(short = 'o', long, value_name = "FILE", conflicts_with = "no_output")]
+    pub output: Option<PathBuf>,
+    /// Run the passes without writing a file (no disk cost; nothing verified).
+    #[arg(long)]
+    pub no_output: bool,
+    /// The sink to use.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io: IoArg,
+    /// One JSON object per configuration on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw retained % and throughput per configuration into this SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }

@@ -3,7 +3,7 @@
 
 use rustix::time::{ClockId, clock_gettime};
 
-/// Perfetto's BuiltinClock ids (facts §4.7).
+/// Perfetto's BuiltinClock ids (ARCHITECTURE.md §7.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum BuiltinClock {

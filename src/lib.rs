@@ -1,5 +1,9 @@
 //! `recorder`: records Linux traces in the Perfetto format, storage-first.
 //!
+//! The contract in full (layers, numbered invariants, the wire facts the
+//! code relies on, the threat model) is `ARCHITECTURE.md` at the
+//! repository's root; this page is its summary.
+//!
 //! # Architecture
 //!
 //! Data flows one way: a `TraceConfig` (text or binary) is loaded and

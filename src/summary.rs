@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use crate::bytes::HumanBytes;
-use crate::event_loop::Outcome;
+use crate::event_loop::{BufferSummary, Outcome};
 use crate::session::{StopReason, Timeline, TriggerMode};
 
 /// The summary for people (several lines, no trailing newline).
@@ -34,6 +34,43 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
     if let Some(seg) = &o.segments {
         segments(&mut s, seg);
     }
+    trigger_notes(&mut s, o, t);
+    // What kept buffered data from the file, if anything did.
+    let file_short = match &o.reason {
+        StopReason::OutputFailed(_) => {
+            Some("not all of it reached the file: the output failed (see above)")
+        }
+        StopReason::SizeCap => {
+            let _ = writeln!(
+                s,
+                "  max_file_size_bytes left {} of the last pass out of the file",
+                HumanBytes(o.cut_bytes)
+            );
+            Some("not all of it reached the file: max_file_size_bytes left the rest out")
+        }
+        _ => None,
+    };
+    let mut packets = 0;
+    for (i, b) in o.buffers.iter().enumerate() {
+        packets += b.stats.packets_written;
+        buffer(&mut s, i, b, t, file_short);
+    }
+    for p in &o.producers {
+        producer(&mut s, p);
+    }
+    for q in &o.quotas {
+        quota(&mut s, q);
+    }
+    let _ = write!(s, "  {packets} packets in all");
+    for w in &o.warnings {
+        let _ = write!(s, "\n  warning: {w}");
+    }
+    s
+}
+
+/// What the trigger mode made of the run: an untriggered session's empty
+/// output, a CLONE_SNAPSHOT session's snapshots.
+fn trigger_notes(s: &mut String, o: &Outcome, t: &Timeline) {
     match (&o.reason, t.mode) {
         (StopReason::TriggerTimeout, m) if m != TriggerMode::None => {
             let _ = writeln!(
@@ -67,119 +104,93 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
             let _ = writeln!(s, "  snapshot: {}", p.display());
         }
     }
-    // What kept buffered data from the file, if anything did.
-    let file_short = match &o.reason {
-        StopReason::OutputFailed(_) => {
-            Some("not all of it reached the file: the output failed (see above)")
-        }
-        StopReason::SizeCap => {
-            let _ = writeln!(
+}
+
+/// One buffer's line, and for each kind of loss in it, what to change.
+fn buffer(s: &mut String, i: usize, b: &BufferSummary, t: &Timeline, file_short: Option<&str>) {
+    let st = &b.stats;
+    let lost = st.bytes_overwritten + st.bytes_discarded;
+    let _ = write!(
+        s,
+        "  buffer {i} ({}, {}): {} packets, {} recorded",
+        b.policy,
+        HumanBytes(st.buffer_size),
+        st.packets_written,
+        HumanBytes(st.bytes_written)
+    );
+    if let Some(why) = file_short {
+        let _ = write!(s, "; {why}");
+        if st.bytes_buffered > 0 {
+            let _ = write!(
                 s,
-                "  max_file_size_bytes left {} of the last pass out of the file",
-                HumanBytes(o.cut_bytes)
+                "; {} ({} packets) still buffered were never written",
+                HumanBytes(st.bytes_buffered),
+                st.packets_buffered
             );
-            Some("not all of it reached the file: max_file_size_bytes left the rest out")
         }
-        _ => None,
-    };
-    let mut packets = 0;
-    for (i, b) in o.buffers.iter().enumerate() {
-        let st = &b.stats;
-        packets += st.packets_written;
-        let lost = st.bytes_overwritten + st.bytes_discarded;
-        let _ = write!(
-            s,
-            "  buffer {i} ({}, {}): {} packets, {} recorded",
-            b.policy,
-            HumanBytes(st.buffer_size),
-            st.packets_written,
-            HumanBytes(st.bytes_written)
-        );
-        if let Some(why) = file_short {
-            let _ = write!(s, "; {why}");
-            if st.bytes_buffered > 0 {
-                let _ = write!(
-                    s,
-                    "; {} ({} packets) still buffered were never written",
-                    HumanBytes(st.bytes_buffered),
-                    st.packets_buffered
-                );
-            }
-        }
-        if lost == 0 && st.packets_refused == 0 {
-            if file_short.is_none() {
-                let _ = write!(s, ", nothing lost");
-            }
-            let _ = writeln!(s);
-            continue;
+    }
+    if lost == 0 && st.packets_refused == 0 {
+        if file_short.is_none() {
+            let _ = write!(s, ", nothing lost");
         }
         let _ = writeln!(s);
-        if st.bytes_overwritten > 0 {
-            let advice = if t.write_period.is_some() {
-                "raise size_kb or shorten file_write_period_ms"
+        return;
+    }
+    let _ = writeln!(s);
+    if st.bytes_overwritten > 0 {
+        let advice = if t.write_period.is_some() {
+            "raise size_kb or shorten file_write_period_ms"
+        } else {
+            "raise size_kb, or stream with write_into_file"
+        };
+        let _ = writeln!(
+            s,
+            "    {} overwritten ({} packets, RING_BUFFER): {advice}",
+            HumanBytes(st.bytes_overwritten),
+            st.packets_overwritten
+        );
+    }
+    let (full_packets, full_bytes) = st.discarded_full();
+    if full_bytes > 0 || full_packets > 0 {
+        let _ = writeln!(
+            s,
+            "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
+            HumanBytes(full_bytes),
+            full_packets,
+            if t.write_period.is_some() {
+                " or shorten file_write_period_ms"
             } else {
-                "raise size_kb, or stream with write_into_file"
-            };
-            let _ = writeln!(
-                s,
-                "    {} overwritten ({} packets, RING_BUFFER): {advice}",
-                HumanBytes(st.bytes_overwritten),
-                st.packets_overwritten
-            );
-        }
-        let (full_packets, full_bytes) = st.discarded_full();
-        if full_bytes > 0 || full_packets > 0 {
-            let _ = writeln!(
-                s,
-                "    {} discarded ({} packets, DISCARD: the buffer was full): raise size_kb{}",
-                HumanBytes(full_bytes),
-                full_packets,
-                if t.write_period.is_some() {
-                    " or shorten file_write_period_ms"
-                } else {
-                    ""
-                }
-            );
-        }
-        if st.bytes_discarded_pinned > 0 || st.packets_discarded_pinned > 0 {
-            let _ = writeln!(
-                s,
-                "    {} discarded ({} packets, {}: the free space was pinned by a write pass in flight): \
-                 raise size_kb or shorten file_write_period_ms",
-                HumanBytes(st.bytes_discarded_pinned),
-                st.packets_discarded_pinned,
-                b.policy
-            );
-        }
-        if st.bytes_discarded_held > 0 || st.packets_discarded_held > 0 {
-            let _ = writeln!(
-                s,
-                "    {} discarded ({} packets, {}: every free chunk was held by another writer): \
-                 raise size_kb or use fewer data sources per buffer",
-                HumanBytes(st.bytes_discarded_held),
-                st.packets_discarded_held,
-                b.policy
-            );
-        }
-        if st.packets_refused > 0 {
-            let _ = writeln!(
-                s,
-                "    {} packets refused as too big for the buffer",
-                st.packets_refused
-            );
-        }
+                ""
+            }
+        );
     }
-    for p in &o.producers {
-        producer(&mut s, p);
+    if st.bytes_discarded_pinned > 0 || st.packets_discarded_pinned > 0 {
+        let _ = writeln!(
+            s,
+            "    {} discarded ({} packets, {}: the free space was pinned by a write pass in flight): \
+             raise size_kb or shorten file_write_period_ms",
+            HumanBytes(st.bytes_discarded_pinned),
+            st.packets_discarded_pinned,
+            b.policy
+        );
     }
-    for q in &o.quotas {
-        quota(&mut s, q);
+    if st.bytes_discarded_held > 0 || st.packets_discarded_held > 0 {
+        let _ = writeln!(
+            s,
+            "    {} discarded ({} packets, {}: every free chunk was held by another writer): \
+             raise size_kb or use fewer data sources per buffer",
+            HumanBytes(st.bytes_discarded_held),
+            st.packets_discarded_held,
+            b.policy
+        );
     }
-    let _ = write!(s, "  {packets} packets in all");
-    for w in &o.warnings {
-        let _ = write!(s, "\n  warning: {w}");
+    if st.packets_refused > 0 {
+        let _ = writeln!(
+            s,
+            "    {} packets refused as too big for the buffer",
+            st.packets_refused
+        );
     }
-    s
 }
 
 /// The segments line(s): how many, their sizes, what the budget deleted,

@@ -12,7 +12,7 @@ use super::report::{BufferReport, ConfigReport, PassSummary, Verification};
 use super::usage::{CpuMark, peak_rss_kb, reset_peak_rss};
 use super::verify;
 use super::workload::{StartGate, WriterOutcome, WriterPlan, WriterProgress, run_writer};
-use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId, slot_header_bytes};
+use crate::ringbuf::{Buffer, BufferParams, BufferStats, FillPolicy, WriterId, slot_header_bytes};
 use crate::sources::for_testing::max_packet_len;
 use crate::storage::write_pass::{Take, write_pass};
 use crate::storage::{
@@ -122,22 +122,7 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
             Buffer::new(b.params()).map_err(|source| BenchError::Buffer { index, source })
         })
         .collect::<Result<_, _>>()?;
-    let (mut sink, output_path): (Box<dyn FileSink>, Option<PathBuf>) = match &cfg.output {
-        OutputTarget::Discard => (Box::new(NullSink { bytes: 0 }), None),
-        OutputTarget::Keep(p) | OutputTarget::Temporary(p) => (
-            open_output(
-                OutputPath::File(p.clone()),
-                OpenOptions {
-                    no_clobber: false,
-                    io: cfg.io,
-                    // Streams as a session does (RECORDER_DIRECT_IO=off: the
-                    // page cache).
-                    direct: true,
-                },
-            )?,
-            Some(p.clone()),
-        ),
-    };
+    let (mut sink, output_path) = open_sink(cfg)?;
     let sink_name = match cfg.output {
         OutputTarget::Discard => "none",
         _ => sink.kind().name(),
@@ -154,30 +139,7 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     // thread start-up is outside the timed run, and no writer has the
     // buffer to itself while the others are still being spawned.
     let start = Arc::new(StartGate::default());
-    let mut writers = Vec::with_capacity(cfg.writers.len());
-    for plan in &cfg.writers {
-        let buffer = buffers
-            .get(plan.buffer)
-            .ok_or(BenchError::NoSuchBuffer(plan.buffer))?;
-        writers.push(buffer.writer(WriterId(plan.sequence_id)));
-    }
-    let mut threads = Vec::with_capacity(cfg.writers.len());
-    for ((plan, pr), writer) in cfg.writers.iter().zip(&progress).zip(writers) {
-        let (plan, gate, halt, pr) = (plan.clone(), start.clone(), stop.clone(), pr.clone());
-        let t = std::thread::Builder::new()
-            .name(format!("bench-writer-{}", plan.sequence_id))
-            .spawn(move || run_writer(writer, plan, gate, halt, pr))
-            .map_err(BenchError::Thread);
-        match t {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                // The ones started wait at the gate: let them go, stopped.
-                stop.store(true, Ordering::Relaxed);
-                start.open();
-                return Err(e);
-            }
-        }
-    }
+    let threads = spawn_writers(cfg, &buffers, &progress, &start, &stop)?;
     start.open_when_ready(threads.len());
     let cpu = CpuMark::now();
     let started = Instant::now();
@@ -264,92 +226,20 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     }
 
     let stats: Vec<_> = buffers.iter().map(|b| b.stats()).collect();
-    let mut buffer_reports = Vec::with_capacity(nbuf);
-    for (i, (b, s)) in buffers.iter().zip(&stats).enumerate() {
-        let mine: Vec<&WriterOutcome> = outcomes.iter().filter(|o| o.buffer == i).collect();
-        let plans: Vec<&WriterPlan> = cfg.writers.iter().filter(|p| p.buffer == i).collect();
-        let offered: u64 = mine.iter().map(|o| o.offered).sum();
-        let offered_bytes: u64 = mine.iter().map(|o| o.offered_bytes).sum();
-        let reserved = plans
-            .iter()
-            .map(|p| {
-                let max_len = max_packet_len(p.filler_len);
-                slot_header_bytes(max_len) + max_len
-            })
-            .max()
-            .unwrap_or(0);
-        // The most any window between one pass's take and the next pass's
-        // release asked this buffer to hold.
-        let mut peak_bytes = 0u64;
-        let mut peak_window = Duration::ZERO;
-        for k in 0..passes.len() {
-            let (from_bytes, from_t) = if k == 0 {
-                (0, started)
-            } else {
-                (offered_before[k - 1][i], passes[k - 1].before)
-            };
-            peak_bytes = peak_bytes.max(offered_after[k][i].saturating_sub(from_bytes));
-            peak_window = peak_window.max(passes[k].after.duration_since(from_t));
-        }
-        let chunk = b.chunk_size() as u64;
-        let writers_here = plans.len().max(1) as u64;
-        // A chunk loses up to one reserved packet slot to padding, and each
-        // writer holds one partly filled chunk.
-        let usable_per_chunk = chunk.saturating_sub(reserved as u64).max(1);
-        let min_chunks = peak_bytes.div_ceil(usable_per_chunk) + writers_here;
-        let min_size_kb = (min_chunks.max(2) * chunk).div_ceil(1024);
-        let usable = (b.chunk_count() as u64).saturating_sub(writers_here) * usable_per_chunk;
-        let per_packet = if offered > 0 {
-            offered_bytes as f64 / offered as f64
-        } else {
-            0.0
-        };
-        let lossless_rate_pps = if per_packet > 0.0 && !peak_window.is_zero() {
-            usable as f64 / per_packet / peak_window.as_secs_f64()
-        } else {
-            0.0
-        };
-        buffer_reports.push(BufferReport::new(
-            i,
-            b,
-            s,
-            offered,
-            offered_bytes,
-            peak_bytes,
-            peak_window,
-            min_size_kb,
-            lossless_rate_pps,
-        ));
-    }
-
-    // Every pass but the last one ran while the writers wrote.
-    let streaming_passes = passes
-        .iter()
-        .take(passes.len().saturating_sub(1))
-        .filter(|p| p.bytes > 0)
-        .count() as u64;
-    let verification = match &output_path {
-        None => Verification::skipped("--no-output"),
-        Some(p) => {
-            let v = match std::fs::read(p) {
-                Ok(data) => {
-                    let policies: Vec<FillPolicy> = cfg.buffers.iter().map(|b| b.policy).collect();
-                    Verification::check(
-                        verify::decode(&data),
-                        &outcomes,
-                        &stats,
-                        &policies,
-                        streaming_passes,
-                    )
-                }
-                Err(e) => Verification::failed(format!("cannot read {}: {e}", p.display())),
-            };
-            if matches!(cfg.output, OutputTarget::Temporary(_)) {
-                let _ = std::fs::remove_file(p);
-            }
-            v
-        }
+    let window = PassWindows {
+        started,
+        passes: &passes,
+        offered_before: &offered_before,
+        offered_after: &offered_after,
     };
+    let buffer_reports: Vec<BufferReport> = buffers
+        .iter()
+        .zip(&stats)
+        .enumerate()
+        .map(|(i, (b, s))| buffer_report(i, b, s, cfg, &outcomes, &window))
+        .collect();
+
+    let verification = verify_output(cfg, output_path.as_deref(), &outcomes, &stats, &passes);
 
     let mut write = LatencyHistogram::new();
     let mut acquire = LatencyHistogram::new();
@@ -357,25 +247,7 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         write.merge(&o.write);
         acquire.merge(&o.acquire);
     }
-    let pass_bytes: Vec<u64> = passes.iter().map(|p| p.bytes).collect();
-    let pass_summary = PassSummary {
-        count: passes.len() as u64,
-        duration: pass_hist.percentiles(),
-        bytes_mean: if pass_bytes.is_empty() {
-            0
-        } else {
-            pass_bytes.iter().sum::<u64>() / pass_bytes.len() as u64
-        },
-        bytes_max: pass_bytes.iter().copied().max().unwrap_or(0),
-        longest_ms: passes
-            .iter()
-            .map(|p| p.duration.as_secs_f64() * 1e3)
-            .fold(0.0, f64::max),
-        total_ms: passes.iter().map(|p| p.duration.as_secs_f64() * 1e3).sum(),
-        final_ms: passes
-            .last()
-            .map_or(0.0, |p| p.duration.as_secs_f64() * 1e3),
-    };
+    let pass_summary = summarize_passes(&passes, &pass_hist);
     Ok(ConfigReport::new(
         cfg,
         sink_name,
@@ -392,4 +264,191 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         rss,
         verification,
     ))
+}
+
+/// Attaches every writer, then starts one thread per writer; they wait at
+/// `start` until the flusher opens it.
+fn spawn_writers(
+    cfg: &BenchConfig,
+    buffers: &[Arc<Buffer>],
+    progress: &[Arc<WriterProgress>],
+    start: &Arc<StartGate>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<std::thread::JoinHandle<WriterOutcome>>, BenchError> {
+    let mut writers = Vec::with_capacity(cfg.writers.len());
+    for plan in &cfg.writers {
+        let buffer = buffers
+            .get(plan.buffer)
+            .ok_or(BenchError::NoSuchBuffer(plan.buffer))?;
+        writers.push(buffer.writer(WriterId(plan.sequence_id)));
+    }
+    let mut threads = Vec::with_capacity(cfg.writers.len());
+    for ((plan, pr), writer) in cfg.writers.iter().zip(progress).zip(writers) {
+        let (plan, gate, halt, pr) = (plan.clone(), start.clone(), stop.clone(), pr.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("bench-writer-{}", plan.sequence_id))
+            .spawn(move || run_writer(writer, plan, gate, halt, pr))
+            .map_err(BenchError::Thread);
+        match t {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                // The ones started wait at the gate: let them go, stopped.
+                stop.store(true, Ordering::Relaxed);
+                start.open();
+                return Err(e);
+            }
+        }
+    }
+    Ok(threads)
+}
+
+/// The run's sink: none (`--no-output`), or the trace file, opened as a
+/// session opens its output.
+fn open_sink(cfg: &BenchConfig) -> Result<(Box<dyn FileSink>, Option<PathBuf>), BenchError> {
+    Ok(match &cfg.output {
+        OutputTarget::Discard => (Box::new(NullSink { bytes: 0 }), None),
+        OutputTarget::Keep(p) | OutputTarget::Temporary(p) => (
+            open_output(
+                OutputPath::File(p.clone()),
+                OpenOptions {
+                    no_clobber: false,
+                    io: cfg.io,
+                    // Streams as a session does (RECORDER_DIRECT_IO=off: the
+                    // page cache).
+                    direct: true,
+                },
+            )?,
+            Some(p.clone()),
+        ),
+    })
+}
+
+/// The write passes of a run, with the bytes offered to each buffer just
+/// before each pass took its data and just after it released it.
+struct PassWindows<'a> {
+    started: Instant,
+    passes: &'a [PassMark],
+    offered_before: &'a [Vec<u64>],
+    offered_after: &'a [Vec<u64>],
+}
+
+/// Buffer `i`'s report, with the sizing advice: the most any window between
+/// one pass's take and the next pass's release asked it to hold, the size
+/// that would have held it, and the rate its size holds without loss.
+fn buffer_report(
+    i: usize,
+    b: &Buffer,
+    s: &BufferStats,
+    cfg: &BenchConfig,
+    outcomes: &[WriterOutcome],
+    w: &PassWindows<'_>,
+) -> BufferReport {
+    let mine: Vec<&WriterOutcome> = outcomes.iter().filter(|o| o.buffer == i).collect();
+    let plans: Vec<&WriterPlan> = cfg.writers.iter().filter(|p| p.buffer == i).collect();
+    let offered: u64 = mine.iter().map(|o| o.offered).sum();
+    let offered_bytes: u64 = mine.iter().map(|o| o.offered_bytes).sum();
+    let reserved = plans
+        .iter()
+        .map(|p| {
+            let max_len = max_packet_len(p.filler_len);
+            slot_header_bytes(max_len) + max_len
+        })
+        .max()
+        .unwrap_or(0);
+    let mut peak_bytes = 0u64;
+    let mut peak_window = Duration::ZERO;
+    for k in 0..w.passes.len() {
+        let (from_bytes, from_t) = if k == 0 {
+            (0, w.started)
+        } else {
+            (w.offered_before[k - 1][i], w.passes[k - 1].before)
+        };
+        peak_bytes = peak_bytes.max(w.offered_after[k][i].saturating_sub(from_bytes));
+        peak_window = peak_window.max(w.passes[k].after.duration_since(from_t));
+    }
+    let chunk = b.chunk_size() as u64;
+    let writers_here = plans.len().max(1) as u64;
+    // A chunk loses up to one reserved packet slot to padding, and each
+    // writer holds one partly filled chunk.
+    let usable_per_chunk = chunk.saturating_sub(reserved as u64).max(1);
+    let min_chunks = peak_bytes.div_ceil(usable_per_chunk) + writers_here;
+    let min_size_kb = (min_chunks.max(2) * chunk).div_ceil(1024);
+    let usable = (b.chunk_count() as u64).saturating_sub(writers_here) * usable_per_chunk;
+    let per_packet = if offered > 0 {
+        offered_bytes as f64 / offered as f64
+    } else {
+        0.0
+    };
+    let lossless_rate_pps = if per_packet > 0.0 && !peak_window.is_zero() {
+        usable as f64 / per_packet / peak_window.as_secs_f64()
+    } else {
+        0.0
+    };
+    BufferReport::new(
+        i,
+        b,
+        s,
+        offered,
+        offered_bytes,
+        peak_bytes,
+        peak_window,
+        min_size_kb,
+        lossless_rate_pps,
+    )
+}
+
+/// Decodes the run's file (if it kept one) and checks it shows exactly the
+/// loss the counters report; a temporary file is removed after.
+fn verify_output(
+    cfg: &BenchConfig,
+    output_path: Option<&std::path::Path>,
+    outcomes: &[WriterOutcome],
+    stats: &[BufferStats],
+    passes: &[PassMark],
+) -> Verification {
+    // Every pass but the last one ran while the writers wrote.
+    let streaming_passes = passes
+        .iter()
+        .take(passes.len().saturating_sub(1))
+        .filter(|p| p.bytes > 0)
+        .count() as u64;
+    let Some(p) = output_path else {
+        return Verification::skipped("--no-output");
+    };
+    let v = match std::fs::read(p) {
+        Ok(data) => {
+            let policies: Vec<FillPolicy> = cfg.buffers.iter().map(|b| b.policy).collect();
+            Verification::check(
+                verify::decode(&data),
+                outcomes,
+                stats,
+                &policies,
+                streaming_passes,
+            )
+        }
+        Err(e) => Verification::failed(format!("cannot read {}: {e}", p.display())),
+    };
+    if matches!(cfg.output, OutputTarget::Temporary(_)) {
+        let _ = std::fs::remove_file(p);
+    }
+    v
+}
+
+/// The passes' durations and sizes, for the report.
+fn summarize_passes(passes: &[PassMark], hist: &LatencyHistogram) -> PassSummary {
+    let pass_bytes: Vec<u64> = passes.iter().map(|p| p.bytes).collect();
+    let ms = |p: &PassMark| p.duration.as_secs_f64() * 1e3;
+    PassSummary {
+        count: passes.len() as u64,
+        duration: hist.percentiles(),
+        bytes_mean: if pass_bytes.is_empty() {
+            0
+        } else {
+            pass_bytes.iter().sum::<u64>() / pass_bytes.len() as u64
+        },
+        bytes_max: pass_bytes.iter().copied().max().unwrap_or(0),
+        longest_ms: passes.iter().map(ms).fold(0.0, f64::max),
+        total_ms: passes.iter().map(ms).sum(),
+        final_ms: passes.last().map_or(0.0, ms),
+    }
 }

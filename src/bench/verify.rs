@@ -365,7 +365,8 @@ impl Retention {
 mod tests {
     use super::*;
     use crate::sources::for_testing::encode_test_packet;
-    use crate::trace::service::{frame, loss_marker};
+    use crate::storage::packets::loss_marker;
+    use crate::trace::service::frame;
 
     fn packet(seq: u32, counter: u64) -> Vec<u8> {
         let mut buf = [0u8; 128];

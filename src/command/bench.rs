@@ -2,118 +2,32 @@
 //! progress bar on a TTY, prints the table (or JSON lines) and the plot.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench::{self, ConfigReport, OutputPlan, StopAt, Sweep};
 
 use super::ExitCode;
+use crate::cli::{BenchArgs, IoArg, PolicyArg};
 use crate::config::{self, LoadOptions};
 use crate::ringbuf::FillPolicy;
 use crate::storage::IoChoice;
 
-/// A fill policy on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
-    /// RING_BUFFER: overwrite the oldest unflushed data.
-    Ring,
-    /// DISCARD: drop new data while full.
-    Discard,
+/// A run length `recorder bench` cannot use (exit code 2).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+enum StopAtError {
+    #[error("--duration {0}: must be positive")]
+    Duration(f64),
+    #[error("--packets must be at least 1")]
+    NoPackets,
 }
 
-/// The sink for the trace files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IoArg {
-    /// io_uring when the kernel allows it, else pwritev.
-    Auto,
-    IoUring,
-    Pwritev,
-}
-
-/// `recorder bench` arguments.
-#[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
-    /// Take buffers, write period and for_testing sources from this TraceConfig.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["writers", "packet_size", "policy", "buffer_kb", "chunk_kb", "write_period_ms", "rate", "max_rate"])]
-    pub config: Option<PathBuf>,
-    /// Writer threads.
-    #[arg(long, default_value_t = 1)]
-    pub writers: usize,
-    /// TracePacket sizes in bytes (comma list; each is swept).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "64",
-        value_name = "B[,B…]"
-    )]
-    pub packet_size: Vec<usize>,
-    /// Fill policies (comma list).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_enum,
-        default_value = "ring",
-        value_name = "ring,discard"
-    )]
-    pub policy: Vec<PolicyArg>,
-    /// Buffer sizes in KiB (comma list).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "16384",
-        value_name = "KB[,…]"
-    )]
-    pub buffer_kb: Vec<u64>,
-    /// Chunk sizes in KiB (comma list; default: the engine's choice per size).
-    #[arg(long, value_delimiter = ',', value_name = "KB[,…]")]
-    pub chunk_kb: Vec<u64>,
-    /// Write periods in ms (comma list; under 100 is raised to 100 as when recording).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1000",
-        value_name = "MS[,…]"
-    )]
-    pub write_period_ms: Vec<u64>,
-    /// Offered packets per second, over all writers.
-    #[arg(long, value_name = "PPS", conflicts_with = "max_rate")]
-    pub rate: Option<f64>,
-    /// Offer as fast as the writers can (the default).
-    #[arg(long)]
-    pub max_rate: bool,
-    /// Seconds per configuration (default 3).
-    #[arg(long, value_name = "S", conflicts_with = "packets")]
-    pub duration: Option<f64>,
-    /// Packets per configuration, over all writers.
-    #[arg(long, value_name = "N")]
-    pub packets: Option<u64>,
-    /// Keep the trace here (`NAME.N.EXT` per configuration in a sweep).
-    #[arg(short = 'o', long, value_name = "FILE", conflicts_with = "no_output")]
-    pub output: Option<PathBuf>,
-    /// Run the passes without writing a file (no disk cost; nothing verified).
-    #[arg(long)]
-    pub no_output: bool,
-    /// The sink to use.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub io: IoArg,
-    /// One JSON object per configuration on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw retained % and throughput per configuration into this SVG.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
-}
-
-fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, String> {
+fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, StopAtError> {
     match (args.duration, args.packets) {
-        (Some(s), _) if !(s.is_finite() && s > 0.0) => {
-            Err(format!("--duration {s}: must be positive"))
-        }
+        (Some(s), _) if !(s.is_finite() && s > 0.0) => Err(StopAtError::Duration(s)),
         (Some(s), _) => Ok(Some(StopAt::Duration(Duration::from_secs_f64(s)))),
-        (None, Some(0)) => Err("--packets must be at least 1".into()),
+        (None, Some(0)) => Err(StopAtError::NoPackets),
         (None, Some(n)) => Ok(Some(StopAt::Packets(n))),
         (None, None) => Ok(None),
     }

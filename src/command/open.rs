@@ -25,10 +25,7 @@ use std::time::Duration;
 
 use super::ExitCode;
 
-/// The port the Perfetto UI may fetch from (its CSP allows 127.0.0.1:9001).
-pub const DEFAULT_PORT: u16 = 9001;
-/// The public Perfetto UI.
-pub const DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
+pub use crate::cli::{OPEN_DEFAULT_ORIGIN as DEFAULT_ORIGIN, OPEN_DEFAULT_PORT as DEFAULT_PORT};
 
 /// Longest request head read before answering 431.
 const MAX_HEAD_BYTES: usize = 16 * 1024;

@@ -17,6 +17,7 @@
 //! of Perfetto's test producer, `android.perfetto.FakeProducer`.
 
 pub mod diagnostic;
+pub mod event_name;
 pub mod fields;
 pub mod plan;
 pub mod raw;

@@ -1,7 +1,7 @@
 //! The raw bytes of configs, for what must not go through a decode and
 //! re-encode: each data source's `DataSourceConfig` reaches the source exactly
 //! as the user wrote it (unknown fields, field order and all), apart from the
-//! service-owned core fields (facts §2), which are rewritten here.
+//! service-owned core fields (ARCHITECTURE.md §7.10), which are rewritten here.
 
 use crate::wire::{
     Value, WireType, data_source_config as dsc, fields, key, trace_config,

@@ -448,7 +448,7 @@ pub struct FileSpec {
     pub output_path: Option<String>,
 }
 
-/// When data sources are asked to flush while the session runs (facts §5.7).
+/// When data sources are asked to flush while the session runs (ARCHITECTURE.md §8.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlushPlan {
     /// Only at stop.

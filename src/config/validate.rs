@@ -1,5 +1,5 @@
 //! Validation of a decoded TraceConfig into a [`RecorderSpec`], following the
-//! tracing service's rules (facts §5.1) and saying so where Perfetto would do
+//! tracing service's rules (ARCHITECTURE.md §8.1) and saying so where Perfetto would do
 //! something surprising without a word.
 
 use std::collections::HashSet;
@@ -574,29 +574,12 @@ pub fn syscall_number(name: &str) -> Option<u32> {
 }
 
 /// A plain name tracefs accepts as a file or probe name.
-fn plain_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-}
+use super::event_name::is_plain_name as plain_name;
 
 fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
-    use crate::protos::ftrace_config::kprobe_event::KprobeType;
-    use crate::protos::ftrace_config::print_filter::rule::Match;
-    use crate::protos::ftrace_config::tracefs_option::State;
     let base = format!("{path}.config.ftrace_config");
     let at = |field: &str| format!("{base}.{field}");
-    let drain = match f.drain_period_ms {
-        None | Some(0) => DEFAULT_DRAIN_PERIOD_MS,
-        Some(v @ 1..=60000) => v,
-        Some(v) => {
-            cx.changed_warn(
-                at("drain_period_ms"),
-                format!("{v} is outside 1..=60000; {DEFAULT_DRAIN_PERIOD_MS} ms used"),
-            );
-            DEFAULT_DRAIN_PERIOD_MS
-        }
-    };
+    let (drain, drain_buffer_percent) = ftrace_drain(cx, &base, &f);
     if f.ftrace_events.is_empty()
         && f.atrace_categories.is_empty()
         && f.atrace_apps.is_empty()
@@ -621,138 +604,11 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             );
         }
     }
-    let drain_buffer_percent = match f.drain_buffer_percent {
-        None => DEFAULT_DRAIN_BUFFER_PERCENT,
-        Some(0) => {
-            cx.changed(
-                at("drain_buffer_percent"),
-                format!("0 means the default, {DEFAULT_DRAIN_BUFFER_PERCENT}"),
-            );
-            DEFAULT_DRAIN_BUFFER_PERCENT
-        }
-        Some(v) if v > 100 => {
-            cx.changed_warn(
-                at("drain_buffer_percent"),
-                format!("{v} is over 100: a CPU buffer is drained when full (100)"),
-            );
-            100
-        }
-        Some(v) => v,
-    };
-    let mut print_filter = PrintFilter::default();
-    if let Some(pf) = &f.print_filter {
-        for (i, r) in pf.rules.iter().enumerate() {
-            let matches = match &r.r#match {
-                Some(Match::Prefix(p)) => PrintMatch::Prefix(p.clone()),
-                Some(Match::AtraceMsg(m)) => PrintMatch::Atrace {
-                    kind: m.r#type.clone().unwrap_or_default(),
-                    prefix: m.prefix.clone().unwrap_or_default(),
-                },
-                None => {
-                    cx.ignore(
-                        at(&format!("print_filter.rules[{i}]")),
-                        "rule has neither prefix nor atrace_msg: it matches nothing",
-                    );
-                    continue;
-                }
-            };
-            print_filter.rules.push(PrintRule {
-                matches,
-                allow: r.allow.unwrap_or(false),
-            });
-        }
-    }
-    for (i, e) in f.ftrace_events.iter().enumerate() {
-        if let Some(why) = crate::sources::ftrace::tracefs::event_spec_problem(e) {
-            cx.err(
-                format!("{path}.config.ftrace_config.ftrace_events[{i}]"),
-                why,
-            );
-        }
-    }
-    if let Some(inst) = f.instance_name.as_deref()
-        && (inst == "hyp" || inst == "hypervisor" || (!inst.is_empty() && !plain_name(inst)))
-    {
-        cx.err(
-            at("instance_name"),
-            format!(
-                "{inst:?} is reserved or not a plain name; choose another tracefs instance name"
-            ),
-        );
-    }
-    if let Some(mask) = f.tracing_cpumask.as_deref()
-        && !mask.is_empty()
-        && !mask.chars().all(|c| c.is_ascii_hexdigit() || c == ',')
-    {
-        cx.err(
-            at("tracing_cpumask"),
-            format!(
-                "{mask:?} is not a hex CPU mask (comma-separated 32-bit hex chunks, e.g. \"ff\")"
-            ),
-        );
-    }
-    let mut syscall_events = Vec::new();
-    for name in &f.syscall_events {
-        match syscall_number(name) {
-            Some(number) => syscall_events.push(Syscall {
-                name: name.clone(),
-                number,
-            }),
-            None => cx.err(
-                at("syscall_events"),
-                format!(
-                    "unknown syscall {name:?} on {} (names as in the kernel: \"sys_read\", \"sys_openat\")",
-                    std::env::consts::ARCH
-                ),
-            ),
-        }
-    }
-    let mut kprobe_events = Vec::new();
-    for (i, k) in f.kprobe_events.iter().enumerate() {
-        let p = at(&format!("kprobe_events[{i}]"));
-        let function = k.probe().to_string();
-        if !plain_name(&function) || function.contains('-') {
-            cx.err(
-                format!("{p}.probe"),
-                format!("{function:?} is not a kernel function name"),
-            );
-            continue;
-        }
-        let kind = match KprobeType::try_from(k.r#type.unwrap_or(0)) {
-            Ok(KprobeType::Kprobe) => KprobeKind::Kprobe,
-            Ok(KprobeType::Kretprobe) => KprobeKind::Kretprobe,
-            Ok(KprobeType::Both) => KprobeKind::Both,
-            _ => {
-                cx.err(
-                    format!("{p}.type"),
-                    "set KPROBE_TYPE_KPROBE, KPROBE_TYPE_KRETPROBE or KPROBE_TYPE_BOTH",
-                );
-                continue;
-            }
-        };
-        kprobe_events.push(KprobeSpec { function, kind });
-    }
-    let mut tracefs_options = Vec::new();
-    for (i, o) in f.tracefs_options.iter().enumerate() {
-        let p = at(&format!("tracefs_options[{i}]"));
-        let name = o.name().to_string();
-        if !plain_name(&name) {
-            cx.err(
-                format!("{p}.name"),
-                format!("{name:?} is not a tracefs option name (see options/ in tracefs)"),
-            );
-            continue;
-        }
-        let on = match State::try_from(o.state.unwrap_or(0)) {
-            Ok(State::Enabled) => true,
-            Ok(State::Disabled) => false,
-            _ => {
-                cx.err(format!("{p}.state"), "set STATE_ENABLED or STATE_DISABLED");
-                continue;
-            }
-        };
-        tracefs_options.push((name, on));
-    }
+    let print_filter = ftrace_print_filter(cx, &base, &f);
+    ftrace_names(cx, &base, &f);
+    let syscall_events = ftrace_syscalls(cx, &base, &f);
+    let kprobe_events = ftrace_kprobes(cx, &base, &f);
+    let tracefs_options = ftrace_tracefs_options(cx, &base, &f);
     if !f.enable_function_graph() {
         for (field, set) in [
             ("function_filters", !f.function_filters.is_empty()),
@@ -805,6 +661,190 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
         tracefs_options,
         print_filter,
     }
+}
+
+/// The drain period and the watermark that drains a CPU buffer early.
+fn ftrace_drain(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> (u32, u32) {
+    let at = |field: &str| format!("{base}.{field}");
+    let drain = match f.drain_period_ms {
+        None | Some(0) => DEFAULT_DRAIN_PERIOD_MS,
+        Some(v @ 1..=60000) => v,
+        Some(v) => {
+            cx.changed_warn(
+                at("drain_period_ms"),
+                format!("{v} is outside 1..=60000; {DEFAULT_DRAIN_PERIOD_MS} ms used"),
+            );
+            DEFAULT_DRAIN_PERIOD_MS
+        }
+    };
+    let drain_buffer_percent = match f.drain_buffer_percent {
+        None => DEFAULT_DRAIN_BUFFER_PERCENT,
+        Some(0) => {
+            cx.changed(
+                at("drain_buffer_percent"),
+                format!("0 means the default, {DEFAULT_DRAIN_BUFFER_PERCENT}"),
+            );
+            DEFAULT_DRAIN_BUFFER_PERCENT
+        }
+        Some(v) if v > 100 => {
+            cx.changed_warn(
+                at("drain_buffer_percent"),
+                format!("{v} is over 100: a CPU buffer is drained when full (100)"),
+            );
+            100
+        }
+        Some(v) => v,
+    };
+    (drain, drain_buffer_percent)
+}
+
+/// `print_filter`: its rules in order; a rule matching nothing is ignored.
+fn ftrace_print_filter(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> PrintFilter {
+    use crate::protos::ftrace_config::print_filter::rule::Match;
+    let at = |field: &str| format!("{base}.{field}");
+    let mut print_filter = PrintFilter::default();
+    if let Some(pf) = &f.print_filter {
+        for (i, r) in pf.rules.iter().enumerate() {
+            let matches = match &r.r#match {
+                Some(Match::Prefix(p)) => PrintMatch::Prefix(p.clone()),
+                Some(Match::AtraceMsg(m)) => PrintMatch::Atrace {
+                    kind: m.r#type.clone().unwrap_or_default(),
+                    prefix: m.prefix.clone().unwrap_or_default(),
+                },
+                None => {
+                    cx.ignore(
+                        at(&format!("print_filter.rules[{i}]")),
+                        "rule has neither prefix nor atrace_msg: it matches nothing",
+                    );
+                    continue;
+                }
+            };
+            print_filter.rules.push(PrintRule {
+                matches,
+                allow: r.allow.unwrap_or(false),
+            });
+        }
+    }
+    print_filter
+}
+
+/// Names that become tracefs paths or values: events, the instance, the
+/// CPU mask. Anything else is refused before a root session touches
+/// tracefs.
+fn ftrace_names(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) {
+    let at = |field: &str| format!("{base}.{field}");
+    for (i, e) in f.ftrace_events.iter().enumerate() {
+        if let Some(why) = super::event_name::event_spec_problem(e) {
+            cx.err(at(&format!("ftrace_events[{i}]")), why);
+        }
+    }
+    if let Some(inst) = f.instance_name.as_deref()
+        && (inst == "hyp" || inst == "hypervisor" || (!inst.is_empty() && !plain_name(inst)))
+    {
+        cx.err(
+            at("instance_name"),
+            format!(
+                "{inst:?} is reserved or not a plain name; choose another tracefs instance name"
+            ),
+        );
+    }
+    if let Some(mask) = f.tracing_cpumask.as_deref()
+        && !mask.is_empty()
+        && !mask.chars().all(|c| c.is_ascii_hexdigit() || c == ',')
+    {
+        cx.err(
+            at("tracing_cpumask"),
+            format!(
+                "{mask:?} is not a hex CPU mask (comma-separated 32-bit hex chunks, e.g. \"ff\")"
+            ),
+        );
+    }
+}
+
+/// `syscall_events`, by this architecture's numbers.
+fn ftrace_syscalls(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> Vec<Syscall> {
+    let at = |field: &str| format!("{base}.{field}");
+    let mut syscall_events = Vec::new();
+    for name in &f.syscall_events {
+        match syscall_number(name) {
+            Some(number) => syscall_events.push(Syscall {
+                name: name.clone(),
+                number,
+            }),
+            None => cx.err(
+                at("syscall_events"),
+                format!(
+                    "unknown syscall {name:?} on {} (names as in the kernel: \"sys_read\", \"sys_openat\")",
+                    std::env::consts::ARCH
+                ),
+            ),
+        }
+    }
+    syscall_events
+}
+
+/// `kprobe_events`: a kernel function and a probe kind each.
+fn ftrace_kprobes(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> Vec<KprobeSpec> {
+    use crate::protos::ftrace_config::kprobe_event::KprobeType;
+    let at = |field: &str| format!("{base}.{field}");
+    let mut kprobe_events = Vec::new();
+    for (i, k) in f.kprobe_events.iter().enumerate() {
+        let p = at(&format!("kprobe_events[{i}]"));
+        let function = k.probe().to_string();
+        if !plain_name(&function) || function.contains('-') {
+            cx.err(
+                format!("{p}.probe"),
+                format!("{function:?} is not a kernel function name"),
+            );
+            continue;
+        }
+        let kind = match KprobeType::try_from(k.r#type.unwrap_or(0)) {
+            Ok(KprobeType::Kprobe) => KprobeKind::Kprobe,
+            Ok(KprobeType::Kretprobe) => KprobeKind::Kretprobe,
+            Ok(KprobeType::Both) => KprobeKind::Both,
+            _ => {
+                cx.err(
+                    format!("{p}.type"),
+                    "set KPROBE_TYPE_KPROBE, KPROBE_TYPE_KRETPROBE or KPROBE_TYPE_BOTH",
+                );
+                continue;
+            }
+        };
+        kprobe_events.push(KprobeSpec { function, kind });
+    }
+    kprobe_events
+}
+
+/// `tracefs_options`: a plain option name and on or off each.
+fn ftrace_tracefs_options(
+    cx: &mut Ctx<'_>,
+    base: &str,
+    f: &protos::FtraceConfig,
+) -> Vec<(String, bool)> {
+    use crate::protos::ftrace_config::tracefs_option::State;
+    let at = |field: &str| format!("{base}.{field}");
+    let mut tracefs_options = Vec::new();
+    for (i, o) in f.tracefs_options.iter().enumerate() {
+        let p = at(&format!("tracefs_options[{i}]"));
+        let name = o.name().to_string();
+        if !plain_name(&name) {
+            cx.err(
+                format!("{p}.name"),
+                format!("{name:?} is not a tracefs option name (see options/ in tracefs)"),
+            );
+            continue;
+        }
+        let on = match State::try_from(o.state.unwrap_or(0)) {
+            Ok(State::Enabled) => true,
+            Ok(State::Disabled) => false,
+            _ => {
+                cx.err(format!("{p}.state"), "set STATE_ENABLED or STATE_DISABLED");
+                continue;
+            }
+        };
+        tracefs_options.push((name, on));
+    }
+    tracefs_options
 }
 
 /// Process polls faster than this are raised to it (Perfetto's minimum).
@@ -1120,7 +1160,7 @@ fn file(
     })
 }
 
-/// The write period a `file_write_period_ms` value gives (facts §5.7: 0 is
+/// The write period a `file_write_period_ms` value gives (ARCHITECTURE.md §8.5: 0 is
 /// 5000, under 100 is raised to 100), and what changed, if anything.
 pub fn write_period_ms(v: u32) -> (u32, Option<String>) {
     match v {
@@ -1148,7 +1188,7 @@ fn flush(cx: &mut Ctx<'_>, tc: &protos::TraceConfig, file: Option<&FileSpec>) ->
         };
     };
     let write_period = file.write_period.as_millis() as u32;
-    // facts §5.7: the write_flush_mode decides; flush_period_ms is honoured only
+    // ARCHITECTURE.md §8.5: the write_flush_mode decides; flush_period_ms is honoured only
     // with WRITE_FLUSH_DISABLED.
     match tc.write_flush_mode.unwrap_or(0) {
         2 => {

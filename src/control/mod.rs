@@ -1,4 +1,4 @@
-//! The control plane (DESIGN §7): every running session listens in one
+//! The control plane (ARCHITECTURE.md §10): every running session listens in one
 //! machine-wide runtime directory on two unix sockets:
 //!
 //! - `recorder-PID.trigger`, mode 0666: anyone may connect, and it accepts

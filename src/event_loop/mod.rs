@@ -37,8 +37,8 @@ use crate::ipc::quota::{Limit, UidReport};
 use crate::privilege::{Privileges, Registration};
 use crate::ringbuf::Buffer;
 use crate::session::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, Session, State,
-    StopReason, TriggerArrival, TriggerName,
+    AcceptedTrigger, Action, Answer, Event, FlushCounts, FlushId, Pass, RequestId, SegmentFill,
+    Session, SourceFailure, SourcePhase, State, StopReason, TriggerArrival, TriggerName,
 };
 use crate::sources::DataSource;
 use crate::storage::compress::ZstdStage;
@@ -123,7 +123,6 @@ struct Loop {
     status: Option<StatusLine>,
     /// Bytes before and after compression, over every pass.
     compressed: (u64, u64),
-    flushes: FlushCounts,
     /// Bytes `max_file_size_bytes` left out of the passes.
     cut_bytes: u64,
     /// Flushes waiting for producers' acks, with whether the built-in
@@ -163,7 +162,6 @@ impl Loop {
             warnings: Vec::new(),
             status,
             compressed: (0, 0),
-            flushes: FlushCounts::default(),
             cut_bytes: 0,
             producer_flushes: HashMap::new(),
             producer_stop: false,
@@ -320,7 +318,11 @@ impl Loop {
     fn take_source_failures(&mut self) {
         for s in &mut self.rec.sources {
             if let Some(f) = s.take_failure() {
-                let ev = Event::SourceFailed(format!("{}: {f}", s.name()));
+                let ev = Event::SourceFailed(SourceFailure {
+                    source: s.name().to_string(),
+                    phase: SourcePhase::Running,
+                    cause: f,
+                });
                 self.queue.push_back(ev);
             }
         }
@@ -396,7 +398,11 @@ impl Loop {
         self.rec.log.started();
         for s in &mut self.rec.sources {
             if let Err(e) = s.start() {
-                self.queue.push_back(Event::SourceFailed(e.to_string()));
+                self.queue.push_back(Event::SourceFailed(SourceFailure {
+                    source: s.name().to_string(),
+                    phase: SourcePhase::Starting,
+                    cause: e.cause_text(),
+                }));
                 return;
             }
         }
@@ -472,7 +478,13 @@ impl Loop {
         let ids = match p.drop_now(reg) {
             Ok(ids) => ids,
             Err(e) => {
-                self.queue.push_back(Event::SourceFailed(e.to_string()));
+                // Never record on as root: the session ends, as when a
+                // source cannot start.
+                self.queue.push_back(Event::SourceFailed(SourceFailure {
+                    source: "the drop to the service user".into(),
+                    phase: SourcePhase::Starting,
+                    cause: e.to_string(),
+                }));
                 return;
             }
         };
@@ -603,7 +615,7 @@ impl Loop {
             .map(|b| (b.buffer.clone(), Take::Consume))
             .collect();
         let buffers = &self.rec.buffers;
-        let flushes = self.flushes;
+        let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let control = self.rec.control.as_ref();
         let log = &mut self.rec.log;
@@ -692,7 +704,7 @@ impl Loop {
         let started = Instant::now();
         let tail = self.rec.log.segment_tail(&trace_stats(
             &self.rec.buffers,
-            self.flushes,
+            self.rec.session.flush_counts(),
             self.rec.producers.as_ref(),
             self.rec.control.as_ref(),
         ));
@@ -770,7 +782,7 @@ impl Loop {
             })
             .collect();
         let buffers = &self.rec.buffers;
-        let flushes = self.flushes;
+        let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let control = self.rec.control.as_ref();
         let uid = self.rec.log.uid();
@@ -964,14 +976,6 @@ fn quota_attributes(reports: &[UidReport]) -> Vec<(String, i64)> {
 
 /// Where per-uid quota figures live in `trace_attributes`.
 pub const QUOTA_KEY_PREFIX: &str = "recorder.quota.uid.";
-
-/// Flushes asked of the data sources, for `trace_stats`.
-#[derive(Clone, Copy, Debug, Default)]
-struct FlushCounts {
-    requested: u64,
-    succeeded: u64,
-    failed: u64,
-}
 
 /// trace_stats from the buffers' live counters, the flushes so far and what
 /// producers did.

@@ -1,5 +1,5 @@
 //! One chunk of a producer's shared memory, as copied out of it: the 8-byte
-//! header and the fragments of packets (facts §8.1, producer facts §1.11).
+//! header and the fragments of packets (ARCHITECTURE.md §9.5, ARCHITECTURE.md §9.5).
 //!
 //! ```text
 //!  ┌──────────────┬───────────┬──────────────────┬──────────────────────┐

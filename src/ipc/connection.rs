@@ -1,6 +1,6 @@
 //! One producer connection: Perfetto's IPC (BindService, InvokeMethod with
 //! request ids, the streaming GetAsyncCommand reply) and the ProducerPort
-//! methods, as the tracing service answers them (producer facts §2, §4).
+//! methods, as the tracing service answers them (ARCHITECTURE.md §9.2, §9.3).
 //!
 //! The connection is driven by the [`Host`](super::host::ProducerHost):
 //! [`Connection::read`] takes what the socket has and returns what the host
@@ -344,7 +344,7 @@ impl Connection {
         let drop_reply = m.drop_reply.unwrap_or(false);
         let name = METHODS[method - 1];
         if self.name.is_none() && name != "InitializeConnection" {
-            // Nothing before InitializeConnection (producer facts §4).
+            // Nothing before InitializeConnection (ARCHITECTURE.md §9.3).
             if !drop_reply {
                 self.fail(rid);
             }
@@ -503,7 +503,7 @@ impl Connection {
                 let r = decode!(pb::NotifyDataSourceStartedRequest);
                 let id = r.data_source_id.unwrap_or(0);
                 // Acks for instances not started, or acked before, change
-                // nothing (producer facts §4).
+                // nothing (ARCHITECTURE.md §9.3).
                 if let Some(i) = self.instances.get_mut(&id)
                     && i.started
                     && !i.started_ack
@@ -531,8 +531,8 @@ impl Connection {
         }
     }
 
-    /// Reads what the producer wrote but has not committed (producer facts
-    /// §6): at flushes, the stop and its disconnect, when it allows it.
+    /// Reads what the producer wrote but has not committed (ARCHITECTURE.md
+    /// §9.7): at flushes, the stop and its disconnect, when it allows it.
     /// Only chunks of writers registered for a buffer it was started for;
     /// per writer in chunk order, never past its chunk being written.
     pub fn scrape(&mut self, shared: &mut Shared<'_>) {
@@ -585,7 +585,7 @@ impl Connection {
         }
     }
 
-    /// CommitData's chunk moves and patches (producer facts §4.1).
+    /// CommitData's chunk moves and patches (ARCHITECTURE.md §9.4).
     fn commit(&mut self, r: &CommitDataRequest, shared: &mut Shared<'_>) {
         let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
         let mut bytes = std::mem::take(&mut self.chunk_copy);

@@ -1,7 +1,7 @@
 //! Which producers a config data source takes part in: an exact name in
 //! `producer_name_filter`, or a full match of any
-//! `producer_name_regex_filter`; with both empty, every producer (facts
-//! §5.3). Built-in sources are producer `perfetto.traced_probes`.
+//! `producer_name_regex_filter`; with both empty, every producer (ARCHITECTURE.md
+//! §8.2). Built-in sources are producer `perfetto.traced_probes`.
 
 /// The producer filters of one config data source.
 #[derive(Clone, Debug, Default)]

@@ -1,7 +1,7 @@
 //! Perfetto's IPC framing: a stream of `[u32 LE payload length][IpcFrame]`
 //! over a unix stream socket. A frame, header included, is at most
 //! [`MAX_FRAME_BYTES`], so a payload is at most [`MAX_PAYLOAD_BYTES`]
-//! (producer facts §1.3, §2.1).
+//! (ARCHITECTURE.md §9.2).
 //!
 //! ```text
 //!  ┌──────────────┬──────────────────────────────┬──────────────┬───

@@ -1,6 +1,6 @@
 //! The producer side of a session: the listening socket, every producer
 //! connection, and the match between the config's data sources and what the
-//! producers registered (by name and the producer filters, facts §5.3).
+//! producers registered (by name and the producer filters, ARCHITECTURE.md §8.2).
 //!
 //! The event loop polls [`ProducerHost::fds`], calls [`ProducerHost::poll`]
 //! and turns the returned [`HostEvent`]s into session events; it carries out
@@ -29,7 +29,7 @@ const ACCEPT_BATCH: usize = 64;
 /// that never answers costs the oldest entry, not unbounded memory; the
 /// session's own deadline has long ended such a flush.
 const MAX_PENDING_FLUSHES: usize = 1000;
-/// Flush reason TraceStop / Periodic in the flags' low bits (facts §5.8),
+/// Flush reason TraceStop / Periodic in the flags' low bits (ARCHITECTURE.md §8.6),
 /// initiator Traced (1) in bits 4-7.
 const FLUSH_FLAGS_PERIODIC: u64 = 1 | (1 << 4);
 const FLUSH_FLAGS_STOP: u64 = 2 | (1 << 4);

@@ -1,7 +1,7 @@
 //! One writer sequence of one producer: the chunks a trace writer committed,
 //! reassembled into whole packets in chunk-id order and stored in a ring
 //! buffer in the file's framing, each with the trusted fields appended
-//! (facts §4.3, producer facts §5, §7).
+//! (ARCHITECTURE.md §7.3, ARCHITECTURE.md §7.3, §9.6).
 //!
 //! Chunks that need patching wait (with every later chunk of the sequence)
 //! until their patches arrive; a gap in chunk ids, a bad fragment length or

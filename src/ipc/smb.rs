@@ -38,7 +38,7 @@
 //! Scraping ([`SharedMemory::scrape`]) copies chunks the producer has not
 //! committed yet and leaves their state alone: the producer still commits
 //! them later, and the reader keeps what it already took from them
-//! (producer facts §6).
+//! (ARCHITECTURE.md §9.7).
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -73,7 +73,7 @@ pub enum SmbError {
 
 /// The SMB size and page size for a producer's hints, as Perfetto's service
 /// picks them: 0 means the default, values are clamped to the maximum, and
-/// an invalid pair falls back to the defaults (producer facts §1.1).
+/// an invalid pair falls back to the defaults (ARCHITECTURE.md §9.5).
 pub fn sizes(page_hint: u32, size_hint: u32) -> (usize, usize) {
     let page = match page_hint as usize {
         0 => DEFAULT_PAGE,

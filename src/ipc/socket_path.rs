@@ -3,7 +3,7 @@
 //! An unmodified SDK app looks for the service at
 //! `/run/perfetto/traced-producer.sock` when `/run/perfetto/` is searchable,
 //! else at `/tmp/perfetto-producer`; `PERFETTO_PRODUCER_SOCK_NAME` overrides
-//! both (producer facts §1.4). The recorder listens where the app looks, and
+//! both (ARCHITECTURE.md §9.1). The recorder listens where the app looks, and
 //! `--producer-socket PATH` overrides everything.
 //!
 //! Whether the socket opens at all is decided first ([`decide`]): closed by

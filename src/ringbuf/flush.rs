@@ -76,11 +76,6 @@ impl FlushBatch {
         self.len_bytes
     }
 
-    /// Number of items (data ranges and loss markers).
-    pub fn len_items(&self) -> usize {
-        self.items.len()
-    }
-
     /// Nothing in it.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()

@@ -69,7 +69,7 @@
 //!
 //! # Invariants
 //!
-//! Contract (DESIGN §3):
+//! Contract (ARCHITECTURE.md §5.1):
 //! * **R1** The file receives only whole, well-formed packets: a range handed
 //!   out ends at a packet boundary, a region is lost only as a whole.
 //! * **R2** Packets of one writer reach the file in the order written, none

@@ -98,8 +98,35 @@ pub enum Event {
     },
     /// A write pass or a rotation failed; the output is poisoned.
     OutputFailed(OutputError),
-    /// A data source failed (the text names it and why).
-    SourceFailed(String),
+    /// A data source failed.
+    SourceFailed(SourceFailure),
+}
+
+/// When a data source failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourcePhase {
+    /// Its start was refused (the session had asked it to start).
+    Starting,
+    /// It failed on its own thread while recording.
+    Running,
+}
+
+/// A data source that failed: which, when, and why (as the source says it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceFailure {
+    pub source: String,
+    pub phase: SourcePhase,
+    pub cause: String,
+}
+
+impl std::fmt::Display for SourceFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let when = match self.phase {
+            SourcePhase::Starting => "could not start",
+            SourcePhase::Running => "failed while recording",
+        };
+        write!(f, "{} {when}: {}", self.source, self.cause)
+    }
 }
 
 /// The segment being written, after a pass.
@@ -203,7 +230,7 @@ pub enum StopReason {
     /// The output failed.
     OutputFailed(OutputError),
     /// A data source failed.
-    SourceFailed(String),
+    SourceFailed(SourceFailure),
 }
 
 impl StopReason {

@@ -5,8 +5,8 @@
 //! file, so every rule is unit-tested (`tests.rs`).
 //!
 //! States: (deferred) → (waiting for a start trigger) → recording →
-//! stopping → finished. Trigger semantics follow Perfetto's service (facts
-//! §5.9–5.10):
+//! stopping → finished. Trigger semantics follow Perfetto's service (ARCHITECTURE.md
+//! §8.7–8.8):
 //! - START_TRACING: idle until a listed trigger; then record for its
 //!   `stop_delay_ms` (0: until stopped). `trigger_timeout_ms` first: end with
 //!   nothing recorded.
@@ -17,10 +17,10 @@
 //!   snapshot after its `stop_delay_ms`; `trigger_timeout_ms` ends it.
 //!
 //! Periodic work while recording, each on its own timer aligned to
-//! wall-clock multiples of its period (facts §5.4): write passes
+//! wall-clock multiples of its period (ARCHITECTURE.md §8.3): write passes
 //! (`write_into_file`), the stats tick, flushes, incremental-state clears.
 //!
-//! The stop sequence (facts §5.9): flush the sources (bounded by
+//! The stop sequence (ARCHITECTURE.md §8.7): flush the sources (bounded by
 //! `flush_timeout_ms`; skipped by a second signal or when the output is
 //! gone), stop them (bounded by `data_source_stop_timeout_ms`), note
 //! `tracing_disabled`, run the final pass (or only fdatasync when nothing may
@@ -35,8 +35,8 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, StartRefusal,
-    StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
+    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
+    SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
 pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
 
@@ -44,7 +44,7 @@ use crate::storage::segment::policy::rotation_due;
 
 /// How long producers' start acks are awaited before the session notes the
 /// slow ones (Perfetto's `kAllDataSourceStartedTimeout`, not configurable;
-/// producer facts §8). The session records meanwhile: nothing waits on it.
+/// ARCHITECTURE.md §9.8). The session records meanwhile: nothing waits on it.
 pub const ALL_STARTED_TIMEOUT: Duration = Duration::from_secs(20);
 use crate::trace::service::ServiceEvent;
 
@@ -96,6 +96,19 @@ pub struct Session {
     stop_trigger_name: Option<String>,
     flushes: BTreeMap<FlushId, FlushPurpose>,
     next_flush: u64,
+    flush_counts: FlushCounts,
+}
+
+/// The flushes asked of the data sources so far, as `trace_stats` reports
+/// them (ARCHITECTURE.md §8.6). Every flush requested ends as exactly one of
+/// succeeded (all acked in time) or failed (timed out, or cut short by the
+/// stop or a second signal), so once none is pending `requested =
+/// succeeded + failed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushCounts {
+    pub requested: u64,
+    pub succeeded: u64,
+    pub failed: u64,
 }
 
 impl Session {
@@ -113,11 +126,17 @@ impl Session {
             stop_trigger_name: None,
             flushes: BTreeMap::new(),
             next_flush: 0,
+            flush_counts: FlushCounts::default(),
         }
     }
 
     pub fn state(&self) -> State {
         self.state
+    }
+
+    /// The flushes so far, for `trace_stats`.
+    pub fn flush_counts(&self) -> FlushCounts {
+        self.flush_counts
     }
 
     pub fn timeline(&self) -> &Timeline {
@@ -135,7 +154,7 @@ impl Session {
 
     /// Whether the session still waits for what makes its data count (a
     /// trigger, or `recorder start`): until then nothing is written, not even
-    /// the recorder's own packets (facts §5.10).
+    /// the recorder's own packets (ARCHITECTURE.md §8.8).
     pub fn waiting_for_trigger(&self) -> bool {
         if self.timeline.deferred_start && !self.started {
             return true;
@@ -174,7 +193,9 @@ impl Session {
             Event::Signal => match self.phase {
                 // A second signal: finish with what is buffered.
                 Some(StopPhase::Flushing(id)) => {
-                    self.flushes.remove(&id);
+                    if self.flushes.remove(&id).is_some() {
+                        self.flush_counts.failed += 1;
+                    }
                     let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
                     out.extend(self.stop_sources(now));
                     out
@@ -384,6 +405,7 @@ impl Session {
         let id = FlushId(self.next_flush);
         self.next_flush += 1;
         self.flushes.insert(id, purpose);
+        self.flush_counts.requested += 1;
         let timeout = self.timeline.flush_timeout;
         vec![
             Action::SetTimer(Timer::FlushDeadline(id), now + timeout),
@@ -396,11 +418,16 @@ impl Session {
         let Some(purpose) = self.flushes.remove(&id) else {
             return Vec::new();
         };
+        if complete {
+            self.flush_counts.succeeded += 1;
+        } else {
+            self.flush_counts.failed += 1;
+        }
         // Whether acked or timed out, the flush ends by reading what the
-        // producers left in their chunks (producer facts §6).
+        // producers left in their chunks (ARCHITECTURE.md §9.7).
         let mut out = vec![Action::ScrapeProducers];
         // Perfetto's readers release sorted data at this marker: only a
-        // complete flush may claim it (DESIGN §4).
+        // complete flush may claim it (ARCHITECTURE.md §6).
         if complete && purpose != FlushPurpose::Stop && self.state == State::Recording {
             out.push(Action::Service(ServiceEvent::AllDataSourcesFlushed));
         }
@@ -558,8 +585,10 @@ impl Session {
         self.stop_reason = Some(reason);
         // Flushes still under way no longer lead anywhere.
         let mut out = vec![Action::AnnounceStop];
+        let cut_short = std::mem::take(&mut self.flushes);
+        self.flush_counts.failed += cut_short.len() as u64;
         out.extend(
-            std::mem::take(&mut self.flushes)
+            cut_short
                 .into_keys()
                 .map(|id| Action::CancelTimer(Timer::FlushDeadline(id))),
         );

@@ -438,11 +438,20 @@ fn timers_do_nothing_while_stopping() {
 #[test]
 fn source_failure_stops_with_a_flush() {
     let mut s = begun(timeline(TriggerMode::None, vec![]));
-    let a = s.on_event(Event::SourceFailed("ftrace: gone".into()), ms(5));
+    let gone = SourceFailure {
+        source: "linux.ftrace".into(),
+        phase: SourcePhase::Running,
+        cause: "tracefs went away".into(),
+    };
+    assert_eq!(
+        gone.to_string(),
+        "linux.ftrace failed while recording: tracefs went away"
+    );
+    let a = s.on_event(Event::SourceFailed(gone.clone()), ms(5));
     let all = finish_stop(&mut s, a, 5);
     assert!(all.contains(&Action::WritePass(Pass::Final)));
     let r = exit_reason(&all).expect("exits");
-    assert_eq!(r, StopReason::SourceFailed("ftrace: gone".into()));
+    assert_eq!(r, StopReason::SourceFailed(gone));
     assert!(r.is_failure());
 }
 
@@ -794,4 +803,52 @@ fn an_on_disk_flight_recorder_streams_before_its_trigger_and_keeps_it_all() {
     let all = finish_stop(&mut s, a, 60_000);
     assert!(all.contains(&Action::WritePass(Pass::Final)));
     assert!(all.contains(&Action::CloseOutput { failed: false }));
+}
+
+#[test]
+fn flushes_are_counted_as_they_end() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(10_000));
+    t.flush = FlushCadence::BeforeEachWritePass;
+    let mut s = begun(t);
+    assert_eq!(s.flush_counts(), FlushCounts::default());
+    // One acked in time, one timed out.
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(10_000));
+    let id = flush_id(&a).expect("flushes first");
+    s.on_event(Event::SourcesFlushed { id, complete: true }, ms(10_005));
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(20_000));
+    let id = flush_id(&a).expect("flushes first");
+    s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(25_000));
+    // An ack after the deadline changes nothing: the flush has ended.
+    s.on_event(Event::SourcesFlushed { id, complete: true }, ms(25_001));
+    let counts = |requested, succeeded, failed| FlushCounts {
+        requested,
+        succeeded,
+        failed,
+    };
+    assert_eq!(s.flush_counts(), counts(2, 1, 1));
+    // A flush under way when the stop begins is cut short: failed. The
+    // stop's own flush, acked, succeeds.
+    let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(30_000));
+    assert!(flush_id(&a).is_some());
+    let a = s.on_event(Event::Signal, ms(30_001));
+    assert_eq!(s.flush_counts(), counts(4, 1, 2));
+    finish_stop(&mut s, a, 30_002);
+    assert_eq!(s.flush_counts(), counts(4, 2, 2));
+}
+
+#[test]
+fn a_second_signal_counts_the_stop_flush_as_failed() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::Signal, ms(100));
+    assert!(flush_id(&a).is_some());
+    s.on_event(Event::Signal, ms(200));
+    assert_eq!(
+        s.flush_counts(),
+        FlushCounts {
+            requested: 1,
+            succeeded: 0,
+            failed: 1
+        }
+    );
 }

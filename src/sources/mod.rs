@@ -39,6 +39,19 @@ pub enum SourceError {
     },
 }
 
+impl SourceError {
+    /// What went wrong, without the source's name (which `Display` leads
+    /// with).
+    pub fn cause_text(&self) -> String {
+        match self {
+            SourceError::Failed { cause, .. } => cause.to_string(),
+            SourceError::FlushTimeout { timeout, .. } => {
+                format!("flush did not finish within {timeout:?}")
+            }
+        }
+    }
+}
+
 /// A data source instance of one session.
 /// A running count of events a source lost before its buffer, with what to
 /// change to lose fewer.

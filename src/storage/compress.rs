@@ -1,4 +1,4 @@
-//! The compression stage of a write pass (facts §4.9): the pass's records,
+//! The compression stage of a write pass (ARCHITECTURE.md §7.9): the pass's records,
 //! `0x0A <len> <packet>` repeated, are cut into groups of whole records and
 //! each group becomes one `zstd_compressed_packets` packet whose payload,
 //! once decompressed, is itself `Trace`-framed.
@@ -29,7 +29,7 @@ use crate::sys::iov::io_slice_bytes;
 use crate::wire::framing::{SlicedRecords, record_header};
 use crate::wire::{WireType, key, trace_packet, varint};
 
-/// `TracePacket.zstd_compressed_packets` (facts §4.2).
+/// `TracePacket.zstd_compressed_packets` (ARCHITECTURE.md §7.2).
 pub const ZSTD_COMPRESSED_PACKETS_FIELD: u32 = trace_packet::ZSTD_COMPRESSED_PACKETS;
 /// Perfetto's recommended ceiling for one compressed packet ("under 512 KB").
 pub const MAX_COMPRESSED_PACKET_BYTES: usize = 512 * 1024;
@@ -474,7 +474,7 @@ mod tests {
             prop_assert_eq!(c.len(), g.len());
             let payloads = unpack(&flatten(&c.slices()));
             for p in &payloads {
-                let mut f = crate::trace::reader::frames(p);
+                let mut f = crate::wire::framing::frames(p);
                 let n = f.by_ref().count();
                 prop_assert!(n > 0);
                 prop_assert_eq!(f.end().and_then(|e| e.torn_tail), None);

@@ -18,7 +18,7 @@
 //! * Everything else (service packets, loss markers, a slice's last partial
 //!   block, slices that start mid-block) is copied into a page-aligned
 //!   bounce buffer, in file order, and each run of copies is closed with a
-//!   padding packet ([`crate::trace::padding`]) that brings it to a whole
+//!   padding packet ([`crate::storage::packets`]) that brings it to a whole
 //!   number of blocks. A run always closes at the end of a slice, and every
 //!   slice ends at a packet boundary, so a padding packet never lands inside
 //!   a packet.
@@ -51,7 +51,7 @@ use std::os::fd::OwnedFd;
 
 use rustix::fs::OFlags;
 
-use crate::trace::padding::{MIN_PADDING, write_padding};
+use super::packets::{MIN_PADDING, write_padding};
 
 /// Block size `O_DIRECT` writes are aligned to: the page size, a multiple
 /// of every common logical block size.
@@ -417,11 +417,11 @@ mod tests {
         assert_eq!(file.len() as u64, want.len() as u64 + pass.padding_bytes());
         // The records are the pass's, in order, with padding packets between.
         let is_padding = |p: &[u8]| p.is_empty() || p.starts_with(&[0xBA, 0x03]);
-        let records: Vec<&[u8]> = crate::trace::reader::frames(&file)
+        let records: Vec<&[u8]> = crate::wire::framing::frames(&file)
             .map(|f| f.packet)
             .filter(|p| !is_padding(p))
             .collect();
-        let wanted: Vec<&[u8]> = crate::trace::reader::frames(&want)
+        let wanted: Vec<&[u8]> = crate::wire::framing::frames(&want)
             .map(|f| f.packet)
             .collect();
         assert_eq!(records.len(), 43);

@@ -44,6 +44,7 @@ pub mod create;
 mod cut;
 pub mod direct;
 mod output;
+pub mod packets;
 mod pwritev_sink;
 mod stream_sink;
 #[cfg(test)]

@@ -46,7 +46,9 @@ use super::batch::IOV_MAX;
 use super::pwritev_sink::{poison, pwritev_all, sync_or_poison};
 use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteList};
 
-/// Requests in flight at most (MEASURED: keep 1 MiB writes at depth ≤ 8).
+/// Requests in flight at most (1 MiB writes at depth 8 already match
+/// write(2)'s throughput on this project's test hosts; deeper only holds more
+/// memory pinned).
 pub const QUEUE_DEPTH: usize = 8;
 /// Bytes per request at most, so one pass spreads over several requests,
 /// its memory is let go of as they complete, and a short write resubmits

@@ -38,11 +38,11 @@ use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::packets;
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
 use crate::storage::direct::{AlignedPass, DirectError, MIN_DIRECT_PASS, padding_to_block};
 use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
-use crate::trace::service;
 
 /// What a pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub enum Take {
 /// What happens between the ring and the sink.
 #[derive(Debug, Default)]
 pub struct PassStage<'a> {
-    /// Compress the pass (facts §4.9).
+    /// Compress the pass (ARCHITECTURE.md §7.9).
     pub compress: Option<&'a mut ZstdStage>,
     /// Count the packets written (a walk over the record headers).
     pub count_packets: bool,
@@ -152,7 +152,7 @@ pub fn write_pass_staged(
         .iter()
         .flat_map(|b| b.items())
         .filter_map(|it| match it {
-            FlushItem::Loss { writer } => Some(service::loss_marker(writer.0)),
+            FlushItem::Loss { writer } => Some(packets::loss_marker(writer.0)),
             FlushItem::Data(_) => None,
         })
         .collect();

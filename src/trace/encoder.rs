@@ -209,12 +209,6 @@ impl<'a> ProtoEncoder<'a> {
         self.uint(field, v as u64);
     }
 
-    /// A `sint32`/`sint64` field (zigzag).
-    #[inline]
-    pub fn sint(&mut self, field: u32, v: i64) {
-        self.uint(field, varint::zigzag(v));
-    }
-
     #[inline]
     pub fn bool(&mut self, field: u32, v: bool) {
         self.uint(field, v as u64);
@@ -263,12 +257,6 @@ impl<'a> ProtoEncoder<'a> {
         let at = self.pos;
         self.bytes_raw(&[0; NESTED_LEN_BYTES]);
         Nested(at)
-    }
-
-    /// A varint inside an open packed field (no tag).
-    #[inline]
-    pub fn packed_varint(&mut self, v: u64) {
-        self.varint(v);
     }
 
     /// Closes a nested message, patching its length.

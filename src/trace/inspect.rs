@@ -91,7 +91,7 @@ pub struct FtraceSeen {
     pub end_lost_per_cpu: Option<Vec<(u64, u64)>>,
 }
 
-/// The zstd-compressed packets of a trace (facts §4.9).
+/// The zstd-compressed packets of a trace (ARCHITECTURE.md §7.9).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct CompressedSeen {
     /// `zstd_compressed_packets` records and their bytes in the file.

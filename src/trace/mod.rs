@@ -3,7 +3,6 @@
 pub mod encoder;
 pub mod inspect;
 pub mod inspect_set;
-pub mod padding;
 pub mod reader;
 pub mod service;
 pub mod service_log;

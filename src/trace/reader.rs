@@ -150,12 +150,12 @@ pub fn kind_name(field: u32) -> std::borrow::Cow<'static, str> {
     name_in(trace_packet::DATA_NAMES, field)
 }
 
-/// The name of a TracingServiceEvent field (facts §4.8).
+/// The name of a TracingServiceEvent field (ARCHITECTURE.md §7.8).
 pub fn service_event_name(field: u32) -> std::borrow::Cow<'static, str> {
     name_in(tracing_service_event::NAMES, field)
 }
 
-/// TraceStats.BufferStats field names (facts §4.6).
+/// TraceStats.BufferStats field names (ARCHITECTURE.md §7.6).
 fn buffer_stat_name(field: u32) -> std::borrow::Cow<'static, str> {
     match field
         .checked_sub(1)
@@ -166,7 +166,7 @@ fn buffer_stat_name(field: u32) -> std::borrow::Cow<'static, str> {
     }
 }
 
-/// TraceStats top-level scalar field names (facts §4.6).
+/// TraceStats top-level scalar field names (ARCHITECTURE.md §7.6).
 fn trace_stat_name(field: u32) -> std::borrow::Cow<'static, str> {
     name_in(trace_stats::SCALAR_NAMES, field)
 }

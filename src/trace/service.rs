@@ -1,6 +1,7 @@
 //! The recorder's own packets (sequence id 1, BOOTTIME): clock snapshots, the
 //! synchronisation marker, `trace_config`, `trace_uuid`, `system_info`,
-//! service events, `trigger`s and `trace_stats` (facts §4.3, §4.6–4.8).
+//! service events, `trigger`s and `trace_stats` (ARCHITECTURE.md §7.3,
+//! §7.6–7.8).
 //!
 //! Each function returns one *framed* record (`0x0A <len> <packet>`), ready to
 //! be appended to the file next to the ring buffers' chunks, which use the
@@ -251,7 +252,7 @@ pub fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
     })
 }
 
-/// TracingServiceEvent kinds we emit (their field numbers, facts §4.8).
+/// TracingServiceEvent kinds we emit (their field numbers, ARCHITECTURE.md §7.8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum ServiceEvent {
@@ -275,7 +276,7 @@ pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
     })
 }
 
-/// Data sources a slow-start or slow-flush event lists at most (facts §4.8).
+/// Data sources a slow-start or slow-flush event lists at most (ARCHITECTURE.md §7.8).
 pub const MAX_LISTED_DATA_SOURCES: usize = 32;
 
 /// A `slow_starting_data_sources` service event: the (producer, data
@@ -337,7 +338,7 @@ pub fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
     })
 }
 
-/// Per-buffer statistics as TraceStats.BufferStats reports them (facts §4.6),
+/// Per-buffer statistics as TraceStats.BufferStats reports them (ARCHITECTURE.md §7.6),
 /// each with Perfetto's meaning. Byte counts are framed packet bytes (there
 /// are no chunk headers to count).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -545,16 +546,6 @@ pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
             e.end_nested(n);
         }
         e.end_nested(stats);
-    })
-}
-
-/// The packet standing where a sequence lost data: it carries only the
-/// sequence id and `previous_packet_dropped`, so trace processor counts the
-/// loss and resets that sequence's incremental state at exactly that point.
-pub fn loss_marker(sequence_id: u32) -> Vec<u8> {
-    framed(|e| {
-        e.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, sequence_id as u64);
-        e.uint(tp::PREVIOUS_PACKET_DROPPED, 1);
     })
 }
 

@@ -1,5 +1,5 @@
 //! What the recorder writes of its own in each write pass, and in which
-//! order (facts §5.5–5.6): on the first pass the initial clock snapshot,
+//! order (ARCHITECTURE.md §8.4): on the first pass the initial clock snapshot,
 //! `trace_config`, `trace_uuid` and `system_info`; on every pass the queued
 //! clock snapshots, the sync marker when due, received triggers and the
 //! pending service events sorted by time; after the buffers,

@@ -1,6 +1,7 @@
 //! Field numbers of the messages the recorder writes and reads, one module
-//! per message (written from the field numbers in the facts files: §2 for
-//! configs, §4 for the trace). Enum values live with the code that chooses
+//! per message (Perfetto's `protos/perfetto/config/` for configs,
+//! `protos/perfetto/trace/` and `protos/perfetto/common/` for the trace;
+//! ARCHITECTURE.md §7). Enum values live with the code that chooses
 //! them; only field numbers are here.
 
 /// `Trace`: the file.
@@ -8,7 +9,7 @@ pub mod trace {
     pub const PACKET: u32 = 1;
 }
 
-/// `TracePacket` (facts §4.2).
+/// `TracePacket` (ARCHITECTURE.md §7.2).
 pub mod trace_packet {
     /// Reserved by Perfetto (a retired field that will not be reused): the
     /// recorder's padding packets put their filler bytes here.
@@ -27,7 +28,7 @@ pub mod trace_packet {
     pub const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
     pub const MACHINE_ID: u32 = 98;
 
-    /// Fields only the service may write (facts §4.3): a producer packet
+    /// Fields only the service may write (ARCHITECTURE.md §7.3): a producer packet
     /// that sets one is dropped and counted.
     pub const SERVICE_ONLY: &[u32] = &[
         TRUSTED_UID,
@@ -131,7 +132,7 @@ pub mod trace_packet {
     ];
 }
 
-/// `ClockSnapshot` (facts §4.7).
+/// `ClockSnapshot` (ARCHITECTURE.md §7.7).
 pub mod clock_snapshot {
     pub const CLOCKS: u32 = 1;
     pub const PRIMARY_TRACE_CLOCK: u32 = 2;
@@ -143,7 +144,7 @@ pub mod clock {
     pub const TIMESTAMP: u32 = 2;
 }
 
-/// `TraceUuid` (facts §4.8).
+/// `TraceUuid` (ARCHITECTURE.md §7.8).
 pub mod trace_uuid {
     pub const MSB: u32 = 1;
     pub const LSB: u32 = 2;
@@ -161,7 +162,7 @@ pub mod attribute {
     pub const STRING_VALUE: u32 = 3;
 }
 
-/// `SystemInfo` (facts §4.8).
+/// `SystemInfo` (ARCHITECTURE.md §7.8).
 pub mod system_info {
     pub const UTSNAME: u32 = 1;
     pub const TRACING_SERVICE_VERSION: u32 = 4;
@@ -179,7 +180,7 @@ pub mod utsname {
     pub const MACHINE: u32 = 4;
 }
 
-/// `TracingServiceEvent` (facts §4.8): a oneof, one field per event.
+/// `TracingServiceEvent` (ARCHITECTURE.md §7.8): a oneof, one field per event.
 pub mod tracing_service_event {
     pub const ALL_DATA_SOURCES_STARTED: u32 = 1;
     pub const TRACING_STARTED: u32 = 2;
@@ -213,7 +214,7 @@ pub mod tracing_service_event {
 }
 
 /// `TracingServiceEvent.DataSources` (slow_starting_data_sources,
-/// last_flush_slow_data_sources; facts §4.8): repeated `data_source`, each
+/// last_flush_slow_data_sources; ARCHITECTURE.md §7.8): repeated `data_source`, each
 /// {producer_name, data_source_name}.
 pub mod service_event_data_sources {
     pub const DATA_SOURCE: u32 = 1;
@@ -221,7 +222,7 @@ pub mod service_event_data_sources {
     pub const DATA_SOURCE_NAME: u32 = 2;
 }
 
-/// `Trigger` (facts §4.8).
+/// `Trigger` (ARCHITECTURE.md §7.8).
 pub mod trigger {
     pub const TRIGGER_NAME: u32 = 1;
     pub const PRODUCER_NAME: u32 = 2;
@@ -229,7 +230,7 @@ pub mod trigger {
     pub const STOP_DELAY_MS: u32 = 4;
 }
 
-/// `TraceStats` (facts §4.6).
+/// `TraceStats` (ARCHITECTURE.md §7.6).
 pub mod trace_stats {
     pub const BUFFER_STATS: u32 = 1;
     pub const PRODUCERS_CONNECTED: u32 = 2;
@@ -265,7 +266,7 @@ pub mod trace_stats {
     ];
 }
 
-/// `TraceStats.BufferStats` (facts §4.6): all uint64, numbered 1–20.
+/// `TraceStats.BufferStats` (ARCHITECTURE.md §7.6): all uint64, numbered 1–20.
 pub mod buffer_stats {
     pub const BYTES_WRITTEN: u32 = 1;
     pub const CHUNKS_WRITTEN: u32 = 2;
@@ -319,7 +320,7 @@ pub mod writer_stats {
     pub const BUFFER: u32 = 4;
 }
 
-/// `FtraceEventBundle` (facts §4.4).
+/// `FtraceEventBundle` (ARCHITECTURE.md §7.4).
 pub mod ftrace_event_bundle {
     pub const CPU: u32 = 1;
     pub const EVENT: u32 = 2;
@@ -367,7 +368,7 @@ pub mod generic_field {
     pub const UINT_VALUE: u32 = 5;
 }
 
-/// `FtraceStats` (facts §4.4).
+/// `FtraceStats` (ARCHITECTURE.md §7.4).
 pub mod ftrace_stats {
     pub const PHASE: u32 = 1;
     pub const CPU_STATS: u32 = 2;
@@ -399,7 +400,7 @@ pub mod test_event {
     pub const IS_LAST: u32 = 4;
 }
 
-/// `ProcessTree` (facts §4.5).
+/// `ProcessTree` (ARCHITECTURE.md §7.5).
 pub mod process_tree {
     pub const PROCESSES: u32 = 1;
     pub const THREADS: u32 = 2;
@@ -426,7 +427,7 @@ pub mod process_tree_thread {
     pub const NSTID: u32 = 4;
 }
 
-/// `ProcessStats` (facts §4.5).
+/// `ProcessStats` (ARCHITECTURE.md §7.5).
 pub mod process_stats {
     pub const PROCESSES: u32 = 1;
     pub const COLLECTION_END_TIMESTAMP: u32 = 2;
@@ -454,7 +455,7 @@ pub mod process_stats_process {
     pub const SMR_SWAP_PSS_KB: u32 = 23;
 }
 
-/// `SysStats` (facts §4.5).
+/// `SysStats` (ARCHITECTURE.md §7.5).
 pub mod sys_stats {
     pub const MEMINFO: u32 = 1;
     pub const VMSTAT: u32 = 2;
@@ -539,7 +540,7 @@ pub mod cpuidle_state_entry {
     pub const DURATION_US: u32 = 2;
 }
 
-/// `TraceConfig` (facts §2), the fields read at wire level.
+/// `TraceConfig` (ARCHITECTURE.md §7.10), the fields read at wire level.
 pub mod trace_config {
     pub const DATA_SOURCES: u32 = 2;
     pub const FLUSH_PERIOD_MS: u32 = 13;
@@ -550,7 +551,7 @@ pub mod trace_config_data_source {
     pub const CONFIG: u32 = 1;
 }
 
-/// `DataSourceConfig`: the fields the tracing service owns (facts §2).
+/// `DataSourceConfig`: the fields the tracing service owns (ARCHITECTURE.md §7.10).
 pub mod data_source_config {
     pub const NAME: u32 = 1;
     pub const TARGET_BUFFER: u32 = 2;

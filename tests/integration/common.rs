@@ -41,10 +41,47 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The shared Perfetto test configs, if present.
+/// Whether the peers are required (CI): Perfetto's own test configs and its
+/// trace processor, which the repository does not carry. A test that would
+/// skip for want of one fails instead.
+pub fn peers_required() -> bool {
+    std::env::var_os("RECORDER_REQUIRE_PEERS").is_some_and(|v| v == "1")
+}
+
+/// Skips (returns true) when a peer is missing, unless peers are required,
+/// in which case it panics with the reason.
+pub fn skip_unless_peer(missing: Option<String>) -> bool {
+    match missing {
+        None => false,
+        Some(why) if peers_required() => panic!("RECORDER_REQUIRE_PEERS=1 but: {why}"),
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            true
+        }
+    }
+}
+
+/// Perfetto's own test configs (its `test/configs`, 25 files), which the
+/// repository cannot carry: `$RECORDER_PERFETTO_TEST_CONFIGS`, else the CI
+/// checkout's sibling directory. None (with the reason printed) when absent;
+/// a panic instead under `RECORDER_REQUIRE_PEERS=1`.
 pub fn perfetto_test_configs() -> Option<PathBuf> {
-    let p = repo_root().join("../shared/perfetto-test-configs");
-    p.is_dir().then_some(p)
+    let p = std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/perfetto-test-configs"));
+    let missing = (!p.is_dir()).then(|| {
+        format!(
+            "Perfetto's test configs are not at {} (set RECORDER_PERFETTO_TEST_CONFIGS)",
+            p.display()
+        )
+    });
+    (!skip_unless_peer(missing)).then_some(p)
+}
+
+/// The test configs the repository carries (`tests/fixtures/configs`),
+/// covering the fields the tests check in Perfetto's.
+pub fn own_test_configs() -> PathBuf {
+    repo_root().join("tests/fixtures/configs")
 }
 
 use perfetto_protos::trace_packet::TracePacket;
@@ -169,7 +206,7 @@ pub fn expand(data: &[u8]) -> (Vec<TracePacket>, Vec<usize>) {
     (out, sizes)
 }
 
-/// A padding packet of an O_DIRECT stream (recorder::trace::padding):
+/// A padding packet of an O_DIRECT stream (recorder::storage::packets):
 /// nothing in it but, perhaps, the reserved field 55.
 pub fn is_padding(p: &TracePacket) -> bool {
     let unknown = p.special_fields.unknown_fields();
@@ -178,5 +215,5 @@ pub fn is_padding(p: &TracePacket) -> bool {
         && p.optional_trusted_packet_sequence_id.is_none()
         && unknown
             .iter()
-            .all(|(f, _)| f == recorder::trace::padding::PADDING_FIELD)
+            .all(|(f, _)| f == recorder::storage::packets::PADDING_FIELD)
 }

@@ -13,14 +13,6 @@ use recorder::config::{self, LoadOptions, ServiceFields, SourceKind, TriggerMode
 
 use crate::common;
 
-/// The Perfetto test configs: `../shared/perfetto-test-configs` from the repo
-/// root, or `$RECORDER_PERFETTO_TEST_CONFIGS` (for checkouts elsewhere).
-fn test_configs_dir() -> PathBuf {
-    common::perfetto_test_configs()
-        .or_else(|| std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS").map(PathBuf::from))
-        .expect("../shared/perfetto-test-configs (or $RECORDER_PERFETTO_TEST_CONFIGS) must exist")
-}
-
 fn cfg_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("config dir readable")
@@ -30,6 +22,45 @@ fn cfg_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
+}
+
+/// Every test config at hand: the bundled ones, the tests' own and, where
+/// present, Perfetto's.
+fn all_cfg_files() -> Vec<PathBuf> {
+    let mut files = cfg_files(&common::repo_root().join("configs"));
+    files.extend(cfg_files(&common::own_test_configs()));
+    if let Some(dir) = common::perfetto_test_configs() {
+        files.extend(cfg_files(&dir));
+    }
+    files
+}
+
+/// The tests' own configs load, and the two written to be refused are,
+/// naming the field.
+#[test]
+fn own_test_configs_load_or_are_refused_precisely() {
+    let files = cfg_files(&common::own_test_configs());
+    assert!(files.len() >= 8, "{files:?}");
+    for path in &files {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let loaded = config::load_path(path, LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{name} must parse: {e}"));
+        let refused = loaded.validate().err().map(|e| e.to_string());
+        match (name, refused) {
+            ("bad_trigger_timeout.cfg", Some(msg)) => {
+                assert!(msg.contains("trigger_config.trigger_timeout_ms"), "{msg}")
+            }
+            ("trace_filter.cfg", Some(msg)) => assert!(msg.contains("trace_filter"), "{msg}"),
+            ("bad_trigger_timeout.cfg" | "trace_filter.cfg", None) => {
+                panic!("{name} must be refused")
+            }
+            (_, Some(msg)) => panic!("{name} refused unexpectedly: {msg}"),
+            (_, None) => {}
+        }
+    }
 }
 
 fn decode_independent(bytes: &[u8]) -> PTraceConfig {
@@ -88,7 +119,9 @@ fn python_encode(files: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
 /// where that parser can read the file.
 #[test]
 fn perfetto_test_configs_load_or_are_refused_precisely() {
-    let dir = test_configs_dir();
+    let Some(dir) = common::perfetto_test_configs() else {
+        return;
+    };
     let files = cfg_files(&dir);
     assert_eq!(files.len(), 25, "the Perfetto test suite has 25 configs");
     let mut compared = 0;
@@ -132,10 +165,14 @@ fn perfetto_test_configs_load_or_are_refused_precisely() {
     assert!(compared >= 15, "only {compared} configs compared");
 }
 
-/// The same, against Python's text_format, which reads all 25.
+/// Our encodings against Python's text_format (which reads all 25 of
+/// Perfetto's), for the tests' own configs and Perfetto's where present.
 #[test]
-fn perfetto_test_configs_match_python_text_format() {
-    let files = cfg_files(&test_configs_dir());
+fn test_configs_match_python_text_format() {
+    let mut files = cfg_files(&common::own_test_configs());
+    if let Some(dir) = common::perfetto_test_configs() {
+        files.extend(cfg_files(&dir));
+    }
     let encodings = match python_encode(&files) {
         Ok(e) => e,
         Err(why) => {
@@ -160,9 +197,7 @@ fn perfetto_test_configs_match_python_text_format() {
 /// text → binary → text → binary is stable, for every config we can read.
 #[test]
 fn text_binary_round_trips_are_stable() {
-    let mut files = cfg_files(&common::repo_root().join("configs"));
-    files.extend(cfg_files(&test_configs_dir()));
-    for path in files {
+    for path in all_cfg_files() {
         let first = config::load_path(&path, LoadOptions::default()).expect("loads");
         let bin1 = first.bytes.clone();
         let from_bin = config::load_binary(&bin1, "bin").expect("our binary loads");
@@ -537,7 +572,7 @@ fn service_rules_with_defaults_and_warnings() {
         Some(5000)
     );
     let snap = config::load_spec(
-        &test_configs_dir().join("snapshot.cfg"),
+        &common::own_test_configs().join("snapshot.cfg"),
         LoadOptions::default(),
     )
     .expect("valid");
@@ -597,7 +632,7 @@ fn cli_convert_check_and_exit_codes() {
         err.contains("<stdin>:1:11: error: unknown field 'sizekb'"),
         "{err}"
     );
-    let bad = test_configs_dir().join("bad_config.cfg");
+    let bad = common::own_test_configs().join("bad_trigger_timeout.cfg");
     let (code, _, err) = run(&["config", "check", bad.to_str().expect("utf-8")], None);
     assert_eq!(code, 2);
     assert!(err.contains("trigger_timeout_ms"), "{err}");
@@ -908,16 +943,20 @@ for path in sys.argv[1:]:
     print(path + "\t" + "\t".join(out))
 "#;
 
-/// `recorder config check --explain` on every config in `configs/` and
-/// every Perfetto test config, through the binary: every field the config
+/// `recorder config check --explain` on every config in `configs/`, the
+/// tests' own and (where present) Perfetto's, through the binary: every field the config
 /// sets is accounted for, by path, as applied, applied with changes or
 /// ignored — checked against the set fields Python's `text_format` (with
 /// Perfetto's own descriptors) finds in the same file — and a few entries
 /// are checked exactly.
 #[test]
 fn explain_accounts_for_every_field_by_path() {
+    let peer_dir = common::perfetto_test_configs();
     let mut files = cfg_files(&common::repo_root().join("configs"));
-    files.extend(cfg_files(&test_configs_dir()));
+    files.extend(cfg_files(&common::own_test_configs()));
+    if let Some(dir) = &peer_dir {
+        files.extend(cfg_files(dir));
+    }
     let run = |path: &std::path::Path| {
         let out = Command::new(common::recorder_bin())
             .args(["-q", "config", "check", "--explain"])
@@ -961,61 +1000,73 @@ fn explain_accounts_for_every_field_by_path() {
         }
         explained.insert(path.clone(), lines);
     }
-    assert!(
-        explained.len() >= 25,
-        "{} configs explained",
-        explained.len()
-    );
+    // All but the two refused of the tests' own, and 23 of Perfetto's 25.
+    let own = cfg_files(&common::own_test_configs()).len() - 2;
+    let bundled = cfg_files(&common::repo_root().join("configs")).len();
+    let want = bundled + own + if peer_dir.is_some() { 23 } else { 0 };
+    assert_eq!(explained.len(), want, "configs explained");
 
     // Exact entries.
-    let entry = |file: &str, p: &str| -> String {
+    let entry = |path: &std::path::Path, p: &str| -> String {
         explained
-            .iter()
-            .find(|(k, _)| k.ends_with(file))
-            .and_then(|(_, v)| v.iter().find(|(q, _)| q == p))
+            .get(path)
+            .and_then(|v| v.iter().find(|(q, _)| q == p))
             .map(|(_, rest)| rest.clone())
-            .unwrap_or_else(|| panic!("{file}: no {p}"))
+            .unwrap_or_else(|| panic!("{}: no {p}", path.display()))
     };
+    let own = |file: &str| common::own_test_configs().join(file);
     assert_eq!(
-        entry("perfetto-test-configs/long_trace.cfg", "flush_period_ms"),
+        entry(&own("periodic_file.cfg"), "flush_period_ms"),
         "20000: ignored (with write_into_file it counts only with write_flush_mode WRITE_FLUSH_DISABLED, as in Perfetto)"
     );
     assert_eq!(
-        entry(
-            "perfetto-test-configs/long_trace.cfg",
-            "file_write_period_ms"
-        ),
+        entry(&own("periodic_file.cfg"), "file_write_period_ms"),
         "2500: applied"
     );
     assert_eq!(
-        entry("perfetto-test-configs/bugreport.cfg", "bugreport_score"),
-        "100: ignored (Android only)"
+        entry(&own("android_fields.cfg"), "bugreport_score"),
+        "50: ignored (Android only)"
     );
     assert_eq!(
         entry(
-            "perfetto-test-configs/sys_stats.cfg",
+            &own("fast_polls.cfg"),
             "data_sources[1].config.process_stats_config.proc_stats_poll_ms"
         ),
         "10: applied with changes (10 ms is under the 100 ms minimum; raised to 100)"
     );
     assert_eq!(
         entry(
-            "perfetto-test-configs/android_syshealth.cfg",
-            "data_sources[5].config.android_power_config"
+            &own("android_fields.cfg"),
+            "data_sources[1].config.android_power_config"
         ),
         "{…}: applied (passed as written to the producer of \"android.power\")"
     );
     assert!(
         entry(
-            "perfetto-test-configs/rss_stat.cfg",
+            &own("rss_throttle.cfg"),
             "data_sources[0].config.ftrace_config.throttle_rss_stat"
         )
         .starts_with("true: applied (kmem/rss_stat_throttled where the kernel has it")
     );
-    assert_eq!(
-        entry("configs/long_trace.cfg", "buffers[0].size_kb"),
-        "65536: applied"
-    );
+    if let Some(dir) = &peer_dir {
+        assert_eq!(
+            entry(&dir.join("long_trace.cfg"), "flush_period_ms"),
+            "20000: ignored (with write_into_file it counts only with write_flush_mode WRITE_FLUSH_DISABLED, as in Perfetto)"
+        );
+        assert_eq!(
+            entry(&dir.join("bugreport.cfg"), "bugreport_score"),
+            "100: ignored (Android only)"
+        );
+        assert_eq!(
+            entry(
+                &dir.join("android_syshealth.cfg"),
+                "data_sources[5].config.android_power_config"
+            ),
+            "{…}: applied (passed as written to the producer of \"android.power\")"
+        );
+    }
+    let bundled_long = common::repo_root().join("configs/long_trace.cfg");
+    assert_eq!(entry(&bundled_long, "buffers[0].size_kb"), "65536: applied");
 
     // Against Python's reading of the same files: each listed path is a
     // field the file sets, and each field it sets is listed (or inside a

@@ -1090,29 +1090,37 @@ impl Started {
     }
 }
 
-/// Perfetto's own test configs whose data sources are all built in here
+/// The tests' own configs and (where present) Perfetto's test configs whose
+/// data sources are all built in here
 /// (linux.ftrace, linux.process_stats, linux.sys_stats, linux.system_info)
 /// and that start without a trigger run as given: each records for a
 /// second, stops on SIGINT, and its file holds ftrace bundles (nothing lost
 /// at this load), the start and end FtraceStats, and the process tree where
 /// the config scans processes at start — read by the independent decoder.
 #[test]
-fn perfetto_test_configs_with_linux_sources_record() {
+fn test_configs_with_linux_sources_record() {
     use recorder::config::spec::SourceKind;
     if common::skip_unless(kernel_missing()) {
         return;
     }
-    let dir = common::perfetto_test_configs()
-        .or_else(|| std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS").map(PathBuf::from))
-        .expect("../shared/perfetto-test-configs (or $RECORDER_PERFETTO_TEST_CONFIGS) must exist");
+    let mut dirs = vec![common::own_test_configs()];
+    let mut must = vec!["periodic_file.cfg", "scheduling.cfg", "fast_polls.cfg"];
+    if let Some(dir) = common::perfetto_test_configs() {
+        dirs.push(dir);
+        must.extend(["long_trace.cfg", "sys_stats.cfg"]);
+    }
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("configs")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "cfg"))
-        .collect();
-    files.sort();
+    let mut files = Vec::new();
+    for dir in &dirs {
+        let mut in_dir: Vec<_> = std::fs::read_dir(dir)
+            .expect("configs")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cfg"))
+            .collect();
+        in_dir.sort();
+        files.extend(in_dir);
+    }
     let tmp = tempfile::tempdir().expect("tmp");
     let mut ran = Vec::new();
     let mut refused = Vec::new();
@@ -1150,7 +1158,9 @@ fn perfetto_test_configs_with_linux_sources_record() {
             .expect("name")
             .to_string_lossy()
             .to_string();
-        let out = tmp.path().join(format!("{name}.pftrace"));
+        let out = tmp
+            .path()
+            .join(format!("{}.pftrace", ran.len() + refused.len()));
         let mut rec = match Started::try_spawn(&path, &out) {
             Ok(r) => r,
             Err(log) => {
@@ -1224,7 +1234,7 @@ fn perfetto_test_configs_with_linux_sources_record() {
         }
         ran.push(name);
     }
-    for must in ["long_trace.cfg", "scheduling.cfg", "sys_stats.cfg"] {
+    for must in must {
         assert!(ran.iter().any(|r| r == must), "{must} not run: {ran:?}");
     }
     eprintln!("ran: {ran:?}; refused (no such events here): {refused:?}");

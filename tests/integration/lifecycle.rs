@@ -91,9 +91,28 @@ fn flush_period_ms_flushes_while_recording() {
     let flushed = count(&service_events(&packets), "AllDataSourcesFlushed");
     // About seven periodic flushes and the stop's own.
     assert!(flushed >= 5, "{flushed} flushes recorded");
+    // trace_stats counts them: each flush, the stop's included, was acked in
+    // time, and each complete one noted its marker.
+    let stats = packets
+        .iter()
+        .rfind(|p| p.has_trace_stats())
+        .expect("trace_stats")
+        .trace_stats();
+    let requested = stats.flushes_requested();
+    assert_eq!(requested, flushed as u64, "{stats:?}");
+    assert_eq!(stats.flushes_succeeded(), requested, "{stats:?}");
+    assert_eq!(stats.flushes_failed(), 0, "{stats:?}");
     let python = python_summary(&run.out);
     if let Some(p) = python {
         assert_eq!(p["packets"].as_u64(), Some(packets.len() as u64));
+        assert_eq!(p["last_flushes"]["requested"].as_u64(), Some(requested));
+        assert_eq!(p["last_flushes"]["succeeded"].as_u64(), Some(requested));
+        assert_eq!(p["last_flushes"]["failed"].as_u64(), Some(0));
+    }
+    if let Some(tp) = crate::trace_processor::check(&run.out) {
+        assert_eq!(tp.stat("traced_flushes_requested", None), requested as i64);
+        assert_eq!(tp.stat("traced_flushes_succeeded", None), requested as i64);
+        assert_eq!(tp.stat("traced_flushes_failed", None), 0);
     }
 }
 

@@ -8,6 +8,7 @@ mod custom_fields;
 mod fleet;
 mod ftrace;
 mod hardening;
+mod layers;
 mod lifecycle;
 mod loss;
 mod open;

@@ -41,7 +41,7 @@ fn compare(
         let our_type = f.field_descriptor_proto().r#type.unwrap_or(0);
         let their_type = protobuf::Enum::value(&t.proto().type_());
         // previous_packet_dropped was a bool up to v51 and became a uint32
-        // bitmask later (facts §4.2); both are varints, and 1 reads as true.
+        // bitmask later (ARCHITECTURE.md §7.2); both are varints, and 1 reads as true.
         let widened = where_ == "perfetto.protos.TracePacket.previous_packet_dropped = 42";
         if our_type != their_type && !widened {
             problems.push(format!("{where_}: type {our_type}, theirs {their_type}"));

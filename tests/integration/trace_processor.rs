@@ -1,10 +1,11 @@
 //! Perfetto's own trace processor as the third oracle: SQL over a trace file,
-//! run through `../shared/tools/trace_processor` (v58.2, the engine behind the
-//! Perfetto UI).
+//! run through the `trace_processor` wrapper of Perfetto's prebuilt tools
+//! (v58.2, the engine behind the Perfetto UI), which the repository does not
+//! carry: `$RECORDER_TRACE_PROCESSOR` names it.
 //!
 //! A missing or unusable trace processor skips the check with the reason;
-//! under `RECORDER_REQUIRE_KERNEL=1` (CI) that is a failure, as for the other
-//! external parts the tests need.
+//! under `RECORDER_REQUIRE_PEERS=1` (CI) that is a failure, as for Perfetto's
+//! test configs.
 
 #![allow(dead_code)]
 
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{kernel_required, repo_root};
+use crate::common::{peers_required, repo_root};
 
 /// One value of a result row, as the shell prints it.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,8 +105,8 @@ impl Rows {
     }
 }
 
-/// The wrapper script, relative to the repository as the tests find
-/// `../shared/perfetto-test-configs`; `RECORDER_TRACE_PROCESSOR` overrides it.
+/// The wrapper script: `$RECORDER_TRACE_PROCESSOR`, else where the CI
+/// checkout keeps Perfetto's tools beside the repository.
 pub fn shell_path() -> PathBuf {
     std::env::var_os("RECORDER_TRACE_PROCESSOR")
         .map(PathBuf::from)
@@ -133,7 +134,10 @@ pub fn unavailable() -> Option<String> {
     WHY.get_or_init(|| {
         let path = shell_path();
         if !path.exists() {
-            return Some(format!("no trace processor at {}", path.display()));
+            return Some(format!(
+                "no trace processor at {} (set RECORDER_TRACE_PROCESSOR)",
+                path.display()
+            ));
         }
         let runs = |p: &Path| {
             Command::new(p)
@@ -166,14 +170,14 @@ pub struct Tp {
 }
 
 /// A handle on `trace` for queries, or None (with the reason printed) when
-/// trace processor is unavailable; under `RECORDER_REQUIRE_KERNEL=1` that
+/// trace processor is unavailable; under `RECORDER_REQUIRE_PEERS=1` that
 /// panics instead.
 pub fn open(trace: &Path) -> Option<Tp> {
     match unavailable() {
         None => Some(Tp {
             trace: trace.to_path_buf(),
         }),
-        Some(why) if kernel_required() => panic!("RECORDER_REQUIRE_KERNEL=1 but: {why}"),
+        Some(why) if peers_required() => panic!("RECORDER_REQUIRE_PEERS=1 but: {why}"),
         Some(why) => {
             eprintln!("trace processor check skipped: {why}");
             None

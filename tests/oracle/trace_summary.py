@@ -73,6 +73,7 @@ def main():
     seqs = {}
     service_events = []
     stats = None
+    flushes = None
     for pkt in packets:
         kind = pkt.WhichOneof("data") or "none"
         if kind == "trace_attributes":
@@ -92,6 +93,11 @@ def main():
             stats = [
                 {f.name: v for f, v in b.ListFields()} for b in pkt.trace_stats.buffer_stats
             ]
+            flushes = {
+                "requested": pkt.trace_stats.flushes_requested,
+                "succeeded": pkt.trace_stats.flushes_succeeded,
+                "failed": pkt.trace_stats.flushes_failed,
+            }
         if kind == "synchronization_marker":
             s.setdefault("sync_markers", 0)
             s["sync_markers"] = s["sync_markers"] + 1
@@ -106,6 +112,7 @@ def main():
         "sequences": seqs,
         "service_events": service_events,
         "last_buffer_stats": stats,
+        "last_flushes": flushes,
         "first_kinds": [p.WhichOneof("data") or "none" for p in packets[:12]],
     }
     json.dump(out, sys.stdout)

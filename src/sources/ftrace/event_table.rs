@@ -45,7 +45,7 @@ const WAKEUP_FIELDS: &[(u32, &str, ProtoKind)] = &[
 ];
 
 /// Field numbers from Perfetto's `ftrace_event.proto` and the per-event
-/// messages (facts §4.4).
+/// messages (ARCHITECTURE.md §7.4).
 const TYPED: &[TypedSpec] = &[
     ("ftrace", "print", 3, &[(1, "ip", U), (2, "buf", S)]),
     (
@@ -583,6 +583,53 @@ mod tests {
             signed,
             kind,
         }
+    }
+
+    /// Oracle: Perfetto's own descriptors (the `perfetto_protos` crate) give
+    /// every typed event the FtraceEvent field number the table writes it
+    /// under, and every field its number and a wire type its kind encodes
+    /// (varint for integers, length-delimited for strings).
+    #[test]
+    fn typed_events_match_perfetto_protos() {
+        use perfetto_protos::ftrace_event::FtraceEvent;
+        use protobuf::MessageFull;
+        use protobuf::descriptor::field_descriptor_proto::Type;
+        use protobuf::reflect::{RuntimeFieldType, RuntimeType};
+        let event = FtraceEvent::descriptor();
+        let mut fields = 0;
+        for (group, name, number, spec) in TYPED {
+            let f = event
+                .field_by_number(*number)
+                .unwrap_or_else(|| panic!("FtraceEvent has no field {number} ({group}/{name})"));
+            assert_eq!(f.name(), *name, "FtraceEvent.{number}");
+            let RuntimeFieldType::Singular(RuntimeType::Message(msg)) = f.runtime_field_type()
+            else {
+                panic!("FtraceEvent.{name} is not a message");
+            };
+            for (n, field, kind) in *spec {
+                let d = msg
+                    .field_by_number(*n)
+                    .unwrap_or_else(|| panic!("{}: no field {n} ({field})", msg.name()));
+                assert_eq!(d.name(), *field, "{}.{n}", msg.name());
+                let ty = d.proto().type_();
+                let fits = match kind {
+                    ProtoKind::Str => ty == Type::TYPE_STRING,
+                    ProtoKind::Int => matches!(ty, Type::TYPE_INT32 | Type::TYPE_INT64),
+                    ProtoKind::Uint => matches!(ty, Type::TYPE_UINT32 | Type::TYPE_UINT64),
+                };
+                assert!(
+                    fits,
+                    "{}.{field} is {ty:?}, written as {kind:?}",
+                    msg.name()
+                );
+                fields += 1;
+            }
+        }
+        assert!(
+            TYPED.len() >= 30 && fields >= 76,
+            "{} events, {fields} fields",
+            TYPED.len()
+        );
     }
 
     proptest! {

@@ -1,5 +1,5 @@
 //! Counter tables: `/proc/meminfo` and `/proc/vmstat` keys with their
-//! MeminfoCounters / VmstatCounters numbers (facts §3.2).
+//! MeminfoCounters / VmstatCounters numbers (ARCHITECTURE.md §7.5).
 
 use std::collections::HashMap;
 

@@ -9,7 +9,7 @@ use super::*;
 use crate::ringbuf::{BufferParams, FillPolicy};
 
 fn record(payload: &[u8]) -> Vec<u8> {
-    crate::trace::service::frame(payload)
+    crate::wire::framing::record(payload)
 }
 
 fn writer(dir: &std::path::Path, policy: RotationPolicy) -> SegmentWriter {
