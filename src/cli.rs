@@ -80,6 +80,9 @@ pub struct MainArgs {
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
     pub on_segment_closed: Option<String>,
+    /// Kill an --on-segment-closed command's process group after DURATION (default 5m).
+    #[arg(long, value_name = "DURATION", value_parser = crate::storage::segment::policy::parse_duration)]
+    pub hook_timeout: Option<std::time::Duration>,
     /// Listen for Perfetto SDK apps here instead of where they look by default
     /// (/run/perfetto/traced-producer.sock or /tmp/perfetto-producer;
     /// PERFETTO_PRODUCER_SOCK_NAME also overrides it).
@@ -104,6 +107,7 @@ impl MainArgs {
             (self.max_segments.is_some(), "--max-segments"),
             (self.max_disk.is_some(), "--max-disk"),
             (self.on_segment_closed.is_some(), "--on-segment-closed"),
+            (self.hook_timeout.is_some(), "--hook-timeout"),
             (!self.protos.files.is_empty(), "--proto"),
             (!self.protos.include_paths.is_empty(), "--proto-path"),
             (!self.protos.descriptor_sets.is_empty(), "--descriptor-set"),

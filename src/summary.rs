@@ -214,11 +214,15 @@ fn segments(s: &mut String, seg: &crate::storage::segment::SegmentsStatus) {
         let _ = writeln!(s, "    segments with loss: {}", lost.join(", "));
     }
     if let Some(h) = &seg.hook {
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "    --on-segment-closed: {} ran, {} failed, {} not run",
-            h.ran, h.failed, h.skipped
+            "    --on-segment-closed: {} ran, {} failed ({} timed out), {} not run",
+            h.ran, h.failed, h.timed_out, h.skipped
         );
+        if h.stopped > 0 {
+            let _ = write!(s, ", {} killed at the end", h.stopped);
+        }
+        let _ = writeln!(s, "; {} segments deleted or moved by it", h.deleted);
     }
 }
 

@@ -223,6 +223,7 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
         max_segments: args.max_segments,
         max_disk: args.max_disk,
         on_closed: args.on_segment_closed.clone(),
+        hook_timeout: args.hook_timeout,
     };
     let p = crate::config::segments::overlay(from_file, flags);
     p.check().map_err(|e| e.to_string())?;

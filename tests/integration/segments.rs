@@ -875,3 +875,105 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 2500
         "per segment: {per_segment:?}"
     );
 }
+
+/// The issue's hooks in one rotating session: each segment's command does
+/// something else (see the script).
+#[test]
+fn hooks_run_bounded_in_their_own_group_and_the_summary_counts_them_exactly() {
+    let run = Run::new(&test_config(
+        16384,
+        "RING_BUFFER",
+        &format!("{STREAMING} duration_ms: 3000"),
+        "message_count: 0 message_size: 100 max_messages_per_second: 3000",
+    ));
+    let note = run.dir.path().join("notes");
+    let script = run.dir.path().join("hook.sh");
+    // Segment 0: leaves a child holding the output pipe. 1: writes 800 MB
+    // to stderr, noting the recorder's peak memory before and after.
+    // 2: deletes its segment. 3: outlives its timeout. Others: nothing.
+    std::fs::write(
+        &script,
+        format!(
+            r#"notes={notes}
+rec=$PPID
+while [ "$(cat /proc/$rec/comm)" != recorder ]; do rec=$(awk '/^PPid/ {{print $2}}' /proc/$rec/status); done
+case $RECORDER_SEGMENT_INDEX in
+0) f() {{ (sleep 300 & echo "bg $!" >> $notes); }}; f ;;
+1) echo "hwm0 $(awk '/^VmHWM/ {{print $2}}' /proc/$rec/status)" >> $notes
+   head -c 800000000 /dev/zero >&2
+   echo "hwm1 $(awk '/^VmHWM/ {{print $2}}' /proc/$rec/status)" >> $notes ;;
+2) rm "$1" ;;
+3) sleep 300 & echo "slow $!" >> $notes; wait ;;
+esac
+"#,
+            notes = note.display()
+        ),
+    )
+    .expect("script");
+    std::fs::write(
+        run.config.with_extension("segments.toml"),
+        "hook_timeout = \"1s\"\n",
+    )
+    .expect("settings");
+    let dir = run.dir.path().join("hooked");
+    let mut c = run.command_to("pwritev", &dir.join(""));
+    c.args(["--rotate-period", "300ms", "--on-segment-closed"])
+        .arg(format!("sh {}", script.display()));
+    let t0 = Instant::now();
+    let out = c.output().expect("runs");
+    let took = t0.elapsed();
+    let notes = std::fs::read_to_string(&note).unwrap_or_default();
+    let pid_of = |tag: &str| -> Option<i32> {
+        notes
+            .lines()
+            .find_map(|l| l.strip_prefix(tag)?.trim().parse().ok())
+    };
+    let bg = pid_of("bg ");
+    let bg_alive = bg.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+    if let Some(p) = bg.and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+    let stderr = ok(&out);
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(bg_alive, "segment 0's command left its child: {notes}");
+    let slow = pid_of("slow ").expect("segment 3's command ran");
+    let slow_stat = std::fs::read_to_string(format!("/proc/{slow}/stat")).unwrap_or_default();
+    assert!(
+        slow_stat.is_empty() || slow_stat.contains(") Z "),
+        "the timed-out command's group was killed: {slow_stat}"
+    );
+    let (hwm0, hwm1) = (
+        pid_of("hwm0 ").expect("hwm before"),
+        pid_of("hwm1 ").expect("hwm after"),
+    );
+    assert!(
+        hwm1 - hwm0 < 32 * 1024,
+        "800 MB of output grew the recorder from {hwm0} to {hwm1} kB"
+    );
+
+    let files = segment_files(&dir);
+    assert!(
+        !files.contains_key(&2),
+        "segment 2 was deleted by its command"
+    );
+    let total = files.keys().max().expect("segments") + 1;
+    assert_eq!(files.len() as u64, total - 1, "{files:?}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("--on-segment-closed:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(
+        line.trim(),
+        format!(
+            "--on-segment-closed: {total} ran, 1 failed (1 timed out), 0 not run; 1 segments deleted or moved by it"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("({} kept,", total - 1)),
+        "a deleted segment is not kept: {stderr}"
+    );
+    for (index, (path, _)) in &files {
+        closed_segment(path, *index);
+    }
+}

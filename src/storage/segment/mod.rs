@@ -199,7 +199,13 @@ impl SegmentWriter {
             });
         }
         let hooks = match &policy.on_closed {
-            Some(cmd) => Some(HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?),
+            Some(cmd) => Some(
+                HookRunner::start(
+                    cmd.clone(),
+                    policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT),
+                )
+                .map_err(SegmentError::Hook)?,
+            ),
             None => None,
         };
         let mut w = Self {
@@ -334,6 +340,11 @@ impl SegmentWriter {
         if let Some(h) = &mut self.hooks {
             let c = h.finish(HOOK_GRACE);
             self.status.hook = Some(c);
+            for index in h.deleted() {
+                if let Some(s) = self.status.segments.iter_mut().find(|s| s.index == index) {
+                    s.kept = false;
+                }
+            }
             if c.failed > 0
                 && let Some(e) = h.last_error()
             {
@@ -459,6 +470,7 @@ impl SegmentWriter {
                 source,
             });
         }
+        self.forget_hook_deletions();
         self.enforce_budget(next);
         if let Some(h) = &self.hooks {
             h.submit(HookJob {
@@ -468,6 +480,18 @@ impl SegmentWriter {
             });
         }
         Ok(())
+    }
+
+    /// Segments their command deleted or moved are no longer on disk: not
+    /// kept, and no longer counted against the budget.
+    fn forget_hook_deletions(&mut self) {
+        let Some(h) = &self.hooks else { return };
+        for index in h.deleted() {
+            self.on_disk.retain(|(i, _)| *i != index);
+            if let Some(s) = self.status.segments.iter_mut().find(|s| s.index == index) {
+                s.kept = false;
+            }
+        }
     }
 
     /// Deletes the oldest closed segments until the set fits the budget. The
@@ -563,6 +587,11 @@ impl SegmentWriter {
             && s.hook.is_none()
         {
             s.hook = Some(h.counts());
+            for index in h.deleted() {
+                if let Some(r) = s.segments.iter_mut().find(|r| r.index == index) {
+                    r.kept = false;
+                }
+            }
         }
         s
     }
