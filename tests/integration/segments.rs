@@ -977,3 +977,94 @@ esac
         closed_segment(path, *index);
     }
 }
+
+/// A 1 MiB tmpfs at `dir/small`, or None (skipped) when it cannot be mounted.
+fn small_disk(dir: &Path) -> Option<PathBuf> {
+    let mnt = dir.join("small");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
+        return None;
+    }
+    Some(mnt)
+}
+
+/// A full disk under `--compress`, to one file and to segments, with each
+/// sink: every file ends on a whole (compressed) packet, decodes, and holds
+/// no gap; a segment closed by the failed write is either `.partial` or has
+/// a sidecar that matches it.
+#[test]
+fn a_full_disk_with_compression_ends_on_a_whole_packet() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    for io in crate::recording::sinks() {
+        for segments in [false, true] {
+            let run = Run::new(&test_config(
+                16384,
+                "RING_BUFFER",
+                STREAMING,
+                // Random payloads: they compress poorly, so the disk fills.
+                "message_count: 0 message_size: 600 max_messages_per_second: 20000 seed: 7",
+            ));
+            let Some(mnt) = small_disk(run.dir.path()) else {
+                return;
+            };
+            let out_path = if segments {
+                mnt.join("segs/")
+            } else {
+                mnt.join("trace.pftrace")
+            };
+            let mut c = run.command_to(io, &out_path);
+            c.arg("--compress=1");
+            if segments {
+                c.args(["--rotate-size", "300K"]);
+            }
+            let out = c.output().expect("runs");
+            let files: Vec<(PathBuf, bool)> = if segments {
+                segment_files(&mnt.join("segs")).into_values().collect()
+            } else {
+                vec![(out_path.clone(), false)]
+            };
+            let mut kept = Vec::new();
+            for (path, partial) in &files {
+                let data = std::fs::read(path).expect("file");
+                kept.push((path.clone(), *partial, data, sidecar(path)));
+            }
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{io}: {stderr}");
+            assert!(stderr.contains("No space left"), "{io}: {stderr}");
+            assert!(!kept.is_empty(), "{io} {segments}");
+            let partials = kept.iter().filter(|k| k.1).count();
+            assert!(
+                partials <= 1,
+                "{io}: only the last segment may stay .partial"
+            );
+            for (path, partial, data, car) in &kept {
+                let what = format!("{io} segments={segments} {}", path.display());
+                assert!(!data.is_empty(), "{what}");
+                assert_eq!(
+                    whole_prefix(data),
+                    data.len(),
+                    "{what}: ends on a whole packet"
+                );
+                let (packets, sizes) = expand(data);
+                assert!(!sizes.is_empty(), "{what}: compressed");
+                let counters: Vec<u64> = test_counters(&packets).into_values().flatten().collect();
+                assert_eq!(gaps(&counters).0, 0, "{what}");
+                if segments && !partial {
+                    let car = car.as_ref().unwrap_or_else(|| panic!("{what}: no sidecar"));
+                    assert_eq!(car["sha256"], sha256_hex(data), "{what}");
+                }
+                let copy = run.dir.path().join("kept.pftrace");
+                std::fs::write(&copy, data).expect("copy");
+                crate::trace_processor::check(&copy);
+            }
+        }
+    }
+}

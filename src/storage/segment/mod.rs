@@ -441,9 +441,26 @@ impl SegmentWriter {
         }
         // The sidecar first, then the rename: a segment under its final name
         // always has its sidecar, even after a crash between the two (which
-        // leaves the sidecar beside a whole `.partial`). A sidecar that cannot
-        // be written still lets the segment close.
-        let wrote_sidecar = car.write_atomically(&sidecar_path);
+        // leaves the sidecar beside a whole `.partial`). A segment whose
+        // sidecar cannot be written (a full disk) stays `.partial`: still a
+        // valid trace up to its last whole packet, but not one the set
+        // vouches for.
+        if let Err(source) = car.write_atomically(&sidecar_path) {
+            if let Some(s) = self.status.segments.last_mut() {
+                s.path = partial.clone();
+            }
+            self.on_disk.push_back((c.index, bytes));
+            log::warn!(
+                "segment {} left as {}: its sidecar could not be written: {source}",
+                c.index,
+                partial.display()
+            );
+            let _ = sync_dir(&self.names.dir);
+            return Err(SegmentError::Close {
+                path: sidecar_path,
+                source,
+            });
+        }
         std::fs::rename(&partial, &path).map_err(|source| SegmentError::Close {
             path: partial.clone(),
             source,
@@ -458,12 +475,6 @@ impl SegmentWriter {
             bytes,
             c.packets
         );
-        if let Err(source) = wrote_sidecar {
-            return Err(SegmentError::Close {
-                path: sidecar_path,
-                source,
-            });
-        }
         if let Err(source) = dir_synced {
             return Err(SegmentError::Close {
                 path: self.names.dir.clone(),
