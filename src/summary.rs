@@ -66,6 +66,17 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
         for p in &o.snapshots {
             let _ = writeln!(s, "  snapshot: {}", p.display());
         }
+        if o.snapshots_refused > 0 {
+            let b = &t.snapshot_budget;
+            let _ = writeln!(
+                s,
+                "  {} snapshot trigger(s) refused: a snapshot was under way or the budget was spent ({} snapshots, {} at most, each counted at {})",
+                o.snapshots_refused,
+                b.max_count,
+                HumanBytes(b.max_bytes),
+                HumanBytes(b.bytes_each)
+            );
+        }
     }
     // What kept buffered data from the file, if anything did.
     let file_short = match &o.reason {

@@ -102,6 +102,16 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    let clones = spec
+        .trigger
+        .as_ref()
+        .is_some_and(|t| t.mode == crate::config::spec::TriggerMode::CloneSnapshot);
+    if !rotation.rotates() && rotation.max_disk.is_some() && !clones {
+        eprintln!(
+            "error: --max-disk needs --rotate-size or --rotate-period (it bounds the segments), or a CLONE_SNAPSHOT config (it bounds the snapshots)"
+        );
+        return ExitCode::Usage;
+    }
     if rotation.rotates() && output == OutputPath::Stdout {
         eprintln!(
             "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"

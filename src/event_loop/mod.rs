@@ -818,6 +818,7 @@ impl Loop {
                 })
                 .collect(),
             snapshots: self.snapshots.clone(),
+            snapshots_refused: self.rec.session.snapshots_refused(),
             passes: self.passes,
             triggered: self.rec.session.triggered(),
             sink_kind: self.rec.sink.kind().to_string(),

@@ -79,7 +79,8 @@ impl RotationPolicy {
         if !self.rotates() {
             for (set, name) in [
                 (self.max_segments.is_some(), "--max-segments"),
-                (self.max_disk.is_some(), "--max-disk"),
+                // Without segments, --max-disk bounds CLONE_SNAPSHOT's
+                // snapshots (the command checks the config is one).
                 (self.on_closed.is_some(), "--on-segment-closed"),
             ] {
                 if set {
@@ -90,7 +91,7 @@ impl RotationPolicy {
         if matches!(self.max_segments, Some(n) if n < 2) {
             return Err(PolicyError::TooFewSegments);
         }
-        if let Some(max_disk) = self.max_disk {
+        if let Some(max_disk) = self.max_disk.filter(|_| self.rotates()) {
             match self.size {
                 Some(size) if size.saturating_mul(2) <= max_disk => {}
                 _ => return Err(PolicyError::DiskTooSmall { max_disk }),
