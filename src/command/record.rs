@@ -77,6 +77,27 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs) -> ExitCode {
         );
         return ExitCode::Usage;
     }
+    if let OutputPath::File(out) = &output
+        && let Some((flag, input)) = args
+            .protos
+            .files
+            .iter()
+            .map(|p| ("--proto", p))
+            .chain(
+                args.protos
+                    .descriptor_sets
+                    .iter()
+                    .map(|p| ("--descriptor-set", p)),
+            )
+            .find(|(_, p)| is_the_config(out, p))
+    {
+        eprintln!(
+            "error: -o {} is the {flag} input {}: refusing to overwrite it",
+            out.display(),
+            input.display()
+        );
+        return ExitCode::Usage;
+    }
     let (io, direct_io) = match (io_from_env(), direct_io_from_env()) {
         (Ok(io), Ok(direct)) => (io, direct),
         (Err(e), _) | (_, Err(e)) => {

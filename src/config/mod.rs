@@ -19,6 +19,7 @@
 pub mod diagnostic;
 pub mod fields;
 pub mod plan;
+pub mod proto_input;
 pub mod raw;
 pub mod resources;
 pub mod schema;
