@@ -185,7 +185,7 @@ fn wait(
 
 /// Connects without blocking (a listener whose queue is full makes a
 /// blocking connect wait forever) and checks who serves the socket.
-fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<UnixStream, ControlError> {
+fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<(UnixStream, u32), ControlError> {
     let sock = |source: std::io::Error| ControlError::Socket {
         path: path.display().to_string(),
         source,
@@ -221,7 +221,7 @@ fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<UnixStream, Contr
             peer_uid,
         });
     }
-    Ok(stream)
+    Ok((stream, peer_uid))
 }
 
 /// Sends one request to session `pid` at `path` and reads the reply, all
@@ -232,11 +232,22 @@ pub fn request(
     req: &Request,
     deadline: Instant,
 ) -> Result<Reply, ControlError> {
+    request_from(path, pid, req, deadline).map(|(reply, _)| reply)
+}
+
+/// [`request`], with the uid the kernel gives for the process that
+/// answered (SO_PEERCRED): what a session says of itself is not believed.
+pub fn request_from(
+    path: &Path,
+    pid: u32,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
     let sock = |source: std::io::Error| ControlError::Socket {
         path: path.display().to_string(),
         source,
     };
-    let mut s = connect(path, pid, deadline)?;
+    let (mut s, peer_uid) = connect(path, pid, deadline)?;
     let out = message::encode_request(req);
     let mut pos = 0;
     while pos < out.len() {
@@ -274,7 +285,9 @@ pub fn request(
             Err(e) => return Err(sock(e)),
         }
     }
-    message::decode_reply(&buf).map_err(|source| ControlError::BadReply { pid, source })
+    message::decode_reply(&buf)
+        .map(|reply| (reply, peer_uid))
+        .map_err(|source| ControlError::BadReply { pid, source })
 }
 
 /// Runs `f` for every session at once; results in the sessions' order.
@@ -321,7 +334,17 @@ fn ask(
     req: &Request,
     deadline: Instant,
 ) -> Result<Reply, ControlError> {
-    let r = request(path, s.pid, req, deadline);
+    ask_from(s, path, req, deadline).map(|(reply, _)| reply)
+}
+
+/// [`ask`], with the answering process's uid (SO_PEERCRED).
+fn ask_from(
+    s: &SessionEndpoint,
+    path: &Path,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
+    let r = request_from(path, s.pid, req, deadline);
     if let Err(ControlError::Socket { source, .. }) = &r
         && source.kind() == std::io::ErrorKind::ConnectionRefused
         && std::fs::symlink_metadata(path)
@@ -384,10 +407,17 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, String>)> {
     let all = sessions();
     let deadline = deadline();
     each_session(&all, |s| {
-        match ask(s, &s.control, &Request::Query {}, deadline) {
-            Ok(Reply::Status(st)) if st.pid == s.pid => Ok(st),
-            Ok(Reply::Status(st)) => Err(format!("answered with the status of pid {}", st.pid)),
-            Ok(Reply::Refused(m) | Reply::Queued(m)) => Err(message::printable(&m)),
+        match ask_from(s, &s.control, &Request::Query {}, deadline) {
+            // The uid is the kernel's word for who answered, not the
+            // session's own (another user's session could claim uid 0).
+            Ok((Reply::Status(mut st), uid)) if st.pid == s.pid => {
+                st.uid = uid;
+                Ok(st)
+            }
+            Ok((Reply::Status(st), _)) => {
+                Err(format!("answered with the status of pid {}", st.pid))
+            }
+            Ok((Reply::Refused(m) | Reply::Queued(m), _)) => Err(message::printable(&m)),
             Ok(_) => Err("unexpected reply to a query".into()),
             Err(e) => Err(e.to_string()),
         }

@@ -1026,3 +1026,41 @@ trigger_config {
     }
     crate::trace_processor::check(snapshots.last().expect("a snapshot"));
 }
+
+/// Nobody's own fake session (its socket, its pid) answers `query` with a
+/// status that says uid 0: root's `recorder query` shows the uid the kernel
+/// gives for the socket's peer, 65534.
+#[test]
+fn query_shows_the_peer_uid_not_the_one_a_session_claims() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    let run = shared_run(&flight_config("", ""));
+    let rt = runtime(&run);
+    let rt = rt.to_str().expect("utf-8 path");
+    let fake = Attacker::start(&["fake", rt, "control", "lie"]);
+    let pid = fake.0.id().to_string();
+    let _listed = Attacker::start(&["fake", rt, "trigger", "lie", "--pid", &pid]);
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query", "--json"]),
+        Duration::from_secs(10),
+        "query",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("json");
+    let fake: Vec<_> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|s| s.get("state").is_some())
+        .collect();
+    assert_eq!(fake.len(), 1, "{v}");
+    assert_eq!(fake[0]["uid"], 65534, "{v}");
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query"]),
+        Duration::from_secs(10),
+        "query",
+    );
+    let text = String::from_utf8_lossy(&q.stdout);
+    assert!(text.contains("(uid 65534)"), "{text}");
+    assert!(!text.contains("(uid 0)"), "{text}");
+}
