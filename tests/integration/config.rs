@@ -1174,3 +1174,78 @@ fn recorded_config_carries_the_flush_period_a_streaming_session_uses() {
     let loaded = config::load_text(src, "t", false).expect("parses");
     assert_eq!(loaded.validate().expect("valid").config_bytes, loaded.bytes);
 }
+
+/// Config errors and the plan never put the config's control bytes on the
+/// terminal (escape sequences are shown escaped), and a 200 KB token gives
+/// an error of a few hundred bytes, for `config check` and for a recording.
+#[test]
+fn config_errors_escape_control_bytes_and_stay_small() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let huge = "x".repeat(200_000);
+    let cases: [(&str, String, Option<i32>); 4] = [
+        (
+            "escape.cfg",
+            "buffers { size_kb: 64 }\n\x1b]0;pwned\x07bad\x1b[2J: 2\n".to_string(),
+            Some(2),
+        ),
+        (
+            "token.cfg",
+            format!("buffers {{ size_kb: 64 }}\n{huge}: 1\n"),
+            Some(2),
+        ),
+        (
+            "string.cfg",
+            format!(
+                "buffers {{ size_kb: 64 }}\nunique_session_name: \"{huge}\\033\"\nduration_ms: \"x\"\n"
+            ),
+            Some(2),
+        ),
+        (
+            "name.cfg",
+            "buffers { size_kb: 64 }\ndata_sources { config { name: \"x\\033[2J\\007\" } }\n"
+                .to_string(),
+            Some(0),
+        ),
+    ];
+    for (name, text, want) in cases {
+        let cfg = d.path().join(name);
+        std::fs::write(&cfg, &text).expect("write");
+        for args in [
+            vec![
+                "config".to_string(),
+                "check".into(),
+                cfg.display().to_string(),
+            ],
+            vec![
+                "--config".into(),
+                cfg.display().to_string(),
+                "-o".into(),
+                d.path().join("t.pftrace").display().to_string(),
+            ],
+        ] {
+            if want == Some(0) && args[0] == "--config" {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            let out = Command::new(common::recorder_bin())
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("runs");
+            assert_eq!(out.status.code(), want, "{name} {args:?}");
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(3),
+                "{name}: {:?}",
+                t0.elapsed()
+            );
+            for (what, bytes) in [("stderr", &out.stderr), ("stdout", &out.stdout)] {
+                assert!(
+                    !bytes.iter().any(|&b| b == 0x1b || b == 0x07),
+                    "{name} {args:?} {what}: {}",
+                    String::from_utf8_lossy(bytes)
+                );
+                assert!(bytes.len() < 6000, "{name} {what}: {} bytes", bytes.len());
+            }
+        }
+    }
+}
