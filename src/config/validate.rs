@@ -69,6 +69,9 @@ struct Ctx<'a> {
     /// their disposition from the field table ([`super::fields`]).
     outcomes: Vec<(String, FieldStatus)>,
     pool: &'a DescriptorPool,
+    /// Each distinct regular expression checked so far, with its error:
+    /// a config repeating one pattern compiles it once.
+    regexes: std::collections::HashMap<String, Option<String>>,
 }
 
 impl Ctx<'_> {
@@ -122,18 +125,41 @@ fn nonzero_ms(v: Option<u32>) -> Option<Duration> {
     v.filter(|v| *v > 0).map(ms)
 }
 
+/// Compiles `pattern` as the session will (bounded in size, see
+/// [`crate::session::timeline::anchored`]), each distinct one once, and at
+/// most [`crate::session::timeline::MAX_DISTINCT_REGEXES`] of them: a
+/// config of thousands of patterns is refused instead of costing minutes.
 fn check_regex(cx: &mut Ctx<'_>, path: String, pattern: &str) {
-    if let Err(e) = regex::Regex::new(&format!("^(?:{pattern})$")) {
-        let first = e
-            .to_string()
-            .lines()
-            .last()
-            .unwrap_or("")
-            .trim()
-            .to_string();
+    use crate::session::{MAX_DISTINCT_REGEXES, anchored};
+    let error = match cx.regexes.get(pattern) {
+        Some(e) => e.clone(),
+        None if cx.regexes.len() >= MAX_DISTINCT_REGEXES => {
+            cx.err(
+                path,
+                format!(
+                    "more than {MAX_DISTINCT_REGEXES} distinct regular expressions in one config"
+                ),
+            );
+            return;
+        }
+        None => {
+            let e = anchored(pattern).err().map(|e| {
+                e.to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            });
+            cx.regexes.insert(pattern.to_string(), e.clone());
+            e
+        }
+    };
+    if let Some(first) = error {
+        let shown = super::diagnostic::visible(pattern, 200);
         cx.err(
             path,
-            format!("invalid regular expression {pattern:?}: {first}"),
+            format!("invalid regular expression \"{shown}\": {first}"),
         );
     }
 }
@@ -163,6 +189,7 @@ pub fn validate(
         notes: Vec::new(),
         outcomes: Vec::new(),
         pool,
+        regexes: std::collections::HashMap::new(),
     };
     let buffers = buffers(&mut cx, &tc);
     let data_sources = data_sources(&mut cx, &tc, &buffers, raw_configs);

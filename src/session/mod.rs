@@ -38,7 +38,10 @@ pub use event::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, StartRefusal,
     StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
-pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
+pub use timeline::{
+    FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline, TimelineError,
+    TriggerMode, TriggerRule, anchored,
+};
 
 use crate::storage::segment::policy::rotation_due;
 

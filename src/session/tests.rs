@@ -578,7 +578,7 @@ fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
 #[test]
 fn clone_triggers_in_a_burst_make_one_snapshot_and_the_budget_bounds_them_all() {
     let mut t = timeline(TriggerMode::CloneSnapshot, vec![rule("snap", 0)]);
-    t.snapshot_budget = crate::session::timeline::SnapshotBudget {
+    t.snapshot_budget = crate::session::SnapshotBudget {
         max_count: 3,
         max_bytes: 10 << 20,
         bytes_each: 4 << 20,

@@ -1249,3 +1249,57 @@ fn config_errors_escape_control_bytes_and_stay_small() {
         }
     }
 }
+
+/// A 1 MiB config full of producer_name_regex_filter patterns checks in
+/// seconds: a pattern repeated is compiled once, costly ones stop at the
+/// size limit, and past 64 distinct patterns the config is refused.
+#[test]
+fn a_config_of_regular_expressions_checks_in_seconds() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let make = |name: &str, pattern: &dyn Fn(usize) -> String| {
+        let mut text = String::from("buffers { size_kb: 64 }\n");
+        let mut i = 0;
+        while text.len() < 1_000_000 {
+            let filters: Vec<String> = (0..100)
+                .map(|j| format!("producer_name_regex_filter: \"{}\"", pattern(i * 100 + j)))
+                .collect();
+            text.push_str(&format!(
+                "data_sources {{ config {{ name: \"track_event\" }} {} }}\n",
+                filters.join(" ")
+            ));
+            i += 1;
+        }
+        let p = d.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    let same = make("same.cfg", &|_| "com\\\\.example\\\\.[a-z_]+".to_string());
+    let distinct = make("distinct.cfg", &|n| format!("app_{n}_[a-z]+"));
+    let costly = make("costly.cfg", &|n| format!("(\\\\w+){{20}}x{}", n % 8));
+    for (cfg, want, says) in [
+        (&same, Some(0), "valid text config"),
+        (
+            &distinct,
+            Some(2),
+            "more than 64 distinct regular expressions",
+        ),
+        (&costly, Some(2), "exceeds size limit"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(common::recorder_bin())
+            .args(["config", "check"])
+            .arg(cfg)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let took = t0.elapsed();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), want, "{}", &text[..text.len().min(2000)]);
+        assert!(text.contains(says), "{}", &text[..text.len().min(2000)]);
+        assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+    }
+}
