@@ -243,6 +243,47 @@ pub fn request_from(
     req: &Request,
     deadline: Instant,
 ) -> Result<(Reply, u32), ControlError> {
+    // A session under load may close a connection it cannot take before it
+    // reads the request (EPIPE or ECONNRESET on our write, or nothing to
+    // read): asked again, a little later, it usually takes it.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match request_once(path, pid, req, deadline) {
+            Err(ControlError::Socket { source, .. })
+                if closed_early(&source)
+                    && attempts < CLOSED_ATTEMPTS
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20 * u64::from(attempts)));
+            }
+            Err(ControlError::Socket { source, .. }) if closed_early(&source) => {
+                return Err(ControlError::Closed { pid, attempts });
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Tries of one request whose connection the session closes early.
+const CLOSED_ATTEMPTS: u32 = 4;
+
+/// The session closed the connection before answering.
+fn closed_early(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::UnexpectedEof
+    )
+}
+
+fn request_once(
+    path: &Path,
+    pid: u32,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
     let sock = |source: std::io::Error| ControlError::Socket {
         path: path.display().to_string(),
         source,
@@ -250,6 +291,9 @@ pub fn request_from(
     let (mut s, peer_uid) = connect(path, pid, deadline)?;
     let out = message::encode_request(req);
     let mut pos = 0;
+    // A session that refuses the connection may have said why before
+    // closing it: its words are read even when our write failed.
+    let mut write_failed = None;
     while pos < out.len() {
         match s.write(&out[pos..]) {
             Ok(0) => return Err(sock(std::io::ErrorKind::WriteZero.into())),
@@ -258,6 +302,10 @@ pub fn request_from(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 wait(&s, PollFlags::OUT, deadline, pid)?
             }
+            Err(e) if closed_early(&e) => {
+                write_failed = Some(e);
+                break;
+            }
             Err(e) => return Err(sock(e)),
         }
     }
@@ -265,7 +313,15 @@ pub fn request_from(
     let mut chunk = [0u8; 4096];
     loop {
         match s.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => {
+                return Err(sock(
+                    write_failed.unwrap_or_else(|| std::io::ErrorKind::UnexpectedEof.into()),
+                ));
+            }
             Ok(0) => break,
+            Err(e) if buf.is_empty() && closed_early(&e) => {
+                return Err(sock(write_failed.unwrap_or(e)));
+            }
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
                 if buf.len() > message::MAX_REPLY_BYTES {

@@ -592,3 +592,36 @@ fn a_trigger_during_stop_is_refused_and_the_file_stays_valid() {
         .collect();
     assert_eq!(names, vec!["first".to_string()]);
 }
+
+/// A trigger name too long for any session (130 KB) or unprintable is
+/// refused before connecting, with the rule and without echoing it whole;
+/// no "Broken pipe".
+#[test]
+fn a_long_or_unprintable_trigger_name_is_refused_up_front() {
+    let d = tempfile::tempdir().expect("tempdir");
+    // One argument holds at most 128 KiB (MAX_ARG_STRLEN).
+    let long = "n".repeat(120 * 1024);
+    let many: Vec<String> = (0..65).map(|i| format!("t{i}")).collect();
+    let wide: Vec<String> = (0..60).map(|i| format!("{i:0>200}")).collect();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![long], "1 to 256 printable"),
+        (vec!["a\u{1b}[2Jb".to_string()], "1 to 256 printable"),
+        (many, "at most 64 at once"),
+        (wide, "send fewer at once"),
+    ];
+    for (names, says) in cases {
+        let out = Command::new(recorder_bin())
+            .arg("trigger")
+            .args(&names)
+            .env("RECORDER_RUNTIME_DIR", d.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("Broken pipe"), "{err}");
+        assert!(err.len() < 1000, "{} bytes", err.len());
+        assert!(!err.contains('\u{1b}'), "{err}");
+    }
+}
