@@ -164,6 +164,34 @@ fn check_regex(cx: &mut Ctx<'_>, path: String, pattern: &str) {
     }
 }
 
+/// Every writer holds at least one chunk of its buffer while it writes: a
+/// buffer with more writers than chunks refuses some of them whatever its
+/// fill (their packets are discarded, "every free chunk was held by another
+/// writer"). Said at check time, with the numbers.
+fn writers_fit(cx: &mut Ctx<'_>, buffers: &[BufferSpec], data_sources: &[DataSourceSpec]) {
+    for b in buffers {
+        let writers = data_sources
+            .iter()
+            .filter(|d| d.target_buffer == b.id)
+            .count() as u64;
+        let size = b.size.bytes();
+        let chunk = crate::ringbuf::BufferParams::new(
+            usize::try_from(size).unwrap_or(usize::MAX),
+            crate::ringbuf::FillPolicy::Discard,
+        )
+        .chunk_size as u64;
+        if writers > 1 && writers.saturating_mul(chunk) > size {
+            cx.warn(
+                format!("buffers[{}]", b.id.0),
+                format!(
+                    "{writers} data sources write into this {size}-byte buffer, and each holds at least a {chunk}-byte chunk while it writes ({} bytes in all): some will have their packets discarded; raise size_kb or spread them over buffers",
+                    writers.saturating_mul(chunk)
+                ),
+            );
+        }
+    }
+}
+
 /// Validates `config_bytes`, a serialized TraceConfig. `unknown_fields` are the
 /// paths the loader found our schema does not know; they are carried along.
 pub fn validate(
@@ -193,6 +221,7 @@ pub fn validate(
     };
     let buffers = buffers(&mut cx, &tc);
     let data_sources = data_sources(&mut cx, &tc, &buffers, raw_configs);
+    writers_fit(&mut cx, &buffers, &data_sources);
     let trigger = triggers(&mut cx, &tc);
 
     let duration_ms = tc.duration_ms();

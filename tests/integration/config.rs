@@ -1303,3 +1303,44 @@ fn a_config_of_regular_expressions_checks_in_seconds() {
         assert!(took < std::time::Duration::from_secs(30), "{took:?}");
     }
 }
+
+/// More writers than a buffer has chunks: `config check` says so, with the
+/// numbers (each holds a chunk while it writes).
+#[test]
+fn config_check_warns_when_writers_outnumber_the_chunks() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let mut text = String::from("buffers { size_kb: 1024 fill_policy: DISCARD }\n");
+    for _ in 0..300 {
+        text.push_str(
+            "data_sources { config { name: \"for_testing\" for_testing { message_count: 1 } } }\n",
+        );
+    }
+    let cfg = d.path().join("many.cfg");
+    std::fs::write(&cfg, &text).expect("write");
+    let out = Command::new(common::recorder_bin())
+        .args(["config", "check"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("300 data sources write into this 1048576-byte buffer, and each holds at least a 4096-byte chunk"),
+        "{all}"
+    );
+    // Within the chunks: no warning.
+    let few = text.lines().take(101).collect::<Vec<_>>().join("\n");
+    std::fs::write(&cfg, few).expect("write");
+    let out = Command::new(common::recorder_bin())
+        .args(["config", "check"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("each holds at least"));
+}
