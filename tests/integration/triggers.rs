@@ -625,3 +625,73 @@ fn a_long_or_unprintable_trigger_name_is_refused_up_front() {
         assert!(!err.contains('\u{1b}'), "{err}");
     }
 }
+
+/// A snapshot that does not fit on the disk (a 1 MiB tmpfs for 8 MiB of
+/// data; 64 KiB when compressed), plain and compressed: the snapshot file ends on a whole packet,
+/// decodes, and the session goes on and ends well.
+#[test]
+fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    for compress in [false, true] {
+        let run = Run::new(&trigger_config(
+            "CLONE_SNAPSHOT",
+            r#"triggers { name: "snap" }"#,
+            "",
+            // Random payloads: they compress poorly, so the disk fills.
+            "message_count: 0 max_messages_per_second: 20000 message_size: 400 seed: 3",
+            8192,
+        ));
+        let mnt = run.dir.path().join("small");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        // The test data compresses about 40 times: a smaller disk then.
+        let size = if compress { "size=64k" } else { "size=1m" };
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", size, "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
+            return;
+        }
+        let out = mnt.join("t.pftrace");
+        let mut c = run.command_to("auto", &out);
+        if compress {
+            c.arg("--compress=1");
+        }
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts");
+        wait_listening(&runtime(&run), child.id());
+        std::thread::sleep(Duration::from_millis(800));
+        let t = recorder(&run, &["trigger", "snap"]);
+        std::thread::sleep(Duration::from_millis(500));
+        let stop = recorder(&run, &["stop", &child.id().to_string()]);
+        let (status, stderr) = finish(child);
+        let snap = std::fs::read(mnt.join("t.pftrace.0")).unwrap_or_default();
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        assert!(stop.status.success());
+        assert!(status.success(), "{stderr}");
+        assert!(
+            stderr.contains("No space left"),
+            "compress={compress}: {stderr}"
+        );
+        assert!(!snap.is_empty(), "compress={compress}");
+        assert_eq!(
+            whole_prefix(&snap),
+            snap.len(),
+            "compress={compress}: the snapshot ends on a whole packet"
+        );
+        let (packets, _) = expand(&snap);
+        let counters = test_counters(&packets);
+        let c = counters.values().next().expect("data in the snapshot");
+        assert_eq!(gaps(c).0, 0, "compress={compress}");
+        let copy = run.dir.path().join("snap.pftrace");
+        std::fs::write(&copy, &snap).expect("copy");
+        crate::trace_processor::check(&copy);
+    }
+}
