@@ -695,3 +695,60 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
         crate::trace_processor::check(&copy);
     }
 }
+
+/// 400 `recorder trigger` calls at once, 16 at a time, against one session:
+/// every one ends with an outcome or a precise message, never a bare
+/// "Broken pipe".
+#[test]
+fn triggers_under_load_never_end_in_a_bare_broken_pipe() {
+    let run = Run::new(&trigger_config(
+        "CLONE_SNAPSHOT",
+        r#"triggers { name: "snap" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 2000 message_size: 8",
+        1024,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    let rt = runtime(&run);
+    let senders: Vec<std::thread::JoinHandle<Vec<String>>> = (0..16)
+        .map(|_| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| {
+                        let out = Command::new(recorder_bin())
+                            .args(["trigger", "snap"])
+                            .env("RECORDER_RUNTIME_DIR", &rt)
+                            .stdin(Stdio::null())
+                            .output()
+                            .expect("trigger runs");
+                        String::from_utf8_lossy(&out.stderr).into_owned()
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for s in senders {
+        outputs.extend(s.join().expect("sender"));
+    }
+    assert!(
+        recorder(&run, &["stop", &child.id().to_string()])
+            .status
+            .success()
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(outputs.len(), 400);
+    for err in &outputs {
+        assert!(
+            err.contains("accepted") || err.contains("not taken") || err.contains("session "),
+            "{err}"
+        );
+        assert!(
+            !err.contains("Broken pipe") && !err.contains("os error 32"),
+            "{err}"
+        );
+    }
+}
