@@ -295,7 +295,9 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
     log.disable_system_info = spec.builtin.disable_system_info;
     log.disable_service_events = spec.builtin.disable_service_events;
 
-    let timeline = Timeline::from_spec(spec)?.with_rotation(opts.rotation.clone());
+    let timeline = Timeline::from_spec(spec)?
+        .with_rotation(opts.rotation.clone())
+        .with_snapshot_disk(opts.rotation.max_disk.filter(|_| !opts.rotation.rotates()));
     let needs_control = timeline.mode != TriggerMode::None;
     let (control, history) = match runtime_dir::for_server() {
         Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {

@@ -86,6 +86,9 @@ pub struct MainArgs {
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
     pub on_segment_closed: Option<String>,
+    /// Kill an --on-segment-closed command's process group after DURATION (default 5m).
+    #[arg(long, value_name = "DURATION", value_parser = crate::storage::segment::policy::parse_duration)]
+    pub hook_timeout: Option<std::time::Duration>,
     /// Let Perfetto SDK apps connect, at PATH. Without it the producer socket
     /// opens only when the config names a data source no built-in source
     /// provides, where apps look by default (/run/perfetto/traced-producer.sock
@@ -112,6 +115,7 @@ impl MainArgs {
             (self.max_segments.is_some(), "--max-segments"),
             (self.max_disk.is_some(), "--max-disk"),
             (self.on_segment_closed.is_some(), "--on-segment-closed"),
+            (self.hook_timeout.is_some(), "--hook-timeout"),
             (!self.protos.files.is_empty(), "--proto"),
             (!self.protos.include_paths.is_empty(), "--proto-path"),
             (!self.protos.descriptor_sets.is_empty(), "--descriptor-set"),

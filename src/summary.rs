@@ -103,6 +103,17 @@ fn trigger_notes(s: &mut String, o: &Outcome, t: &Timeline) {
         for p in &o.snapshots {
             let _ = writeln!(s, "  snapshot: {}", p.display());
         }
+        if o.snapshots_refused > 0 {
+            let b = &t.snapshot_budget;
+            let _ = writeln!(
+                s,
+                "  {} snapshot trigger(s) refused: a snapshot was under way or the budget was spent ({} snapshots, {} at most, each counted at {})",
+                o.snapshots_refused,
+                b.max_count,
+                HumanBytes(b.max_bytes),
+                HumanBytes(b.bytes_each)
+            );
+        }
     }
 }
 
@@ -228,11 +239,15 @@ fn segments(s: &mut String, seg: &crate::storage::segment::SegmentsStatus) {
         let _ = writeln!(s, "    segments with loss: {}", lost.join(", "));
     }
     if let Some(h) = &seg.hook {
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "    --on-segment-closed: {} ran, {} failed, {} not run",
-            h.ran, h.failed, h.skipped
+            "    --on-segment-closed: {} ran, {} failed ({} timed out), {} not run",
+            h.ran, h.failed, h.timed_out, h.skipped
         );
+        if h.stopped > 0 {
+            let _ = write!(s, ", {} killed at the end", h.stopped);
+        }
+        let _ = writeln!(s, "; {} segments deleted or moved by it", h.deleted);
     }
 }
 

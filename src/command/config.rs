@@ -7,9 +7,25 @@ use super::ExitCode;
 use crate::cli::{FormArgs, ProtoArgs, TargetForm};
 use crate::config::{self, ConfigError, ConfigForm, LoadOptions, LoadedConfig, Schema};
 
-/// Prints a config error (it carries its own `file:line:col` and caret).
+/// Longest config error printed: a message built from a huge token stays
+/// a message.
+const MAX_ERROR_BYTES: usize = 4096;
+
+/// Prints a config error (it carries its own `file:line:col` and caret),
+/// with control characters escaped (the config is untrusted text) and cut
+/// to MAX_ERROR_BYTES.
 pub fn report(e: &ConfigError) -> ExitCode {
-    eprintln!("{e}");
+    let mut text = config::diagnostic::terminal_safe(&e.to_string());
+    if text.len() > MAX_ERROR_BYTES {
+        let cut = (0..=MAX_ERROR_BYTES)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        let all = text.len();
+        text.truncate(cut);
+        text.push_str(&format!("… ({all} bytes of error in all)"));
+    }
+    eprintln!("{text}");
     ExitCode::Usage
 }
 
@@ -48,11 +64,12 @@ pub fn check(file: &Path, form: &FormArgs, explain: bool) -> ExitCode {
         ConfigForm::Text => "text",
         ConfigForm::Binary => "binary",
     };
-    let head = format!(
+    // Names in the plan come from the config: shown escaped.
+    let head = config::diagnostic::terminal_safe(&format!(
         "{}: valid {form} config\n{}",
         loaded.origin,
         config::plan::describe(&spec)
-    );
+    ));
     if let Err(code) = super::print_out(head) {
         return code;
     }

@@ -9,6 +9,41 @@ use crate::control::message::{SessionStatus, printable};
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them (or, busy, queued them), 1 otherwise, saying which.
 pub fn fire(names: &[String], producer: &str) -> ExitCode {
+    // What a session would refuse is refused here, before connecting, with
+    // the rule (and without echoing a huge or unprintable name).
+    use crate::control::message::{self, MAX_NAME_BYTES, MAX_REQUEST_BYTES, MAX_TRIGGER_NAMES};
+    if names.len() > MAX_TRIGGER_NAMES {
+        eprintln!(
+            "recorder trigger: {} names; at most {MAX_TRIGGER_NAMES} at once",
+            names.len()
+        );
+        return ExitCode::Usage;
+    }
+    for (what, n) in names
+        .iter()
+        .map(|n| ("trigger name", n))
+        .chain(std::iter::once(("--producer", &producer.to_string())))
+    {
+        if !message::valid_name(n) {
+            eprintln!(
+                "recorder trigger: {what} {} ({} bytes): a name is 1 to {MAX_NAME_BYTES} printable, non-space ASCII characters",
+                crate::config::diagnostic::visible(n, 64),
+                n.len()
+            );
+            return ExitCode::Usage;
+        }
+    }
+    let size = message::encode_request(&message::Request::Trigger {
+        names: names.to_vec(),
+        producer: producer.to_string(),
+    })
+    .len();
+    if size > MAX_REQUEST_BYTES {
+        eprintln!(
+            "recorder trigger: the names make a {size}-byte request; a session takes at most {MAX_REQUEST_BYTES}: send fewer at once"
+        );
+        return ExitCode::Usage;
+    }
     let results = match client::fire_triggers(names, producer) {
         Ok(r) => r,
         Err(e) => {

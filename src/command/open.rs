@@ -4,14 +4,19 @@
 //! It serves the one file on `127.0.0.1:PORT` (9001 by default: the port the
 //! UI's content security policy allows, the one of trace_processor's RPC
 //! server) with the CORS header the UI's origin needs, prints the
-//! `ORIGIN/#!/?url=http://127.0.0.1:PORT/NAME` link, starts a browser on it
-//! where there is a display, and exits once the UI has fetched the whole
-//! file, or on Ctrl-C / SIGTERM.
+//! `ORIGIN/#!/?url=http://127.0.0.1:PORT/TOKEN/NAME` link, starts a browser
+//! on it where there is a display, and exits once the UI has fetched the
+//! whole file, or on Ctrl-C / SIGTERM.
 //!
-//! The server is a small HTTP/1.1 responder on std's `TcpListener`: one
-//! thread per connection (a browser may hold an idle connection open),
-//! `Connection: close` after each response, only GET, HEAD and OPTIONS (a
-//! CORS or private-network preflight), only the one path. Bytes from a
+//! Any local user can connect to 127.0.0.1, so the path carries a token of
+//! 128 random bits: only that path serves the trace, every other one is a
+//! 404 that leaves the server waiting for the UI.
+//!
+//! The server is a small HTTP/1.1 responder on std's `TcpListener`: a fixed
+//! pool of WORKERS threads fed by a queue of at most QUEUED accepted
+//! connections (beyond that, 503 at once), a deadline for each request head
+//! counted from the accept, `Connection: close` after each response, only
+//! GET, HEAD and OPTIONS (a CORS or private-network preflight). Bytes from a
 //! socket are untrusted: the request head is bounded and parsed strictly.
 
 use std::fs::File;
@@ -20,8 +25,9 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::ExitCode;
 
@@ -29,10 +35,17 @@ pub use crate::cli::{OPEN_DEFAULT_ORIGIN as DEFAULT_ORIGIN, OPEN_DEFAULT_PORT as
 
 /// Longest request head read before answering 431.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
-/// How long a connection may take to send its request.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a stalled client may hold a write.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection may take, from its accept, to send its request
+/// head (time spent queued counts: a flood of idle connections expires).
+const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a stalled client may hold one write.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Threads answering requests: the UI makes one or two at a time.
+const WORKERS: usize = 8;
+/// Accepted connections waiting for a worker; more get 503 at once.
+const QUEUED: usize = 32;
+/// Random bytes in the URL's token (128 bits).
+const TOKEN_BYTES: usize = 16;
 
 /// What `open` was asked to do.
 #[derive(Debug, Clone)]
@@ -85,7 +98,14 @@ pub fn run(req: &OpenRequest<'_>) -> ExitCode {
             return ExitCode::Runtime;
         }
     };
-    let name = url_name(req.trace);
+    let token = match new_token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("recorder open: no random bytes for the URL's token: {e}");
+            return ExitCode::Runtime;
+        }
+    };
+    let name = format!("{token}/{}", url_name(req.trace));
     let served = Arc::new(Served {
         file,
         path: format!("/{name}"),
@@ -141,6 +161,14 @@ struct Served {
 enum Ended {
     Fetched,
     Stopped,
+}
+
+/// TOKEN_BYTES from the OS's generator, as lowercase hex (URL-safe).
+fn new_token() -> Result<String, rand::rand_core::OsError> {
+    use rand::TryRngCore;
+    let mut raw = [0u8; TOKEN_BYTES];
+    rand::rngs::OsRng.try_fill_bytes(&mut raw)?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The Perfetto UI link that makes the UI fetch the trace from us.
@@ -217,12 +245,23 @@ fn open_browser(link: &str) -> Result<String, String> {
         .map_err(|e| format!("cannot start {program}: {e}"))
 }
 
-/// Accepts connections until one has fetched the whole file (each handled
-/// on its own thread) or SIGINT/SIGTERM arrives.
+/// A connection waiting for a worker, with its head's deadline.
+type Job = (TcpStream, Instant);
+
+/// Accepts connections until one has fetched the whole file or
+/// SIGINT/SIGTERM arrives; WORKERS threads answer them, QUEUED may wait.
 fn serve(listener: &TcpListener, served: &Arc<Served>, stop: &Stop) -> std::io::Result<Ended> {
     listener.set_nonblocking(true)?;
     let (done_r, done_w) = rustix::pipe::pipe().map_err(std::io::Error::from)?;
     let done_w: Arc<OwnedFd> = Arc::new(done_w);
+    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED);
+    let queue = Arc::new(Mutex::new(queue));
+    for i in 0..WORKERS {
+        let (served, done, queue) = (Arc::clone(served), Arc::clone(&done_w), Arc::clone(&queue));
+        std::thread::Builder::new()
+            .name(format!("open-{i}"))
+            .spawn(move || work(&queue, &served, &done))?;
+    }
     let stop_r = &stop.read;
     loop {
         let mut fds = [
@@ -242,17 +281,38 @@ fn serve(listener: &TcpListener, served: &Arc<Served>, stop: &Stop) -> std::io::
             return Ok(Ended::Stopped);
         }
         match listener.accept() {
-            Ok((conn, _)) => {
-                let served = Arc::clone(served);
-                let done = Arc::clone(&done_w);
-                std::thread::spawn(move || {
-                    if handle(conn, &served) {
-                        let _ = rustix::io::write(done.as_fd(), &[1]);
-                    }
-                });
-            }
+            Ok((conn, _)) => enqueue(&jobs, conn, served),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => log::debug!("accept: {e}"),
+        }
+    }
+}
+
+/// Hands `conn` to the pool, or answers 503 without waiting when the queue
+/// is full (the accepted socket is non-blocking: a client that reads
+/// nothing cannot stall the accept loop).
+fn enqueue(jobs: &SyncSender<Job>, conn: TcpStream, served: &Served) {
+    match jobs.try_send((conn, Instant::now() + HEAD_DEADLINE)) {
+        Ok(()) => {}
+        Err(TrySendError::Full((mut conn, _)) | TrySendError::Disconnected((mut conn, _))) => {
+            let _ = conn.set_nonblocking(true);
+            let extra = [("Retry-After", "1".to_string())];
+            respond(&mut conn, served, "503 Service Unavailable", &extra, 0);
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// One worker: answers queued connections until the accept loop is gone.
+fn work(queue: &Mutex<Receiver<Job>>, served: &Served, done: &OwnedFd) {
+    loop {
+        let job = match queue.lock() {
+            Ok(q) => q.recv(),
+            Err(_) => return,
+        };
+        let Ok((conn, deadline)) = job else { return };
+        if handle(conn, deadline, served) {
+            let _ = rustix::io::write(done.as_fd(), &[1]);
         }
     }
 }
@@ -300,6 +360,8 @@ struct Head {
 enum BadRequest {
     TooLarge,
     Malformed,
+    /// No whole head before the deadline.
+    Slow,
 }
 
 /// Parses `METHOD SP TARGET SP HTTP/1.x CRLF (name: value CRLF)* CRLF`.
@@ -342,8 +404,9 @@ fn parse_head(head_untrusted: &[u8]) -> Result<Head, BadRequest> {
     Ok(h)
 }
 
-/// Reads the request head: up to the blank line, at most MAX_HEAD_BYTES.
-fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, BadRequest> {
+/// Reads the request head: up to the blank line, at most MAX_HEAD_BYTES,
+/// before `deadline`.
+fn read_head(conn: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, BadRequest> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
@@ -354,7 +417,19 @@ fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, BadRequest> {
         if buf.len() >= MAX_HEAD_BYTES {
             return Err(BadRequest::TooLarge);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
+            return Err(BadRequest::Slow);
+        }
         match conn.read(&mut chunk) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(BadRequest::Slow);
+            }
             Ok(0) | Err(_) => return Err(BadRequest::Malformed),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -363,11 +438,10 @@ fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, BadRequest> {
 
 /// Answers one request on `conn`; true when it was a GET of the trace whose
 /// every byte was written.
-fn handle(mut conn: TcpStream, served: &Served) -> bool {
+fn handle(mut conn: TcpStream, deadline: Instant, served: &Served) -> bool {
     let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(READ_TIMEOUT));
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let head = match read_head(&mut conn).and_then(|b| parse_head(&b)) {
+    let head = match read_head(&mut conn, deadline).and_then(|b| parse_head(&b)) {
         Ok(h) => h,
         Err(BadRequest::TooLarge) => {
             respond(
@@ -381,6 +455,11 @@ fn handle(mut conn: TcpStream, served: &Served) -> bool {
         }
         Err(BadRequest::Malformed) => {
             respond(&mut conn, served, "400 Bad Request", &[], 0);
+            return false;
+        }
+        Err(BadRequest::Slow) => {
+            respond(&mut conn, served, "408 Request Timeout", &[], 0);
+            let _ = conn.shutdown(Shutdown::Both);
             return false;
         }
     };
@@ -482,6 +561,15 @@ mod tests {
             ui_link(DEFAULT_ORIGIN, 9001, "t.pftrace"),
             "https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/t.pftrace"
         );
+    }
+
+    #[test]
+    fn tokens_are_128_random_bits_in_hex() {
+        let a = new_token().expect("random");
+        let b = new_token().expect("random");
+        assert_eq!(a.len(), 2 * TOKEN_BYTES);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
     }
 
     #[test]

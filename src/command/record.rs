@@ -97,6 +97,27 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         );
         return ExitCode::Usage;
     }
+    if let OutputPath::File(out) = &output
+        && let Some((flag, input)) = args
+            .protos
+            .files
+            .iter()
+            .map(|p| ("--proto", p))
+            .chain(
+                args.protos
+                    .descriptor_sets
+                    .iter()
+                    .map(|p| ("--descriptor-set", p)),
+            )
+            .find(|(_, p)| is_the_config(out, p))
+    {
+        eprintln!(
+            "error: -o {} is the {flag} input {}: refusing to overwrite it",
+            out.display(),
+            input.display()
+        );
+        return ExitCode::Usage;
+    }
     let (io, direct_io) = match (io_from_env(), direct_io_from_env()) {
         (Ok(io), Ok(direct)) => (io, direct),
         (Err(e), _) | (_, Err(e)) => {
@@ -122,6 +143,16 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
             return ExitCode::Usage;
         }
     };
+    let clones = spec
+        .trigger
+        .as_ref()
+        .is_some_and(|t| t.mode == crate::config::spec::TriggerMode::CloneSnapshot);
+    if !rotation.rotates() && rotation.max_disk.is_some() && !clones {
+        eprintln!(
+            "error: --max-disk needs --rotate-size or --rotate-period (it bounds the segments), or a CLONE_SNAPSHOT config (it bounds the snapshots)"
+        );
+        return ExitCode::Usage;
+    }
     if rotation.rotates() && output == OutputPath::Stdout {
         eprintln!(
             "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
@@ -271,6 +302,7 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
         max_segments: args.max_segments,
         max_disk: args.max_disk,
         on_closed: args.on_segment_closed.clone(),
+        hook_timeout: args.hook_timeout,
     };
     let p = crate::config::segments::overlay(from_file, flags);
     p.check().map_err(|e| e.to_string())?;

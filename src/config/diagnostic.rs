@@ -44,28 +44,53 @@ impl TextError {
         (line, col)
     }
 
-    /// Renders the full diagnostic against the source it came from.
+    /// Renders the full diagnostic against the source it came from. The
+    /// source is untrusted and goes to a terminal: control characters are
+    /// shown escaped (`\u{1b}`), and a long line, message or note is cut
+    /// to a window around the error, so the whole stays a few hundred bytes.
     pub fn render(&self, origin: &str, src: &str) -> String {
         let (line, col) = self.line_col(src);
         let at = floor_char_boundary(src, self.offset.min(src.len()));
         let line_start = src[..at].rfind('\n').map_or(0, |i| i + 1);
         let line_end = src[at..].find('\n').map_or(src.len(), |i| at + i);
-        let text = src[line_start..line_end].trim_end_matches('\r');
-        // Keep tabs so the caret lines up under the token.
-        let pad: String = src[line_start..at]
-            .chars()
-            .map(|c| if c == '\t' { '\t' } else { ' ' })
-            .collect();
+        let before: Vec<char> = src[line_start..at].chars().collect();
+        let after: Vec<char> = src[at..line_end].trim_end_matches('\r').chars().collect();
+        let shown_before = &before[before.len().saturating_sub(WINDOW)..];
+        let shown_after = &after[..after.len().min(WINDOW)];
+        let mut text = String::new();
+        let mut pad = String::new();
+        if shown_before.len() < before.len() {
+            text.push('…');
+            pad.push(' ');
+        }
+        for &c in shown_before {
+            let shown = visible_char(c);
+            // Keep tabs so the caret lines up under the token.
+            pad.extend(shown.chars().map(|s| if s == '\t' { '\t' } else { ' ' }));
+            text.push_str(&shown);
+        }
         let token_end = floor_char_boundary(src, (at + self.len).min(line_end));
-        let width = src[at..token_end].chars().count().max(1);
+        let token_chars = src[at..token_end].chars().count().min(shown_after.len());
+        let mut width = 0;
+        for (i, &c) in shown_after.iter().enumerate() {
+            let shown = visible_char(c);
+            if i < token_chars {
+                width += shown.chars().count();
+            }
+            text.push_str(&shown);
+        }
+        if shown_after.len() < after.len() {
+            text.push('…');
+        }
         let mut out = format!(
-            "{origin}:{line}:{col}: error: {}\n{text}\n{pad}^",
-            self.message
+            "{}:{line}:{col}: error: {}\n{text}\n{pad}^",
+            visible(origin, MAX_MESSAGE_CHARS),
+            visible(&self.message, MAX_MESSAGE_CHARS)
         );
-        out.push_str(&"~".repeat(width - 1));
+        out.push_str(&"~".repeat(width.max(1) - 1));
         if let Some(h) = &self.help {
             out.push_str("\nnote: ");
-            out.push_str(h);
+            out.push_str(&visible(h, MAX_MESSAGE_CHARS));
         }
         out
     }
@@ -79,6 +104,49 @@ impl fmt::Display for TextError {
         }
         Ok(())
     }
+}
+
+/// Characters of the offending line shown on each side of the error.
+const WINDOW: usize = 80;
+/// Characters of a message or note shown at most.
+const MAX_MESSAGE_CHARS: usize = 400;
+
+/// `c` as shown on a terminal: itself, or escaped when it is a control
+/// character (tab excepted) or a bidirectional override.
+fn visible_char(c: char) -> String {
+    let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if c == '\t' || !(c.is_control() || bidi) {
+        c.to_string()
+    } else {
+        c.escape_unicode().to_string()
+    }
+}
+
+/// Multi-line text for a terminal: control characters escaped except
+/// newlines and tabs.
+pub fn terminal_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c == '\n' {
+                "\n".to_string()
+            } else {
+                visible_char(c)
+            }
+        })
+        .collect()
+}
+
+/// `s` with control characters escaped, cut to `max` characters.
+pub fn visible(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == max {
+            out.push_str(&format!("… ({} bytes in all)", s.len()));
+            break;
+        }
+        out.push_str(&visible_char(c));
+    }
+    out
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
@@ -107,9 +175,16 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 /// The candidate closest to `word`, if it is close enough to be a likely typo
 /// (at most a third of the word's length, and at least 1 edit allowed).
 pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (word.chars().count() / 3).max(1);
+    let chars = word.chars().count();
+    // No name is that long: a huge token gets no suggestion, and costs no
+    // quadratic comparisons.
+    if chars > 128 {
+        return None;
+    }
+    let limit = (chars / 3).max(1);
     candidates
         .into_iter()
+        .filter(|c| c.len().abs_diff(word.len()) <= limit)
         .map(|c| {
             (
                 edit_distance(&word.to_ascii_lowercase(), &c.to_ascii_lowercase()),
@@ -139,6 +214,26 @@ mod tests {
             Some("fill_policy")
         );
         assert_eq!(closest("zzz", ["size_kb", "fill_policy"]), None);
+    }
+
+    #[test]
+    fn render_escapes_control_bytes_and_bounds_long_lines() {
+        let src = "a: 1\n  \x1b]0;pwned\x07bad\x1b[2J: 2\n";
+        let at = src.find("bad").expect("token");
+        let e = TextError::new(at, 3, "unknown field 'bad\x1b[2J'");
+        let r = e.render("f\x1b.cfg", src);
+        assert!(!r.contains('\x1b') && !r.contains('\x07'), "{r:?}");
+        assert!(r.contains("\\u{1b}]0;pwned\\u{7}bad"), "{r}");
+        // The caret stays under the token, past the escapes.
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines[1].find("bad"), lines[2].find('^'), "{r}");
+
+        let token = "x".repeat(200_000);
+        let src = format!("buffers {{ size_kb: 1 }}\n{token}: 1\n");
+        let e = TextError::new(25, token.len(), format!("unknown field '{token}'"));
+        let r = e.render("f.cfg", &src);
+        assert!(r.len() < 2000, "{}", r.len());
+        assert!(r.contains("(200016 bytes in all)"), "{r}");
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod diagnostic;
 pub mod event_name;
 pub mod fields;
 pub mod plan;
+pub mod proto_input;
 pub mod raw;
 pub mod resources;
 pub mod schema;

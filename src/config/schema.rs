@@ -22,12 +22,11 @@ use miette::Diagnostic;
 use prost::Message;
 use prost_reflect::{DescriptorPool, MessageDescriptor};
 use prost_types::{FileDescriptorProto, FileDescriptorSet};
-use protox::file::{
-    ChainFileResolver, DescriptorSetFileResolver, GoogleFileResolver, IncludeFileResolver,
-};
+use protox::file::{ChainFileResolver, DescriptorSetFileResolver, GoogleFileResolver};
 use thiserror::Error;
 
 use super::diagnostic::TextError;
+use super::proto_input::{self, Budget, IncludeResolver, MAX_PROTO_NESTING};
 
 /// The field numbers of `DataSourceConfig` left to users' own fields: far
 /// above every number Perfetto uses there, and at most 2^24 - 1, the largest
@@ -40,9 +39,6 @@ pub const EXTENSION_RANGE: RangeInclusive<u32> = 10_000_000..=16_777_215;
 
 /// The message users extend.
 pub const EXTENDEE: &str = "perfetto.protos.DataSourceConfig";
-
-/// The largest descriptor set read: bounds what a stray argument can cost.
-pub const MAX_DESCRIPTOR_SET_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Where the user's schema comes from (`--proto`, `--proto-path`,
 /// `--descriptor-set`).
@@ -116,12 +112,30 @@ impl Schema {
         if user.files.is_empty() && user.descriptor_sets.is_empty() {
             return Ok(Schema::ours());
         }
-        for f in &user.files {
-            if let Err(e) = std::fs::metadata(f) {
-                return Err(SchemaError::Proto {
-                    rendered: plain(&f.display().to_string(), &format!("cannot read: {e}"), None),
-                });
-            }
+        // Each named file is checked first (a FIFO is refused at once,
+        // before anything waits on it), and their sizes together before
+        // anything is compiled.
+        let mut named = 0u64;
+        for f in user.files.iter().chain(&user.descriptor_sets) {
+            let size = proto_input::open_regular(f)
+                .and_then(|h| {
+                    h.metadata()
+                        .map(|m| m.len())
+                        .map_err(|e| proto_input::InputError::Io(e.to_string()))
+                })
+                .map_err(|e| SchemaError::Proto {
+                    rendered: plain(&f.display().to_string(), &e.to_string(), None),
+                })?;
+            named = named.saturating_add(size);
+        }
+        if named > proto_input::MAX_PROTO_INPUT_BYTES {
+            return Err(SchemaError::Proto {
+                rendered: plain(
+                    "--proto/--descriptor-set",
+                    &proto_input::InputError::TooLarge.to_string(),
+                    None,
+                ),
+            });
         }
         for d in &user.include_paths {
             if !d.is_dir() {
@@ -135,9 +149,10 @@ impl Schema {
             }
         }
         let ours: HashSet<&str> = our_set().file.iter().map(|f| f.name()).collect();
+        let budget = Budget::default();
         let mut set_files = Vec::new();
         for path in &user.descriptor_sets {
-            set_files.extend(read_descriptor_set(path, &ours)?);
+            set_files.extend(read_descriptor_set(path, &ours, &budget)?);
         }
         let includes: Vec<PathBuf> = if user.include_paths.is_empty() {
             let mut dirs: Vec<PathBuf> = Vec::new();
@@ -155,9 +170,7 @@ impl Schema {
             user.include_paths.clone()
         };
         let mut resolver = ChainFileResolver::new();
-        for dir in &includes {
-            resolver.add(IncludeFileResolver::new(dir.clone()));
-        }
+        resolver.add(IncludeResolver::new(includes.clone(), budget));
         resolver.add(DescriptorSetFileResolver::new(our_set().clone()));
         let set_names: Vec<String> = set_files.iter().map(|f| f.name().to_string()).collect();
         resolver.add(DescriptorSetFileResolver::new(FileDescriptorSet {
@@ -206,23 +219,40 @@ impl Schema {
 fn read_descriptor_set(
     path: &Path,
     ours: &HashSet<&str>,
+    budget: &Budget,
 ) -> Result<Vec<FileDescriptorProto>, SchemaError> {
-    use std::io::Read;
     let shown = path.display().to_string();
     let bad = |why: String| SchemaError::DescriptorSet {
         path: shown.clone(),
         why,
     };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_DESCRIPTOR_SET_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| bad(format!("cannot read: {e}")))?;
-    if bytes.len() as u64 > MAX_DESCRIPTOR_SET_BYTES {
-        return Err(bad(format!("larger than {MAX_DESCRIPTOR_SET_BYTES} bytes")));
-    }
+    let bytes = proto_input::read_regular(path, budget).map_err(|e| bad(e.to_string()))?;
+    // prost's decoder stops at 100 levels of nesting itself; the walk
+    // below holds the set to the same bound as .proto text.
     let set = FileDescriptorSet::decode(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
+    drop(bytes);
     if set.file.is_empty() {
         return Err(bad("it holds no files".into()));
+    }
+    if set
+        .file
+        .iter()
+        .any(|f| proto_input::nesting_depth(f) > MAX_PROTO_NESTING)
+    {
+        return Err(bad(proto_input::InputError::TooDeep.to_string()));
+    }
+    // A dependency is a file of this set, of ours, or one found inside an
+    // include path: a name that climbs out (`../../etc/shadow`) is refused
+    // here, before anything looks for it.
+    if let Some(dep) =
+        set.file.iter().flat_map(|f| f.dependency.iter()).find(|d| {
+            d.is_empty() || d.starts_with('/') || d.split('/').any(|c| c == ".." || c == ".")
+        })
+    {
+        return Err(bad(format!(
+            "dependency {:?} is not a plain relative name",
+            dep.escape_debug().to_string()
+        )));
     }
     let mut renamed: Vec<(String, String)> = Vec::new();
     let mut kept = Vec::new();
@@ -253,9 +283,13 @@ fn read_descriptor_set(
     Ok(kept)
 }
 
-/// Where a file the compiler names lives on disk, if under an include path.
+/// Where a file the compiler names lives on disk, if inside an include
+/// path (never outside one: its text is quoted in the error).
 fn on_disk(name: &str, includes: &[PathBuf]) -> Option<PathBuf> {
-    includes.iter().map(|d| d.join(name)).find(|p| p.is_file())
+    includes
+        .iter()
+        .find_map(|d| proto_input::inside(d, name))
+        .filter(|p| proto_input::open_regular(p).is_ok())
 }
 
 /// A compiler error as a diagnostic pointing into the user's file, with

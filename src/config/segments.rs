@@ -11,6 +11,7 @@
 //! max_segments = 48
 //! max_disk = "2G"
 //! on_segment_closed = "rclone move --include '*' . remote:traces/"
+//! hook_timeout = "2m"         # each run of it; 5m when not given
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -54,6 +55,7 @@ struct File {
     max_segments: Option<u32>,
     max_disk: Option<Size>,
     on_segment_closed: Option<String>,
+    hook_timeout: Option<String>,
 }
 
 /// The settings file that belongs to `config`: the same name with the
@@ -91,6 +93,12 @@ pub fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileErro
         max_segments: f.max_segments,
         max_disk: size("max_disk", f.max_disk)?,
         on_closed: f.on_segment_closed,
+        hook_timeout: f
+            .hook_timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|m| value_err("hook_timeout", m))?,
     })
 }
 
@@ -116,6 +124,7 @@ pub fn overlay(base: RotationPolicy, over: RotationPolicy) -> RotationPolicy {
         max_segments: over.max_segments.or(base.max_segments),
         max_disk: over.max_disk.or(base.max_disk),
         on_closed: over.on_closed.or(base.on_closed),
+        hook_timeout: over.hook_timeout.or(base.hook_timeout),
     }
 }
 
@@ -163,7 +172,14 @@ pub fn describe(p: &RotationPolicy, from: Option<&Path>) -> String {
         }
     }
     if let Some(cmd) = &p.on_closed {
-        let _ = writeln!(s, "  runs `{cmd} SEGMENT` for each closed segment");
+        let timeout = p
+            .hook_timeout
+            .unwrap_or(crate::storage::segment::hook::DEFAULT_TIMEOUT);
+        let _ = writeln!(
+            s,
+            "  runs `{cmd} SEGMENT` for each closed segment, in a process group of its own, killed after {}",
+            humantime::format_duration(timeout)
+        );
     }
     if let Err(e) = p.check() {
         let _ = writeln!(s, "error: {e}");
@@ -179,7 +195,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_overlays_flags() {
         let p = parse(
-            "rotate_size = \"256M\"\nrotate_period = \"10m\"\nmax_segments = 8\nmax_disk = 4_294_967_296\non_segment_closed = \"true\"\n",
+            "rotate_size = \"256M\"\nrotate_period = \"10m\"\nmax_segments = 8\nmax_disk = 4_294_967_296\non_segment_closed = \"true\"\nhook_timeout = \"90s\"\n",
             Path::new("x.segments.toml"),
         )
         .expect("parses");
@@ -188,6 +204,7 @@ mod tests {
         assert_eq!(p.max_segments, Some(8));
         assert_eq!(p.max_disk, Some(4 << 30));
         assert_eq!(p.on_closed.as_deref(), Some("true"));
+        assert_eq!(p.hook_timeout, Some(Duration::from_secs(90)));
         let o = overlay(
             p,
             RotationPolicy {

@@ -69,6 +69,9 @@ struct Ctx<'a> {
     /// their disposition from the field table ([`super::fields`]).
     outcomes: Vec<(String, FieldStatus)>,
     pool: &'a DescriptorPool,
+    /// Each distinct regular expression checked so far, with its error:
+    /// a config repeating one pattern compiles it once.
+    regexes: std::collections::HashMap<String, Option<String>>,
 }
 
 impl Ctx<'_> {
@@ -122,19 +125,70 @@ fn nonzero_ms(v: Option<u32>) -> Option<Duration> {
     v.filter(|v| *v > 0).map(ms)
 }
 
+/// Compiles `pattern` as the session will (bounded in size, see
+/// [`crate::session::timeline::anchored`]), each distinct one once, and at
+/// most [`crate::session::timeline::MAX_DISTINCT_REGEXES`] of them: a
+/// config of thousands of patterns is refused instead of costing minutes.
 fn check_regex(cx: &mut Ctx<'_>, path: String, pattern: &str) {
-    if let Err(e) = regex::Regex::new(&format!("^(?:{pattern})$")) {
-        let first = e
-            .to_string()
-            .lines()
-            .last()
-            .unwrap_or("")
-            .trim()
-            .to_string();
+    use crate::session::{MAX_DISTINCT_REGEXES, anchored};
+    let error = match cx.regexes.get(pattern) {
+        Some(e) => e.clone(),
+        None if cx.regexes.len() >= MAX_DISTINCT_REGEXES => {
+            cx.err(
+                path,
+                format!(
+                    "more than {MAX_DISTINCT_REGEXES} distinct regular expressions in one config"
+                ),
+            );
+            return;
+        }
+        None => {
+            let e = anchored(pattern).err().map(|e| {
+                e.to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            });
+            cx.regexes.insert(pattern.to_string(), e.clone());
+            e
+        }
+    };
+    if let Some(first) = error {
+        let shown = super::diagnostic::visible(pattern, 200);
         cx.err(
             path,
-            format!("invalid regular expression {pattern:?}: {first}"),
+            format!("invalid regular expression \"{shown}\": {first}"),
         );
+    }
+}
+
+/// Every writer holds at least one chunk of its buffer while it writes: a
+/// buffer with more writers than chunks refuses some of them whatever its
+/// fill (their packets are discarded, "every free chunk was held by another
+/// writer"). Said at check time, with the numbers.
+fn writers_fit(cx: &mut Ctx<'_>, buffers: &[BufferSpec], data_sources: &[DataSourceSpec]) {
+    for b in buffers {
+        let writers = data_sources
+            .iter()
+            .filter(|d| d.target_buffer == b.id)
+            .count() as u64;
+        let size = b.size.bytes();
+        let chunk = crate::ringbuf::BufferParams::new(
+            usize::try_from(size).unwrap_or(usize::MAX),
+            crate::ringbuf::FillPolicy::Discard,
+        )
+        .chunk_size as u64;
+        if writers > 1 && writers.saturating_mul(chunk) > size {
+            cx.warn(
+                format!("buffers[{}]", b.id.0),
+                format!(
+                    "{writers} data sources write into this {size}-byte buffer, and each holds at least a {chunk}-byte chunk while it writes ({} bytes in all): some will have their packets discarded; raise size_kb or spread them over buffers",
+                    writers.saturating_mul(chunk)
+                ),
+            );
+        }
     }
 }
 
@@ -163,9 +217,11 @@ pub fn validate(
         notes: Vec::new(),
         outcomes: Vec::new(),
         pool,
+        regexes: std::collections::HashMap::new(),
     };
     let buffers = buffers(&mut cx, &tc);
     let data_sources = data_sources(&mut cx, &tc, &buffers, raw_configs);
+    writers_fit(&mut cx, &buffers, &data_sources);
     let trigger = triggers(&mut cx, &tc);
 
     let duration_ms = tc.duration_ms();

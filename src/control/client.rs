@@ -185,7 +185,7 @@ fn wait(
 
 /// Connects without blocking (a listener whose queue is full makes a
 /// blocking connect wait forever) and checks who serves the socket.
-fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<UnixStream, ControlError> {
+fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<(UnixStream, u32), ControlError> {
     let sock = |source: std::io::Error| ControlError::Socket {
         path: path.display().to_string(),
         source,
@@ -221,7 +221,7 @@ fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<UnixStream, Contr
             peer_uid,
         });
     }
-    Ok(stream)
+    Ok((stream, peer_uid))
 }
 
 /// Sends one request to session `pid` at `path` and reads the reply, all
@@ -232,13 +232,68 @@ pub fn request(
     req: &Request,
     deadline: Instant,
 ) -> Result<Reply, ControlError> {
+    request_from(path, pid, req, deadline).map(|(reply, _)| reply)
+}
+
+/// [`request`], with the uid the kernel gives for the process that
+/// answered (SO_PEERCRED): what a session says of itself is not believed.
+pub fn request_from(
+    path: &Path,
+    pid: u32,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
+    // A session under load may close a connection it cannot take before it
+    // reads the request (EPIPE or ECONNRESET on our write, or nothing to
+    // read): asked again, a little later, it usually takes it.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match request_once(path, pid, req, deadline) {
+            Err(ControlError::Socket { source, .. })
+                if closed_early(&source)
+                    && attempts < CLOSED_ATTEMPTS
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20 * u64::from(attempts)));
+            }
+            Err(ControlError::Socket { source, .. }) if closed_early(&source) => {
+                return Err(ControlError::Closed { pid, attempts });
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Tries of one request whose connection the session closes early.
+const CLOSED_ATTEMPTS: u32 = 4;
+
+/// The session closed the connection before answering.
+fn closed_early(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::UnexpectedEof
+    )
+}
+
+fn request_once(
+    path: &Path,
+    pid: u32,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
     let sock = |source: std::io::Error| ControlError::Socket {
         path: path.display().to_string(),
         source,
     };
-    let mut s = connect(path, pid, deadline)?;
+    let (mut s, peer_uid) = connect(path, pid, deadline)?;
     let out = message::encode_request(req);
     let mut pos = 0;
+    // A session that refuses the connection may have said why before
+    // closing it: its words are read even when our write failed.
+    let mut write_failed = None;
     while pos < out.len() {
         match s.write(&out[pos..]) {
             Ok(0) => return Err(sock(std::io::ErrorKind::WriteZero.into())),
@@ -247,6 +302,10 @@ pub fn request(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 wait(&s, PollFlags::OUT, deadline, pid)?
             }
+            Err(e) if closed_early(&e) => {
+                write_failed = Some(e);
+                break;
+            }
             Err(e) => return Err(sock(e)),
         }
     }
@@ -254,7 +313,15 @@ pub fn request(
     let mut chunk = [0u8; 4096];
     loop {
         match s.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => {
+                return Err(sock(
+                    write_failed.unwrap_or_else(|| std::io::ErrorKind::UnexpectedEof.into()),
+                ));
+            }
             Ok(0) => break,
+            Err(e) if buf.is_empty() && closed_early(&e) => {
+                return Err(sock(write_failed.unwrap_or(e)));
+            }
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
                 if buf.len() > message::MAX_REPLY_BYTES {
@@ -274,7 +341,9 @@ pub fn request(
             Err(e) => return Err(sock(e)),
         }
     }
-    message::decode_reply(&buf).map_err(|source| ControlError::BadReply { pid, source })
+    message::decode_reply(&buf)
+        .map(|reply| (reply, peer_uid))
+        .map_err(|source| ControlError::BadReply { pid, source })
 }
 
 /// Runs `f` for every session at once; results in the sessions' order.
@@ -321,7 +390,17 @@ fn ask(
     req: &Request,
     deadline: Instant,
 ) -> Result<Reply, ControlError> {
-    let r = request(path, s.pid, req, deadline);
+    ask_from(s, path, req, deadline).map(|(reply, _)| reply)
+}
+
+/// [`ask`], with the answering process's uid (SO_PEERCRED).
+fn ask_from(
+    s: &SessionEndpoint,
+    path: &Path,
+    req: &Request,
+    deadline: Instant,
+) -> Result<(Reply, u32), ControlError> {
+    let r = request_from(path, s.pid, req, deadline);
     if let Err(ControlError::Socket { source, .. }) = &r
         && source.kind() == std::io::ErrorKind::ConnectionRefused
         && std::fs::symlink_metadata(path)
@@ -384,10 +463,17 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, String>)> {
     let all = sessions();
     let deadline = deadline();
     each_session(&all, |s| {
-        match ask(s, &s.control, &Request::Query {}, deadline) {
-            Ok(Reply::Status(st)) if st.pid == s.pid => Ok(st),
-            Ok(Reply::Status(st)) => Err(format!("answered with the status of pid {}", st.pid)),
-            Ok(Reply::Refused(m) | Reply::Queued(m)) => Err(message::printable(&m)),
+        match ask_from(s, &s.control, &Request::Query {}, deadline) {
+            // The uid is the kernel's word for who answered, not the
+            // session's own (another user's session could claim uid 0).
+            Ok((Reply::Status(mut st), uid)) if st.pid == s.pid => {
+                st.uid = uid;
+                Ok(st)
+            }
+            Ok((Reply::Status(st), _)) => {
+                Err(format!("answered with the status of pid {}", st.pid))
+            }
+            Ok((Reply::Refused(m) | Reply::Queued(m), _)) => Err(message::printable(&m)),
             Ok(_) => Err("unexpected reply to a query".into()),
             Err(e) => Err(e.to_string()),
         }

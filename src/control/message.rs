@@ -74,7 +74,7 @@ pub enum Refusal {
     Empty,
 }
 
-fn valid_name(s: &str) -> bool {
+pub fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_NAME_BYTES && s.bytes().all(|b| b.is_ascii_graphic())
 }
 

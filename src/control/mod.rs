@@ -58,6 +58,10 @@ pub enum ControlError {
     },
     #[error("no running recorder session in {0}")]
     NoSessions(String),
+    #[error(
+        "session {pid} closed the connection {attempts} times before reading the request (it is busy, or has as many connections from your uid as it takes): try again"
+    )]
+    Closed { pid: u32, attempts: u32 },
     #[error("session {pid}: {msg}")]
     Session { pid: u32, msg: String },
     #[error("bad reply from session {pid}: {source}")]

@@ -545,6 +545,21 @@ impl Worker {
             // Already stopping: the loop may be busy writing the trace.
             return self.reply(id, &Reply::Stopping);
         }
+        if let Request::Trigger { names, .. } = &request
+            && self.stopping.load(Ordering::Relaxed)
+        {
+            // A stopping session acts on no trigger (listed or not): say so
+            // now rather than "queued" while it writes its last pass.
+            let outcomes = names
+                .iter()
+                .map(|n| message::TriggerOutcome {
+                    name: n.clone(),
+                    accepted: false,
+                    reason: Some("not_recording".into()),
+                })
+                .collect();
+            return self.reply(id, &Reply::Triggers(outcomes));
+        }
         let incoming = Incoming {
             request,
             peer_uid: uid,
@@ -896,6 +911,34 @@ mod tests {
         let (_, cpath) = endpoint_paths(dir.path(), me);
         let r = client::request(&cpath, me, &Request::Stop {}, client::deadline()).expect("reply");
         assert_eq!(r, Reply::Stopping);
+        assert!(server.pending().is_empty(), "the loop was not asked");
+    }
+
+    #[test]
+    fn a_trigger_while_stopping_is_refused_at_once_not_queued() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let dir = open_checked(&t.path().join("run")).expect("dir");
+        let me = std::process::id();
+        let uid = rustix::process::getuid().as_raw();
+        let server = ControlServer::start(&dir, me, uid).expect("start");
+        server.mark_stopping();
+        let (tpath, _) = endpoint_paths(dir.path(), me);
+        let req = Request::Trigger {
+            names: vec!["unlisted".into(), "listed".into()],
+            producer: "p".into(),
+        };
+        let t0 = Instant::now();
+        let r = client::request(&tpath, me, &req, client::deadline()).expect("reply");
+        assert!(t0.elapsed() < REPLY_DEADLINE, "answered at once");
+        let Reply::Triggers(outcomes) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(outcomes.len(), 2);
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| !o.accepted && o.reason.as_deref() == Some("not_recording"))
+        );
         assert!(server.pending().is_empty(), "the loop was not asked");
     }
 }

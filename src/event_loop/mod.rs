@@ -459,8 +459,8 @@ impl Loop {
             reg.dirs
                 .push((w.dir().fd(), vec![format!("{}-", w.names().stem)]));
             which.push(true);
-            if let Some(cmd) = w.hook_command() {
-                reg.hook = Some((cmd.to_string(), w.names().dir.clone()));
+            if let Some((cmd, timeout)) = w.hook_command() {
+                reg.hook = Some((cmd.to_string(), w.names().dir.clone(), timeout));
             }
         }
         if let Some((dir, base)) = &self.rec.snapshot_dir {
@@ -935,6 +935,7 @@ impl Loop {
                 })
                 .collect(),
             snapshots: self.snapshots.clone(),
+            snapshots_refused: self.rec.session.snapshots_refused(),
             passes: self.passes,
             triggered: self.rec.session.triggered(),
             sink_kind: self.rec.sink.kind().to_string(),

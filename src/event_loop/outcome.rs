@@ -24,6 +24,9 @@ pub struct Outcome {
     pub elapsed: Duration,
     pub buffers: Vec<BufferSummary>,
     pub snapshots: Vec<PathBuf>,
+    /// CLONE_SNAPSHOT triggers refused: the budget was spent, or a
+    /// snapshot was under way.
+    pub snapshots_refused: u64,
     pub passes: u64,
     pub triggered: bool,
     /// Which sink carried the data (io_uring, pwritev, stream).

@@ -103,7 +103,11 @@ impl State {
                 self.teardowns.push(teardown);
                 (Reply::Done, None)
             }
-            Request::RegisterHook { command, dir } => match HookRunner::start(command) {
+            Request::RegisterHook {
+                command,
+                dir,
+                timeout_ms,
+            } => match HookRunner::start(command, Duration::from_millis(timeout_ms)) {
                 Ok(r) => {
                     self.hooks = Some((r, dir));
                     (Reply::Done, None)
@@ -166,6 +170,7 @@ impl State {
                     Reply::Hooks {
                         counts: r.counts(),
                         last_error: r.last_error(),
+                        deleted: r.deleted(),
                     },
                     None,
                 ),
@@ -180,6 +185,7 @@ impl State {
                         Reply::Hooks {
                             counts,
                             last_error: r.last_error(),
+                            deleted: r.deleted(),
                         },
                         None,
                     )

@@ -43,6 +43,8 @@ pub enum Request {
     RegisterHook {
         command: String,
         dir: PathBuf,
+        /// Each run's process group is killed after this long.
+        timeout_ms: u64,
     },
     /// No more registrations.
     Seal,
@@ -87,6 +89,8 @@ pub enum Reply {
     Hooks {
         counts: HookCounts,
         last_error: Option<String>,
+        /// Segments their command deleted or moved away.
+        deleted: Vec<u64>,
     },
     Refused(String),
 }

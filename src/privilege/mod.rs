@@ -141,12 +141,24 @@ impl RemoteHooks for Broker {
         }
     }
 
+    fn deleted(&self) -> Vec<u64> {
+        match self.call(&Request::HookCounts, None) {
+            Ok((Reply::Hooks { deleted, .. }, _)) => deleted,
+            _ => Vec::new(),
+        }
+    }
+
     fn finish(&self, grace: Duration) -> (HookCounts, Option<String>) {
         let req = Request::FinishHooks {
             grace_ms: grace.as_millis() as u64,
         };
         match self.call(&req, None) {
-            Ok((Reply::Hooks { counts, last_error }, _)) => (counts, last_error),
+            Ok((
+                Reply::Hooks {
+                    counts, last_error, ..
+                },
+                _,
+            )) => (counts, last_error),
             Ok((r, _)) => (
                 HookCounts::default(),
                 Some(format!("unexpected reply {r:?}")),
@@ -239,7 +251,9 @@ pub struct Registration<'a> {
     pub leftovers: Vec<(BorrowedFd<'a>, String)>,
     pub teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
     /// The `--on-segment-closed` command and the segments' directory.
-    pub hook: Option<(String, std::path::PathBuf)>,
+    /// The `--on-segment-closed` command, the segments' directory and the
+    /// command's timeout.
+    pub hook: Option<(String, std::path::PathBuf, Duration)>,
 }
 
 impl Privileges {
@@ -263,8 +277,16 @@ impl Privileges {
         for teardown in reg.teardowns {
             b.done(&Request::RegisterTeardown { teardown }, None)?;
         }
-        if let Some((command, dir)) = reg.hook {
-            b.done(&Request::RegisterHook { command, dir }, None)?;
+        if let Some((command, dir, timeout)) = reg.hook {
+            let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            b.done(
+                &Request::RegisterHook {
+                    command,
+                    dir,
+                    timeout_ms,
+                },
+                None,
+            )?;
         }
         b.done(&Request::Seal, None)?;
         give_up_root(&self.user)?;

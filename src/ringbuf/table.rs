@@ -387,24 +387,29 @@ impl Table {
     }
 
     /// Why `need` chunks could not be had: a write pass pins space that
-    /// would do once released; else DISCARD holds unread data; else
-    /// writers hold every other chunk.
+    /// would do once released; else DISCARD's unread data fills at least as
+    /// many chunks as writers hold (the buffer is full); else writers hold
+    /// the chunks (many writers, little data: "full" would mislead).
     fn refusal_reason(&self, need: usize) -> DiscardReason {
-        let (mut pinned, mut unread) = (0usize, false);
+        let (mut pinned, mut unread, mut held) = (0usize, 0usize, 0usize);
         for slot in &self.slots {
-            if let Slot::Head(r) = slot
-                && !r.writing
-            {
-                let reusable = self.policy == FillPolicy::RingBuffer || r.read == r.used;
-                if r.pins > 0 && reusable {
-                    pinned += r.chunks as usize;
+            match slot {
+                Slot::Head(r) if r.writing => held += r.chunks as usize,
+                Slot::Head(r) => {
+                    let reusable = self.policy == FillPolicy::RingBuffer || r.read == r.used;
+                    if r.pins > 0 && reusable {
+                        pinned += r.chunks as usize;
+                    }
+                    if r.read < r.used {
+                        unread += r.chunks as usize;
+                    }
                 }
-                unread |= r.read < r.used;
+                _ => {}
             }
         }
         if pinned > 0 && pinned + self.free_chunks >= need {
             DiscardReason::Pinned
-        } else if self.policy == FillPolicy::Discard && unread {
+        } else if self.policy == FillPolicy::Discard && unread > 0 && unread >= held {
             DiscardReason::Full
         } else if pinned > 0 {
             DiscardReason::Pinned

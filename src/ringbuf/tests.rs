@@ -736,6 +736,33 @@ fn refusals_name_their_reason() {
 }
 
 #[test]
+fn discard_says_full_only_when_unread_data_fills_the_chunks() {
+    // Four chunks, DISCARD. One writer's data is done and unread; three
+    // writers hold a chunk each: a fifth writer is refused because writers
+    // hold the chunks, not because the buffer is full.
+    let b = buffer(4, 64, FillPolicy::Discard);
+    let mut done = b.writer(WriterId(1));
+    done.write_packet(&pkt(1, 10)).expect("a chunk");
+    drop(done);
+    let mut held: Vec<Writer> = (2..5).map(|i| b.writer(WriterId(i))).collect();
+    for (i, w) in held.iter_mut().enumerate() {
+        w.write_packet(&pkt(i as u8, 10)).expect("a chunk");
+    }
+    let mut late = b.writer(WriterId(9));
+    assert_eq!(
+        late.write_packet(&pkt(9, 10)),
+        Err(WriteError::Discarded(DiscardReason::HeldByWriters))
+    );
+    assert_eq!(b.stats().discarded_full(), (0, 0));
+    // Once the holders' data is done and unread too, the buffer is full.
+    drop(held);
+    assert_eq!(
+        late.write_packet(&pkt(9, 10)),
+        Err(WriteError::Discarded(DiscardReason::Full))
+    );
+}
+
+#[test]
 fn a_batch_lets_go_of_its_regions_as_their_bytes_are_written() {
     // 4 chunks of 64 B, DISCARD: every region a chunk, each holding one
     // 55-byte packet (57 framed bytes).

@@ -169,6 +169,11 @@ pub enum TriggerRefusal {
     AlreadyTriggered,
     /// The session is stopping or finished.
     NotRecording,
+    /// CLONE_SNAPSHOT: the session's snapshot budget is spent.
+    SnapshotBudget,
+    /// CLONE_SNAPSHOT: a snapshot is already under way; this trigger adds
+    /// nothing to it.
+    SnapshotInProgress,
 }
 
 impl TriggerRefusal {
@@ -181,6 +186,8 @@ impl TriggerRefusal {
             TriggerRefusal::RateLimited => "rate_limited",
             TriggerRefusal::AlreadyTriggered => "already_triggered",
             TriggerRefusal::NotRecording => "not_recording",
+            TriggerRefusal::SnapshotBudget => "snapshot_budget_spent",
+            TriggerRefusal::SnapshotInProgress => "snapshot_in_progress",
         }
     }
 }

@@ -38,7 +38,10 @@ pub use event::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
     SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
-pub use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, TriggerRule, anchored};
+pub use timeline::{
+    FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline, TimelineError,
+    TriggerMode, TriggerRule, anchored,
+};
 
 use crate::storage::segment::policy::rotation_due;
 
@@ -92,6 +95,10 @@ pub struct Session {
     /// `all_data_sources_started` was noted.
     all_started: bool,
     snapshots: u32,
+    /// The snapshot accepted and not yet handed to the writer.
+    snapshot_pending: Option<u32>,
+    /// Triggers refused by the snapshot budget or a snapshot under way.
+    snapshots_refused: u64,
     /// The trigger whose delayed stop is pending.
     stop_trigger_name: Option<String>,
     flushes: BTreeMap<FlushId, FlushPurpose>,
@@ -123,6 +130,8 @@ impl Session {
             started: false,
             all_started: false,
             snapshots: 0,
+            snapshot_pending: None,
+            snapshots_refused: 0,
             stop_trigger_name: None,
             flushes: BTreeMap::new(),
             next_flush: 0,
@@ -146,6 +155,11 @@ impl Session {
     /// Whether a trigger has been accepted.
     pub fn triggered(&self) -> bool {
         self.triggered
+    }
+
+    /// CLONE_SNAPSHOT triggers refused (budget spent, or one under way).
+    pub fn snapshots_refused(&self) -> u64 {
+        self.snapshots_refused
     }
 
     pub fn stop_reason(&self) -> Option<&StopReason> {
@@ -439,6 +453,9 @@ impl Session {
                 }
             }
             FlushPurpose::Snapshot(n) => {
+                if self.snapshot_pending == Some(n) {
+                    self.snapshot_pending = None;
+                }
                 if self.state == State::Recording {
                     out.push(Action::Snapshot(n));
                 }
@@ -545,8 +562,19 @@ impl Session {
                 }
             }
             TriggerMode::CloneSnapshot => {
+                // A burst of triggers makes one snapshot, and the budget
+                // bounds them all: each pins the ring while it is written.
+                if self.snapshot_pending.is_some() {
+                    self.snapshots_refused += 1;
+                    return Err(TriggerRefusal::SnapshotInProgress);
+                }
+                if !self.timeline.snapshot_budget.allows(self.snapshots) {
+                    self.snapshots_refused += 1;
+                    return Err(TriggerRefusal::SnapshotBudget);
+                }
                 self.triggered = true;
                 let n = self.snapshots;
+                self.snapshot_pending = Some(n);
                 self.snapshots += 1;
                 accept.snapshot = Some(n);
                 out.push(Action::AcceptTrigger(accept));

@@ -585,6 +585,47 @@ fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
 }
 
 #[test]
+fn clone_triggers_in_a_burst_make_one_snapshot_and_the_budget_bounds_them_all() {
+    let mut t = timeline(TriggerMode::CloneSnapshot, vec![rule("snap", 0)]);
+    t.snapshot_budget = crate::session::SnapshotBudget {
+        max_count: 3,
+        max_bytes: 10 << 20,
+        bytes_each: 4 << 20,
+    };
+    let mut s = begun(t);
+    let mut written = 0;
+    let mut refused = (0, 0);
+    // 300 triggers, 20 at a time between flushes: one snapshot per burst
+    // while the budget lasts (two of 4 MiB fit in 10 MiB), then none.
+    for burst in 0..15u64 {
+        let mut flush = None;
+        for i in 0..20u64 {
+            let at = burst * 100 + i;
+            let (res, a) = outcome(&mut s, "snap", at);
+            match res {
+                Ok(()) => flush = flush_id(&a),
+                Err(TriggerRefusal::SnapshotInProgress) => refused.0 += 1,
+                Err(TriggerRefusal::SnapshotBudget) => refused.1 += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        if let Some(id) = flush {
+            let a = s.on_event(
+                Event::SourcesFlushed { id, complete: true },
+                ms(burst * 100 + 50),
+            );
+            written += a
+                .iter()
+                .filter(|a| matches!(a, Action::Snapshot(_)))
+                .count();
+        }
+    }
+    assert_eq!(written, 2);
+    assert_eq!(refused, (2 * 19, 300 - 2 * 20));
+    assert_eq!(s.snapshots_refused(), 298);
+}
+
+#[test]
 fn one_request_gets_one_reply_with_every_outcome_in_order() {
     let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("b", 1000)]));
     let names = ["a", "b", "b"]

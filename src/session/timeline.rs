@@ -64,6 +64,34 @@ pub struct Timeline {
     pub deferred_start: bool,
     /// Segmented output: when to cut (`--rotate-size`, `--rotate-period`).
     pub rotation: Option<RotationPolicy>,
+    /// How many CLONE_SNAPSHOT snapshots the session may write.
+    pub snapshot_budget: SnapshotBudget,
+}
+
+/// Snapshots a CLONE_SNAPSHOT session may write: each trigger beyond it is
+/// refused (and counted), so that any local user who may send triggers
+/// cannot fill the disk or keep the ring pinned by snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotBudget {
+    /// Snapshots in all.
+    pub max_count: u32,
+    /// Bytes in all, counting each snapshot at its largest (`bytes_each`).
+    pub max_bytes: u64,
+    /// The most one snapshot can hold: every buffer full.
+    pub bytes_each: u64,
+}
+
+/// Snapshots a session writes at most unless told otherwise.
+pub const DEFAULT_MAX_SNAPSHOTS: u32 = 16;
+/// Bytes of snapshots a session writes at most unless `--max-disk` says.
+pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
+
+impl SnapshotBudget {
+    /// Whether the snapshot after `taken` ones still fits.
+    pub fn allows(&self, taken: u32) -> bool {
+        taken < self.max_count
+            && u64::from(taken + 1).saturating_mul(self.bytes_each) <= self.max_bytes
+    }
 }
 
 /// A trigger's `producer_name_regex` does not compile.
@@ -122,7 +150,20 @@ impl Timeline {
             clear_period: spec.incremental_state_clear_period,
             deferred_start: spec.deferred_start,
             rotation: None,
+            snapshot_budget: SnapshotBudget {
+                max_count: DEFAULT_MAX_SNAPSHOTS,
+                max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
+                bytes_each: spec.buffers.iter().map(|b| b.size.bytes()).sum(),
+            },
         })
+    }
+
+    /// `--max-disk` for the snapshots of a session that does not rotate.
+    pub fn with_snapshot_disk(mut self, max_disk: Option<u64>) -> Timeline {
+        if let Some(d) = max_disk {
+            self.snapshot_budget.max_bytes = d;
+        }
+        self
     }
 
     /// Segmented output. Segments stream: a config without
@@ -160,12 +201,26 @@ impl Timeline {
             clear_period: None,
             deferred_start: false,
             rotation: None,
+            snapshot_budget: SnapshotBudget {
+                max_count: DEFAULT_MAX_SNAPSHOTS,
+                max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
+                bytes_each: 0,
+            },
         }
     }
 }
 
 /// Compiles `pattern` for whole-string matching, as Perfetto's producer
 /// filters and trigger regexes match.
+/// With a compiled size of at most [`REGEX_SIZE_LIMIT`]: compile time grows
+/// with it, and a producer or trigger name needs little.
 pub fn anchored(pattern: &str) -> Result<regex::Regex, regex::Error> {
-    regex::Regex::new(&format!("^(?:{pattern})$"))
+    regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
 }
+
+/// The largest compiled regular expression (producer and trigger filters).
+pub const REGEX_SIZE_LIMIT: usize = 256 * 1024;
+/// Distinct regular expressions one config may hold.
+pub const MAX_DISTINCT_REGEXES: usize = 64;

@@ -261,6 +261,21 @@ pub fn write_pass_staged(
         if stage.count_packets && compressed.is_none() {
             packets = count_records(&kept);
         }
+        // Compressed frames are copies, kept until the pass ends, and the
+        // ring's regions were let go of above: nothing to unpin while they
+        // are written, so the floor stays 0 and a failed write is cut back
+        // at the last whole frame (the ring's floor means nothing in them).
+        let mut frames = Unpin {
+            batches: &batches,
+            spans: Vec::new(),
+            next: 0,
+            floor: 0,
+        };
+        let progress = if compressed.is_some() {
+            &mut frames
+        } else {
+            &mut unpin
+        };
         let bytes = if kept.is_empty() {
             0
         } else {
@@ -270,10 +285,10 @@ pub fn write_pass_staged(
                     aligned_slices.as_deref().unwrap_or(&[]),
                     &mut Aligned {
                         layout: a,
-                        unpin: &mut unpin,
+                        unpin: progress,
                     },
                 ),
-                None => sink.write_all_reporting(&kept, &mut unpin),
+                None => sink.write_all_reporting(&kept, progress),
             };
             let written = written.and_then(|b| match &tail {
                 Some(t) => {

@@ -11,7 +11,8 @@ until killed (or for --seconds).
                                   flood    endless bytes
                                   dribble  one byte every 5 s
                                   lie      read the request, answer
-                                           "stopping" or "accepted"
+                                           "stopping" or "accepted", or a
+                                           status that claims uid 0
   names SOCKET CONNS COUNT SIZE
                                 on a producer socket: CONNS producers that
                                 each register COUNT data sources named with
@@ -89,6 +90,13 @@ def serve(conn, mode):
             if op.get("op") == "trigger":
                 outcomes = [{"name": n, "accepted": True} for n in op.get("names", [])]
                 reply = {"triggers": outcomes}
+            elif op.get("op") == "query":
+                # Claims to be root's session.
+                reply = {"status": {
+                    "pid": os.getpid(), "uid": 0, "config": "/root/secret.cfg",
+                    "output": "/root/trace.pftrace", "state": "recording",
+                    "elapsed_ms": 1000, "bytes_written": 0, "buffers": [],
+                    "control_requests_refused": 0}}
             else:
                 reply = "stopping"
             conn.sendall(json.dumps(reply).encode() + b"\n")

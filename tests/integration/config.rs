@@ -1225,3 +1225,173 @@ fn recorded_config_carries_the_flush_period_a_streaming_session_uses() {
     let loaded = config::load_text(src, "t", false).expect("parses");
     assert_eq!(loaded.validate().expect("valid").config_bytes, loaded.bytes);
 }
+
+/// Config errors and the plan never put the config's control bytes on the
+/// terminal (escape sequences are shown escaped), and a 200 KB token gives
+/// an error of a few hundred bytes, for `config check` and for a recording.
+#[test]
+fn config_errors_escape_control_bytes_and_stay_small() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let huge = "x".repeat(200_000);
+    let cases: [(&str, String, Option<i32>); 4] = [
+        (
+            "escape.cfg",
+            "buffers { size_kb: 64 }\n\x1b]0;pwned\x07bad\x1b[2J: 2\n".to_string(),
+            Some(2),
+        ),
+        (
+            "token.cfg",
+            format!("buffers {{ size_kb: 64 }}\n{huge}: 1\n"),
+            Some(2),
+        ),
+        (
+            "string.cfg",
+            format!(
+                "buffers {{ size_kb: 64 }}\nunique_session_name: \"{huge}\\033\"\nduration_ms: \"x\"\n"
+            ),
+            Some(2),
+        ),
+        (
+            "name.cfg",
+            "buffers { size_kb: 64 }\ndata_sources { config { name: \"x\\033[2J\\007\" } }\n"
+                .to_string(),
+            Some(0),
+        ),
+    ];
+    for (name, text, want) in cases {
+        let cfg = d.path().join(name);
+        std::fs::write(&cfg, &text).expect("write");
+        for args in [
+            vec![
+                "config".to_string(),
+                "check".into(),
+                cfg.display().to_string(),
+            ],
+            vec![
+                "--config".into(),
+                cfg.display().to_string(),
+                "-o".into(),
+                d.path().join("t.pftrace").display().to_string(),
+            ],
+        ] {
+            if want == Some(0) && args[0] == "--config" {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            let out = Command::new(common::recorder_bin())
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("runs");
+            assert_eq!(out.status.code(), want, "{name} {args:?}");
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(3),
+                "{name}: {:?}",
+                t0.elapsed()
+            );
+            for (what, bytes) in [("stderr", &out.stderr), ("stdout", &out.stdout)] {
+                assert!(
+                    !bytes.iter().any(|&b| b == 0x1b || b == 0x07),
+                    "{name} {args:?} {what}: {}",
+                    String::from_utf8_lossy(bytes)
+                );
+                assert!(bytes.len() < 6000, "{name} {what}: {} bytes", bytes.len());
+            }
+        }
+    }
+}
+
+/// A 1 MiB config full of producer_name_regex_filter patterns checks in
+/// seconds: a pattern repeated is compiled once, costly ones stop at the
+/// size limit, and past 64 distinct patterns the config is refused.
+#[test]
+fn a_config_of_regular_expressions_checks_in_seconds() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let make = |name: &str, pattern: &dyn Fn(usize) -> String| {
+        let mut text = String::from("buffers { size_kb: 64 }\n");
+        let mut i = 0;
+        while text.len() < 1_000_000 {
+            let filters: Vec<String> = (0..100)
+                .map(|j| format!("producer_name_regex_filter: \"{}\"", pattern(i * 100 + j)))
+                .collect();
+            text.push_str(&format!(
+                "data_sources {{ config {{ name: \"track_event\" }} {} }}\n",
+                filters.join(" ")
+            ));
+            i += 1;
+        }
+        let p = d.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    let same = make("same.cfg", &|_| "com\\\\.example\\\\.[a-z_]+".to_string());
+    let distinct = make("distinct.cfg", &|n| format!("app_{n}_[a-z]+"));
+    let costly = make("costly.cfg", &|n| format!("(\\\\w+){{20}}x{}", n % 8));
+    for (cfg, want, says) in [
+        (&same, Some(0), "valid text config"),
+        (
+            &distinct,
+            Some(2),
+            "more than 64 distinct regular expressions",
+        ),
+        (&costly, Some(2), "exceeds size limit"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(common::recorder_bin())
+            .args(["config", "check"])
+            .arg(cfg)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let took = t0.elapsed();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), want, "{}", &text[..text.len().min(2000)]);
+        assert!(text.contains(says), "{}", &text[..text.len().min(2000)]);
+        assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+    }
+}
+
+/// More writers than a buffer has chunks: `config check` says so, with the
+/// numbers (each holds a chunk while it writes).
+#[test]
+fn config_check_warns_when_writers_outnumber_the_chunks() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let mut text = String::from("buffers { size_kb: 1024 fill_policy: DISCARD }\n");
+    for _ in 0..300 {
+        text.push_str(
+            "data_sources { config { name: \"for_testing\" for_testing { message_count: 1 } } }\n",
+        );
+    }
+    let cfg = d.path().join("many.cfg");
+    std::fs::write(&cfg, &text).expect("write");
+    let out = Command::new(common::recorder_bin())
+        .args(["config", "check"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("300 data sources write into this 1048576-byte buffer, and each holds at least a 4096-byte chunk"),
+        "{all}"
+    );
+    // Within the chunks: no warning.
+    let few = text.lines().take(101).collect::<Vec<_>>().join("\n");
+    std::fs::write(&cfg, few).expect("write");
+    let out = Command::new(common::recorder_bin())
+        .args(["config", "check"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("each holds at least"));
+}

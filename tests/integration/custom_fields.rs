@@ -656,3 +656,246 @@ duration_ms: 300
 fn hex_of(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
+
+// ---- Untrusted inputs: FIFOs, depth, paths out of the include dirs, size,
+// memory, and -o naming an input ----
+
+/// A scratch directory with a minimal config (`c.cfg`) in it.
+fn scratch() -> (tempfile::TempDir, String) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = d.path().join("c.cfg");
+    std::fs::write(&cfg, "buffers { size_kb: 64 }\nduration_ms: 100\n").expect("write");
+    let cfg = cfg.display().to_string();
+    (d, cfg)
+}
+
+/// `config check c.cfg ARGS`, which must end within 10 s; (exit code, stderr).
+fn check_with(cfg: &str, args: &[&str]) -> (Option<i32>, String) {
+    let t0 = std::time::Instant::now();
+    let out = Command::new(common::recorder_bin())
+        .args(["config", "check", cfg])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("recorder runs");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "{args:?}: {:?}",
+        t0.elapsed()
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `len`-prefixed field `field` around `body` (protobuf wire format).
+fn len_field(field: u32, body: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    let mut put = |mut x: u64| loop {
+        let b = (x & 0x7f) as u8;
+        x >>= 7;
+        if x == 0 {
+            v.push(b);
+            break;
+        }
+        v.push(b | 0x80);
+    };
+    put(u64::from(field << 3 | 2));
+    put(body.len() as u64);
+    v.extend_from_slice(body);
+    v
+}
+
+/// A FileDescriptorSet of one file `name` whose message nests `depth`
+/// deep and which depends on `deps`, built by hand (no recursion).
+fn descriptor_set(name: &str, depth: usize, deps: &[&str]) -> Vec<u8> {
+    let mut msg = len_field(1, b"M");
+    for _ in 1..depth {
+        let mut outer = len_field(1, b"M");
+        outer.extend(len_field(3, &msg));
+        msg = outer;
+    }
+    let mut file = len_field(1, name.as_bytes());
+    file.extend(len_field(2, b"deep"));
+    for d in deps {
+        file.extend(len_field(3, d.as_bytes()));
+    }
+    file.extend(len_field(4, &msg));
+    len_field(1, &file)
+}
+
+#[test]
+fn a_fifo_or_a_directory_as_proto_is_refused_at_once() {
+    let (d, cfg) = scratch();
+    let fifo = d.path().join("f.proto");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let fifo = fifo.display().to_string();
+    for args in [
+        vec!["--proto", fifo.as_str()],
+        vec!["--descriptor-set", fifo.as_str()],
+    ] {
+        let (code, err) = check_with(&cfg, &args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    let (d, cfg) = scratch();
+    let proto = d.path().join("deep.proto");
+    let text = format!(
+        "syntax = \"proto2\";\npackage deep;\n{}{}",
+        "message M { ".repeat(3000),
+        "}".repeat(3000)
+    );
+    std::fs::write(&proto, text).expect("write");
+    let (code, err) = check_with(&cfg, &["--proto", &proto.display().to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("nested more than 64 deep"), "{err}");
+    for depth in [80, 3000] {
+        let set = d.path().join(format!("deep-{depth}.pb"));
+        std::fs::write(&set, descriptor_set("deep.proto", depth, &[])).expect("write");
+        let (code, err) = check_with(&cfg, &["--descriptor-set", &set.display().to_string()]);
+        assert_eq!(code, Some(2), "{depth}: {err}");
+        assert!(
+            err.contains("nested more than 64 deep") || err.contains("recursion limit"),
+            "{depth}: {err}"
+        );
+    }
+}
+
+#[test]
+fn names_that_climb_out_of_the_include_paths_are_neither_read_nor_echoed() {
+    let (d, cfg) = scratch();
+    // A file outside the include path whose first line would show up in a
+    // parse error if it were read.
+    let secret = d.path().join("secret");
+    std::fs::write(&secret, "SECRET-LINE not a proto\n").expect("write");
+    let inc = d.path().join("inc");
+    std::fs::create_dir_all(inc.join("sub")).expect("mkdir");
+    let inc_s = inc.display().to_string();
+    std::os::unix::fs::symlink(&secret, inc.join("sub/link.proto")).expect("link");
+    for import in [
+        "../secret",
+        "../../../../../../../../".to_string().as_str(),
+        "sub/link.proto",
+    ] {
+        let proto = inc.join("a.proto");
+        let import = if import.ends_with('/') {
+            format!(
+                "{import}{}",
+                secret.display().to_string().trim_start_matches('/')
+            )
+        } else {
+            import.to_string()
+        };
+        std::fs::write(
+            &proto,
+            format!("syntax = \"proto2\";\npackage a;\nimport \"{import}\";\n"),
+        )
+        .expect("write");
+        let (code, err) = check_with(
+            &cfg,
+            &[
+                "--proto",
+                &proto.display().to_string(),
+                "--proto-path",
+                &inc_s,
+            ],
+        );
+        assert_eq!(code, Some(2), "{import}: {err}");
+        assert!(err.contains("error: "), "{import}: {err}");
+        assert!(!err.contains("SECRET-LINE"), "{import}: {err}");
+    }
+    let rel = format!(
+        "{}{}",
+        "../".repeat(12),
+        secret.display().to_string().trim_start_matches('/')
+    );
+    let set = d.path().join("dep.pb");
+    std::fs::write(&set, descriptor_set("a.proto", 1, &[&rel])).expect("write");
+    let (code, err) = check_with(&cfg, &["--descriptor-set", &set.display().to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not a plain relative name"), "{err}");
+    assert!(!err.contains("SECRET-LINE"), "{err}");
+}
+
+#[test]
+fn proto_inputs_are_capped_in_size_and_memory() {
+    let (d, cfg) = scratch();
+    let one = |name: &str, messages: usize| {
+        let p = d.path().join(name);
+        let mut text = format!(
+            "syntax = \"proto2\";\npackage {};\n",
+            name.replace(".proto", "")
+        );
+        for i in 0..messages {
+            text.push_str(&format!(
+                "message Msg{i} {{ optional uint32 field_number_one = 1; optional string field_number_two = 2; }}\n"
+            ));
+        }
+        std::fs::write(&p, text).expect("write");
+        p.display().to_string()
+    };
+    // Two files of 2.5 MiB: each under the cap, together over it.
+    let a = one("a.proto", 25 * 1024 * 1024 / 1000);
+    let b = one("b.proto", 25 * 1024 * 1024 / 1000);
+    let (code, err) = check_with(&cfg, &["--proto", &a, "--proto", &b]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("exceed 4194304 bytes"), "{err}");
+    // A schema just under the cap compiles within 768 MiB of address space.
+    let small = one("small.proto", 395 * 1024 * 1024 / 10000);
+    assert!(std::fs::metadata(&small).expect("size").len() < 4 << 20);
+    let out = Command::new("prlimit")
+        .arg(format!("--as={}", 768u64 << 20))
+        .arg(common::recorder_bin())
+        .args(["config", "check", &cfg, "--proto", &small])
+        .stdin(Stdio::null())
+        .output()
+        .expect("prlimit runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_output_never_names_a_proto_input() {
+    let (d, cfg) = scratch();
+    let proto = d.path().join("keep.proto");
+    let text = "syntax = \"proto2\";\npackage keep;\nmessage K { optional uint32 a = 1; }\n";
+    std::fs::write(&proto, text).expect("write");
+    let set = d.path().join("keep.pb");
+    let set_bytes = descriptor_set("keep2.proto", 1, &[]);
+    std::fs::write(&set, &set_bytes).expect("write");
+    let link = d.path().join("link.proto");
+    std::os::unix::fs::symlink(&proto, &link).expect("link");
+    for (flag, input, out) in [
+        ("--proto", &proto, &proto),
+        ("--proto", &proto, &link),
+        ("--descriptor-set", &set, &set),
+    ] {
+        let o = Command::new(common::recorder_bin())
+            .args(["--config", &cfg, flag])
+            .arg(input)
+            .arg("-o")
+            .arg(out)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("refusing to overwrite it"), "{flag}: {err}");
+    }
+    assert_eq!(std::fs::read_to_string(&proto).expect("read"), text);
+    assert_eq!(std::fs::read(&set).expect("read"), set_bytes);
+}

@@ -941,3 +941,126 @@ fn a_thousand_triggers_from_four_processes_all_get_an_answer_beside_slow_connect
     assert!(stop.status.success(), "{}", stderr(&stop));
     check_triggered(&run, session, 0);
 }
+
+/// 300 CLONE_SNAPSHOT triggers from nobody within about five seconds: a
+/// root session makes at most its budget of snapshots (16), refuses and
+/// counts the rest, and neither the snapshots nor its live ring lose data.
+#[test]
+fn a_flood_of_clone_triggers_stays_within_the_snapshot_budget() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    let run = shared_run(
+        r#"
+buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0
+  for_testing { message_count: 0 max_messages_per_second: 5000 message_size: 16 } } }
+trigger_config {
+  trigger_mode: CLONE_SNAPSHOT
+  trigger_timeout_ms: 60000
+  triggers { name: "snap" }
+}
+"#,
+    );
+    let session = run.spawn("auto");
+    wait_listening(&run, session.id());
+    let t0 = Instant::now();
+    let sent: Vec<std::thread::JoinHandle<(u32, u32)>> = (0..4)
+        .map(|_| {
+            let rt = runtime(&run);
+            std::thread::spawn(move || {
+                let (mut ok, mut refused) = (0, 0);
+                for _ in 0..75 {
+                    let out = as_nobody(recorder_bin())
+                        .args(["trigger", "snap"])
+                        .env("RECORDER_RUNTIME_DIR", &rt)
+                        .output()
+                        .expect("trigger runs");
+                    if out.status.success() {
+                        ok += 1;
+                    } else {
+                        refused += 1;
+                    }
+                }
+                (ok, refused)
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for t in sent {
+        let (o, r) = t.join().expect("sender");
+        ok += o;
+        refused += r;
+    }
+    let took = t0.elapsed();
+    let stop = output_within(
+        &mut recorder_as(&run, None, &["stop", &session.id().to_string()]),
+        Duration::from_secs(10),
+        "stop",
+    );
+    assert!(stop.status.success(), "{}", stderr(&stop));
+    let out = wait_within(session, Duration::from_secs(30), "the session");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let snapshots: Vec<PathBuf> = (0..400)
+        .map(|n| PathBuf::from(format!("{}.{n}", run.out.display())))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(
+        (1..=16).contains(&snapshots.len()),
+        "{} snapshots from 300 triggers in {took:?}",
+        snapshots.len()
+    );
+    let refused_line = format!("{} snapshot trigger(s) refused", 300 - snapshots.len());
+    assert!(err.contains(&refused_line), "{refused_line}: {err}");
+    assert_eq!(ok + refused, 300);
+    // The ring was never lapped (4 MiB hold far more than the test
+    // writes), so each snapshot holds every counter from the first on.
+    for p in &snapshots {
+        let data = std::fs::read(p).expect("snapshot");
+        assert_eq!(whole_prefix(&data), data.len(), "{}", p.display());
+        let packets = decode(&data);
+        let counters = test_counters(&packets);
+        let c = counters.values().next().expect("test data in the snapshot");
+        assert_eq!(gaps(c), (0, 0), "{}: nothing lost", p.display());
+    }
+    crate::trace_processor::check(snapshots.last().expect("a snapshot"));
+}
+
+/// Nobody's own fake session (its socket, its pid) answers `query` with a
+/// status that says uid 0: root's `recorder query` shows the uid the kernel
+/// gives for the socket's peer, 65534.
+#[test]
+fn query_shows_the_peer_uid_not_the_one_a_session_claims() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    let run = shared_run(&flight_config("", ""));
+    let rt = runtime(&run);
+    let rt = rt.to_str().expect("utf-8 path");
+    let fake = Attacker::start(&["fake", rt, "control", "lie"]);
+    let pid = fake.0.id().to_string();
+    let _listed = Attacker::start(&["fake", rt, "trigger", "lie", "--pid", &pid]);
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query", "--json"]),
+        Duration::from_secs(10),
+        "query",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("json");
+    let fake: Vec<_> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|s| s.get("state").is_some())
+        .collect();
+    assert_eq!(fake.len(), 1, "{v}");
+    assert_eq!(fake[0]["uid"], 65534, "{v}");
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query"]),
+        Duration::from_secs(10),
+        "query",
+    );
+    let text = String::from_utf8_lossy(&q.stdout);
+    assert!(text.contains("(uid 65534)"), "{text}");
+    assert!(!text.contains("(uid 0)"), "{text}");
+}

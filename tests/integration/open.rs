@@ -1,6 +1,8 @@
 //! `recorder open`: the trace served once on 127.0.0.1 to the Perfetto UI,
 //! checked with a real HTTP client (ureq): the link, CORS and private-network
-//! preflight headers, the bytes, exit after the fetch, Ctrl-C, bad input.
+//! preflight headers, the bytes, exit after the fetch, Ctrl-C, bad input; the
+//! URL's random token (other paths 404 and the server waits on), the bounded
+//! pool of workers and the deadline on slow clients.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -92,9 +94,28 @@ fn open_serves_the_trace_once_to_the_ui_and_exits() {
     let bytes = run.trace();
     let port = free_port();
     let (mut child, link) = open(&run, &["--port", &port.to_string()]);
-    let url = format!("http://127.0.0.1:{port}/trace.pftrace");
-    assert_eq!(link, format!("{UI}/#!/?url={url}"));
+    let url = link
+        .strip_prefix(&format!("{UI}/#!/?url="))
+        .expect("a UI link")
+        .to_string();
+    let token = token_of(&url, port);
     let a = agent();
+
+    // Paths without the token, or with another one, are 404s: a local user
+    // who guesses the name gets nothing and the server waits on.
+    let other = format!("{:032x}", u128::from_str_radix(token, 16).expect("hex") ^ 1);
+    for path in [
+        "/trace.pftrace".to_string(),
+        format!("/{other}/trace.pftrace"),
+        format!("/{token}"),
+        format!("/{token}/other.pftrace"),
+    ] {
+        let r = a
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .call()
+            .expect("get");
+        assert_eq!(r.status(), 404, "{path}");
+    }
 
     // A CORS / private-network preflight from the UI's origin.
     let r = a
@@ -160,6 +181,93 @@ fn open_serves_the_trace_once_to_the_ui_and_exits() {
         err.contains("no display here"),
         "no browser without a display: {err}"
     );
+}
+
+/// The token in `url` (`http://127.0.0.1:PORT/TOKEN/trace.pftrace`),
+/// checked to be 32 hex digits (128 bits).
+fn token_of(url: &str, port: u16) -> &str {
+    let token = url
+        .strip_prefix(&format!("http://127.0.0.1:{port}/"))
+        .and_then(|rest| rest.strip_suffix("/trace.pftrace"))
+        .unwrap_or_else(|| panic!("unexpected URL {url}"));
+    assert_eq!(token.len(), 32, "{url}");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{url}");
+    token
+}
+
+fn threads_of(child: &Child) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .expect("/proc")
+        .count()
+}
+
+#[test]
+fn open_tokens_differ_and_a_connection_flood_neither_grows_nor_ends_it() {
+    let run = trace();
+    let bytes = run.trace();
+    let port = free_port();
+    let (mut first, link) = open(&run, &["--port", &port.to_string()]);
+    let (status, _) = {
+        let pid = rustix::process::Pid::from_child(&first);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        wait_exit(&mut first)
+    };
+    assert!(status.success());
+    let first_token = token_of(link.rsplit("url=").next().expect("url"), port).to_string();
+
+    let (mut child, link) = open(&run, &["--port", &port.to_string()]);
+    let url = link.rsplit("url=").next().expect("url").to_string();
+    assert_ne!(token_of(&url, port), first_token, "a new token each run");
+
+    // 400 idle connections: a thread each would be 400 threads. The pool
+    // stays at its fixed size; those beyond its queue get 503 at once.
+    let mut idle = Vec::new();
+    for _ in 0..400 {
+        idle.push(std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let threads = threads_of(&child);
+    assert!(threads <= 12, "{threads} threads for 400 connections");
+    let mut refused = 0;
+    for c in &mut idle {
+        c.set_read_timeout(Some(Duration::from_millis(1)))
+            .expect("timeout");
+        let mut buf = [0u8; 64];
+        if let Ok(n) = c.read(&mut buf)
+            && buf[..n].starts_with(b"HTTP/1.1 503 ")
+        {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 300, "only {refused} of 400 got 503");
+
+    // A client that never finishes its head is cut off at the deadline
+    // (5 s from its accept), with a 408, once the flood is gone.
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    slow.write_all(b"GET /").expect("write");
+    let t0 = Instant::now();
+    slow.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let mut reply = String::new();
+    slow.read_to_string(&mut reply).expect("read");
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(child.try_wait().expect("wait").is_none(), "still serving");
+
+    // The UI still gets the trace.
+    let mut r = agent().get(&url).header("Origin", UI).call().expect("get");
+    assert_eq!(r.status(), 200);
+    let got = r
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_vec()
+        .expect("body");
+    assert_eq!(got, bytes);
+    let (status, err) = wait_exit(&mut child);
+    assert!(status.success(), "{err}");
 }
 
 #[test]

@@ -875,3 +875,196 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 2500
         "per segment: {per_segment:?}"
     );
 }
+
+/// The issue's hooks in one rotating session: each segment's command does
+/// something else (see the script).
+#[test]
+fn hooks_run_bounded_in_their_own_group_and_the_summary_counts_them_exactly() {
+    let run = Run::new(&test_config(
+        16384,
+        "RING_BUFFER",
+        &format!("{STREAMING} duration_ms: 3000"),
+        "message_count: 0 message_size: 100 max_messages_per_second: 3000",
+    ));
+    let note = run.dir.path().join("notes");
+    let script = run.dir.path().join("hook.sh");
+    // Segment 0: leaves a child holding the output pipe. 1: writes 800 MB
+    // to stderr, noting the recorder's peak memory before and after.
+    // 2: deletes its segment. 3: outlives its timeout. Others: nothing.
+    std::fs::write(
+        &script,
+        format!(
+            r#"notes={notes}
+rec=$PPID
+while [ "$(cat /proc/$rec/comm)" != recorder ]; do rec=$(awk '/^PPid/ {{print $2}}' /proc/$rec/status); done
+case $RECORDER_SEGMENT_INDEX in
+0) f() {{ (sleep 300 & echo "bg $!" >> $notes); }}; f ;;
+1) echo "hwm0 $(awk '/^VmHWM/ {{print $2}}' /proc/$rec/status)" >> $notes
+   head -c 800000000 /dev/zero >&2
+   echo "hwm1 $(awk '/^VmHWM/ {{print $2}}' /proc/$rec/status)" >> $notes ;;
+2) rm "$1" ;;
+3) sleep 300 & echo "slow $!" >> $notes; wait ;;
+esac
+"#,
+            notes = note.display()
+        ),
+    )
+    .expect("script");
+    std::fs::write(
+        run.config.with_extension("segments.toml"),
+        "hook_timeout = \"1s\"\n",
+    )
+    .expect("settings");
+    let dir = run.dir.path().join("hooked");
+    let mut c = run.command_to("pwritev", &dir.join(""));
+    c.args(["--rotate-period", "300ms", "--on-segment-closed"])
+        .arg(format!("sh {}", script.display()));
+    let t0 = Instant::now();
+    let out = c.output().expect("runs");
+    let took = t0.elapsed();
+    let notes = std::fs::read_to_string(&note).unwrap_or_default();
+    let pid_of = |tag: &str| -> Option<i32> {
+        notes
+            .lines()
+            .find_map(|l| l.strip_prefix(tag)?.trim().parse().ok())
+    };
+    let bg = pid_of("bg ");
+    let bg_alive = bg.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+    if let Some(p) = bg.and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+    let stderr = ok(&out);
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(bg_alive, "segment 0's command left its child: {notes}");
+    let slow = pid_of("slow ").expect("segment 3's command ran");
+    let slow_stat = std::fs::read_to_string(format!("/proc/{slow}/stat")).unwrap_or_default();
+    assert!(
+        slow_stat.is_empty() || slow_stat.contains(") Z "),
+        "the timed-out command's group was killed: {slow_stat}"
+    );
+    let (hwm0, hwm1) = (
+        pid_of("hwm0 ").expect("hwm before"),
+        pid_of("hwm1 ").expect("hwm after"),
+    );
+    assert!(
+        hwm1 - hwm0 < 32 * 1024,
+        "800 MB of output grew the recorder from {hwm0} to {hwm1} kB"
+    );
+
+    let files = segment_files(&dir);
+    assert!(
+        !files.contains_key(&2),
+        "segment 2 was deleted by its command"
+    );
+    let total = files.keys().max().expect("segments") + 1;
+    assert_eq!(files.len() as u64, total - 1, "{files:?}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("--on-segment-closed:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(
+        line.trim(),
+        format!(
+            "--on-segment-closed: {total} ran, 1 failed (1 timed out), 0 not run; 1 segments deleted or moved by it"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("({} kept,", total - 1)),
+        "a deleted segment is not kept: {stderr}"
+    );
+    for (index, (path, _)) in &files {
+        closed_segment(path, *index);
+    }
+}
+
+/// A 1 MiB tmpfs at `dir/small`, or None (skipped) when it cannot be mounted.
+fn small_disk(dir: &Path) -> Option<PathBuf> {
+    let mnt = dir.join("small");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
+        return None;
+    }
+    Some(mnt)
+}
+
+/// A full disk under `--compress`, to one file and to segments, with each
+/// sink: every file ends on a whole (compressed) packet, decodes, and holds
+/// no gap; a segment closed by the failed write is either `.partial` or has
+/// a sidecar that matches it.
+#[test]
+fn a_full_disk_with_compression_ends_on_a_whole_packet() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    for io in crate::recording::sinks() {
+        for segments in [false, true] {
+            let run = Run::new(&test_config(
+                16384,
+                "RING_BUFFER",
+                STREAMING,
+                // Random payloads: they compress poorly, so the disk fills.
+                "message_count: 0 message_size: 600 max_messages_per_second: 20000 seed: 7",
+            ));
+            let Some(mnt) = small_disk(run.dir.path()) else {
+                return;
+            };
+            let out_path = if segments {
+                mnt.join("segs/")
+            } else {
+                mnt.join("trace.pftrace")
+            };
+            let mut c = run.command_to(io, &out_path);
+            c.arg("--compress=1");
+            if segments {
+                c.args(["--rotate-size", "300K"]);
+            }
+            let out = c.output().expect("runs");
+            let files: Vec<(PathBuf, bool)> = if segments {
+                segment_files(&mnt.join("segs")).into_values().collect()
+            } else {
+                vec![(out_path.clone(), false)]
+            };
+            let mut kept = Vec::new();
+            for (path, partial) in &files {
+                let data = std::fs::read(path).expect("file");
+                kept.push((path.clone(), *partial, data, sidecar(path)));
+            }
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{io}: {stderr}");
+            assert!(stderr.contains("No space left"), "{io}: {stderr}");
+            assert!(!kept.is_empty(), "{io} {segments}");
+            let partials = kept.iter().filter(|k| k.1).count();
+            assert!(
+                partials <= 1,
+                "{io}: only the last segment may stay .partial"
+            );
+            for (path, partial, data, car) in &kept {
+                let what = format!("{io} segments={segments} {}", path.display());
+                assert!(!data.is_empty(), "{what}");
+                assert_eq!(
+                    whole_prefix(data),
+                    data.len(),
+                    "{what}: ends on a whole packet"
+                );
+                let (packets, sizes) = expand(data);
+                assert!(!sizes.is_empty(), "{what}: compressed");
+                let counters: Vec<u64> = test_counters(&packets).into_values().flatten().collect();
+                assert_eq!(gaps(&counters).0, 0, "{what}");
+                if segments && !partial {
+                    let car = car.as_ref().unwrap_or_else(|| panic!("{what}: no sidecar"));
+                    assert_eq!(car["sha256"], sha256_hex(data), "{what}");
+                }
+                let copy = run.dir.path().join("kept.pftrace");
+                std::fs::write(&copy, data).expect("copy");
+                crate::trace_processor::check(&copy);
+            }
+        }
+    }
+}

@@ -592,3 +592,163 @@ fn a_trigger_during_stop_is_refused_and_the_file_stays_valid() {
         .collect();
     assert_eq!(names, vec!["first".to_string()]);
 }
+
+/// A trigger name too long for any session (130 KB) or unprintable is
+/// refused before connecting, with the rule and without echoing it whole;
+/// no "Broken pipe".
+#[test]
+fn a_long_or_unprintable_trigger_name_is_refused_up_front() {
+    let d = tempfile::tempdir().expect("tempdir");
+    // One argument holds at most 128 KiB (MAX_ARG_STRLEN).
+    let long = "n".repeat(120 * 1024);
+    let many: Vec<String> = (0..65).map(|i| format!("t{i}")).collect();
+    let wide: Vec<String> = (0..60).map(|i| format!("{i:0>200}")).collect();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![long], "1 to 256 printable"),
+        (vec!["a\u{1b}[2Jb".to_string()], "1 to 256 printable"),
+        (many, "at most 64 at once"),
+        (wide, "send fewer at once"),
+    ];
+    for (names, says) in cases {
+        let out = Command::new(recorder_bin())
+            .arg("trigger")
+            .args(&names)
+            .env("RECORDER_RUNTIME_DIR", d.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("Broken pipe"), "{err}");
+        assert!(err.len() < 1000, "{} bytes", err.len());
+        assert!(!err.contains('\u{1b}'), "{err}");
+    }
+}
+
+/// A snapshot that does not fit on the disk (a 1 MiB tmpfs for 8 MiB of
+/// data; 64 KiB when compressed), plain and compressed: the snapshot file ends on a whole packet,
+/// decodes, and the session goes on and ends well.
+#[test]
+fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
+    if skip_unless(need_root()) {
+        return;
+    }
+    for compress in [false, true] {
+        let run = Run::new(&trigger_config(
+            "CLONE_SNAPSHOT",
+            r#"triggers { name: "snap" }"#,
+            "",
+            // Random payloads: they compress poorly, so the disk fills.
+            "message_count: 0 max_messages_per_second: 20000 message_size: 400 seed: 3",
+            8192,
+        ));
+        let mnt = run.dir.path().join("small");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        // The test data compresses about 40 times: a smaller disk then.
+        let size = if compress { "size=64k" } else { "size=1m" };
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", size, "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
+            return;
+        }
+        let out = mnt.join("t.pftrace");
+        let mut c = run.command_to("auto", &out);
+        if compress {
+            c.arg("--compress=1");
+        }
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts");
+        wait_listening(&runtime(&run), child.id());
+        std::thread::sleep(Duration::from_millis(800));
+        let t = recorder(&run, &["trigger", "snap"]);
+        std::thread::sleep(Duration::from_millis(500));
+        let stop = recorder(&run, &["stop", &child.id().to_string()]);
+        let (status, stderr) = finish(child);
+        let snap = std::fs::read(mnt.join("t.pftrace.0")).unwrap_or_default();
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        assert!(stop.status.success());
+        assert!(status.success(), "{stderr}");
+        assert!(
+            stderr.contains("No space left"),
+            "compress={compress}: {stderr}"
+        );
+        assert!(!snap.is_empty(), "compress={compress}");
+        assert_eq!(
+            whole_prefix(&snap),
+            snap.len(),
+            "compress={compress}: the snapshot ends on a whole packet"
+        );
+        let (packets, _) = expand(&snap);
+        let counters = test_counters(&packets);
+        let c = counters.values().next().expect("data in the snapshot");
+        assert_eq!(gaps(c).0, 0, "compress={compress}");
+        let copy = run.dir.path().join("snap.pftrace");
+        std::fs::write(&copy, &snap).expect("copy");
+        crate::trace_processor::check(&copy);
+    }
+}
+
+/// 400 `recorder trigger` calls at once, 16 at a time, against one session:
+/// every one ends with an outcome or a precise message, never a bare
+/// "Broken pipe".
+#[test]
+fn triggers_under_load_never_end_in_a_bare_broken_pipe() {
+    let run = Run::new(&trigger_config(
+        "CLONE_SNAPSHOT",
+        r#"triggers { name: "snap" }"#,
+        "",
+        "message_count: 0 max_messages_per_second: 2000 message_size: 8",
+        1024,
+    ));
+    let child = spawn(&run);
+    wait_listening(&runtime(&run), child.id());
+    let rt = runtime(&run);
+    let senders: Vec<std::thread::JoinHandle<Vec<String>>> = (0..16)
+        .map(|_| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| {
+                        let out = Command::new(recorder_bin())
+                            .args(["trigger", "snap"])
+                            .env("RECORDER_RUNTIME_DIR", &rt)
+                            .stdin(Stdio::null())
+                            .output()
+                            .expect("trigger runs");
+                        String::from_utf8_lossy(&out.stderr).into_owned()
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for s in senders {
+        outputs.extend(s.join().expect("sender"));
+    }
+    assert!(
+        recorder(&run, &["stop", &child.id().to_string()])
+            .status
+            .success()
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(outputs.len(), 400);
+    for err in &outputs {
+        assert!(
+            err.contains("accepted") || err.contains("not taken") || err.contains("session "),
+            "{err}"
+        );
+        assert!(
+            !err.contains("Broken pipe") && !err.contains("os error 32"),
+            "{err}"
+        );
+    }
+}

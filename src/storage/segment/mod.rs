@@ -85,6 +85,8 @@ pub trait RemoteHooks: Send + Sync {
     /// segments' directory).
     fn submit(&self, index: u64, file: &str, sidecar: &str);
     fn counts(&self) -> HookCounts;
+    /// Segments their command deleted or moved away.
+    fn deleted(&self) -> Vec<u64>;
     /// Waits up to `grace` for queued commands; the counts and last error.
     fn finish(&self, grace: Duration) -> (HookCounts, Option<String>);
 }
@@ -107,6 +109,14 @@ impl Hooks {
         match self {
             Hooks::Local(r) => r.counts(),
             Hooks::Remote(r) => r.counts(),
+        }
+    }
+
+    /// Segments their command deleted or moved away.
+    fn deleted(&self) -> Vec<u64> {
+        match self {
+            Hooks::Local(r) => r.deleted(),
+            Hooks::Remote(r) => r.deleted(),
         }
     }
 
@@ -253,7 +263,11 @@ impl SegmentWriter {
         let dir = OutputDir::open(&names.dir)?;
         let hooks = match &policy.on_closed {
             Some(cmd) => Some(Hooks::Local(
-                HookRunner::start(cmd.clone()).map_err(SegmentError::Hook)?,
+                HookRunner::start(
+                    cmd.clone(),
+                    policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT),
+                )
+                .map_err(SegmentError::Hook)?,
             )),
             None => None,
         };
@@ -431,9 +445,10 @@ impl SegmentWriter {
         r
     }
 
-    /// The `--on-segment-closed` command, if any.
-    pub fn hook_command(&self) -> Option<&str> {
-        self.policy.on_closed.as_deref()
+    /// The `--on-segment-closed` command and its timeout, if any.
+    pub fn hook_command(&self) -> Option<(&str, Duration)> {
+        let timeout = self.policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT);
+        self.policy.on_closed.as_deref().map(|c| (c, timeout))
     }
 
     /// From now on the command runs in `remote`; the local runner (which
@@ -451,6 +466,11 @@ impl SegmentWriter {
         if let Some(h) = &mut self.hooks {
             let (c, last_error) = h.finish(HOOK_GRACE);
             self.status.hook = Some(c);
+            for index in h.deleted() {
+                if let Some(s) = self.status.segments.iter_mut().find(|s| s.index == index) {
+                    s.kept = false;
+                }
+            }
             if c.failed > 0
                 && let Some(e) = last_error
             {
@@ -552,9 +572,29 @@ impl SegmentWriter {
         }
         // The sidecar first, then the rename: a segment under its final name
         // always has its sidecar, even after a crash between the two (which
-        // leaves the sidecar beside a whole `.partial`). A sidecar that cannot
-        // be written still lets the segment close.
-        let wrote_sidecar = car.write_atomically(&self.dir, &sidecar_name);
+        // leaves the sidecar beside a whole `.partial`). A segment whose
+        // sidecar cannot be written (a full disk) stays `.partial`: still a
+        // valid trace up to its last whole packet, but not one the set
+        // vouches for.
+        let sidecar_bytes = match car.write_atomically(&self.dir, &sidecar_name) {
+            Ok(n) => n,
+            Err(source) => {
+                if let Some(s) = self.status.segments.last_mut() {
+                    s.path = partial.clone();
+                }
+                self.on_disk.push_back((c.index, bytes));
+                log::warn!(
+                    "segment {} left as {}: its sidecar could not be written: {source}",
+                    c.index,
+                    partial.display()
+                );
+                let _ = self.dir.sync();
+                return Err(SegmentError::Close {
+                    path: sidecar_path,
+                    source,
+                });
+            }
+        };
         self.dir
             .rename(
                 &self.names.partial_name(c.index),
@@ -566,7 +606,6 @@ impl SegmentWriter {
             })?;
         // The rename and the sidecar are durable once the directory is.
         let dir_synced = self.dir.sync();
-        let sidecar_bytes = *wrote_sidecar.as_ref().unwrap_or(&0);
         self.on_disk.push_back((c.index, bytes + sidecar_bytes));
         log::info!(
             "segment {} closed ({closed_by}): {} bytes, {} packets",
@@ -574,18 +613,13 @@ impl SegmentWriter {
             bytes,
             c.packets
         );
-        if let Err(source) = wrote_sidecar {
-            return Err(SegmentError::Close {
-                path: sidecar_path,
-                source,
-            });
-        }
         if let Err(source) = dir_synced {
             return Err(SegmentError::Close {
                 path: self.names.dir.clone(),
                 source,
             });
         }
+        self.forget_hook_deletions();
         self.enforce_budget(next);
         if let Some(h) = &self.hooks {
             h.submit(
@@ -599,6 +633,18 @@ impl SegmentWriter {
             );
         }
         Ok(())
+    }
+
+    /// Segments their command deleted or moved are no longer on disk: not
+    /// kept, and no longer counted against the budget.
+    fn forget_hook_deletions(&mut self) {
+        let Some(h) = &self.hooks else { return };
+        for index in h.deleted() {
+            self.on_disk.retain(|(i, _)| *i != index);
+            if let Some(s) = self.status.segments.iter_mut().find(|s| s.index == index) {
+                s.kept = false;
+            }
+        }
     }
 
     /// Deletes the oldest closed segments until the set fits the budget. The
@@ -690,6 +736,11 @@ impl SegmentWriter {
             && s.hook.is_none()
         {
             s.hook = Some(h.counts());
+            for index in h.deleted() {
+                if let Some(r) = s.segments.iter_mut().find(|r| r.index == index) {
+                    r.kept = false;
+                }
+            }
         }
         s
     }

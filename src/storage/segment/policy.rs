@@ -16,6 +16,9 @@ pub struct RotationPolicy {
     pub max_disk: Option<u64>,
     /// A shell command run with each closed segment's path.
     pub on_closed: Option<String>,
+    /// How long each run of `on_closed` may take (default
+    /// [`super::hook::DEFAULT_TIMEOUT`]).
+    pub hook_timeout: Option<Duration>,
 }
 
 /// Why a segment was cut.
@@ -43,6 +46,8 @@ pub enum PolicyError {
     TooFewSegments,
     #[error("{what} must be more than 0")]
     Zero { what: &'static str },
+    #[error("--hook-timeout needs --on-segment-closed (it bounds that command's runs)")]
+    TimeoutWithoutHook,
 }
 
 impl RotationPolicy {
@@ -63,10 +68,19 @@ impl RotationPolicy {
                 what: "--rotate-period",
             });
         }
+        if self.hook_timeout == Some(Duration::ZERO) {
+            return Err(PolicyError::Zero {
+                what: "--hook-timeout",
+            });
+        }
+        if self.hook_timeout.is_some() && self.on_closed.is_none() {
+            return Err(PolicyError::TimeoutWithoutHook);
+        }
         if !self.rotates() {
             for (set, name) in [
                 (self.max_segments.is_some(), "--max-segments"),
-                (self.max_disk.is_some(), "--max-disk"),
+                // Without segments, --max-disk bounds CLONE_SNAPSHOT's
+                // snapshots (the command checks the config is one).
                 (self.on_closed.is_some(), "--on-segment-closed"),
             ] {
                 if set {
@@ -77,7 +91,7 @@ impl RotationPolicy {
         if matches!(self.max_segments, Some(n) if n < 2) {
             return Err(PolicyError::TooFewSegments);
         }
-        if let Some(max_disk) = self.max_disk {
+        if let Some(max_disk) = self.max_disk.filter(|_| self.rotates()) {
             match self.size {
                 Some(size) if size.saturating_mul(2) <= max_disk => {}
                 _ => return Err(PolicyError::DiskTooSmall { max_disk }),
@@ -197,6 +211,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(ok.check(), Ok(()));
+        let timeout_alone = RotationPolicy {
+            hook_timeout: Some(Duration::from_secs(1)),
+            ..ok.clone()
+        };
+        assert_eq!(timeout_alone.check(), Err(PolicyError::TimeoutWithoutHook));
+        let zero_timeout = RotationPolicy {
+            hook_timeout: Some(Duration::ZERO),
+            on_closed: Some("true".into()),
+            ..ok.clone()
+        };
+        assert!(matches!(
+            zero_timeout.check(),
+            Err(PolicyError::Zero { .. })
+        ));
         let no_rotation = RotationPolicy {
             max_segments: Some(3),
             ..Default::default()
