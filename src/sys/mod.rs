@@ -4,3 +4,4 @@
 pub mod daemon;
 pub mod iov;
 pub mod signals;
+pub mod trace_map;

@@ -6,6 +6,7 @@ mod common;
 mod config;
 mod custom_fields;
 mod ftrace;
+mod ftrace_mmap;
 mod hardening;
 mod lifecycle;
 mod loss;
