@@ -199,6 +199,13 @@ impl TraceMap {
         .map_err(TraceMapError::Mmap)?;
         this.data = NonNull::new(data.cast::<u8>())
             .ok_or_else(|| TraceMapError::Meta("null mapping".into()))?;
+        for (addr, len) in [(meta.as_ptr(), page), (this.data.as_ptr(), data_len)] {
+            // Not into children: the kernel counts each mapping of the ring,
+            // and a child has no use for it. Advisory; a refusal is harmless.
+            // SAFETY: T1 — the range is one of the two mappings just made.
+            let _ =
+                unsafe { rustix::mm::madvise(addr.cast(), len, rustix::mm::Advice::LinuxDontFork) };
+        }
         this.data_len = data_len;
         this.subbuf_size = subbuf_size;
         this.nr_subbufs = nr_subbufs;

@@ -77,7 +77,7 @@ impl Default for FtraceOptions {
             proc_root: PathBuf::from("/proc"),
             sequence_id: 2,
             max_packet_bytes: DEFAULT_MAX_PACKET_BYTES,
-            read_mode: ReadMode::Auto,
+            read_mode: ReadMode::default(),
         }
     }
 }

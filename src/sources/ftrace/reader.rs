@@ -44,12 +44,14 @@ pub const SPLICE_PIPE_PAGES: usize = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ReadMode {
     /// The mapping where the kernel offers it, else read(2).
-    #[default]
     Auto,
     /// The ring buffer mapped (`TRACE_MMAP_IOCTL_GET_READER`); an error
     /// where the kernel cannot map it.
     Mmap,
-    /// read(2), one page per call; partial pages too.
+    /// read(2), one page per call; partial pages too. The default: under a
+    /// sustained load this kernel (6.18) overwrites more unread sub-buffers
+    /// while a reader maps the buffer than with read(2) (docs/ftrace.md).
+    #[default]
     Read,
     /// splice(2) into a pipe, then read(2) from it; full pages only.
     Splice,
@@ -62,7 +64,8 @@ impl ReadMode {
     /// `auto`, `mmap`, `read` or `splice`.
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim() {
-            "auto" | "" => Some(Self::Auto),
+            "auto" => Some(Self::Auto),
+            "" => Some(Self::default()),
             "mmap" => Some(Self::Mmap),
             "read" => Some(Self::Read),
             "splice" => Some(Self::Splice),
@@ -70,11 +73,11 @@ impl ReadMode {
         }
     }
 
-    /// The mode [`READ_MODE_ENV`] names (`Auto` when unset); a value it
+    /// The mode [`READ_MODE_ENV`] names (`Read` when unset); a value it
     /// does not know is an error naming the ones it does.
     pub fn from_env() -> Result<Self, String> {
         match std::env::var(READ_MODE_ENV) {
-            Err(_) => Ok(Self::Auto),
+            Err(_) => Ok(Self::default()),
             Ok(v) => Self::parse(&v).ok_or_else(|| {
                 format!("{READ_MODE_ENV}={v:?}: expected auto, mmap, read or splice")
             }),
@@ -150,6 +153,9 @@ struct MappedFeed<'m> {
     in_span: bool,
     /// The budget ran out before the kernel had nothing more.
     more: bool,
+    /// A span resumed the sub-buffer the writer is on: the drain of this
+    /// CPU ends with it rather than chase the writer event by event.
+    caught_up: bool,
     /// Sub-buffer bytes taken (whole sub-buffers, as read(2) counts).
     bytes: u64,
 }
@@ -160,6 +166,9 @@ impl PageFeed for MappedFeed<'_> {
             self.m.ts = Some(prev_ts);
         }
         loop {
+            if self.caught_up {
+                return None;
+            }
             if self.budget == 0 {
                 self.more = true;
                 return None;
@@ -183,9 +192,9 @@ impl PageFeed for MappedFeed<'_> {
             let from = std::mem::replace(&mut self.m.consumed, r.read);
             if from > 0 {
                 // More written on the sub-buffer since: resume the walk.
-                let Some(ts) = self.m.ts else {
-                    continue;
-                };
+                self.caught_up = true;
+                // Unknown after a cut-short walk: the rest of it is skipped.
+                let ts = self.m.ts?;
                 self.in_span = true;
                 return Some(Span {
                     pos: from,
@@ -405,6 +414,7 @@ impl<O: PacketOutput> ReaderState<O> {
                         budget: BATCH_PAGES,
                         in_span: false,
                         more: false,
+                        caught_up: false,
                         bytes: 0,
                     };
                     let cursor = &mut pipe.cursor;
