@@ -178,15 +178,11 @@ fn cpu_seconds() -> f64 {
     ticks as f64 / 100.0
 }
 
-/// `FTRACE_E2E=read|splice`: records sched_switch + sched_wakeup for 10 s
+/// `FTRACE_E2E=read|splice|mmap|auto`: records sched_switch + sched_wakeup for 10 s
 /// while `stress-ng --switch 2` runs, and prints events, loss, CPU and bytes.
 fn end_to_end(mode: &str) {
     use recorder::sources::ftrace::{FtraceOptions, FtraceSource, ReadMode};
-    let read_mode = if mode == "splice" {
-        ReadMode::Splice
-    } else {
-        ReadMode::Read
-    };
+    let read_mode = ReadMode::parse(mode).unwrap_or(ReadMode::Read);
     let secs: u64 = std::env::var("FTRACE_E2E_SECS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -6,7 +6,7 @@
 #   cargo bench --bench ftrace --no-run
 #   scripts/ftrace_encoder_instructions.sh target/release/deps/ftrace-<hash> [OTHER_BIN...]
 #
-# Events are the page walker's calls (one per event, plus one per page).
+# Events are the page walker's steps (one per event, plus one per page run).
 set -euo pipefail
 command -v valgrind >/dev/null || apt-get install -y valgrind >/dev/null
 for bin in "$@"; do
@@ -17,7 +17,7 @@ for bin in "$@"; do
     total=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
       grep -E 'BundleEncoder::encode_pages \[' | head -1 | awk '{gsub(",", "", $1); print $1}')
     events=$(callgrind_annotate --tree=calling "$out" 2>/dev/null |
-      grep -E '>.*EventIter.*::next \(' | head -1 | grep -o '([0-9,]*x)' | tr -d '(),x')
+      grep -E '>.*EventIter.*::(next|step) \(' | head -1 | grep -o '([0-9,]*x)' | tr -d '(),x')
     rm -f "$out"
     echo "$bin $bench: $((total / events)) instructions/event"
   done

@@ -19,7 +19,7 @@ use crate::ipc::socket_path::{self, Opening, SocketPathError};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
-use crate::sources::ftrace::FtraceOptions;
+use crate::sources::ftrace::{FtraceOptions, ReadMode};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::ProcessStatsSource;
@@ -166,9 +166,15 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             }
             SourceKind::Ftrace(f) => {
                 let writer = buffer.writer(WriterId(next_seq));
+                let read_mode = ReadMode::from_env().map_err(|why| AppError::Source {
+                    index,
+                    name: ds.name.clone(),
+                    source: why.into(),
+                })?;
                 let opts = FtraceOptions {
                     spec: f.clone(),
                     sequence_id: next_seq,
+                    read_mode,
                     ..FtraceOptions::default()
                 };
                 next_seq += 1;

@@ -5,3 +5,4 @@ pub mod daemon;
 pub mod iov;
 pub mod privdrop;
 pub mod signals;
+pub mod trace_map;

@@ -62,20 +62,20 @@ fn encode(pages: &[u8], compact: bool, filter: &PrintFilter) -> (Vec<TracePacket
     (decode(&out.bytes), enc)
 }
 
-fn decode(bytes: &[u8]) -> Vec<TracePacket> {
+pub(crate) fn decode(bytes: &[u8]) -> Vec<TracePacket> {
     Trace::parse_from_bytes(bytes)
         .expect("independent decoder parses the trace")
         .packet
 }
 
-fn bundles(p: &[TracePacket]) -> Vec<&FtraceEventBundle> {
+pub(crate) fn bundles(p: &[TracePacket]) -> Vec<&FtraceEventBundle> {
     p.iter()
         .filter(|p| p.has_ftrace_events())
         .map(|p| p.ftrace_events())
         .collect()
 }
 
-fn events(p: &[TracePacket]) -> Vec<FtraceEvent> {
+pub(crate) fn events(p: &[TracePacket]) -> Vec<FtraceEvent> {
     bundles(p)
         .iter()
         .flat_map(|b| b.event.iter().cloned())
@@ -754,7 +754,7 @@ fn ftrace_stats_packet_decodes() {
     assert!(s.preserve_ftrace_buffer());
 }
 
-fn kernel_missing() -> Option<String> {
+pub(crate) fn kernel_missing() -> Option<String> {
     common::need_root().or_else(|| {
         Tracefs::discover()
             .err()
@@ -767,7 +767,7 @@ fn kernel_missing() -> Option<String> {
 }
 
 /// Two threads bounce a byte over a pair of pipes; returns their tids.
-fn ping_pong(rounds: usize) -> (i32, i32) {
+pub(crate) fn ping_pong(rounds: usize) -> (i32, i32) {
     let (r1, w1) = rustix::pipe::pipe().expect("pipe");
     let (r2, w2) = rustix::pipe::pipe().expect("pipe");
     let t = std::thread::spawn(move || {
@@ -799,9 +799,9 @@ fn real_kernel_ping_pong_recording_splice() {
 }
 
 /// The real-kernel tests compare tracefs before and after: one at a time.
-static KERNEL: Mutex<()> = Mutex::new(());
+pub(crate) static KERNEL: Mutex<()> = Mutex::new(());
 
-fn ping_pong_recording(read_mode: ReadMode) {
+pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
     if common::skip_unless(kernel_missing()) {
         return;
     }
@@ -897,6 +897,11 @@ fn ping_pong_recording(read_mode: ReadMode) {
     assert_eq!(summary.encode.lost_pages, 0);
     assert_eq!(summary.encode.unknown_ids, 0);
     assert_eq!(summary.non_monotonic, 0);
+    match read_mode {
+        ReadMode::Mmap => assert_eq!(summary.mapped_cpus, summary.cpu_stats.len()),
+        ReadMode::Read | ReadMode::Splice => assert_eq!(summary.mapped_cpus, 0),
+        ReadMode::Auto => {}
+    }
     // tracefs left as found.
     let instances_after: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
         .expect("instances")
@@ -1567,7 +1572,7 @@ fn bundled_root_configs_open_cleanly_in_trace_processor() {
 
 /// Records `spec` on the real kernel while `load` runs (given the instance
 /// directory); returns the decoded packets and the summary.
-fn record_spec(
+pub(crate) fn record_spec(
     spec: FtraceSpec,
     load: impl FnOnce(&Tracefs),
 ) -> (Vec<TracePacket>, recorder::sources::ftrace::FtraceSummary) {

@@ -7,6 +7,7 @@ mod config;
 mod custom_fields;
 mod fleet;
 mod ftrace;
+mod ftrace_mmap;
 mod hardening;
 mod layers;
 mod lifecycle;

@@ -18,7 +18,7 @@ use super::event_table::{
     CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, TypedPlan, comm16,
 };
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
-use super::page::{EventIter, PageError, RawEvent, parse_header};
+use super::page::{EventIter, PageError, PageHeader, RawEvent, parse_header};
 use crate::sources::output::PacketOutput;
 use crate::trace::encoder::{
     ProtoEncoder, Short, ShortWriter, WINDOW_MAX_LEN, WINDOW_SPAN, Window,
@@ -318,48 +318,142 @@ pub struct BundleEncoder {
 /// Slots of the recent-pid cache (a power of two).
 const PID_CACHE: usize = 1024;
 
-enum Step<'a> {
-    Event(RawEvent<'a>),
+/// One run of a page's events handed to the encoder by a [`PageFeed`]:
+/// offsets into [`PageFeed::bytes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub pos: usize,
+    pub end: usize,
+    /// The running timestamp at `pos`.
+    pub ts: u64,
+    /// Set when the span starts a page: its header (loss is noted once per page).
+    pub header: Option<PageHeader>,
+}
+
+/// Where the encoder takes pages from, one span at a time. A feed may
+/// reuse the memory behind [`PageFeed::bytes`] once asked for the next
+/// span, so the encoder keeps offsets, never slices, across that call.
+pub trait PageFeed {
+    /// The next span, or `None` when there is nothing more now. `prev_ts`
+    /// is the running timestamp where the previous span's walk ended.
+    fn next_span(&mut self, prev_ts: u64, stats: &mut EncodeStats) -> Option<Span>;
+    /// The bytes the current span indexes.
+    fn bytes(&self) -> &[u8];
+}
+
+/// Whole pages back to back in one buffer (what read(2) fills).
+pub struct PagesFeed<'a> {
+    pages: &'a [u8],
+    layout: PageLayout,
+    next: usize,
+}
+
+impl<'a> PagesFeed<'a> {
+    pub fn new(pages: &'a [u8], layout: &PageLayout) -> Self {
+        Self {
+            pages,
+            layout: *layout,
+            next: 0,
+        }
+    }
+}
+
+impl PageFeed for PagesFeed<'_> {
+    fn next_span(&mut self, _prev_ts: u64, stats: &mut EncodeStats) -> Option<Span> {
+        let size = self.layout.page_size();
+        loop {
+            let start = self.next;
+            let page = self.pages.get(start..start.checked_add(size)?)?;
+            self.next += size;
+            stats.pages += 1;
+            match parse_header(page, &self.layout) {
+                Ok(h) => {
+                    let pos = start + self.layout.data_offset;
+                    return Some(Span {
+                        pos,
+                        end: pos + h.data_len,
+                        ts: h.timestamp,
+                        header: Some(h),
+                    });
+                }
+                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            }
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.pages
+    }
+}
+
+/// An event by its place in the feed's bytes.
+#[derive(Clone, Copy)]
+struct EventAt {
+    timestamp: u64,
+    start: usize,
+    end: usize,
+}
+
+impl EventAt {
+    fn raw<'b>(&self, bytes: &'b [u8]) -> RawEvent<'b> {
+        RawEvent {
+            timestamp: self.timestamp,
+            offset: self.start,
+            payload: bytes.get(self.start..self.end).unwrap_or_default(),
+        }
+    }
+}
+
+enum Step {
+    Event(EventAt),
     Done,
 }
 
-/// Walks the events of consecutive pages, noting page-level loss.
-struct PageCursor<'a> {
-    pages: std::slice::ChunksExact<'a, u8>,
-    iter: Option<EventIter<'a>>,
-    layout: PageLayout,
+/// Walks the events of a feed's spans, noting page-level loss.
+#[derive(Default)]
+struct PageCursor {
+    /// (position, end, running timestamp) in the current span.
+    walk: Option<(usize, usize, u64)>,
+    /// The running timestamp where the last span ended.
+    last_ts: u64,
     /// A page flagged RB_MISSED_EVENTS was entered and not yet reported.
     lost: bool,
 }
 
-impl<'a> PageCursor<'a> {
-    fn next(&mut self, stats: &mut EncodeStats) -> Step<'a> {
+impl PageCursor {
+    fn next<F: PageFeed + ?Sized>(&mut self, feed: &mut F, stats: &mut EncodeStats) -> Step {
         loop {
-            if let Some(it) = &mut self.iter {
-                match it.next() {
-                    Some(Ok(e)) => return Step::Event(e),
-                    Some(Err(e)) => {
-                        stats.parse_errors[e.parse_status() as usize] += 1;
-                        self.iter = None;
+            if let Some((pos, end, ts)) = self.walk {
+                let mut it = EventIter::span(feed.bytes(), pos, end, ts);
+                match it.step() {
+                    Ok(Some(e)) => {
+                        let (p, t) = it.position();
+                        self.walk = Some((p, end, t));
+                        return Step::Event(EventAt {
+                            timestamp: e.timestamp,
+                            start: e.offset,
+                            end: e.offset + e.payload.len(),
+                        });
                     }
-                    None => self.iter = None,
+                    Ok(None) => self.last_ts = it.position().1,
+                    Err(e) => {
+                        stats.parse_errors[e.parse_status() as usize] += 1;
+                        self.last_ts = ts;
+                    }
                 }
+                self.walk = None;
             }
-            let Some(page) = self.pages.next() else {
+            let Some(span) = feed.next_span(self.last_ts, stats) else {
                 return Step::Done;
             };
-            stats.pages += 1;
-            match parse_header(page, &self.layout) {
-                Ok(h) => {
-                    if h.missed_events {
-                        self.lost = true;
-                        stats.lost_pages += 1;
-                        stats.lost_events += h.missed_count.unwrap_or(0);
-                    }
-                    self.iter = Some(EventIter::new(page, &self.layout, &h));
-                }
-                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            if let Some(h) = span.header
+                && h.missed_events
+            {
+                self.lost = true;
+                stats.lost_pages += 1;
+                stats.lost_events += h.missed_count.unwrap_or(0);
             }
+            self.walk = Some((span.pos, span.end, span.ts));
         }
     }
 }
@@ -440,33 +534,48 @@ impl BundleEncoder {
         cursor: &mut CpuCursor,
         pages: &[u8],
     ) {
-        self.encode_bundles(out, table, filter, layout, cursor, pages);
-        out.flush();
+        self.encode_feed(
+            out,
+            table,
+            filter,
+            cursor,
+            &mut PagesFeed::new(pages, layout),
+        );
     }
 
-    fn encode_bundles(
+    /// Encodes every span `feed` gives (one CPU, in read order) as
+    /// bundles, then flushes `out`.
+    pub fn encode_feed<F: PageFeed + ?Sized>(
         &mut self,
         out: &mut dyn PacketOutput,
         table: &EventTable,
         filter: &PrintFilter,
-        layout: &PageLayout,
         cursor: &mut CpuCursor,
-        pages: &[u8],
+        feed: &mut F,
     ) {
-        let mut pc = PageCursor {
-            pages: pages.chunks_exact(layout.page_size()),
-            iter: None,
-            layout: *layout,
-            lost: false,
-        };
-        let mut pending: Option<RawEvent<'_>> = None;
+        self.encode_bundles(out, table, filter, cursor, feed);
+        out.flush();
+    }
+
+    fn encode_bundles<F: PageFeed + ?Sized>(
+        &mut self,
+        out: &mut dyn PacketOutput,
+        table: &EventTable,
+        filter: &PrintFilter,
+        cursor: &mut CpuCursor,
+        feed: &mut F,
+    ) {
+        let mut pc = PageCursor::default();
+        // The event in hand, by offsets: the feed may move on only once it
+        // is written (`pc.next` is called with nothing pending).
+        let mut pending: Option<EventAt> = None;
         let mut done = false;
         // The shortest bundle accepted: MIN_BUNDLE_BYTES, or a full one to
         // retry an event too big for a short one.
         let mut min_len = MIN_BUNDLE_BYTES.min(self.max_packet_bytes);
         while !done || pending.is_some() || pc.lost {
             if pending.is_none() && !done {
-                match pc.next(&mut self.stats) {
+                match pc.next(feed, &mut self.stats) {
                     Step::Event(e) => pending = Some(e),
                     Step::Done => done = true,
                 }
@@ -501,7 +610,7 @@ impl BundleEncoder {
                 let ev = match pending.take() {
                     Some(e) => e,
                     None if done => break,
-                    None => match pc.next(&mut self.stats) {
+                    None => match pc.next(feed, &mut self.stats) {
                         Step::Event(e) => {
                             if pc.lost {
                                 if wrote > 0 {
@@ -520,7 +629,8 @@ impl BundleEncoder {
                         }
                     },
                 };
-                match self.encode_event(&mut enc, table, filter, &ev) {
+                let raw = ev.raw(feed.bytes());
+                match self.encode_event(&mut enc, table, filter, &raw) {
                     Fit::Written => {
                         wrote += 1;
                         last_ts = Some(ev.timestamp);

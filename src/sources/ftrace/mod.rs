@@ -77,7 +77,7 @@ impl Default for FtraceOptions {
             proc_root: PathBuf::from("/proc"),
             sequence_id: 2,
             max_packet_bytes: DEFAULT_MAX_PACKET_BYTES,
-            read_mode: ReadMode::Read,
+            read_mode: ReadMode::default(),
         }
     }
 }
@@ -138,6 +138,8 @@ pub struct FtraceSummary {
     pub watermark_drains: u64,
     /// The kernel's per-CPU counters at the last FtraceStats written.
     pub cpu_stats: Vec<CpuStats>,
+    /// CPUs read through the mapped ring buffer (the rest with read(2)).
+    pub mapped_cpus: usize,
 }
 
 /// The events the kernel's counters say were lost, all CPUs together.
@@ -653,7 +655,12 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     path: p.clone(),
                     source,
                 })?;
+            let map = reader::open_map(&file, cpu, &layout, self.opts.read_mode).map_err(|e| {
+                FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
+            })?;
+            self.summary.mapped_cpus += usize::from(map.is_some());
             pipes.push(CpuPipe {
+                map,
                 cpu,
                 file,
                 bytes_read: 0,

@@ -89,18 +89,35 @@ pub fn parse_header(page: &[u8], layout: &PageLayout) -> Result<PageHeader, Page
         read_uint(page, layout.timestamp_offset, 8).ok_or(PageError::InvalidPageHeader)?;
     let commit = read_uint(page, layout.commit_offset, layout.commit_size)
         .ok_or(PageError::InvalidPageHeader)?;
-    let data_len = (commit & COMMIT_LEN_MASK) as usize;
     let room = page
         .len()
         .saturating_sub(layout.data_offset)
         .min(layout.data_size);
-    if page.len() < layout.data_offset || data_len > room {
+    if page.len() < layout.data_offset {
+        return Err(PageError::InvalidPageHeader);
+    }
+    header_from_words(timestamp, commit, room, |at| {
+        read_uint(page, layout.data_offset + at, layout.commit_size)
+    })
+}
+
+/// The header from a page's two words, for pages not held as one slice
+/// (a mapped sub-buffer): `room` is the data bytes the page holds and
+/// `stored_count` reads the `long` at that offset after the data start.
+pub fn header_from_words(
+    timestamp: u64,
+    commit: u64,
+    room: usize,
+    stored_count: impl FnOnce(usize) -> Option<u64>,
+) -> Result<PageHeader, PageError> {
+    let data_len = (commit & COMMIT_LEN_MASK) as usize;
+    if data_len > room {
         return Err(PageError::InvalidPageHeader);
     }
     let missed_events = commit & MISSED_EVENTS != 0;
     let missed_count = if missed_events && commit & MISSED_STORED != 0 {
         // Stored as a `long` right after the data, when it fits.
-        read_uint(page, layout.data_offset + data_len, layout.commit_size)
+        stored_count(data_len)
     } else {
         None
     };
@@ -135,11 +152,31 @@ impl<'p> EventIter<'p> {
         }
     }
 
+    /// Walks `bytes[pos..end]`, events of one page whose running timestamp
+    /// at `pos` is `ts` (a page's data, or the rest of it after a pause).
+    pub fn span(bytes: &'p [u8], pos: usize, end: usize, ts: u64) -> Self {
+        let end = end.min(bytes.len());
+        Self {
+            page: bytes,
+            pos: pos.min(end),
+            end,
+            ts,
+            done: false,
+        }
+    }
+
+    /// Where the walk stands: the next record's offset and the running
+    /// timestamp there (to resume with [`EventIter::span`]).
+    pub fn position(&self) -> (usize, u64) {
+        (self.pos, self.ts)
+    }
+
     fn u32_at(&self, at: usize) -> Option<u32> {
         read_uint(&self.page[..self.end], at, 4).map(|v| v as u32)
     }
 
-    fn step(&mut self) -> Result<Option<RawEvent<'p>>, PageError> {
+    /// The next record, `Ok(None)` at the span's end.
+    pub fn step(&mut self) -> Result<Option<RawEvent<'p>>, PageError> {
         loop {
             if self.pos >= self.end {
                 return Ok(None);

@@ -7,10 +7,12 @@
 //! one CPU's buffer is that full, so a burst is drained before it overruns
 //! the buffer instead of at the next period.
 //!
-//! Two ways out of the kernel ([`ReadMode`]): `read(2)` (the default; with a
+//! Three ways out of the kernel ([`ReadMode`]): the ring buffer mapped into
+//! the process (Linux 6.10+; events are encoded where the kernel wrote
+//! them, one `ioctl` per sub-buffer), `read(2)` (a page per call; with a
 //! periodic drain only the last page of each CPU per period is partial) and
-//! `splice(2)` into a pipe then `read(2)` out of it (full pages only). They
-//! are compared in BENCHMARKS.md.
+//! `splice(2)` into a pipe then `read(2)` out of it (full pages only).
+//! [`ReadMode::Auto`] maps where the kernel can and reads otherwise.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -21,10 +23,12 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
-use super::encode::{BundleEncoder, CpuCursor, PrintFilter};
+use super::encode::{BundleEncoder, CpuCursor, EncodeStats, PageFeed, PrintFilter, Span};
 use super::event_table::EventTable;
 use super::format::PageLayout;
+use super::page::header_from_words;
 use crate::sources::output::PacketOutput;
+use crate::sys::trace_map::{SUBBUF_DATA_OFFSET, TraceMap, TraceMapError};
 
 /// Pages read from one CPU before they are encoded (bounds the staging buffer).
 pub const BATCH_PAGES: usize = 64;
@@ -39,11 +43,210 @@ pub const SPLICE_PIPE_PAGES: usize = 16;
 /// How pages leave the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ReadMode {
-    /// read(2), one page per call; partial pages too.
+    /// The mapping where the kernel offers it, else read(2).
+    Auto,
+    /// The ring buffer mapped (`TRACE_MMAP_IOCTL_GET_READER`); an error
+    /// where the kernel cannot map it.
+    Mmap,
+    /// read(2), one page per call; partial pages too. The default: under a
+    /// sustained load this kernel (6.18) overwrites more unread sub-buffers
+    /// while a reader maps the buffer than with read(2) (docs/ftrace.md).
     #[default]
     Read,
     /// splice(2) into a pipe, then read(2) from it; full pages only.
     Splice,
+}
+
+/// The environment variable that picks the [`ReadMode`].
+pub const READ_MODE_ENV: &str = "RECORDER_FTRACE_READ";
+
+impl ReadMode {
+    /// `auto`, `mmap`, `read` or `splice`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "auto" => Some(Self::Auto),
+            "" => Some(Self::default()),
+            "mmap" => Some(Self::Mmap),
+            "read" => Some(Self::Read),
+            "splice" => Some(Self::Splice),
+            _ => None,
+        }
+    }
+
+    /// The mode [`READ_MODE_ENV`] names (`Read` when unset); a value it
+    /// does not know is an error naming the ones it does.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var(READ_MODE_ENV) {
+            Err(_) => Ok(Self::default()),
+            Ok(v) => Self::parse(&v).ok_or_else(|| {
+                format!("{READ_MODE_ENV}={v:?}: expected auto, mmap, read or splice")
+            }),
+        }
+    }
+}
+
+/// One CPU's mapped ring buffer and where its reader sub-buffer was left.
+pub struct MappedCpu {
+    map: TraceMap,
+    /// The reader sub-buffer last walked.
+    id: Option<u32>,
+    /// Its data bytes already encoded.
+    consumed: usize,
+    /// The running timestamp at `consumed`; unknown when a walk was cut
+    /// short (the rest of that sub-buffer is then skipped).
+    ts: Option<u64>,
+    pub ioctl_errors: u64,
+}
+
+impl MappedCpu {
+    pub fn counters(&self) -> crate::sys::trace_map::MetaCounters {
+        self.map.counters()
+    }
+}
+
+/// Maps `file` (cpu `cpu`'s trace_pipe_raw) as `mode` asks: `None` for
+/// read(2) (asked for, or `Auto` where the kernel cannot map it).
+pub fn open_map(
+    file: &File,
+    cpu: u32,
+    layout: &PageLayout,
+    mode: ReadMode,
+) -> Result<Option<MappedCpu>, TraceMapError> {
+    if !matches!(mode, ReadMode::Auto | ReadMode::Mmap) {
+        return Ok(None);
+    }
+    let mapped = TraceMap::new(file).and_then(|map| {
+        // The walker reads the layout header_page gave; it must be the mapped one.
+        if layout.data_offset != SUBBUF_DATA_OFFSET || layout.page_size() != map.subbuf_size() {
+            return Err(TraceMapError::Meta(format!(
+                "sub-buffers of {} bytes, data at {}; header_page says {} and {}",
+                map.subbuf_size(),
+                SUBBUF_DATA_OFFSET,
+                layout.page_size(),
+                layout.data_offset
+            )));
+        }
+        Ok(map)
+    });
+    match (mapped, mode) {
+        (Ok(map), _) => Ok(Some(MappedCpu {
+            map,
+            id: None,
+            consumed: 0,
+            ts: None,
+            ioctl_errors: 0,
+        })),
+        (Err(e), ReadMode::Auto) => {
+            log::info!("ftrace cpu{cpu}: reading with read(2): {e}");
+            Ok(None)
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// The spans of one mapped CPU, at most `budget` sub-buffers per encode.
+struct MappedFeed<'m> {
+    m: &'m mut MappedCpu,
+    layout: PageLayout,
+    budget: usize,
+    /// A span was handed out and its end timestamp not yet received.
+    in_span: bool,
+    /// The budget ran out before the kernel had nothing more.
+    more: bool,
+    /// A span resumed the sub-buffer the writer is on: the drain of this
+    /// CPU ends with it rather than chase the writer event by event.
+    caught_up: bool,
+    /// Sub-buffer bytes taken (whole sub-buffers, as read(2) counts).
+    bytes: u64,
+}
+
+impl PageFeed for MappedFeed<'_> {
+    fn next_span(&mut self, prev_ts: u64, stats: &mut EncodeStats) -> Option<Span> {
+        if std::mem::take(&mut self.in_span) {
+            self.m.ts = Some(prev_ts);
+        }
+        loop {
+            if self.caught_up {
+                return None;
+            }
+            if self.budget == 0 {
+                self.more = true;
+                return None;
+            }
+            let r = match self.m.map.get_reader() {
+                Ok(r) => r,
+                Err(e) => {
+                    self.m.ioctl_errors += 1;
+                    log::debug!("ftrace mapped buffer: {e}");
+                    return None;
+                }
+            };
+            if self.m.id != Some(r.id) {
+                self.m.id = Some(r.id);
+                self.m.consumed = 0;
+                self.m.ts = None;
+            }
+            if r.read <= self.m.consumed {
+                return None;
+            }
+            let from = std::mem::replace(&mut self.m.consumed, r.read);
+            if from > 0 {
+                // More written on the sub-buffer since: resume the walk.
+                self.caught_up = true;
+                // Unknown after a cut-short walk: the rest of it is skipped.
+                let ts = self.m.ts?;
+                self.in_span = true;
+                return Some(Span {
+                    pos: from,
+                    end: r.read,
+                    ts,
+                    header: None,
+                });
+            }
+            self.budget -= 1;
+            stats.pages += 1;
+            self.bytes += self.m.map.subbuf_size() as u64;
+            let view = self.m.map.reader()?;
+            let l = &self.layout;
+            let header = match (
+                view.word(l.timestamp_offset, 8),
+                view.word(l.commit_offset, l.commit_size),
+            ) {
+                (Some(ts), Some(commit)) => {
+                    let room = view.size().saturating_sub(l.data_offset).min(l.data_size);
+                    header_from_words(ts, commit, room, |at| {
+                        view.word(l.data_offset + at, l.commit_size)
+                    })
+                }
+                _ => Err(super::page::PageError::InvalidPageHeader),
+            };
+            match header {
+                Ok(h) => {
+                    self.in_span = true;
+                    return Some(Span {
+                        pos: 0,
+                        end: r.read,
+                        ts: h.timestamp,
+                        header: Some(h),
+                    });
+                }
+                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            }
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.m.map.reader().map(|v| v.data()).unwrap_or_default()
+    }
+}
+
+impl Drop for MappedFeed<'_> {
+    fn drop(&mut self) {
+        if self.in_span {
+            // The encoder stopped inside a span (no room): its end is unknown.
+            self.m.ts = None;
+        }
+    }
 }
 
 /// Callback told the thread ids seen in each drain.
@@ -69,6 +272,8 @@ pub struct CpuPipe {
     pub cursor: CpuCursor,
     /// (read end, write end) of the pipe splice moves pages through.
     pub splice_pipe: Option<(OwnedFd, OwnedFd)>,
+    /// The mapped ring buffer, when read through the mapping.
+    pub map: Option<MappedCpu>,
 }
 
 /// Everything the thread owns while it runs; handed back when it exits.
@@ -200,6 +405,39 @@ impl<O: PacketOutput> ReaderState<O> {
                 (ReadMode::Splice, true) => &[ReadMode::Splice, ReadMode::Read],
                 (m, _) => &[m][..],
             };
+            let pipe = &mut self.pipes[i];
+            if let Some(m) = &mut pipe.map {
+                loop {
+                    let mut feed = MappedFeed {
+                        m,
+                        layout: self.layout,
+                        budget: BATCH_PAGES,
+                        in_span: false,
+                        more: false,
+                        caught_up: false,
+                        bytes: 0,
+                    };
+                    let cursor = &mut pipe.cursor;
+                    let before = cursor.last_ts;
+                    self.encoder.encode_feed(
+                        &mut self.output,
+                        &self.table,
+                        &self.filter,
+                        cursor,
+                        &mut feed,
+                    );
+                    let (more, bytes) = (feed.more, feed.bytes);
+                    drop(feed);
+                    if cursor.last_ts < before {
+                        self.non_monotonic += 1;
+                    }
+                    pipe.bytes_read += bytes;
+                    if !more {
+                        break;
+                    }
+                }
+                continue;
+            }
             for &mode in modes {
                 loop {
                     let (filled, empty) = self.fill(i, mode);

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""The recorder against Perfetto's own tracer (tracebox: `traced` +
+`traced_probes` + the `perfetto` client, on private socket paths) and
+trace-cmd, on one TraceConfig: sched_switch + sched_wakeup, compact_sched on
+and off, a 64 MiB ring, write_into_file every second, while
+`stress-ng --switch 2` runs. Rows are interleaved: every round runs each
+tracer once, in a rotated order.
+
+  cargo build --release && sudo python3 scripts/bench_ftrace_peer.py \\
+      [--secs 8] [--rounds 3] [--zstd 1] [--modes mmap,read] [--dir /var/tmp]
+
+  RECORDER_TRACEBOX   tracebox binary (default ../shared/tools/tracebox
+                      beside the repository, else `tracebox` on PATH)
+  RECORDER_BIN        recorder binary (default target/release/recorder)
+
+Per row: events (decoded with the PyPI `perfetto` package, not our code),
+events the kernel lost (end FtraceStats overrun + dropped, minus the start
+ones, and bundles flagged lost), CPU of every tracer process while the load
+runs (recorder: its process tree; Perfetto: traced + traced_probes + the
+client), the load's throughput against the untraced baseline, output bytes
+per event. `--modes` adds one recorder row per RECORDER_FTRACE_READ mode;
+`--zstd LEVEL` adds zstd rows on both sides (recorder --compress=LEVEL,
+Perfetto `compression { zstd { level } }`).
+
+Ends with the ratios recorder ÷ Perfetto (medians over the rounds): CPU per
+event, the load's throughput, bytes per event, and the kernel loss of each.
+The machine's load average is printed with them: the figures are only as
+quiet as the machine.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_ftrace as bf  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+SW = ["sched/sched_switch", "sched/sched_wakeup"]
+
+CONFIG = """
+buffers {{ size_kb: 65536 fill_policy: RING_BUFFER }}
+data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
+  {events}
+  compact_sched {{ enabled: {compact} }}
+}} }} }}
+write_into_file: true
+file_write_period_ms: 1000
+duration_ms: 3600000
+{extra}
+"""
+
+
+def tracebox():
+    env = os.environ.get("RECORDER_TRACEBOX")
+    if env:
+        return env
+    beside = os.path.join(REPO, "..", "shared", "tools", "tracebox")
+    if os.path.exists(beside):
+        return os.path.abspath(beside)
+    found = shutil.which("tracebox")
+    if not found:
+        raise SystemExit("no tracebox: set RECORDER_TRACEBOX")
+    return found
+
+
+def config(events, compact, extra=""):
+    ev = "\n  ".join(f'ftrace_events: "{e}"' for e in events)
+    return CONFIG.format(events=ev, compact="true" if compact else "false", extra=extra)
+
+
+def cpu_of(pids):
+    return sum(bf.tree_cpu(p) for p in pids)
+
+
+def packets_of(data):
+    """The packets of a trace, compressed batches expanded (Perfetto's zstd
+    frames do not state their size: decompressed as a stream)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    import zlib
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    for p in trace.packet:
+        which = p.WhichOneof("data")
+        if which == "zstd_compressed_packets":
+            import zstandard
+            inner = pb.Trace()
+            inner.ParseFromString(zstandard.ZstdDecompressor().decompressobj().decompress(p.zstd_compressed_packets))
+            yield from inner.packet
+        elif which == "compressed_packets":
+            inner = pb.Trace()
+            inner.ParseFromString(zlib.decompress(p.compressed_packets))
+            yield from inner.packet
+        else:
+            yield p
+
+
+def decode(path):
+    """(events, bundles flagged lost, kernel loss end − start, bytes)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    data = open(path, "rb").read()
+    events = flagged = 0
+    stats = {}
+    for p in packets_of(data):
+        if p.HasField("ftrace_events"):
+            b = p.ftrace_events
+            events += len(b.event) + len(b.compact_sched.switch_timestamp) + len(b.compact_sched.waking_timestamp)
+            flagged += b.lost_events
+        if p.HasField("ftrace_stats"):
+            s = p.ftrace_stats
+            stats[s.phase] = sum(c.overrun + c.dropped_events for c in s.cpu_stats)
+    end = stats.get(pb.FtraceStats.END_OF_TRACE)
+    start = stats.get(pb.FtraceStats.START_OF_TRACE, 0)
+    lost = None if end is None else end - start
+    return events, flagged, lost, len(data)
+
+
+def run_recorder(d, secs, compact, mode, zstd=None):
+    cfg = os.path.join(d, "peer.cfg")
+    with open(cfg, "w") as f:
+        f.write(config(SW, compact))
+    out = os.path.join(d, "recorder.pftrace")
+    env = dict(os.environ, RECORDER_FTRACE_READ=mode)
+    extra = [f"--compress={zstd}"] if zstd else []
+    proc = subprocess.Popen([bf.BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True, env=env)
+    inst = f"{bf.TRACEFS}/instances/recorder-{proc.pid}"
+    bf.wait_for(lambda: bf.read(f"{inst}/tracing_on") == "1", "the recorder's instance")
+    c0 = cpu_of([proc.pid])
+    ops = bf.load(secs)
+    window = cpu_of([proc.pid]) - c0
+    bf.stop_and_rusage(proc)
+    err = proc.stderr.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"recorder failed ({proc.returncode}): {err}")
+    events, flagged, lost, size = decode(out)
+    os.unlink(out)
+    return dict(events=events, flagged=flagged, lost=lost, out=size, window=window, ops=ops)
+
+
+def run_perfetto(d, secs, compact, zstd=None):
+    run = tempfile.mkdtemp(dir=d, prefix="pf")
+    env = dict(os.environ,
+               PERFETTO_PRODUCER_SOCK_NAME=os.path.join(run, "producer.sock"),
+               PERFETTO_CONSUMER_SOCK_NAME=os.path.join(run, "consumer.sock"))
+    tb = tracebox()
+    logs = open(os.path.join(run, "daemons.log"), "w")
+    traced = subprocess.Popen([tb, "traced"], env=env, stdout=logs, stderr=logs)
+    probes = subprocess.Popen([tb, "traced_probes"], env=env, stdout=logs, stderr=logs)
+    procs = [traced, probes]
+    try:
+        bf.wait_for(lambda: os.path.exists(os.path.join(run, "producer.sock"))
+                    and os.path.exists(os.path.join(run, "consumer.sock")), "traced")
+        time.sleep(0.5)  # traced_probes registers its data sources
+        cfg = os.path.join(run, "peer.pbtxt")
+        extra = f"compression {{ zstd {{ level: {zstd} }} }}" if zstd else ""
+        with open(cfg, "w") as f:
+            f.write(config(SW, compact, extra))
+        out = os.path.join(run, "perfetto.pftrace")
+        client = subprocess.Popen([tb, "perfetto", "--txt", "-c", cfg, "-o", out], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(client)
+        bf.wait_for(lambda: bf.read(f"{bf.TRACEFS}/events/sched/sched_switch/enable") == "1"
+                    and bf.read(f"{bf.TRACEFS}/tracing_on") == "1", "traced_probes to start ftrace")
+        time.sleep(0.5)
+        pids = [p.pid for p in procs]
+        c0 = cpu_of(pids)
+        ops = bf.load(secs)
+        window = cpu_of(pids) - c0
+        client.send_signal(signal.SIGINT)
+        err = client.communicate(timeout=60)[1]
+        if client.returncode != 0:
+            raise SystemExit(f"perfetto client failed ({client.returncode}): {err}")
+        events, flagged, lost, size = decode(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        logs.close()
+        shutil.rmtree(run, ignore_errors=True)
+    return dict(events=events, flagged=flagged, lost=lost, out=size, window=window, ops=ops)
+
+
+def run_trace_cmd(d, secs, prefix):
+    r = bf.run_trace_cmd(d, secs, prefix)
+    return dict(events=r["events"], flagged=0, lost=r["lost_n"], out=r["out"], window=r["window"], ops=r["ops"])
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--secs", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--modes", default="mmap,read", help="RECORDER_FTRACE_READ modes, one recorder row each")
+    ap.add_argument("--zstd", type=int, default=0, help="zstd level for one more row on each side (0: none)")
+    ap.add_argument("--no-trace-cmd", action="store_true")
+    args = ap.parse_args()
+    bf.ensure_tools()
+    modes = [m for m in args.modes.split(",") if m]
+    # The zstd pair uses the default way out of the kernel when it is measured.
+    zmode = "read" if "read" in modes else modes[0]
+    results = {}
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        prefix, how = bf.trace_cmd_prefix(d) if not args.no_trace_cmd else ([], "")
+        rows = []
+        for compact in (True, False):
+            tag = "compact" if compact else "plain"
+            for m in modes:
+                rows.append((f"recorder {m}, {tag}", lambda c=compact, m=m: run_recorder(d, args.secs, c, m)))
+            rows.append((f"perfetto, {tag}", lambda c=compact: run_perfetto(d, args.secs, c)))
+        if args.zstd:
+            rows.append((f"recorder {zmode}, compact, zstd {args.zstd}",
+                         lambda: run_recorder(d, args.secs, True, zmode, args.zstd)))
+            rows.append((f"perfetto, compact, zstd {args.zstd}", lambda: run_perfetto(d, args.secs, True, args.zstd)))
+        if not args.no_trace_cmd:
+            rows.append((f"trace-cmd ({how})", lambda: run_trace_cmd(d, args.secs, prefix)))
+        bases = []
+        for rnd in range(args.rounds):
+            bases.append(bf.load(args.secs))
+            k = rnd % len(rows)
+            for name, fn in rows[k:] + rows[:k]:
+                r = fn()
+                r["base"] = bases[-1]
+                results.setdefault(name, []).append(r)
+                print(f"round {rnd + 1}: {name}: {r['events']} events, {r['window']:.2f} CPU s, "
+                      f"lost {r['lost']}", file=sys.stderr)
+    la = os.getloadavg()
+    print(f"`stress-ng --switch 2` for {args.secs} s per row, {args.rounds} interleaved rounds; "
+          f"untraced baseline {median(bases):,.0f} bogo ops/s (median); load average at the end "
+          f"{la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} CPUs ({bf.host()}).\n")
+    print("| tracer | events (median) | ns CPU/event (per round) | load vs untraced | B/event | kernel loss (per round) | bundles flagged lost |")
+    print("|---|---|---|---|---|---|---|")
+    per_event = lambda r: 1e9 * r["window"] / max(r["events"], 1)
+    for name, rs in results.items():
+        print(f"| {name} | {median([r['events'] for r in rs]) / 1e6:.2f} M | "
+              f"{', '.join(f'{per_event(r):.0f}' for r in rs)} | "
+              f"{median([r['ops'] / r['base'] for r in rs]):.2f}× | "
+              f"{median([r['out'] / max(r['events'], 1) for r in rs]):.1f} | "
+              f"{', '.join(str(r['lost']) for r in rs)} | {sum(r['flagged'] for r in rs)} |")
+    print("\n| recorder ÷ Perfetto (medians of per-round ratios) | CPU/event | load throughput | bytes/event |")
+    print("|---|---|---|---|")
+    pairs = []
+    for tag in ("compact", "plain"):
+        for m in modes:
+            pairs.append((f"recorder {m}, {tag}", f"perfetto, {tag}"))
+    if args.zstd:
+        pairs.append((f"recorder {zmode}, compact, zstd {args.zstd}", f"perfetto, compact, zstd {args.zstd}"))
+    for a, b in pairs:
+        ra, rb = results[a], results[b]
+        cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb)])
+        ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb)])
+        byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1)) for x, y in zip(ra, rb)])
+        print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× |")
+    if len(modes) > 1:
+        for tag in ("compact", "plain"):
+            a, b = results[f"recorder {modes[0]}, {tag}"], results[f"recorder {modes[1]}, {tag}"]
+            cpu = median([per_event(x) / per_event(y) for x, y in zip(a, b)])
+            print(f"\nrecorder {modes[0]} ÷ {modes[1]}, {tag}: CPU/event {cpu:.2f}×")
+
+
+if __name__ == "__main__":
+    main()
