@@ -113,7 +113,25 @@ impl ProducerHost {
     ) -> Result<Self, SocketPathError> {
         let listener = socket_path::claim(path)?;
         log::info!("producer socket: {}", path.display());
-        Ok(Self {
+        Ok(Self::on_listener(
+            listener,
+            path,
+            wanted,
+            buffers,
+            first_sequence,
+        ))
+    }
+
+    /// Serves producers on a socket already listening at `path` (bound by
+    /// `recorder serve`, which lends it to one session at a time).
+    pub fn on_listener(
+        listener: UnixListener,
+        path: &Path,
+        wanted: Vec<WantedSource>,
+        buffers: Vec<Arc<Buffer>>,
+        first_sequence: u32,
+    ) -> Self {
+        Self {
             listener,
             path: path.to_path_buf(),
             wanted,
@@ -133,7 +151,7 @@ impl ProducerHost {
             start_waiting: BTreeSet::new(),
             start_pending: false,
             refused_connections: 0,
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -79,6 +79,12 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
     }
 }
 
+/// The sink of a file the caller opened itself (`recorder serve`'s
+/// in-memory file of a session); written from offset 0, never O_DIRECT.
+pub fn sink_for_fd(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageError> {
+    file_sink(fd, io, None)
+}
+
 fn open_file(path: &std::path::Path, no_clobber: bool) -> Result<OwnedFd, StorageError> {
     let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC;
     flags |= if no_clobber {

@@ -3,4 +3,5 @@
 #![allow(unsafe_code)]
 pub mod daemon;
 pub mod iov;
+pub mod service_user;
 pub mod signals;
