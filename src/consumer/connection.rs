@@ -475,7 +475,9 @@ impl Connection {
         let sessions = self.registry.visible(self.uid);
         let mut state = protos::TracingServiceState {
             supports_tracing_sessions: Some(true),
-            num_sessions: Some(self.registry.session_count() as i32),
+            // Counted over what the caller may see: another uid's sessions
+            // are not even counted.
+            num_sessions: Some(sessions.len() as i32),
             num_sessions_started: Some(
                 sessions
                     .iter()

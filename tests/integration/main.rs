@@ -16,6 +16,7 @@ mod recording;
 mod ringbuf;
 mod schema;
 mod segments;
+mod serve;
 mod storage;
 mod trace_processor;
 mod triggers;
