@@ -19,7 +19,7 @@ use crate::trace_processor;
 
 /// The SDK app, built once (its own cargo workspace and target dir: it
 /// compiles the C SDK).
-fn sdk_app() -> PathBuf {
+pub fn sdk_app() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let root = repo_root();

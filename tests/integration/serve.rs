@@ -614,3 +614,75 @@ fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
         assert!(is_root(), "RECORDER_REQUIRE_KERNEL=1 runs these as root");
     }
 }
+
+#[test]
+fn an_sdk_apps_packets_reach_the_clients_session() {
+    const N: u64 = 500;
+    if skip_unless(missing()) {
+        return;
+    }
+    let app_bin = crate::producers::sdk_app();
+    let serve = Serve::start();
+    let cfg = serve.path("sdk.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 16384 fill_policy: DISCARD }
+duration_ms: 6000
+data_sources { config { name: "recorder.test.sequence" } }
+data_sources { config { name: "for_testing" for_testing { message_count: 10 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("sdk.pftrace");
+    let client = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    let mut app = Command::new(app_bin)
+        .args(["--packets", &N.to_string(), "--shmem-kb", "4096"])
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("SDK app");
+    let app_pid = app.id();
+    let mut lines = std::io::BufReader::new(app.stdout.take().expect("stdout"));
+    let mut wrote = false;
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut lines, &mut line).unwrap_or(0) > 0 {
+        if line.starts_with(&format!("wrote {N}")) {
+            wrote = true;
+            break;
+        }
+        line.clear();
+    }
+    assert!(wrote, "the app did not write: {}", serve.log());
+    let o = wait_within(client, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = app.kill();
+    let _ = app.wait();
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let from_app: Vec<u64> = packets
+        .iter()
+        .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 == app_pid)
+        .map(|p| p.for_testing().counter())
+        .collect();
+    assert_eq!(from_app, (0..N).collect::<Vec<_>>(), "{}", serve.log());
+    // The built-in source beside it, on its own sequence.
+    let builtin = packets
+        .iter()
+        .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 != app_pid)
+        .count();
+    assert_eq!(builtin, 10);
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(N + 10));
+    }
+    trace_processor::check(&out);
+}
