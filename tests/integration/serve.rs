@@ -686,3 +686,82 @@ data_sources { config { name: "for_testing" for_testing { message_count: 10 } } 
     }
     trace_processor::check(&out);
 }
+
+/// A tracefs instance of the test's own, removed at the end, so Perfetto's
+/// `traced_probes` never touches the top-level instance others use.
+struct Instance(PathBuf);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn traced_probes_records_ftrace_as_a_producer_of_serve() {
+    if skip_unless(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let tracefs = Path::new("/sys/kernel/tracing");
+    if skip_unless((!tracefs.join("instances").is_dir()).then(|| "no tracefs".to_string())) {
+        return;
+    }
+    let name = format!("recorder-serve-test-{}", std::process::id());
+    let instance = Instance(tracefs.join("instances").join(&name));
+    std::fs::create_dir(&instance.0).expect("tracefs instance");
+    let serve = Serve::start();
+    let probes_log = std::fs::File::create(serve.path("probes.log")).expect("log");
+    let mut probes = Command::new(tracebox().expect("tracebox"))
+        .arg("traced_probes")
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(probes_log)
+        .spawn()
+        .expect("traced_probes");
+    let (o, out) = serve.record(
+        "ftrace",
+        &format!(
+            r#"
+buffers {{ size_kb: 8192 }}
+duration_ms: 2000
+data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  instance_name: "{name}" }} }} }}
+"#
+        ),
+    );
+    let _ = probes.kill();
+    let _ = probes.wait();
+    let probes_said = std::fs::read_to_string(serve.path("probes.log")).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{probes_said}", text(&o));
+    assert!(
+        serve.log().contains("perfetto.traced_probes"),
+        "traced_probes never connected: {}",
+        serve.log()
+    );
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let switches: usize = packets
+        .iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| {
+            let b = p.ftrace_events();
+            // traced_probes writes sched_switch in the compact form.
+            b.event.iter().filter(|e| e.has_sched_switch()).count()
+                + b.compact_sched.switch_timestamp.len()
+        })
+        .sum();
+    assert!(switches > 0, "no sched_switch: {probes_said}");
+    if let Some(k) = kinds(&out) {
+        assert!(k.get("ftrace_events").and_then(|v| v.as_u64()).unwrap_or(0) > 0);
+    }
+    if let Some(tp) = trace_processor::check(&out) {
+        assert!(tp.query("select count(*) from sched").scalar().int() > 0);
+    }
+    drop(instance);
+}
