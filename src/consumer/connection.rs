@@ -3,7 +3,8 @@
 //! is held until the session ends and is then written by the session's
 //! thread, so writes share one lock.
 
-use std::io::{Read, Write};
+use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +63,8 @@ pub struct Connection {
     readback: Option<Readback>,
     /// An ObserveEvents stream waiting for this connection's session.
     observer: Option<u64>,
+    /// The last descriptor the client passed.
+    passed_fd: Option<OwnedFd>,
     _slot: ConnectionSlot,
 }
 
@@ -85,6 +88,7 @@ impl Connection {
             session: None,
             readback: None,
             observer: None,
+            passed_fd: None,
             _slot: slot,
         })
     }
@@ -96,7 +100,7 @@ impl Connection {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let room = dec.room().min(buf.len());
-            let n = match self.stream.read(&mut buf[..room]) {
+            let n = match self.receive(&mut buf[..room]) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -116,6 +120,33 @@ impl Connection {
             }
         }
         self.end();
+    }
+
+    /// Reads bytes and keeps the one descriptor a client may pass along
+    /// (the output file of a `write_into_file` session), as Perfetto's
+    /// service does: the newest one, whichever frame it rode on. More than
+    /// one in a message breaks the connection.
+    fn receive(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+        let r = rustix::net::recvmsg(
+            &self.stream,
+            &mut [std::io::IoSliceMut::new(buf)],
+            &mut cmsg,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        for m in cmsg.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                for fd in fds {
+                    self.passed_fd = Some(fd);
+                }
+            }
+        }
+        if r.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(std::io::Error::other("more descriptors than one"));
+        }
+        Ok(r.bytes)
     }
 
     /// The client went: its session stops and its data is dropped (as
@@ -276,7 +307,25 @@ impl Connection {
                 false,
             ));
         });
-        match session::start(&spec, self.uid, &self.registry, on_end) {
+        // write_into_file streams into the client's own file: the service
+        // opens no path on a client's behalf.
+        let output = match (&spec.file, self.passed_fd.take()) {
+            (None, _) => None,
+            (Some(f), _) if f.output_path.is_some() => {
+                return self.enable_error(
+                    id,
+                    "output_path: recorder serve does not create files for clients; give the file with perfetto -o".into(),
+                );
+            }
+            (Some(_), Some(fd)) => Some(fd),
+            (Some(_), None) => {
+                return self.enable_error(
+                    id,
+                    "write_into_file needs the output file's descriptor from the client".into(),
+                );
+            }
+        };
+        match session::start(&spec, self.uid, &self.registry, output, on_end) {
             Ok(r) => {
                 log::info!(
                     "session {} for uid {} (pid {}) started",
@@ -347,16 +396,21 @@ impl Connection {
             self.writer.send(&wire::failure(id));
             return;
         };
-        if !s.done.ended() {
-            self.writer.send(&wire::reply(
-                id,
-                &protos::ReadBuffersResponse::default(),
-                false,
-            ));
-            return;
-        }
+        // A running session's data goes out at its end; a streaming one's
+        // is in the client's file.
+        let file = match &s.file {
+            Some(f) if s.done.ended() => f,
+            _ => {
+                self.writer.send(&wire::reply(
+                    id,
+                    &protos::ReadBuffersResponse::default(),
+                    false,
+                ));
+                return;
+            }
+        };
         if self.readback.is_none() {
-            match s.file.try_clone() {
+            match file.try_clone() {
                 Ok(f) => self.readback = Some(Readback::new(f)),
                 Err(e) => {
                     log::warn!("ReadBuffers: {e}");

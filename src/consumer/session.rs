@@ -3,6 +3,7 @@
 //! own. Its end is reported once, with the error if it failed.
 
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -63,8 +64,9 @@ pub struct Running {
     pub id: u64,
     pub control: InProcessControl,
     pub done: Arc<Done>,
-    /// The session's file, for ReadBuffers once it ended.
-    pub file: File,
+    /// The session's in-memory file, for ReadBuffers once it ended; none
+    /// when it streams into the client's file.
+    pub file: Option<File>,
 }
 
 /// What the client is told when the session ends: its error, empty on
@@ -73,11 +75,6 @@ pub type OnEnd = Box<dyn FnOnce(&str) + Send>;
 
 /// Refuses what `recorder serve` does not serve yet, with what to do.
 fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
-    if spec.file.is_some() {
-        return Err(StartError::Unsupported(
-            "write_into_file is not served yet by recorder serve: record into the buffers and let the client read them back, or run `recorder --config` for streaming".into(),
-        ));
-    }
     if matches!(
         spec.trigger.as_ref().map(|t| t.mode),
         Some(crate::config::spec::TriggerMode::CloneSnapshot)
@@ -90,22 +87,26 @@ fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
 }
 
 /// Whether the session needs the producer socket: a data source no
-/// built-in source of a served session provides.
+/// built-in source of a served session provides, or triggers (which
+/// `trigger_perfetto` sends there).
 fn needs_producers(spec: &RecorderSpec) -> bool {
-    spec.data_sources.iter().any(|d| {
-        matches!(
-            d.kind,
-            SourceKind::TrackEvent | SourceKind::Other | SourceKind::Ftrace(_)
-        )
-    })
+    spec.trigger.is_some()
+        || spec.data_sources.iter().any(|d| {
+            matches!(
+                d.kind,
+                SourceKind::TrackEvent | SourceKind::Other | SourceKind::Ftrace(_)
+            )
+        })
 }
 
-/// Starts `spec` for consumer `uid`; `on_end` runs on the session's thread
+/// Starts `spec` for consumer `uid`, into `output` (the client's file, for
+/// `write_into_file`) or else memory; `on_end` runs on the session's thread
 /// when it ended.
 pub fn start(
     spec: &RecorderSpec,
     uid: u32,
     registry: &Arc<Registry>,
+    output: Option<OwnedFd>,
     on_end: OnEnd,
 ) -> Result<Running, StartError> {
     check_supported(spec)?;
@@ -129,7 +130,7 @@ pub fn start(
         producers: needs_producers(spec),
     };
     let (id, producers) = registry.reserve(entry)?;
-    match build_and_run(spec, uid, id, producers, registry, on_end) {
+    match build_and_run(spec, uid, id, producers, registry, output, on_end) {
         Ok(r) => Ok(r),
         Err(e) => {
             registry.release(id);
@@ -144,17 +145,24 @@ fn build_and_run(
     id: u64,
     producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
     registry: &Arc<Registry>,
+    output: Option<OwnedFd>,
     on_end: OnEnd,
 ) -> Result<Running, String> {
     let name = format!("recorder-session-{id}");
-    let memfd = rustix::fs::memfd_create(&name, rustix::fs::MemfdFlags::CLOEXEC)
-        .map_err(|e| format!("in-memory trace file: {e}"))?;
-    let file = File::from(
-        memfd
-            .try_clone()
-            .map_err(|e| format!("in-memory trace file: {e}"))?,
-    );
-    let sink = crate::storage::sink_for_fd(memfd, IoChoice::Auto).map_err(|e| chain(&e))?;
+    let (fd, file) = match output {
+        Some(fd) => (fd, None),
+        None => {
+            let memfd = rustix::fs::memfd_create(&name, rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(|e| format!("in-memory trace file: {e}"))?;
+            let file = File::from(
+                memfd
+                    .try_clone()
+                    .map_err(|e| format!("in-memory trace file: {e}"))?,
+            );
+            (memfd, Some(file))
+        }
+    };
+    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| chain(&e))?;
     let (control, handle) = ControlServer::in_process().map_err(|e| chain(&e))?;
     let label = format!("session {id} of uid {uid}");
     let opts = RunOptions {

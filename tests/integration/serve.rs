@@ -518,17 +518,24 @@ data_sources { config { name: "for_testing" } }
     assert!(t.contains("duration_ms"), "the reason is printed: {t}");
     assert!(std::fs::metadata(&out).map_or(0, |m| m.len()) == 0);
 
-    let (o, _) = serve.record(
-        "streaming",
-        r#"
-buffers { size_kb: 64 }
-duration_ms: 500
-write_into_file: true
-data_sources { config { name: "for_testing" } }
-"#,
+    // The service creates no file for a client: output_path is refused.
+    let cfg = serve.path("output_path.pbtx");
+    std::fs::write(
+        &cfg,
+        format!(
+            "buffers {{ size_kb: 64 }}\nduration_ms: 500\nwrite_into_file: true\n\
+             output_path: \"{}\"\ndata_sources {{ config {{ name: \"for_testing\" }} }}\n",
+            serve.path("elsewhere.pftrace").display()
+        ),
+    )
+    .expect("config");
+    let o = output_within(
+        serve.perfetto(None, &["--txt", "-c"]).arg(&cfg),
+        Duration::from_secs(20),
     );
     let t = text(&o);
-    assert!(t.contains("write_into_file is not served yet"), "{t}");
+    assert!(t.contains("does not create files for clients"), "{t}");
+    assert!(!serve.path("elsewhere.pftrace").exists());
 
     // Cloning is refused with the service's reason.
     // (Never -o /dev/null: the client unlinks its output on an error.)
@@ -764,4 +771,121 @@ data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
         assert!(tp.query("select count(*) from sched").scalar().int() > 0);
     }
     drop(instance);
+}
+
+#[test]
+fn a_write_into_file_session_grows_the_clients_file_while_it_runs() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("wif.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 4000
+write_into_file: true
+file_write_period_ms: 500
+data_sources { config { name: "for_testing" for_testing { message_count: 400 max_messages_per_second: 100 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("wif.pftrace");
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    // Passes land in the client's file while the session runs.
+    let mut sizes = Vec::new();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        sizes.push(std::fs::metadata(&out).map_or(0, |m| m.len()));
+    }
+    let o = wait_within(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let end = std::fs::metadata(&out).expect("trace").len();
+    let running: Vec<u64> = sizes.into_iter().filter(|&n| n > 0 && n < end).collect();
+    assert!(
+        running.len() >= 2,
+        "the file did not grow while running: {running:?} / {end}"
+    );
+    assert!(running.windows(2).any(|w| w[1] > w[0]), "{running:?}");
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let counters = test_counters(&packets);
+    assert_eq!(
+        counters.values().next().cloned().unwrap_or_default(),
+        (0..400).collect::<Vec<u64>>()
+    );
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(400));
+    }
+    trace_processor::check(&out);
+}
+
+#[test]
+fn trigger_perfetto_ends_a_stop_tracing_session() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("trig.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 30000
+  triggers { name: "serve_test_stop" stop_delay_ms: 200 } }
+data_sources { config { name: "for_testing" for_testing { message_count: 30 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("trig.pftrace");
+    let started = Instant::now();
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1000));
+    let t = output_within(
+        Command::new(tracebox().expect("tracebox"))
+            .arg("trigger_perfetto")
+            .arg("serve_test_stop")
+            .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock")),
+        Duration::from_secs(20),
+    );
+    assert!(t.status.success(), "{}", text(&t));
+    let o = wait_within(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the trigger, not the timeout, ended it"
+    );
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let trig: Vec<_> = packets.iter().filter(|p| p.has_trigger()).collect();
+    assert_eq!(trig.len(), 1, "{}", serve.log());
+    assert_eq!(trig[0].trigger().trigger_name(), "serve_test_stop");
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        30
+    );
+    if let Some(tp) = trace_processor::check(&out) {
+        let names: Vec<String> = tp.triggers().into_iter().map(|t| t.0).collect();
+        assert_eq!(names, ["serve_test_stop"]);
+    }
 }
