@@ -889,3 +889,60 @@ data_sources { config { name: "for_testing" for_testing { message_count: 30 } } 
         assert_eq!(names, ["serve_test_stop"]);
     }
 }
+
+#[test]
+fn sigterm_to_the_service_ends_running_sessions_with_their_data() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let mut serve = Serve::start();
+    let cfg = serve.path("long.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 120000
+data_sources { config { name: "for_testing" for_testing { message_count: 40 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("long.pftrace");
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut service = serve.child.take().expect("serve");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&service),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let o = wait_within(child, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = service.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "serve did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", serve.log());
+    assert!(!serve.consumer().exists(), "the consumer socket is removed");
+    assert!(!serve.path("producer.sock").exists());
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        40
+    );
+    trace_processor::check(&out);
+}
