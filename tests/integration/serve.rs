@@ -946,3 +946,99 @@ data_sources { config { name: "for_testing" for_testing { message_count: 40 } } 
     );
     trace_processor::check(&out);
 }
+
+#[test]
+fn a_uids_session_quota_refuses_only_that_uid() {
+    if skip_unless(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("q.pbtx");
+    std::fs::write(
+        &cfg,
+        "buffers { size_kb: 256 }\nduration_ms: 60000\n\
+         data_sources { config { name: \"for_testing\" for_testing { message_count: 3 } } }\n",
+    )
+    .expect("config");
+    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let clients: Vec<Child> = (0..recorder::consumer::MAX_SESSIONS_PER_UID)
+        .map(|i| {
+            serve
+                .perfetto(None, &["--txt", "-c"])
+                .arg(&cfg)
+                .arg("-o")
+                .arg(serve.path(&format!("q{i}.pftrace")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("perfetto")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = output_within(
+            &mut serve.perfetto(None, &["--query"]),
+            Duration::from_secs(10),
+        );
+        let started = text(&o).matches("STARTED").count();
+        if started >= recorder::consumer::MAX_SESSIONS_PER_UID {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sessions did not start: {}",
+            text(&o)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // One more for root is refused, with the reason.
+    let (o, _) = serve.record(
+        "sixth",
+        "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" } }\n",
+    );
+    assert!(
+        text(&o).contains("too many concurrent tracing sessions for uid 0"),
+        "{}",
+        text(&o)
+    );
+    // Another uid is not affected.
+    let theirs = serve.path("theirs.pftrace");
+    let short = serve.path("short.pbtx");
+    std::fs::write(
+        &short,
+        "buffers { size_kb: 64 }\nduration_ms: 300\n\
+         data_sources { config { name: \"for_testing\" for_testing { message_count: 7 } } }\n",
+    )
+    .expect("config");
+    std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let o = output_within(
+        serve
+            .perfetto(Some(NOBODY), &["--txt", "-c"])
+            .arg(&short)
+            .arg("-o")
+            .arg(&theirs),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        test_counters(&decode(&std::fs::read(&theirs).expect("trace")))
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        7
+    );
+    // Root's sessions end on Ctrl-C with their data.
+    for (i, c) in clients.into_iter().enumerate() {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&c),
+            rustix::process::Signal::INT,
+        )
+        .expect("SIGINT");
+        let o = wait_within(c, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", text(&o));
+        let p = decode(&std::fs::read(serve.path(&format!("q{i}.pftrace"))).expect("trace"));
+        assert_eq!(test_counters(&p).values().map(Vec::len).sum::<usize>(), 3);
+    }
+}
