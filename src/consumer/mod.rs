@@ -33,7 +33,7 @@ use std::path::PathBuf;
 /// Consumer connections open at once, at most.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Consumer connections one uid may hold open at once.
-pub const MAX_CONNECTIONS_PER_UID: usize = 8;
+pub const MAX_CONNECTIONS_PER_UID: usize = 16;
 /// Sessions at once (as Perfetto's service).
 pub const MAX_SESSIONS: usize = 15;
 /// Sessions one uid may run at once (as Perfetto's service).

@@ -580,7 +580,7 @@ fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
     assert_eq!(n, 0, "the connection is closed");
     // Idle connections beyond one uid's quota are refused; another
     // client still records.
-    let idle: Vec<_> = (0..20)
+    let idle: Vec<_> = (0..40)
         .filter_map(|_| std::os::unix::net::UnixStream::connect(serve.consumer()).ok())
         .collect();
     std::thread::sleep(Duration::from_millis(200));
@@ -992,6 +992,9 @@ fn a_uids_session_quota_refuses_only_that_uid() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // (The queries' connections are let go of first: they count against
+    // root's connection quota until their threads end.)
+    std::thread::sleep(Duration::from_millis(500));
     // One more for root is refused, with the reason.
     let (o, _) = serve.record(
         "sixth",
