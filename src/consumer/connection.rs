@@ -627,3 +627,155 @@ fn spawn_started_watch(
             }
         });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipc::frame::{FrameDecoder, encode_frame};
+    use crate::protos::ipc_frame::{BindService, InvokeMethodReply};
+    use std::io::Read;
+
+    struct Client {
+        stream: UnixStream,
+        dec: FrameDecoder,
+        next: u64,
+    }
+
+    impl Client {
+        fn send(&mut self, msg: Msg) -> u64 {
+            self.next += 1;
+            let f = IpcFrame {
+                request_id: Some(self.next),
+                msg: Some(msg),
+                data_for_testing: Vec::new(),
+            };
+            self.stream
+                .write_all(&encode_frame(&f).expect("encode"))
+                .expect("send");
+            self.next
+        }
+
+        fn invoke(&mut self, method: u32, args: Vec<u8>) -> (u64, InvokeMethodReply) {
+            let id = self.send(Msg::MsgInvokeMethod(InvokeMethod {
+                service_id: Some(wire::SERVICE_ID),
+                method_id: Some(method),
+                args_proto: Some(args),
+                drop_reply: None,
+            }));
+            match self.recv() {
+                (rid, Some(Msg::MsgInvokeMethodReply(r))) => {
+                    assert_eq!(rid, id);
+                    (rid, r)
+                }
+                other => panic!("not a method reply: {other:?}"),
+            }
+        }
+
+        fn recv(&mut self) -> (u64, Option<Msg>) {
+            let mut buf = [0u8; 4096];
+            loop {
+                if let Some(f) = self.dec.next_frame().expect("frame") {
+                    return (f.request_id.unwrap_or(0), f.msg);
+                }
+                let n = self.stream.read(&mut buf).expect("read");
+                assert!(n > 0, "closed");
+                self.dec.feed(&buf[..n]);
+            }
+        }
+    }
+
+    fn connect() -> Client {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let registry = Registry::new(None);
+        let slot = registry.admit(1234).expect("slot");
+        let conn = Connection::new(b, 1234, 1, registry, slot).expect("connection");
+        std::thread::spawn(move || conn.serve());
+        a.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Client {
+            stream: a,
+            dec: FrameDecoder::new(),
+            next: 0,
+        }
+    }
+
+    #[test]
+    fn methods_answer_and_bad_calls_fail_without_closing_the_connection() {
+        let mut c = connect();
+        c.send(Msg::MsgBindService(BindService {
+            service_name: Some("ConsumerPort".into()),
+        }));
+        assert!(matches!(c.recv().1, Some(Msg::MsgBindServiceReply(_))));
+        // Unknown method and unknown service: a failure reply.
+        let (_, r) = c.invoke(99, Vec::new());
+        assert_eq!(r.success, None);
+        let id = c.send(Msg::MsgInvokeMethod(InvokeMethod {
+            service_id: Some(7),
+            method_id: Some(1),
+            args_proto: None,
+            drop_reply: None,
+        }));
+        let (rid, m) = c.recv();
+        assert_eq!(rid, id);
+        assert!(matches!(m, Some(Msg::MsgInvokeMethodReply(r)) if r.success.is_none()));
+        // A config that is not a TraceConfig: EnableTracing says why.
+        let (_, r) = c.invoke(
+            Method::EnableTracing as u32,
+            protos::EnableTracingRequest {
+                trace_config: Some(vec![0xff, 0xff, 0xff]),
+                attach_notification_only: None,
+            }
+            .encode_to_vec(),
+        );
+        let resp =
+            protos::EnableTracingResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("EnableTracingResponse");
+        assert!(resp.error.is_some_and(|e| !e.is_empty()));
+        // Reading with no session fails; capabilities and state answer.
+        let (_, r) = c.invoke(Method::ReadBuffers as u32, Vec::new());
+        assert_eq!(r.success, None);
+        let (_, r) = c.invoke(Method::QueryCapabilities as u32, Vec::new());
+        let caps =
+            protos::QueryCapabilitiesResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("capabilities");
+        assert_eq!(
+            caps.capabilities.map(|c| c.observable_events),
+            Some(vec![wire::EVENT_ALL_DATA_SOURCES_STARTED])
+        );
+        let (_, r) = c.invoke(Method::QueryServiceState as u32, Vec::new());
+        let st =
+            protos::QueryServiceStateResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("state")
+                .service_state
+                .expect("service_state");
+        assert_eq!(st.data_sources.len(), BUILTIN_SOURCES.len());
+        assert!(st.tracing_sessions.is_empty());
+        // A frame with no request: the client is told.
+        c.send(Msg::SetPeerIdentity(Default::default()));
+        let id = {
+            c.next += 1;
+            let f = IpcFrame {
+                request_id: Some(c.next),
+                msg: None,
+                data_for_testing: Vec::new(),
+            };
+            c.stream
+                .write_all(&encode_frame(&f).expect("encode"))
+                .expect("send");
+            c.next
+        };
+        let (rid, m) = c.recv();
+        assert_eq!(rid, id);
+        assert!(matches!(m, Some(Msg::MsgRequestError(_))));
+    }
+
+    #[test]
+    fn an_oversized_frame_closes_the_connection() {
+        let mut c = connect();
+        c.stream
+            .write_all(&(crate::ipc::frame::MAX_FRAME_BYTES as u32).to_le_bytes())
+            .expect("send");
+        let mut buf = [0u8; 8];
+        assert_eq!(c.stream.read(&mut buf).expect("read"), 0);
+    }
+}
