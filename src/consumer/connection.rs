@@ -575,6 +575,42 @@ impl Connection {
                     producer_id: Some(1),
                 })
                 .collect();
+            // The producers of the session that holds the producer socket
+            // (as traced, every caller sees every producer).
+            let status = self.registry.producer_session().and_then(|c| {
+                match c.ask(Request::Query {}, 0, 0, Duration::from_secs(1)) {
+                    Some(Reply::Status(st)) => Some(st),
+                    _ => None,
+                }
+            });
+            let connected = status
+                .map(|st| st.producers)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| p.connected);
+            for (i, p) in connected.enumerate() {
+                let pid = i as i32 + 2;
+                state
+                    .producers
+                    .push(protos::tracing_service_state::Producer {
+                        id: Some(pid),
+                        name: Some(p.name),
+                        uid: Some(p.uid as i32),
+                        pid: Some(p.pid as i32),
+                        sdk_version: None,
+                    });
+                state
+                    .data_sources
+                    .extend(p.data_sources.into_iter().map(|name| {
+                        protos::tracing_service_state::DataSource {
+                            ds_descriptor: Some(protos::ProducerDataSourceDescriptor {
+                                name: Some(name),
+                                ..Default::default()
+                            }),
+                            producer_id: Some(pid),
+                        }
+                    }));
+            }
         }
         self.writer.send(&wire::reply(
             id,

@@ -273,6 +273,13 @@ impl Registry {
             .collect()
     }
 
+    /// The control of the session that holds the producer socket.
+    pub fn producer_session(&self) -> Option<InProcessControl> {
+        let g = self.lock();
+        let id = g.producer_lent_to?;
+        g.sessions.get(&id).and_then(|s| s.control.clone())
+    }
+
     pub fn session_count(&self) -> usize {
         self.lock().sessions.len()
     }

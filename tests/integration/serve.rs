@@ -671,6 +671,12 @@ data_sources { config { name: "for_testing" for_testing { message_count: 10 } } 
         line.clear();
     }
     assert!(wrote, "the app did not write: {}", serve.log());
+    // While the session runs, --query lists the app and its data source.
+    let q = output_within(
+        &mut serve.perfetto(None, &["--query"]),
+        Duration::from_secs(10),
+    );
+    assert!(text(&q).contains("recorder.test.sequence"), "{}", text(&q));
     let o = wait_within(client, Duration::from_secs(60));
     assert!(o.status.success(), "{}", text(&o));
     let _ = app.kill();
