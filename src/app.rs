@@ -101,8 +101,51 @@ pub struct RunOptions {
 /// The first sequence id of data sources; 1 is the recorder's own.
 const FIRST_SOURCE_SEQUENCE: u32 = 2;
 
+/// What `recorder serve` hands a session instead of what `build` opens
+/// itself: the output, the control endpoint and, when the session serves
+/// producers, the producer socket. Such a session records no ftrace
+/// itself (it runs unprivileged): producers provide `linux.ftrace`.
+pub struct Served {
+    pub sink: Box<dyn storage::FileSink>,
+    pub output_label: String,
+    pub control: ControlServer,
+    /// The listening producer socket and its path.
+    pub producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
+    /// The consumer's uid, written as the trace's trusted uid.
+    pub consumer_uid: u32,
+}
+
 /// Builds every runtime object of the session.
 pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppError> {
+    build_with(spec, opts, None)
+}
+
+/// Builds a session of `recorder serve` on what the service hands it.
+pub fn build_served(
+    spec: &RecorderSpec,
+    opts: &RunOptions,
+    served: Served,
+) -> Result<Recording, AppError> {
+    build_with(spec, opts, Some(served))
+}
+
+fn build_with(
+    spec: &RecorderSpec,
+    opts: &RunOptions,
+    served: Option<Served>,
+) -> Result<Recording, AppError> {
+    let is_served = served.is_some();
+    let (mut served_sink, served_label, served_control, mut served_producers, consumer_uid) =
+        match served {
+            Some(s) => (
+                Some(s.sink),
+                Some(s.output_label),
+                Some(s.control),
+                s.producers,
+                Some(s.consumer_uid),
+            ),
+            None => (None, None, None, None, None),
+        };
     let mut buffers = Vec::with_capacity(spec.buffers.len());
     for (index, b) in spec.buffers.iter().enumerate() {
         let policy = match b.fill_policy {
@@ -164,6 +207,10 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
                     PolledDataSource::new(&ds.name, src, writer).route_pids(pid_route.clone()),
                 ));
             }
+            SourceKind::Ftrace(_) if is_served => log::info!(
+                "data source {:?}: served by producers (a served session has no tracefs access)",
+                ds.name
+            ),
             SourceKind::Ftrace(f) => {
                 let writer = buffer.writer(WriterId(next_seq));
                 let read_mode = ReadMode::from_env().map_err(|why| AppError::Source {
@@ -207,7 +254,17 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
 
     let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
     // Claimed before the output is opened: a refusal truncates nothing.
-    let producers = producer_host(spec, opts, filters, &buffers, next_seq, uuid)?;
+    let producers = match served_producers.take() {
+        None if is_served => None,
+        None => producer_host(spec, opts, filters, &buffers, next_seq, uuid)?,
+        Some((listener, path)) => {
+            let wanted = wanted_sources(spec, filters, uuid)?;
+            let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
+            Some(ProducerHost::on_listener(
+                listener, &path, wanted, rings, next_seq,
+            ))
+        }
+    };
     let compression = opts.compression.unwrap_or(spec.compression);
     let compress = match compression {
         spec::Compression::None => None,
@@ -227,7 +284,9 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         io: opts.io,
         direct,
     };
-    let sink = if opts.rotation.rotates() {
+    let sink = if let Some(s) = served_sink.take() {
+        Output::File(s)
+    } else if opts.rotation.rotates() {
         opts.rotation.check().map_err(AppError::Rotation)?;
         let OutputPath::File(out) = &opts.output else {
             return Err(AppError::Refused(
@@ -273,13 +332,14 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
             storage::open_output(opts.output.clone(), sink_opts).map_err(AppError::Output)?,
         )
     };
-    let output_label = match &opts.output {
-        OutputPath::File(p) => p.display().to_string(),
-        OutputPath::Stdout => "stdout".to_string(),
+    let output_label = match (served_label, &opts.output) {
+        (Some(l), _) => l,
+        (None, OutputPath::File(p)) => p.display().to_string(),
+        (None, OutputPath::Stdout) => "stdout".to_string(),
     };
     let snapshot_base = match &opts.output {
-        OutputPath::File(p) => Some(p.clone()),
-        OutputPath::Stdout => None,
+        OutputPath::File(p) if !is_served => Some(p.clone()),
+        _ => None,
     };
     // Snapshots are made beside the output, in its directory checked now
     // (held open, so that they can be made after a privilege drop).
@@ -291,7 +351,7 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         _ => None,
     };
 
-    let uid = rustix::process::getuid().as_raw();
+    let uid = consumer_uid.unwrap_or_else(|| rustix::process::getuid().as_raw());
     let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
     if matches!(sink, Output::Segments(_)) {
         log.begin_segment(0, segment_uuid(uuid, 0));
@@ -305,24 +365,9 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         .with_rotation(opts.rotation.clone())
         .with_snapshot_disk(opts.rotation.max_disk.filter(|_| !opts.rotation.rotates()));
     let needs_control = timeline.mode != TriggerMode::None;
-    let (control, history) = match runtime_dir::for_server() {
-        Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
-            Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
-            Err(e) if needs_control => return Err(AppError::Control(e)),
-            Err(e) => {
-                log::warn!(
-                    "control socket unavailable ({e}): `recorder query/stop` will not see this session"
-                );
-                (None, None)
-            }
-        },
-        Err(e) if needs_control => return Err(AppError::Control(e)),
-        Err(e) => {
-            log::warn!(
-                "no runtime directory ({e}): `recorder query/stop` will not see this session"
-            );
-            (None, None)
-        }
+    let (control, history) = match served_control {
+        Some(c) => (Some(c), None),
+        None => control_server(needs_control)?,
     };
 
     Ok(Recording {
@@ -348,6 +393,33 @@ pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppErr
         status_line: opts.status_line,
         snapshot_dir,
         privileges: None,
+    })
+}
+
+/// The session's control socket and trigger history in the runtime
+/// directory; optional unless the session waits for triggers.
+fn control_server(
+    needs_control: bool,
+) -> Result<(Option<ControlServer>, Option<TriggerHistory>), AppError> {
+    let uid = rustix::process::getuid().as_raw();
+    Ok(match runtime_dir::for_server() {
+        Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
+            Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
+            Err(e) if needs_control => return Err(AppError::Control(e)),
+            Err(e) => {
+                log::warn!(
+                    "control socket unavailable ({e}): `recorder query/stop` will not see this session"
+                );
+                (None, None)
+            }
+        },
+        Err(e) if needs_control => return Err(AppError::Control(e)),
+        Err(e) => {
+            log::warn!(
+                "no runtime directory ({e}): `recorder query/stop` will not see this session"
+            );
+            (None, None)
+        }
     })
 }
 
@@ -431,6 +503,23 @@ fn producer_host(
             path
         }
     };
+    let wanted = wanted_sources(spec, filters, uuid)?;
+    let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
+    Ok(Some(ProducerHost::listen(
+        &path,
+        wanted,
+        rings,
+        first_sequence,
+    )?))
+}
+
+/// What producers may provide: every config data source, with its
+/// DataSourceConfig as producers get it.
+fn wanted_sources(
+    spec: &RecorderSpec,
+    filters: Vec<ProducerFilter>,
+    uuid: (i64, i64),
+) -> Result<Vec<WantedSource>, AppError> {
     let mut wanted = Vec::with_capacity(spec.data_sources.len());
     for (index, (ds, filter)) in spec.data_sources.iter().zip(filters).enumerate() {
         let buffer = ds.target_buffer.0 + 1;
@@ -453,13 +542,7 @@ fn producer_host(
             config,
         });
     }
-    let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
-    Ok(Some(ProducerHost::listen(
-        &path,
-        wanted,
-        rings,
-        first_sequence,
-    )?))
+    Ok(wanted)
 }
 
 /// The output path made absolute, so it survives `--background`'s chdir.

@@ -203,6 +203,8 @@ pub enum Command {
         #[arg(long, conflicts_with = "pid")]
         all: bool,
     },
+    /// Serve Perfetto's consumer and producer sockets, as `traced` does: the stock `perfetto` client records through the recorder.
+    Serve(crate::command::serve::ServeArgs),
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(BenchArgs),
     /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.

@@ -41,7 +41,7 @@
 //! | layer | modules | what they are |
 //! |---|---|---|
 //! | 5 | `main`, [`cli`], [`command`] | argument types; one module per command, exit codes |
-//! | 4 | [`app`], [`bench`], [`summary`] | build a recording from a spec; the bench; the end-of-run report |
+//! | 4 | [`app`], [`bench`], [`consumer`], [`summary`] | build a recording from a spec; the bench; the consumer socket of `recorder serve` (sessions for the `perfetto` client); the end-of-run report |
 //! | 3 | [`session`], [`event_loop`] | decide; execute |
 //! | 2 | [`config`], [`sources`], [`control`], [`ipc`] | TraceConfig to spec; data sources; the control socket and runtime dir; the producer socket and shared memory |
 //! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |
@@ -78,6 +78,7 @@ pub mod session;
 
 pub mod app;
 pub mod bench;
+pub mod consumer;
 pub mod summary;
 
 pub mod cli;

@@ -9,6 +9,7 @@ pub mod index;
 pub mod inspect;
 pub mod open;
 pub mod record;
+pub mod serve;
 
 pub use exit::ExitCode;
 
@@ -66,6 +67,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Query { json } => control::query(json),
         Command::Stop { pid, all } => control::stop(pid, all),
         Command::Start { pid, all } => control::start(pid, all),
+        Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Open {
             file,

@@ -56,7 +56,9 @@ const ACCEPT_BATCH: usize = 16;
 struct ReplyTo {
     id: u64,
     tx: Sender<(u64, Reply)>,
-    wake: Arc<OwnedFd>,
+    /// The serving thread's wake-up pipe; none for an in-process caller,
+    /// which blocks on the channel instead.
+    wake: Option<Arc<OwnedFd>>,
 }
 
 /// A checked request waiting for the event loop's answer.
@@ -73,7 +75,9 @@ impl Incoming {
     pub fn answer(self, reply: Reply) {
         // The client may have gone: nothing to do then.
         let _ = self.reply.tx.send((self.reply.id, reply));
-        let _ = rustix::io::write(&*self.reply.wake, &[1]);
+        if let Some(wake) = &self.reply.wake {
+            let _ = rustix::io::write(&**wake, &[1]);
+        }
     }
 }
 
@@ -102,9 +106,39 @@ pub struct ControlServer {
     /// poll(2) with no timeout when idle, so an idle session costs no wake-ups.
     stop_tx: Option<OwnedFd>,
     thread: Option<JoinHandle<()>>,
-    dir: RuntimeDir,
-    names: (String, String),
+    /// The endpoints' directory and names; none in process.
+    endpoints: Option<(RuntimeDir, (String, String))>,
     paths: (PathBuf, PathBuf),
+}
+
+/// Sends requests to a session's event loop from the same process (the
+/// consumer socket of `recorder serve`), with the caller's uid as checked
+/// by its own transport.
+#[derive(Clone)]
+pub struct InProcessControl {
+    tx: SyncSender<Incoming>,
+    wake_tx: Arc<OwnedFd>,
+}
+
+impl InProcessControl {
+    /// Queues `request` for the loop and waits up to `deadline` for its
+    /// answer; `None` when the loop did not answer (it ended, or is busy).
+    pub fn ask(&self, request: Request, uid: u32, pid: u32, deadline: Duration) -> Option<Reply> {
+        let (tx, rx) = channel();
+        let incoming = Incoming {
+            request,
+            peer_uid: uid,
+            peer_pid: pid,
+            reply: ReplyTo {
+                id: 0,
+                tx,
+                wake: None,
+            },
+        };
+        self.tx.try_send(incoming).ok()?;
+        let _ = rustix::io::write(&*self.wake_tx, &[1]);
+        rx.recv_timeout(deadline).ok().map(|(_, r)| r)
+    }
 }
 
 impl ControlServer {
@@ -164,10 +198,36 @@ impl ControlServer {
             stopping,
             stop_tx: Some(stop_tx),
             thread: Some(thread),
-            dir: dir.clone(),
-            names,
+            endpoints: Some((dir.clone(), names)),
             paths,
         })
+    }
+
+    /// A server with no sockets: requests come from [`InProcessControl`].
+    pub fn in_process() -> Result<(Self, InProcessControl), ControlError> {
+        use rustix::pipe::PipeFlags;
+        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)
+            .map_err(|e| ControlError::Socket {
+                path: "in-process control".into(),
+                source: e.into(),
+            })?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(2 * MAX_CONNECTIONS);
+        let server = Self {
+            requests: rx,
+            wake_rx,
+            refused: Arc::new(AtomicU64::new(0)),
+            refused_by_uid: RefusedByUid::default(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            stop_tx: None,
+            thread: None,
+            endpoints: None,
+            paths: (PathBuf::new(), PathBuf::new()),
+        };
+        let handle = InProcessControl {
+            tx,
+            wake_tx: Arc::new(wake_tx),
+        };
+        Ok((server, handle))
     }
 
     /// Readable when requests are pending: the event loop polls it.
@@ -219,8 +279,10 @@ impl Drop for ControlServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.dir.remove(&self.names.0);
-        let _ = self.dir.remove(&self.names.1);
+        if let Some((dir, names)) = &self.endpoints {
+            let _ = dir.remove(&names.0);
+            let _ = dir.remove(&names.1);
+        }
     }
 }
 
@@ -567,7 +629,7 @@ impl Worker {
             reply: ReplyTo {
                 id,
                 tx: self.reply_tx.clone(),
-                wake: self.answer_wake.clone(),
+                wake: Some(self.answer_wake.clone()),
             },
         };
         match self.tx.try_send(incoming) {

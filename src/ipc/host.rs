@@ -121,7 +121,26 @@ impl ProducerHost {
             "producer socket: {} (at most {max} connections, {MAX_CONNECTIONS_PER_UID} per uid)",
             path.display()
         );
-        Ok(Self {
+        Ok(Self::on_listener(
+            listener,
+            path,
+            wanted,
+            buffers,
+            first_sequence,
+        ))
+    }
+
+    /// Serves producers on a socket already listening at `path` (bound by
+    /// `recorder serve`, which lends it to one session at a time).
+    pub fn on_listener(
+        listener: UnixListener,
+        path: &Path,
+        wanted: Vec<WantedSource>,
+        buffers: Vec<Arc<Buffer>>,
+        first_sequence: u32,
+    ) -> Self {
+        let max = quota::connection_budget(quota::open_file_limit());
+        Self {
             listener,
             path: path.to_path_buf(),
             wanted,
@@ -142,7 +161,7 @@ impl ProducerHost {
             start_pending: false,
             quotas: Quotas::new(max, MAX_CONNECTIONS_PER_UID),
             seen: 0,
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -48,6 +48,17 @@ fn checked(u: ServiceUser) -> Result<ServiceUser, String> {
     Ok(u)
 }
 
+/// The user `spec` names (a name in /etc/passwd or a uid), with the same
+/// refusals as [`choose`] (`recorder serve --user`).
+pub fn named(spec: &str) -> Result<ServiceUser, String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    match choose_from(Some(spec), &passwd, "") {
+        Ok(Some(u)) => checked(u),
+        Ok(None) => Err("root is not an unprivileged user".into()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The choice from `RECORDER_USER` and the two files' contents.
 pub fn choose_from(
     env: Option<&str>,

@@ -328,6 +328,12 @@ pub fn open_stream(path: &Path) -> Result<Option<OwnedFd>, CreateError> {
         })
 }
 
+/// Whether `fd` is written as a stream (a FIFO, character device or
+/// socket), not a file of offsets.
+pub fn is_stream(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| is_stream_type(st.st_mode))
+}
+
 fn is_stream_type(mode: u32) -> bool {
     matches!(
         FileType::from_raw_mode(mode),

@@ -55,7 +55,9 @@ use std::io::IoSlice;
 
 pub use batch::IOV_MAX;
 pub use cut::{Cut, cut_at_packet_boundary};
-pub use output::{IoChoice, OpenOptions, OutputPath, io_uring_available, open_in, open_output};
+pub use output::{
+    IoChoice, OpenOptions, OutputPath, io_uring_available, open_in, open_output, sink_for_fd,
+};
 pub use pwritev_sink::PwritevSink;
 pub use stream_sink::StreamSink;
 pub use uring_sink::UringSink;

@@ -62,6 +62,16 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
     }
 }
 
+/// The sink of a file opened elsewhere (`recorder serve`: a session's
+/// in-memory file, or the file a client passed): written from offset 0,
+/// never O_DIRECT; a pipe or socket is written as a stream.
+pub fn sink_for_fd(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageError> {
+    if create::is_stream(&fd) {
+        return Ok(Box::new(StreamSink::new(fd, false)));
+    }
+    file_sink(fd, io, None)
+}
+
 /// Creates `name` in the checked directory `dir` (see [`open_output`]) and
 /// returns its sink.
 pub fn open_in(

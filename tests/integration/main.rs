@@ -21,6 +21,7 @@ mod recording;
 mod ringbuf;
 mod schema;
 mod segments;
+mod serve;
 mod storage;
 mod trace_processor;
 mod triggers;

@@ -1,0 +1,119 @@
+//! `recorder serve`: the recorder as a tracing service. Binds the consumer
+//! and producer sockets, drops root (when started as root) before it reads
+//! a byte from a client, then serves until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::ExitCode;
+use crate::consumer::{self, service::ConsumerService};
+use crate::ipc::socket_path;
+use crate::privilege::{self, PrivilegeError, user::ServiceUser};
+
+/// `recorder serve` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where consumers (the `perfetto` client) connect; else
+    /// PERFETTO_CONSUMER_SOCK_NAME, else /run/perfetto/traced-consumer.sock
+    /// where /run/perfetto exists, else /tmp/perfetto-consumer.
+    #[arg(long, value_name = "PATH")]
+    pub consumer_socket: Option<PathBuf>,
+    /// Where producers (SDK apps, traced_probes) connect; else
+    /// PERFETTO_PRODUCER_SOCK_NAME, else /run/perfetto/traced-producer.sock
+    /// where /run/perfetto exists, else /tmp/perfetto-producer.
+    #[arg(long, value_name = "PATH")]
+    pub producer_socket: Option<PathBuf>,
+    /// The unprivileged user (name or uid) the service becomes when started
+    /// as root; else RECORDER_USER, the `recorder` system user, or an
+    /// unallocated uid of systemd's dynamic range. Never root nor nobody.
+    #[arg(long, value_name = "NAME|UID")]
+    pub user: Option<String>,
+}
+
+/// Runs the service.
+pub fn run(args: &ServeArgs) -> ExitCode {
+    let root = rustix::process::geteuid().is_root();
+    // Resolved first: a missing user must not leave sockets behind.
+    let user = if root {
+        let chosen = match args.user.as_deref() {
+            Some(spec) => privilege::user::named(spec),
+            None => privilege::user::choose()
+                .and_then(|u| u.ok_or_else(|| "recorder serve never serves as root".to_string())),
+        };
+        match chosen {
+            Ok(u) => Some(u),
+            Err(e) => {
+                eprintln!(
+                    "error: recorder serve started as root drops to an unprivileged user before serving: {e}"
+                );
+                return ExitCode::Usage;
+            }
+        }
+    } else {
+        None
+    };
+    let consumer_path = match consumer::socket_path(args.consumer_socket.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let env = std::env::var(socket_path::ENV_VAR).ok();
+    let producer_path = match socket_path::resolve(args.producer_socket.as_deref(), env.as_deref())
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: producer socket: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    let consumer_listener = match socket_path::claim(&consumer_path) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: consumer socket: {}", super::chain(&e));
+            return ExitCode::Runtime;
+        }
+    };
+    let producer_listener = match socket_path::claim(&producer_path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_file(&consumer_path);
+            eprintln!("error: producer socket: {}", super::chain(&e));
+            return ExitCode::Runtime;
+        }
+    };
+    if let Some(u) = &user
+        && let Err(e) = become_user(u, &[&consumer_path, &producer_path])
+    {
+        let _ = std::fs::remove_file(&consumer_path);
+        let _ = std::fs::remove_file(&producer_path);
+        eprintln!("error: cannot drop root: {}", super::chain(&e));
+        return ExitCode::Runtime;
+    }
+    log::info!("producer socket: {}", producer_path.display());
+    let service = ConsumerService::new(
+        consumer_listener,
+        consumer_path,
+        Some((producer_listener, producer_path)),
+    );
+    match service.run() {
+        Ok(()) => ExitCode::Success,
+        Err(e) => {
+            eprintln!("error: {}", super::chain(&e));
+            ExitCode::Runtime
+        }
+    }
+}
+
+/// Hands the socket files to the service user (so it can remove them at
+/// its stop) and drops root for good.
+fn become_user(u: &ServiceUser, sockets: &[&std::path::Path]) -> Result<(), PrivilegeError> {
+    for s in sockets {
+        if let Err(e) = std::os::unix::fs::lchown(s, Some(u.uid), Some(u.gid)) {
+            log::warn!("chown {}: {e}", s.display());
+        }
+    }
+    privilege::give_up_root(u)
+}

@@ -1,0 +1,143 @@
+//! ReadBuffers: a finished session's file, packet by packet in its order,
+//! cut into replies a client accepts (each under
+//! [`wire::MAX_READ_REPLY_BYTES`]); a packet larger than that is split into
+//! slices, the last one marked.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use super::wire;
+use crate::protos::ReadBuffersResponse;
+use crate::protos::read_buffers_response::Slice;
+use crate::wire::framing::{self, Step};
+
+/// Bytes read from the file at a time.
+const WINDOW: usize = 1 << 20;
+
+/// Reads a file of `0x0A <len> <packet>` records into ReadBuffers replies.
+pub struct Readback {
+    file: File,
+    /// File offset of `buf[0]`.
+    at: u64,
+    buf: Vec<u8>,
+    pos: usize,
+    eof: bool,
+    /// The rest of a packet being sliced: (offset in `buf`, end).
+    partial: Option<(usize, usize)>,
+}
+
+impl Readback {
+    pub fn new(file: File) -> Self {
+        Self {
+            file,
+            at: 0,
+            buf: Vec::new(),
+            pos: 0,
+            eof: false,
+            partial: None,
+        }
+    }
+
+    /// The next reply; `None` once everything was returned. A torn or
+    /// corrupt record ends the readback where it starts.
+    pub fn next_reply(&mut self) -> std::io::Result<Option<ReadBuffersResponse>> {
+        let mut slices = Vec::new();
+        let mut bytes = 0;
+        loop {
+            let room = wire::MAX_READ_REPLY_BYTES.saturating_sub(bytes);
+            if room < 64 {
+                break;
+            }
+            if let Some((from, end)) = self.partial {
+                let take = (end - from).min(room);
+                let last = from + take == end;
+                slices.push(Slice {
+                    data: Some(self.buf[from..from + take].to_vec()),
+                    last_slice_for_packet: Some(last),
+                });
+                bytes += take + 16;
+                self.partial = (!last).then_some((from + take, end));
+                if last {
+                    self.pos = end;
+                }
+                continue;
+            }
+            match framing::step(&self.buf[self.pos..], self.at + self.pos as u64) {
+                Step::Frame(f) => {
+                    let start = self.pos + f.header_len;
+                    self.partial = Some((start, start + f.packet.len()));
+                }
+                Step::NeedMore if !self.eof => self.refill()?,
+                Step::NeedMore | Step::Corrupt(_) => {
+                    self.eof = true;
+                    self.pos = self.buf.len();
+                    break;
+                }
+            }
+        }
+        if slices.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ReadBuffersResponse { slices }))
+    }
+
+    /// Drops what was returned and reads the next window after the rest.
+    fn refill(&mut self) -> std::io::Result<()> {
+        self.buf.drain(..self.pos);
+        self.at += self.pos as u64;
+        self.pos = 0;
+        let have = self.buf.len();
+        self.buf.resize(have + WINDOW, 0);
+        let n = self
+            .file
+            .read_at(&mut self.buf[have..], self.at + have as u64)?;
+        self.buf.truncate(have + n);
+        if n == 0 {
+            self.eof = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn packets_of(replies: &[ReadBuffersResponse]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut cur = Vec::new();
+        for r in replies {
+            for s in &r.slices {
+                cur.extend_from_slice(s.data());
+                if s.last_slice_for_packet() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn packets_come_back_whole_in_order_and_replies_stay_bounded() {
+        let sizes = [0usize, 1, 100, 70_000, 300_000, 5, 2 * WINDOW + 3, 17];
+        let packets: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8; n])
+            .collect();
+        let mut f = tempfile::tempfile().expect("tempfile");
+        for p in &packets {
+            f.write_all(&framing::record(p)).expect("write");
+        }
+        // A torn tail is left out.
+        f.write_all(&[0x0a, 0x80]).expect("write");
+        let mut rb = Readback::new(f);
+        let mut replies = Vec::new();
+        while let Some(r) = rb.next_reply().expect("read") {
+            assert!(prost::Message::encoded_len(&r) < wire::MAX_READ_REPLY_BYTES + 1024);
+            replies.push(r);
+        }
+        assert_eq!(packets_of(&replies), packets);
+    }
+}

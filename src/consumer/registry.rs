@@ -1,0 +1,370 @@
+//! What the service holds across connections: the sessions (who owns each,
+//! what it costs), the quotas checked before anything is allocated, and the
+//! producer socket, lent to one session at a time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{
+    MAX_BUFFER_BYTES, MAX_BUFFER_BYTES_PER_UID, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID,
+    MAX_SESSIONS, MAX_SESSIONS_PER_UID,
+};
+use crate::control::server::InProcessControl;
+
+/// Where a session is, as `perfetto --query` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    Configured,
+    Started,
+    Disabled,
+}
+
+impl SessionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Configured => "CONFIGURED",
+            SessionState::Started => "STARTED",
+            SessionState::Disabled => "DISABLED",
+        }
+    }
+}
+
+/// One session, as the service lists it.
+#[derive(Clone)]
+pub struct SessionEntry {
+    pub id: u64,
+    pub uid: u32,
+    pub unique_name: Option<String>,
+    pub buffer_kb: Vec<u32>,
+    pub buffer_bytes: u64,
+    pub duration_ms: u32,
+    pub data_sources: u32,
+    pub start_realtime_ns: i64,
+    pub state: SessionState,
+    pub control: Option<InProcessControl>,
+    /// The session holds the producer socket.
+    pub producers: bool,
+}
+
+/// Why a connection or a session was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("too many consumer connections ({MAX_CONNECTIONS})")]
+    Connections,
+    #[error("too many consumer connections from uid {0} ({MAX_CONNECTIONS_PER_UID})")]
+    ConnectionsOfUid(u32),
+    #[error("too many concurrent tracing sessions ({MAX_SESSIONS})")]
+    Sessions,
+    #[error("too many concurrent tracing sessions for uid {0} ({MAX_SESSIONS_PER_UID})")]
+    SessionsOfUid(u32),
+    #[error(
+        "buffers of {asked} bytes would take uid {uid} past its {MAX_BUFFER_BYTES_PER_UID}-byte quota ({held} held)"
+    )]
+    BytesOfUid { uid: u32, asked: u64, held: u64 },
+    #[error(
+        "buffers of {asked} bytes would take the service past {MAX_BUFFER_BYTES} bytes ({held} held)"
+    )]
+    Bytes { asked: u64, held: u64 },
+    #[error("a tracing session with the unique_session_name {0:?} is already running")]
+    UniqueName(String),
+    #[error(
+        "the producer socket is in use by another session: in this version one session at a time serves producers (here: {0})"
+    )]
+    ProducersBusy(String),
+    #[error("recorder serve has no producer socket")]
+    NoProducerSocket,
+}
+
+#[derive(Default)]
+struct Inner {
+    sessions: BTreeMap<u64, SessionEntry>,
+    next_id: u64,
+    conns: usize,
+    conns_of: HashMap<u32, usize>,
+    /// Refusals per uid, for the log at the end.
+    refused: BTreeMap<u32, u64>,
+    producer_lent_to: Option<u64>,
+}
+
+/// Shared by every connection.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    producer_socket: Option<(UnixListener, PathBuf)>,
+    /// The uid and pid the service runs as (its built-in producer's).
+    pub service_uid: u32,
+    pub service_pid: u32,
+}
+
+/// A connection counted against its uid until dropped.
+pub struct ConnectionSlot {
+    registry: Arc<Registry>,
+    uid: u32,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut g = self.registry.lock();
+        g.conns = g.conns.saturating_sub(1);
+        if let Some(n) = g.conns_of.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.conns_of.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl Registry {
+    pub fn new(producer_socket: Option<(UnixListener, PathBuf)>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                next_id: 1,
+                ..Inner::default()
+            }),
+            producer_socket,
+            service_uid: rustix::process::getuid().as_raw(),
+            service_pid: std::process::id(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panicking connection thread leaves consistent counts behind:
+        // every update is a single step under the lock.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a new connection of `uid`, or refuses it.
+    pub fn admit(self: &Arc<Self>, uid: u32) -> Result<ConnectionSlot, Refusal> {
+        let mut g = self.lock();
+        let r = if g.conns >= MAX_CONNECTIONS {
+            Err(Refusal::Connections)
+        } else if g.conns_of.get(&uid).copied().unwrap_or(0) >= MAX_CONNECTIONS_PER_UID {
+            Err(Refusal::ConnectionsOfUid(uid))
+        } else {
+            g.conns += 1;
+            *g.conns_of.entry(uid).or_default() += 1;
+            Ok(ConnectionSlot {
+                registry: self.clone(),
+                uid,
+            })
+        };
+        if r.is_err() {
+            *g.refused.entry(uid).or_default() += 1;
+        }
+        r
+    }
+
+    /// Reserves a session for `entry.uid` within every quota; the id is
+    /// filled in. With `producers`, lends it the producer socket.
+    #[allow(clippy::type_complexity)]
+    pub fn reserve(
+        &self,
+        mut entry: SessionEntry,
+    ) -> Result<(u64, Option<(UnixListener, PathBuf)>), Refusal> {
+        let mut g = self.lock();
+        let r = Self::check(&g, &entry);
+        let r = r.and_then(|()| {
+            if !entry.producers {
+                return Ok(None);
+            }
+            let Some((listener, path)) = &self.producer_socket else {
+                return Err(Refusal::NoProducerSocket);
+            };
+            if g.producer_lent_to.is_some() {
+                return Err(Refusal::ProducersBusy(path.display().to_string()));
+            }
+            let clone = listener.try_clone().map_err(|e| {
+                log::warn!("producer socket: {e}");
+                Refusal::NoProducerSocket
+            })?;
+            Ok(Some((clone, path.clone())))
+        });
+        match r {
+            Ok(lent) => {
+                let id = g.next_id;
+                g.next_id += 1;
+                entry.id = id;
+                if lent.is_some() {
+                    g.producer_lent_to = Some(id);
+                }
+                g.sessions.insert(id, entry);
+                Ok((id, lent))
+            }
+            Err(e) => {
+                *g.refused.entry(entry.uid).or_default() += 1;
+                Err(e)
+            }
+        }
+    }
+
+    fn check(g: &Inner, e: &SessionEntry) -> Result<(), Refusal> {
+        let of_uid = || g.sessions.values().filter(|s| s.uid == e.uid);
+        if g.sessions.len() >= MAX_SESSIONS {
+            return Err(Refusal::Sessions);
+        }
+        if of_uid().count() >= MAX_SESSIONS_PER_UID {
+            return Err(Refusal::SessionsOfUid(e.uid));
+        }
+        let held_uid: u64 = of_uid().map(|s| s.buffer_bytes).sum();
+        if held_uid.saturating_add(e.buffer_bytes) > MAX_BUFFER_BYTES_PER_UID {
+            return Err(Refusal::BytesOfUid {
+                uid: e.uid,
+                asked: e.buffer_bytes,
+                held: held_uid,
+            });
+        }
+        let held: u64 = g.sessions.values().map(|s| s.buffer_bytes).sum();
+        if held.saturating_add(e.buffer_bytes) > MAX_BUFFER_BYTES {
+            return Err(Refusal::Bytes {
+                asked: e.buffer_bytes,
+                held,
+            });
+        }
+        if let Some(name) = &e.unique_name
+            && g.sessions
+                .values()
+                .any(|s| s.unique_name.as_ref() == Some(name))
+        {
+            return Err(Refusal::UniqueName(name.clone()));
+        }
+        Ok(())
+    }
+
+    /// The session's control, once its loop runs.
+    pub fn attach_control(&self, id: u64, control: InProcessControl) {
+        if let Some(s) = self.lock().sessions.get_mut(&id) {
+            s.control = Some(control);
+        }
+    }
+
+    pub fn set_state(&self, id: u64, state: SessionState) {
+        if let Some(s) = self.lock().sessions.get_mut(&id) {
+            s.state = state;
+        }
+    }
+
+    /// Forgets session `id`: its quota and the producer socket are free.
+    pub fn release(&self, id: u64) {
+        let mut g = self.lock();
+        g.sessions.remove(&id);
+        if g.producer_lent_to == Some(id) {
+            g.producer_lent_to = None;
+        }
+    }
+
+    /// The sessions `caller` may see: its own, or all of them for root.
+    pub fn visible(&self, caller: u32) -> Vec<SessionEntry> {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| caller == 0 || s.uid == caller)
+            .cloned()
+            .collect()
+    }
+
+    /// Every session's control (for the service's own stop).
+    pub fn controls(&self) -> Vec<InProcessControl> {
+        self.lock()
+            .sessions
+            .values()
+            .filter_map(|s| s.control.clone())
+            .collect()
+    }
+
+    /// The control of the session that holds the producer socket.
+    pub fn producer_session(&self) -> Option<InProcessControl> {
+        let g = self.lock();
+        let id = g.producer_lent_to?;
+        g.sessions.get(&id).and_then(|s| s.control.clone())
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Refusals so far, per uid.
+    pub fn refused(&self) -> BTreeMap<u32, u64> {
+        self.lock().refused.clone()
+    }
+
+    /// The producer socket's path, if the service has one.
+    pub fn producer_path(&self) -> Option<PathBuf> {
+        self.producer_socket.as_ref().map(|(_, p)| p.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(uid: u32, bytes: u64, name: Option<&str>) -> SessionEntry {
+        SessionEntry {
+            id: 0,
+            uid,
+            unique_name: name.map(str::to_string),
+            buffer_kb: vec![(bytes / 1024) as u32],
+            buffer_bytes: bytes,
+            duration_ms: 0,
+            data_sources: 1,
+            start_realtime_ns: 0,
+            state: SessionState::Configured,
+            control: None,
+            producers: false,
+        }
+    }
+
+    #[test]
+    fn quotas_are_per_uid_and_freed_on_release() {
+        let r = Registry::new(None);
+        let mut ids = Vec::new();
+        for _ in 0..MAX_SESSIONS_PER_UID {
+            ids.push(
+                r.reserve(entry(1000, 1 << 20, None))
+                    .expect("within quota")
+                    .0,
+            );
+        }
+        assert_eq!(
+            r.reserve(entry(1000, 1 << 20, None)).err(),
+            Some(Refusal::SessionsOfUid(1000))
+        );
+        // Another uid is not affected.
+        let other = r.reserve(entry(1001, 1 << 20, None)).expect("other uid").0;
+        r.release(ids[0]);
+        assert!(r.reserve(entry(1000, 1 << 20, None)).is_ok());
+        assert!(matches!(
+            r.reserve(entry(1001, MAX_BUFFER_BYTES_PER_UID, None)),
+            Err(Refusal::BytesOfUid { uid: 1001, .. })
+        ));
+        r.release(other);
+        assert_eq!(r.refused().get(&1000), Some(&1));
+    }
+
+    #[test]
+    fn unique_names_and_visibility() {
+        let r = Registry::new(None);
+        r.reserve(entry(1000, 4096, Some("a"))).expect("first");
+        assert_eq!(
+            r.reserve(entry(1001, 4096, Some("a"))).err(),
+            Some(Refusal::UniqueName("a".into()))
+        );
+        r.reserve(entry(1001, 4096, None)).expect("second");
+        assert_eq!(r.visible(1000).len(), 1);
+        assert_eq!(r.visible(0).len(), 2);
+        assert_eq!(r.visible(1002).len(), 0);
+    }
+
+    #[test]
+    fn connections_are_counted_per_uid() {
+        let r = Registry::new(None);
+        let slots: Vec<_> = (0..MAX_CONNECTIONS_PER_UID)
+            .map(|_| r.admit(7).expect("within quota"))
+            .collect();
+        assert!(matches!(r.admit(7), Err(Refusal::ConnectionsOfUid(7))));
+        assert!(r.admit(8).is_ok());
+        drop(slots);
+        assert!(r.admit(7).is_ok());
+    }
+}

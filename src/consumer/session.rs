@@ -1,0 +1,243 @@
+//! One consumer's session: built by [`app::build_served`] on an in-memory
+//! file and an in-process control, run by the event loop on a thread of its
+//! own. Its end is reported once, with the error if it failed.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::registry::{Refusal, Registry, SessionEntry, SessionState};
+use crate::app::{self, RunOptions, Served};
+use crate::config::spec::{RecorderSpec, SourceKind};
+use crate::control::server::{ControlServer, InProcessControl};
+use crate::storage::segment::policy::RotationPolicy;
+use crate::storage::{IoChoice, OutputPath};
+
+/// Why a session did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Build(String),
+}
+
+/// Whether the session has ended, and how.
+#[derive(Default)]
+pub struct Done {
+    /// `Some(error)` once ended; the error is empty on success.
+    ended: Mutex<Option<String>>,
+    cv: Condvar,
+}
+
+impl Done {
+    fn set(&self, error: String) {
+        let mut g = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        *g = Some(error);
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `limit` for the end; true once it ended.
+    pub fn wait(&self, limit: Duration) -> bool {
+        let g = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, limit, |e| e.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        g.is_some()
+    }
+
+    pub fn ended(&self) -> bool {
+        self.ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+/// A running (or ended) session of one connection.
+pub struct Running {
+    pub id: u64,
+    pub control: InProcessControl,
+    pub done: Arc<Done>,
+    /// The session's in-memory file, for ReadBuffers once it ended; none
+    /// when it streams into the client's file.
+    pub file: Option<File>,
+}
+
+/// What the client is told when the session ends: its error, empty on
+/// success.
+pub type OnEnd = Box<dyn FnOnce(&str) + Send>;
+
+/// Refuses what `recorder serve` does not serve yet, with what to do.
+fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
+    if matches!(
+        spec.trigger.as_ref().map(|t| t.mode),
+        Some(crate::config::spec::TriggerMode::CloneSnapshot)
+    ) {
+        return Err(StartError::Unsupported(
+            "CLONE_SNAPSHOT sessions are not served yet by recorder serve (CloneSession is refused)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the session needs the producer socket: a data source no
+/// built-in source of a served session provides, or triggers (which
+/// `trigger_perfetto` sends there).
+fn needs_producers(spec: &RecorderSpec) -> bool {
+    spec.trigger.is_some()
+        || spec.data_sources.iter().any(|d| {
+            matches!(
+                d.kind,
+                SourceKind::TrackEvent | SourceKind::Other | SourceKind::Ftrace(_)
+            )
+        })
+}
+
+/// Starts `spec` for consumer `uid`, into `output` (the client's file, for
+/// `write_into_file`) or else memory; `on_end` runs on the session's thread
+/// when it ended.
+pub fn start(
+    spec: &RecorderSpec,
+    uid: u32,
+    registry: &Arc<Registry>,
+    output: Option<OwnedFd>,
+    on_end: OnEnd,
+) -> Result<Running, StartError> {
+    check_supported(spec)?;
+    let entry = SessionEntry {
+        id: 0,
+        uid,
+        unique_name: spec.unique_session_name.clone(),
+        buffer_kb: spec
+            .buffers
+            .iter()
+            .map(|b| u32::try_from(b.size.0 / 1024).unwrap_or(u32::MAX))
+            .collect(),
+        buffer_bytes: spec.buffers.iter().map(|b| b.size.0).sum(),
+        duration_ms: spec
+            .duration
+            .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+        data_sources: spec.data_sources.len() as u32,
+        start_realtime_ns: crate::clock::realtime_ms() as i64 * 1_000_000,
+        state: SessionState::Configured,
+        control: None,
+        producers: needs_producers(spec),
+    };
+    let (id, producers) = registry.reserve(entry)?;
+    match build_and_run(spec, uid, id, producers, registry, output, on_end) {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            registry.release(id);
+            Err(StartError::Build(e))
+        }
+    }
+}
+
+fn build_and_run(
+    spec: &RecorderSpec,
+    uid: u32,
+    id: u64,
+    producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
+    registry: &Arc<Registry>,
+    output: Option<OwnedFd>,
+    on_end: OnEnd,
+) -> Result<Running, String> {
+    let name = format!("recorder-session-{id}");
+    let (fd, file) = match output {
+        Some(fd) => (fd, None),
+        None => {
+            let memfd = rustix::fs::memfd_create(&name, rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(|e| format!("in-memory trace file: {e}"))?;
+            let file = File::from(
+                memfd
+                    .try_clone()
+                    .map_err(|e| format!("in-memory trace file: {e}"))?,
+            );
+            (memfd, Some(file))
+        }
+    };
+    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| chain(&e))?;
+    let (control, handle) = ControlServer::in_process().map_err(|e| chain(&e))?;
+    let label = format!("session {id} of uid {uid}");
+    let opts = RunOptions {
+        output: OutputPath::File(PathBuf::from(&label)),
+        no_clobber: false,
+        io: IoChoice::Auto,
+        config_label: format!("consumer uid {uid}"),
+        status_line: false,
+        compression: None,
+        rotation: RotationPolicy::default(),
+        direct_io: false,
+        producer_socket: None,
+    };
+    let served = Served {
+        sink,
+        output_label: label.clone(),
+        control,
+        producers,
+        consumer_uid: uid,
+    };
+    let rec = app::build_served(spec, &opts, served).map_err(|e| chain(&e))?;
+    registry.attach_control(id, handle.clone());
+    let waiting = spec.deferred_start
+        || matches!(
+            spec.trigger.as_ref().map(|t| t.mode),
+            Some(crate::config::spec::TriggerMode::StartTracing)
+        );
+    registry.set_state(
+        id,
+        if waiting {
+            SessionState::Configured
+        } else {
+            SessionState::Started
+        },
+    );
+    let done = Arc::new(Done::default());
+    let (d, reg) = (done.clone(), registry.clone());
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let outcome = crate::event_loop::run(rec, None);
+            let error = if outcome.reason.is_failure() {
+                format!("the session failed: {}", outcome.reason)
+            } else {
+                String::new()
+            };
+            log::info!(
+                "{label} ended ({}): {} bytes",
+                outcome.reason,
+                outcome.bytes_written
+            );
+            reg.set_state(id, SessionState::Disabled);
+            d.set(error.clone());
+            on_end(&error);
+        })
+        .map_err(|e| format!("session thread: {e}"))?;
+    Ok(Running {
+        id,
+        control: handle,
+        done,
+        file,
+    })
+}
+
+/// An error with its causes on one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}

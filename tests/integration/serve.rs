@@ -1,0 +1,1053 @@
+//! `recorder serve` against Perfetto's own `perfetto` client (tracebox
+//! v58.2): sessions recorded and read back through the consumer socket,
+//! `--query`, concurrent clients, another uid, refusals the client prints.
+//! Every trace goes through both decoders and trace processor.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{self, decode, kernel_required, python_summary, skip_unless, test_counters};
+use crate::trace_processor;
+
+/// The service user of root runs: neither root nor the attacker's nobody.
+const SERVICE_UID: u32 = 61_234;
+const NOBODY: &str = "65534";
+
+/// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else the shared
+/// tools beside the repository.
+fn tracebox() -> Option<PathBuf> {
+    let p = std::env::var_os("RECORDER_TRACEBOX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
+    p.exists().then_some(p)
+}
+
+fn missing() -> Option<String> {
+    if tracebox().is_none() {
+        return Some("no tracebox (set RECORDER_TRACEBOX)".into());
+    }
+    None
+}
+
+/// A running `recorder serve` on private sockets; stopped with SIGTERM.
+struct Serve {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start() -> Serve {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The dropped service user and other test users reach the sockets.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .expect("chmod");
+        let mut c = Command::new(common::recorder_bin());
+        c.arg("serve")
+            .arg("--consumer-socket")
+            .arg(dir.path().join("consumer.sock"))
+            .arg("--producer-socket")
+            .arg(dir.path().join("producer.sock"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
+            .env("RUST_LOG", "info");
+        if is_root() {
+            c.arg("--user").arg(SERVICE_UID.to_string());
+        }
+        let child = c.spawn().expect("spawn recorder serve");
+        let s = Serve {
+            child: Some(child),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(s.consumer()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "serve did not listen: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn consumer(&self) -> PathBuf {
+        self.dir.path().join("consumer.sock")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// `perfetto ARGS` against this service, as `uid` (setpriv) or as us.
+    fn perfetto(&self, uid: Option<&str>, args: &[&str]) -> Command {
+        let tb = tracebox().expect("tracebox");
+        let mut c = match uid {
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", u, "--regid", u, "--clear-groups"])
+                    .arg(tb);
+                c
+            }
+            None => Command::new(tb),
+        };
+        c.arg("perfetto")
+            .args(args)
+            .env("PERFETTO_CONSUMER_SOCK_NAME", self.consumer())
+            .env("PERFETTO_PRODUCER_SOCK_NAME", self.path("producer.sock"))
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Writes `config` (text) and runs `perfetto --txt -c CFG -o OUT`.
+    fn record(&self, name: &str, config: &str) -> (Output, PathBuf) {
+        let cfg = self.path(&format!("{name}.pbtx"));
+        std::fs::write(&cfg, config).expect("config");
+        let out = self.path(&format!("{name}.pftrace"));
+        let o = output_within(
+            self.perfetto(None, &["--txt", "-c"])
+                .arg(&cfg)
+                .arg("-o")
+                .arg(&out),
+            Duration::from_secs(60),
+        );
+        (o, out)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&c),
+                rustix::process::Signal::TERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn output_within(c: &mut Command, limit: Duration) -> Output {
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_within(child, limit)
+}
+
+fn wait_within(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "did not finish within {limit:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The packet kinds the Python decoder counts.
+fn kinds(path: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
+    python_summary(path).map(|s| s["kinds"].as_object().cloned().unwrap_or_default())
+}
+
+const STATS_CONFIG: &str = r#"
+buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+duration_ms: 1500
+data_sources { config { name: "linux.process_stats"
+  process_stats_config { scan_all_processes_on_start: true proc_stats_poll_ms: 500 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE
+                     stat_period_ms: 100 stat_counters: STAT_CPU_TIMES } } }
+data_sources { config { name: "for_testing" for_testing { message_count: 200 message_size: 64 } } }
+"#;
+
+#[test]
+fn the_stock_client_records_a_ring_buffer_session_through_serve() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let (o, out) = serve.record("ring", STATS_CONFIG);
+    assert!(o.status.success(), "perfetto failed: {}", text(&o));
+    let data = std::fs::read(&out).expect("trace");
+    assert!(!data.is_empty(), "empty trace: {}", serve.log());
+
+    // The Rust decoder: every for_testing packet, in order, on one sequence.
+    let packets = decode(&data);
+    let counters = test_counters(&packets);
+    assert_eq!(counters.len(), 1, "{counters:?}");
+    let seq = counters.values().next().expect("a sequence");
+    assert_eq!(seq, &(0..200).collect::<Vec<u64>>());
+    assert!(packets.iter().any(|p| p.has_trace_config()));
+    assert!(packets.iter().any(|p| p.has_trace_stats()));
+    assert!(packets.iter().any(|p| p.has_process_tree()));
+    // The client's own edits to the config (its uuid) are the trace's.
+    let cfg = packets
+        .iter()
+        .find(|p| p.has_trace_config())
+        .expect("trace_config");
+    let uuid = packets.iter().find(|p| p.has_trace_uuid()).expect("uuid");
+    assert_eq!(
+        cfg.trace_config().trace_uuid_lsb(),
+        uuid.trace_uuid().lsb(),
+        "the client's uuid"
+    );
+
+    // The Python decoder agrees.
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(200));
+        assert!(k.get("sys_stats").and_then(|v| v.as_u64()).unwrap_or(0) >= 5);
+    }
+
+    // Trace processor: no error stats, the tables the sources fill.
+    if let Some(tp) = trace_processor::check(&out) {
+        assert!(
+            tp.query("select count(*) from counter").scalar().int() > 10,
+            "counters"
+        );
+        assert!(
+            tp.query("select count(*) from process").scalar().int() > 1,
+            "processes"
+        );
+    }
+
+    // Root drops to the service user before serving.
+    if is_root() {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", serve.pid())).expect("status");
+        let field = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .map(|l| l[k.len()..].trim().to_string())
+                .unwrap_or_default()
+        };
+        let uid = SERVICE_UID.to_string();
+        assert!(
+            field("Uid:").split_whitespace().all(|u| u == uid),
+            "{status}"
+        );
+        assert_eq!(field("CapEff:"), "0000000000000000");
+        assert_eq!(field("CapPrm:"), "0000000000000000");
+        assert_eq!(field("CapBnd:"), "0000000000000000");
+        assert_eq!(field("NoNewPrivs:"), "1");
+    }
+}
+
+#[test]
+fn two_clients_at_once_get_their_own_sessions() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let a_cfg = r#"
+buffers { size_kb: 1024 }
+duration_ms: 2000
+data_sources { config { name: "for_testing" for_testing { message_count: 300 message_size: 32 max_messages_per_second: 200 } } }
+"#;
+    let b_cfg = r#"
+buffers { size_kb: 2048 }
+buffers { size_kb: 1024 }
+duration_ms: 1500
+data_sources { config { name: "linux.sys_stats" target_buffer: 1
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+"#;
+    let a = std::thread::scope(|s| {
+        let a = s.spawn(|| serve.record("a", a_cfg));
+        let (ob, b_out) = serve.record("b", b_cfg);
+        assert!(ob.status.success(), "b: {}", text(&ob));
+        let b = decode(&std::fs::read(&b_out).expect("b"));
+        assert!(b.iter().any(|p| p.has_sys_stats()));
+        assert!(!b.iter().any(|p| p.has_for_testing()), "a's packets in b");
+        let stats = b
+            .iter()
+            .rev()
+            .find(|p| p.has_trace_stats())
+            .expect("trace_stats");
+        assert_eq!(stats.trace_stats().buffer_stats.len(), 2, "b's own buffers");
+        trace_processor::check(&b_out);
+        a.join().expect("a")
+    });
+    let (oa, a_out) = a;
+    assert!(oa.status.success(), "a: {}", text(&oa));
+    let pa = decode(&std::fs::read(&a_out).expect("a"));
+    assert!(!pa.iter().any(|p| p.has_sys_stats()), "b's packets in a");
+    let counters = test_counters(&pa);
+    assert_eq!(counters.values().map(Vec::len).sum::<usize>(), 300);
+    let stats = pa
+        .iter()
+        .rev()
+        .find(|p| p.has_trace_stats())
+        .expect("trace_stats");
+    assert_eq!(stats.trace_stats().buffer_stats.len(), 1);
+    if let Some(k) = kinds(&a_out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(300));
+    }
+    trace_processor::check(&a_out);
+}
+
+#[test]
+fn query_lists_the_built_in_sources_and_only_the_callers_sessions() {
+    if skip_unless(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("long.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 4000
+unique_session_name: "roots_session"
+data_sources { config { name: "for_testing" for_testing { message_count: 20 message_size: 16 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("long.pftrace");
+    let long = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    // The session is listed once it runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let root_view = loop {
+        let o = output_within(
+            &mut serve.perfetto(None, &["--query"]),
+            Duration::from_secs(10),
+        );
+        let t = text(&o);
+        if t.contains("roots_session") || Instant::now() > deadline {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for name in [
+        "for_testing",
+        "linux.process_stats",
+        "linux.sys_stats",
+        "linux.system_info",
+        "perfetto.traced_probes",
+    ] {
+        assert!(root_view.contains(name), "{name} missing: {root_view}");
+    }
+    assert!(root_view.contains("roots_session"), "{root_view}");
+    assert!(root_view.contains("STARTED"), "{root_view}");
+
+    // Another uid sees the service, not root's session.
+    let o = output_within(
+        &mut serve.perfetto(Some(NOBODY), &["--query"]),
+        Duration::from_secs(10),
+    );
+    let theirs = text(&o);
+    assert!(o.status.success(), "{theirs}");
+    assert!(theirs.contains("for_testing"), "{theirs}");
+    assert!(!theirs.contains("roots_session"), "{theirs}");
+    // Nor can it reach that session: attaching is refused, and the same
+    // unique name is taken.
+    let o = output_within(
+        &mut serve.perfetto(Some(NOBODY), &["--attach=roots_session", "--stop"]),
+        Duration::from_secs(10),
+    );
+    assert!(!o.status.success(), "attach by another uid: {}", text(&o));
+    let theirs_cfg = serve.path("theirs.pbtx");
+    std::fs::write(
+        &theirs_cfg,
+        "buffers { size_kb: 64 }\nduration_ms: 500\nunique_session_name: \"roots_session\"\n\
+         data_sources { config { name: \"for_testing\" } }\n",
+    )
+    .expect("config");
+    std::fs::set_permissions(
+        &theirs_cfg,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("chmod");
+    let o = output_within(
+        serve
+            .perfetto(Some(NOBODY), &["--txt", "-c"])
+            .arg(&theirs_cfg)
+            .arg("-o")
+            .arg(serve.path("theirs.pftrace")),
+        Duration::from_secs(20),
+    );
+    assert!(
+        text(&o).contains("already running"),
+        "a taken unique_session_name: {}",
+        text(&o)
+    );
+
+    // Root's session ran to its end with all its data.
+    let o = wait_within(long, Duration::from_secs(60));
+    assert!(o.status.success(), "root's session: {}", text(&o));
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        20
+    );
+    trace_processor::check(&out);
+}
+
+#[test]
+fn ctrl_c_on_the_client_ends_the_session_with_its_data() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("long.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 120000
+data_sources { config { name: "for_testing" for_testing { message_count: 50 message_size: 16 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("long.pftrace");
+    let started = Instant::now();
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1500));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT");
+    let o = wait_within(child, Duration::from_secs(30));
+    assert!(
+        o.status.success() || o.status.signal().is_none(),
+        "{}",
+        text(&o)
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        50
+    );
+    assert!(packets.iter().filter(|p| p.has_sys_stats()).count() >= 5);
+    trace_processor::check(&out);
+}
+
+#[test]
+fn what_serve_refuses_the_client_prints() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    // Perfetto's rule: a duration beside a trigger mode.
+    let (o, out) = serve.record(
+        "dur_trigger",
+        r#"
+buffers { size_kb: 64 }
+duration_ms: 1000
+trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 5000
+  triggers { name: "t" stop_delay_ms: 0 } }
+data_sources { config { name: "for_testing" } }
+"#,
+    );
+    // The client prints the service's error (its exit status stays 0, as
+    // against traced) and keeps no trace.
+    let t = text(&o);
+    assert!(t.contains("Service error"), "{t}");
+    assert!(t.contains("duration_ms"), "the reason is printed: {t}");
+    assert!(std::fs::metadata(&out).map_or(0, |m| m.len()) == 0);
+
+    // The service creates no file for a client: output_path is refused.
+    let cfg = serve.path("output_path.pbtx");
+    std::fs::write(
+        &cfg,
+        format!(
+            "buffers {{ size_kb: 64 }}\nduration_ms: 500\nwrite_into_file: true\n\
+             output_path: \"{}\"\ndata_sources {{ config {{ name: \"for_testing\" }} }}\n",
+            serve.path("elsewhere.pftrace").display()
+        ),
+    )
+    .expect("config");
+    let o = output_within(
+        serve.perfetto(None, &["--txt", "-c"]).arg(&cfg),
+        Duration::from_secs(20),
+    );
+    let t = text(&o);
+    assert!(t.contains("does not create files for clients"), "{t}");
+    assert!(!serve.path("elsewhere.pftrace").exists());
+
+    // Cloning is refused with the service's reason.
+    // (Never -o /dev/null: the client unlinks its output on an error.)
+    let clone_out = serve.path("clone.pftrace");
+    let o = output_within(
+        serve
+            .perfetto(None, &["--clone", "1", "-o"])
+            .arg(&clone_out),
+        Duration::from_secs(20),
+    );
+    let t = text(&o);
+    assert!(t.contains("does not clone sessions"), "{t}");
+
+    // The service keeps serving after every refusal.
+    let (o, out) = serve.record(
+        "after",
+        "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" for_testing { message_count: 5 } } }\n",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        test_counters(&decode(&std::fs::read(&out).expect("trace")))
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        5
+    );
+}
+
+#[test]
+fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    // An oversized frame header closes that connection.
+    let mut s = std::os::unix::net::UnixStream::connect(serve.consumer()).expect("connect");
+    s.write_all(&u32::MAX.to_le_bytes()).expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut s, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the connection is closed");
+    // Idle connections beyond one uid's quota are refused; another
+    // client still records.
+    let idle: Vec<_> = (0..40)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(serve.consumer()).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (o, _) = if is_root() {
+        // Root's idle connections do not keep nobody out.
+        let cfg = serve.path("n.pbtx");
+        std::fs::write(
+            &cfg,
+            "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" for_testing { message_count: 5 } } }\n",
+        )
+        .expect("config");
+        std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+        let o = output_within(
+            serve
+                .perfetto(Some(NOBODY), &["--txt", "-c"])
+                .arg(&cfg)
+                .arg("-o")
+                .arg("-"),
+            Duration::from_secs(30),
+        );
+        (o, PathBuf::new())
+    } else {
+        drop(idle);
+        std::thread::sleep(Duration::from_millis(200));
+        serve.record(
+            "after_flood",
+            "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" } }\n",
+        )
+    };
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        serve.log().contains("too many consumer connections"),
+        "{}",
+        serve.log()
+    );
+    if kernel_required() {
+        assert!(is_root(), "RECORDER_REQUIRE_KERNEL=1 runs these as root");
+    }
+}
+
+#[test]
+fn an_sdk_apps_packets_reach_the_clients_session() {
+    const N: u64 = 500;
+    if skip_unless(missing()) {
+        return;
+    }
+    let app_bin = crate::producers::sdk_app();
+    let serve = Serve::start();
+    let cfg = serve.path("sdk.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 16384 fill_policy: DISCARD }
+duration_ms: 6000
+data_sources { config { name: "recorder.test.sequence" } }
+data_sources { config { name: "for_testing" for_testing { message_count: 10 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("sdk.pftrace");
+    let client = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    let mut app = Command::new(app_bin)
+        .args(["--packets", &N.to_string(), "--shmem-kb", "4096"])
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("SDK app");
+    let app_pid = app.id();
+    let mut lines = std::io::BufReader::new(app.stdout.take().expect("stdout"));
+    let mut wrote = false;
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut lines, &mut line).unwrap_or(0) > 0 {
+        if line.starts_with(&format!("wrote {N}")) {
+            wrote = true;
+            break;
+        }
+        line.clear();
+    }
+    assert!(wrote, "the app did not write: {}", serve.log());
+    // While the session runs, --query lists the app and its data source.
+    let q = output_within(
+        &mut serve.perfetto(None, &["--query"]),
+        Duration::from_secs(10),
+    );
+    assert!(text(&q).contains("recorder.test.sequence"), "{}", text(&q));
+    let o = wait_within(client, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = app.kill();
+    let _ = app.wait();
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let from_app: Vec<u64> = packets
+        .iter()
+        .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 == app_pid)
+        .map(|p| p.for_testing().counter())
+        .collect();
+    assert_eq!(from_app, (0..N).collect::<Vec<_>>(), "{}", serve.log());
+    // The built-in source beside it, on its own sequence.
+    let builtin = packets
+        .iter()
+        .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 != app_pid)
+        .count();
+    assert_eq!(builtin, 10);
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(N + 10));
+    }
+    trace_processor::check(&out);
+}
+
+/// A tracefs instance of the test's own, removed at the end, so Perfetto's
+/// `traced_probes` never touches the top-level instance others use.
+struct Instance(PathBuf);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn traced_probes_records_ftrace_as_a_producer_of_serve() {
+    if skip_unless(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let tracefs = Path::new("/sys/kernel/tracing");
+    if skip_unless((!tracefs.join("instances").is_dir()).then(|| "no tracefs".to_string())) {
+        return;
+    }
+    let name = format!("recorder-serve-test-{}", std::process::id());
+    let instance = Instance(tracefs.join("instances").join(&name));
+    std::fs::create_dir(&instance.0).expect("tracefs instance");
+    let serve = Serve::start();
+    let probes_log = std::fs::File::create(serve.path("probes.log")).expect("log");
+    let mut probes = Command::new(tracebox().expect("tracebox"))
+        .arg("traced_probes")
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(probes_log)
+        .spawn()
+        .expect("traced_probes");
+    let (o, out) = serve.record(
+        "ftrace",
+        &format!(
+            r#"
+buffers {{ size_kb: 8192 }}
+duration_ms: 2000
+data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  instance_name: "{name}" }} }} }}
+"#
+        ),
+    );
+    let _ = probes.kill();
+    let _ = probes.wait();
+    let probes_said = std::fs::read_to_string(serve.path("probes.log")).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{probes_said}", text(&o));
+    assert!(
+        serve.log().contains("perfetto.traced_probes"),
+        "traced_probes never connected: {}",
+        serve.log()
+    );
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let switches: usize = packets
+        .iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| {
+            let b = p.ftrace_events();
+            // traced_probes writes sched_switch in the compact form.
+            b.event.iter().filter(|e| e.has_sched_switch()).count()
+                + b.compact_sched.switch_timestamp.len()
+        })
+        .sum();
+    assert!(switches > 0, "no sched_switch: {probes_said}");
+    if let Some(k) = kinds(&out) {
+        assert!(k.get("ftrace_events").and_then(|v| v.as_u64()).unwrap_or(0) > 0);
+    }
+    if let Some(tp) = trace_processor::check(&out) {
+        assert!(tp.query("select count(*) from sched").scalar().int() > 0);
+    }
+    drop(instance);
+}
+
+#[test]
+fn a_write_into_file_session_grows_the_clients_file_while_it_runs() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("wif.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 4000
+write_into_file: true
+file_write_period_ms: 500
+data_sources { config { name: "for_testing" for_testing { message_count: 400 max_messages_per_second: 100 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("wif.pftrace");
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    // Passes land in the client's file while the session runs.
+    let mut sizes = Vec::new();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        sizes.push(std::fs::metadata(&out).map_or(0, |m| m.len()));
+    }
+    let o = wait_within(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let end = std::fs::metadata(&out).expect("trace").len();
+    let running: Vec<u64> = sizes.into_iter().filter(|&n| n > 0 && n < end).collect();
+    assert!(
+        running.len() >= 2,
+        "the file did not grow while running: {running:?} / {end}"
+    );
+    assert!(running.windows(2).any(|w| w[1] > w[0]), "{running:?}");
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let counters = test_counters(&packets);
+    assert_eq!(
+        counters.values().next().cloned().unwrap_or_default(),
+        (0..400).collect::<Vec<u64>>()
+    );
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(400));
+    }
+    trace_processor::check(&out);
+}
+
+#[test]
+fn trigger_perfetto_ends_a_stop_tracing_session() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("trig.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 30000
+  triggers { name: "serve_test_stop" stop_delay_ms: 200 } }
+data_sources { config { name: "for_testing" for_testing { message_count: 30 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("trig.pftrace");
+    let started = Instant::now();
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1000));
+    let t = output_within(
+        Command::new(tracebox().expect("tracebox"))
+            .arg("trigger_perfetto")
+            .arg("serve_test_stop")
+            .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock")),
+        Duration::from_secs(20),
+    );
+    assert!(t.status.success(), "{}", text(&t));
+    let o = wait_within(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the trigger, not the timeout, ended it"
+    );
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let trig: Vec<_> = packets.iter().filter(|p| p.has_trigger()).collect();
+    assert_eq!(trig.len(), 1, "{}", serve.log());
+    assert_eq!(trig[0].trigger().trigger_name(), "serve_test_stop");
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        30
+    );
+    if let Some(tp) = trace_processor::check(&out) {
+        let names: Vec<String> = tp.triggers().into_iter().map(|t| t.0).collect();
+        assert_eq!(names, ["serve_test_stop"]);
+    }
+}
+
+#[test]
+fn sigterm_to_the_service_ends_running_sessions_with_their_data() {
+    if skip_unless(missing()) {
+        return;
+    }
+    let mut serve = Serve::start();
+    let cfg = serve.path("long.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 120000
+data_sources { config { name: "for_testing" for_testing { message_count: 40 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("long.pftrace");
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut service = serve.child.take().expect("serve");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&service),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let o = wait_within(child, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = service.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "serve did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", serve.log());
+    assert!(!serve.consumer().exists(), "the consumer socket is removed");
+    assert!(!serve.path("producer.sock").exists());
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    assert_eq!(
+        test_counters(&packets)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        40
+    );
+    trace_processor::check(&out);
+}
+
+#[test]
+fn a_uids_session_quota_refuses_only_that_uid() {
+    if skip_unless(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("q.pbtx");
+    std::fs::write(
+        &cfg,
+        "buffers { size_kb: 256 }\nduration_ms: 60000\n\
+         data_sources { config { name: \"for_testing\" for_testing { message_count: 3 } } }\n",
+    )
+    .expect("config");
+    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let clients: Vec<Child> = (0..recorder::consumer::MAX_SESSIONS_PER_UID)
+        .map(|i| {
+            serve
+                .perfetto(None, &["--txt", "-c"])
+                .arg(&cfg)
+                .arg("-o")
+                .arg(serve.path(&format!("q{i}.pftrace")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("perfetto")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = output_within(
+            &mut serve.perfetto(None, &["--query"]),
+            Duration::from_secs(10),
+        );
+        let started = text(&o).matches("STARTED").count();
+        if started >= recorder::consumer::MAX_SESSIONS_PER_UID {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sessions did not start: {}",
+            text(&o)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // (The queries' connections are let go of first: they count against
+    // root's connection quota until their threads end.)
+    std::thread::sleep(Duration::from_millis(500));
+    // One more for root is refused, with the reason.
+    let (o, _) = serve.record(
+        "sixth",
+        "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" } }\n",
+    );
+    assert!(
+        text(&o).contains("too many concurrent tracing sessions for uid 0"),
+        "{}",
+        text(&o)
+    );
+    // Another uid is not affected.
+    let theirs = serve.path("theirs.pftrace");
+    let short = serve.path("short.pbtx");
+    std::fs::write(
+        &short,
+        "buffers { size_kb: 64 }\nduration_ms: 300\n\
+         data_sources { config { name: \"for_testing\" for_testing { message_count: 7 } } }\n",
+    )
+    .expect("config");
+    std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let o = output_within(
+        serve
+            .perfetto(Some(NOBODY), &["--txt", "-c"])
+            .arg(&short)
+            .arg("-o")
+            .arg(&theirs),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        test_counters(&decode(&std::fs::read(&theirs).expect("trace")))
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        7
+    );
+    // Root's sessions end on Ctrl-C with their data.
+    for (i, c) in clients.into_iter().enumerate() {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&c),
+            rustix::process::Signal::INT,
+        )
+        .expect("SIGINT");
+        let o = wait_within(c, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", text(&o));
+        let p = decode(&std::fs::read(serve.path(&format!("q{i}.pftrace"))).expect("trace"));
+        assert_eq!(test_counters(&p).values().map(Vec::len).sum::<usize>(), 3);
+    }
+}
