@@ -204,7 +204,7 @@ pub enum Command {
         all: bool,
     },
     /// Serve Perfetto's consumer and producer sockets, as `traced` does: the stock `perfetto` client records through the recorder.
-    Serve(crate::command::serve::ServeArgs),
+    Serve(ServeArgs),
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(BenchArgs),
     /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.
@@ -501,4 +501,24 @@ pub struct BenchArgs {
     /// Draw retained % and throughput per configuration into this SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+}
+
+/// `recorder serve` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where consumers (the `perfetto` client) connect; else
+    /// PERFETTO_CONSUMER_SOCK_NAME, else /run/perfetto/traced-consumer.sock
+    /// where /run/perfetto exists, else /tmp/perfetto-consumer.
+    #[arg(long, value_name = "PATH")]
+    pub consumer_socket: Option<PathBuf>,
+    /// Where producers (SDK apps, traced_probes) connect; else
+    /// PERFETTO_PRODUCER_SOCK_NAME, else /run/perfetto/traced-producer.sock
+    /// where /run/perfetto exists, else /tmp/perfetto-producer.
+    #[arg(long, value_name = "PATH")]
+    pub producer_socket: Option<PathBuf>,
+    /// The unprivileged user (name or uid) the service becomes when started
+    /// as root; else RECORDER_USER, the `recorder` system user, or an
+    /// unallocated uid of systemd's dynamic range. Never root nor nobody.
+    #[arg(long, value_name = "NAME|UID")]
+    pub user: Option<String>,
 }

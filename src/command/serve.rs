@@ -2,34 +2,11 @@
 //! and producer sockets, drops root (when started as root) before it reads
 //! a byte from a client, then serves until SIGINT or SIGTERM.
 
-use std::path::PathBuf;
-
-use clap::Args;
-
 use super::ExitCode;
+use crate::cli::ServeArgs;
 use crate::consumer::{self, service::ConsumerService};
 use crate::ipc::socket_path;
 use crate::privilege::{self, PrivilegeError, user::ServiceUser};
-
-/// `recorder serve` arguments.
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    /// Where consumers (the `perfetto` client) connect; else
-    /// PERFETTO_CONSUMER_SOCK_NAME, else /run/perfetto/traced-consumer.sock
-    /// where /run/perfetto exists, else /tmp/perfetto-consumer.
-    #[arg(long, value_name = "PATH")]
-    pub consumer_socket: Option<PathBuf>,
-    /// Where producers (SDK apps, traced_probes) connect; else
-    /// PERFETTO_PRODUCER_SOCK_NAME, else /run/perfetto/traced-producer.sock
-    /// where /run/perfetto exists, else /tmp/perfetto-producer.
-    #[arg(long, value_name = "PATH")]
-    pub producer_socket: Option<PathBuf>,
-    /// The unprivileged user (name or uid) the service becomes when started
-    /// as root; else RECORDER_USER, the `recorder` system user, or an
-    /// unallocated uid of systemd's dynamic range. Never root nor nobody.
-    #[arg(long, value_name = "NAME|UID")]
-    pub user: Option<String>,
-}
 
 /// Runs the service.
 pub fn run(args: &ServeArgs) -> ExitCode {

@@ -19,6 +19,7 @@
 pub mod diagnostic;
 pub mod event_name;
 pub mod fields;
+pub mod pattern;
 pub mod plan;
 pub mod proto_input;
 pub mod raw;

@@ -126,11 +126,11 @@ fn nonzero_ms(v: Option<u32>) -> Option<Duration> {
 }
 
 /// Compiles `pattern` as the session will (bounded in size, see
-/// [`crate::session::timeline::anchored`]), each distinct one once, and at
-/// most [`crate::session::timeline::MAX_DISTINCT_REGEXES`] of them: a
+/// [`crate::config::pattern::anchored`]), each distinct one once, and at
+/// most [`crate::config::pattern::MAX_DISTINCT_REGEXES`] of them: a
 /// config of thousands of patterns is refused instead of costing minutes.
 fn check_regex(cx: &mut Ctx<'_>, path: String, pattern: &str) {
-    use crate::session::{MAX_DISTINCT_REGEXES, anchored};
+    use crate::config::pattern::{MAX_DISTINCT_REGEXES, anchored};
     let error = match cx.regexes.get(pattern) {
         Some(e) => e.clone(),
         None if cx.regexes.len() >= MAX_DISTINCT_REGEXES => {

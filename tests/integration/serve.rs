@@ -209,7 +209,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 200 mes
 
 #[test]
 fn the_stock_client_records_a_ring_buffer_session_through_serve() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -282,7 +282,7 @@ fn the_stock_client_records_a_ring_buffer_session_through_serve() {
 
 #[test]
 fn two_clients_at_once_get_their_own_sessions() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -334,7 +334,7 @@ data_sources { config { name: "linux.sys_stats" target_buffer: 1
 
 #[test]
 fn query_lists_the_built_in_sources_and_only_the_callers_sessions() {
-    if skip_unless(missing()) || skip_unless(common::need_root()) {
+    if common::skip_unless_peer(missing()) || skip_unless(common::need_root()) {
         return;
     }
     let serve = Serve::start();
@@ -442,7 +442,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 20 mess
 
 #[test]
 fn ctrl_c_on_the_client_ends_the_session_with_its_data() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -496,7 +496,7 @@ data_sources { config { name: "linux.sys_stats"
 
 #[test]
 fn what_serve_refuses_the_client_prints() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -566,7 +566,7 @@ data_sources { config { name: "for_testing" } }
 
 #[test]
 fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -625,7 +625,7 @@ fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
 #[test]
 fn an_sdk_apps_packets_reach_the_clients_session() {
     const N: u64 = 500;
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let app_bin = crate::producers::sdk_app();
@@ -717,7 +717,7 @@ impl Drop for Instance {
 
 #[test]
 fn traced_probes_records_ftrace_as_a_producer_of_serve() {
-    if skip_unless(missing()) || skip_unless(common::need_root()) {
+    if common::skip_unless_peer(missing()) || skip_unless(common::need_root()) {
         return;
     }
     let tracefs = Path::new("/sys/kernel/tracing");
@@ -781,7 +781,7 @@ data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
 
 #[test]
 fn a_write_into_file_session_grows_the_clients_file_while_it_runs() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -838,7 +838,7 @@ data_sources { config { name: "linux.sys_stats"
 
 #[test]
 fn trigger_perfetto_ends_a_stop_tracing_session() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
@@ -898,7 +898,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 30 } } 
 
 #[test]
 fn sigterm_to_the_service_ends_running_sessions_with_their_data() {
-    if skip_unless(missing()) {
+    if common::skip_unless_peer(missing()) {
         return;
     }
     let mut serve = Serve::start();
@@ -955,7 +955,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 40 } } 
 
 #[test]
 fn a_uids_session_quota_refuses_only_that_uid() {
-    if skip_unless(missing()) || skip_unless(common::need_root()) {
+    if common::skip_unless_peer(missing()) || skip_unless(common::need_root()) {
         return;
     }
     let serve = Serve::start();
