@@ -507,6 +507,15 @@ impl Expected {
                     ));
                 }
             }
+            // A flush some data source never answered is a loss the trace
+            // itself states (trace_stats.flushes_failed).
+            if s.flushes_failed() > 0 {
+                e.data_loss.push((
+                    "traced_flushes_failed".into(),
+                    None,
+                    s.flushes_failed() as i64,
+                ));
+            }
             for w in &s.writer_stats {
                 e.writer_buffers.insert(w.sequence_id(), w.buffer());
                 let n = markers.get(&w.sequence_id()).copied().unwrap_or(0);
