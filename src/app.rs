@@ -549,3 +549,19 @@ fn wanted_sources(
 pub fn absolute_output(p: &std::path::Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
+
+/// An error with its causes on one line (`output: /x: Permission denied`),
+/// each cause once even where a message already repeats its source.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}

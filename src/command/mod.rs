@@ -100,21 +100,7 @@ pub fn print_out(text: impl std::fmt::Display) -> Result<(), ExitCode> {
     }
 }
 
-/// An error with its causes on one line (`output: /x: Permission denied`),
-/// each cause once even where a message already repeats its source.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.ends_with(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = c.source();
-    }
-    line
-}
+pub use crate::app::chain;
 
 fn init_logging(verbose: u8, quiet: u8) {
     let level = match i16::from(verbose) - i16::from(quiet) {

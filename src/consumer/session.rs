@@ -162,8 +162,8 @@ fn build_and_run(
             (memfd, Some(file))
         }
     };
-    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| chain(&e))?;
-    let (control, handle) = ControlServer::in_process().map_err(|e| chain(&e))?;
+    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| app::chain(&e))?;
+    let (control, handle) = ControlServer::in_process().map_err(|e| app::chain(&e))?;
     let label = format!("session {id} of uid {uid}");
     let opts = RunOptions {
         output: OutputPath::File(PathBuf::from(&label)),
@@ -183,7 +183,7 @@ fn build_and_run(
         producers,
         consumer_uid: uid,
     };
-    let rec = app::build_served(spec, &opts, served).map_err(|e| chain(&e))?;
+    let rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
     registry.attach_control(id, handle.clone());
     let waiting = spec.deferred_start
         || matches!(
@@ -225,19 +225,4 @@ fn build_and_run(
         done,
         file,
     })
-}
-
-/// An error with its causes on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.ends_with(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = c.source();
-    }
-    line
 }

@@ -183,24 +183,19 @@ fn describe_entry(dir: &OwnedFd, name: &str) -> String {
 
 /// Checks an open directory for use by `me`; `Err` is the reason, with the fix.
 fn check(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), String> {
-    let st = rustix::fs::fstat(fd).map_err(|e| format!("cannot examine it: {e}"))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-        return Err("it is not a directory".into());
-    }
+    use crate::storage::create::{DirProblem, dir_problem};
     let shown = path.display();
-    if st.st_uid != 0 && st.st_uid != me {
-        return Err(format!(
-            "it belongs to uid {}, not to root or to you (uid {me}): that user could remove this session's sockets and put fake ones in their place. Remove it (rm -r {shown}) or set {ENV} to a directory you own",
-            st.st_uid
-        ));
-    }
-    let mode = st.st_mode & 0o7777;
-    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-        return Err(format!(
+    match dir_problem(fd, me) {
+        None => Ok(()),
+        Some(DirProblem::Unexaminable(e)) => Err(format!("cannot examine it: {e}")),
+        Some(DirProblem::NotADirectory) => Err("it is not a directory".into()),
+        Some(DirProblem::ForeignOwner(uid)) => Err(format!(
+            "it belongs to uid {uid}, not to root or to you (uid {me}): that user could remove this session's sockets and put fake ones in their place. Remove it (rm -r {shown}) or set {ENV} to a directory you own"
+        )),
+        Some(DirProblem::WritableNotSticky(mode)) => Err(format!(
             "it is writable by other users (mode {mode:04o}) but not sticky: they could remove or replace this session's sockets. Make it sticky (chmod 1777 {shown})"
-        ));
+        )),
     }
-    Ok(())
 }
 
 fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {

@@ -371,27 +371,51 @@ pub fn check_name(name: &str) -> Result<(), CreateError> {
     Ok(())
 }
 
+/// Why a directory is not safe for `me` to make files in, when it is not:
+/// one rule for output directories and the runtime directory alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirProblem {
+    Unexaminable(String),
+    NotADirectory,
+    /// Another user owns it: they could swap its entries for links.
+    ForeignOwner(u32),
+    /// Others may write it and it is not sticky: they could replace our
+    /// entries (the mode).
+    WritableNotSticky(u32),
+}
+
+/// The problem with the open directory `fd` for `me`, if any: it must be
+/// a directory owned by root or `me`, and sticky if others may write it.
+pub fn dir_problem(fd: &OwnedFd, me: u32) -> Option<DirProblem> {
+    let st = match rustix::fs::fstat(fd) {
+        Ok(st) => st,
+        Err(e) => return Some(DirProblem::Unexaminable(e.to_string())),
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Some(DirProblem::NotADirectory);
+    }
+    if st.st_uid != 0 && st.st_uid != me {
+        return Some(DirProblem::ForeignOwner(st.st_uid));
+    }
+    let mode = st.st_mode & 0o7777;
+    (mode & 0o022 != 0 && mode & 0o1000 == 0).then_some(DirProblem::WritableNotSticky(mode))
+}
+
 /// Checks an open directory for writing by `me`; `Err` is the reason, with
 /// the fix.
 pub fn check_dir(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), String> {
-    let st = rustix::fs::fstat(fd).map_err(|e| format!("cannot examine it: {e}"))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-        return Err("it is not a directory".into());
-    }
     let shown = path.display();
-    if st.st_uid != 0 && st.st_uid != me {
-        return Err(format!(
-            "it belongs to uid {}, not to root or to you (uid {me}): that user could replace the trace's files with links. Write to a directory you own (or chown {me} {shown})",
-            st.st_uid
-        ));
-    }
-    let mode = st.st_mode & 0o7777;
-    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-        return Err(format!(
+    match dir_problem(fd, me) {
+        None => Ok(()),
+        Some(DirProblem::Unexaminable(e)) => Err(format!("cannot examine it: {e}")),
+        Some(DirProblem::NotADirectory) => Err("it is not a directory".into()),
+        Some(DirProblem::ForeignOwner(uid)) => Err(format!(
+            "it belongs to uid {uid}, not to root or to you (uid {me}): that user could replace the trace's files with links. Write to a directory you own (or chown {me} {shown})"
+        )),
+        Some(DirProblem::WritableNotSticky(mode)) => Err(format!(
             "it is writable by other users (mode {mode:04o}) but not sticky: they could replace the trace's files. Make it sticky (chmod +t {shown}) or write elsewhere"
-        ));
+        )),
     }
-    Ok(())
 }
 
 #[cfg(test)]
