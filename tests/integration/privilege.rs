@@ -176,6 +176,11 @@ fn sigkill_of_the_recorder_still_tears_tracefs_down() {
     });
     assert!(instance.is_dir());
     assert!(control.exists(), "{}", control.display());
+    // A write pass after the drop, so there is something the kill must not
+    // take away.
+    wait_for("a write pass", Duration::from_secs(20), || {
+        std::fs::read(&run.out).is_ok_and(|d| whole_prefix_lenient(&d) > 0)
+    });
     child.kill().expect("SIGKILL");
     child.wait().expect("waits");
     wait_for(
