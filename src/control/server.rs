@@ -962,15 +962,23 @@ mod tests {
         drop((waiting, held));
     }
 
-    #[test]
-    fn a_stop_while_stopping_is_answered_at_once() {
+    /// A server of this process marked stopping, in a directory of its
+    /// own, with its (trigger, control) socket paths.
+    fn stopping_server() -> (tempfile::TempDir, ControlServer, (PathBuf, PathBuf)) {
         let t = tempfile::tempdir().expect("tempdir");
         let dir = open_checked(&t.path().join("run")).expect("dir");
         let me = std::process::id();
         let uid = rustix::process::getuid().as_raw();
         let server = ControlServer::start(&dir, me, uid).expect("start");
         server.mark_stopping();
-        let (_, cpath) = endpoint_paths(dir.path(), me);
+        let paths = endpoint_paths(dir.path(), me);
+        (t, server, paths)
+    }
+
+    #[test]
+    fn a_stop_while_stopping_is_answered_at_once() {
+        let (_t, server, (_, cpath)) = stopping_server();
+        let me = std::process::id();
         let r = client::request(&cpath, me, &Request::Stop {}, client::deadline()).expect("reply");
         assert_eq!(r, Reply::Stopping);
         assert!(server.pending().is_empty(), "the loop was not asked");
@@ -978,13 +986,8 @@ mod tests {
 
     #[test]
     fn a_trigger_while_stopping_is_refused_at_once_not_queued() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let dir = open_checked(&t.path().join("run")).expect("dir");
+        let (_t, server, (tpath, _)) = stopping_server();
         let me = std::process::id();
-        let uid = rustix::process::getuid().as_raw();
-        let server = ControlServer::start(&dir, me, uid).expect("start");
-        server.mark_stopping();
-        let (tpath, _) = endpoint_paths(dir.path(), me);
         let req = Request::Trigger {
             names: vec!["unlisted".into(), "listed".into()],
             producer: "p".into(),

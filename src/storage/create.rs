@@ -81,16 +81,7 @@ impl OutputDir {
             path: path.to_path_buf(),
             source: e.into(),
         })?;
-        let me = rustix::process::geteuid().as_raw();
-        check_dir(path, &fd, me).map_err(|why| CreateError::Refused {
-            path: path.to_path_buf(),
-            why,
-        })?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            fd: Arc::new(fd),
-            delegate: None,
-        })
+        Self::from_fd(path, fd)
     }
 
     /// A directory already open (passed by another process), checked as
