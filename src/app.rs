@@ -160,8 +160,6 @@ fn build_with(
                 FillPolicy::RingBuffer => "RING_BUFFER",
                 FillPolicy::Discard => "DISCARD",
             },
-            transfer_on_clone: b.transfer_on_clone,
-            clear_before_clone: b.clear_before_clone,
         });
     }
 
@@ -385,7 +383,6 @@ fn build_with(
         },
         log,
         max_file_size: spec.file.as_ref().and_then(|f| f.max_size.map(|s| s.0)),
-        fsync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
         control,
         history,
         producers,

@@ -57,8 +57,6 @@ pub struct SessionBuffer {
     pub buffer: Arc<Buffer>,
     /// `RING_BUFFER` or `DISCARD`, for people.
     pub policy: &'static str,
-    pub transfer_on_clone: bool,
-    pub clear_before_clone: bool,
 }
 
 /// Everything a running session is made of; built by `app`.
@@ -77,7 +75,6 @@ pub struct Recording {
     pub snapshot_open: SinkOpenOptions,
     pub log: ServiceLog,
     pub max_file_size: Option<u64>,
-    pub fsync_each_pass: bool,
     pub control: Option<ControlServer>,
     pub history: Option<TriggerHistory>,
     /// The producer socket and its connections (Perfetto SDK apps).
@@ -338,8 +335,12 @@ impl Loop {
             Action::CancelTimer(t) => self.reactor.cancel(t),
             Action::AcceptTrigger(t) => self.accept_trigger(t),
             Action::Reply(id, answer) => self.reply(id, answer),
-            Action::FlushSources { id, timeout } => self.flush_sources(id, timeout),
-            Action::WritePass(pass) => self.write_pass(pass),
+            Action::FlushSources {
+                id,
+                timeout,
+                for_stop,
+            } => self.flush_sources(id, timeout, for_stop),
+            Action::WritePass { pass, sync } => self.write_pass(pass, sync),
             Action::SyncOutput => {
                 if let Err(e) = self.rec.sink.sync_data() {
                     self.warn(format!("fdatasync: {e}"));
@@ -361,15 +362,13 @@ impl Loop {
                     p.scrape();
                 }
             }
-            Action::PrepareSnapshot(_) => {
+            Action::PrepareSnapshot { n: _, clear } => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
-                for b in &self.rec.buffers {
-                    if b.clear_before_clone {
-                        b.buffer.clear();
-                    }
+                for b in clear.iter().filter_map(|&i| self.rec.buffers.get(i)) {
+                    b.buffer.clear();
                 }
             }
-            Action::Snapshot(n) => self.snapshot(n),
+            Action::Snapshot { n, takes } => self.snapshot(n, &takes),
             Action::Service(ev) => self.rec.log.event(ev),
             Action::AnnounceStop => {
                 if let Some(c) = &self.rec.control {
@@ -550,7 +549,7 @@ impl Loop {
     /// Flushes the sources in turn within `timeout` in all. A signal that
     /// arrives meanwhile ends the flush early: the session decides what it
     /// means (a second signal skips the rest of the stop's flush).
-    fn flush_sources(&mut self, id: FlushId, timeout: Duration) {
+    fn flush_sources(&mut self, id: FlushId, timeout: Duration, for_stop: bool) {
         let deadline = Instant::now() + timeout;
         let mut complete = true;
         for i in 0..self.rec.sources.len() {
@@ -569,9 +568,8 @@ impl Loop {
             }
         }
         // Producers answer later, on their sockets.
-        let stop = self.rec.session.state() == State::Stopping;
         if let Some(p) = &mut self.rec.producers
-            && p.flush(id.0, stop)
+            && p.flush(id.0, for_stop)
         {
             // Flushes the session already gave up on (its deadline passed)
             // need no entry: keep only the recent ones.
@@ -602,7 +600,7 @@ impl Loop {
         self.queue.push_back(Event::SourcesStopped);
     }
 
-    fn write_pass(&mut self, pass: Pass) {
+    fn write_pass(&mut self, pass: Pass, sync: bool) {
         let last = pass == Pass::Final;
         if last {
             self.rec.log.want_stats();
@@ -620,7 +618,6 @@ impl Loop {
         let control = self.rec.control.as_ref();
         let log = &mut self.rec.log;
         let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control));
-        let sync = self.rec.fsync_each_pass || last;
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
@@ -745,7 +742,7 @@ impl Loop {
         }
     }
 
-    fn snapshot(&mut self, n: u32) {
+    fn snapshot(&mut self, n: u32, takes: &[Take]) {
         let Some(base) = self.rec.snapshot_base.clone() else {
             self.warn("a snapshot was triggered but the output is not a file: skipped".into());
             return;
@@ -768,18 +765,9 @@ impl Loop {
         };
         let trigger = self.snapshot_triggers.get(&n).cloned();
         let head = self.rec.log.snapshot_head(trigger.as_ref());
-        let plan: Vec<(Arc<Buffer>, Take)> = self
-            .rec
-            .buffers
-            .iter()
-            .map(|b| {
-                let take = if b.transfer_on_clone {
-                    Take::Consume
-                } else {
-                    Take::Snapshot
-                };
-                (b.buffer.clone(), take)
-            })
+        let plan: Vec<(Arc<Buffer>, Take)> = (self.rec.buffers.iter())
+            .zip(takes)
+            .map(|(b, &take)| (b.buffer.clone(), take))
             .collect();
         let buffers = &self.rec.buffers;
         let flushes = self.rec.session.flush_counts();

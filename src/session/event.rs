@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::storage::OutputError;
 use crate::storage::segment::policy::RotateReason;
+use crate::storage::write_pass::Take;
 use crate::trace::service::ServiceEvent;
 
 /// Identifies a control request the session answers (assigned by the loop).
@@ -142,7 +143,7 @@ pub struct SegmentFill {
 pub enum Pass {
     /// A periodic streaming pass: consume what is committed.
     Periodic,
-    /// The last pass: consume everything, with `trace_stats`, then fdatasync.
+    /// The last pass: consume everything, with `trace_stats`.
     Final,
 }
 
@@ -292,14 +293,19 @@ pub enum Action {
     /// Answer a control request.
     Reply(RequestId, Answer),
     /// Ask every data source to flush, bounded by `timeout`; answer with
-    /// [`Event::SourcesFlushed`] carrying `id`.
+    /// [`Event::SourcesFlushed`] carrying `id`. `for_stop`: the flush is the
+    /// stop's, and producers are told so (their flush flags).
     FlushSources {
         id: FlushId,
         timeout: Duration,
+        for_stop: bool,
     },
-    /// Run a write pass; answer with [`Event::PassWritten`] or
-    /// [`Event::OutputFailed`].
-    WritePass(Pass),
+    /// Run a write pass, then fdatasync the output when `sync`; answer with
+    /// [`Event::PassWritten`] or [`Event::OutputFailed`].
+    WritePass {
+        pass: Pass,
+        sync: bool,
+    },
     /// fdatasync the output (a stop that writes no final pass).
     SyncOutput,
     /// Close the segment being written and open the next; answer a failure
@@ -319,11 +325,19 @@ pub enum Action {
     /// committed yet (SMB scraping, where they allow it): after every flush
     /// and once the sources have stopped, as Perfetto's service does.
     ScrapeProducers,
-    /// Clear the buffers marked `clear_before_clone` and note `clone_started`:
-    /// snapshot `n` begins (its flush follows).
-    PrepareSnapshot(u32),
-    /// Write snapshot `n` of every buffer to the next `OUT.N` file.
-    Snapshot(u32),
+    /// Snapshot `n` begins (its flush follows): note `clone_started` and
+    /// clear the buffers listed in `clear` (indices, `clear_before_clone`).
+    PrepareSnapshot {
+        n: u32,
+        clear: Vec<usize>,
+    },
+    /// Write snapshot `n` to the next `OUT.N` file, taking each buffer's
+    /// data as `takes` says (one per buffer, in order: `transfer_on_clone`
+    /// consumes, the rest are copied).
+    Snapshot {
+        n: u32,
+        takes: Vec<Take>,
+    },
     /// Note a lifecycle event in the trace.
     Service(ServiceEvent),
     /// The stop sequence begins: tell whoever asks (a further `recorder

@@ -39,8 +39,8 @@ pub use event::{
     SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
 };
 pub use timeline::{
-    FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline, TimelineError,
-    TriggerMode, TriggerRule, anchored,
+    CloneRule, FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline,
+    TimelineError, TriggerMode, TriggerRule, anchored,
 };
 
 use crate::storage::segment::policy::rotation_due;
@@ -371,7 +371,7 @@ impl Session {
                 } else if s.timeline.flush == FlushCadence::BeforeEachWritePass {
                     s.flush(FlushPurpose::BeforePass, now)
                 } else {
-                    vec![Action::WritePass(Pass::Periodic)]
+                    vec![s.periodic_pass()]
                 }
             }),
             Timer::Stats => {
@@ -423,7 +423,11 @@ impl Session {
         let timeout = self.timeline.flush_timeout;
         vec![
             Action::SetTimer(Timer::FlushDeadline(id), now + timeout),
-            Action::FlushSources { id, timeout },
+            Action::FlushSources {
+                id,
+                timeout,
+                for_stop: purpose == FlushPurpose::Stop,
+            },
         ]
     }
 
@@ -449,7 +453,7 @@ impl Session {
             FlushPurpose::Periodic => {}
             FlushPurpose::BeforePass => {
                 if self.state == State::Recording && !self.waiting_for_trigger() {
-                    out.push(Action::WritePass(Pass::Periodic));
+                    out.push(self.periodic_pass());
                 }
             }
             FlushPurpose::Snapshot(n) => {
@@ -457,7 +461,8 @@ impl Session {
                     self.snapshot_pending = None;
                 }
                 if self.state == State::Recording {
-                    out.push(Action::Snapshot(n));
+                    let takes = self.timeline.clone.iter().map(|c| c.take()).collect();
+                    out.push(Action::Snapshot { n, takes });
                 }
             }
             FlushPurpose::Stop => {
@@ -473,9 +478,21 @@ impl Session {
     }
 
     fn begin_snapshot(&mut self, n: u32, now: Duration) -> Vec<Action> {
-        let mut out = vec![Action::PrepareSnapshot(n)];
+        let clear = (self.timeline.clone.iter().enumerate())
+            .filter(|(_, c)| c.clear_first)
+            .map(|(i, _)| i)
+            .collect();
+        let mut out = vec![Action::PrepareSnapshot { n, clear }];
         out.extend(self.flush(FlushPurpose::Snapshot(n), now));
         out
+    }
+
+    /// A streaming pass, synced when the config asks for it after each.
+    fn periodic_pass(&self) -> Action {
+        Action::WritePass {
+            pass: Pass::Periodic,
+            sync: self.timeline.sync_each_pass,
+        }
     }
 
     fn triggers(&mut self, arrival: TriggerArrival, now: Duration) -> Vec<Action> {
@@ -657,7 +674,11 @@ impl Session {
             self.phase = Some(StopPhase::FinalPass);
             // The stopped producers' open chunks, before the last pass.
             out.insert(0, Action::ScrapeProducers);
-            out.push(Action::WritePass(Pass::Final));
+            // The final pass always reaches the disk.
+            out.push(Action::WritePass {
+                pass: Pass::Final,
+                sync: true,
+            });
             return out;
         }
         if !matches!(reason, StopReason::OutputFailed(_)) {

@@ -1,7 +1,7 @@
 //! The session's decisions, event sequence by event sequence.
 
 use super::*;
-use crate::storage::write_pass::{PassError, PassFailure};
+use crate::storage::write_pass::{PassError, PassFailure, Take};
 use crate::storage::{OutputError, SinkError};
 
 fn ms(v: u64) -> Duration {
@@ -94,7 +94,10 @@ fn finish_stop(s: &mut Session, first: Vec<Action>, now: u64) -> Vec<Action> {
             Event::SourcesFlushed { id, complete: true }
         } else if last.contains(&Action::StopSources) {
             Event::SourcesStopped
-        } else if last.contains(&Action::WritePass(Pass::Final)) {
+        } else if last.contains(&Action::WritePass {
+            pass: Pass::Final,
+            sync: true,
+        }) {
             Event::PassWritten {
                 cap_reached: false,
                 segment: None,
@@ -131,7 +134,8 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
             Action::SetTimer(Timer::FlushDeadline(FlushId(0)), ms(7000)),
             Action::FlushSources {
                 id: FlushId(0),
-                timeout: ms(5000)
+                timeout: ms(5000),
+                for_stop: true,
             },
         ]
     );
@@ -160,7 +164,10 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
             Action::CancelTimer(Timer::StopDeadline),
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
-            Action::WritePass(Pass::Final),
+            Action::WritePass {
+                pass: Pass::Final,
+                sync: true,
+            },
         ]
     );
     let a = s.on_event(
@@ -229,7 +236,10 @@ fn periodic_work_aligns_to_wall_clock_multiples() {
         a,
         vec![
             Action::SetTimer(Timer::WritePass, ms(2655)),
-            Action::WritePass(Pass::Periodic)
+            Action::WritePass {
+                pass: Pass::Periodic,
+                sync: false,
+            }
         ]
     );
     let a = s.on_event(Event::TimerFired(Timer::Stats), ms(7655));
@@ -277,7 +287,10 @@ fn flush_before_each_write_pass_then_the_pass() {
     t.flush = FlushCadence::BeforeEachWritePass;
     let mut s = begun(t);
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(10_000));
-    assert!(!a.contains(&Action::WritePass(Pass::Periodic)));
+    assert!(!a.contains(&Action::WritePass {
+        pass: Pass::Periodic,
+        sync: false,
+    }));
     let id = flush_id(&a).expect("flushes first");
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(10_005));
     assert_eq!(
@@ -286,7 +299,10 @@ fn flush_before_each_write_pass_then_the_pass() {
             Action::CancelTimer(Timer::FlushDeadline(id)),
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::AllDataSourcesFlushed),
-            Action::WritePass(Pass::Periodic),
+            Action::WritePass {
+                pass: Pass::Periodic,
+                sync: false,
+            },
         ]
     );
     // A flush that times out still leads to the pass, after the scrape.
@@ -295,7 +311,13 @@ fn flush_before_each_write_pass_then_the_pass() {
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(25_000));
     assert_eq!(
         a,
-        vec![Action::ScrapeProducers, Action::WritePass(Pass::Periodic)]
+        vec![
+            Action::ScrapeProducers,
+            Action::WritePass {
+                pass: Pass::Periodic,
+                sync: false,
+            }
+        ]
     );
 }
 
@@ -318,7 +340,10 @@ fn second_signal_skips_the_flush_and_a_third_changes_nothing() {
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(400));
     assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
     let a = s.on_event(Event::SourcesStopped, ms(500));
-    assert!(a.contains(&Action::WritePass(Pass::Final)));
+    assert!(a.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     let a = s.on_event(
         Event::PassWritten {
             cap_reached: false,
@@ -344,7 +369,10 @@ fn slow_sources_are_bounded_by_their_timeouts() {
         vec![
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
-            Action::WritePass(Pass::Final)
+            Action::WritePass {
+                pass: Pass::Final,
+                sync: true,
+            }
         ]
     );
     // Sources that stop after the deadline change nothing.
@@ -388,7 +416,10 @@ fn output_failure_stops_without_touching_the_output_again() {
     let a = s.on_event(Event::OutputFailed(e.clone()), ms(100));
     let all = finish_stop(&mut s, a, 100);
     assert!(!all.contains(&Action::SyncOutput));
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert!(all.contains(&Action::CloseOutput { failed: true }));
     assert_eq!(exit_reason(&all), Some(StopReason::OutputFailed(e.clone())));
     assert!(StopReason::OutputFailed(e).is_failure());
@@ -449,7 +480,10 @@ fn source_failure_stops_with_a_flush() {
     );
     let a = s.on_event(Event::SourceFailed(gone.clone()), ms(5));
     let all = finish_stop(&mut s, a, 5);
-    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     let r = exit_reason(&all).expect("exits");
     assert_eq!(r, StopReason::SourceFailed(gone));
     assert!(r.is_failure());
@@ -481,7 +515,10 @@ fn start_trigger_starts_then_stops_after_delay() {
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(800));
     let all = finish_stop(&mut s, a, 800);
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("go".into())));
-    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
 }
 
 #[test]
@@ -490,7 +527,10 @@ fn start_trigger_timeout_writes_nothing() {
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     assert!(flush_id(&a).is_none(), "nothing to flush: {a:?}");
     let all = finish_stop(&mut s, a, 60_000);
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert!(all.contains(&Action::SyncOutput));
     assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
     // A trigger after the timeout is refused.
@@ -521,7 +561,10 @@ fn stop_trigger_first_one_wins_and_timeout_is_then_ignored() {
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(2100));
     let all = finish_stop(&mut s, a, 2100);
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("b".into())));
-    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
 }
 
 #[test]
@@ -540,7 +583,10 @@ fn stop_trigger_timeout_without_trigger_writes_nothing() {
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);
     assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
 }
 
 #[test]
@@ -548,40 +594,64 @@ fn stop_before_any_trigger_writes_nothing() {
     let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("a", 0)]));
     let a = s.on_event(Event::Signal, ms(10));
     let all = finish_stop(&mut s, a, 10);
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert!(all.contains(&Action::SyncOutput));
     assert_eq!(exit_reason(&all), Some(StopReason::Signal));
 }
 
 #[test]
 fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
-    let mut s = begun(timeline(
-        TriggerMode::CloneSnapshot,
-        vec![rule("snap", 0), rule("late", 100)],
-    ));
+    let mut s = begun(Timeline {
+        // Buffer 0 is copied and cleared first; buffer 1 is handed over.
+        clone: vec![
+            CloneRule {
+                transfer: false,
+                clear_first: true,
+            },
+            CloneRule {
+                transfer: true,
+                clear_first: false,
+            },
+        ],
+        ..timeline(
+            TriggerMode::CloneSnapshot,
+            vec![rule("snap", 0), rule("late", 100)],
+        )
+    });
+    let prepare = |n| Action::PrepareSnapshot { n, clear: vec![0] };
+    let snapshot = |n| Action::Snapshot {
+        n,
+        takes: vec![Take::Snapshot, Take::Consume],
+    };
     let (res, a) = outcome(&mut s, "snap", 10);
     assert_eq!(res, Ok(()));
     assert!(matches!(&a[0], Action::AcceptTrigger(t) if t.snapshot == Some(0)));
-    assert!(a.contains(&Action::PrepareSnapshot(0)));
+    assert!(a.contains(&prepare(0)));
     let id = flush_id(&a).expect("flushes before the snapshot");
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(11));
-    assert!(a.contains(&Action::Snapshot(0)));
+    assert!(a.contains(&snapshot(0)));
 
     let (_, a) = outcome(&mut s, "late", 20);
     assert!(matches!(&a[0], Action::AcceptTrigger(t) if t.snapshot == Some(1)));
     assert!(a.contains(&Action::SetTimer(Timer::Snapshot(1), ms(120))));
     let a = s.on_event(Event::TimerFired(Timer::Snapshot(1)), ms(120));
-    assert_eq!(a[0], Action::PrepareSnapshot(1));
+    assert_eq!(a[0], prepare(1));
     let id = flush_id(&a).expect("flushes");
     // Even a flush that times out is followed by its snapshot.
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(5120));
-    assert_eq!(a, vec![Action::ScrapeProducers, Action::Snapshot(1)]);
+    assert_eq!(a, vec![Action::ScrapeProducers, snapshot(1)]);
 
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);
     assert_eq!(exit_reason(&all), Some(StopReason::CloneTimeout));
     // The clone session's own output stays empty.
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
 }
 
 #[test]
@@ -616,7 +686,7 @@ fn clone_triggers_in_a_burst_make_one_snapshot_and_the_budget_bounds_them_all() 
             );
             written += a
                 .iter()
-                .filter(|a| matches!(a, Action::Snapshot(_)))
+                .filter(|a| matches!(a, Action::Snapshot { .. }))
                 .count();
         }
     }
@@ -735,7 +805,10 @@ fn deferred_session_stopped_before_start_writes_nothing() {
     let a = s.on_event(Event::Signal, ms(10));
     assert!(flush_id(&a).is_none());
     let all = finish_stop(&mut s, a, 10);
-    assert!(!all.contains(&Action::WritePass(Pass::Final)));
+    assert!(!all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert_eq!(exit_reason(&all), Some(StopReason::Signal));
     let a = s.on_event(Event::StartRequest(RequestId(1)), ms(20));
     assert_eq!(
@@ -830,19 +903,28 @@ fn an_on_disk_flight_recorder_streams_before_its_trigger_and_keeps_it_all() {
     let mut s = begun(t);
     assert!(!s.waiting_for_trigger(), "segments count from the start");
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(5000));
-    assert!(a.contains(&Action::WritePass(Pass::Periodic)));
+    assert!(a.contains(&Action::WritePass {
+        pass: Pass::Periodic,
+        sync: false,
+    }));
     let (res, _) = outcome(&mut s, "crash", 6000);
     assert_eq!(res, Ok(()));
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(6100));
     let all = finish_stop(&mut s, a, 6100);
-    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("crash".into())));
 
     // No trigger before the timeout: what was written stays, with a final pass.
     let mut s = begun(rotating(TriggerMode::StopTracing, vec![rule("crash", 0)]));
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);
-    assert!(all.contains(&Action::WritePass(Pass::Final)));
+    assert!(all.contains(&Action::WritePass {
+        pass: Pass::Final,
+        sync: true,
+    }));
     assert!(all.contains(&Action::CloseOutput { failed: false }));
 }
 
@@ -891,5 +973,47 @@ fn a_second_signal_counts_the_stop_flush_as_failed() {
             succeeded: 0,
             failed: 1
         }
+    );
+}
+
+#[test]
+fn the_session_says_when_a_pass_syncs() {
+    for each in [false, true] {
+        let mut t = timeline(TriggerMode::None, vec![]);
+        t.write_period = Some(ms(1000));
+        t.sync_each_pass = each;
+        let mut s = begun(t);
+        let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(1000));
+        assert!(a.contains(&Action::WritePass {
+            pass: Pass::Periodic,
+            sync: each,
+        }));
+        // The final pass reaches the disk whatever the config says.
+        let a = s.on_event(Event::Signal, ms(1500));
+        let all = finish_stop(&mut s, a, 1500);
+        assert!(all.contains(&Action::WritePass {
+            pass: Pass::Final,
+            sync: true,
+        }));
+    }
+}
+
+#[test]
+fn only_the_stops_flush_is_marked_for_the_producers() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.flush = FlushCadence::Periodic(ms(1000));
+    let mut s = begun(t);
+    let a = s.on_event(Event::TimerFired(Timer::Flush), ms(1000));
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::FlushSources {
+            for_stop: false,
+            ..
+        }
+    )));
+    let a = s.on_event(Event::Signal, ms(1100));
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::FlushSources { for_stop: true, .. }))
     );
 }

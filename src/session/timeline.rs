@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::config::spec::{self, FlushPlan, RecorderSpec};
 use crate::config::validate::DEFAULT_WRITE_PERIOD_MS;
 use crate::storage::segment::policy::RotationPolicy;
+use crate::storage::write_pass::Take;
 
 /// How triggers drive the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,32 @@ pub struct Timeline {
     pub rotation: Option<RotationPolicy>,
     /// How many CLONE_SNAPSHOT snapshots the session may write.
     pub snapshot_budget: SnapshotBudget,
+    /// fdatasync after every write pass (`fdatasync_each_pass`); the final
+    /// pass always syncs.
+    pub sync_each_pass: bool,
+    /// What a snapshot does to each buffer, in the config's order.
+    pub clone: Vec<CloneRule>,
+}
+
+/// What a CLONE_SNAPSHOT snapshot does to one buffer
+/// (`transfer_on_clone`, `clear_before_clone`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloneRule {
+    /// The snapshot consumes the buffer's data instead of copying it.
+    pub transfer: bool,
+    /// The buffer is emptied when the snapshot begins, before its flush.
+    pub clear_first: bool,
+}
+
+impl CloneRule {
+    /// How the snapshot's pass takes this buffer's data.
+    pub fn take(self) -> Take {
+        if self.transfer {
+            Take::Consume
+        } else {
+            Take::Snapshot
+        }
+    }
 }
 
 /// Snapshots a CLONE_SNAPSHOT session may write: each trigger beyond it is
@@ -155,6 +182,15 @@ impl Timeline {
                 max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
                 bytes_each: spec.buffers.iter().map(|b| b.size.bytes()).sum(),
             },
+            sync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
+            clone: spec
+                .buffers
+                .iter()
+                .map(|b| CloneRule {
+                    transfer: b.transfer_on_clone,
+                    clear_first: b.clear_before_clone,
+                })
+                .collect(),
         })
     }
 
@@ -206,6 +242,8 @@ impl Timeline {
                 max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
                 bytes_each: 0,
             },
+            sync_each_pass: false,
+            clone: Vec::new(),
         }
     }
 }
