@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 mod outcome;
 mod reactor;
 mod status_line;
+#[cfg(test)]
+mod tests;
 
 pub use outcome::{BufferSummary, Outcome};
 pub use reactor::Reactor;
@@ -94,6 +96,13 @@ pub struct Recording {
 /// session was set up (a signal that came meanwhile stops it at once);
 /// without them the loop installs its own.
 pub fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
+    let signals = signals.or_else(|| match Signals::install() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            log::warn!("cannot install signal handlers: {e}");
+            None
+        }
+    });
     let mut l = Loop::new(rec, signals);
     l.run();
     l.outcome()
@@ -133,13 +142,6 @@ struct Loop {
 
 impl Loop {
     fn new(rec: Recording, signals: Option<Signals>) -> Self {
-        let signals = signals.or_else(|| match Signals::install() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                log::warn!("cannot install signal handlers: {e}");
-                None
-            }
-        });
         let status = if rec.status_line {
             StatusLine::on_terminal()
         } else {
@@ -173,12 +175,7 @@ impl Loop {
         // A signal during set-up: the session stops as soon as it began.
         self.take_signals();
         loop {
-            while let Some(ev) = self.queue.pop_front() {
-                let now = self.reactor.now();
-                for action in self.rec.session.on_event(ev, now) {
-                    self.execute(action);
-                }
-            }
+            self.settle();
             if self.exit.is_some() {
                 break;
             }
@@ -190,6 +187,17 @@ impl Loop {
         }
         if let Some(s) = self.status.take() {
             s.finish();
+        }
+    }
+
+    /// Hands every queued event to the session and carries out its
+    /// decisions, until the queue is empty.
+    fn settle(&mut self) {
+        while let Some(ev) = self.queue.pop_front() {
+            let now = self.reactor.now();
+            for action in self.rec.session.on_event(ev, now) {
+                self.execute(action);
+            }
         }
     }
 
