@@ -94,7 +94,7 @@ pub fn query(json: bool) -> ExitCode {
             .iter()
             .map(|(pid, r)| match r {
                 Ok(s) => serde_json::to_value(s).unwrap_or_default(),
-                Err(e) => serde_json::json!({ "pid": pid, "error": e }),
+                Err(e) => serde_json::json!({ "pid": pid, "error": e.to_string() }),
             })
             .collect();
         println!("{}", serde_json::Value::Array(items));

@@ -219,17 +219,32 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
     }
 }
 
+/// Why no browser was started (the link is printed anyway).
+#[derive(Debug, thiserror::Error)]
+enum BrowserError {
+    #[error("no display here")]
+    NoDisplay,
+    #[error("not starting a browser as root")]
+    RootUnderSudo,
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Starts a browser on `link` where there is a display: `$BROWSER` if set,
 /// else `xdg-open`. Not as root under sudo (the browser would run as root).
-fn open_browser(link: &str) -> Result<String, String> {
+fn open_browser(link: &str) -> Result<String, BrowserError> {
     let display = ["DISPLAY", "WAYLAND_DISPLAY"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
     if !display {
-        return Err("no display here".into());
+        return Err(BrowserError::NoDisplay);
     }
     if rustix::process::geteuid().is_root() && std::env::var_os("SUDO_USER").is_some() {
-        return Err("not starting a browser as root".into());
+        return Err(BrowserError::RootUnderSudo);
     }
     let program = std::env::var("BROWSER")
         .ok()
@@ -242,7 +257,7 @@ fn open_browser(link: &str) -> Result<String, String> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .map(|_| program.clone())
-        .map_err(|e| format!("cannot start {program}: {e}"))
+        .map_err(|source| BrowserError::Spawn { program, source })
 }
 
 /// A connection waiting for a worker, with its head's deadline.

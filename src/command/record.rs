@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use super::ExitCode;
 use crate::app::{self, RunOptions};
 use crate::cli::MainArgs;
+use crate::config::segments::SegmentsFileError;
 use crate::config::{Compression, LoadOptions, RecorderSpec};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
 use crate::storage::create::{self, OutputDir};
 use crate::storage::segment::names::SegmentNames;
-use crate::storage::segment::policy::RotationPolicy;
+use crate::storage::segment::policy::{PolicyError, RotationPolicy};
 use crate::storage::{IoChoice, OutputPath};
 use crate::sys::daemon::{Forked, fork_detached};
 use crate::sys::signals::Signals;
@@ -283,8 +284,34 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
     }
 }
 
+/// Settings from a file beside the config or from the environment that
+/// cannot be used (a usage error).
+#[derive(Debug, thiserror::Error)]
+enum SettingsError {
+    #[error(transparent)]
+    SegmentsFile(#[from] SegmentsFileError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("{name}={value}: expected {expected}")]
+    Env {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+impl SettingsError {
+    fn env(name: &'static str, value: &std::ffi::OsStr, expected: &'static str) -> Self {
+        SettingsError::Env {
+            name,
+            value: value.to_string_lossy().into_owned(),
+            expected,
+        }
+    }
+}
+
 /// The rotation policy: the settings file beside the config, then the flags.
-fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
+fn rotation(args: &MainArgs) -> Result<RotationPolicy, SettingsError> {
     let from_file = match args.config.as_deref().filter(|p| *p != Path::new("-")) {
         Some(cfg) => match crate::config::segments::load_adjacent(cfg) {
             Ok(Some((path, p))) => {
@@ -292,7 +319,7 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
                 p
             }
             Ok(None) => RotationPolicy::default(),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         },
         None => RotationPolicy::default(),
     };
@@ -305,7 +332,7 @@ fn rotation(args: &MainArgs) -> Result<RotationPolicy, String> {
         hook_timeout: args.hook_timeout,
     };
     let p = crate::config::segments::overlay(from_file, flags);
-    p.check().map_err(|e| e.to_string())?;
+    p.check()?;
     Ok(p)
 }
 
@@ -357,31 +384,33 @@ fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
 
 /// `RECORDER_DIRECT_IO`, read once here: `off` keeps streaming sessions in
 /// the page cache even where O_DIRECT works.
-fn direct_io_from_env() -> Result<bool, String> {
+fn direct_io_from_env() -> Result<bool, SettingsError> {
     match std::env::var_os("RECORDER_DIRECT_IO") {
         None => Ok(true),
         Some(v) => match v.to_str() {
             Some("" | "auto" | "on") => Ok(true),
             Some("off") => Ok(false),
-            _ => Err(format!(
-                "RECORDER_DIRECT_IO={}: expected off, on or auto",
-                v.to_string_lossy()
+            _ => Err(SettingsError::env(
+                "RECORDER_DIRECT_IO",
+                &v,
+                "off, on or auto",
             )),
         },
     }
 }
 
 /// `RECORDER_IO`, read once here: which sink writes a trace file.
-fn io_from_env() -> Result<IoChoice, String> {
+fn io_from_env() -> Result<IoChoice, SettingsError> {
     match std::env::var_os("RECORDER_IO") {
         None => Ok(IoChoice::Auto),
         Some(v) => match v.to_str() {
             Some("" | "auto") => Ok(IoChoice::Auto),
             Some("io_uring") => Ok(IoChoice::IoUring),
             Some("pwritev") => Ok(IoChoice::Pwritev),
-            _ => Err(format!(
-                "RECORDER_IO={}: expected io_uring, pwritev or auto",
-                v.to_string_lossy()
+            _ => Err(SettingsError::env(
+                "RECORDER_IO",
+                &v,
+                "io_uring, pwritev or auto",
             )),
         },
     }

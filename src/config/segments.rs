@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::storage::segment::policy::{RotationPolicy, parse_duration, parse_size};
+use crate::storage::segment::policy::{RotationPolicy, ValueError, parse_duration, parse_size};
 
 /// The settings file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -31,11 +31,12 @@ pub enum SegmentsFileError {
     },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("{path}: {key}: {message}")]
+    #[error("{path}: {key}: {source}")]
     Value {
         path: PathBuf,
         key: &'static str,
-        message: String,
+        #[source]
+        source: ValueError,
     },
 }
 
@@ -70,10 +71,10 @@ pub fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileErro
         path: path.to_path_buf(),
         message: e.to_string().trim_end().replace('\n', " "),
     })?;
-    let value_err = |key: &'static str, message: String| SegmentsFileError::Value {
+    let value_err = |key: &'static str, source: ValueError| SegmentsFileError::Value {
         path: path.to_path_buf(),
         key,
-        message,
+        source,
     };
     let size = |key: &'static str, v: Option<Size>| -> Result<Option<u64>, SegmentsFileError> {
         match v {

@@ -422,8 +422,25 @@ pub enum TriggerAnswer {
     Queued(String),
 }
 
+/// Why one session gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    /// It could not be asked, or its reply could not be read.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// It refused, in its own (printable) words.
+    #[error("{0}")]
+    Refused(String),
+    /// It answered another question (the name of the request asked).
+    #[error("unexpected reply to a {0}")]
+    Unexpected(&'static str),
+    /// It answered with another process's status.
+    #[error("answered with the status of pid {0}")]
+    OtherPid(u32),
+}
+
 /// Each session's answer: its pid and its answer, or why it could not answer.
-pub type TriggerResults = Vec<(u32, Result<TriggerAnswer, String>)>;
+pub type TriggerResults = Vec<(u32, Result<TriggerAnswer, NoAnswer>)>;
 
 /// Delivers `names` to every session at once; returns each session's outcomes.
 pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults, ControlError> {
@@ -443,23 +460,22 @@ pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults,
                 if o.len() == names.len() && o.iter().zip(names).all(|(o, n)| &o.name == n) {
                     Ok(TriggerAnswer::Outcomes(o))
                 } else {
-                    Err(ControlError::BadReply {
+                    Err(NoAnswer::Control(ControlError::BadReply {
                         pid: s.pid,
                         source: BadReply::Invalid("outcomes for names that were not sent".into()),
-                    }
-                    .to_string())
+                    }))
                 }
             }
             Ok(Reply::Queued(m)) => Ok(TriggerAnswer::Queued(message::printable(&m))),
-            Ok(Reply::Refused(m)) => Err(message::printable(&m)),
-            Ok(_) => Err("unexpected reply to a trigger".into()),
-            Err(e) => Err(e.to_string()),
+            Ok(Reply::Refused(m)) => Err(NoAnswer::Refused(message::printable(&m))),
+            Ok(_) => Err(NoAnswer::Unexpected("trigger")),
+            Err(e) => Err(e.into()),
         }
     }))
 }
 
 /// Queries every session the caller may see, at once.
-pub fn query_all() -> Vec<(u32, Result<SessionStatus, String>)> {
+pub fn query_all() -> Vec<(u32, Result<SessionStatus, NoAnswer>)> {
     let all = sessions();
     let deadline = deadline();
     each_session(&all, |s| {
@@ -470,12 +486,12 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, String>)> {
                 st.uid = uid;
                 Ok(st)
             }
-            Ok((Reply::Status(st), _)) => {
-                Err(format!("answered with the status of pid {}", st.pid))
+            Ok((Reply::Status(st), _)) => Err(NoAnswer::OtherPid(st.pid)),
+            Ok((Reply::Refused(m) | Reply::Queued(m), _)) => {
+                Err(NoAnswer::Refused(message::printable(&m)))
             }
-            Ok((Reply::Refused(m) | Reply::Queued(m), _)) => Err(message::printable(&m)),
-            Ok(_) => Err("unexpected reply to a query".into()),
-            Err(e) => Err(e.to_string()),
+            Ok(_) => Err(NoAnswer::Unexpected("query")),
+            Err(e) => Err(e.into()),
         }
     })
 }

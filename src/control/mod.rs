@@ -36,8 +36,12 @@ pub enum ControlError {
         #[source]
         source: std::io::Error,
     },
-    #[error("runtime directory {path} is not safe to use: {msg}")]
-    UnsafeRuntimeDir { path: String, msg: String },
+    #[error("runtime directory {path} is not safe to use: {why}")]
+    UnsafeRuntimeDir {
+        path: String,
+        #[source]
+        why: runtime_dir::UnsafeRuntimeDir,
+    },
     #[error("no usable runtime directory: {0}")]
     NoRuntimeDir(String),
     #[error("{path}: {source}")]

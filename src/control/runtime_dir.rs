@@ -22,6 +22,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::ControlError;
+use crate::storage::create::{DirProblem, dir_problem};
 
 /// The environment variable that overrides the runtime directory.
 pub const ENV: &str = "RECORDER_RUNTIME_DIR";
@@ -181,20 +182,42 @@ fn describe_entry(dir: &OwnedFd, name: &str) -> String {
     }
 }
 
-/// Checks an open directory for use by `me`; `Err` is the reason, with the fix.
-fn check(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), String> {
-    use crate::storage::create::{DirProblem, dir_problem};
+/// Why a runtime directory is not used, explained with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsafeRuntimeDir {
+    #[error("it is a symbolic link or not a directory: remove it (rm {}) or set {ENV}", .0.display())]
+    LinkOrNotDirectory(PathBuf),
+    #[error("{}", explain(.path, *.me, .problem))]
+    Problem {
+        path: PathBuf,
+        me: u32,
+        problem: DirProblem,
+    },
+}
+
+fn explain(path: &Path, me: u32, problem: &DirProblem) -> String {
     let shown = path.display();
+    match problem {
+        DirProblem::Unexaminable(e) => format!("cannot examine it: {e}"),
+        DirProblem::NotADirectory => "it is not a directory".into(),
+        DirProblem::ForeignOwner(uid) => format!(
+            "it belongs to uid {uid}, not to root or to you (uid {me}): that user could remove this session's sockets and put fake ones in their place. Remove it (rm -r {shown}) or set {ENV} to a directory you own"
+        ),
+        DirProblem::WritableNotSticky(mode) => format!(
+            "it is writable by other users (mode {mode:04o}) but not sticky: they could remove or replace this session's sockets. Make it sticky (chmod 1777 {shown})"
+        ),
+    }
+}
+
+/// Checks an open directory for use by `me`.
+fn check(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), UnsafeRuntimeDir> {
     match dir_problem(fd, me) {
         None => Ok(()),
-        Some(DirProblem::Unexaminable(e)) => Err(format!("cannot examine it: {e}")),
-        Some(DirProblem::NotADirectory) => Err("it is not a directory".into()),
-        Some(DirProblem::ForeignOwner(uid)) => Err(format!(
-            "it belongs to uid {uid}, not to root or to you (uid {me}): that user could remove this session's sockets and put fake ones in their place. Remove it (rm -r {shown}) or set {ENV} to a directory you own"
-        )),
-        Some(DirProblem::WritableNotSticky(mode)) => Err(format!(
-            "it is writable by other users (mode {mode:04o}) but not sticky: they could remove or replace this session's sockets. Make it sticky (chmod 1777 {shown})"
-        )),
+        Some(problem) => Err(UnsafeRuntimeDir::Problem {
+            path: path.to_path_buf(),
+            me,
+            problem,
+        }),
     }
 }
 
@@ -209,9 +232,9 @@ fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
 /// Opens `dir` and checks it for the current user, creating it (mode 1777)
 /// when absent.
 pub fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
-    let refused = |msg: String| ControlError::UnsafeRuntimeDir {
+    let refused = |why: UnsafeRuntimeDir| ControlError::UnsafeRuntimeDir {
         path: dir.display().to_string(),
-        msg,
+        why,
     };
     let io = |source: std::io::Error| ControlError::RuntimeDir {
         path: dir.display().to_string(),
@@ -238,9 +261,8 @@ pub fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
             fd
         }
         Err(Errno::LOOP | Errno::NOTDIR) => {
-            return Err(refused(format!(
-                "it is a symbolic link or not a directory: remove it (rm {}) or set {ENV}",
-                dir.display()
+            return Err(refused(UnsafeRuntimeDir::LinkOrNotDirectory(
+                dir.to_path_buf(),
             )));
         }
         Err(e) => return Err(io(e.into())),

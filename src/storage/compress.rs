@@ -334,18 +334,25 @@ pub fn count_records(bufs: &[IoSlice<'_>]) -> u64 {
     n
 }
 
+/// A compressed payload that cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum DecompressError {
+    /// Not a zstd frame, or a damaged one.
+    #[error(transparent)]
+    Frame(#[from] std::io::Error),
+    #[error("decompresses to more than {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
 /// Decompresses one zstd frame (a `zstd_compressed_packets` payload), refusing
 /// output past `limit` bytes (a hostile file cannot make us allocate more).
-pub fn decompress_bounded(frame: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+pub fn decompress_bounded(frame: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
     use std::io::Read;
-    let mut dec = zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| e.to_string())?;
+    let mut dec = zstd::stream::read::Decoder::with_buffer(frame)?;
     let mut out = Vec::new();
-    (&mut dec)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+    (&mut dec).take(limit as u64 + 1).read_to_end(&mut out)?;
     if out.len() > limit {
-        return Err(format!("decompresses to more than {limit} bytes"));
+        return Err(DecompressError::TooLarge { limit });
     }
     Ok(out)
 }

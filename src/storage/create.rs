@@ -34,7 +34,11 @@ pub enum CreateError {
         source: std::io::Error,
     },
     #[error("refusing to write in {path}: {why}")]
-    Refused { path: PathBuf, why: String },
+    Refused {
+        path: PathBuf,
+        #[source]
+        why: UnsafeDir,
+    },
     #[error("{path}: already exists")]
     Exists { path: PathBuf },
     #[error("cannot create {path}: {source}")]
@@ -392,20 +396,41 @@ pub fn dir_problem(fd: &OwnedFd, me: u32) -> Option<DirProblem> {
     (mode & 0o022 != 0 && mode & 0o1000 == 0).then_some(DirProblem::WritableNotSticky(mode))
 }
 
-/// Checks an open directory for writing by `me`; `Err` is the reason, with
+/// An output directory `me` may not write in: its problem, explained with
 /// the fix.
-pub fn check_dir(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), String> {
-    let shown = path.display();
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.explain())]
+pub struct UnsafeDir {
+    pub path: PathBuf,
+    pub me: u32,
+    pub problem: DirProblem,
+}
+
+impl UnsafeDir {
+    fn explain(&self) -> String {
+        let (shown, me) = (self.path.display(), self.me);
+        match &self.problem {
+            DirProblem::Unexaminable(e) => format!("cannot examine it: {e}"),
+            DirProblem::NotADirectory => "it is not a directory".into(),
+            DirProblem::ForeignOwner(uid) => format!(
+                "it belongs to uid {uid}, not to root or to you (uid {me}): that user could replace the trace's files with links. Write to a directory you own (or chown {me} {shown})"
+            ),
+            DirProblem::WritableNotSticky(mode) => format!(
+                "it is writable by other users (mode {mode:04o}) but not sticky: they could replace the trace's files. Make it sticky (chmod +t {shown}) or write elsewhere"
+            ),
+        }
+    }
+}
+
+/// Checks an open directory for writing by `me`.
+pub fn check_dir(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), UnsafeDir> {
     match dir_problem(fd, me) {
         None => Ok(()),
-        Some(DirProblem::Unexaminable(e)) => Err(format!("cannot examine it: {e}")),
-        Some(DirProblem::NotADirectory) => Err("it is not a directory".into()),
-        Some(DirProblem::ForeignOwner(uid)) => Err(format!(
-            "it belongs to uid {uid}, not to root or to you (uid {me}): that user could replace the trace's files with links. Write to a directory you own (or chown {me} {shown})"
-        )),
-        Some(DirProblem::WritableNotSticky(mode)) => Err(format!(
-            "it is writable by other users (mode {mode:04o}) but not sticky: they could replace the trace's files. Make it sticky (chmod +t {shown}) or write elsewhere"
-        )),
+        Some(problem) => Err(UnsafeDir {
+            path: path.to_path_buf(),
+            me,
+            problem,
+        }),
     }
 }
 

@@ -60,7 +60,7 @@ pub use output::{
 };
 pub use pwritev_sink::PwritevSink;
 pub use stream_sink::StreamSink;
-pub use uring_sink::UringSink;
+pub use uring_sink::{UringSink, UringUnavailable};
 
 /// Which implementation a sink uses (reported in the trace and the summary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -143,7 +143,7 @@ pub enum StorageError {
     #[error("cannot use stdout for the trace: {0}")]
     Stdout(#[source] std::io::Error),
     #[error("io_uring was requested but is unavailable: {0}")]
-    IoUringUnavailable(String),
+    IoUringUnavailable(#[source] uring_sink::UringUnavailable),
     #[error(transparent)]
     Create(create::CreateError),
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use rustix::fs::FileType;
 
 use super::create::{self, OutputDir};
-use super::{FileSink, PwritevSink, StorageError, StreamSink, UringSink, uring_sink};
+use super::uring_sink::{self, UringUnavailable};
+use super::{FileSink, PwritevSink, StorageError, StreamSink, UringSink};
 
 /// Where the trace goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +40,7 @@ pub struct OpenOptions {
 }
 
 /// The io_uring probe: a real ring setup and a NOP. `Err` says why not.
-pub fn io_uring_available() -> Result<(), String> {
+pub fn io_uring_available() -> Result<(), UringUnavailable> {
     uring_sink::probe()
 }
 
@@ -146,12 +147,16 @@ fn file_sink(
             log::info!("trace file: io_uring");
             Ok(Box::new(sink.with_direct(direct)))
         }
-        Err(e) if io == IoChoice::Auto => {
-            let fd = spare.map_err(|se| StorageError::IoUringUnavailable(format!("{e}; {se}")))?;
-            log::warn!("io_uring ring setup failed ({e}); writing the trace with pwritev");
-            Ok(Box::new(PwritevSink::new(fd, 0).with_direct(direct)))
-        }
-        Err(e) => Err(StorageError::IoUringUnavailable(e.to_string())),
+        Err(e) if io == IoChoice::Auto => match spare {
+            Ok(fd) => {
+                log::warn!("io_uring ring setup failed ({e}); writing the trace with pwritev");
+                Ok(Box::new(PwritevSink::new(fd, 0).with_direct(direct)))
+            }
+            Err(dup) => Err(StorageError::IoUringUnavailable(
+                UringUnavailable::NoFallback { ring: e, dup },
+            )),
+        },
+        Err(e) => Err(StorageError::IoUringUnavailable(UringUnavailable::Setup(e))),
     }
 }
 

@@ -310,38 +310,59 @@ impl FileSink for UringSink {
     }
 }
 
+/// Why io_uring cannot carry the sink here.
+#[derive(Debug, thiserror::Error)]
+pub enum UringUnavailable {
+    #[error("io_uring_setup failed: {0} (blocked by seccomp or kernel.io_uring_disabled?)")]
+    Setup(#[source] std::io::Error),
+    #[error("io_uring does not support WRITEV")]
+    NoWritev,
+    #[error("io_uring push failed: {0}")]
+    Push(#[source] io_uring::squeue::PushError),
+    #[error("io_uring_enter failed: {0}")]
+    Enter(#[source] std::io::Error),
+    #[error("io_uring NOP did not complete")]
+    NoCompletion,
+    #[error("io_uring NOP failed: {0}")]
+    Nop(#[source] Errno),
+    /// The ring could not be set up after the probe passed, and the file
+    /// could not be kept for `pwritev` instead.
+    #[error("{ring}; {dup}")]
+    NoFallback {
+        ring: std::io::Error,
+        dup: std::io::Error,
+    },
+}
+
 /// Probes io_uring the way the sink will use it: a real ring setup, a NOP
 /// through it, and WRITEV support.
-pub fn probe() -> Result<(), String> {
-    let mut ring = IoUring::new(QUEUE_DEPTH as u32).map_err(|e| {
-        format!("io_uring_setup failed: {e} (blocked by seccomp or kernel.io_uring_disabled?)")
-    })?;
+pub fn probe() -> Result<(), UringUnavailable> {
+    let mut ring = IoUring::new(QUEUE_DEPTH as u32).map_err(UringUnavailable::Setup)?;
     let mut probe = io_uring::Probe::new();
     if ring.submitter().register_probe(&mut probe).is_ok()
         && !probe.is_supported(opcode::Writev::CODE)
     {
-        return Err("io_uring does not support WRITEV".to_string());
+        return Err(UringUnavailable::NoWritev);
     }
     let nop = opcode::Nop::new().build().user_data(7);
     // SAFETY: U1, U2 — a NOP references no memory and no fd, so there is
     // nothing for them to keep alive.
-    unsafe { ring.submission().push(&nop) }.map_err(|e| format!("io_uring push failed: {e}"))?;
+    unsafe { ring.submission().push(&nop) }.map_err(UringUnavailable::Push)?;
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => break,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("io_uring_enter failed: {e}")),
+            Err(e) => return Err(UringUnavailable::Enter(e)),
         }
     }
     let cqe = ring
         .completion()
         .next()
-        .ok_or("io_uring NOP did not complete")?;
+        .ok_or(UringUnavailable::NoCompletion)?;
     if cqe.result() < 0 || cqe.user_data() != 7 {
-        return Err(format!(
-            "io_uring NOP failed: {}",
-            Errno::from_raw_os_error(-cqe.result())
-        ));
+        return Err(UringUnavailable::Nop(Errno::from_raw_os_error(
+            -cqe.result(),
+        )));
     }
     Ok(())
 }

@@ -14,10 +14,22 @@ pub enum Forked {
     /// The original process; `child` is the detached recorder.
     Parent {
         child: u32,
-        status: Result<(), String>,
+        status: Result<(), StartupError>,
     },
     /// The detached process: report start-up through this.
     Child(StartupReport),
+}
+
+/// Why the background process did not start recording, as the parent
+/// learns it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartupError {
+    /// The child closed the channel without a word (it died, say).
+    #[error("the background process exited before it started recording")]
+    Vanished,
+    /// The child's own reason.
+    #[error("{0}")]
+    Reported(String),
 }
 
 /// The child's channel to the waiting parent.
@@ -55,8 +67,10 @@ pub fn fork_detached() -> std::io::Result<Forked> {
         let _ = parent_end.read_to_string(&mut msg);
         let status = match msg.trim_end() {
             "ok" => Ok(()),
-            "" => Err("the background process exited before it started recording".to_string()),
-            m => Err(m.strip_prefix("error: ").unwrap_or(m).to_string()),
+            "" => Err(StartupError::Vanished),
+            m => Err(StartupError::Reported(
+                m.strip_prefix("error: ").unwrap_or(m).to_string(),
+            )),
         };
         return Ok(Forked::Parent {
             child: pid as u32,

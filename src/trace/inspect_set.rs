@@ -86,6 +86,18 @@ pub enum SetError {
     Empty(PathBuf),
 }
 
+/// Why a set of segments fails inspection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetFault {
+    /// The segment is not a valid trace (as its report tells).
+    #[error("segment {index}: {error}")]
+    Segment { index: u64, error: String },
+    #[error("segment {0}: size or sha256 differs from its sidecar")]
+    SidecarMismatch(u64),
+    #[error("packets repeated across the cut between segments {before} and {after}")]
+    Repeated { before: u64, after: u64 },
+}
+
 /// Segment files by (stem, extension): (index, path) each.
 type Sets = BTreeMap<(String, String), Vec<(u64, PathBuf)>>;
 
@@ -251,23 +263,23 @@ pub fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
 impl SetReport {
     /// `Ok` when every segment is a valid trace matching its sidecar and no
     /// counter repeats across a cut.
-    pub fn verdict(&self) -> Result<(), String> {
+    pub fn verdict(&self) -> Result<(), SetFault> {
         for s in &self.segments {
             if let Some(e) = &s.error {
-                return Err(format!("segment {}: {e}", s.index));
+                return Err(SetFault::Segment {
+                    index: s.index,
+                    error: e.clone(),
+                });
             }
             if s.sidecar_matches == Some(false) {
-                return Err(format!(
-                    "segment {}: size or sha256 differs from its sidecar",
-                    s.index
-                ));
+                return Err(SetFault::SidecarMismatch(s.index));
             }
         }
         if let Some(c) = self.cuts.iter().find(|c| c.counters_repeated > 0) {
-            return Err(format!(
-                "packets repeated across the cut between segments {} and {}",
-                c.before, c.after
-            ));
+            return Err(SetFault::Repeated {
+                before: c.before,
+                after: c.after,
+            });
         }
         Ok(())
     }

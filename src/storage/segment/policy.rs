@@ -117,18 +117,40 @@ pub fn rotation_due(policy: &RotationPolicy, bytes: u64, age: Duration) -> Optio
     None
 }
 
+/// A size or a duration as written that cannot be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("{text:?} is not a size (examples: 1048576, 256M, 2G)")]
+    NotASize {
+        text: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{text:?}: unknown unit {unit:?} (use K, M, G, T or KB, MB, GB, TB)")]
+    UnknownUnit { text: String, unit: String },
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+    #[error("{text:?} is not a duration ({source}; examples: 90s, 10m, 1h)")]
+    NotADuration {
+        text: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+}
+
 /// A byte size: `1048576`, `256K`, `256M`, `2G`, `1T` (powers of 1024, also
 /// written `KiB`, `MiB`, …), or `KB`, `MB`, `GB`, `TB` (powers of 1000).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, ValueError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '_'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num: String = num.chars().filter(|c| *c != '_').collect();
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (examples: 1048576, 256M, 2G)"))?;
+    let n: u64 = num.parse().map_err(|source| ValueError::NotASize {
+        text: s.to_string(),
+        source,
+    })?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "K" | "k" | "KiB" => 1 << 10,
@@ -140,19 +162,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
         u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (use K, M, G, T or KB, MB, GB, TB)"
-            ));
+            return Err(ValueError::UnknownUnit {
+                text: s.to_string(),
+                unit: u.to_string(),
+            });
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
+        .ok_or_else(|| ValueError::TooLarge(s.to_string()))
 }
 
 /// A duration: `90s`, `10m`, `1h`, `1h30m`, `500ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{s:?} is not a duration ({e}; examples: 90s, 10m, 1h)"))
+pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
+    humantime::parse_duration(s.trim()).map_err(|source| ValueError::NotADuration {
+        text: s.to_string(),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! never sees half a sidecar; a segment whose sidecar is present is closed.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,23 @@ impl SegmentLoss {
             && self.packets_refused == 0
             && self.events_lost_upstream == 0
     }
+}
+
+/// A sidecar that cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 /// The sidecar of one segment.
@@ -121,9 +138,15 @@ impl Sidecar {
     }
 
     /// Reads a sidecar (untrusted: any file in the directory).
-    pub fn read(path: &Path) -> Result<Sidecar, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn read(path: &Path) -> Result<Sidecar, SidecarError> {
+        let bytes = std::fs::read(path).map_err(|source| SidecarError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_slice(&bytes).map_err(|source| SidecarError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -187,7 +210,7 @@ mod tests {
         };
         let od = OutputDir::open(dir.path()).expect("dir");
         s.write_atomically(&od, "s.json").expect("writes");
-        assert_eq!(Sidecar::read(&path), Ok(s.clone()));
+        assert_eq!(Sidecar::read(&path).expect("reads"), s);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("lists")
             .map(|e| e.expect("entry").file_name())
