@@ -32,7 +32,8 @@
 //! - **P2** this pass reads none of the list after handing it to the sink:
 //!   cutting at the cap, counting packets, compressing and laying out
 //!   blocks all happen before, and the progress handlers below hold only
-//!   positions. P2 is local to [`write_pass_staged`].
+//!   positions. P2 is local to [`write_pass_staged`] and the functions it
+//!   calls in this file.
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -157,194 +158,277 @@ pub fn write_pass_staged(
         })
         .collect();
     let tail = tail();
-    let mut iov: Vec<IoSlice<'_>> = head.iter().map(|p| IoSlice::new(p)).collect();
-    let mut at = total_len(&iov);
-    let mut buffer_bytes = 0u64;
-    let mut next_marker = markers.iter();
-    let mut spans = Vec::new();
-    for (batch, b) in batches.iter().enumerate() {
-        let mut data_at = 0u64;
-        for it in b.items() {
-            match it {
-                FlushItem::Data(d) => {
-                    let len = d.len() as u64;
-                    spans.push(Span {
-                        at,
-                        len,
-                        batch,
-                        data_at,
-                    });
-                    at += len;
-                    data_at += len;
-                    buffer_bytes += len;
-                    iov.push(IoSlice::new(d));
-                }
-                FlushItem::Loss { .. } => {
-                    if let Some(m) = next_marker.next() {
-                        at += m.len() as u64;
-                        iov.push(IoSlice::new(m));
-                    }
-                }
-            }
-        }
-    }
-    iov.extend(tail.iter().map(|p| IoSlice::new(p)));
-
-    let total = total_len(&iov);
-    let mut cap_reached = false;
-    let mut cut_bytes = 0u64;
-    let mut input_bytes = 0u64;
-    let mut compressed_packets = 0u64;
-    let mut packets = 0u64;
-    let mut kept_input = 0u64;
+    let list = PassList::gather(head, &batches, &markers, &tail);
+    let (total, buffer_bytes) = (total_len(&list.iov), list.buffer_bytes);
     let mut unpin = Unpin {
         batches: &batches,
-        spans,
+        spans: list.spans,
         next: 0,
         floor: 0,
     };
-    let result = (|| -> Result<u64, PassFailure> {
-        // Bytes of the padding that took the file back to a block boundary.
-        let mut resume_padding = 0u64;
-        let compressed = match stage.compress {
-            Some(z) => {
-                let c = z.compress(&iov)?;
-                // The frames are copies: the ring's bytes are not read again.
-                unpin.through(total);
-                Some(c)
-            }
-            None => None,
-        };
-        let records = match &compressed {
-            Some(c) => c.slices(),
-            None => iov.clone(),
-        };
-        let kept = match max_file_size {
-            Some(cap) => {
-                let room = cap.saturating_sub(sink.bytes_written());
-                let (kept, cut) = cut_at_packet_boundary(&records, room);
-                cap_reached = cut.cut;
-                cut_bytes = total_len(&records).saturating_sub(cut.kept_bytes);
-                kept
-            }
-            None => records,
-        };
-        // A pass too small to fill blocks goes through the page cache; a
-        // large one after such passes pads the file to a block boundary and
-        // turns O_DIRECT back on (storage::direct, MIN_DIRECT_PASS).
-        let kept_len = total_len(&kept);
-        if !kept.is_empty() && kept_len < MIN_DIRECT_PASS && sink.direct_alignment().is_some() {
-            sink.end_direct()?;
-        } else if kept_len >= MIN_DIRECT_PASS
-            && !stage.last
-            && sink.direct_alignment().is_none()
-            && let Some(align) = sink.direct_capability()
-        {
-            let pad = padding_to_block(sink.bytes_written(), align);
-            let at = sink.bytes_written() + pad.len() as u64;
-            if max_file_size.is_none_or(|cap| at + kept_len <= cap) {
-                if !pad.is_empty() {
-                    resume_padding = sink.write_all(&[IoSlice::new(&pad)])?;
-                }
-                sink.resume_direct()?;
-            }
-        }
-        // An O_DIRECT file takes whole blocks: the pass is laid out in them,
-        // with padding packets (storage::direct).
-        let aligned = match sink.direct_alignment() {
-            Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align, !stage.last)?),
-            _ => None,
-        };
-        let aligned_slices = aligned.as_ref().map(AlignedPass::slices);
-        let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
-        // Counted before the write (P2).
-        if stage.count_packets && compressed.is_none() {
-            packets = count_records(&kept);
-        }
-        // Compressed frames are copies, kept until the pass ends, and the
-        // ring's regions were let go of above: nothing to unpin while they
-        // are written, so the floor stays 0 and a failed write is cut back
-        // at the last whole frame (the ring's floor means nothing in them).
-        let mut frames = Unpin {
-            batches: &batches,
-            spans: Vec::new(),
-            next: 0,
-            floor: 0,
-        };
-        let progress = if compressed.is_some() {
-            &mut frames
-        } else {
-            &mut unpin
-        };
-        let bytes = if kept.is_empty() {
-            0
-        } else {
-            let tail = aligned.as_ref().and_then(AlignedPass::unaligned_tail);
-            let written = match &aligned {
-                Some(a) => sink.write_all_reporting(
-                    aligned_slices.as_deref().unwrap_or(&[]),
-                    &mut Aligned {
-                        layout: a,
-                        unpin: progress,
-                    },
-                ),
-                None => sink.write_all_reporting(&kept, progress),
-            };
-            let written = written.and_then(|b| match &tail {
-                Some(t) => {
-                    sink.end_direct()?;
-                    Ok(b + sink.write_all(std::slice::from_ref(t))?)
-                }
-                None => Ok(b),
-            });
-            match written {
-                Ok(b) => b,
-                Err(e) => {
-                    // The sink kept whole records: count them in the pass's
-                    // own (uncompressed) bytes.
-                    let in_file = sink.bytes_written().saturating_sub(before + resume_padding);
-                    kept_input = match &compressed {
-                        Some(c) => c.input_of_prefix(in_file).0,
-                        None => in_file,
-                    };
-                    return Err(e.into());
-                }
-            }
-        };
-        (input_bytes, compressed_packets) = match &compressed {
-            Some(c) => c.input_of_prefix(bytes - padding),
-            None => (bytes - padding, 0),
-        };
-        kept_input = input_bytes;
-        if stage.count_packets
-            && let Some(c) = &compressed
-        {
-            packets = c.packets_of_prefix(bytes);
-        }
-        if sync || cap_reached {
-            sink.sync_data()?;
-        }
-        Ok(resume_padding + bytes)
-    })();
-    drop(iov);
+    let mut w = Written::default();
+    let to = Target {
+        sink,
+        before,
+        max_file_size,
+        sync,
+    };
+    let result = write_records(to, &list.iov, &mut unpin, stage, &mut w);
+    drop(list.iov);
     for b in batches {
         b.release();
     }
     let bytes = result.map_err(|source| PassError {
         source,
-        kept_bytes: kept_input,
-        unwritten_bytes: total.saturating_sub(kept_input),
+        kept_bytes: w.kept_input,
+        unwritten_bytes: total.saturating_sub(w.kept_input),
     })?;
     Ok(PassReport {
         bytes,
         buffer_bytes,
-        input_bytes,
-        compressed_packets,
-        packets,
-        cap_reached,
-        cut_bytes,
+        input_bytes: w.input_bytes,
+        compressed_packets: w.compressed_packets,
+        packets: w.packets,
+        cap_reached: w.cap_reached,
+        cut_bytes: w.cut_bytes,
         duration: started.elapsed(),
     })
+}
+
+/// A pass's list: the head, each batch's data (with loss markers where
+/// the batch lost packets), the tail.
+struct PassList<'a> {
+    iov: Vec<IoSlice<'a>>,
+    /// Where each batch's data lies in the list.
+    spans: Vec<Span>,
+    /// Bytes of buffer data in the list.
+    buffer_bytes: u64,
+}
+
+impl<'a> PassList<'a> {
+    fn gather(
+        head: &'a [Vec<u8>],
+        batches: &'a [FlushBatch],
+        markers: &'a [Vec<u8>],
+        tail: &'a [Vec<u8>],
+    ) -> Self {
+        let mut iov: Vec<IoSlice<'a>> = head.iter().map(|p| IoSlice::new(p)).collect();
+        let mut at = total_len(&iov);
+        let mut buffer_bytes = 0u64;
+        let mut next_marker = markers.iter();
+        let mut spans = Vec::new();
+        for (batch, b) in batches.iter().enumerate() {
+            let mut data_at = 0u64;
+            for it in b.items() {
+                match it {
+                    FlushItem::Data(d) => {
+                        let len = d.len() as u64;
+                        spans.push(Span {
+                            at,
+                            len,
+                            batch,
+                            data_at,
+                        });
+                        at += len;
+                        data_at += len;
+                        buffer_bytes += len;
+                        iov.push(IoSlice::new(d));
+                    }
+                    FlushItem::Loss { .. } => {
+                        if let Some(m) = next_marker.next() {
+                            at += m.len() as u64;
+                            iov.push(IoSlice::new(m));
+                        }
+                    }
+                }
+            }
+        }
+        iov.extend(tail.iter().map(|p| IoSlice::new(p)));
+        Self {
+            iov,
+            spans,
+            buffer_bytes,
+        }
+    }
+}
+
+/// Where a pass goes and on what terms.
+struct Target<'s> {
+    sink: &'s mut dyn FileSink,
+    /// The sink's bytes before the pass.
+    before: u64,
+    max_file_size: Option<u64>,
+    sync: bool,
+}
+
+/// What a pass learnt as it went, kept when it fails part way.
+#[derive(Default)]
+struct Written {
+    cap_reached: bool,
+    cut_bytes: u64,
+    input_bytes: u64,
+    compressed_packets: u64,
+    packets: u64,
+    /// The pass's own (uncompressed) bytes in the file.
+    kept_input: u64,
+}
+
+/// Compresses, cuts at the cap, lays out and writes the list; returns the
+/// bytes written. Nothing reads the list once it is handed to the sink (P2).
+fn write_records(
+    to: Target<'_>,
+    iov: &[IoSlice<'_>],
+    unpin: &mut Unpin<'_>,
+    stage: PassStage<'_>,
+    w: &mut Written,
+) -> Result<u64, PassFailure> {
+    let Target {
+        sink,
+        before,
+        max_file_size,
+        sync,
+    } = to;
+    let compressed = match stage.compress {
+        Some(z) => {
+            let c = z.compress(iov)?;
+            // The frames are copies: the ring's bytes are not read again.
+            unpin.through(total_len(iov));
+            Some(c)
+        }
+        None => None,
+    };
+    let records = match &compressed {
+        Some(c) => c.slices(),
+        None => iov.to_vec(),
+    };
+    let kept = match max_file_size {
+        Some(cap) => {
+            let room = cap.saturating_sub(sink.bytes_written());
+            let (kept, cut) = cut_at_packet_boundary(&records, room);
+            w.cap_reached = cut.cut;
+            w.cut_bytes = total_len(&records).saturating_sub(cut.kept_bytes);
+            kept
+        }
+        None => records,
+    };
+    // Bytes of the padding that took the file back to a block boundary.
+    let resume_padding = settle_direct(sink, total_len(&kept), stage.last, max_file_size)?;
+    // An O_DIRECT file takes whole blocks: the pass is laid out in them,
+    // with padding packets (storage::direct).
+    let aligned = match sink.direct_alignment() {
+        Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align, !stage.last)?),
+        _ => None,
+    };
+    let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
+    // Counted before the write (P2).
+    if stage.count_packets && compressed.is_none() {
+        w.packets = count_records(&kept);
+    }
+    // Compressed frames are copies, kept until the pass ends, and the
+    // ring's regions were let go of above: nothing to unpin while they
+    // are written, so the floor stays 0 and a failed write is cut back
+    // at the last whole frame (the ring's floor means nothing in them).
+    let mut frames = Unpin {
+        batches: unpin.batches,
+        spans: Vec::new(),
+        next: 0,
+        floor: 0,
+    };
+    let progress = if compressed.is_some() {
+        &mut frames
+    } else {
+        unpin
+    };
+    let bytes = if kept.is_empty() {
+        0
+    } else {
+        match write_kept(sink, &kept, aligned.as_ref(), progress) {
+            Ok(b) => b,
+            Err(e) => {
+                // The sink kept whole records: count them in the pass's
+                // own (uncompressed) bytes.
+                let in_file = sink.bytes_written().saturating_sub(before + resume_padding);
+                w.kept_input = match &compressed {
+                    Some(c) => c.input_of_prefix(in_file).0,
+                    None => in_file,
+                };
+                return Err(e.into());
+            }
+        }
+    };
+    (w.input_bytes, w.compressed_packets) = match &compressed {
+        Some(c) => c.input_of_prefix(bytes - padding),
+        None => (bytes - padding, 0),
+    };
+    w.kept_input = w.input_bytes;
+    if stage.count_packets
+        && let Some(c) = &compressed
+    {
+        w.packets = c.packets_of_prefix(bytes);
+    }
+    if sync || w.cap_reached {
+        sink.sync_data()?;
+    }
+    Ok(resume_padding + bytes)
+}
+
+/// Before a pass of `kept_len` bytes: a pass too small to fill blocks goes
+/// through the page cache; a large one after such passes pads the file to
+/// a block boundary and turns O_DIRECT back on (storage::direct,
+/// MIN_DIRECT_PASS). Returns the padding written.
+fn settle_direct(
+    sink: &mut dyn FileSink,
+    kept_len: u64,
+    last: bool,
+    max_file_size: Option<u64>,
+) -> Result<u64, PassFailure> {
+    if kept_len > 0 && kept_len < MIN_DIRECT_PASS && sink.direct_alignment().is_some() {
+        sink.end_direct()?;
+    } else if kept_len >= MIN_DIRECT_PASS
+        && !last
+        && sink.direct_alignment().is_none()
+        && let Some(align) = sink.direct_capability()
+    {
+        let pad = padding_to_block(sink.bytes_written(), align);
+        let at = sink.bytes_written() + pad.len() as u64;
+        if max_file_size.is_none_or(|cap| at + kept_len <= cap) {
+            let mut written = 0;
+            if !pad.is_empty() {
+                written = sink.write_all(&[IoSlice::new(&pad)])?;
+            }
+            sink.resume_direct()?;
+            return Ok(written);
+        }
+    }
+    Ok(0)
+}
+
+/// Writes `kept`, laid out in blocks when `aligned`, telling `progress`
+/// how far it got; an unaligned tail goes last, through the page cache.
+fn write_kept(
+    sink: &mut dyn FileSink,
+    kept: &[IoSlice<'_>],
+    aligned: Option<&AlignedPass<'_>>,
+    progress: &mut Unpin<'_>,
+) -> Result<u64, SinkError> {
+    let Some(a) = aligned else {
+        return sink.write_all_reporting(kept, progress);
+    };
+    let tail = a.unaligned_tail();
+    let b = sink.write_all_reporting(
+        &a.slices(),
+        &mut Aligned {
+            layout: a,
+            unpin: progress,
+        },
+    )?;
+    match &tail {
+        Some(t) => {
+            sink.end_direct()?;
+            Ok(b + sink.write_all(std::slice::from_ref(t))?)
+        }
+        None => Ok(b),
+    }
 }
 
 fn total_len(iov: &[IoSlice<'_>]) -> u64 {
