@@ -370,117 +370,10 @@ impl ProcessStatsSource {
         let mut status = std::mem::take(&mut self.status);
         let mut buf = std::mem::take(&mut self.scratch);
         for pid in pids {
-            if self.skip_mem.contains(&pid) {
-                continue;
-            }
-            if procfs::read_file(&self.proc_path(pid, "status"), &mut status).is_err()
-                || status.is_empty()
-            {
-                continue;
-            }
-            let Some(mem) = MemCounters::parse(&status) else {
-                self.skip_mem.insert(pid);
+            let Some(now) = self.read_process(pid, &mut status, &mut buf) else {
                 continue;
             };
-            if mem.tgid != Some(i64::from(pid)) {
-                continue; // a thread id: only processes are polled
-            }
-            let oom = procfs::read_file(&self.proc_path(pid, "oom_score_adj"), &mut buf)
-                .ok()
-                .filter(|n| *n > 0)
-                .map(|_| procfs::parse_i64(&buf));
-            let (mut user, mut kernel) = (None, None);
-            if self.opts.record_process_runtime
-                && procfs::read_file(&self.proc_path(pid, "stat"), &mut buf).is_ok()
-                && let Some(t) = stat_times(&buf)
-            {
-                let ns = self.paths.ns_per_tick();
-                (user, kernel) = (Some(t.user * ns), Some(t.kernel * ns));
-            }
-            let smr = if self.opts.scan_smaps_rollup
-                && procfs::read_file(&self.proc_path(pid, "smaps_rollup"), &mut buf).is_ok()
-            {
-                SmapsRollup::parse(&buf)
-            } else {
-                SmapsRollup::default()
-            };
-            let cached = self.cache.entry(pid).or_default();
-            let mut rec = StatsRecord {
-                pid,
-                ..StatsRecord::default()
-            };
-            let pairs = [
-                (mem.vm_size_kb, &mut cached.vm_size_kb, &mut rec.vm_size_kb),
-                (mem.vm_rss_kb, &mut cached.vm_rss_kb, &mut rec.vm_rss_kb),
-                (
-                    mem.rss_anon_kb,
-                    &mut cached.rss_anon_kb,
-                    &mut rec.rss_anon_kb,
-                ),
-                (
-                    mem.rss_file_kb,
-                    &mut cached.rss_file_kb,
-                    &mut rec.rss_file_kb,
-                ),
-                (
-                    mem.rss_shmem_kb,
-                    &mut cached.rss_shmem_kb,
-                    &mut rec.rss_shmem_kb,
-                ),
-                (mem.vm_swap_kb, &mut cached.vm_swap_kb, &mut rec.vm_swap_kb),
-                (
-                    mem.vm_locked_kb,
-                    &mut cached.vm_locked_kb,
-                    &mut rec.vm_locked_kb,
-                ),
-                (mem.vm_hwm_kb, &mut cached.vm_hwm_kb, &mut rec.vm_hwm_kb),
-            ];
-            for (now, last, field) in pairs {
-                if now.is_some() && now != *last {
-                    *last = now;
-                    *field = now;
-                }
-            }
-            if oom.is_some() && oom != cached.oom_score_adj {
-                cached.oom_score_adj = oom;
-                rec.oom_score_adj = oom;
-            }
-            let extra = [
-                (user, &mut cached.runtime_user_ns, &mut rec.runtime_user_ns),
-                (
-                    kernel,
-                    &mut cached.runtime_kernel_ns,
-                    &mut rec.runtime_kernel_ns,
-                ),
-                (smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb),
-                (smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb),
-                (
-                    smr.pss_anon_kb,
-                    &mut cached.smr_pss_anon_kb,
-                    &mut rec.smr_pss_anon_kb,
-                ),
-                (
-                    smr.pss_file_kb,
-                    &mut cached.smr_pss_file_kb,
-                    &mut rec.smr_pss_file_kb,
-                ),
-                (
-                    smr.pss_shmem_kb,
-                    &mut cached.smr_pss_shmem_kb,
-                    &mut rec.smr_pss_shmem_kb,
-                ),
-                (
-                    smr.swap_pss_kb,
-                    &mut cached.smr_swap_pss_kb,
-                    &mut rec.smr_swap_pss_kb,
-                ),
-            ];
-            for (now, last, field) in extra {
-                if now.is_some() && now != *last {
-                    *last = now;
-                    *field = now;
-                }
-            }
+            let rec = now.changes(pid, self.cache.entry(pid).or_default());
             if !rec.is_empty() {
                 self.stats.push(rec);
             }
@@ -488,22 +381,7 @@ impl ProcessStatsSource {
         }
         self.status = status;
         self.scratch = buf;
-
-        if !self.stats.is_empty() {
-            let plan = PacketPlan {
-                timestamp_ns: ts,
-                sequence_id: self.sequence_id,
-                payload_field: trace_packet::PROCESS_STATS,
-                end_field: process_stats::COLLECTION_END_TIMESTAMP,
-                incremental_state_cleared: std::mem::take(&mut self.did_clear),
-                soft_limit: self.soft_limit,
-            };
-            let stats = std::mem::take(&mut self.stats);
-            let outcome = write_split(&mut self.packet, &plan, &stats, out, encode_stats_record);
-            self.counters.stats_packets += outcome.packets as u64;
-            self.counters.entries_dropped += outcome.dropped as u64;
-            self.stats = stats;
-        }
+        self.emit_stats(ts, out);
 
         self.cache_ticks += 1;
         if self.cache_ticks >= self.ttl_ticks {
@@ -513,6 +391,75 @@ impl ProcessStatsSource {
         // Processes that appeared since the last dump get their tree entry
         // once (whatever the on-demand quirk says, as Perfetto does).
         self.write_process_tree(&live, out);
+    }
+
+    /// The counters of process `pid` now; `None` for a thread, a process
+    /// gone, or one whose status cannot be read (then never read again).
+    fn read_process(
+        &mut self,
+        pid: i32,
+        status: &mut Vec<u8>,
+        buf: &mut Vec<u8>,
+    ) -> Option<Reading> {
+        if self.skip_mem.contains(&pid) {
+            return None;
+        }
+        if procfs::read_file(&self.proc_path(pid, "status"), status).is_err() || status.is_empty() {
+            return None;
+        }
+        let Some(mem) = MemCounters::parse(status) else {
+            self.skip_mem.insert(pid);
+            return None;
+        };
+        if mem.tgid != Some(i64::from(pid)) {
+            return None; // a thread id: only processes are polled
+        }
+        let oom = procfs::read_file(&self.proc_path(pid, "oom_score_adj"), buf)
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|_| procfs::parse_i64(buf));
+        let (mut user, mut kernel) = (None, None);
+        if self.opts.record_process_runtime
+            && procfs::read_file(&self.proc_path(pid, "stat"), buf).is_ok()
+            && let Some(t) = stat_times(buf)
+        {
+            let ns = self.paths.ns_per_tick();
+            (user, kernel) = (Some(t.user * ns), Some(t.kernel * ns));
+        }
+        let smr = if self.opts.scan_smaps_rollup
+            && procfs::read_file(&self.proc_path(pid, "smaps_rollup"), buf).is_ok()
+        {
+            SmapsRollup::parse(buf)
+        } else {
+            SmapsRollup::default()
+        };
+        Some(Reading {
+            mem,
+            oom,
+            user,
+            kernel,
+            smr,
+        })
+    }
+
+    /// The poll's records as `process_stats` packets.
+    fn emit_stats(&mut self, ts: u64, out: &mut dyn PacketOutput) {
+        if self.stats.is_empty() {
+            return;
+        }
+        let plan = PacketPlan {
+            timestamp_ns: ts,
+            sequence_id: self.sequence_id,
+            payload_field: trace_packet::PROCESS_STATS,
+            end_field: process_stats::COLLECTION_END_TIMESTAMP,
+            incremental_state_cleared: std::mem::take(&mut self.did_clear),
+            soft_limit: self.soft_limit,
+        };
+        let stats = std::mem::take(&mut self.stats);
+        let outcome = write_split(&mut self.packet, &plan, &stats, out, encode_stats_record);
+        self.counters.stats_packets += outcome.packets as u64;
+        self.counters.entries_dropped += outcome.dropped as u64;
+        self.stats = stats;
     }
 
     /// Forgets which pids were written and the counter cache; the next
@@ -554,6 +501,96 @@ impl PolledSource for ProcessStatsSource {
         if self.opts.scan_all_processes_on_start {
             self.write_all_processes(out);
         }
+    }
+}
+
+/// One process's counters as read in one poll.
+struct Reading {
+    mem: MemCounters,
+    oom: Option<i64>,
+    user: Option<u64>,
+    kernel: Option<u64>,
+    smr: SmapsRollup,
+}
+
+impl Reading {
+    /// The record of what changed since `cached` (which it brings up to
+    /// date): only changed counters are written.
+    fn changes(&self, pid: i32, cached: &mut CachedCounters) -> StatsRecord {
+        let (mem, smr) = (&self.mem, &self.smr);
+        let mut rec = StatsRecord {
+            pid,
+            ..StatsRecord::default()
+        };
+        let pairs = [
+            (mem.vm_size_kb, &mut cached.vm_size_kb, &mut rec.vm_size_kb),
+            (mem.vm_rss_kb, &mut cached.vm_rss_kb, &mut rec.vm_rss_kb),
+            (
+                mem.rss_anon_kb,
+                &mut cached.rss_anon_kb,
+                &mut rec.rss_anon_kb,
+            ),
+            (
+                mem.rss_file_kb,
+                &mut cached.rss_file_kb,
+                &mut rec.rss_file_kb,
+            ),
+            (
+                mem.rss_shmem_kb,
+                &mut cached.rss_shmem_kb,
+                &mut rec.rss_shmem_kb,
+            ),
+            (mem.vm_swap_kb, &mut cached.vm_swap_kb, &mut rec.vm_swap_kb),
+            (
+                mem.vm_locked_kb,
+                &mut cached.vm_locked_kb,
+                &mut rec.vm_locked_kb,
+            ),
+            (mem.vm_hwm_kb, &mut cached.vm_hwm_kb, &mut rec.vm_hwm_kb),
+            (
+                self.user,
+                &mut cached.runtime_user_ns,
+                &mut rec.runtime_user_ns,
+            ),
+            (
+                self.kernel,
+                &mut cached.runtime_kernel_ns,
+                &mut rec.runtime_kernel_ns,
+            ),
+            (smr.rss_kb, &mut cached.smr_rss_kb, &mut rec.smr_rss_kb),
+            (smr.pss_kb, &mut cached.smr_pss_kb, &mut rec.smr_pss_kb),
+            (
+                smr.pss_anon_kb,
+                &mut cached.smr_pss_anon_kb,
+                &mut rec.smr_pss_anon_kb,
+            ),
+            (
+                smr.pss_file_kb,
+                &mut cached.smr_pss_file_kb,
+                &mut rec.smr_pss_file_kb,
+            ),
+            (
+                smr.pss_shmem_kb,
+                &mut cached.smr_pss_shmem_kb,
+                &mut rec.smr_pss_shmem_kb,
+            ),
+            (
+                smr.swap_pss_kb,
+                &mut cached.smr_swap_pss_kb,
+                &mut rec.smr_swap_pss_kb,
+            ),
+        ];
+        for (now, last, field) in pairs {
+            if now.is_some() && now != *last {
+                *last = now;
+                *field = now;
+            }
+        }
+        if self.oom.is_some() && self.oom != cached.oom_score_adj {
+            cached.oom_score_adj = self.oom;
+            rec.oom_score_adj = self.oom;
+        }
+        rec
     }
 }
 
