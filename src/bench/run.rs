@@ -112,6 +112,84 @@ fn offered_by_buffer(n: usize, plans: &[WriterPlan], progress: &[Arc<WriterProgr
     v
 }
 
+/// The bench's flusher: a pass every write period, and a last one after
+/// the writers stop. Offered bytes are sampled around each pass to find
+/// the largest amount any buffer had to hold at once.
+struct Flusher<'c> {
+    cfg: &'c BenchConfig,
+    progress: &'c [Arc<WriterProgress>],
+    take: Vec<(Arc<Buffer>, Take)>,
+    passes: Vec<PassMark>,
+    pass_hist: LatencyHistogram,
+    offered_before: Vec<Vec<u64>>,
+    offered_after: Vec<Vec<u64>>,
+}
+
+impl<'c> Flusher<'c> {
+    fn new(
+        cfg: &'c BenchConfig,
+        buffers: &[Arc<Buffer>],
+        progress: &'c [Arc<WriterProgress>],
+    ) -> Self {
+        Self {
+            cfg,
+            progress,
+            take: buffers.iter().map(|b| (b.clone(), Take::Consume)).collect(),
+            passes: Vec::new(),
+            pass_hist: LatencyHistogram::new(),
+            offered_before: Vec::new(),
+            offered_after: Vec::new(),
+        }
+    }
+
+    /// Passes every write period until every writer is done or the
+    /// duration is up.
+    fn run(&mut self, sink: &mut dyn FileSink, started: Instant) -> Result<(), BenchError> {
+        let period = self.cfg.write_period;
+        let mut next = started + period;
+        loop {
+            let all_done = self.progress.iter().all(|p| p.done.load(Ordering::Acquire));
+            let time_up = self.cfg.duration.is_some_and(|d| started.elapsed() >= d);
+            if all_done || time_up {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= next {
+                self.pass(sink)?;
+                next += period;
+                if next <= Instant::now() {
+                    // A pass overran the period: keep the cadence from now.
+                    next = Instant::now() + period;
+                }
+            } else {
+                // Short naps so that the end of the run is noticed promptly.
+                std::thread::sleep((next - now).min(Duration::from_millis(5)));
+            }
+        }
+    }
+
+    /// One pass, timed, with the offered bytes sampled around it.
+    fn pass(&mut self, sink: &mut dyn FileSink) -> Result<(), BenchError> {
+        let (n, writers) = (self.take.len(), &self.cfg.writers);
+        self.offered_before
+            .push(offered_by_buffer(n, writers, self.progress));
+        let before = Instant::now();
+        let r = write_pass(sink, &[], &self.take, Vec::new, None, false);
+        let after = Instant::now();
+        self.offered_after
+            .push(offered_by_buffer(n, writers, self.progress));
+        let r = r.map_err(BenchError::Pass)?;
+        self.pass_hist.record_ns(r.duration.as_nanos() as u64);
+        self.passes.push(PassMark {
+            before,
+            after,
+            duration: r.duration,
+            bytes: r.bytes,
+        });
+        Ok(())
+    }
+}
+
 /// Runs `cfg` and reports it.
 pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     let buffers: Vec<Arc<Buffer>> = cfg
@@ -130,9 +208,6 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let progress: Vec<Arc<WriterProgress>> = cfg.writers.iter().map(|_| Arc::default()).collect();
-    let nbuf = buffers.len();
-    let take: Vec<(Arc<Buffer>, Take)> =
-        buffers.iter().map(|b| (b.clone(), Take::Consume)).collect();
 
     reset_peak_rss();
     // Every writer attaches first, then all start at once with the flusher:
@@ -144,56 +219,8 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
     let cpu = CpuMark::now();
     let started = Instant::now();
 
-    // The flusher: a pass every write period, and a last one after the
-    // writers stop. Offered bytes are sampled around each pass to find the
-    // largest amount any buffer had to hold at once.
-    let mut passes: Vec<PassMark> = Vec::new();
-    let mut pass_hist = LatencyHistogram::new();
-    let mut offered_before: Vec<Vec<u64>> = Vec::new();
-    let mut offered_after: Vec<Vec<u64>> = Vec::new();
-    let mut sink_error = None;
-    let mut next = started + cfg.write_period;
-    let mut do_pass = |sink: &mut dyn FileSink,
-                       passes: &mut Vec<PassMark>,
-                       pass_hist: &mut LatencyHistogram|
-     -> Result<(), BenchError> {
-        offered_before.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
-        let before = Instant::now();
-        let r = write_pass(sink, &[], &take, Vec::new, None, false);
-        let after = Instant::now();
-        offered_after.push(offered_by_buffer(nbuf, &cfg.writers, &progress));
-        let r = r.map_err(BenchError::Pass)?;
-        pass_hist.record_ns(r.duration.as_nanos() as u64);
-        passes.push(PassMark {
-            before,
-            after,
-            duration: r.duration,
-            bytes: r.bytes,
-        });
-        Ok(())
-    };
-    loop {
-        let all_done = progress.iter().all(|p| p.done.load(Ordering::Acquire));
-        let time_up = cfg.duration.is_some_and(|d| started.elapsed() >= d);
-        if all_done || time_up {
-            break;
-        }
-        let now = Instant::now();
-        if now >= next {
-            if let Err(e) = do_pass(sink.as_mut(), &mut passes, &mut pass_hist) {
-                sink_error = Some(e);
-                break;
-            }
-            next += cfg.write_period;
-            if next <= Instant::now() {
-                // A pass overran the period: keep the cadence from now.
-                next = Instant::now() + cfg.write_period;
-            }
-        } else {
-            // Short naps so that the end of the run is noticed promptly.
-            std::thread::sleep((next - now).min(Duration::from_millis(5)));
-        }
-    }
+    let mut flusher = Flusher::new(cfg, &buffers, &progress);
+    let mut sink_error = flusher.run(sink.as_mut(), started).err();
     stop.store(true, Ordering::Relaxed);
     let mut outcomes: Vec<WriterOutcome> = Vec::with_capacity(threads.len());
     for t in threads {
@@ -207,7 +234,7 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         .max()
         .map_or_else(|| started.elapsed(), |t| t.duration_since(started));
     if sink_error.is_none()
-        && let Err(e) = do_pass(sink.as_mut(), &mut passes, &mut pass_hist)
+        && let Err(e) = flusher.pass(sink.as_mut())
     {
         sink_error = Some(e);
     }
@@ -225,6 +252,13 @@ pub fn run_config(cfg: &BenchConfig) -> Result<ConfigReport, BenchError> {
         return Err(e);
     }
 
+    let Flusher {
+        passes,
+        pass_hist,
+        offered_before,
+        offered_after,
+        ..
+    } = flusher;
     let stats: Vec<_> = buffers.iter().map(|b| b.stats()).collect();
     let window = PassWindows {
         started,
