@@ -15,7 +15,7 @@ use crate::storage::create::{self, OutputDir};
 use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::{PolicyError, RotationPolicy};
 use crate::storage::{IoChoice, OutputPath};
-use crate::sys::daemon::{Forked, fork_detached};
+use crate::sys::daemon::{Forked, StartupReport, fork_detached};
 use crate::sys::signals::Signals;
 
 /// The main job from its arguments: load and validate the config (its notes
@@ -66,124 +66,9 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         // As with Perfetto's cmdline: such a config only fires its triggers.
         return super::control::fire(&spec.activate_triggers, "perfetto_cmd_producer");
     }
-    // The config's output_path, as Perfetto's service does: a new file only.
-    let config_out = spec.file.as_ref().and_then(|f| f.output_path.as_deref());
-    let (out, no_clobber) = match (args.out.as_deref(), config_out) {
-        (Some(_), Some(p)) => {
-            eprintln!("error: the config sets output_path ({p}); do not give -o as well");
-            return ExitCode::Usage;
-        }
-        (Some(out), None) => (out, args.no_clobber),
-        (None, Some(p)) => (Path::new(p), true),
-        (None, None) => {
-            eprintln!("error: no output: give -o OUT (or -o - for stdout)");
-            return ExitCode::Usage;
-        }
-    };
-    let output = if out == Path::new("-") {
-        OutputPath::Stdout
-    } else {
-        OutputPath::File(app::absolute_output(out))
-    };
-    if args.background && output == OutputPath::Stdout {
-        eprintln!("error: --background cannot write the trace to stdout");
-        return ExitCode::Usage;
-    }
-    if let (OutputPath::File(out), Some(config)) = (&output, args.config.as_deref())
-        && is_the_config(out, config)
-    {
-        eprintln!(
-            "error: -o {} is the config file: refusing to overwrite it",
-            out.display()
-        );
-        return ExitCode::Usage;
-    }
-    if let OutputPath::File(out) = &output
-        && let Some((flag, input)) = args
-            .protos
-            .files
-            .iter()
-            .map(|p| ("--proto", p))
-            .chain(
-                args.protos
-                    .descriptor_sets
-                    .iter()
-                    .map(|p| ("--descriptor-set", p)),
-            )
-            .find(|(_, p)| is_the_config(out, p))
-    {
-        eprintln!(
-            "error: -o {} is the {flag} input {}: refusing to overwrite it",
-            out.display(),
-            input.display()
-        );
-        return ExitCode::Usage;
-    }
-    let (io, direct_io) = match (io_from_env(), direct_io_from_env()) {
-        (Ok(io), Ok(direct)) => (io, direct),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("error: {e}");
-            return ExitCode::Usage;
-        }
-    };
-    let config_label = args
-        .config
-        .as_deref()
-        .map(|p| {
-            if p == Path::new("-") {
-                "stdin".to_string()
-            } else {
-                app::absolute_output(p).display().to_string()
-            }
-        })
-        .unwrap_or_default();
-    let rotation = match rotation(args) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::Usage;
-        }
-    };
-    let clones = spec
-        .trigger
-        .as_ref()
-        .is_some_and(|t| t.mode == crate::config::spec::TriggerMode::CloneSnapshot);
-    if !rotation.rotates() && rotation.max_disk.is_some() && !clones {
-        eprintln!(
-            "error: --max-disk needs --rotate-size or --rotate-period (it bounds the segments), or a CLONE_SNAPSHOT config (it bounds the snapshots)"
-        );
-        return ExitCode::Usage;
-    }
-    if rotation.rotates() && output == OutputPath::Stdout {
-        eprintln!(
-            "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
-        );
-        return ExitCode::Usage;
-    }
-    // Every directory a file will be made in is checked before anything is
-    // opened: a refusal touches nothing.
-    if let OutputPath::File(out) = &output
-        && let Err(e) = check_output_dir(out, rotation.rotates())
-    {
-        eprintln!("error: {e}");
-        return ExitCode::Usage;
-    }
-    let compression = args.compress.map(|level| {
-        if spec.compression != Compression::None {
-            log::info!("--compress replaces the config's compression setting");
-        }
-        Compression::Zstd { level }
-    });
-    let opts = RunOptions {
-        output,
-        no_clobber,
-        io,
-        config_label,
-        status_line: !args.background,
-        compression,
-        rotation,
-        direct_io,
-        producer_socket: args.producer_socket.clone(),
+    let opts = match run_options(spec, args) {
+        Ok(o) => o,
+        Err(code) => return code,
     };
 
     // Detached, stderr is /dev/null: the logs and the final summary go to a
@@ -208,32 +93,12 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
 
     let mut report = None;
     if args.background {
-        match fork_detached() {
-            Ok(Forked::Parent { child, status }) => {
-                return match status {
-                    Ok(()) => {
-                        println!("{child}");
-                        if let Some((path, _)) = &log {
-                            eprintln!("recorder: logs and the summary go to {}", path.display());
-                        }
-                        ExitCode::Success
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        ExitCode::Runtime
-                    }
-                };
-            }
-            Ok(Forked::Child(r)) => {
-                if let Some((_, fd)) = &log {
-                    let _ = rustix::stdio::dup2_stderr(fd);
-                }
-                report = Some(r);
-            }
-            Err(e) => {
-                eprintln!("error: cannot go to the background: {e}");
-                return ExitCode::Runtime;
-            }
+        match detach(log.as_ref().map(|(p, _)| p.as_path())) {
+            Ok(r) => report = Some(r),
+            Err(code) => return code,
+        }
+        if let Some((_, fd)) = &log {
+            let _ = rustix::stdio::dup2_stderr(fd);
         }
     }
 
@@ -281,6 +146,164 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         ExitCode::Runtime
     } else {
         ExitCode::Success
+    }
+}
+
+/// Where the trace goes (`-o`, or the config's `output_path`) and whether
+/// an existing file is refused; a usage error (printed) when the output
+/// cannot be used.
+fn output_of(spec: &RecorderSpec, args: &MainArgs) -> Result<(OutputPath, bool), ExitCode> {
+    // The config's output_path, as Perfetto's service does: a new file only.
+    let config_out = spec.file.as_ref().and_then(|f| f.output_path.as_deref());
+    let (out, no_clobber) = match (args.out.as_deref(), config_out) {
+        (Some(_), Some(p)) => {
+            eprintln!("error: the config sets output_path ({p}); do not give -o as well");
+            return Err(ExitCode::Usage);
+        }
+        (Some(out), None) => (out, args.no_clobber),
+        (None, Some(p)) => (Path::new(p), true),
+        (None, None) => {
+            eprintln!("error: no output: give -o OUT (or -o - for stdout)");
+            return Err(ExitCode::Usage);
+        }
+    };
+    let output = if out == Path::new("-") {
+        OutputPath::Stdout
+    } else {
+        OutputPath::File(app::absolute_output(out))
+    };
+    if args.background && output == OutputPath::Stdout {
+        eprintln!("error: --background cannot write the trace to stdout");
+        return Err(ExitCode::Usage);
+    }
+    if let (OutputPath::File(out), Some(config)) = (&output, args.config.as_deref())
+        && is_the_config(out, config)
+    {
+        eprintln!(
+            "error: -o {} is the config file: refusing to overwrite it",
+            out.display()
+        );
+        return Err(ExitCode::Usage);
+    }
+    if let OutputPath::File(out) = &output
+        && let Some((flag, input)) = args
+            .protos
+            .files
+            .iter()
+            .map(|p| ("--proto", p))
+            .chain(
+                args.protos
+                    .descriptor_sets
+                    .iter()
+                    .map(|p| ("--descriptor-set", p)),
+            )
+            .find(|(_, p)| is_the_config(out, p))
+    {
+        eprintln!(
+            "error: -o {} is the {flag} input {}: refusing to overwrite it",
+            out.display(),
+            input.display()
+        );
+        return Err(ExitCode::Usage);
+    }
+    Ok((output, no_clobber))
+}
+
+/// The session's options from the flags and the environment; a usage
+/// error (printed) when they cannot be used together.
+fn run_options(spec: &RecorderSpec, args: &MainArgs) -> Result<RunOptions, ExitCode> {
+    let (output, no_clobber) = output_of(spec, args)?;
+    let (io, direct_io) = match (io_from_env(), direct_io_from_env()) {
+        (Ok(io), Ok(direct)) => (io, direct),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return Err(ExitCode::Usage);
+        }
+    };
+    let config_label = args
+        .config
+        .as_deref()
+        .map(|p| {
+            if p == Path::new("-") {
+                "stdin".to_string()
+            } else {
+                app::absolute_output(p).display().to_string()
+            }
+        })
+        .unwrap_or_default();
+    let rotation = match rotation(args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Err(ExitCode::Usage);
+        }
+    };
+    let clones = spec
+        .trigger
+        .as_ref()
+        .is_some_and(|t| t.mode == crate::config::spec::TriggerMode::CloneSnapshot);
+    if !rotation.rotates() && rotation.max_disk.is_some() && !clones {
+        eprintln!(
+            "error: --max-disk needs --rotate-size or --rotate-period (it bounds the segments), or a CLONE_SNAPSHOT config (it bounds the snapshots)"
+        );
+        return Err(ExitCode::Usage);
+    }
+    if rotation.rotates() && output == OutputPath::Stdout {
+        eprintln!(
+            "error: segments (--rotate-size, --rotate-period) need -o DIR/ or -o FILE, not stdout"
+        );
+        return Err(ExitCode::Usage);
+    }
+    // Every directory a file will be made in is checked before anything is
+    // opened: a refusal touches nothing.
+    if let OutputPath::File(out) = &output
+        && let Err(e) = check_output_dir(out, rotation.rotates())
+    {
+        eprintln!("error: {e}");
+        return Err(ExitCode::Usage);
+    }
+    let compression = args.compress.map(|level| {
+        if spec.compression != Compression::None {
+            log::info!("--compress replaces the config's compression setting");
+        }
+        Compression::Zstd { level }
+    });
+    Ok(RunOptions {
+        output,
+        no_clobber,
+        io,
+        config_label,
+        status_line: !args.background,
+        compression,
+        rotation,
+        direct_io,
+        producer_socket: args.producer_socket.clone(),
+    })
+}
+
+/// Goes to the background: the parent prints the child's pid once the
+/// child reports its start (or the child's reason) and ends with the code
+/// returned as `Err`; the child goes on with its report channel.
+fn detach(log: Option<&Path>) -> Result<StartupReport, ExitCode> {
+    match fork_detached() {
+        Ok(Forked::Parent { child, status }) => Err(match status {
+            Ok(()) => {
+                println!("{child}");
+                if let Some(path) = log {
+                    eprintln!("recorder: logs and the summary go to {}", path.display());
+                }
+                ExitCode::Success
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::Runtime
+            }
+        }),
+        Ok(Forked::Child(r)) => Ok(r),
+        Err(e) => {
+            eprintln!("error: cannot go to the background: {e}");
+            Err(ExitCode::Runtime)
+        }
     }
 }
 
