@@ -28,7 +28,10 @@
 //! kernel. [`event_loop`] is the reactor that executes: it waits on signals,
 //! the control socket and timers, turns what happened into events, queues
 //! them (no nested dispatch) and runs the actions against buffers, sources
-//! and the output. A new event source touches the reactor and the session.
+//! and the output. Each action carries its choices (a pass's fdatasync, a
+//! snapshot's take of each buffer, the stop's flush), so the executor,
+//! unit-tested against fake sources and sinks, makes none. A new event
+//! source touches the reactor and the session.
 //!
 //! The protobuf wire format is known in one place, [`wire`]: varints, field
 //! keys, a field walk over untrusted bytes, the file's packet framing and the

@@ -2,8 +2,9 @@
 //! turns what happened into [`Event`]s on a queue, hands each to
 //! [`Session::on_event`] and carries out the returned [`Action`]s. An action's
 //! result (a pass written, sources flushed) goes back on the queue as an
-//! event: nothing here decides, and nothing dispatches from inside an
-//! action.
+//! event: nothing here decides (an action carries every choice it needs),
+//! and nothing dispatches from inside an action. `tests.rs` runs the
+//! executor against fake data sources and a fake sink.
 //!
 //! Write passes run on this thread: the data sources write on their own
 //! threads and never wait for it (R4); a pass only delays control requests,
