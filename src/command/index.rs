@@ -18,8 +18,17 @@ enum Piece {
     Field(String),
 }
 
+/// A `--format` template that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TemplateError {
+    #[error("--format: an unclosed {{ in {0:?}")]
+    Unclosed(String),
+    #[error("--format: no field {name:?}; the fields are {}", FIELDS.join(", "))]
+    UnknownField { name: String },
+}
+
 /// Parses `{field}` placeholders; unknown fields and unclosed braces are refused.
-fn parse_template(t: &str) -> Result<Vec<Piece>, String> {
+fn parse_template(t: &str) -> Result<Vec<Piece>, TemplateError> {
     let mut pieces = Vec::new();
     let mut rest = t;
     while let Some(open) = rest.find('{') {
@@ -29,13 +38,12 @@ fn parse_template(t: &str) -> Result<Vec<Piece>, String> {
         let after = &rest[open + 1..];
         let close = after
             .find('}')
-            .ok_or_else(|| format!("--format: an unclosed {{ in {t:?}"))?;
+            .ok_or_else(|| TemplateError::Unclosed(t.to_string()))?;
         let name = &after[..close];
         if !FIELDS.contains(&name) {
-            return Err(format!(
-                "--format: no field {name:?}; the fields are {}",
-                FIELDS.join(", ")
-            ));
+            return Err(TemplateError::UnknownField {
+                name: name.to_string(),
+            });
         }
         pieces.push(Piece::Field(name.to_string()));
         rest = &after[close + 1..];
@@ -142,6 +150,7 @@ mod tests {
         assert!(
             parse_template("{hostname}")
                 .expect_err("refused")
+                .to_string()
                 .contains("no field \"hostname\"")
         );
         assert!(parse_template("{host").is_err());

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use super::inspect_set::{segment_name, sha256_file};
 use crate::storage::segment::names::{PARTIAL_SUFFIX, SIDECAR_SUFFIX};
-use crate::storage::segment::sidecar::Sidecar;
+use crate::storage::segment::sidecar::{Sidecar, SidecarError};
 
 /// A sidecar is a few hundred bytes; a larger `.json` is not one.
 const MAX_SIDECAR_BYTES: u64 = 1 << 20;
@@ -41,6 +41,31 @@ pub enum StoreError {
     },
     #[error("{0}: not a segment (NAME-NNNNNN.EXT) or its sidecar")]
     NotASegment(PathBuf),
+}
+
+/// A sidecar in a store that cannot be used (the row's problem).
+#[derive(Debug, thiserror::Error)]
+enum SidecarProblem {
+    #[error("sidecar unreadable: {0}")]
+    Stat(#[source] std::io::Error),
+    #[error("sidecar of {0} bytes is not a sidecar")]
+    TooLarge(u64),
+    #[error("sidecar unreadable: {0}")]
+    Read(#[source] SidecarError),
+}
+
+/// Segments of a store that are not `ok`, counted by status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("segments not ok: {}", self.parts())]
+pub struct NotOk(pub BTreeMap<Status, usize>);
+
+impl NotOk {
+    fn parts(&self) -> String {
+        let parts: Vec<String> = (self.0.iter())
+            .map(|(s, n)| format!("{n} {}", s.name()))
+            .collect();
+        parts.join(", ")
+    }
 }
 
 /// How a segment's copy stands against its sidecar.
@@ -274,14 +299,12 @@ fn path_part(s: &str) -> String {
     }
 }
 
-fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| format!("sidecar unreadable: {e}"))?
-        .len();
+fn read_sidecar(path: &Path) -> Result<Sidecar, SidecarProblem> {
+    let len = std::fs::metadata(path).map_err(SidecarProblem::Stat)?.len();
     if len > MAX_SIDECAR_BYTES {
-        return Err(format!("sidecar of {len} bytes is not a sidecar"));
+        return Err(SidecarProblem::TooLarge(len));
     }
-    Sidecar::read(path).map_err(|e| format!("sidecar unreadable: {e}"))
+    Sidecar::read(path).map_err(SidecarProblem::Read)
 }
 
 fn rows_of(root: &Path, groups: &Groups) -> Vec<Row> {
@@ -334,7 +357,7 @@ fn row(root: &Path, index: u64, file: &str, path: &Path, files: &Files) -> Row {
     };
     let car = match read_sidecar(car_path) {
         Ok(c) => c,
-        Err(e) => return empty_row(index, rel, Status::Corrupt, e),
+        Err(e) => return empty_row(index, rel, Status::Corrupt, e.to_string()),
     };
     let (status, problem) = if car.index != index || car.file != file {
         (
@@ -500,7 +523,7 @@ impl StoreReport {
     }
 
     /// `Ok` when every segment is there and matches its sidecar, once.
-    pub fn verdict(&self) -> Result<(), String> {
+    pub fn verdict(&self) -> Result<(), NotOk> {
         let mut counts: BTreeMap<Status, usize> = BTreeMap::new();
         for r in self.problems() {
             *counts.entry(r.status).or_default() += 1;
@@ -508,11 +531,7 @@ impl StoreReport {
         if counts.is_empty() {
             return Ok(());
         }
-        let parts: Vec<String> = counts
-            .iter()
-            .map(|(s, n)| format!("{n} {}", s.name()))
-            .collect();
-        Err(format!("segments not ok: {}", parts.join(", ")))
+        Err(NotOk(counts))
     }
 
     /// This store's `ok` segments that `other` holds no matching copy of

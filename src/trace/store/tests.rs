@@ -120,7 +120,7 @@ fn missing_corrupt_duplicated_and_unchecked_segments_are_named() {
             .is_some_and(|p| p.contains("neither"))
     );
     assert_eq!(
-        r.verdict(),
+        r.verdict().map_err(|e| e.to_string()),
         Err("segments not ok: 2 missing, 1 corrupt, 1 duplicated, 1 no_sidecar".into())
     );
     let text = r.to_string();
