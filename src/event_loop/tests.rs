@@ -514,3 +514,56 @@ fn rotation_of_a_single_file_does_nothing() {
     assert!(f.journal.ops().is_empty());
     assert!(f.events().is_empty());
 }
+
+#[test]
+fn a_clone_trigger_snapshots_each_buffer_as_the_config_says() {
+    use crate::session::{CloneRule, TriggerArrival, TriggerMode, TriggerName, TriggerRule};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = Timeline {
+        mode: TriggerMode::CloneSnapshot,
+        trigger_timeout: Duration::from_secs(60),
+        rules: vec![TriggerRule {
+            name: "snap".into(),
+            producer_regex: None,
+            stop_delay: Duration::ZERO,
+            max_per_24h: 0,
+            skip_probability: 0.0,
+        }],
+        // Buffer 0 is copied, buffer 1 handed over.
+        clone: vec![
+            CloneRule::default(),
+            CloneRule {
+                transfer: true,
+                clear_first: false,
+            },
+        ],
+        ..Timeline::plain()
+    };
+    let mut f = Fixture::new(t, &["a"], 2);
+    f.l.rec.snapshot_base = Some(dir.path().join("t.pftrace"));
+    f.l.queue.push_back(Event::Begin { wall_ms: 0 });
+    f.l.settle();
+    f.put(0, b"kept in the ring");
+    f.put(1, b"moved out");
+    f.l.queue.push_back(Event::Triggers(TriggerArrival {
+        request: None,
+        producer: "p".into(),
+        uid: 0,
+        names: vec![TriggerName {
+            name: "snap".into(),
+            draw: 0.5,
+            matches_last_24h: 0,
+        }],
+    }));
+    f.l.settle();
+    // The snapshot's flush, then the snapshot; the session's own output
+    // stays untouched.
+    assert_eq!(f.journal.take(), vec![Op::Start("a"), Op::Flush("a")]);
+    let path = dir.path().join("t.pftrace.0");
+    assert_eq!(f.l.snapshots, vec![path.clone()]);
+    let written = std::fs::read(&path).expect("the snapshot");
+    assert!(contains(&written, b"kept in the ring") && contains(&written, b"moved out"));
+    assert!(f.buffered(0) > 0);
+    assert_eq!(f.buffered(1), 0);
+    assert!(f.l.exit.is_none());
+}
