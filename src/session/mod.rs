@@ -44,6 +44,7 @@ pub use timeline::{
 };
 
 use crate::storage::segment::policy::rotation_due;
+use crate::storage::write_pass::Take;
 
 /// How long producers' start acks are awaited before the session notes the
 /// slow ones (Perfetto's `kAllDataSourceStartedTimeout`, not configurable;
@@ -461,8 +462,10 @@ impl Session {
                     self.snapshot_pending = None;
                 }
                 if self.state == State::Recording {
-                    let takes = self.timeline.clone.iter().map(|c| c.take()).collect();
-                    out.push(Action::Snapshot { n, takes });
+                    out.push(Action::Snapshot {
+                        n,
+                        takes: self.clone_takes(),
+                    });
                 }
             }
             FlushPurpose::Stop => {
@@ -478,13 +481,26 @@ impl Session {
     }
 
     fn begin_snapshot(&mut self, n: u32, now: Duration) -> Vec<Action> {
-        let clear = (self.timeline.clone.iter().enumerate())
-            .filter(|(_, c)| c.clear_first)
-            .map(|(i, _)| i)
-            .collect();
-        let mut out = vec![Action::PrepareSnapshot { n, clear }];
+        let mut out = vec![Action::PrepareSnapshot {
+            n,
+            clear: self.clone_clears(),
+        }];
         out.extend(self.flush(FlushPurpose::Snapshot(n), now));
         out
+    }
+
+    /// How a copy of the buffers takes each one (`transfer_on_clone`
+    /// consumes, the rest are copied), in buffer order.
+    fn clone_takes(&self) -> Vec<Take> {
+        self.timeline.clone.iter().map(|c| c.take()).collect()
+    }
+
+    /// The buffers a copy empties before its flush (`clear_before_clone`).
+    fn clone_clears(&self) -> Vec<usize> {
+        (self.timeline.clone.iter().enumerate())
+            .filter(|(_, c)| c.clear_first)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// A streaming pass, synced when the config asks for it after each.
