@@ -398,3 +398,46 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
         trace_processor::check(out);
     }
 }
+
+#[test]
+fn an_app_that_goes_ends_its_instances_in_every_session_and_the_next_is_served() {
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = |kb: u32| {
+        format!(
+            r#"
+buffers {{ size_kb: {kb} fill_policy: DISCARD }}
+duration_ms: 5000
+data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
+"#
+        )
+    };
+    let (a, a_out) = serve.client("a", &cfg(4096));
+    let (b, b_out) = serve.client("b", &cfg(8192));
+    let mut first = serve.app();
+    first.expect("started");
+    std::thread::sleep(Duration::from_millis(1500));
+    let first_pid = first.pid();
+    drop(first);
+    let mut second = serve.app();
+    second.expect("started");
+    let pa = finished(a, &a_out, &serve);
+    let pb = finished(b, &b_out, &serve);
+    for (who, packets) in [("a", &pa), ("b", &pb)] {
+        // What the first app committed before it was killed stays; the
+        // second app gets an instance in each session.
+        let (m1, _) = one_instance(&app_packets(packets, first_pid), who);
+        let (m2, _) = one_instance(&app_packets(packets, second.pid()), who);
+        assert_eq!(
+            m1, m2,
+            "{who}: both apps wrote for the same session and buffer"
+        );
+    }
+    let mark = |p: &[TracePacket]| one_instance(&app_packets(p, second.pid()), "").0;
+    assert_ne!(mark(&pa), mark(&pb));
+    for out in [&a_out, &b_out] {
+        trace_processor::check(out);
+    }
+}
