@@ -888,7 +888,11 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ipc::filter::ProducerFilter;
+    use crate::protos::ipc_frame::{BindService, InvokeMethod, Msg};
+    use crate::protos::{self as pb, GetAsyncCommandResponse, IpcFrame};
     use crate::ringbuf::{BufferParams, FillPolicy};
+    use prost::Message;
 
     fn registry() -> (tempfile::TempDir, ProducerRegistry) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -905,6 +909,176 @@ mod tests {
                 Buffer::new(BufferParams::new(64 * 1024, FillPolicy::RingBuffer)).expect("buffer")
             })
             .collect()
+    }
+
+    /// A producer on the registry's socket, speaking the IPC by hand.
+    struct Peer {
+        stream: UnixStream,
+        decoder: crate::ipc::frame::FrameDecoder,
+    }
+
+    impl Peer {
+        fn send(&mut self, rid: u64, msg: Msg) {
+            use std::io::Write;
+            let f = IpcFrame {
+                request_id: Some(rid),
+                msg: Some(msg),
+                data_for_testing: Vec::new(),
+            };
+            let bytes = crate::ipc::frame::encode_frame(&f).expect("encode");
+            self.stream.write_all(&bytes).expect("write");
+        }
+
+        fn invoke(&mut self, rid: u64, method: u32, args: Vec<u8>) {
+            self.send(
+                rid,
+                Msg::MsgInvokeMethod(InvokeMethod {
+                    service_id: Some(1),
+                    method_id: Some(method),
+                    args_proto: Some(args),
+                    drop_reply: Some(false),
+                }),
+            );
+        }
+
+        /// The commands received so far on the GetAsyncCommand stream.
+        fn commands(&mut self) -> Vec<Cmd> {
+            use std::io::Read;
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = self.stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                self.decoder.feed(&buf[..n]);
+            }
+            let mut v = Vec::new();
+            while let Some(f) = self.decoder.next_frame().expect("well-formed") {
+                if let Some(Msg::MsgInvokeMethodReply(r)) = f.msg
+                    && r.has_more == Some(true)
+                    && let Ok(c) = GetAsyncCommandResponse::decode(
+                        r.reply_proto.unwrap_or_default().as_slice(),
+                    )
+                {
+                    v.extend(c.cmd);
+                }
+            }
+            v
+        }
+    }
+
+    /// A producer of data source `ds`, initialized and listening for
+    /// commands.
+    fn peer(r: &mut ProducerRegistry, ds: &str) -> Peer {
+        let stream = UnixStream::connect(r.path()).expect("connect");
+        stream.set_nonblocking(true).expect("nonblocking");
+        let mut p = Peer {
+            stream,
+            decoder: crate::ipc::frame::FrameDecoder::new(),
+        };
+        p.send(
+            1,
+            Msg::MsgBindService(BindService {
+                service_name: Some("ProducerPort".into()),
+            }),
+        );
+        let init = pb::InitializeConnectionRequest {
+            producer_name: Some("unit".into()),
+            ..Default::default()
+        };
+        p.invoke(2, 1, init.encode_to_vec());
+        let reg = pb::RegisterDataSourceRequest {
+            data_source_descriptor: Some(pb::ProducerDataSourceDescriptor {
+                name: Some(ds.into()),
+                ..Default::default()
+            }),
+        };
+        p.invoke(3, 2, reg.encode_to_vec());
+        p.invoke(4, 5, Vec::new());
+        for _ in 0..100 {
+            r.poll();
+            if r.conns.values().any(Connection::ready) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        p
+    }
+
+    fn want(ds: &str, buffer: u32) -> Vec<WantedSource> {
+        vec![WantedSource {
+            name: ds.into(),
+            filter: ProducerFilter::default(),
+            buffer,
+            config: Vec::new(),
+        }]
+    }
+
+    #[test]
+    fn each_session_gets_its_instance_and_commands_name_only_its_own() {
+        let (_dir, mut r) = registry();
+        let (a, base_a) = r.attach(1, None).expect("a");
+        let (b, base_b) = r.attach(1, None).expect("b");
+        r.serve(a, want("ds", base_a + 1), rings(1), 1);
+        r.serve(b, want("ds", base_b + 1), rings(1), 1);
+        let mut p = peer(&mut r, "ds");
+        let set_up: Vec<u64> = p
+            .commands()
+            .into_iter()
+            .filter_map(|c| match c {
+                Cmd::SetupDataSource(s) => s.new_instance_id,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(set_up.len(), 2, "one instance per session");
+        fn of(r: &ProducerRegistry, key: u64) -> Vec<u64> {
+            r.conns
+                .values()
+                .next()
+                .map_or_else(Vec::new, |c| instances_of(c, key))
+        }
+        let (ia, ib) = (of(&r, a), of(&r, b));
+        assert_eq!([ia.clone(), ib.clone()].concat(), set_up);
+        assert!(!r.start(a) && !r.start(b), "no start acks promised");
+        p.commands();
+        // A flush of a names a's instance only; b's stop, b's only.
+        assert!(r.flush(a, 7, false));
+        assert!(!r.stop(b));
+        let cmds = p.commands();
+        let flushed: Vec<_> = cmds
+            .iter()
+            .filter_map(|c| match c {
+                Cmd::Flush(f) => Some(f.data_source_ids.clone()),
+                _ => None,
+            })
+            .collect();
+        let stopped: Vec<_> = cmds
+            .iter()
+            .filter_map(|c| match c {
+                Cmd::StopDataSource(s) => s.instance_id,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flushed, vec![ia.clone()]);
+        assert_eq!(stopped, ib);
+        // b detaches: its instance goes, a's stays and a still waits for
+        // its flush ack.
+        r.detach(b);
+        assert_eq!(of(&r, a), ia);
+        assert!(of(&r, b).is_empty());
+        // The producer goes: a's flush completes, a lists it as closed.
+        drop(p);
+        for _ in 0..100 {
+            r.poll();
+            if r.conns.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(r.take_events(a), vec![HostEvent::Flushed(7)]);
+        let gone = r.reports(a);
+        assert_eq!(gone.len(), 1);
+        assert!(!gone[0].connected);
+        assert_eq!(gone[0].data_sources, vec!["ds".to_string()]);
     }
 
     #[test]
