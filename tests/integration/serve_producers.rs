@@ -108,6 +108,19 @@ impl Serve {
         (child, out)
     }
 
+    /// What `perfetto --query` prints.
+    fn query(&self) -> String {
+        let child = Command::new(tracebox().expect("tracebox"))
+            .args(["perfetto", "--query"])
+            .env("PERFETTO_CONSUMER_SOCK_NAME", self.path("consumer.sock"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perfetto --query");
+        text(&wait_within(child, Duration::from_secs(20)))
+    }
+
     /// The SDK app, writing a marked packet every few milliseconds into
     /// every instance it has until killed.
     fn app(&self) -> App {
@@ -400,11 +413,18 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
 }
 
 #[test]
-fn an_app_that_goes_ends_its_instances_in_every_session_and_the_next_is_served() {
+fn an_app_connected_before_any_session_is_served_by_each_and_its_end_ends_its_instances_in_all() {
     if common::skip_unless_peer(missing()) {
         return;
     }
     let serve = Serve::start();
+    // The app connects before any session runs, and stays listed.
+    let mut first = serve.app();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !serve.query().contains(SEQUENCE_DS) {
+        assert!(Instant::now() < deadline, "not listed: {}", serve.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let cfg = |kb: u32| {
         format!(
             r#"
@@ -416,7 +436,6 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
     };
     let (a, a_out) = serve.client("a", &cfg(4096));
     let (b, b_out) = serve.client("b", &cfg(8192));
-    let mut first = serve.app();
     first.expect("started");
     std::thread::sleep(Duration::from_millis(1500));
     let first_pid = first.pid();
