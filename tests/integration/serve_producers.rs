@@ -269,7 +269,7 @@ fn two_clients_naming_an_apps_data_source_each_get_its_packets_and_only_theirs()
     let long = format!(
         r#"
 buffers {{ size_kb: 8192 fill_policy: DISCARD }}
-duration_ms: 6000
+duration_ms: 7000
 data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
 data_sources {{ config {{ name: "for_testing" for_testing {{ message_count: 20 }} }} }}
 "#
@@ -344,7 +344,7 @@ fn a_producer_cannot_put_chunks_into_another_sessions_buffers() {
     let attacker_cfg = format!(
         r#"
 buffers {{ size_kb: 2048 }}
-duration_ms: 5000
+duration_ms: 8000
 data_sources {{ config {{ name: "{FOREIGN_DS}" }} }}
 "#
     );
@@ -353,7 +353,7 @@ data_sources {{ config {{ name: "{FOREIGN_DS}" }} }}
 buffers {{ size_kb: 1024 }}
 buffers {{ size_kb: 4096 fill_policy: DISCARD }}
 buffers {{ size_kb: 1024 }}
-duration_ms: 5000
+duration_ms: 8000
 data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
 "#
     );
