@@ -14,7 +14,7 @@ use crate::control::runtime_dir;
 use crate::control::server::ControlServer;
 use crate::event_loop::{Recording, SessionBuffer};
 use crate::ipc::filter::ProducerFilter;
-use crate::ipc::host::{HostError, ProducerHost, ProducerService, WantedSource};
+use crate::ipc::host::{HostError, ProducerHost, ProducerService, QuotaView, WantedSource};
 use crate::ipc::socket_path::{self, Opening, SocketPathError};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
@@ -394,6 +394,7 @@ fn build_with(
         status_line: opts.status_line,
         snapshot_dir,
         privileges: None,
+        quota_view: QuotaView::for_consumer(consumer_uid),
     })
 }
 

@@ -45,6 +45,37 @@ pub struct WantedSource {
     pub config: Vec<u8>,
 }
 
+/// Whose per-uid quota figures a session's trace and summary show. Under
+/// `recorder serve` the quota accounts are the service's, shared by every
+/// session: an unprivileged consumer's session shows its own uid's only
+/// (another local user's hits are not its business), root's and the main
+/// job's (`recorder --config`, one session) show every uid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuotaView {
+    All,
+    Uid(u32),
+}
+
+impl QuotaView {
+    /// The view of a session run for `consumer` (a served session's
+    /// client uid), or of the main job when there is none.
+    pub fn for_consumer(consumer: Option<u32>) -> Self {
+        match consumer {
+            Some(uid) if uid != 0 => Self::Uid(uid),
+            _ => Self::All,
+        }
+    }
+
+    /// The reports this view shows. The shared account of the uids past
+    /// the table mixes other users, so a single-uid view leaves it out.
+    pub fn filter(self, mut reports: Vec<UidReport>) -> Vec<UidReport> {
+        if let Self::Uid(uid) = self {
+            reports.retain(|r| r.uid == uid);
+        }
+        reports
+    }
+}
+
 /// What the loop turns into session events.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostEvent {
@@ -353,4 +384,27 @@ fn serve_producers(registry: &Mutex<ProducerRegistry>, stop: &AtomicBool) {
 /// single step under the lock.
 fn lock(m: &Mutex<ProducerRegistry>) -> MutexGuard<'_, ProducerRegistry> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(uid: u32) -> UidReport {
+        UidReport {
+            uid,
+            ..UidReport::default()
+        }
+    }
+
+    #[test]
+    fn a_served_session_of_an_unprivileged_uid_sees_only_its_own_quota_figures() {
+        let all = || vec![report(1000), report(65_534), report(quota::OTHER_UIDS)];
+        let own = QuotaView::for_consumer(Some(1000)).filter(all());
+        assert_eq!(own, vec![report(1000)]);
+        assert!(QuotaView::for_consumer(Some(4242)).filter(all()).is_empty());
+        // Root's served sessions and the main job see every uid.
+        assert_eq!(QuotaView::for_consumer(Some(0)).filter(all()), all());
+        assert_eq!(QuotaView::for_consumer(None).filter(all()), all());
+    }
 }

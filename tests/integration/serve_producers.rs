@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 use perfetto_protos::trace_packet::TracePacket;
 
 use crate::common::{self, decode, python_summary, skip_unless};
-use crate::hardening::{as_nobody, attacker_missing, python};
+use crate::hardening::{as_nobody, as_user, attacker_missing, python};
 use crate::producers::{SEQUENCE_DS, sdk_app};
 use crate::trace_processor;
 
 /// The service user of root runs: neither root nor the attacker's nobody.
 const SERVICE_UID: u32 = 61_235;
 const NOBODY_UID: u32 = 65_534;
+/// A local user who is neither root, nor nobody, nor the service user.
+const BYSTANDER_UID: u32 = 65_533;
 /// The attacker's data source, named by one session only.
 const FOREIGN_DS: &str = "recorder.test.foreign";
 
@@ -90,10 +92,20 @@ impl Serve {
 
     /// `perfetto --txt -c NAME.pbtx -o NAME.pftrace`, running.
     fn client(&self, name: &str, config: &str) -> (Child, PathBuf) {
+        self.client_as(name, config, None)
+    }
+
+    /// [`Self::client`], run as `uid` when given.
+    fn client_as(&self, name: &str, config: &str, uid: Option<u32>) -> (Child, PathBuf) {
         let cfg = self.path(&format!("{name}.pbtx"));
         std::fs::write(&cfg, config).expect("config");
         let out = self.path(&format!("{name}.pftrace"));
-        let child = Command::new(tracebox().expect("tracebox"))
+        let tracebox = tracebox().expect("tracebox");
+        let mut c = match uid {
+            Some(uid) => as_user(&uid.to_string(), tracebox),
+            None => Command::new(tracebox),
+        };
+        let child = c
             .arg("perfetto")
             .args(["--txt", "-c"])
             .arg(&cfg)
@@ -457,6 +469,91 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
     let mark = |p: &[TracePacket]| one_instance(&app_packets(p, second.pid()), "").0;
     assert_ne!(mark(&pa), mark(&pb));
     for out in [&a_out, &b_out] {
+        trace_processor::check(out);
+    }
+}
+
+/// Whether a trace holds a quota figure of `uid`: in the bytes (the key is
+/// a plain string in the file) and by the Python decoder.
+fn quota_rows(trace: &Path, uid: u32) -> (bool, Vec<String>) {
+    let prefix = format!("recorder.quota.uid.{uid}.");
+    let bytes = std::fs::read(trace).expect("trace");
+    let in_bytes = bytes.windows(prefix.len()).any(|w| w == prefix.as_bytes());
+    let py = python_summary(trace).expect("the Python decoder reads the trace");
+    let keys = py["attributes"]
+        .as_object()
+        .map(|m| {
+            m.keys()
+                .filter(|k| k.starts_with(&prefix))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    (in_bytes, keys)
+}
+
+#[test]
+fn a_served_session_shows_the_quota_hits_of_its_own_uid_only_unless_root() {
+    if common::skip_unless_peer(missing()) || skip_unless(attacker_missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    // nobody's session names the attacker's data source; the bystander's
+    // and root's name an app's, so that they attach to the producers too.
+    let cfg = |ds: &str| {
+        format!(
+            r#"
+buffers {{ size_kb: 1024 }}
+duration_ms: 6000
+data_sources {{ config {{ name: "{ds}" }} }}
+"#
+        )
+    };
+    let (own, own_out) = serve.client_as("own", &cfg(FOREIGN_DS), Some(NOBODY_UID));
+    let (other, other_out) = serve.client_as("other", &cfg(SEQUENCE_DS), Some(BYSTANDER_UID));
+    let (root, root_out) = serve.client("root", &cfg(SEQUENCE_DS));
+    let script = common::repo_root().join("tests/attacker/hostile_peer.py");
+    let socket = serve.path("producer.sock");
+    // nobody commits chunks for buffers not its own: foreign_buffer_chunks.
+    let mut hostile = as_nobody(python())
+        .arg(script)
+        .args(["foreign", &socket.to_string_lossy(), FOREIGN_DS, "1", "8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("attacker starts");
+    let mut said = String::new();
+    let mut lines = BufReader::new(hostile.stdout.take().expect("stdout"));
+    while lines.read_line(&mut said).unwrap_or(0) > 0 && !said.ends_with("done\n") {}
+    let _ = hostile.kill();
+    let o = hostile.wait_with_output().expect("attacker");
+    assert!(
+        said.contains("done"),
+        "the attacker did not get through: {said}{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        serve.log()
+    );
+    for (client, out) in [(own, &own_out), (other, &other_out), (root, &root_out)] {
+        finished(client, out, &serve);
+    }
+
+    // nobody sees its own hits, root sees every uid's.
+    let key = format!("recorder.quota.uid.{NOBODY_UID}.foreign_buffer_chunks");
+    for out in [&own_out, &root_out] {
+        let (in_bytes, keys) = quota_rows(out, NOBODY_UID);
+        assert!(
+            in_bytes && keys.contains(&key),
+            "{}: {keys:?}",
+            out.display()
+        );
+    }
+    // Another local user's session shows none of them.
+    let (in_bytes, keys) = quota_rows(&other_out, NOBODY_UID);
+    assert!(
+        !in_bytes && keys.is_empty(),
+        "uid {NOBODY_UID}'s quota figures in uid {BYSTANDER_UID}'s trace: {keys:?}"
+    );
+    for out in [&own_out, &other_out, &root_out] {
         trace_processor::check(out);
     }
 }
