@@ -14,7 +14,7 @@ use crate::control::runtime_dir;
 use crate::control::server::ControlServer;
 use crate::event_loop::{Recording, SessionBuffer};
 use crate::ipc::filter::ProducerFilter;
-use crate::ipc::host::{ProducerHost, WantedSource};
+use crate::ipc::host::{HostError, ProducerHost, ProducerService, QuotaView, WantedSource};
 use crate::ipc::socket_path::{self, Opening, SocketPathError};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
@@ -72,6 +72,8 @@ pub enum AppError {
     Control(#[source] crate::control::ControlError),
     #[error("producer socket")]
     ProducerSocket(#[from] SocketPathError),
+    #[error("producer socket")]
+    Producers(#[source] HostError),
     #[error("data_sources[{index}].producer_name_regex_filter: {msg}")]
     ProducerFilter { index: usize, msg: String },
 }
@@ -109,8 +111,8 @@ pub struct Served {
     pub sink: Box<dyn storage::FileSink>,
     pub output_label: String,
     pub control: ControlServer,
-    /// The listening producer socket and its path.
-    pub producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
+    /// The service's producer socket, which the session attaches to.
+    pub producers: Option<Arc<ProducerService>>,
     /// The consumer's uid, written as the trace's trusted uid.
     pub consumer_uid: u32,
 }
@@ -255,12 +257,11 @@ fn build_with(
     let producers = match served_producers.take() {
         None if is_served => None,
         None => producer_host(spec, opts, filters, &buffers, next_seq, uuid)?,
-        Some((listener, path)) => {
-            let wanted = wanted_sources(spec, filters, uuid)?;
-            let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
-            Some(ProducerHost::on_listener(
-                listener, &path, wanted, rings, next_seq,
-            ))
+        Some(service) => {
+            let host = ProducerHost::attach(&service, buffers.len()).map_err(host_error)?;
+            Some(serve_producers(
+                host, spec, filters, &buffers, next_seq, uuid,
+            )?)
         }
     };
     let compression = opts.compression.unwrap_or(spec.compression);
@@ -390,6 +391,7 @@ fn build_with(
         status_line: opts.status_line,
         snapshot_dir,
         privileges: None,
+        quota_view: QuotaView::for_consumer(consumer_uid),
     })
 }
 
@@ -500,26 +502,51 @@ fn producer_host(
             path
         }
     };
-    let wanted = wanted_sources(spec, filters, uuid)?;
-    let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
-    Ok(Some(ProducerHost::listen(
-        &path,
-        wanted,
-        rings,
+    let host = ProducerHost::listen(&path, buffers.len()).map_err(host_error)?;
+    Ok(Some(serve_producers(
+        host,
+        spec,
+        filters,
+        buffers,
         first_sequence,
+        uuid,
     )?))
 }
 
+/// Tells `host` what the session wants of producers, with its buffer ids.
+fn serve_producers(
+    mut host: ProducerHost,
+    spec: &RecorderSpec,
+    filters: Vec<ProducerFilter>,
+    buffers: &[SessionBuffer],
+    first_sequence: u32,
+    uuid: (i64, i64),
+) -> Result<ProducerHost, AppError> {
+    let wanted = wanted_sources(spec, filters, uuid, host.buffer_base())?;
+    let rings = buffers.iter().map(|b| b.buffer.clone()).collect();
+    host.serve(wanted, rings, first_sequence);
+    Ok(host)
+}
+
+fn host_error(e: HostError) -> AppError {
+    match e {
+        HostError::Socket(e) => AppError::ProducerSocket(e),
+        e => AppError::Producers(e),
+    }
+}
+
 /// What producers may provide: every config data source, with its
-/// DataSourceConfig as producers get it.
+/// DataSourceConfig as producers get it; buffer `i` has id `base + i + 1`
+/// (unique among the sessions of `recorder serve`).
 fn wanted_sources(
     spec: &RecorderSpec,
     filters: Vec<ProducerFilter>,
     uuid: (i64, i64),
+    base: u32,
 ) -> Result<Vec<WantedSource>, AppError> {
     let mut wanted = Vec::with_capacity(spec.data_sources.len());
     for (index, (ds, filter)) in spec.data_sources.iter().zip(filters).enumerate() {
-        let buffer = ds.target_buffer.0 + 1;
+        let buffer = base + ds.target_buffer.0 + 1;
         let svc = ServiceFields {
             target_buffer: Some(buffer),
             trace_duration_ms: Some(spec.duration.map_or(0, |d| d.as_millis() as u32)),

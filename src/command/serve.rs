@@ -5,6 +5,7 @@
 use super::ExitCode;
 use crate::cli::ServeArgs;
 use crate::consumer::{self, service::ConsumerService};
+use crate::ipc::host::ProducerService;
 use crate::ipc::socket_path;
 use crate::privilege::{self, PrivilegeError, user::ServiceUser};
 
@@ -70,11 +71,16 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         return ExitCode::Runtime;
     }
     log::info!("producer socket: {}", producer_path.display());
-    let service = ConsumerService::new(
-        consumer_listener,
-        consumer_path,
-        Some((producer_listener, producer_path)),
-    );
+    let producers = match ProducerService::start(producer_listener, &producer_path) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_file(&consumer_path);
+            let _ = std::fs::remove_file(&producer_path);
+            eprintln!("error: {}", super::chain(&e));
+            return ExitCode::Runtime;
+        }
+    };
+    let service = ConsumerService::new(consumer_listener, consumer_path, Some(producers));
     match service.run() {
         Ok(()) => ExitCode::Success,
         Err(e) => {

@@ -575,20 +575,9 @@ impl Connection {
                     producer_id: Some(1),
                 })
                 .collect();
-            // The producers of the session that holds the producer socket
-            // (as traced, every caller sees every producer).
-            let status = self.registry.producer_session().and_then(|c| {
-                match c.ask(Request::Query {}, 0, 0, Duration::from_secs(1)) {
-                    Some(Reply::Status(st)) => Some(st),
-                    _ => None,
-                }
-            });
-            let connected = status
-                .map(|st| st.producers)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|p| p.connected);
-            for (i, p) in connected.enumerate() {
+            // Every connected producer, with what it registered (as
+            // traced, every caller sees every producer).
+            for (i, p) in self.registry.producers().into_iter().enumerate() {
                 let pid = i as i32 + 2;
                 state
                     .producers

@@ -1,9 +1,8 @@
 //! What the service holds across connections: the sessions (who owns each,
 //! what it costs), the quotas checked before anything is allocated, and the
-//! producer socket, lent to one session at a time.
+//! producer service, which every session that needs apps attaches to.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,6 +11,7 @@ use super::{
     MAX_SESSIONS, MAX_SESSIONS_PER_UID,
 };
 use crate::control::server::InProcessControl;
+use crate::ipc::host::{ProducerReport, ProducerService};
 
 /// Where a session is, as `perfetto --query` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub struct SessionEntry {
     pub start_realtime_ns: i64,
     pub state: SessionState,
     pub control: Option<InProcessControl>,
-    /// The session holds the producer socket.
+    /// The session attaches to the producer service.
     pub producers: bool,
 }
 
@@ -69,10 +69,6 @@ pub enum Refusal {
     Bytes { asked: u64, held: u64 },
     #[error("a tracing session with the unique_session_name {0:?} is already running")]
     UniqueName(String),
-    #[error(
-        "the producer socket is in use by another session: in this version one session at a time serves producers (here: {0})"
-    )]
-    ProducersBusy(String),
     #[error("recorder serve has no producer socket")]
     NoProducerSocket,
 }
@@ -85,13 +81,12 @@ struct Inner {
     conns_of: HashMap<u32, usize>,
     /// Refusals per uid, for the log at the end.
     refused: BTreeMap<u32, u64>,
-    producer_lent_to: Option<u64>,
 }
 
 /// Shared by every connection.
 pub struct Registry {
     inner: Mutex<Inner>,
-    producer_socket: Option<(UnixListener, PathBuf)>,
+    producers: Option<Arc<ProducerService>>,
     /// The uid and pid the service runs as (its built-in producer's).
     pub service_uid: u32,
     pub service_pid: u32,
@@ -117,13 +112,13 @@ impl Drop for ConnectionSlot {
 }
 
 impl Registry {
-    pub fn new(producer_socket: Option<(UnixListener, PathBuf)>) -> Arc<Self> {
+    pub fn new(producers: Option<ProducerService>) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 next_id: 1,
                 ..Inner::default()
             }),
-            producer_socket,
+            producers: producers.map(Arc::new),
             service_uid: rustix::process::getuid().as_raw(),
             service_pid: std::process::id(),
         })
@@ -157,40 +152,25 @@ impl Registry {
     }
 
     /// Reserves a session for `entry.uid` within every quota; the id is
-    /// filled in. With `producers`, lends it the producer socket.
-    #[allow(clippy::type_complexity)]
+    /// filled in. With `producers`, the producer service it attaches to.
     pub fn reserve(
         &self,
         mut entry: SessionEntry,
-    ) -> Result<(u64, Option<(UnixListener, PathBuf)>), Refusal> {
+    ) -> Result<(u64, Option<Arc<ProducerService>>), Refusal> {
         let mut g = self.lock();
         let r = Self::check(&g, &entry);
-        let r = r.and_then(|()| {
-            if !entry.producers {
-                return Ok(None);
-            }
-            let Some((listener, path)) = &self.producer_socket else {
-                return Err(Refusal::NoProducerSocket);
-            };
-            if g.producer_lent_to.is_some() {
-                return Err(Refusal::ProducersBusy(path.display().to_string()));
-            }
-            let clone = listener.try_clone().map_err(|e| {
-                log::warn!("producer socket: {e}");
-                Refusal::NoProducerSocket
-            })?;
-            Ok(Some((clone, path.clone())))
+        let r = r.and_then(|()| match (&self.producers, entry.producers) {
+            (_, false) => Ok(None),
+            (Some(p), true) => Ok(Some(p.clone())),
+            (None, true) => Err(Refusal::NoProducerSocket),
         });
         match r {
-            Ok(lent) => {
+            Ok(producers) => {
                 let id = g.next_id;
                 g.next_id += 1;
                 entry.id = id;
-                if lent.is_some() {
-                    g.producer_lent_to = Some(id);
-                }
                 g.sessions.insert(id, entry);
-                Ok((id, lent))
+                Ok((id, producers))
             }
             Err(e) => {
                 *g.refused.entry(entry.uid).or_default() += 1;
@@ -245,13 +225,9 @@ impl Registry {
         }
     }
 
-    /// Forgets session `id`: its quota and the producer socket are free.
+    /// Forgets session `id`: its quota is free.
     pub fn release(&self, id: u64) {
-        let mut g = self.lock();
-        g.sessions.remove(&id);
-        if g.producer_lent_to == Some(id) {
-            g.producer_lent_to = None;
-        }
+        self.lock().sessions.remove(&id);
     }
 
     /// The sessions `caller` may see: its own, or all of them for root.
@@ -273,11 +249,11 @@ impl Registry {
             .collect()
     }
 
-    /// The control of the session that holds the producer socket.
-    pub fn producer_session(&self) -> Option<InProcessControl> {
-        let g = self.lock();
-        let id = g.producer_lent_to?;
-        g.sessions.get(&id).and_then(|s| s.control.clone())
+    /// Every connected producer with the data sources it registered.
+    pub fn producers(&self) -> Vec<ProducerReport> {
+        self.producers
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.producers())
     }
 
     pub fn session_count(&self) -> usize {
@@ -291,7 +267,7 @@ impl Registry {
 
     /// The producer socket's path, if the service has one.
     pub fn producer_path(&self) -> Option<PathBuf> {
-        self.producer_socket.as_ref().map(|(_, p)| p.clone())
+        self.producers.as_ref().map(|p| p.path().to_path_buf())
     }
 }
 

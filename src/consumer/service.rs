@@ -28,12 +28,12 @@ pub struct ConsumerService {
 }
 
 impl ConsumerService {
-    /// Serves on `listener` (bound at `path`); sessions may borrow the
-    /// producer socket when one is given.
+    /// Serves on `listener` (bound at `path`); sessions that need apps
+    /// attach to `producers` when given.
     pub fn new(
         listener: UnixListener,
         path: PathBuf,
-        producers: Option<(UnixListener, PathBuf)>,
+        producers: Option<crate::ipc::host::ProducerService>,
     ) -> Self {
         Self {
             listener,

@@ -143,7 +143,7 @@ fn build_and_run(
     spec: &RecorderSpec,
     uid: u32,
     id: u64,
-    producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
+    producers: Option<Arc<crate::ipc::host::ProducerService>>,
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
     on_end: OnEnd,

@@ -35,7 +35,7 @@ use crate::control::message::{
     TriggerOutcome,
 };
 use crate::control::server::{ControlServer, Incoming};
-use crate::ipc::host::{HostEvent, ProducerHost};
+use crate::ipc::host::{HostEvent, ProducerHost, QuotaView};
 use crate::ipc::quota::{Limit, UidReport};
 use crate::privilege::{Privileges, Registration};
 use crate::ringbuf::Buffer;
@@ -91,6 +91,8 @@ pub struct Recording {
     /// A root session's broker and service user: the process gives up root
     /// once its sources have started.
     pub privileges: Option<Privileges>,
+    /// Whose quota figures the trace and the summary show.
+    pub quota_view: QuotaView,
 }
 
 /// Runs the session to its end. `signals` were installed before the
@@ -625,8 +627,9 @@ impl Loop {
         let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let control = self.rec.control.as_ref();
+        let view = self.rec.quota_view;
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control));
+        let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control, view));
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
@@ -713,6 +716,7 @@ impl Loop {
             self.rec.session.flush_counts(),
             self.rec.producers.as_ref(),
             self.rec.control.as_ref(),
+            self.rec.quota_view,
         ));
         match w.rotate(&tail, reason) {
             Ok(()) => {
@@ -782,6 +786,7 @@ impl Loop {
         let flushes = self.rec.session.flush_counts();
         let producers = self.rec.producers.as_ref();
         let control = self.rec.control.as_ref();
+        let view = self.rec.quota_view;
         let uid = self.rec.log.uid();
         let tail = || {
             use crate::trace::service;
@@ -802,7 +807,7 @@ impl Loop {
             t.extend(service::stats_packets(
                 uid,
                 now,
-                &trace_stats(buffers, flushes, producers, control),
+                &trace_stats(buffers, flushes, producers, control, view),
             ));
             t
         };
@@ -945,7 +950,11 @@ impl Loop {
                 .producers
                 .as_ref()
                 .map_or_else(Vec::new, |p| p.reports()),
-            quotas: quota_reports(self.rec.producers.as_ref(), self.rec.control.as_ref()),
+            quotas: quota_reports(
+                self.rec.producers.as_ref(),
+                self.rec.control.as_ref(),
+                self.rec.quota_view,
+            ),
         }
     }
 }
@@ -982,6 +991,7 @@ fn trace_stats(
     flushes: FlushCounts,
     producers: Option<&ProducerHost>,
     control: Option<&ControlServer>,
+    view: QuotaView,
 ) -> TraceStatsRecord {
     let mut rec = TraceStatsRecord {
         flushes_requested: flushes.requested,
@@ -1006,15 +1016,16 @@ fn trace_stats(
             b.trace_writer_packet_loss += s.trace_writer_packet_loss;
         }
     }
-    rec.quota_hits = quota_attributes(&quota_reports(producers, control));
+    rec.quota_hits = quota_attributes(&quota_reports(producers, control, view));
     rec
 }
 
 /// Every uid that hit a producer quota, had its closed producers folded or
-/// had control or trigger requests refused, by uid.
+/// had control or trigger requests refused, by uid: those `view` shows.
 fn quota_reports(
     producers: Option<&ProducerHost>,
     control: Option<&ControlServer>,
+    view: QuotaView,
 ) -> Vec<UidReport> {
     let mut v = producers.map_or_else(Vec::new, |p| p.quota_reports());
     for (uid, n) in control.map_or_else(Vec::new, |c| c.refused_by_uid()) {
@@ -1031,5 +1042,5 @@ fn quota_reports(
         }
     }
     v.sort_by_key(|r| r.uid);
-    v
+    view.filter(v)
 }

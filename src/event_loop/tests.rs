@@ -211,6 +211,7 @@ impl Fixture {
             control: None,
             history: None,
             producers: None,
+            quota_view: crate::ipc::host::QuotaView::All,
             config_label: "test".into(),
             status_line: false,
             snapshot_dir: None,

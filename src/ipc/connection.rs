@@ -78,7 +78,9 @@ pub struct Registered {
 /// A data source instance started on this producer.
 #[derive(Clone, Debug)]
 pub struct Instance {
-    /// Index into the config's data sources.
+    /// The attached session it belongs to.
+    pub session: u64,
+    /// Index into that session's config data sources.
     pub wanted: usize,
     pub name: String,
     /// Global buffer id (index + 1).
@@ -106,18 +108,23 @@ pub enum Note {
     Stopped(u64),
 }
 
-/// State shared by every connection of a session.
-pub struct Shared<'a> {
-    pub buffers: &'a [Arc<Buffer>],
-    pub next_sequence: &'a mut u32,
-    /// What producers did per buffer (by index), for `trace_stats`.
-    pub per_buffer: &'a mut [ProducerStats],
+/// Where a producer's chunks go, by their target buffer id: the sessions
+/// attached to the producer service, each owning its buffer ids
+/// (ARCHITECTURE.md §9.8).
+pub trait Routes {
+    /// The ring of buffer `id` and the next sequence id of the session that
+    /// owns it; `None` when no session does.
+    fn ring(&mut self, id: u32) -> Option<(&Arc<Buffer>, &mut u32)>;
+    /// What connection `conn` did in buffer `id` went from `before` to
+    /// `after` (for that session's `trace_stats` and summary).
+    fn account(&mut self, id: u32, conn: u32, before: &ProducerStats, after: &ProducerStats);
 }
 
 /// One producer.
 pub struct Connection {
     pub id: u32,
-    stream: UnixStream,
+    /// Shared with the service's poll, which may wait on it unlocked.
+    stream: Arc<UnixStream>,
     decoder: FrameDecoder,
     pub uid: u32,
     pub pid: u32,
@@ -154,7 +161,7 @@ impl Connection {
         let cred = rustix::net::sockopt::socket_peercred(&stream)?;
         Ok(Self {
             id,
-            stream,
+            stream: Arc::new(stream),
             decoder: FrameDecoder::new(),
             uid: cred.uid.as_raw(),
             pid: cred.pid.as_raw_nonzero().get() as u32,
@@ -180,6 +187,11 @@ impl Connection {
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
+    }
+
+    /// The socket, for a wait that outlives a lock on the connection.
+    pub fn stream(&self) -> Arc<UnixStream> {
+        self.stream.clone()
     }
 
     /// The name for people: the producer's own, or its pid before it said.
@@ -213,13 +225,13 @@ impl Connection {
     }
 
     /// Reads and handles what the socket has (bounded per call).
-    pub fn read(&mut self, shared: &mut Shared<'_>) -> Vec<Note> {
+    pub fn read(&mut self, shared: &mut dyn Routes) -> Vec<Note> {
         let mut notes = Vec::new();
         let mut taken = 0;
         let mut buf = [0u8; 64 * 1024];
         while self.closed.is_none() && taken < READ_BUDGET {
             let room = self.decoder.room().min(buf.len());
-            match self.stream.read(&mut buf[..room]) {
+            match (&*self.stream).read(&mut buf[..room]) {
                 Ok(0) => {
                     self.close("closed by the producer".into());
                     break;
@@ -253,14 +265,31 @@ impl Connection {
         notes
     }
 
-    /// At the end of the connection or session: what is still held is lost.
-    pub fn finish(&mut self) {
-        for s in self.sequences.values_mut() {
-            s.finish(&mut self.stats, &mut self.budget);
+    /// At the end of the connection: what is still held is lost, counted
+    /// in the session that owns each sequence's buffer.
+    pub fn finish(&mut self, shared: &mut dyn Routes) {
+        self.finish_where(shared, |_| true);
+    }
+
+    /// Ends the sequences whose buffer `gone` names (a session detached):
+    /// what they held is lost, and they no longer hold its rings.
+    pub fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
+        let keys: Vec<(u16, u32)> = self
+            .sequences
+            .keys()
+            .filter(|(_, b)| gone(*b))
+            .copied()
+            .collect();
+        for key in keys {
+            if let Some(mut s) = self.sequences.remove(&key) {
+                let before = self.stats.clone();
+                s.finish(&mut self.stats, &mut self.budget);
+                shared.account(key.1, self.id, &before, &self.stats);
+            }
         }
     }
 
-    fn on_frame(&mut self, f: IpcFrame, shared: &mut Shared<'_>, notes: &mut Vec<Note>) {
+    fn on_frame(&mut self, f: IpcFrame, shared: &mut dyn Routes, notes: &mut Vec<Note>) {
         let rid = f.request_id.unwrap_or(0);
         match f.msg {
             Some(Msg::MsgBindService(b)) => {
@@ -328,11 +357,13 @@ impl Connection {
         }
     }
 
+    /// One ProducerPort call: checked, handled by its method, answered
+    /// (unless the caller asked for no reply and the call went well).
     fn invoke(
         &mut self,
         rid: u64,
         m: InvokeMethod,
-        shared: &mut Shared<'_>,
+        shared: &mut dyn Routes,
         notes: &mut Vec<Note>,
     ) {
         let method = m.method_id.unwrap_or(0) as usize;
@@ -350,199 +381,229 @@ impl Connection {
             }
             return;
         }
-        macro_rules! decode {
-            ($t:ty) => {
-                match <$t>::decode(args.as_slice()) {
-                    Ok(v) => v,
-                    Err(_) => return self.fail(rid),
-                }
-            };
-        }
-        match name {
-            "InitializeConnection" => {
-                let r = decode!(InitializeConnectionRequest);
-                if self.name.is_some() {
-                    return self.fail(rid);
-                }
-                let name = r.producer_name.clone().unwrap_or_default();
-                if name.len() > MAX_NAME_BYTES {
-                    self.hits.add(Limit::NameLength, 1);
-                    return self.fail(rid);
-                }
-                self.hints = (
-                    r.shared_memory_page_size_hint_bytes.unwrap_or(0),
-                    r.shared_memory_size_hint_bytes.unwrap_or(0),
-                );
-                self.scraping = r.smb_scraping_mode
-                    == Some(pb::initialize_connection_request::ProducerSmbScrapingMode::SmbScrapingEnabled as i32);
-                let sdk = r.sdk_version.as_deref().unwrap_or("unknown SDK");
-                let line = format!(
-                    "producer {:?} connected (pid {}, uid {}, {})",
-                    short(&name),
-                    self.pid,
-                    self.uid,
-                    short(sdk)
-                );
-                self.log(log::Level::Info, line);
-                self.name = Some(name);
-                // The recorder always provides the SMB itself.
-                let reply = pb::InitializeConnectionResponse {
-                    using_shmem_provided_by_producer: Some(false),
-                    direct_smb_patching_supported: Some(false),
-                    use_shmem_emulation: Some(false),
-                };
-                self.ok(rid, drop_reply, reply.encode_to_vec());
-                notes.push(Note::Changed);
-            }
-            "RegisterDataSource" | "UpdateDataSource" => {
-                let d = if name == "RegisterDataSource" {
-                    decode!(pb::RegisterDataSourceRequest).data_source_descriptor
-                } else {
-                    decode!(pb::UpdateDataSourceRequest).data_source_descriptor
-                };
-                let d = d.unwrap_or_default();
-                if d.name.as_ref().is_some_and(|n| n.len() > MAX_NAME_BYTES) {
-                    self.hits.add(Limit::NameLength, 1);
-                    return self.fail(rid);
-                }
-                let reg = Registered {
-                    name: d.name.clone().unwrap_or_default(),
-                    id: d.id.unwrap_or(0),
-                    will_notify_on_start: d.will_notify_on_start.unwrap_or(false),
-                    will_notify_on_stop: d.will_notify_on_stop.unwrap_or(false),
-                    no_flush: d.no_flush.unwrap_or(false),
-                };
-                if name == "UpdateDataSource" {
-                    if let Some(r) = self
-                        .registered
-                        .iter_mut()
-                        .find(|r| reg.id != 0 && r.id == reg.id && r.name == reg.name)
-                    {
-                        *r = reg;
-                    }
-                } else {
-                    // An empty name, or an id already registered: ignored.
-                    let known = reg.id != 0 && self.registered.iter().any(|r| r.id == reg.id);
-                    if reg.name.is_empty() || known {
-                        return self.ok(rid, drop_reply, Vec::new());
-                    }
-                    if self.registered.len() >= MAX_DATA_SOURCES {
-                        self.hits.add(Limit::DataSources, 1);
-                        return self.fail(rid);
-                    }
-                    if self.registered_bytes + reg.name.len() > MAX_REGISTERED_BYTES {
-                        self.hits.add(Limit::RegisteredBytes, 1);
-                        return self.fail(rid);
-                    }
-                    let line = format!(
-                        "producer {} registered {:?}",
-                        self.label(),
-                        short(&reg.name)
-                    );
-                    self.log(log::Level::Debug, line);
-                    self.registered_bytes += reg.name.len();
-                    self.registered.push(reg);
-                    notes.push(Note::Changed);
-                }
-                self.ok(rid, drop_reply, Vec::new());
-            }
-            "UnregisterDataSource" => {
-                let r = decode!(pb::UnregisterDataSourceRequest);
-                let n = r.data_source_name.unwrap_or_default();
-                let live: Vec<u64> = self
-                    .instances
-                    .iter()
-                    .filter(|(_, i)| i.name == n && !i.stopping)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in live {
-                    self.stop_instance(id);
-                    notes.push(Note::Stopped(id));
-                }
-                if let Some(at) = self.registered.iter().position(|r| r.name == n) {
-                    let r = self.registered.remove(at);
-                    self.registered_bytes = self.registered_bytes.saturating_sub(r.name.len());
-                }
-                self.ok(rid, drop_reply, Vec::new());
-            }
-            "CommitData" => {
-                let r = decode!(CommitDataRequest);
+        let answer = match name {
+            "InitializeConnection" => decode(&args).and_then(|r| self.initialize(&r, notes)),
+            "RegisterDataSource" => decode::<pb::RegisterDataSourceRequest>(&args)
+                .and_then(|r| self.register(r.data_source_descriptor, notes)),
+            "UpdateDataSource" => decode::<pb::UpdateDataSourceRequest>(&args)
+                .and_then(|r| self.update(r.data_source_descriptor)),
+            "UnregisterDataSource" => decode(&args).map(|r| self.unregister(r, notes)),
+            "CommitData" => decode::<CommitDataRequest>(&args).map(|r| {
                 self.commit(&r, shared);
                 if let Some(ack) = r.flush_request_id.filter(|a| *a != 0) {
                     notes.push(Note::FlushAck(ack));
                 }
-                self.ok(rid, drop_reply, Vec::new());
-            }
+                Answer::Done
+            }),
             "GetAsyncCommand" => {
                 // A second bind replaces the stream (the first one ends).
                 if let Some(old) = self.async_request.replace(rid) {
                     self.fail(old);
                 }
                 notes.push(Note::Changed);
+                Ok(Answer::Streaming)
             }
-            "RegisterTraceWriter" => {
-                let r = decode!(pb::RegisterTraceWriterRequest);
-                let id = r.trace_writer_id.unwrap_or(0);
-                if let (Ok(id), Some(b)) = (u16::try_from(id), r.target_buffer) {
-                    if self.writers.len() >= MAX_SEQUENCES && !self.writers.contains_key(&id) {
-                        self.hits.add(Limit::Sequences, 1);
-                        return self.fail(rid);
-                    }
-                    self.writers.insert(id, b);
-                }
-                self.ok(rid, drop_reply, Vec::new());
-            }
-            "UnregisterTraceWriter" => {
-                let r = decode!(pb::UnregisterTraceWriterRequest);
+            "RegisterTraceWriter" => decode(&args).and_then(|r| self.register_writer(r)),
+            "UnregisterTraceWriter" => decode::<pb::UnregisterTraceWriterRequest>(&args).map(|r| {
                 if let Ok(id) = u16::try_from(r.trace_writer_id.unwrap_or(0)) {
                     self.writers.remove(&id);
                 }
-                self.ok(rid, drop_reply, Vec::new());
-            }
-            "NotifyDataSourceStarted" => {
-                let r = decode!(pb::NotifyDataSourceStartedRequest);
-                let id = r.data_source_id.unwrap_or(0);
-                // Acks for instances not started, or acked before, change
-                // nothing (ARCHITECTURE.md §9.3).
-                if let Some(i) = self.instances.get_mut(&id)
-                    && i.started
-                    && !i.started_ack
-                {
-                    i.started_ack = true;
-                    notes.push(Note::Started(id));
-                }
-                self.ok(rid, drop_reply, Vec::new());
-            }
+                Answer::Done
+            }),
+            "NotifyDataSourceStarted" => decode(&args).map(|r| self.started(r, notes)),
             "NotifyDataSourceStopped" => {
-                let r = decode!(pb::NotifyDataSourceStoppedRequest);
-                let id = r.data_source_id.unwrap_or(0);
-                if self.instances.get(&id).is_some_and(|i| i.stopping) {
-                    notes.push(Note::Stopped(id));
-                }
-                self.ok(rid, drop_reply, Vec::new());
+                decode::<pb::NotifyDataSourceStoppedRequest>(&args).map(|r| {
+                    let id = r.data_source_id.unwrap_or(0);
+                    if self.instances.get(&id).is_some_and(|i| i.stopping) {
+                        notes.push(Note::Stopped(id));
+                    }
+                    Answer::Done
+                })
             }
-            "ActivateTriggers" => {
-                let r = decode!(pb::ActivateTriggersRequest);
+            "ActivateTriggers" => decode::<pb::ActivateTriggersRequest>(&args).map(|r| {
                 notes.push(Note::Triggers(r.trigger_names));
-                self.ok(rid, drop_reply, Vec::new());
-            }
-            // Everything queued before it is handled: reply at once.
-            _ => self.ok(rid, drop_reply, Vec::new()),
+                Answer::Done
+            }),
+            // Sync: everything queued before it is handled, reply at once.
+            _ => Ok(Answer::Done),
+        };
+        match answer {
+            Ok(Answer::Reply(bytes)) => self.ok(rid, drop_reply, bytes),
+            Ok(Answer::Done) => self.ok(rid, drop_reply, Vec::new()),
+            Ok(Answer::Streaming) => {}
+            Err(Refused) => self.fail(rid),
         }
+    }
+
+    fn initialize(
+        &mut self,
+        r: &InitializeConnectionRequest,
+        notes: &mut Vec<Note>,
+    ) -> Result<Answer, Refused> {
+        if self.name.is_some() {
+            return Err(Refused);
+        }
+        let name = r.producer_name.clone().unwrap_or_default();
+        if name.len() > MAX_NAME_BYTES {
+            self.hits.add(Limit::NameLength, 1);
+            return Err(Refused);
+        }
+        self.hints = (
+            r.shared_memory_page_size_hint_bytes.unwrap_or(0),
+            r.shared_memory_size_hint_bytes.unwrap_or(0),
+        );
+        self.scraping = r.smb_scraping_mode
+            == Some(
+                pb::initialize_connection_request::ProducerSmbScrapingMode::SmbScrapingEnabled
+                    as i32,
+            );
+        let sdk = r.sdk_version.as_deref().unwrap_or("unknown SDK");
+        let line = format!(
+            "producer {:?} connected (pid {}, uid {}, {})",
+            short(&name),
+            self.pid,
+            self.uid,
+            short(sdk)
+        );
+        self.log(log::Level::Info, line);
+        self.name = Some(name);
+        notes.push(Note::Changed);
+        // The recorder always provides the SMB itself.
+        let reply = pb::InitializeConnectionResponse {
+            using_shmem_provided_by_producer: Some(false),
+            direct_smb_patching_supported: Some(false),
+            use_shmem_emulation: Some(false),
+        };
+        Ok(Answer::Reply(reply.encode_to_vec()))
+    }
+
+    /// A descriptor as registered; a name past the quota is refused.
+    fn descriptor(
+        &mut self,
+        d: Option<pb::ProducerDataSourceDescriptor>,
+    ) -> Result<Registered, Refused> {
+        let d = d.unwrap_or_default();
+        if d.name.as_ref().is_some_and(|n| n.len() > MAX_NAME_BYTES) {
+            self.hits.add(Limit::NameLength, 1);
+            return Err(Refused);
+        }
+        Ok(Registered {
+            name: d.name.unwrap_or_default(),
+            id: d.id.unwrap_or(0),
+            will_notify_on_start: d.will_notify_on_start.unwrap_or(false),
+            will_notify_on_stop: d.will_notify_on_stop.unwrap_or(false),
+            no_flush: d.no_flush.unwrap_or(false),
+        })
+    }
+
+    fn register(
+        &mut self,
+        d: Option<pb::ProducerDataSourceDescriptor>,
+        notes: &mut Vec<Note>,
+    ) -> Result<Answer, Refused> {
+        let reg = self.descriptor(d)?;
+        // An empty name, or an id already registered: ignored.
+        let known = reg.id != 0 && self.registered.iter().any(|r| r.id == reg.id);
+        if reg.name.is_empty() || known {
+            return Ok(Answer::Done);
+        }
+        if self.registered.len() >= MAX_DATA_SOURCES {
+            self.hits.add(Limit::DataSources, 1);
+            return Err(Refused);
+        }
+        if self.registered_bytes + reg.name.len() > MAX_REGISTERED_BYTES {
+            self.hits.add(Limit::RegisteredBytes, 1);
+            return Err(Refused);
+        }
+        let line = format!(
+            "producer {} registered {:?}",
+            self.label(),
+            short(&reg.name)
+        );
+        self.log(log::Level::Debug, line);
+        self.registered_bytes += reg.name.len();
+        self.registered.push(reg);
+        notes.push(Note::Changed);
+        Ok(Answer::Done)
+    }
+
+    fn update(&mut self, d: Option<pb::ProducerDataSourceDescriptor>) -> Result<Answer, Refused> {
+        let reg = self.descriptor(d)?;
+        if let Some(r) = self
+            .registered
+            .iter_mut()
+            .find(|r| reg.id != 0 && r.id == reg.id && r.name == reg.name)
+        {
+            *r = reg;
+        }
+        Ok(Answer::Done)
+    }
+
+    /// Its instances of that data source stop (in every session), and the
+    /// name is forgotten.
+    fn unregister(&mut self, r: pb::UnregisterDataSourceRequest, notes: &mut Vec<Note>) -> Answer {
+        let n = r.data_source_name.unwrap_or_default();
+        let live: Vec<u64> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.name == n && !i.stopping)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in live {
+            self.stop_instance(id);
+            notes.push(Note::Stopped(id));
+        }
+        if let Some(at) = self.registered.iter().position(|r| r.name == n) {
+            let r = self.registered.remove(at);
+            self.registered_bytes = self.registered_bytes.saturating_sub(r.name.len());
+        }
+        Answer::Done
+    }
+
+    fn register_writer(&mut self, r: pb::RegisterTraceWriterRequest) -> Result<Answer, Refused> {
+        let id = r.trace_writer_id.unwrap_or(0);
+        if let (Ok(id), Some(b)) = (u16::try_from(id), r.target_buffer) {
+            if self.writers.len() >= MAX_SEQUENCES && !self.writers.contains_key(&id) {
+                self.hits.add(Limit::Sequences, 1);
+                return Err(Refused);
+            }
+            self.writers.insert(id, b);
+        }
+        Ok(Answer::Done)
+    }
+
+    fn started(&mut self, r: pb::NotifyDataSourceStartedRequest, notes: &mut Vec<Note>) -> Answer {
+        let id = r.data_source_id.unwrap_or(0);
+        // Acks for instances not started, or acked before, change nothing
+        // (ARCHITECTURE.md §9.3).
+        if let Some(i) = self.instances.get_mut(&id)
+            && i.started
+            && !i.started_ack
+        {
+            i.started_ack = true;
+            notes.push(Note::Started(id));
+        }
+        Answer::Done
     }
 
     /// Reads what the producer wrote but has not committed (ARCHITECTURE.md
     /// §9.7): at flushes, the stop and its disconnect, when it allows it.
     /// Only chunks of writers registered for a buffer it was started for;
     /// per writer in chunk order, never past its chunk being written.
-    pub fn scrape(&mut self, shared: &mut Shared<'_>) {
+    /// Only buffers `only` admits (the session that flushes or stops).
+    pub fn scrape(&mut self, shared: &mut dyn Routes, only: impl Fn(u32) -> bool) {
         if !self.scraping || self.writers.is_empty() {
             return;
         }
         let Some(smb) = &self.smb else {
             return;
         };
-        let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        let allowed: Vec<u32> = self
+            .instances
+            .values()
+            .map(|i| i.buffer)
+            .filter(|b| only(*b))
+            .collect();
         let mut by_writer: BTreeMap<u16, Vec<(u32, smb::Scraped)>> = BTreeMap::new();
         for s in smb.scrape() {
             let Some(h) = super::chunk::ChunkHeader::parse(&s.bytes) else {
@@ -579,14 +640,12 @@ impl Connection {
                     break;
                 }
             }
-            if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
-                b.add_change(&before, &self.stats);
-            }
+            shared.account(buffer_id, self.id, &before, &self.stats);
         }
     }
 
     /// CommitData's chunk moves and patches (ARCHITECTURE.md §9.4).
-    fn commit(&mut self, r: &CommitDataRequest, shared: &mut Shared<'_>) {
+    fn commit(&mut self, r: &CommitDataRequest, shared: &mut dyn Routes) {
         let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
         let mut bytes = std::mem::take(&mut self.chunk_copy);
         for mv in &r.chunks_to_move {
@@ -613,8 +672,16 @@ impl Connection {
                 self.stats.abi_violations += 1;
                 continue;
             };
+            // A buffer none of its instances writes into (another
+            // session's, or nobody's) gets nothing: dropped and charged to
+            // the producer's uid (ARCHITECTURE.md §9.8).
+            if !allowed.contains(&buffer_id) {
+                self.stats.chunks_discarded += 1;
+                self.hits.add(Limit::ForeignBuffer, 1);
+                continue;
+            }
             let bound = self.writers.get(&header.writer_id);
-            if !allowed.contains(&buffer_id) || bound.is_some_and(|b| *b != buffer_id) {
+            if bound.is_some_and(|b| *b != buffer_id) {
                 self.stats.chunks_discarded += 1;
                 continue;
             }
@@ -630,9 +697,7 @@ impl Connection {
             };
             let before = self.stats.clone();
             seq.on_chunk(&bytes, &mut self.stats, &mut self.budget);
-            if let Some(b) = shared.per_buffer.get_mut(buffer_id as usize - 1) {
-                b.add_change(&before, &self.stats);
-            }
+            shared.account(buffer_id, self.id, &before, &self.stats);
         }
         self.chunk_copy = bytes;
         for p in &r.chunks_to_patch {
@@ -669,12 +734,7 @@ impl Connection {
                 &mut self.stats,
                 &mut self.budget,
             );
-            if let Some(b) = (buffer_id as usize)
-                .checked_sub(1)
-                .and_then(|i| shared.per_buffer.get_mut(i))
-            {
-                b.add_change(&before, &self.stats);
-            }
+            shared.account(buffer_id, self.id, &before, &self.stats);
         }
     }
 
@@ -848,6 +908,24 @@ impl Connection {
     }
 }
 
+/// How a call that went well is answered.
+enum Answer {
+    /// A reply with this message.
+    Reply(Vec<u8>),
+    /// A reply with an empty message.
+    Done,
+    /// No reply now: the GetAsyncCommand stream answers with commands.
+    Streaming,
+}
+
+/// The call fails: a failure reply, whatever the caller asked.
+struct Refused;
+
+/// A method's arguments, untrusted.
+fn decode<T: Message + Default>(args: &[u8]) -> Result<T, Refused> {
+    T::decode(args).map_err(|_| Refused)
+}
+
 /// A name a peer chose, cut for a log line.
 pub fn short(name: &str) -> &str {
     const MAX: usize = 64;
@@ -867,7 +945,7 @@ fn sequence<'a>(
     sequences: &'a mut HashMap<(u16, u32), Sequence>,
     (writer, buffer_id): (u16, u32),
     (uid, pid): (u32, u32),
-    shared: &mut Shared<'_>,
+    shared: &mut dyn Routes,
     hits: &mut Hits,
 ) -> Option<&'a mut Sequence> {
     if writer == 0 {
@@ -877,10 +955,10 @@ fn sequence<'a>(
         hits.add(Limit::Sequences, 1);
         return None;
     }
-    let buffer = shared.buffers.get(buffer_id.checked_sub(1)? as usize)?;
+    let (buffer, next_sequence) = shared.ring(buffer_id)?;
     Some(sequences.entry((writer, buffer_id)).or_insert_with(|| {
-        let sequence_id = *shared.next_sequence;
-        *shared.next_sequence += 1;
+        let sequence_id = *next_sequence;
+        *next_sequence += 1;
         Sequence::new(
             buffer.writer(WriterId(sequence_id)),
             Trust {
@@ -924,13 +1002,7 @@ mod tests {
         let (ours, mut peer) = UnixStream::pair().expect("pair");
         let mut c = Connection::new(1, ours).expect("connection");
         peer.write_all(bytes).expect("write");
-        let mut next = 2;
-        let mut shared = Shared {
-            buffers: &[],
-            next_sequence: &mut next,
-            per_buffer: &mut [],
-        };
-        let notes = c.read(&mut shared);
+        let notes = c.read(&mut NoRoutes);
         peer.set_nonblocking(true).expect("nonblocking");
         let mut d = FrameDecoder::new();
         let mut buf = [0u8; 65536];
@@ -961,6 +1033,16 @@ mod tests {
             Some(Msg::MsgInvokeMethodReply(r)) => Some(r.success.unwrap_or(false)),
             _ => None,
         }
+    }
+
+    /// No session attached: every buffer id is nobody's.
+    struct NoRoutes;
+
+    impl Routes for NoRoutes {
+        fn ring(&mut self, _: u32) -> Option<(&Arc<Buffer>, &mut u32)> {
+            None
+        }
+        fn account(&mut self, _: u32, _: u32, _: &ProducerStats, _: &ProducerStats) {}
     }
 
     #[test]
@@ -1098,6 +1180,7 @@ mod tests {
     #[test]
     fn shared_memory_fits_the_uids_room_or_is_not_given() {
         let inst = || Instance {
+            session: 1,
             wanted: 0,
             name: "ds".into(),
             buffer: 1,

@@ -6,8 +6,13 @@
 //! - [`socket_path`]: where the socket lives and how it is claimed;
 //! - [`frame`]: the length-prefixed `IpcFrame` stream;
 //! - [`connection`]: one producer: the ProducerPort methods and commands;
-//! - [`host`]: the listener, every connection, and the match of the
-//!   config's data sources to what producers registered ([`filter`]);
+//! - [`registry`]: the listener, every connection, and the sessions
+//!   attached to it, each owning a range of buffer ids that committed chunks
+//!   are routed by; the match of each session's data sources to what
+//!   producers registered ([`filter`]);
+//! - [`host`]: a session's handle on the registry: its own (`recorder
+//!   --config`) or the [`host::ProducerService`] that `recorder serve` keeps
+//!   for every session;
 //! - [`smb`]: the sealed shared memory and its chunk state machine (the one
 //!   `unsafe` part, invariants S1–S3); [`chunk`]: a chunk's header and
 //!   fragments; [`sequence`]: one writer's packets reassembled, validated
@@ -40,6 +45,7 @@ pub mod filter;
 pub mod frame;
 pub mod host;
 pub mod quota;
+pub mod registry;
 pub mod sequence;
 pub mod smb;
 pub mod socket_path;

@@ -114,10 +114,13 @@ pub enum Limit {
     LogLines,
     /// Requests on the control and trigger sockets refused (counted there).
     ControlRequests,
+    /// Chunks committed for a buffer none of the producer's data source
+    /// instances writes into (another session's, or nobody's).
+    ForeignBuffer,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 9] = [
+    pub const ALL: [Limit; 10] = [
         Limit::ConnectionsPerUid,
         Limit::Connections,
         Limit::NameLength,
@@ -127,6 +130,7 @@ impl Limit {
         Limit::SharedMemory,
         Limit::LogLines,
         Limit::ControlRequests,
+        Limit::ForeignBuffer,
     ];
 
     /// Its key in the trace and the summary.
@@ -141,6 +145,7 @@ impl Limit {
             Limit::SharedMemory => "shared_memory",
             Limit::LogLines => "log_lines",
             Limit::ControlRequests => "control_requests",
+            Limit::ForeignBuffer => "foreign_buffer_chunks",
         }
     }
 
@@ -156,6 +161,7 @@ impl Limit {
             Limit::SharedMemory => "data sources not set up (shared memory of this uid used up)",
             Limit::LogLines => "log lines left out",
             Limit::ControlRequests => "control or trigger requests refused",
+            Limit::ForeignBuffer => "chunks dropped (for a buffer not its own)",
         }
     }
 }

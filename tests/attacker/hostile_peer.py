@@ -22,12 +22,21 @@ until killed (or for --seconds).
                                 initialize as a producer named with NAMELEN
                                 bytes, register a data source and close
                                 (CYCLES 0: until --seconds); says "done"
+  foreign SOCKET DS FIRST LAST  on a producer socket: a producer of DS that,
+                                once started, commits a chunk (a for_testing
+                                packet, counter 4242, str "FOREIGN") for every
+                                buffer id FIRST..LAST but its own, then one
+                                (counter 4343) for its own; says "started"
+                                with its buffer id, then "done", and holds
 """
 
 import argparse
+import array
 import json
+import mmap
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -227,6 +236,128 @@ def churn(path, cycles, namelen, seconds):
         time.sleep(0.2)
 
 
+def fields(data):
+    pos = 0
+    while pos < len(data):
+        tag, pos = read_varint(data, pos)
+        num, wt = tag >> 3, tag & 7
+        if wt == 0:
+            v, pos = read_varint(data, pos)
+        elif wt == 2:
+            n, pos = read_varint(data, pos)
+            v = data[pos:pos + n]
+            pos += n
+        elif wt == 1:
+            v, pos = data[pos:pos + 8], pos + 8
+        elif wt == 5:
+            v, pos = data[pos:pos + 4], pos + 4
+        else:
+            raise SystemExit(f"bad wire type {wt}")
+        yield num, v
+
+
+def read_varint(data, pos):
+    r = sh = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        r |= (b & 0x7F) << sh
+        if not b & 0x80:
+            return r, pos
+        sh += 7
+
+
+class Frames:
+    """Frames from the service, and the last descriptor that came along."""
+
+    def __init__(self, sock):
+        self.sock, self.buf, self.fd = sock, b"", None
+
+    def next(self):
+        while True:
+            if len(self.buf) >= 4:
+                n = struct.unpack("<I", self.buf[:4])[0]
+                if len(self.buf) >= 4 + n:
+                    f, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+                    return dict(fields(f))
+            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(4))
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % 4)])
+                    self.fd = fds[0]
+            if not data:
+                raise SystemExit("the service closed the connection")
+            self.buf += data
+
+    def reply(self, request_id):
+        while True:
+            f = self.next()
+            if f.get(2) == request_id:
+                return f
+
+
+def test_packet(counter, text):
+    # TracePacket: timestamp 8, for_testing 900 (TestEvent: str 1, counter 3).
+    return field_varint(8, 1) + field_bytes(900, field_bytes(1, text) + field_varint(3, counter))
+
+
+def one_chunk(chunk_id, packet, size):
+    n = len(packet)
+    frag = bytes([(n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, (n >> 21) & 0x7F])
+    c = struct.pack("<IHH", chunk_id, 1, 1) + frag + packet
+    return c.ljust(size, b"\0")[:size]
+
+
+def foreign(path, ds, first, last, seconds):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    rd = Frames(s)
+    s.sendall(ipc_bind())
+    rd.reply(1)
+    init = field_varint(1, 4096) + field_varint(2, 64 * 1024) + field_bytes(3, b"foreign_writer")
+    s.sendall(ipc_invoke(2, 1, init))
+    rd.reply(2)
+    s.sendall(ipc_register(3, ds.encode()))
+    rd.reply(3)
+    s.sendall(ipc_invoke(4, 5, b""))
+    own = None
+    while own is None:
+        f = rd.next()
+        if f.get(2) != 4 or 6 not in f:
+            continue
+        reply = dict(fields(f[6]))
+        cmd = dict(fields(reply.get(3, b"")))
+        if 1 in cmd:  # StartDataSource: its config's target_buffer
+            own = dict(fields(dict(fields(cmd[1]))[2])).get(2, 0)
+    if rd.fd is None:
+        raise SystemExit("no shared memory")
+    shm = mmap.mmap(rd.fd, os.fstat(rd.fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    page, pages = 4096, os.fstat(rd.fd).st_size // 4096
+    csize = (page - 8) & ~3
+    print("started %d" % own, flush=True)
+    targets = [b for b in range(first, last + 1) if b != own] + [own]
+    rid, chunk_id = 10, 0
+    for at in range(0, len(targets), pages):
+        moves = b""
+        for p, b in enumerate(targets[at:at + pages]):
+            counter = 4343 if b == own else 4242
+            text = b"OWN" if b == own else b"FOREIGN"
+            shm[p * page:p * page + 4] = struct.pack("<I", (1 << 28) | 3)  # layout 1, chunk 0 complete
+            shm[p * page + 8:p * page + 8 + csize] = one_chunk(chunk_id, test_packet(counter, text), csize)
+            moves += field_bytes(1, field_varint(1, p) + field_varint(2, 0) + field_varint(3, b))
+            chunk_id += 1
+        s.sendall(ipc_invoke(rid, 4, moves))
+        rd.reply(rid)
+        rid += 1
+    print("done", flush=True)
+    end = time.time() + seconds
+    s.setblocking(False)
+    while time.time() < end:
+        drain(s)
+        time.sleep(0.2)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -252,6 +383,12 @@ def main():
     c.add_argument("cycles", type=int)
     c.add_argument("namelen", type=int)
     c.add_argument("--seconds", type=float, default=120)
+    fo = sub.add_parser("foreign")
+    fo.add_argument("socket")
+    fo.add_argument("ds")
+    fo.add_argument("first", type=int)
+    fo.add_argument("last", type=int)
+    fo.add_argument("--seconds", type=float, default=120)
     a = p.parse_args()
     if a.cmd == "hold":
         hold(a.socket, a.n, a.dribble, a.seconds)
@@ -259,6 +396,8 @@ def main():
         names(a.socket, a.conns, a.count, a.size, a.seconds)
     elif a.cmd == "churn":
         churn(a.socket, a.cycles, a.namelen, a.seconds)
+    elif a.cmd == "foreign":
+        foreign(a.socket, a.ds, a.first, a.last, a.seconds)
     else:
         fake(a.dir, a.suffix, a.mode, a.pid, a.seconds)
 

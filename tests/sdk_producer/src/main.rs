@@ -6,7 +6,7 @@
 //!
 //! `sdk_producer [--ds NAME] [--packets N] [--payload BYTES] [--forever]
 //!               [--trigger NAME] [--wait-secs S] [--shmem-kb KB] [--on-flush]
-//!               [--no-commit] [--interval-ms MS] [--linger-secs S]`
+//!               [--no-commit] [--interval-ms MS] [--linger-secs S] [--mark]`
 //!
 //! With `--on-flush` the data source handles flushes (so the service sends it
 //! Flush requests) and prints `flushed` for each.
@@ -18,6 +18,11 @@
 //! are not destroyed (which would commit their chunks) while the service
 //! finishes.
 //!
+//! With `--mark`, each packet's `for_testing.str` names the instance it was
+//! written for, from the config that instance was set up with:
+//! `session <tracing_session_id> buffer <target_buffer>` (a service that
+//! runs several sessions sets up one instance for each).
+//!
 //! Prints `started` when the data source starts, `config <hex>` with the
 //! config bytes it was set up with, `audio_config …` when they carry the
 //! example custom field (configs/custom/acme/audio.proto), `wrote N` after the
@@ -27,6 +32,7 @@
 
 mod bench;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +64,15 @@ struct AudioConfig {
     taps: Vec<i32>,
 }
 
+/// The service's fields of a DataSourceConfig that `--mark` writes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ServiceFields {
+    #[prost(uint32, optional, tag = "2")]
+    target_buffer: Option<u32>,
+    #[prost(uint64, optional, tag = "4")]
+    tracing_session_id: Option<u64>,
+}
+
 /// The DataSourceConfig as this app sees it: only its own extension.
 #[derive(Clone, PartialEq, prost::Message)]
 struct OwnConfig {
@@ -77,6 +92,7 @@ struct Args {
     no_commit: bool,
     interval: Duration,
     linger: Duration,
+    mark: bool,
 }
 
 fn args() -> Args {
@@ -92,6 +108,7 @@ fn args() -> Args {
         no_commit: false,
         interval: Duration::ZERO,
         linger: Duration::ZERO,
+        mark: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -103,6 +120,7 @@ fn args() -> Args {
             "--forever" => a.forever = true,
             "--on-flush" => a.on_flush = true,
             "--no-commit" => a.no_commit = true,
+            "--mark" => a.mark = true,
             "--interval-ms" => {
                 a.interval = Duration::from_millis(v().parse().expect("--interval-ms MS"))
             }
@@ -143,10 +161,24 @@ fn main() {
     let stopped = Arc::new(AtomicBool::new(false));
     let config: Arc<Mutex<Vec<u8>>> = Arc::default();
     let mut ds = DataSource::new();
-    let (s1, s2, c1) = (started.clone(), stopped.clone(), config.clone());
+    // The marker of each instance, by its index (`--mark`).
+    let marks: Arc<Mutex<HashMap<u32, String>>> = Arc::default();
+    let (s1, s2, c1, m1) = (
+        started.clone(),
+        stopped.clone(),
+        config.clone(),
+        marks.clone(),
+    );
     let mut ds_args = DataSourceArgsBuilder::new()
-        .on_setup(move |_, cfg, _| {
+        .on_setup(move |inst, cfg, _| {
             *c1.lock().expect("config lock") = cfg.to_vec();
+            let f = <ServiceFields as prost::Message>::decode(cfg).unwrap_or_default();
+            let mark = format!(
+                "session {} buffer {}",
+                f.tracing_session_id.unwrap_or(0),
+                f.target_buffer.unwrap_or(0)
+            );
+            m1.lock().expect("marks lock").insert(inst, mark);
         })
         .on_start(move |_, _| s1.store(true, Ordering::SeqCst))
         .on_stop(move |_, _| s2.store(true, Ordering::SeqCst));
@@ -196,10 +228,16 @@ fn main() {
             break;
         }
         ds.trace(|ctx: &mut TraceContext| {
+            let text = if a.mark {
+                let marks = marks.lock().expect("marks lock");
+                marks.get(&ctx.instance_index()).cloned().unwrap_or_default()
+            } else {
+                filler.clone()
+            };
             ctx.add_packet(|p: &mut TracePacket| {
                 p.set_timestamp(1).set_for_testing(|t: &mut TestEvent| {
                     t.set_counter(seq);
-                    t.set_str(filler.as_str());
+                    t.set_str(text.as_str());
                 });
             });
         });
