@@ -557,3 +557,79 @@ data_sources {{ config {{ name: "{ds}" }} }}
         trace_processor::check(out);
     }
 }
+
+/// Restarts of the app's track_event sequence in a trace
+/// (`SEQ_INCREMENTAL_STATE_CLEARED`), with the number of its packets.
+fn track_event_restarts(packets: &[TracePacket], pid: u32) -> (usize, usize) {
+    const CLEARED: u32 = 1; // SEQ_INCREMENTAL_STATE_CLEARED
+    let seqs: std::collections::BTreeSet<u32> = packets
+        .iter()
+        .filter(|p| p.has_track_event() && p.trusted_pid() as u32 == pid)
+        .map(|p| p.trusted_packet_sequence_id())
+        .collect();
+    assert_eq!(
+        seqs.len(),
+        1,
+        "one track_event sequence of the app: {seqs:?}"
+    );
+    let seq = *seqs.first().expect("one");
+    let of_seq: Vec<_> = packets
+        .iter()
+        .filter(|p| p.trusted_packet_sequence_id() == seq)
+        .collect();
+    let restarts = of_seq
+        .iter()
+        .filter(|p| p.sequence_flags() & CLEARED != 0)
+        .count();
+    (restarts, of_seq.len())
+}
+
+#[test]
+fn a_sessions_clear_period_restarts_only_its_own_instance_of_an_apps_state() {
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let mut app = serve.app();
+    let cfg = |extra: &str| {
+        format!(
+            r#"
+buffers {{ size_kb: 16384 fill_policy: DISCARD }}
+duration_ms: 3000
+flush_period_ms: 100
+data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
+data_sources {{ config {{ name: "track_event" track_event_config {{ enabled_categories: "*" }} }} }}
+{extra}
+"#
+        )
+    };
+    let (a, a_out) = serve.client(
+        "clearing",
+        &cfg("incremental_state_config { clear_period_ms: 250 }"),
+    );
+    let (b, b_out) = serve.client("steady", &cfg(""));
+    app.expect("started");
+    let pa = finished(a, &a_out, &serve);
+    let pb = finished(b, &b_out, &serve);
+
+    // The clearing session's instance starts its interned state again each
+    // period; the other instance of the same app and thread never does
+    // after its first packet.
+    let (cleared, na) = track_event_restarts(&pa, app.pid());
+    let (steady, nb) = track_event_restarts(&pb, app.pid());
+    assert!(cleared >= 4, "{cleared} restarts in 3 s ({na} packets)");
+    assert_eq!(steady, 1, "{steady} restarts ({nb} packets)");
+    assert!(
+        nb > 100,
+        "the steady session recorded the app: {nb} packets"
+    );
+    for out in [&a_out, &b_out] {
+        if let Some(tp) = trace_processor::check(out) {
+            let unnamed = tp
+                .query("select count(*) as n from slice where name is null")
+                .scalar()
+                .int();
+            assert_eq!(unnamed, 0, "{}", out.display());
+        }
+    }
+}
