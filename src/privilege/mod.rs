@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  recorder (root) ── fork, still single-threaded ──► broker (root; ignores SIGINT/SIGTERM)
-//!     │ set-up as root: config, output, tracefs, pipes, sockets, rings
+//!     │ set-up as root: config, output, rings, sockets bound (not served),
+//!     │   sources prepared (tracefs set up, tracing off, descriptors held)
 //!     │ register with the broker: segment and snapshot directories (fds),
 //!     │   leftover sockets, tracefs teardown, the hook command; seal
 //!     │ drop: setgroups([]), setresgid/setresuid to the service user,

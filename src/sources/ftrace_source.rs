@@ -15,6 +15,8 @@ pub struct FtraceDataSource {
     name: String,
     inner: FtraceSource<Writer>,
     started: bool,
+    /// Why the preparation failed, reported by `start`.
+    prepare_failed: Option<crate::sources::ftrace::FtraceError>,
     /// Set at stop when the kernel dropped events.
     loss: Option<String>,
 }
@@ -40,6 +42,7 @@ impl FtraceDataSource {
             name: name.to_string(),
             inner,
             started: false,
+            prepare_failed: None,
             loss: None,
         })
     }
@@ -57,7 +60,16 @@ impl DataSource for FtraceDataSource {
         &self.name
     }
 
+    fn prepare(&mut self) {
+        if let Err(e) = self.inner.prepare() {
+            self.prepare_failed = Some(e);
+        }
+    }
+
     fn start(&mut self) -> Result<(), SourceError> {
+        if let Some(e) = self.prepare_failed.take() {
+            return Err(self.failed(e));
+        }
         self.inner.start().map_err(|e| self.failed(e))?;
         self.started = true;
         Ok(())

@@ -231,6 +231,16 @@ impl<O: PacketOutput> Running<O> {
     }
 }
 
+/// What [`FtraceSource::prepare`] made ready for [`FtraceSource::arm`].
+struct Prepared {
+    pipes: Vec<CpuPipe>,
+    table: EventTable,
+    layout: PageLayout,
+    watermark: bool,
+    /// How many events are enabled (for the log).
+    events: usize,
+}
+
 /// The linux.ftrace data source.
 pub struct FtraceSource<O: PacketOutput + 'static> {
     opts: FtraceOptions,
@@ -250,6 +260,11 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     tid_filter_in_kernel: bool,
     /// Each CPU's `per_cpu/cpuN/stats`, opened at the start.
     stats_files: Vec<std::fs::File>,
+    /// Prepared and not yet armed.
+    prepared: Option<Prepared>,
+    /// The recording directory's `tracing_on`, opened for writing while
+    /// privileged: arming and stopping write through it.
+    tracing_on: Option<std::fs::File>,
 }
 
 impl<O: PacketOutput + 'static> FtraceSource<O> {
@@ -273,6 +288,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             lost_at_start: 0,
             tid_filter_in_kernel: false,
             stats_files: Vec::new(),
+            prepared: None,
+            tracing_on: None,
         })
     }
 
@@ -528,11 +545,27 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| refused("enable_function_graph", e))
     }
 
-    /// Configures tracefs, writes the start FtraceStats and starts the reader.
+    /// Configures tracefs, writes the start FtraceStats and starts the reader:
+    /// [`prepare`](Self::prepare) then [`arm`](Self::arm).
     /// On error everything changed is put back.
     pub fn start(&mut self) -> Result<(), FtraceError> {
-        if self.running.is_some() || self.output.is_none() {
-            return Err(FtraceError::State("start twice"));
+        if self.prepared.is_none() {
+            self.prepare()?;
+        }
+        self.arm()
+    }
+
+    /// Everything of the start that needs privileges, with tracing still
+    /// off: the instance, its settings and events, and every descriptor the
+    /// recording needs later (per-CPU `trace_pipe_raw` and `stats`, and
+    /// `tracing_on` for writing), so that [`arm`](Self::arm) and
+    /// [`stop`](Self::stop) need no rights the process may have given up
+    /// meanwhile: the kernel checks a tracefs file's permission when it is
+    /// opened, not when it is written. On error everything changed is put
+    /// back.
+    pub fn prepare(&mut self) -> Result<(), FtraceError> {
+        if self.prepared.is_some() || self.running.is_some() || self.output.is_none() {
+            return Err(FtraceError::State("prepare twice"));
         }
         let spec = self.opts.spec.clone();
         let mut session = TracefsSession::open(
@@ -552,6 +585,53 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         self.layout = Some(layout);
 
         session.set("tracing_on", "0")?;
+        let tracing_on = open_for_writing(&session.dir().path("tracing_on"))?;
+        self.configure(&mut session)?;
+        let pct = spec.drain_buffer_percent;
+        let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
+        if watermark {
+            session.set("buffer_percent", &pct.to_string())?;
+        } else if pct > 0 {
+            log::info!("ftrace: no buffer_percent in tracefs; draining every period only");
+        }
+        for (g, n) in &selected {
+            let rel = format!("events/{g}/{n}/enable");
+            if !session.dir().path(&rel).exists() {
+                // ftrace/print has no switch: it is on while tracing is.
+                continue;
+            }
+            if let Err(e) = session.set(&rel, "1") {
+                log::warn!("enabling ftrace event {g}/{n}: {e}");
+                self.summary.failed_events.push(format!("{g}/{n}"));
+            }
+        }
+        self.cpus = session.dir().cpus();
+        let pipes = self.open_pipes(session.dir(), &layout)?;
+        // Held open: the stats stay readable after the process gives up root.
+        self.stats_files = self
+            .cpus
+            .iter()
+            .filter_map(|&c| {
+                std::fs::File::open(session.dir().path(&format!("per_cpu/cpu{c}/stats"))).ok()
+            })
+            .collect();
+        self.session = Some(session);
+        self.prepared = Some(Prepared {
+            pipes,
+            table,
+            layout,
+            watermark,
+            events: selected.len(),
+        });
+        self.tracing_on = Some(tracing_on);
+        Ok(())
+    }
+
+    /// The settings of the recording directory: clock, buffer size (the
+    /// buffer emptied unless preserved), CPU mask, trace options, the pid
+    /// filter, syscall filters and the function_graph tracer.
+    fn configure(&mut self, session: &mut TracefsSession) -> Result<(), FtraceError> {
+        let spec = self.opts.spec.clone();
         // Changing the clock empties the buffer: only when it differs.
         let clock = if spec.use_monotonic_raw_clock {
             "mono_raw"
@@ -621,32 +701,20 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             }
         }
         if spec.enable_function_graph {
-            self.function_graph(&mut session)?;
+            self.function_graph(session)?;
         }
-        let pct = spec.drain_buffer_percent;
-        let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
-        if watermark {
-            session.set("buffer_percent", &pct.to_string())?;
-        } else if pct > 0 {
-            log::info!("ftrace: no buffer_percent in tracefs; draining every period only");
-        }
-        for (g, n) in &selected {
-            let rel = format!("events/{g}/{n}/enable");
-            if !session.dir().path(&rel).exists() {
-                // ftrace/print has no switch: it is on while tracing is.
-                continue;
-            }
-            if let Err(e) = session.set(&rel, "1") {
-                log::warn!("enabling ftrace event {g}/{n}: {e}");
-                self.summary.failed_events.push(format!("{g}/{n}"));
-            }
-        }
-        self.cpus = session.dir().cpus();
+        Ok(())
+    }
+
+    /// Opens each CPU's `trace_pipe_raw` (mapped where the read mode asks).
+    fn open_pipes(
+        &mut self,
+        dir: &Tracefs,
+        layout: &PageLayout,
+    ) -> Result<Vec<CpuPipe>, FtraceError> {
         let mut pipes = Vec::new();
         for &cpu in &self.cpus {
-            let p = session
-                .dir()
-                .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+            let p = dir.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let file = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NONBLOCK)
@@ -655,10 +723,21 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     path: p.clone(),
                     source,
                 })?;
-            let map = reader::open_map(&file, cpu, &layout, self.opts.read_mode).map_err(|e| {
+            let map = reader::open_map(&file, cpu, layout, self.opts.read_mode).map_err(|e| {
                 FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
             })?;
             self.summary.mapped_cpus += usize::from(map.is_some());
+            let splice_pipe = if self.opts.read_mode == ReadMode::Splice {
+                let (r, w) = rustix::pipe::pipe_with(
+                    rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+                )
+                .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
+                let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
+                let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
+                Some((r, w))
+            } else {
+                None
+            };
             pipes.push(CpuPipe {
                 map,
                 cpu,
@@ -669,37 +748,38 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     cpu,
                     ..Default::default()
                 },
-                splice_pipe: None,
+                splice_pipe,
             });
-            if self.opts.read_mode == ReadMode::Splice {
-                let (r, w) = rustix::pipe::pipe_with(
-                    rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-                )
-                .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
-                let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
-                let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
-                if let Some(last) = pipes.last_mut() {
-                    last.splice_pipe = Some((r, w));
-                }
-            }
         }
-        // Held open: the stats stay readable after the process gives up root.
-        self.stats_files = self
-            .cpus
-            .iter()
-            .filter_map(|&c| {
-                std::fs::File::open(session.dir().path(&format!("per_cpu/cpu{c}/stats"))).ok()
-            })
-            .collect();
-        self.session = Some(session);
+        Ok(pipes)
+    }
+
+    /// Writes the start FtraceStats, turns tracing on through the
+    /// descriptor [`prepare`](Self::prepare) opened, and starts the reader.
+    /// Needs no privileges.
+    pub fn arm(&mut self) -> Result<(), FtraceError> {
+        if self.running.is_some() {
+            return Err(FtraceError::State("start twice"));
+        }
+        let Some(prepared) = self.prepared.take() else {
+            return Err(FtraceError::State("arm before prepare"));
+        };
+        let Prepared {
+            pipes,
+            table,
+            layout,
+            watermark,
+            events,
+        } = prepared;
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
         if let Err(e) = self.write_stats(Phase::StartOfTrace, &mut output) {
             self.output = Some(output);
             return Err(e);
         }
         self.lost_at_start = events_lost(&self.summary.cpu_stats);
-        if let Some(s) = &mut self.session {
-            s.set("tracing_on", "1")?;
+        if let Err(e) = self.write_tracing_on(true) {
+            self.output = Some(output);
+            return Err(e);
         }
         let mut encoder = BundleEncoder::new(self.opts.sequence_id, self.opts.max_packet_bytes);
         if self.opts.spec.use_monotonic_raw_clock {
@@ -708,7 +788,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if !self.opts.spec.tids_to_trace.is_empty() && !self.tid_filter_in_kernel {
             encoder.set_tid_filter(&self.opts.spec.tids_to_trace);
         }
-        let state = ReaderState::new(
+        let mut state = ReaderState::new(
             output,
             encoder,
             pipes,
@@ -717,7 +797,6 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             layout,
             self.pid_sink.take(),
         );
-        let mut state = state;
         state.mode = self.opts.read_mode;
         state.watermark = watermark;
         let (tx, rx) = mpsc::channel();
@@ -736,12 +815,31 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| FtraceError::Thread(e.to_string()))?;
         self.running = Some(Running { tx, wake, handle });
         log::info!(
-            "ftrace: recording {} events on {} CPUs, {} KiB per CPU",
-            selected.len(),
+            "ftrace: recording {events} events on {} CPUs, {} KiB per CPU",
             self.cpus.len(),
             self.buffer_size_kb
         );
         Ok(())
+    }
+
+    /// Turns tracing on or off through the descriptor held since
+    /// [`prepare`](Self::prepare).
+    fn write_tracing_on(&self, on: bool) -> Result<(), FtraceError> {
+        let Some(f) = &self.tracing_on else {
+            return Err(FtraceError::State("tracing_on is not open"));
+        };
+        let path = || {
+            self.session
+                .as_ref()
+                .map_or_else(PathBuf::new, |s| s.dir().path("tracing_on"))
+        };
+        // The kernel reads the value whatever the offset.
+        std::io::Write::write_all(&mut &*f, if on { b"1" } else { b"0" }).map_err(|source| {
+            FtraceError::Tracefs(TracefsError::Io {
+                path: path(),
+                source,
+            })
+        })
     }
 
     /// Events the kernel lost before they were read (overruns and dropped
@@ -785,9 +883,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .running
             .take()
             .ok_or(FtraceError::State("stop before start"))?;
-        if let Some(s) = &self.session {
-            // Nothing new after this; the last drain then empties the buffers.
-            let _ = s.dir().write("tracing_on", "0");
+        // Nothing new after this; the last drain then empties the buffers.
+        if let Err(e) = self.write_tracing_on(false) {
+            log::warn!("ftrace: turning tracing off: {e}");
         }
         let _ = r.send(Command::Stop);
         let state = r
@@ -809,12 +907,20 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         drop(pipes);
         let res = self.write_stats(Phase::EndOfTrace, &mut output);
         // An instance with a file open cannot be removed.
-        self.stats_files.clear();
+        self.close_files();
         self.output = Some(output);
         if let Some(mut s) = self.session.take() {
             s.restore();
         }
         res.map(|()| self.summary.clone())
+    }
+
+    /// Closes every tracefs file held (an instance with a file open cannot
+    /// be removed).
+    fn close_files(&mut self) {
+        self.prepared = None;
+        self.stats_files.clear();
+        self.tracing_on = None;
     }
 
     /// The output, after [`FtraceSource::stop`] (or before start).
@@ -828,7 +934,22 @@ impl<O: PacketOutput + 'static> Drop for FtraceSource<O> {
         if self.running.is_some() {
             let _ = self.stop();
         }
+        // Prepared and never armed: the files close before the restore.
+        self.close_files();
+        if let Some(mut s) = self.session.take() {
+            s.restore();
+        }
     }
+}
+
+/// `path` opened for writing (a tracefs switch).
+fn open_for_writing(path: &std::path::Path) -> Result<std::fs::File, FtraceError> {
+    OpenOptions::new().write(true).open(path).map_err(|source| {
+        FtraceError::Tracefs(TracefsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    })
 }
 
 /// A tracefs file read again from its start through a held descriptor
