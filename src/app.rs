@@ -21,6 +21,7 @@ use crate::privilege::{Privileges, Registration};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
+use crate::sources::ftrace::remote::{FtraceRequest, RemoteTracefs};
 use crate::sources::ftrace::{FtraceOptions, ReadMode};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
@@ -107,8 +108,9 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 
 /// What `recorder serve` hands a session instead of what `build` opens
 /// itself: the output, the control endpoint and, when the session serves
-/// producers, the producer socket. Such a session records no ftrace
-/// itself (it runs unprivileged): producers provide `linux.ftrace`.
+/// producers, the producer socket. Such a session runs unprivileged: it
+/// records `linux.ftrace` itself only on instances `ftrace` (the root
+/// broker) prepares; without it producers (traced_probes) provide it.
 pub struct Served {
     pub sink: Box<dyn storage::FileSink>,
     pub output_label: String,
@@ -117,6 +119,7 @@ pub struct Served {
     pub producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
     /// The consumer's uid, written as the trace's trusted uid.
     pub consumer_uid: u32,
+    pub ftrace: Option<Arc<dyn RemoteTracefs>>,
 }
 
 /// Builds every runtime object of the session.
@@ -146,13 +149,14 @@ fn build_with(
                 Some(s.output_label),
                 Some(s.control),
                 s.producers,
-                Some(s.consumer_uid),
+                Some((s.consumer_uid, s.ftrace)),
             ),
             None => (None, None, None, None, None),
         };
     let buffers = session_buffers(spec)?;
     let filters = producer_filters(spec)?;
-    let (sources, next_seq) = builtin_sources(spec, &buffers, &filters, is_served)?;
+    let (sources, next_seq) = builtin_sources(spec, &buffers, &filters, consumer_uid.as_ref())?;
+    let consumer_uid = consumer_uid.map(|(uid, _)| uid);
 
     let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
     // Claimed before the output is opened: a refusal truncates nothing.
@@ -258,11 +262,13 @@ fn session_buffers(spec: &RecorderSpec) -> Result<Vec<SessionBuffer>, AppError> 
 
 /// The built-in data sources the config asks for, each on its own
 /// sequence; returns them and the next free sequence id (the producers').
+/// `served`: a `recorder serve` session's consumer uid and who prepares
+/// its tracefs instances.
 fn builtin_sources(
     spec: &RecorderSpec,
     buffers: &[SessionBuffer],
     filters: &[ProducerFilter],
-    is_served: bool,
+    served: Option<&(u32, Option<Arc<dyn RemoteTracefs>>)>,
 ) -> Result<(Vec<Box<dyn DataSource>>, u32), AppError> {
     let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
     let mut next_seq = FIRST_SOURCE_SEQUENCE;
@@ -309,11 +315,20 @@ fn builtin_sources(
                     PolledDataSource::new(&ds.name, src, writer()).route_pids(pid_route.clone()),
                 )
             }
-            SourceKind::Ftrace(_) if is_served => {
+            SourceKind::Ftrace(_) if served.is_some_and(|(_, r)| r.is_none()) => {
                 log::info!(
-                    "data source {:?}: served by producers (a served session has no tracefs access)",
+                    "data source {:?}: served by producers (this service prepares no tracefs)",
                     ds.name
                 );
+                continue;
+            }
+            // What the built-in source cannot serve stays with the producers
+            // that can (traced_probes honours every field).
+            SourceKind::Ftrace(f)
+                if served.is_some()
+                    && let Err(e) = FtraceRequest::from_spec(f) =>
+            {
+                log::info!("data source {:?}: left to producers: {e}", ds.name);
                 continue;
             }
             SourceKind::Ftrace(f) => {
@@ -324,10 +339,20 @@ fn builtin_sources(
                     read_mode,
                     ..FtraceOptions::default()
                 };
-                Box::new(
-                    FtraceDataSource::new(&ds.name, opts, writer(), pid_route.clone())
-                        .map_err(|e| failed(Box::new(e)))?,
-                )
+                match served {
+                    Some((uid, Some(remote))) => Box::new(FtraceDataSource::served(
+                        &ds.name,
+                        opts,
+                        writer(),
+                        pid_route.clone(),
+                        remote.clone(),
+                        *uid,
+                    )),
+                    _ => Box::new(
+                        FtraceDataSource::new(&ds.name, opts, writer(), pid_route.clone())
+                            .map_err(|e| failed(Box::new(e)))?,
+                    ),
+                }
             }
             SourceKind::SysStats(s) => {
                 let src = SysStatsSource::new(s, HostPaths::default(), next_seq)

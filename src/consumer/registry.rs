@@ -92,6 +92,9 @@ struct Inner {
 pub struct Registry {
     inner: Mutex<Inner>,
     producer_socket: Option<(UnixListener, PathBuf)>,
+    /// Who prepares tracefs for sessions' built-in linux.ftrace (the root
+    /// broker); unset: producers (traced_probes) provide it.
+    ftrace: std::sync::OnceLock<Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>>,
     /// The uid and pid the service runs as (its built-in producer's).
     pub service_uid: u32,
     pub service_pid: u32,
@@ -124,9 +127,21 @@ impl Registry {
                 ..Inner::default()
             }),
             producer_socket,
+            ftrace: std::sync::OnceLock::new(),
             service_uid: rustix::process::getuid().as_raw(),
             service_pid: std::process::id(),
         })
+    }
+
+    /// Sessions record linux.ftrace themselves, on instances `remote`
+    /// prepares. Once.
+    pub fn serve_ftrace(&self, remote: Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>) {
+        let _ = self.ftrace.set(remote);
+    }
+
+    /// Who prepares sessions' tracefs instances, if anyone.
+    pub fn ftrace(&self) -> Option<Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>> {
+        self.ftrace.get().cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -22,6 +22,7 @@ mod ringbuf;
 mod schema;
 mod segments;
 mod serve;
+mod serve_ftrace;
 mod storage;
 mod trace_processor;
 mod triggers;

@@ -20,6 +20,7 @@ pub mod event_table;
 pub mod format;
 pub mod page;
 pub mod reader;
+pub mod remote;
 pub mod stats;
 pub mod tracefs;
 
@@ -93,7 +94,8 @@ pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
     }
 }
 
-fn mem_total_kb(proc: &std::path::Path) -> u64 {
+/// The machine's memory (KiB) as `proc`/meminfo says; 0 when unreadable.
+pub fn mem_total_kb(proc: &std::path::Path) -> u64 {
     std::fs::read_to_string(proc.join("meminfo"))
         .ok()
         .and_then(|t| {
@@ -182,7 +184,15 @@ pub fn load_layouts(
     events: &[(String, String)],
     compact_sched: bool,
 ) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
-    let read = |rel: &str| dir.read(rel);
+    layouts_from(|rel| dir.read(rel), events, compact_sched)
+}
+
+/// [`load_layouts`] from whatever `read` gives for a tracefs path.
+fn layouts_from(
+    read: impl Fn(&str) -> Result<String, TracefsError>,
+    events: &[(String, String)],
+    compact_sched: bool,
+) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
     let hp = read("events/header_page")?;
     let layout = format::parse_header_page(&hp).map_err(|source| FtraceError::Format {
         file: "events/header_page".into(),
@@ -233,18 +243,19 @@ impl<O: PacketOutput> Running<O> {
 
 /// What [`FtraceSource::prepare`] made ready for [`FtraceSource::arm`].
 struct Prepared {
+    /// The events enabled.
+    selected: Vec<(String, String)>,
     pipes: Vec<CpuPipe>,
     table: EventTable,
     layout: PageLayout,
     watermark: bool,
-    /// How many events are enabled (for the log).
-    events: usize,
 }
 
 /// The linux.ftrace data source.
 pub struct FtraceSource<O: PacketOutput + 'static> {
     opts: FtraceOptions,
-    top: Tracefs,
+    /// None when prepared elsewhere ([`FtraceSource::from_prepared`]).
+    top: Option<Tracefs>,
     session: Option<TracefsSession>,
     layout: Option<PageLayout>,
     output: Option<O>,
@@ -274,7 +285,11 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             Some(r) => Tracefs::at(r)?,
             None => Tracefs::discover()?,
         };
-        Ok(Self {
+        Ok(Self::with_top(opts, Some(top), output))
+    }
+
+    fn with_top(opts: FtraceOptions, top: Option<Tracefs>, output: O) -> Self {
+        Self {
             opts,
             top,
             session: None,
@@ -290,7 +305,12 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             stats_files: Vec::new(),
             prepared: None,
             tracing_on: None,
-        })
+        }
+    }
+
+    /// What it records.
+    pub fn options(&self) -> &FtraceOptions {
+        &self.opts
     }
 
     /// Sets the callback told the thread ids seen (for process_stats).
@@ -309,10 +329,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     }
 
     fn cpu_stats(&self) -> Vec<CpuStats> {
-        let Some(s) = &self.session else {
-            return Vec::new();
-        };
-        if self.stats_files.len() == self.cpus.len() {
+        if !self.cpus.is_empty() && self.stats_files.len() == self.cpus.len() {
             return self
                 .cpus
                 .iter()
@@ -320,6 +337,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 .map(|(&c, f)| CpuStats::parse(c as u64, &read_whole(f)))
                 .collect();
         }
+        let Some(s) = &self.session else {
+            return Vec::new();
+        };
         self.cpus
             .iter()
             .map(|&c| {
@@ -545,6 +565,132 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| refused("enable_function_graph", e))
     }
 
+    /// After [`prepare`](Self::prepare), on the privileged side: hands the
+    /// prepared instance over — what decoding needs, its descriptors (see
+    /// [`remote::PreparedInfo`]) and its teardown — and keeps nothing of it.
+    pub fn export(
+        &mut self,
+    ) -> Result<(remote::PreparedInfo, Vec<OwnedFd>, tracefs::TracefsTeardown), FtraceError> {
+        let prepared = self
+            .prepared
+            .take()
+            .ok_or(FtraceError::State("export before prepare"))?;
+        let session = self
+            .session
+            .as_mut()
+            .ok_or(FtraceError::State("export before prepare"))?;
+        let dir = session.dir().clone();
+        let mut formats = Vec::with_capacity(prepared.selected.len());
+        for (g, n) in &prepared.selected {
+            // ftrace/funcgraph_* and events whose format failed have none.
+            if let Ok(text) = dir.read(&format!("events/{g}/{n}/format")) {
+                formats.push((g.clone(), n.clone(), text));
+            }
+        }
+        let info = remote::PreparedInfo {
+            cpus: self.cpus.clone(),
+            header_page: dir.read("events/header_page")?,
+            header_event: dir.read("events/header_event")?,
+            formats,
+            unknown_events: self.summary.unknown_events.clone(),
+            failed_events: self.summary.failed_events.clone(),
+            buffer_size_kb: self.buffer_size_kb,
+            watermark: prepared.watermark,
+        };
+        let tracing_on = self
+            .tracing_on
+            .take()
+            .ok_or(FtraceError::State("tracing_on is not open"))?;
+        let mut fds: Vec<OwnedFd> = vec![tracing_on.into()];
+        fds.extend(prepared.pipes.into_iter().map(|p| OwnedFd::from(p.file)));
+        fds.extend(self.stats_files.drain(..).map(OwnedFd::from));
+        if fds.len() != info.fd_count() {
+            return Err(FtraceError::Refused(format!(
+                "{} of {} per-CPU stats files could be opened",
+                fds.len().saturating_sub(1 + info.cpus.len()),
+                info.cpus.len()
+            )));
+        }
+        // Kept until here: on an error above, dropping the session restores.
+        let teardown = session
+            .hand_over()
+            .ok_or(FtraceError::State("teardown handed over already"))?;
+        self.session = None;
+        Ok((info, fds, teardown))
+    }
+
+    /// A source for an instance to be prepared elsewhere: it never touches
+    /// tracefs by path; [`adopt`](Self::adopt) gives it the instance.
+    pub fn detached(opts: FtraceOptions, output: O) -> Self {
+        Self::with_top(opts, None, output)
+    }
+
+    /// Takes an instance prepared elsewhere ([`export`](Self::export)), ready
+    /// to [`arm`](Self::arm); the teardown stays with whoever prepared it.
+    pub fn adopt(
+        &mut self,
+        info: remote::PreparedInfo,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), FtraceError> {
+        if fds.len() != info.fd_count() {
+            return Err(FtraceError::State("descriptors missing"));
+        }
+        if self.prepared.is_some() || self.running.is_some() {
+            return Err(FtraceError::State("prepare twice"));
+        }
+        let me = self;
+        let texts: std::collections::HashMap<String, &str> = info
+            .formats
+            .iter()
+            .map(|(g, n, t)| (format!("events/{g}/{n}/format"), t.as_str()))
+            .chain([
+                ("events/header_page".to_string(), info.header_page.as_str()),
+                (
+                    "events/header_event".to_string(),
+                    info.header_event.as_str(),
+                ),
+            ])
+            .collect();
+        let selected: Vec<(String, String)> = info
+            .formats
+            .iter()
+            .map(|(g, n, _)| (g.clone(), n.clone()))
+            .collect();
+        let read = |rel: &str| {
+            texts
+                .get(rel)
+                .map(|t| t.to_string())
+                .ok_or_else(|| TracefsError::Io {
+                    path: PathBuf::from(rel),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                })
+        };
+        let (layout, table, failed) = layouts_from(read, &selected, me.opts.spec.compact_sched)?;
+        me.summary.unknown_events = info.unknown_events;
+        me.summary.failed_events = info.failed_events;
+        me.summary.failed_events.extend(failed);
+        me.layout = Some(layout);
+        me.buffer_size_kb = info.buffer_size_kb;
+        me.cpus = info.cpus;
+        let mut fds = fds.into_iter();
+        me.tracing_on = fds.next().map(std::fs::File::from);
+        let n = me.cpus.len();
+        let pipe_fds: Vec<OwnedFd> = fds.by_ref().take(n).collect();
+        me.stats_files = fds.map(std::fs::File::from).collect();
+        let mut pipes = Vec::with_capacity(n);
+        for (file, cpu) in pipe_fds.into_iter().zip(me.cpus.clone()) {
+            pipes.push(me.cpu_pipe(std::fs::File::from(file), cpu, &layout)?);
+        }
+        me.prepared = Some(Prepared {
+            selected,
+            pipes,
+            table,
+            layout,
+            watermark: info.watermark,
+        });
+        Ok(())
+    }
+
     /// Configures tracefs, writes the start FtraceStats and starts the reader:
     /// [`prepare`](Self::prepare) then [`arm`](Self::arm).
     /// On error everything changed is put back.
@@ -568,11 +714,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             return Err(FtraceError::State("prepare twice"));
         }
         let spec = self.opts.spec.clone();
-        let mut session = TracefsSession::open(
-            &self.top,
-            spec.instance_name.as_deref(),
-            &self.opts.proc_root,
-        )?;
+        let top = self.top.as_ref().ok_or(FtraceError::State("no tracefs"))?;
+        let mut session =
+            TracefsSession::open(top, spec.instance_name.as_deref(), &self.opts.proc_root)?;
         let kprobes = self.make_kprobes(&mut session);
         let selected = self.select_events(session.dir(), &kprobes);
         if selected.is_empty() {
@@ -617,11 +761,11 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .collect();
         self.session = Some(session);
         self.prepared = Some(Prepared {
+            selected,
             pipes,
             table,
             layout,
             watermark,
-            events: selected.len(),
         });
         self.tracing_on = Some(tracing_on);
         Ok(())
@@ -706,14 +850,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         Ok(())
     }
 
-    /// Opens each CPU's `trace_pipe_raw` (mapped where the read mode asks).
+    /// Opens each CPU's `trace_pipe_raw`.
     fn open_pipes(
         &mut self,
         dir: &Tracefs,
         layout: &PageLayout,
     ) -> Result<Vec<CpuPipe>, FtraceError> {
         let mut pipes = Vec::new();
-        for &cpu in &self.cpus {
+        for cpu in self.cpus.clone() {
             let p = dir.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let file = OpenOptions::new()
                 .read(true)
@@ -723,35 +867,46 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     path: p.clone(),
                     source,
                 })?;
-            let map = reader::open_map(&file, cpu, layout, self.opts.read_mode).map_err(|e| {
-                FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
-            })?;
-            self.summary.mapped_cpus += usize::from(map.is_some());
-            let splice_pipe = if self.opts.read_mode == ReadMode::Splice {
-                let (r, w) = rustix::pipe::pipe_with(
-                    rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-                )
-                .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
-                let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
-                let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
-                Some((r, w))
-            } else {
-                None
-            };
-            pipes.push(CpuPipe {
-                map,
-                cpu,
-                file,
-                bytes_read: 0,
-                read_errors: 0,
-                cursor: CpuCursor {
-                    cpu,
-                    ..Default::default()
-                },
-                splice_pipe,
-            });
+            pipes.push(self.cpu_pipe(file, cpu, layout)?);
         }
         Ok(pipes)
+    }
+
+    /// One CPU's reader state on its open `trace_pipe_raw` (mapped, or with
+    /// a splice pipe, as the read mode asks).
+    fn cpu_pipe(
+        &mut self,
+        file: std::fs::File,
+        cpu: u32,
+        layout: &PageLayout,
+    ) -> Result<CpuPipe, FtraceError> {
+        let map = reader::open_map(&file, cpu, layout, self.opts.read_mode).map_err(|e| {
+            FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
+        })?;
+        self.summary.mapped_cpus += usize::from(map.is_some());
+        let splice_pipe = if self.opts.read_mode == ReadMode::Splice {
+            let (r, w) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )
+            .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
+            let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
+            let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
+            Some((r, w))
+        } else {
+            None
+        };
+        Ok(CpuPipe {
+            map,
+            cpu,
+            file,
+            bytes_read: 0,
+            read_errors: 0,
+            cursor: CpuCursor {
+                cpu,
+                ..Default::default()
+            },
+            splice_pipe,
+        })
     }
 
     /// Writes the start FtraceStats, turns tracing on through the
@@ -765,11 +920,11 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             return Err(FtraceError::State("arm before prepare"));
         };
         let Prepared {
+            selected,
             pipes,
             table,
             layout,
             watermark,
-            events,
         } = prepared;
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
         if let Err(e) = self.write_stats(Phase::StartOfTrace, &mut output) {
@@ -815,7 +970,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| FtraceError::Thread(e.to_string()))?;
         self.running = Some(Running { tx, wake, handle });
         log::info!(
-            "ftrace: recording {events} events on {} CPUs, {} KiB per CPU",
+            "ftrace: recording {} events on {} CPUs, {} KiB per CPU",
+            selected.len(),
             self.cpus.len(),
             self.buffer_size_kb
         );
@@ -917,7 +1073,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Closes every tracefs file held (an instance with a file open cannot
     /// be removed).
-    fn close_files(&mut self) {
+    pub fn close_files(&mut self) {
         self.prepared = None;
         self.stats_files.clear();
         self.tracing_on = None;
