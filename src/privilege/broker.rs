@@ -444,6 +444,37 @@ mod tests {
     }
 
     #[test]
+    fn a_sessions_broker_prepares_no_ftrace_and_releases_nothing() {
+        let mut st = State::default();
+        let request = FtraceRequest {
+            events: vec!["sched/sched_switch".into()],
+            ..FtraceRequest::default()
+        };
+        assert!(matches!(
+            st.prepare_ftrace(0, &request),
+            Err(PrepareError::NotServing)
+        ));
+        let (r, _) = st.handle(Request::ReleaseFtrace { key: 0 }, None);
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+    }
+
+    #[test]
+    fn a_bad_request_is_refused_before_tracefs_is_looked_at() {
+        let mut st = State {
+            served: Some(ServedInstances::default()),
+            ..State::default()
+        };
+        let request = FtraceRequest {
+            events: vec!["sched/../../x".into()],
+            ..FtraceRequest::default()
+        };
+        assert!(matches!(
+            st.prepare_ftrace(0, &request),
+            Err(PrepareError::Invalid(_))
+        ));
+    }
+
+    #[test]
     fn only_the_sessions_names_in_registered_directories_after_the_seal() {
         let d = tempfile::tempdir().expect("tempdir");
         let mut st = registered(d.path());

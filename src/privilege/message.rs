@@ -269,6 +269,21 @@ mod tests {
     }
 
     #[test]
+    fn many_descriptors_cross_in_one_datagram() {
+        let (a, b) = pair().expect("pair");
+        let files: Vec<std::fs::File> = (0..MAX_FDS)
+            .map(|_| tempfile::tempfile().expect("file"))
+            .collect();
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(AsFd::as_fd).collect();
+        send_many(a.as_fd(), &Reply::Fds, &fds).expect("send");
+        let (got, received): (Reply, _) = recv_many(b.as_fd()).expect("recv");
+        assert!(matches!(got, Reply::Fds));
+        assert_eq!(received.len(), MAX_FDS);
+        let too_many: Vec<BorrowedFd<'_>> = fds.iter().chain(&fds[..1]).copied().collect();
+        assert!(send_many(a.as_fd(), &Reply::Fds, &too_many).is_err());
+    }
+
+    #[test]
     fn oversized_and_malformed_datagrams_are_refused() {
         let (a, b) = pair().expect("pair");
         rustix::net::send(&a, &vec![b'x'; MAX_MESSAGE + 10], SendFlags::empty()).expect("send");
