@@ -4,6 +4,7 @@
 //! and hands them to the event loop. The only module that knows every
 //! concrete type.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,9 +17,11 @@ use crate::event_loop::{Recording, SessionBuffer};
 use crate::ipc::filter::ProducerFilter;
 use crate::ipc::host::{HostError, ProducerHost, ProducerService, QuotaView, WantedSource};
 use crate::ipc::socket_path::{self, Opening, SocketPathError};
+use crate::privilege::{Privileges, Registration};
 use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
+use crate::sources::ftrace::remote::{FtraceRequest, RemoteTracefs};
 use crate::sources::ftrace::{FtraceOptions, ReadMode};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
@@ -74,6 +77,8 @@ pub enum AppError {
     ProducerSocket(#[from] SocketPathError),
     #[error("producer socket")]
     Producers(#[source] HostError),
+    #[error("giving up root")]
+    Privilege(#[source] crate::privilege::PrivilegeError),
     #[error("data_sources[{index}].producer_name_regex_filter: {msg}")]
     ProducerFilter { index: usize, msg: String },
 }
@@ -105,8 +110,9 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 
 /// What `recorder serve` hands a session instead of what `build` opens
 /// itself: the output, the control endpoint and, when the session serves
-/// producers, the producer socket. Such a session records no ftrace
-/// itself (it runs unprivileged): producers provide `linux.ftrace`.
+/// producers, the producer socket. Such a session runs unprivileged: it
+/// records `linux.ftrace` itself only on instances `ftrace` (the root
+/// broker) prepares; without it producers (traced_probes) provide it.
 pub struct Served {
     pub sink: Box<dyn storage::FileSink>,
     pub output_label: String,
@@ -115,6 +121,7 @@ pub struct Served {
     pub producers: Option<Arc<ProducerService>>,
     /// The consumer's uid, written as the trace's trusted uid.
     pub consumer_uid: u32,
+    pub ftrace: Option<Arc<dyn RemoteTracefs>>,
 }
 
 /// Builds every runtime object of the session.
@@ -144,113 +151,14 @@ fn build_with(
                 Some(s.output_label),
                 Some(s.control),
                 s.producers,
-                Some(s.consumer_uid),
+                Some((s.consumer_uid, s.ftrace)),
             ),
             None => (None, None, None, None, None),
         };
-    let mut buffers = Vec::with_capacity(spec.buffers.len());
-    for (index, b) in spec.buffers.iter().enumerate() {
-        let policy = match b.fill_policy {
-            spec::FillPolicy::RingBuffer => FillPolicy::RingBuffer,
-            spec::FillPolicy::Discard => FillPolicy::Discard,
-        };
-        let params = BufferParams::new(b.size.0 as usize, policy);
-        let buffer = Buffer::new(params).map_err(|source| AppError::Buffer { index, source })?;
-        buffers.push(SessionBuffer {
-            buffer,
-            policy: match policy {
-                FillPolicy::RingBuffer => "RING_BUFFER",
-                FillPolicy::Discard => "DISCARD",
-            },
-        });
-    }
-
+    let buffers = session_buffers(spec)?;
     let filters = producer_filters(spec)?;
-    let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
-    let mut next_seq = FIRST_SOURCE_SEQUENCE;
-    // ftrace tells process_stats which pids it saw, once that poller runs.
-    let pid_route: PidRoute = Arc::new(std::sync::Mutex::new(None));
-    for (index, ds) in spec.data_sources.iter().enumerate() {
-        let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
-            return Err(AppError::MissingBuffer {
-                index,
-                name: ds.name.clone(),
-                buffer: ds.target_buffer.0,
-            });
-        };
-        let buffer: &Arc<Buffer> = &target.buffer;
-        if !filters[index].admits(PRODUCER_NAME) {
-            log::info!(
-                "data_sources[{index}] ({}): its producer filters leave out the built-in {PRODUCER_NAME}",
-                ds.name
-            );
-            continue;
-        }
-        match &ds.kind {
-            SourceKind::ForTesting(t) => {
-                let writer = buffer.writer(WriterId(next_seq));
-                next_seq += 1;
-                let opts = TestOptions {
-                    message_count: t.message_count as u64,
-                    max_messages_per_second: t.max_messages_per_second,
-                    message_size: t.message_size,
-                    seed: t.seed,
-                    send_batch_on_register: t.send_batch_on_register,
-                };
-                sources.push(Box::new(ForTesting::new(&ds.name, opts, writer)));
-            }
-            SourceKind::ProcessStats(p) => {
-                let src = ProcessStatsSource::new(p.clone(), HostPaths::default(), next_seq);
-                let writer = buffer.writer(WriterId(next_seq));
-                next_seq += 1;
-                sources.push(Box::new(
-                    PolledDataSource::new(&ds.name, src, writer).route_pids(pid_route.clone()),
-                ));
-            }
-            SourceKind::Ftrace(_) if is_served => log::info!(
-                "data source {:?}: served by producers (a served session has no tracefs access)",
-                ds.name
-            ),
-            SourceKind::Ftrace(f) => {
-                let writer = buffer.writer(WriterId(next_seq));
-                let read_mode = ReadMode::from_env().map_err(|why| AppError::Source {
-                    index,
-                    name: ds.name.clone(),
-                    source: why.into(),
-                })?;
-                let opts = FtraceOptions {
-                    spec: f.clone(),
-                    sequence_id: next_seq,
-                    read_mode,
-                    ..FtraceOptions::default()
-                };
-                next_seq += 1;
-                let src = FtraceDataSource::new(&ds.name, opts, writer, pid_route.clone())
-                    .map_err(|e| AppError::Source {
-                        index,
-                        name: ds.name.clone(),
-                        source: Box::new(e),
-                    })?;
-                sources.push(Box::new(src));
-            }
-            SourceKind::SysStats(s) => {
-                let src = SysStatsSource::new(s, HostPaths::default(), next_seq).map_err(|e| {
-                    AppError::Source {
-                        index,
-                        name: ds.name.clone(),
-                        source: Box::new(e),
-                    }
-                })?;
-                let writer = buffer.writer(WriterId(next_seq));
-                next_seq += 1;
-                sources.push(Box::new(PolledDataSource::new(&ds.name, src, writer)));
-            }
-            _ => log::info!(
-                "data source {:?} has no built-in provider here: nothing recorded for it",
-                ds.name
-            ),
-        }
-    }
+    let (sources, next_seq) = builtin_sources(spec, &buffers, &filters, consumer_uid.as_ref())?;
+    let consumer_uid = consumer_uid.map(|(uid, _)| uid);
 
     let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
     // Claimed before the output is opened: a refusal truncates nothing.
@@ -271,65 +179,9 @@ fn build_with(
             Some(ZstdStage::new(level).map_err(AppError::Compression)?)
         }
     };
-    // O_DIRECT for plain streaming (storage::direct): not under a size cap,
-    // which its padding could overrun, nor for compressed passes, which are
-    // copied whole anyway, nor for segments.
-    let direct = opts.direct_io
-        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
-        && compress.is_none()
-        && !opts.rotation.rotates();
-    let sink_opts = OpenOptions {
-        no_clobber: opts.no_clobber,
-        io: opts.io,
-        direct,
-    };
-    let sink = if let Some(s) = served_sink.take() {
-        Output::File(s)
-    } else if opts.rotation.rotates() {
-        opts.rotation.check().map_err(AppError::Rotation)?;
-        let OutputPath::File(out) = &opts.output else {
-            return Err(AppError::Refused(
-                "segments (--rotate-size, --rotate-period) need a file or directory output, not stdout",
-            ));
-        };
-        if matches!(
-            spec.trigger.as_ref().map(|t| t.mode),
-            Some(spec::TriggerMode::CloneSnapshot)
-        ) {
-            return Err(AppError::Refused(
-                "segments do not apply to CLONE_SNAPSHOT sessions (their snapshots are files of their own)",
-            ));
-        }
-        let (host, boot_id) = storage::segment::sidecar::host_and_boot_id();
-        let identity = SegmentIdentity {
-            host,
-            boot_id,
-            session_uuid: uuid,
-            compression: match compression {
-                spec::Compression::None => "none".into(),
-                spec::Compression::Zstd { level } => format!(
-                    "zstd level {}",
-                    if level == 0 {
-                        storage::compress::DEFAULT_ZSTD_LEVEL
-                    } else {
-                        level
-                    }
-                ),
-            },
-        };
-        let w = SegmentWriter::create(
-            SegmentNames::from_output(out),
-            opts.rotation.clone(),
-            sink_opts,
-            identity,
-            buffers.iter().map(|b| b.buffer.clone()).collect(),
-        )
-        .map_err(AppError::Segments)?;
-        Output::Segments(Box::new(w))
-    } else {
-        Output::File(
-            storage::open_output(opts.output.clone(), sink_opts).map_err(AppError::Output)?,
-        )
+    let sink = match served_sink.take() {
+        Some(s) => Output::File(s),
+        None => output(spec, opts, &buffers, uuid, compression, compress.is_some())?,
     };
     let output_label = match (served_label, &opts.output) {
         (Some(l), _) => l,
@@ -351,15 +203,7 @@ fn build_with(
     };
 
     let uid = consumer_uid.unwrap_or_else(|| rustix::process::getuid().as_raw());
-    let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
-    if matches!(sink, Output::Segments(_)) {
-        log.begin_segment(0, segment_uuid(uuid, 0));
-    }
-    log.disable_clock_snapshotting = spec.builtin.disable_clock_snapshotting;
-    log.disable_trace_config = spec.builtin.disable_trace_config;
-    log.disable_system_info = spec.builtin.disable_system_info;
-    log.disable_service_events = spec.builtin.disable_service_events;
-
+    let log = service_log(spec, uid, uuid, matches!(sink, Output::Segments(_)));
     let timeline = Timeline::from_spec(spec)?
         .with_rotation(opts.rotation.clone())
         .with_snapshot_disk(opts.rotation.max_disk.filter(|_| !opts.rotation.rotates()));
@@ -390,9 +234,309 @@ fn build_with(
         config_label: opts.config_label.clone(),
         status_line: opts.status_line,
         snapshot_dir,
-        privileges: None,
         quota_view: QuotaView::for_consumer(consumer_uid),
     })
+}
+
+/// The session's ring buffers, as the config sizes them.
+fn session_buffers(spec: &RecorderSpec) -> Result<Vec<SessionBuffer>, AppError> {
+    let mut buffers = Vec::with_capacity(spec.buffers.len());
+    for (index, b) in spec.buffers.iter().enumerate() {
+        let policy = match b.fill_policy {
+            spec::FillPolicy::RingBuffer => FillPolicy::RingBuffer,
+            spec::FillPolicy::Discard => FillPolicy::Discard,
+        };
+        let params = BufferParams::new(b.size.0 as usize, policy);
+        let buffer = Buffer::new(params).map_err(|source| AppError::Buffer { index, source })?;
+        buffers.push(SessionBuffer {
+            buffer,
+            policy: match policy {
+                FillPolicy::RingBuffer => "RING_BUFFER",
+                FillPolicy::Discard => "DISCARD",
+            },
+        });
+    }
+    Ok(buffers)
+}
+
+/// The built-in data sources the config asks for, each on its own
+/// sequence; returns them and the next free sequence id (the producers').
+/// `served`: a `recorder serve` session's consumer uid and who prepares
+/// its tracefs instances.
+fn builtin_sources(
+    spec: &RecorderSpec,
+    buffers: &[SessionBuffer],
+    filters: &[ProducerFilter],
+    served: Option<&(u32, Option<Arc<dyn RemoteTracefs>>)>,
+) -> Result<(Vec<Box<dyn DataSource>>, u32), AppError> {
+    let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
+    let mut next_seq = FIRST_SOURCE_SEQUENCE;
+    // ftrace tells process_stats which pids it saw, once that poller runs.
+    let pid_route: PidRoute = Arc::new(std::sync::Mutex::new(None));
+    for (index, ds) in spec.data_sources.iter().enumerate() {
+        let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
+            return Err(AppError::MissingBuffer {
+                index,
+                name: ds.name.clone(),
+                buffer: ds.target_buffer.0,
+            });
+        };
+        let buffer: &Arc<Buffer> = &target.buffer;
+        if !filters[index].admits(PRODUCER_NAME) {
+            log::info!(
+                "data_sources[{index}] ({}): its producer filters leave out the built-in {PRODUCER_NAME}",
+                ds.name
+            );
+            continue;
+        }
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| AppError::Source {
+            index,
+            name: ds.name.clone(),
+            source: e,
+        };
+        // Made only for a source that is built: a writer names its sequence
+        // in the buffer's stats.
+        let writer = || buffer.writer(WriterId(next_seq));
+        let source: Box<dyn DataSource> = match &ds.kind {
+            SourceKind::ForTesting(t) => {
+                let opts = TestOptions {
+                    message_count: t.message_count as u64,
+                    max_messages_per_second: t.max_messages_per_second,
+                    message_size: t.message_size,
+                    seed: t.seed,
+                    send_batch_on_register: t.send_batch_on_register,
+                };
+                Box::new(ForTesting::new(&ds.name, opts, writer()))
+            }
+            SourceKind::ProcessStats(p) => {
+                let src = ProcessStatsSource::new(p.clone(), HostPaths::default(), next_seq);
+                Box::new(
+                    PolledDataSource::new(&ds.name, src, writer()).route_pids(pid_route.clone()),
+                )
+            }
+            SourceKind::Ftrace(_) if served.is_some_and(|(_, r)| r.is_none()) => {
+                log::info!(
+                    "data source {:?}: served by producers (this service prepares no tracefs)",
+                    ds.name
+                );
+                continue;
+            }
+            // What the built-in source cannot serve stays with the producers
+            // that can (traced_probes honours every field).
+            SourceKind::Ftrace(f)
+                if served.is_some()
+                    && let Err(e) = FtraceRequest::from_spec(f) =>
+            {
+                log::info!("data source {:?}: left to producers: {e}", ds.name);
+                continue;
+            }
+            SourceKind::Ftrace(f) => {
+                let read_mode = ReadMode::from_env().map_err(|why| failed(why.into()))?;
+                let opts = FtraceOptions {
+                    spec: f.clone(),
+                    sequence_id: next_seq,
+                    read_mode,
+                    ..FtraceOptions::default()
+                };
+                match served {
+                    Some((uid, Some(remote))) => Box::new(FtraceDataSource::served(
+                        &ds.name,
+                        opts,
+                        writer(),
+                        pid_route.clone(),
+                        remote.clone(),
+                        *uid,
+                    )),
+                    _ => Box::new(
+                        FtraceDataSource::new(&ds.name, opts, writer(), pid_route.clone())
+                            .map_err(|e| failed(Box::new(e)))?,
+                    ),
+                }
+            }
+            SourceKind::SysStats(s) => {
+                let src = SysStatsSource::new(s, HostPaths::default(), next_seq)
+                    .map_err(|e| failed(Box::new(e)))?;
+                Box::new(PolledDataSource::new(&ds.name, src, writer()))
+            }
+            _ => {
+                log::info!(
+                    "data source {:?} has no built-in provider here: nothing recorded for it",
+                    ds.name
+                );
+                continue;
+            }
+        };
+        sources.push(source);
+        next_seq += 1;
+    }
+    Ok((sources, next_seq))
+}
+
+/// The output: numbered segments when rotating, else one file (or stdout).
+fn output(
+    spec: &RecorderSpec,
+    opts: &RunOptions,
+    buffers: &[SessionBuffer],
+    uuid: (i64, i64),
+    compression: spec::Compression,
+    compressed: bool,
+) -> Result<Output, AppError> {
+    // O_DIRECT for plain streaming (storage::direct): not under a size cap,
+    // which its padding could overrun, nor for compressed passes, which are
+    // copied whole anyway, nor for segments.
+    let direct = opts.direct_io
+        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
+        && !compressed
+        && !opts.rotation.rotates();
+    let sink_opts = OpenOptions {
+        no_clobber: opts.no_clobber,
+        io: opts.io,
+        direct,
+    };
+    if !opts.rotation.rotates() {
+        return Ok(Output::File(
+            storage::open_output(opts.output.clone(), sink_opts).map_err(AppError::Output)?,
+        ));
+    }
+    opts.rotation.check().map_err(AppError::Rotation)?;
+    let OutputPath::File(out) = &opts.output else {
+        return Err(AppError::Refused(
+            "segments (--rotate-size, --rotate-period) need a file or directory output, not stdout",
+        ));
+    };
+    if matches!(
+        spec.trigger.as_ref().map(|t| t.mode),
+        Some(spec::TriggerMode::CloneSnapshot)
+    ) {
+        return Err(AppError::Refused(
+            "segments do not apply to CLONE_SNAPSHOT sessions (their snapshots are files of their own)",
+        ));
+    }
+    let (host, boot_id) = storage::segment::sidecar::host_and_boot_id();
+    let identity = SegmentIdentity {
+        host,
+        boot_id,
+        session_uuid: uuid,
+        compression: match compression {
+            spec::Compression::None => "none".into(),
+            spec::Compression::Zstd { level } => format!(
+                "zstd level {}",
+                if level == 0 {
+                    storage::compress::DEFAULT_ZSTD_LEVEL
+                } else {
+                    level
+                }
+            ),
+        },
+    };
+    let w = SegmentWriter::create(
+        SegmentNames::from_output(out),
+        opts.rotation.clone(),
+        sink_opts,
+        identity,
+        buffers.iter().map(|b| b.buffer.clone()).collect(),
+    )
+    .map_err(AppError::Segments)?;
+    Ok(Output::Segments(Box::new(w)))
+}
+
+/// The service packets' log, with the config's switches.
+fn service_log(spec: &RecorderSpec, uid: u32, uuid: (i64, i64), segments: bool) -> ServiceLog {
+    let mut log = ServiceLog::new(uid, spec.config_bytes.clone(), uuid, SystemInfo::current());
+    if segments {
+        log.begin_segment(0, segment_uuid(uuid, 0));
+    }
+    log.disable_clock_snapshotting = spec.builtin.disable_clock_snapshotting;
+    log.disable_trace_config = spec.builtin.disable_trace_config;
+    log.disable_system_info = spec.builtin.disable_system_info;
+    log.disable_service_events = spec.builtin.disable_service_events;
+    log
+}
+
+/// What the session does before its event loop reads a byte from anyone:
+/// the sources' privileged preparation (tracefs), then — for a root
+/// session — the drop to the service user, and only then the control
+/// endpoints served. A failed drop ends the session before it serves.
+pub fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), AppError> {
+    for s in &mut rec.sources {
+        s.prepare();
+    }
+    if let Some(p) = privileges {
+        give_up_root(rec, &p)?;
+    }
+    if let Some(c) = &mut rec.control {
+        c.serve().map_err(AppError::Control)?;
+    }
+    Ok(())
+}
+
+/// Registers with the broker what the session will need done as root
+/// later — new files in its output directories, the tracefs teardown, the
+/// sockets to remove, the hook — and gives up root for the whole process.
+fn give_up_root(rec: &mut Recording, p: &Privileges) -> Result<(), AppError> {
+    let runtime = rec
+        .control
+        .as_ref()
+        .and_then(|_| crate::control::runtime_dir::for_server().ok());
+    let producer_dir = rec.producers.as_ref().and_then(|h| {
+        let (dir, name) = crate::storage::create::split(h.path()).ok()?;
+        let fd = rustix::fs::open(
+            &dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        Some((fd, name))
+    });
+    if let Some(h) = &mut rec.history
+        && let Err(e) = h.hold_open()
+    {
+        log::warn!("trigger history unavailable ({e}): max_per_24_h sees no earlier triggers");
+    }
+    let mut reg = Registration {
+        teardowns: rec
+            .sources
+            .iter_mut()
+            .filter_map(|s| s.hand_over_teardown())
+            .collect(),
+        ..Registration::default()
+    };
+    // Which registered directory is which: segments (true) or snapshots.
+    let mut which = Vec::new();
+    if let Output::Segments(w) = &rec.sink {
+        reg.dirs
+            .push((w.dir().fd(), vec![format!("{}-", w.names().stem)]));
+        which.push(true);
+        if let Some((cmd, timeout)) = w.hook_command() {
+            reg.hook = Some((cmd.to_string(), w.names().dir.clone(), timeout));
+        }
+    }
+    if let Some((dir, base)) = &rec.snapshot_dir {
+        reg.dirs.push((dir.fd(), vec![format!("{base}.")]));
+        which.push(false);
+    }
+    if let Some(rt) = &runtime {
+        let (a, b) = crate::control::server::endpoint_names(std::process::id());
+        reg.leftovers.push((rt.fd(), a));
+        reg.leftovers.push((rt.fd(), b));
+    }
+    if let Some((fd, name)) = &producer_dir {
+        reg.leftovers.push((fd.as_fd(), name.clone()));
+    }
+    let ids = p.drop_now(reg).map_err(AppError::Privilege)?;
+    for (id, segments) in ids.into_iter().zip(which) {
+        if segments {
+            if let Output::Segments(w) = &mut rec.sink {
+                w.dir_mut().delegate_to(p.broker.clone(), id);
+                w.hand_hooks_to(p.broker.clone());
+            }
+        } else if let Some((dir, _)) = &mut rec.snapshot_dir {
+            dir.delegate_to(p.broker.clone(), id);
+        }
+    }
+    Ok(())
 }
 
 /// The session's control socket and trigger history in the runtime
@@ -402,7 +546,8 @@ fn control_server(
 ) -> Result<(Option<ControlServer>, Option<TriggerHistory>), AppError> {
     let uid = rustix::process::getuid().as_raw();
     Ok(match runtime_dir::for_server() {
-        Ok(dir) => match ControlServer::start(&dir, std::process::id(), uid) {
+        // Served once the session has given up root ([`begin`]).
+        Ok(dir) => match ControlServer::bind(&dir, std::process::id(), uid) {
             Ok(c) => (Some(c), Some(TriggerHistory::new(&dir))),
             Err(e) if needs_control => return Err(AppError::Control(e)),
             Err(e) => {

@@ -521,4 +521,9 @@ pub struct ServeArgs {
     /// unallocated uid of systemd's dynamic range. Never root nor nobody.
     #[arg(long, value_name = "NAME|UID")]
     pub user: Option<String>,
+    /// Leave linux.ftrace to producers (Perfetto's traced_probes) instead
+    /// of recording it with the built-in source, whose tracefs instances a
+    /// root broker prepares (only when started as root).
+    #[arg(long)]
+    pub no_builtin_ftrace: bool,
 }

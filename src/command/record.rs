@@ -78,7 +78,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         _ => None,
     };
     // A root session forks its privileged broker now, while the process is
-    // single-threaded; it gives up root once its sources have started.
+    // single-threaded; it gives up root once set up ([`app::begin`]).
     let detached_stderr = args
         .background
         .then(|| log.as_ref().map(|(_, fd)| fd.as_fd()));
@@ -130,10 +130,19 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
             return ExitCode::Runtime;
         }
     };
+    // Root is given up here, before the event loop reads a byte from
+    // anyone: a session waiting for its trigger already runs unprivileged.
+    if let Err(e) = app::begin(&mut rec, privileges) {
+        let line = super::chain(&e);
+        if let Some(r) = report.as_mut() {
+            r.failed(&line);
+        }
+        eprintln!("error: {line}");
+        return ExitCode::Runtime;
+    }
     if let Some(r) = report.as_mut() {
         r.ok();
     }
-    rec.privileges = privileges;
     let timeline = rec.session.timeline().clone();
     let outcome = crate::event_loop::run(rec, signals);
     // The session's objects are gone (their tracefs files closed): the

@@ -1,13 +1,18 @@
 //! `recorder serve`: the recorder as a tracing service. Binds the consumer
 //! and producer sockets, drops root (when started as root) before it reads
-//! a byte from a client, then serves until SIGINT or SIGTERM.
+//! a byte from a client, then serves until SIGINT or SIGTERM. Started as
+//! root it first forks the privileged broker, which prepares a tracefs
+//! instance per session that records the built-in linux.ftrace (and tears
+//! it down, also when the service dies).
 
 use super::ExitCode;
 use crate::cli::ServeArgs;
 use crate::consumer::{self, service::ConsumerService};
 use crate::ipc::host::ProducerService;
 use crate::ipc::socket_path;
-use crate::privilege::{self, PrivilegeError, user::ServiceUser};
+use std::sync::Arc;
+
+use crate::privilege::{self, Broker, PrivilegeError, user::ServiceUser};
 
 /// Runs the service.
 pub fn run(args: &ServeArgs) -> ExitCode {
@@ -62,13 +67,21 @@ pub fn run(args: &ServeArgs) -> ExitCode {
             return ExitCode::Runtime;
         }
     };
-    if let Some(u) = &user
-        && let Err(e) = become_user(u, &[&consumer_path, &producer_path])
-    {
-        let _ = std::fs::remove_file(&consumer_path);
-        let _ = std::fs::remove_file(&producer_path);
-        eprintln!("error: cannot drop root: {}", super::chain(&e));
-        return ExitCode::Runtime;
+    let mut broker = None;
+    if let Some(u) = user {
+        match become_user(
+            u,
+            &[&consumer_path, &producer_path],
+            !args.no_builtin_ftrace,
+        ) {
+            Ok(b) => broker = b,
+            Err(e) => {
+                let _ = std::fs::remove_file(&consumer_path);
+                let _ = std::fs::remove_file(&producer_path);
+                eprintln!("error: cannot drop root: {}", super::chain(&e));
+                return ExitCode::Runtime;
+            }
+        }
     }
     log::info!("producer socket: {}", producer_path.display());
     let producers = match ProducerService::start(producer_listener, &producer_path) {
@@ -81,6 +94,10 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         }
     };
     let service = ConsumerService::new(consumer_listener, consumer_path, Some(producers));
+    match broker {
+        Some(b) => service.serve_ftrace(b),
+        None => log::info!("linux.ftrace: left to producers (traced_probes)"),
+    }
     match service.run() {
         Ok(()) => ExitCode::Success,
         Err(e) => {
@@ -91,12 +108,23 @@ pub fn run(args: &ServeArgs) -> ExitCode {
 }
 
 /// Hands the socket files to the service user (so it can remove them at
-/// its stop) and drops root for good.
-fn become_user(u: &ServiceUser, sockets: &[&std::path::Path]) -> Result<(), PrivilegeError> {
+/// its stop), forks the broker that prepares tracefs (`with_broker`;
+/// while still single-threaded) and drops root for good.
+fn become_user(
+    u: ServiceUser,
+    sockets: &[&std::path::Path],
+    with_broker: bool,
+) -> Result<Option<Arc<Broker>>, PrivilegeError> {
     for s in sockets {
         if let Err(e) = std::os::unix::fs::lchown(s, Some(u.uid), Some(u.gid)) {
             log::warn!("chown {}: {e}", s.display());
         }
     }
-    privilege::give_up_root(u)
+    if !with_broker {
+        privilege::give_up_root(&u)?;
+        return Ok(None);
+    }
+    let p = privilege::start_for_serve(u)?;
+    p.drop_now(privilege::Registration::default())?;
+    Ok(Some(p.broker))
 }

@@ -87,6 +87,9 @@ struct Inner {
 pub struct Registry {
     inner: Mutex<Inner>,
     producers: Option<Arc<ProducerService>>,
+    /// Who prepares tracefs for sessions' built-in linux.ftrace (the root
+    /// broker); unset: producers (traced_probes) provide it.
+    ftrace: std::sync::OnceLock<Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>>,
     /// The uid and pid the service runs as (its built-in producer's).
     pub service_uid: u32,
     pub service_pid: u32,
@@ -119,9 +122,21 @@ impl Registry {
                 ..Inner::default()
             }),
             producers: producers.map(Arc::new),
+            ftrace: std::sync::OnceLock::new(),
             service_uid: rustix::process::getuid().as_raw(),
             service_pid: std::process::id(),
         })
+    }
+
+    /// Sessions record linux.ftrace themselves, on instances `remote`
+    /// prepares. Once.
+    pub fn serve_ftrace(&self, remote: Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>) {
+        let _ = self.ftrace.set(remote);
+    }
+
+    /// Who prepares sessions' tracefs instances, if anyone.
+    pub fn ftrace(&self) -> Option<Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>> {
+        self.ftrace.get().cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -42,6 +42,12 @@ impl ConsumerService {
         }
     }
 
+    /// Sessions record linux.ftrace themselves on instances `remote` (the
+    /// root broker) prepares, instead of leaving it to producers.
+    pub fn serve_ftrace(&self, remote: Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>) {
+        self.registry.serve_ftrace(remote);
+    }
+
     /// Accepts until SIGINT or SIGTERM, then stops every session and
     /// waits (bounded) for them to end.
     pub fn run(self) -> Result<(), ConsumerError> {

@@ -12,6 +12,7 @@ use super::registry::{Refusal, Registry, SessionEntry, SessionState};
 use crate::app::{self, RunOptions, Served};
 use crate::config::spec::{RecorderSpec, SourceKind};
 use crate::control::server::{ControlServer, InProcessControl};
+use crate::sources::ftrace::remote::FtraceRequest;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::{IoChoice, OutputPath};
 
@@ -87,15 +88,15 @@ fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
 }
 
 /// Whether the session needs the producer socket: a data source no
-/// built-in source of a served session provides, or triggers (which
-/// `trigger_perfetto` sends there).
-fn needs_producers(spec: &RecorderSpec) -> bool {
+/// built-in source of a served session provides (linux.ftrace when the
+/// service prepares no tracefs, or asks what the built-in source does not
+/// serve), or triggers (which `trigger_perfetto` sends there).
+fn needs_producers(spec: &RecorderSpec, builtin_ftrace: bool) -> bool {
     spec.trigger.is_some()
-        || spec.data_sources.iter().any(|d| {
-            matches!(
-                d.kind,
-                SourceKind::TrackEvent | SourceKind::Other | SourceKind::Ftrace(_)
-            )
+        || spec.data_sources.iter().any(|d| match &d.kind {
+            SourceKind::TrackEvent | SourceKind::Other => true,
+            SourceKind::Ftrace(f) => !builtin_ftrace || FtraceRequest::from_spec(f).is_err(),
+            _ => false,
         })
 }
 
@@ -127,7 +128,7 @@ pub fn start(
         start_realtime_ns: crate::clock::realtime_ms() as i64 * 1_000_000,
         state: SessionState::Configured,
         control: None,
-        producers: needs_producers(spec),
+        producers: needs_producers(spec, registry.ftrace().is_some()),
     };
     let (id, producers) = registry.reserve(entry)?;
     match build_and_run(spec, uid, id, producers, registry, output, on_end) {
@@ -182,8 +183,11 @@ fn build_and_run(
         control,
         producers,
         consumer_uid: uid,
+        ftrace: registry.ftrace(),
     };
-    let rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
+    let mut rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
+    // Prepared now (tracefs through the broker), armed when it starts.
+    app::begin(&mut rec, None).map_err(|e| app::chain(&e))?;
     registry.attach_control(id, handle.clone());
     let waiting = spec.deferred_start
         || matches!(

@@ -106,6 +106,8 @@ pub struct ControlServer {
     /// poll(2) with no timeout when idle, so an idle session costs no wake-ups.
     stop_tx: Option<OwnedFd>,
     thread: Option<JoinHandle<()>>,
+    /// The worker of endpoints bound and not served yet.
+    held: Option<Box<Worker>>,
     /// The endpoints' directory and names; none in process.
     endpoints: Option<(RuntimeDir, (String, String))>,
     paths: (PathBuf, PathBuf),
@@ -145,6 +147,32 @@ impl ControlServer {
     /// Binds both endpoints of session `pid` (owned by `owner_uid`) in the
     /// checked directory `dir` and starts serving them.
     pub fn start(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
+        let mut server = Self::bind(dir, pid, owner_uid)?;
+        server.serve()?;
+        Ok(server)
+    }
+
+    /// Starts serving the endpoints [`bind`](Self::bind) made: until then
+    /// clients wait in the listen backlog and no byte of theirs is read (a
+    /// root session serves only once it has given up root). Once only.
+    pub fn serve(&mut self) -> Result<(), ControlError> {
+        let Some(worker) = self.held.take() else {
+            return Ok(());
+        };
+        let thread = std::thread::Builder::new()
+            .name("recorder-control".into())
+            .spawn(move || worker.run())
+            .map_err(|source| ControlError::Socket {
+                path: self.paths.0.display().to_string(),
+                source,
+            })?;
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Binds both endpoints as [`start`](Self::start) does, without serving
+    /// them yet.
+    pub fn bind(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
         let names = endpoint_names(pid);
         let trigger = bind(dir, &names.0, 0o666)?;
         let control = match bind(dir, &names.1, 0o600) {
@@ -185,10 +213,6 @@ impl ControlServer {
             conns: Vec::new(),
             next_id: 0,
         };
-        let thread = std::thread::Builder::new()
-            .name("recorder-control".into())
-            .spawn(move || worker.run())
-            .map_err(sock_err)?;
         let paths = (dir.path().join(&names.0), dir.path().join(&names.1));
         Ok(Self {
             requests: rx,
@@ -197,7 +221,8 @@ impl ControlServer {
             refused_by_uid,
             stopping,
             stop_tx: Some(stop_tx),
-            thread: Some(thread),
+            thread: None,
+            held: Some(Box::new(worker)),
             endpoints: Some((dir.clone(), names)),
             paths,
         })
@@ -220,6 +245,7 @@ impl ControlServer {
             stopping: Arc::new(AtomicBool::new(false)),
             stop_tx: None,
             thread: None,
+            held: None,
             endpoints: None,
             paths: (PathBuf::new(), PathBuf::new()),
         };

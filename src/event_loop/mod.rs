@@ -15,7 +15,7 @@
 //! rules for those events.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +37,6 @@ use crate::control::message::{
 use crate::control::server::{ControlServer, Incoming};
 use crate::ipc::host::{HostEvent, ProducerHost, QuotaView};
 use crate::ipc::quota::{Limit, UidReport};
-use crate::privilege::{Privileges, Registration};
 use crate::ringbuf::Buffer;
 use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushCounts, FlushId, Pass, RequestId, SegmentFill,
@@ -88,9 +87,6 @@ pub struct Recording {
     /// Where snapshots are made: the output's checked directory and the
     /// output's file name (CLONE_SNAPSHOT sessions).
     pub snapshot_dir: Option<(OutputDir, String)>,
-    /// A root session's broker and service user: the process gives up root
-    /// once its sources have started.
-    pub privileges: Option<Privileges>,
     /// Whose quota figures the trace and the summary show.
     pub quota_view: QuotaView,
 }
@@ -340,7 +336,6 @@ impl Loop {
         match action {
             Action::StartSources => {
                 self.start_sources();
-                self.give_up_root();
             }
             Action::SetTimer(t, at) => self.reactor.set(t, at),
             Action::CancelTimer(t) => self.reactor.cancel(t),
@@ -423,92 +418,6 @@ impl Loop {
             return;
         }
         self.queue.push_back(Event::SourcesStarted);
-    }
-
-    /// Once the sources hold what they need from tracefs (descriptors, the
-    /// teardown handed over), the process gives up root: what it still
-    /// needs later goes to the broker. A failed drop ends the session.
-    fn give_up_root(&mut self) {
-        let Some(p) = self.rec.privileges.take() else {
-            return;
-        };
-        let runtime = self
-            .rec
-            .control
-            .as_ref()
-            .and_then(|_| crate::control::runtime_dir::for_server().ok());
-        let producer_dir = self.rec.producers.as_ref().and_then(|h| {
-            let (dir, name) = crate::storage::create::split(h.path()).ok()?;
-            let fd = rustix::fs::open(
-                &dir,
-                rustix::fs::OFlags::RDONLY
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .ok()?;
-            Some((fd, name))
-        });
-        if let Some(h) = &mut self.rec.history
-            && let Err(e) = h.hold_open()
-        {
-            self.warn(format!(
-                "trigger history unavailable ({e}): max_per_24_h sees no earlier triggers"
-            ));
-        }
-        let mut teardowns = Vec::new();
-        for s in &mut self.rec.sources {
-            teardowns.extend(s.hand_over_teardown());
-        }
-        let mut reg = Registration {
-            teardowns,
-            ..Registration::default()
-        };
-        let mut which = Vec::new();
-        if let Output::Segments(w) = &self.rec.sink {
-            reg.dirs
-                .push((w.dir().fd(), vec![format!("{}-", w.names().stem)]));
-            which.push(true);
-            if let Some((cmd, timeout)) = w.hook_command() {
-                reg.hook = Some((cmd.to_string(), w.names().dir.clone(), timeout));
-            }
-        }
-        if let Some((dir, base)) = &self.rec.snapshot_dir {
-            reg.dirs.push((dir.fd(), vec![format!("{base}.")]));
-            which.push(false);
-        }
-        if let Some(rt) = &runtime {
-            let (a, b) = crate::control::server::endpoint_names(std::process::id());
-            reg.leftovers.push((rt.fd(), a));
-            reg.leftovers.push((rt.fd(), b));
-        }
-        if let Some((fd, name)) = &producer_dir {
-            reg.leftovers.push((fd.as_fd(), name.clone()));
-        }
-        let ids = match p.drop_now(reg) {
-            Ok(ids) => ids,
-            Err(e) => {
-                // Never record on as root: the session ends, as when a
-                // source cannot start.
-                self.queue.push_back(Event::SourceFailed(SourceFailure {
-                    source: "the drop to the service user".into(),
-                    phase: SourcePhase::Starting,
-                    cause: e.to_string(),
-                }));
-                return;
-            }
-        };
-        let broker = p.broker.clone();
-        for (id, segments) in ids.into_iter().zip(which) {
-            if segments {
-                if let Output::Segments(w) = &mut self.rec.sink {
-                    w.dir_mut().delegate_to(broker.clone(), id);
-                    w.hand_hooks_to(broker.clone());
-                }
-            } else if let Some((dir, _)) = &mut self.rec.snapshot_dir {
-                dir.delegate_to(broker.clone(), id);
-            }
-        }
     }
 
     fn accept_trigger(&mut self, t: AcceptedTrigger) {

@@ -215,7 +215,6 @@ impl Fixture {
             config_label: "test".into(),
             status_line: false,
             snapshot_dir: None,
-            privileges: None,
         };
         Self {
             l: Loop::new(rec, None),

@@ -10,12 +10,17 @@
 //! (no `/`, not `..`) and starting with a prefix registered for that
 //! directory, so a compromised recorder cannot use it to write elsewhere.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::message::{self, MessageError, Reply, Request};
-use crate::sources::ftrace::tracefs::TracefsTeardown;
+use crate::sources::ftrace::remote::FtraceRequest;
+use crate::sources::ftrace::tracefs::{Tracefs, TracefsTeardown};
+use crate::sources::ftrace::{
+    FtraceOptions, FtraceSource, VecOutput, default_buffer_size_kb, mem_total_kb,
+};
 use crate::storage::create::{self, CreateError, OutputDir};
 use crate::storage::segment::hook::{HookJob, HookRunner};
 
@@ -33,12 +38,59 @@ struct State {
     teardowns: Vec<TracefsTeardown>,
     hooks: Option<(HookRunner, PathBuf)>,
     sealed: bool,
+    /// `recorder serve`'s broker: the instances it prepared for sessions.
+    served: Option<ServedInstances>,
+}
+
+/// Instances a uid's sessions may hold at once.
+pub const MAX_INSTANCES_PER_UID: usize = 4;
+/// Instances all sessions together may hold.
+pub const MAX_INSTANCES: usize = 16;
+/// Kernel buffer memory a uid's instances may hold, all CPUs (KiB).
+pub const MAX_BUFFER_KB_PER_UID: u64 = 256 * 1024;
+
+/// Tracefs instances prepared for `recorder serve`'s sessions.
+#[derive(Default)]
+struct ServedInstances {
+    live: HashMap<u64, ServedInstance>,
+    next: u64,
+}
+
+struct ServedInstance {
+    uid: u32,
+    /// Buffer memory charged to the uid (KiB, all CPUs).
+    kb: u64,
+    teardown: TracefsTeardown,
+}
+
+/// Why a prepare request was refused (kept as text on the wire).
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    #[error("this broker prepares no ftrace")]
+    NotServing,
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("uid {uid} holds {held} ftrace instances, the most a uid may")]
+    UidInstances { uid: u32, held: usize },
+    #[error("{0} ftrace instances are held, the most the service may")]
+    Instances(usize),
+    #[error(
+        "uid {uid}: {want} KiB of ftrace buffers over the {held} KiB held would pass its {MAX_BUFFER_KB_PER_UID} KiB"
+    )]
+    UidMemory { uid: u32, want: u64, held: u64 },
+    #[error(transparent)]
+    Ftrace(#[from] crate::sources::ftrace::FtraceError),
 }
 
 /// Serves requests on `sock` until the other end closes, then cleans up.
 /// Runs in the forked child; returns when it is time to exit.
-pub fn serve(sock: OwnedFd) {
-    let mut st = State::default();
+/// `prepares_ftrace`: `recorder serve`'s broker, which prepares tracefs
+/// instances for sessions on request.
+pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
+    let mut st = State {
+        served: prepares_ftrace.then(ServedInstances::default),
+        ..State::default()
+    };
     loop {
         let (req, fd) = match message::recv::<Request>(sock.as_fd()) {
             Ok(r) => r,
@@ -53,6 +105,12 @@ pub fn serve(sock: OwnedFd) {
                 continue;
             }
         };
+        if let Request::PrepareFtrace { uid, request } = &req {
+            if st.reply_prepared(sock.as_fd(), *uid, request).is_err() {
+                break;
+            }
+            continue;
+        }
         let (reply, out) = st.handle(req, fd);
         let sent = message::send(sock.as_fd(), &reply, out.as_ref().map(AsFd::as_fd));
         if sent.is_err() {
@@ -192,6 +250,16 @@ impl State {
                 }
                 None => refused("no hook registered".into()),
             },
+            Request::PrepareFtrace { .. } => refused("not answered here".into()),
+            Request::ReleaseFtrace { key } => {
+                match self.served.as_mut().and_then(|s| s.live.remove(&key)) {
+                    Some(i) => {
+                        i.teardown.run();
+                        (Reply::Done, None)
+                    }
+                    None => refused(format!("no ftrace instance {key}")),
+                }
+            }
             Request::Teardown => {
                 self.tear_down();
                 (Reply::Done, None)
@@ -218,10 +286,113 @@ impl State {
         Ok(&reg.dir)
     }
 
+    /// Prepares an instance for `request` and sends it: the reply, the
+    /// formats, the descriptors. Err only when the socket failed.
+    fn reply_prepared(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        uid: u32,
+        request: &FtraceRequest,
+    ) -> Result<(), MessageError> {
+        let (key, mut info, fds) = match self.prepare_ftrace(uid, request) {
+            Ok(p) => p,
+            Err(e) => {
+                log::info!("broker: ftrace for uid {uid} refused: {e}");
+                return message::send(sock, &Reply::Refused(e.to_string()), None);
+            }
+        };
+        let formats = std::mem::take(&mut info.formats);
+        message::send(
+            sock,
+            &Reply::Ftrace {
+                key,
+                info,
+                formats: formats.len(),
+            },
+            None,
+        )?;
+        for (g, n, text) in formats {
+            message::send(sock, &Reply::Format(g, n, text), None)?;
+        }
+        for chunk in fds.chunks(message::MAX_FDS) {
+            let borrowed: Vec<BorrowedFd<'_>> = chunk.iter().map(AsFd::as_fd).collect();
+            message::send_many(sock, &Reply::Fds, &borrowed)?;
+        }
+        Ok(())
+    }
+
+    /// The request checked, the uid's limits checked before anything is
+    /// made, then the instance prepared; its teardown is kept.
+    fn prepare_ftrace(
+        &mut self,
+        uid: u32,
+        request: &FtraceRequest,
+    ) -> Result<
+        (
+            u64,
+            crate::sources::ftrace::remote::PreparedInfo,
+            Vec<OwnedFd>,
+        ),
+        PrepareError,
+    > {
+        let served = self.served.as_mut().ok_or(PrepareError::NotServing)?;
+        request.check().map_err(PrepareError::Invalid)?;
+        if served.live.len() >= MAX_INSTANCES {
+            return Err(PrepareError::Instances(served.live.len()));
+        }
+        let mine: Vec<&ServedInstance> = served.live.values().filter(|i| i.uid == uid).collect();
+        if mine.len() >= MAX_INSTANCES_PER_UID {
+            return Err(PrepareError::UidInstances {
+                uid,
+                held: mine.len(),
+            });
+        }
+        let top = Tracefs::discover().map_err(crate::sources::ftrace::FtraceError::from)?;
+        let default_kb = default_buffer_size_kb(mem_total_kb(std::path::Path::new("/proc")));
+        let per_cpu = match request.buffer_size_kb {
+            Some(kb) if request.buffer_size_lower_bound => kb.max(default_kb),
+            Some(kb) => kb,
+            None => default_kb,
+        };
+        let want = u64::from(per_cpu) * top.cpus().len().max(1) as u64;
+        let held: u64 = mine.iter().map(|i| i.kb).sum();
+        if held + want > MAX_BUFFER_KB_PER_UID {
+            return Err(PrepareError::UidMemory { uid, want, held });
+        }
+        let opts = FtraceOptions {
+            spec: request.to_spec(),
+            tracefs_root: Some(top.root().to_path_buf()),
+            ..FtraceOptions::default()
+        };
+        let mut src = FtraceSource::new(opts, VecOutput::new())?;
+        src.prepare()?;
+        let (info, fds, teardown) = src.export()?;
+        let key = served.next;
+        served.next += 1;
+        served.live.insert(
+            key,
+            ServedInstance {
+                uid,
+                kb: want,
+                teardown,
+            },
+        );
+        log::info!(
+            "broker: ftrace instance {key} for uid {uid}: {} events, {per_cpu} KiB per CPU",
+            info.formats.len()
+        );
+        Ok((key, info, fds))
+    }
+
     /// Undoes the tracefs changes and removes leftover sockets, once.
     fn tear_down(&mut self) {
         for t in self.teardowns.drain(..) {
             t.run();
+        }
+        if let Some(s) = &mut self.served {
+            for (_, i) in s.live.drain() {
+                i.teardown.run();
+            }
         }
         for (dir, name) in self.leftovers.drain(..) {
             // Only a socket: the name is in a directory others may write.
@@ -270,6 +441,37 @@ mod tests {
         );
         assert!(matches!(r, Reply::Registered(0)), "{r:?}");
         st
+    }
+
+    #[test]
+    fn a_sessions_broker_prepares_no_ftrace_and_releases_nothing() {
+        let mut st = State::default();
+        let request = FtraceRequest {
+            events: vec!["sched/sched_switch".into()],
+            ..FtraceRequest::default()
+        };
+        assert!(matches!(
+            st.prepare_ftrace(0, &request),
+            Err(PrepareError::NotServing)
+        ));
+        let (r, _) = st.handle(Request::ReleaseFtrace { key: 0 }, None);
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+    }
+
+    #[test]
+    fn a_bad_request_is_refused_before_tracefs_is_looked_at() {
+        let mut st = State {
+            served: Some(ServedInstances::default()),
+            ..State::default()
+        };
+        let request = FtraceRequest {
+            events: vec!["sched/../../x".into()],
+            ..FtraceRequest::default()
+        };
+        assert!(matches!(
+            st.prepare_ftrace(0, &request),
+            Err(PrepareError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The broker's message format: one request or reply per SOCK_SEQPACKET
 //! datagram, JSON of the enums below, at most [`MAX_MESSAGE`] bytes, with at
-//! most one descriptor beside it (SCM_RIGHTS). Versionless: both ends are
-//! the same binary, forked from one process.
+//! most [`MAX_FDS`] descriptors beside it (SCM_RIGHTS). Versionless: both
+//! ends are the same binary, forked from one process.
 
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
@@ -14,11 +14,14 @@ use rustix::net::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::sources::ftrace::remote::{FtraceRequest, PreparedInfo};
 use crate::sources::ftrace::tracefs::TracefsTeardown;
 use crate::storage::segment::hook::HookCounts;
 
 /// The largest datagram either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
+/// Descriptors one datagram carries at most.
+pub const MAX_FDS: usize = 64;
 
 /// What the unprivileged process asks. The `Register*` requests and
 /// `Seal` are accepted only before the drop; after `Seal`, only the
@@ -75,6 +78,18 @@ pub enum Request {
     },
     /// Undo the tracefs changes and remove the leftovers now.
     Teardown,
+    /// `recorder serve`'s broker only: a tracefs instance set up to
+    /// `request` for a session of consumer `uid`, within that uid's limits.
+    /// Answered by [`Reply::Ftrace`], one [`Reply::Format`] per event and
+    /// [`Reply::Fds`] until every descriptor has come.
+    PrepareFtrace {
+        uid: u32,
+        request: FtraceRequest,
+    },
+    /// Undo instance `key` (its user closed its descriptors).
+    ReleaseFtrace {
+        key: u64,
+    },
 }
 
 /// The broker's answer.
@@ -93,6 +108,17 @@ pub enum Reply {
         deleted: Vec<u64>,
     },
     Refused(String),
+    /// A prepared instance; its formats and descriptors follow.
+    Ftrace {
+        key: u64,
+        /// Without its formats, which follow one per datagram.
+        info: PreparedInfo,
+        formats: usize,
+    },
+    /// One event format (group, name, text) of the instance.
+    Format(String, String, String),
+    /// Descriptors of the instance, in order.
+    Fds,
 }
 
 /// A message that could not be sent or read.
@@ -114,16 +140,29 @@ pub fn send<T: Serialize>(
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
 ) -> Result<(), MessageError> {
+    send_many(sock, msg, fd.as_slice())
+}
+
+/// Sends `msg` with up to [`MAX_FDS`] descriptors as one datagram.
+pub fn send_many<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), MessageError> {
     let bytes = serde_json::to_vec(msg).map_err(|e| MessageError::Malformed(e.to_string()))?;
     if bytes.len() > MAX_MESSAGE {
         return Err(MessageError::TooLarge(bytes.len()));
     }
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    if fds.len() > MAX_FDS {
+        return Err(MessageError::Malformed(format!(
+            "{} descriptors in one message",
+            fds.len()
+        )));
+    }
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds;
-    if let Some(f) = fd {
-        fds = [f];
-        control.push(SendAncillaryMessage::ScmRights(&fds));
+    if !fds.is_empty() {
+        control.push(SendAncillaryMessage::ScmRights(fds));
     }
     loop {
         match rustix::net::sendmsg(
@@ -142,12 +181,21 @@ pub fn send<T: Serialize>(
     }
 }
 
-/// Receives one datagram: the message and the descriptor beside it, if any.
+/// Receives one datagram: the message and the descriptor beside it, if
+/// any (any further one is closed).
 pub fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<(T, Option<OwnedFd>), MessageError> {
+    let (msg, fds) = recv_many(sock)?;
+    Ok((msg, fds.into_iter().next()))
+}
+
+/// Receives one datagram with the descriptors beside it.
+pub fn recv_many<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> Result<(T, Vec<OwnedFd>), MessageError> {
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let r = loop {
         match rustix::net::recvmsg(
@@ -162,15 +210,10 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
             Err(e) => return Err(std::io::Error::from(e).into()),
         }
     };
-    let mut fd = None;
+    let mut fds = Vec::new();
     for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for f in fds {
-                // One descriptor at most; any other is closed here.
-                if fd.is_none() {
-                    fd = Some(f);
-                }
-            }
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
         }
     }
     if r.bytes == 0 {
@@ -181,7 +224,7 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
     }
     let msg = serde_json::from_slice(&buf[..r.bytes])
         .map_err(|e| MessageError::Malformed(e.to_string()))?;
-    Ok((msg, fd))
+    Ok((msg, fds))
 }
 
 /// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).
@@ -223,6 +266,21 @@ mod tests {
             recv::<Request>(b.as_fd()),
             Err(MessageError::Closed)
         ));
+    }
+
+    #[test]
+    fn many_descriptors_cross_in_one_datagram() {
+        let (a, b) = pair().expect("pair");
+        let files: Vec<std::fs::File> = (0..MAX_FDS)
+            .map(|_| tempfile::tempfile().expect("file"))
+            .collect();
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(AsFd::as_fd).collect();
+        send_many(a.as_fd(), &Reply::Fds, &fds).expect("send");
+        let (got, received): (Reply, _) = recv_many(b.as_fd()).expect("recv");
+        assert!(matches!(got, Reply::Fds));
+        assert_eq!(received.len(), MAX_FDS);
+        let too_many: Vec<BorrowedFd<'_>> = fds.iter().chain(&fds[..1]).copied().collect();
+        assert!(send_many(a.as_fd(), &Reply::Fds, &too_many).is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  recorder (root) ── fork, still single-threaded ──► broker (root; ignores SIGINT/SIGTERM)
-//!     │ set-up as root: config, output, tracefs, pipes, sockets, rings
+//!     │ set-up as root: config, output, rings, sockets bound (not served),
+//!     │   sources prepared (tracefs set up, tracing off, descriptors held)
 //!     │ register with the broker: segment and snapshot directories (fds),
 //!     │   leftover sockets, tracefs teardown, the hook command; seal
 //!     │ drop: setgroups([]), setresgid/setresuid to the service user,
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use self::message::{Reply, Request};
 use self::user::ServiceUser;
+use crate::sources::ftrace::remote::{FtraceRequest, Prepared, RemoteTracefs};
 use crate::storage::create::{CreateError, Delegate};
 use crate::storage::segment::RemoteHooks;
 use crate::storage::segment::hook::HookCounts;
@@ -85,6 +87,48 @@ impl Broker {
     pub fn teardown(&self) {
         if let Err(e) = self.call(&Request::Teardown, None) {
             log::warn!("privileged broker teardown: {e}");
+        }
+    }
+}
+
+impl RemoteTracefs for Broker {
+    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, String> {
+        let sock = self
+            .sock
+            .lock()
+            .map_err(|_| "broker lock poisoned".to_string())?;
+        let req = Request::PrepareFtrace {
+            uid,
+            request: request.clone(),
+        };
+        message::send(sock.as_fd(), &req, None).map_err(|e| e.to_string())?;
+        // The whole answer is read under the lock: the reply, the formats,
+        // the descriptors.
+        let recv = || message::recv_many::<Reply>(sock.as_fd()).map_err(|e| e.to_string());
+        let (key, mut info, formats) = match recv()? {
+            (Reply::Ftrace { key, info, formats }, _) => (key, info, formats),
+            (Reply::Refused(why), _) => return Err(why),
+            (r, _) => return Err(format!("unexpected reply {r:?}")),
+        };
+        for _ in 0..formats {
+            match recv()? {
+                (Reply::Format(g, n, text), _) => info.formats.push((g, n, text)),
+                (r, _) => return Err(format!("unexpected reply {r:?}")),
+            }
+        }
+        let mut fds = Vec::with_capacity(info.fd_count());
+        while fds.len() < info.fd_count() {
+            match recv()? {
+                (Reply::Fds, got) if !got.is_empty() => fds.extend(got),
+                (r, _) => return Err(format!("unexpected reply {r:?}")),
+            }
+        }
+        Ok(Prepared { key, info, fds })
+    }
+
+    fn release(&self, key: u64) {
+        if let Err(e) = self.call(&Request::ReleaseFtrace { key }, None) {
+            log::warn!("privileged broker: releasing ftrace instance {key}: {e}");
         }
     }
 }
@@ -189,11 +233,27 @@ pub fn start(
         log::info!("{}=root: this session keeps root", user::ENV);
         return Ok(None);
     };
+    fork(user, detached_stderr, false).map(Some)
+}
+
+/// `recorder serve`'s broker, forked as root before the service drops to
+/// `user`: besides the teardown it prepares a tracefs instance per served
+/// session on request ([`crate::sources::ftrace::remote`]). Call while the
+/// process is single-threaded.
+pub fn start_for_serve(user: ServiceUser) -> Result<Privileges, PrivilegeError> {
+    fork(user, None, true)
+}
+
+fn fork(
+    user: ServiceUser,
+    detached_stderr: Option<Option<BorrowedFd<'_>>>,
+    prepares_ftrace: bool,
+) -> Result<Privileges, PrivilegeError> {
     let (mine, theirs) = message::pair().map_err(PrivilegeError::Start)?;
     match crate::sys::privdrop::fork_broker().map_err(PrivilegeError::Start)? {
         crate::sys::privdrop::Fork::Child => {
             drop(mine);
-            run_broker(theirs, detached_stderr)
+            run_broker(theirs, detached_stderr, prepares_ftrace)
         }
         crate::sys::privdrop::Fork::Parent { child } => {
             drop(theirs);
@@ -202,19 +262,23 @@ pub fn start(
                 user.uid,
                 user.why
             );
-            Ok(Some(Privileges {
+            Ok(Privileges {
                 broker: Arc::new(Broker {
                     sock: Mutex::new(mine),
                     pid: child,
                 }),
                 user,
-            }))
+            })
         }
     }
 }
 
 /// The broker's life, in the forked child: never returns.
-fn run_broker(sock: OwnedFd, detached_stderr: Option<Option<BorrowedFd<'_>>>) -> ! {
+fn run_broker(
+    sock: OwnedFd,
+    detached_stderr: Option<Option<BorrowedFd<'_>>>,
+    prepares_ftrace: bool,
+) -> ! {
     if let Err(e) = crate::sys::privdrop::ignore_stop_signals() {
         log::warn!("broker: {e}");
     }
@@ -237,7 +301,7 @@ fn run_broker(sock: OwnedFd, detached_stderr: Option<Option<BorrowedFd<'_>>>) ->
             None => {}
         }
     }
-    broker::serve(sock);
+    broker::serve(sock, prepares_ftrace);
     std::process::exit(0)
 }
 

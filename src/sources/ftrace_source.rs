@@ -5,7 +5,10 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, events_lost};
+use std::sync::Arc;
+
+use super::ftrace::remote::{FtraceRequest, RemoteTracefs};
+use super::ftrace::{FtraceError, FtraceOptions, FtraceSource, FtraceSummary, events_lost};
 use super::polled::PidRoute;
 use super::{DataSource, SourceError, UpstreamLoss};
 use crate::ringbuf::Writer;
@@ -15,6 +18,13 @@ pub struct FtraceDataSource {
     name: String,
     inner: FtraceSource<Writer>,
     started: bool,
+    /// Why the preparation failed, reported by `start`.
+    prepare_failed: Option<SourceError>,
+    /// Prepared (here or by the privileged side).
+    prepared: bool,
+    /// A served session's: who prepares its instance, for which consumer
+    /// uid, and the instance's key once prepared.
+    remote: Option<(Arc<dyn RemoteTracefs>, u32, Option<u64>)>,
     /// Set at stop when the kernel dropped events.
     loss: Option<String>,
 }
@@ -31,17 +41,72 @@ impl FtraceDataSource {
             source_name: name.to_string(),
             cause: Box::new(e),
         })?;
-        inner.on_pids(Box::new(move |seen: &[i32]| {
-            if let Some(h) = pids.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-                h.on_pids_seen(seen);
-            }
-        }));
+        inner.on_pids(pid_sink(pids));
         Ok(Self {
             name: name.to_string(),
             inner,
             started: false,
+            prepare_failed: None,
+            prepared: false,
+            remote: None,
             loss: None,
         })
+    }
+
+    /// A served session's source: its instance is prepared by `remote` (the
+    /// privileged side) for consumer `uid`, from a request made of the
+    /// config; it reads it through the descriptors it is handed.
+    pub fn served(
+        name: &str,
+        opts: FtraceOptions,
+        writer: Writer,
+        pids: PidRoute,
+        remote: Arc<dyn RemoteTracefs>,
+        uid: u32,
+    ) -> Self {
+        let mut inner = FtraceSource::detached(opts, writer);
+        inner.on_pids(pid_sink(pids));
+        Self {
+            name: name.to_string(),
+            inner,
+            started: false,
+            prepare_failed: None,
+            prepared: false,
+            remote: Some((remote, uid, None)),
+            loss: None,
+        }
+    }
+
+    fn prepare_remotely(&mut self) -> Result<(), SourceError> {
+        let Some((remote, uid, key)) = &mut self.remote else {
+            return Ok(());
+        };
+        let spec = &self.inner.options().spec;
+        let request = FtraceRequest::from_spec(spec).map_err(|e| SourceError::Failed {
+            source_name: self.name.clone(),
+            cause: Box::new(e),
+        })?;
+        let prepared = remote
+            .prepare(*uid, &request)
+            .map_err(|why| SourceError::Failed {
+                source_name: self.name.clone(),
+                cause: Box::new(FtraceError::Refused(format!(
+                    "the privileged side refused the tracefs instance: {why}"
+                ))),
+            })?;
+        *key = Some(prepared.key);
+        let adopted = self.inner.adopt(prepared.info, prepared.fds);
+        adopted.map_err(|e| self.failed(e))
+    }
+
+    /// Gives a remotely prepared instance back (its files closed first).
+    fn release(&mut self) {
+        self.inner.close_files();
+        if let Some((remote, _, key)) = &mut self.remote
+            && let Some(k) = key.take()
+        {
+            remote.release(k);
+        }
     }
 
     fn failed(&self, e: crate::sources::ftrace::FtraceError) -> SourceError {
@@ -57,8 +122,26 @@ impl DataSource for FtraceDataSource {
         &self.name
     }
 
+    fn prepare(&mut self) {
+        if std::mem::replace(&mut self.prepared, true) {
+            return;
+        }
+        let r = if self.remote.is_some() {
+            self.prepare_remotely()
+        } else {
+            self.inner.prepare().map_err(|e| self.failed(e))
+        };
+        if let Err(e) = r {
+            self.prepare_failed = Some(e);
+        }
+    }
+
     fn start(&mut self) -> Result<(), SourceError> {
-        self.inner.start().map_err(|e| self.failed(e))?;
+        self.prepare();
+        if let Some(e) = self.prepare_failed.take() {
+            return Err(e);
+        }
+        self.inner.arm().map_err(|e| self.failed(e))?;
         self.started = true;
         Ok(())
     }
@@ -116,8 +199,27 @@ impl DataSource for FtraceDataSource {
         self.loss = kernel_loss(&self.name, &summary);
         // Dropping the writer commits what it holds.
         drop(self.inner.take_output());
+        self.release();
         Ok(())
     }
+}
+
+impl Drop for FtraceDataSource {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self.inner.stop();
+        }
+        self.release();
+    }
+}
+
+/// The callback that tells process_stats the pids ftrace saw.
+fn pid_sink(pids: PidRoute) -> super::ftrace::PidSink {
+    Box::new(move |seen: &[i32]| {
+        if let Some(h) = pids.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            h.on_pids_seen(seen);
+        }
+    })
 }
 
 /// What to change when the kernel loses events before they are read.

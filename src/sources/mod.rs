@@ -64,7 +64,14 @@ pub struct UpstreamLoss {
 pub trait DataSource: Send {
     /// The data source name (`linux.ftrace`, …).
     fn name(&self) -> &str;
-    /// Starts producing.
+    /// Does, while the process may still be privileged, whatever of the
+    /// start needs privileges (kernel settings, descriptors), producing
+    /// nothing yet. Called once, before the process gives up root; a failure
+    /// is kept and returned by [`start`](DataSource::start), so the session
+    /// treats it as any failure to start.
+    fn prepare(&mut self) {}
+    /// Starts producing. Needs no more privileges than
+    /// [`prepare`](DataSource::prepare) left.
     fn start(&mut self) -> Result<(), SourceError>;
     /// Makes everything produced so far visible to the next write pass.
     fn flush(&mut self, timeout: Duration) -> Result<(), SourceError>;

@@ -23,6 +23,7 @@ mod schema;
 mod segments;
 mod serve;
 mod serve_producers;
+mod serve_ftrace;
 mod storage;
 mod trace_processor;
 mod triggers;

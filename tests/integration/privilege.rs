@@ -603,3 +603,131 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers 
         check_trace(&p);
     }
 }
+
+const FLIGHT_FTRACE: &str = r#"
+buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0
+  ftrace_config { ftrace_events: "sched/sched_switch" } } }
+trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: 60000
+  triggers { name: "go" stop_delay_ms: 1500 } }
+write_into_file: true
+file_write_period_ms: 200
+"#;
+
+/// Each thread of `pid`: (name, real uid).
+fn threads(pid: u32) -> Vec<(String, u32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| {
+            let text = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let field = |k: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .map(|v| v.trim().to_string())
+            };
+            let uid = field("Uid:")?.split_whitespace().next()?.parse().ok()?;
+            Some((field("Name:")?, uid))
+        })
+        .collect()
+}
+
+/// Threads that read other users' bytes (control) or run a started source.
+const SERVING_THREADS: &[&str] = &["recorder-control", "ftrace-reader"];
+
+#[test]
+fn a_flight_recorder_waiting_for_its_trigger_already_runs_unprivileged_and_records_ftrace_after_it()
+{
+    if skip_unless(tracefs_missing()) {
+        return;
+    }
+    let run = Run::new(FLIGHT_FTRACE);
+    let mut c = run.command("pwritev");
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = c.spawn().expect("starts");
+    let pid = child.id();
+    let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
+    let control = run
+        .dir
+        .path()
+        .join("run")
+        .join(format!("recorder-{pid}.control"));
+    // From the first instant: no thread that serves a socket or reads
+    // ftrace ever runs as root, and the first control request is answered
+    // by a process that already gave up root.
+    let t0 = Instant::now();
+    let mut query: Option<Child> = None;
+    let answered_as = loop {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no answer");
+        for (name, uid) in threads(pid) {
+            assert!(
+                !(uid == 0 && SERVING_THREADS.contains(&name.as_str())),
+                "{name} runs as root"
+            );
+        }
+        if query.is_none() && control.exists() {
+            query = Some(
+                crate::hardening::recorder_as(&run, None, &["query", "--json"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("query runs"),
+            );
+        }
+        if let Some(q) = query.as_mut()
+            && q.try_wait().expect("query").is_some()
+        {
+            break status(pid)["Uid"].clone();
+        }
+    };
+    let out = query.expect("query").wait_with_output().expect("query");
+    assert!(out.status.success(), "query answered");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let me = listed
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["pid"] == pid))
+        .expect("the session is listed");
+    assert_eq!(me["state"], "waiting for trigger", "{me}");
+    assert!(!answered_as.starts_with("0\t"), "answered as {answered_as}");
+    let st = status(pid);
+    assert!(st["Uid"].split_whitespace().all(|i| i != "0"), "{st:?}");
+    assert_eq!(st["CapEff"], "0000000000000000", "{st:?}");
+    assert_eq!(st["CapPrm"], "0000000000000000", "{st:?}");
+    assert_eq!(st["NoNewPrivs"], "1", "{st:?}");
+    // Prepared as root, not armed: the instance is set up, tracing off.
+    assert!(instance.is_dir(), "{}", instance.display());
+    let on = std::fs::read_to_string(instance.join("tracing_on")).expect("tracing_on");
+    assert_eq!(on.trim(), "0", "not recording before the trigger");
+    let enabled =
+        std::fs::read_to_string(instance.join("events/sched/sched_switch/enable")).expect("enable");
+    assert_eq!(enabled.trim(), "1");
+    let t = crate::hardening::recorder_as(&run, None, &["trigger", "go"])
+        .output()
+        .expect("trigger runs");
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    // Armed through the descriptor opened as root.
+    wait_for("tracing on", Duration::from_secs(10), || {
+        std::fs::read_to_string(instance.join("tracing_on")).is_ok_and(|v| v.trim() == "1")
+    });
+    for (name, uid) in threads(pid) {
+        assert!(uid != 0, "{name} runs as root after the trigger");
+    }
+    let stderr = finish(child);
+    assert!(stderr.contains("gave up root"), "{stderr}");
+    assert!(!instance.exists(), "the broker removed the instance");
+    let packets = decode(&std::fs::read(&run.out).expect("trace"));
+    let events: usize = packets
+        .iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| {
+            let b = p.ftrace_events();
+            b.event.len()
+                + b.compact_sched
+                    .as_ref()
+                    .map_or(0, |c| c.switch_timestamp.len())
+        })
+        .sum();
+    assert!(events > 0, "sched_switch recorded after the trigger");
+    check_trace(&run.out);
+}

@@ -20,6 +20,7 @@ pub mod event_table;
 pub mod format;
 pub mod page;
 pub mod reader;
+pub mod remote;
 pub mod stats;
 pub mod tracefs;
 
@@ -93,7 +94,8 @@ pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
     }
 }
 
-fn mem_total_kb(proc: &std::path::Path) -> u64 {
+/// The machine's memory (KiB) as `proc`/meminfo says; 0 when unreadable.
+pub fn mem_total_kb(proc: &std::path::Path) -> u64 {
     std::fs::read_to_string(proc.join("meminfo"))
         .ok()
         .and_then(|t| {
@@ -182,7 +184,15 @@ pub fn load_layouts(
     events: &[(String, String)],
     compact_sched: bool,
 ) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
-    let read = |rel: &str| dir.read(rel);
+    layouts_from(|rel| dir.read(rel), events, compact_sched)
+}
+
+/// [`load_layouts`] from whatever `read` gives for a tracefs path.
+fn layouts_from(
+    read: impl Fn(&str) -> Result<String, TracefsError>,
+    events: &[(String, String)],
+    compact_sched: bool,
+) -> Result<(PageLayout, EventTable, Vec<String>), FtraceError> {
     let hp = read("events/header_page")?;
     let layout = format::parse_header_page(&hp).map_err(|source| FtraceError::Format {
         file: "events/header_page".into(),
@@ -231,10 +241,21 @@ impl<O: PacketOutput> Running<O> {
     }
 }
 
+/// What [`FtraceSource::prepare`] made ready for [`FtraceSource::arm`].
+struct Prepared {
+    /// The events enabled.
+    selected: Vec<(String, String)>,
+    pipes: Vec<CpuPipe>,
+    table: EventTable,
+    layout: PageLayout,
+    watermark: bool,
+}
+
 /// The linux.ftrace data source.
 pub struct FtraceSource<O: PacketOutput + 'static> {
     opts: FtraceOptions,
-    top: Tracefs,
+    /// None when prepared elsewhere ([`FtraceSource::from_prepared`]).
+    top: Option<Tracefs>,
     session: Option<TracefsSession>,
     layout: Option<PageLayout>,
     output: Option<O>,
@@ -250,6 +271,11 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     tid_filter_in_kernel: bool,
     /// Each CPU's `per_cpu/cpuN/stats`, opened at the start.
     stats_files: Vec<std::fs::File>,
+    /// Prepared and not yet armed.
+    prepared: Option<Prepared>,
+    /// The recording directory's `tracing_on`, opened for writing while
+    /// privileged: arming and stopping write through it.
+    tracing_on: Option<std::fs::File>,
 }
 
 impl<O: PacketOutput + 'static> FtraceSource<O> {
@@ -259,7 +285,11 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             Some(r) => Tracefs::at(r)?,
             None => Tracefs::discover()?,
         };
-        Ok(Self {
+        Ok(Self::with_top(opts, Some(top), output))
+    }
+
+    fn with_top(opts: FtraceOptions, top: Option<Tracefs>, output: O) -> Self {
+        Self {
             opts,
             top,
             session: None,
@@ -273,7 +303,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             lost_at_start: 0,
             tid_filter_in_kernel: false,
             stats_files: Vec::new(),
-        })
+            prepared: None,
+            tracing_on: None,
+        }
+    }
+
+    /// What it records.
+    pub fn options(&self) -> &FtraceOptions {
+        &self.opts
     }
 
     /// Sets the callback told the thread ids seen (for process_stats).
@@ -292,10 +329,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     }
 
     fn cpu_stats(&self) -> Vec<CpuStats> {
-        let Some(s) = &self.session else {
-            return Vec::new();
-        };
-        if self.stats_files.len() == self.cpus.len() {
+        if !self.cpus.is_empty() && self.stats_files.len() == self.cpus.len() {
             return self
                 .cpus
                 .iter()
@@ -303,6 +337,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 .map(|(&c, f)| CpuStats::parse(c as u64, &read_whole(f)))
                 .collect();
         }
+        let Some(s) = &self.session else {
+            return Vec::new();
+        };
         self.cpus
             .iter()
             .map(|&c| {
@@ -528,18 +565,158 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| refused("enable_function_graph", e))
     }
 
-    /// Configures tracefs, writes the start FtraceStats and starts the reader.
+    /// After [`prepare`](Self::prepare), on the privileged side: hands the
+    /// prepared instance over — what decoding needs, its descriptors (see
+    /// [`remote::PreparedInfo`]) and its teardown — and keeps nothing of it.
+    pub fn export(
+        &mut self,
+    ) -> Result<(remote::PreparedInfo, Vec<OwnedFd>, tracefs::TracefsTeardown), FtraceError> {
+        let prepared = self
+            .prepared
+            .take()
+            .ok_or(FtraceError::State("export before prepare"))?;
+        let session = self
+            .session
+            .as_mut()
+            .ok_or(FtraceError::State("export before prepare"))?;
+        let dir = session.dir().clone();
+        let mut formats = Vec::with_capacity(prepared.selected.len());
+        for (g, n) in &prepared.selected {
+            // ftrace/funcgraph_* and events whose format failed have none.
+            if let Ok(text) = dir.read(&format!("events/{g}/{n}/format")) {
+                formats.push((g.clone(), n.clone(), text));
+            }
+        }
+        let info = remote::PreparedInfo {
+            cpus: self.cpus.clone(),
+            header_page: dir.read("events/header_page")?,
+            header_event: dir.read("events/header_event")?,
+            formats,
+            unknown_events: self.summary.unknown_events.clone(),
+            failed_events: self.summary.failed_events.clone(),
+            buffer_size_kb: self.buffer_size_kb,
+            watermark: prepared.watermark,
+        };
+        let tracing_on = self
+            .tracing_on
+            .take()
+            .ok_or(FtraceError::State("tracing_on is not open"))?;
+        let mut fds: Vec<OwnedFd> = vec![tracing_on.into()];
+        fds.extend(prepared.pipes.into_iter().map(|p| OwnedFd::from(p.file)));
+        fds.extend(self.stats_files.drain(..).map(OwnedFd::from));
+        if fds.len() != info.fd_count() {
+            return Err(FtraceError::Refused(format!(
+                "{} of {} per-CPU stats files could be opened",
+                fds.len().saturating_sub(1 + info.cpus.len()),
+                info.cpus.len()
+            )));
+        }
+        // Kept until here: on an error above, dropping the session restores.
+        let teardown = session
+            .hand_over()
+            .ok_or(FtraceError::State("teardown handed over already"))?;
+        self.session = None;
+        Ok((info, fds, teardown))
+    }
+
+    /// A source for an instance to be prepared elsewhere: it never touches
+    /// tracefs by path; [`adopt`](Self::adopt) gives it the instance.
+    pub fn detached(opts: FtraceOptions, output: O) -> Self {
+        Self::with_top(opts, None, output)
+    }
+
+    /// Takes an instance prepared elsewhere ([`export`](Self::export)), ready
+    /// to [`arm`](Self::arm); the teardown stays with whoever prepared it.
+    pub fn adopt(
+        &mut self,
+        info: remote::PreparedInfo,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), FtraceError> {
+        if fds.len() != info.fd_count() {
+            return Err(FtraceError::State("descriptors missing"));
+        }
+        if self.prepared.is_some() || self.running.is_some() {
+            return Err(FtraceError::State("prepare twice"));
+        }
+        let me = self;
+        let texts: std::collections::HashMap<String, &str> = info
+            .formats
+            .iter()
+            .map(|(g, n, t)| (format!("events/{g}/{n}/format"), t.as_str()))
+            .chain([
+                ("events/header_page".to_string(), info.header_page.as_str()),
+                (
+                    "events/header_event".to_string(),
+                    info.header_event.as_str(),
+                ),
+            ])
+            .collect();
+        let selected: Vec<(String, String)> = info
+            .formats
+            .iter()
+            .map(|(g, n, _)| (g.clone(), n.clone()))
+            .collect();
+        let read = |rel: &str| {
+            texts
+                .get(rel)
+                .map(|t| t.to_string())
+                .ok_or_else(|| TracefsError::Io {
+                    path: PathBuf::from(rel),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                })
+        };
+        let (layout, table, failed) = layouts_from(read, &selected, me.opts.spec.compact_sched)?;
+        me.summary.unknown_events = info.unknown_events;
+        me.summary.failed_events = info.failed_events;
+        me.summary.failed_events.extend(failed);
+        me.layout = Some(layout);
+        me.buffer_size_kb = info.buffer_size_kb;
+        me.cpus = info.cpus;
+        let mut fds = fds.into_iter();
+        me.tracing_on = fds.next().map(std::fs::File::from);
+        let n = me.cpus.len();
+        let pipe_fds: Vec<OwnedFd> = fds.by_ref().take(n).collect();
+        me.stats_files = fds.map(std::fs::File::from).collect();
+        let mut pipes = Vec::with_capacity(n);
+        for (file, cpu) in pipe_fds.into_iter().zip(me.cpus.clone()) {
+            pipes.push(me.cpu_pipe(std::fs::File::from(file), cpu, &layout)?);
+        }
+        me.prepared = Some(Prepared {
+            selected,
+            pipes,
+            table,
+            layout,
+            watermark: info.watermark,
+        });
+        Ok(())
+    }
+
+    /// Configures tracefs, writes the start FtraceStats and starts the reader:
+    /// [`prepare`](Self::prepare) then [`arm`](Self::arm).
     /// On error everything changed is put back.
     pub fn start(&mut self) -> Result<(), FtraceError> {
-        if self.running.is_some() || self.output.is_none() {
-            return Err(FtraceError::State("start twice"));
+        if self.prepared.is_none() {
+            self.prepare()?;
+        }
+        self.arm()
+    }
+
+    /// Everything of the start that needs privileges, with tracing still
+    /// off: the instance, its settings and events, and every descriptor the
+    /// recording needs later (per-CPU `trace_pipe_raw` and `stats`, and
+    /// `tracing_on` for writing), so that [`arm`](Self::arm) and
+    /// [`stop`](Self::stop) need no rights the process may have given up
+    /// meanwhile: the kernel checks a tracefs file's permission when it is
+    /// opened, not when it is written. On error everything changed is put
+    /// back.
+    pub fn prepare(&mut self) -> Result<(), FtraceError> {
+        if self.prepared.is_some() || self.running.is_some() || self.output.is_none() {
+            return Err(FtraceError::State("prepare twice"));
         }
         let spec = self.opts.spec.clone();
-        let mut session = TracefsSession::open(
-            &self.top,
-            spec.instance_name.as_deref(),
-            &self.opts.proc_root,
-        )?;
+        let top = self.top.as_ref().ok_or(FtraceError::State("no tracefs"))?;
+        let mut session =
+            TracefsSession::open(top, spec.instance_name.as_deref(), &self.opts.proc_root)?;
         let kprobes = self.make_kprobes(&mut session);
         let selected = self.select_events(session.dir(), &kprobes);
         if selected.is_empty() {
@@ -552,6 +729,53 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         self.layout = Some(layout);
 
         session.set("tracing_on", "0")?;
+        let tracing_on = open_for_writing(&session.dir().path("tracing_on"))?;
+        self.configure(&mut session)?;
+        let pct = spec.drain_buffer_percent;
+        let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
+        if watermark {
+            session.set("buffer_percent", &pct.to_string())?;
+        } else if pct > 0 {
+            log::info!("ftrace: no buffer_percent in tracefs; draining every period only");
+        }
+        for (g, n) in &selected {
+            let rel = format!("events/{g}/{n}/enable");
+            if !session.dir().path(&rel).exists() {
+                // ftrace/print has no switch: it is on while tracing is.
+                continue;
+            }
+            if let Err(e) = session.set(&rel, "1") {
+                log::warn!("enabling ftrace event {g}/{n}: {e}");
+                self.summary.failed_events.push(format!("{g}/{n}"));
+            }
+        }
+        self.cpus = session.dir().cpus();
+        let pipes = self.open_pipes(session.dir(), &layout)?;
+        // Held open: the stats stay readable after the process gives up root.
+        self.stats_files = self
+            .cpus
+            .iter()
+            .filter_map(|&c| {
+                std::fs::File::open(session.dir().path(&format!("per_cpu/cpu{c}/stats"))).ok()
+            })
+            .collect();
+        self.session = Some(session);
+        self.prepared = Some(Prepared {
+            selected,
+            pipes,
+            table,
+            layout,
+            watermark,
+        });
+        self.tracing_on = Some(tracing_on);
+        Ok(())
+    }
+
+    /// The settings of the recording directory: clock, buffer size (the
+    /// buffer emptied unless preserved), CPU mask, trace options, the pid
+    /// filter, syscall filters and the function_graph tracer.
+    fn configure(&mut self, session: &mut TracefsSession) -> Result<(), FtraceError> {
+        let spec = self.opts.spec.clone();
         // Changing the clock empties the buffer: only when it differs.
         let clock = if spec.use_monotonic_raw_clock {
             "mono_raw"
@@ -621,32 +845,20 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             }
         }
         if spec.enable_function_graph {
-            self.function_graph(&mut session)?;
+            self.function_graph(session)?;
         }
-        let pct = spec.drain_buffer_percent;
-        let watermark = pct > 0 && session.dir().path("buffer_percent").exists();
-        if watermark {
-            session.set("buffer_percent", &pct.to_string())?;
-        } else if pct > 0 {
-            log::info!("ftrace: no buffer_percent in tracefs; draining every period only");
-        }
-        for (g, n) in &selected {
-            let rel = format!("events/{g}/{n}/enable");
-            if !session.dir().path(&rel).exists() {
-                // ftrace/print has no switch: it is on while tracing is.
-                continue;
-            }
-            if let Err(e) = session.set(&rel, "1") {
-                log::warn!("enabling ftrace event {g}/{n}: {e}");
-                self.summary.failed_events.push(format!("{g}/{n}"));
-            }
-        }
-        self.cpus = session.dir().cpus();
+        Ok(())
+    }
+
+    /// Opens each CPU's `trace_pipe_raw`.
+    fn open_pipes(
+        &mut self,
+        dir: &Tracefs,
+        layout: &PageLayout,
+    ) -> Result<Vec<CpuPipe>, FtraceError> {
         let mut pipes = Vec::new();
-        for &cpu in &self.cpus {
-            let p = session
-                .dir()
-                .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+        for cpu in self.cpus.clone() {
+            let p = dir.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let file = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NONBLOCK)
@@ -655,51 +867,74 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                     path: p.clone(),
                     source,
                 })?;
-            let map = reader::open_map(&file, cpu, &layout, self.opts.read_mode).map_err(|e| {
-                FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
-            })?;
-            self.summary.mapped_cpus += usize::from(map.is_some());
-            pipes.push(CpuPipe {
-                map,
-                cpu,
-                file,
-                bytes_read: 0,
-                read_errors: 0,
-                cursor: CpuCursor {
-                    cpu,
-                    ..Default::default()
-                },
-                splice_pipe: None,
-            });
-            if self.opts.read_mode == ReadMode::Splice {
-                let (r, w) = rustix::pipe::pipe_with(
-                    rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-                )
-                .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
-                let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
-                let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
-                if let Some(last) = pipes.last_mut() {
-                    last.splice_pipe = Some((r, w));
-                }
-            }
+            pipes.push(self.cpu_pipe(file, cpu, layout)?);
         }
-        // Held open: the stats stay readable after the process gives up root.
-        self.stats_files = self
-            .cpus
-            .iter()
-            .filter_map(|&c| {
-                std::fs::File::open(session.dir().path(&format!("per_cpu/cpu{c}/stats"))).ok()
-            })
-            .collect();
-        self.session = Some(session);
+        Ok(pipes)
+    }
+
+    /// One CPU's reader state on its open `trace_pipe_raw` (mapped, or with
+    /// a splice pipe, as the read mode asks).
+    fn cpu_pipe(
+        &mut self,
+        file: std::fs::File,
+        cpu: u32,
+        layout: &PageLayout,
+    ) -> Result<CpuPipe, FtraceError> {
+        let map = reader::open_map(&file, cpu, layout, self.opts.read_mode).map_err(|e| {
+            FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
+        })?;
+        self.summary.mapped_cpus += usize::from(map.is_some());
+        let splice_pipe = if self.opts.read_mode == ReadMode::Splice {
+            let (r, w) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )
+            .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
+            let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
+            let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
+            Some((r, w))
+        } else {
+            None
+        };
+        Ok(CpuPipe {
+            map,
+            cpu,
+            file,
+            bytes_read: 0,
+            read_errors: 0,
+            cursor: CpuCursor {
+                cpu,
+                ..Default::default()
+            },
+            splice_pipe,
+        })
+    }
+
+    /// Writes the start FtraceStats, turns tracing on through the
+    /// descriptor [`prepare`](Self::prepare) opened, and starts the reader.
+    /// Needs no privileges.
+    pub fn arm(&mut self) -> Result<(), FtraceError> {
+        if self.running.is_some() {
+            return Err(FtraceError::State("start twice"));
+        }
+        let Some(prepared) = self.prepared.take() else {
+            return Err(FtraceError::State("arm before prepare"));
+        };
+        let Prepared {
+            selected,
+            pipes,
+            table,
+            layout,
+            watermark,
+        } = prepared;
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
         if let Err(e) = self.write_stats(Phase::StartOfTrace, &mut output) {
             self.output = Some(output);
             return Err(e);
         }
         self.lost_at_start = events_lost(&self.summary.cpu_stats);
-        if let Some(s) = &mut self.session {
-            s.set("tracing_on", "1")?;
+        if let Err(e) = self.write_tracing_on(true) {
+            self.output = Some(output);
+            return Err(e);
         }
         let mut encoder = BundleEncoder::new(self.opts.sequence_id, self.opts.max_packet_bytes);
         if self.opts.spec.use_monotonic_raw_clock {
@@ -708,7 +943,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if !self.opts.spec.tids_to_trace.is_empty() && !self.tid_filter_in_kernel {
             encoder.set_tid_filter(&self.opts.spec.tids_to_trace);
         }
-        let state = ReaderState::new(
+        let mut state = ReaderState::new(
             output,
             encoder,
             pipes,
@@ -717,7 +952,6 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             layout,
             self.pid_sink.take(),
         );
-        let mut state = state;
         state.mode = self.opts.read_mode;
         state.watermark = watermark;
         let (tx, rx) = mpsc::channel();
@@ -742,6 +976,26 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             self.buffer_size_kb
         );
         Ok(())
+    }
+
+    /// Turns tracing on or off through the descriptor held since
+    /// [`prepare`](Self::prepare).
+    fn write_tracing_on(&self, on: bool) -> Result<(), FtraceError> {
+        let Some(f) = &self.tracing_on else {
+            return Err(FtraceError::State("tracing_on is not open"));
+        };
+        let path = || {
+            self.session
+                .as_ref()
+                .map_or_else(PathBuf::new, |s| s.dir().path("tracing_on"))
+        };
+        // The kernel reads the value whatever the offset.
+        std::io::Write::write_all(&mut &*f, if on { b"1" } else { b"0" }).map_err(|source| {
+            FtraceError::Tracefs(TracefsError::Io {
+                path: path(),
+                source,
+            })
+        })
     }
 
     /// Events the kernel lost before they were read (overruns and dropped
@@ -785,9 +1039,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .running
             .take()
             .ok_or(FtraceError::State("stop before start"))?;
-        if let Some(s) = &self.session {
-            // Nothing new after this; the last drain then empties the buffers.
-            let _ = s.dir().write("tracing_on", "0");
+        // Nothing new after this; the last drain then empties the buffers.
+        if let Err(e) = self.write_tracing_on(false) {
+            log::warn!("ftrace: turning tracing off: {e}");
         }
         let _ = r.send(Command::Stop);
         let state = r
@@ -809,12 +1063,20 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         drop(pipes);
         let res = self.write_stats(Phase::EndOfTrace, &mut output);
         // An instance with a file open cannot be removed.
-        self.stats_files.clear();
+        self.close_files();
         self.output = Some(output);
         if let Some(mut s) = self.session.take() {
             s.restore();
         }
         res.map(|()| self.summary.clone())
+    }
+
+    /// Closes every tracefs file held (an instance with a file open cannot
+    /// be removed).
+    pub fn close_files(&mut self) {
+        self.prepared = None;
+        self.stats_files.clear();
+        self.tracing_on = None;
     }
 
     /// The output, after [`FtraceSource::stop`] (or before start).
@@ -828,7 +1090,22 @@ impl<O: PacketOutput + 'static> Drop for FtraceSource<O> {
         if self.running.is_some() {
             let _ = self.stop();
         }
+        // Prepared and never armed: the files close before the restore.
+        self.close_files();
+        if let Some(mut s) = self.session.take() {
+            s.restore();
+        }
     }
+}
+
+/// `path` opened for writing (a tracefs switch).
+fn open_for_writing(path: &std::path::Path) -> Result<std::fs::File, FtraceError> {
+    OpenOptions::new().write(true).open(path).map_err(|source| {
+        FtraceError::Tracefs(TracefsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    })
 }
 
 /// A tracefs file read again from its start through a held descriptor

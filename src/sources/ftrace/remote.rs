@@ -1,0 +1,223 @@
+//! ftrace prepared by someone else: an unprivileged service (`recorder
+//! serve`) asks the privileged side for a tracefs instance set up to a small
+//! typed request and gets back its descriptors and what it needs to decode
+//! (page layout and event formats, as text) — never the raw TraceConfig.
+//!
+//! ```text
+//!  service (unprivileged)               privileged side
+//!  FtraceRequest::from_spec ──request──► check (grammar, bounds, per-uid limits)
+//!                                        FtraceSource::prepare, export
+//!  FtraceSource::from_prepared ◄─fds──── tracing_on, trace_pipe_raw×N, stats×N
+//!  arm, read, stop                       teardown on release, or when the
+//!  release ─────────────────────────────► service is gone
+//! ```
+
+use std::os::fd::OwnedFd;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::event_name::{event_spec_problem, is_plain_name};
+use crate::config::spec::{ByteSize, FtraceSpec};
+
+/// Events a request may name at most.
+pub const MAX_EVENTS: usize = 512;
+/// Trace options a request may set at most.
+pub const MAX_OPTIONS: usize = 64;
+/// The largest per-CPU buffer a request may ask for (KiB).
+pub const MAX_BUFFER_KB: u32 = 64 * 1024;
+
+/// What a served session asks of tracefs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FtraceRequest {
+    /// `group/name`, `group/*` or `name`, in the config's grammar.
+    pub events: Vec<String>,
+    /// Per CPU; `None`: the default for the machine.
+    pub buffer_size_kb: Option<u32>,
+    pub buffer_size_lower_bound: bool,
+    pub use_monotonic_raw_clock: bool,
+    pub drain_buffer_percent: u32,
+    pub throttle_rss_stat: bool,
+    pub disable_generic_events: bool,
+    /// `options/NAME` switches.
+    pub tracefs_options: Vec<(String, bool)>,
+}
+
+/// A config a served session cannot record, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("linux.ftrace under recorder serve: {0}")]
+pub struct Unsupported(pub String);
+
+impl FtraceRequest {
+    /// The request for `spec`; fields that need more than an instance with
+    /// events and options (kprobes, function_graph, syscall filters, a named
+    /// instance, CPU mask, pid filter, a preserved buffer) are refused by
+    /// name rather than ignored.
+    pub fn from_spec(spec: &FtraceSpec) -> Result<Self, Unsupported> {
+        let refused = [
+            ("kprobe_events", !spec.kprobe_events.is_empty()),
+            ("enable_function_graph", spec.enable_function_graph),
+            ("syscall_events", !spec.syscall_events.is_empty()),
+            ("instance_name", spec.instance_name.is_some()),
+            ("tracing_cpumask", spec.tracing_cpumask.is_some()),
+            ("tids_to_trace", !spec.tids_to_trace.is_empty()),
+            ("preserve_ftrace_buffer", spec.preserve_ftrace_buffer),
+        ];
+        if let Some((field, _)) = refused.iter().find(|(_, set)| *set) {
+            return Err(Unsupported(format!(
+                "{field} is not served (record it with `recorder --config`, or run \
+                 `recorder serve --no-builtin-ftrace` with traced_probes)"
+            )));
+        }
+        let mut events = spec.events.clone();
+        if (!spec.atrace_categories.is_empty() || !spec.atrace_apps.is_empty())
+            && !events.iter().any(|e| e == "ftrace/print" || e == "print")
+        {
+            events.push("ftrace/print".into());
+        }
+        Ok(Self {
+            events,
+            buffer_size_kb: spec
+                .buffer_size
+                .map(|b| u32::try_from(b.kb()).unwrap_or(u32::MAX)),
+            buffer_size_lower_bound: spec.buffer_size_lower_bound,
+            use_monotonic_raw_clock: spec.use_monotonic_raw_clock,
+            drain_buffer_percent: spec.drain_buffer_percent,
+            throttle_rss_stat: spec.throttle_rss_stat,
+            disable_generic_events: spec.disable_generic_events,
+            tracefs_options: spec.tracefs_options.clone(),
+        })
+    }
+
+    /// The privileged side's own check: the event grammar, plain option
+    /// names, and bounds on every list and size.
+    pub fn check(&self) -> Result<(), String> {
+        if self.events.is_empty() || self.events.len() > MAX_EVENTS {
+            return Err(format!(
+                "1 to {MAX_EVENTS} events, not {}",
+                self.events.len()
+            ));
+        }
+        for e in &self.events {
+            if let Some(why) = event_spec_problem(e) {
+                return Err(why);
+            }
+        }
+        if self.tracefs_options.len() > MAX_OPTIONS {
+            return Err(format!("at most {MAX_OPTIONS} tracefs options"));
+        }
+        if let Some((n, _)) = self.tracefs_options.iter().find(|(n, _)| !is_plain_name(n)) {
+            return Err(format!("tracefs option {n:?} is not a plain name"));
+        }
+        if self
+            .buffer_size_kb
+            .is_some_and(|kb| kb == 0 || kb > MAX_BUFFER_KB)
+        {
+            return Err(format!("buffer size: 1 to {MAX_BUFFER_KB} KiB per CPU"));
+        }
+        if self.drain_buffer_percent > 100 {
+            return Err("drain_buffer_percent over 100".into());
+        }
+        Ok(())
+    }
+
+    /// The spec the privileged side prepares (the request's fields only).
+    pub fn to_spec(&self) -> FtraceSpec {
+        FtraceSpec {
+            events: self.events.clone(),
+            buffer_size: self.buffer_size_kb.map(|kb| ByteSize(u64::from(kb) * 1024)),
+            buffer_size_lower_bound: self.buffer_size_lower_bound,
+            use_monotonic_raw_clock: self.use_monotonic_raw_clock,
+            drain_buffer_percent: self.drain_buffer_percent,
+            throttle_rss_stat: self.throttle_rss_stat,
+            disable_generic_events: self.disable_generic_events,
+            tracefs_options: self.tracefs_options.clone(),
+            ..FtraceSpec::default()
+        }
+    }
+}
+
+/// What a prepared instance's user needs besides its descriptors: the
+/// descriptors come in the order `tracing_on`, each CPU's
+/// `trace_pipe_raw`, each CPU's `stats`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PreparedInfo {
+    pub cpus: Vec<u32>,
+    pub header_page: String,
+    pub header_event: String,
+    /// (group, name, format text) of each enabled event.
+    pub formats: Vec<(String, String, String)>,
+    pub unknown_events: Vec<String>,
+    pub failed_events: Vec<String>,
+    pub buffer_size_kb: u32,
+    pub watermark: bool,
+}
+
+impl PreparedInfo {
+    /// How many descriptors come with it.
+    pub fn fd_count(&self) -> usize {
+        1 + 2 * self.cpus.len()
+    }
+}
+
+/// An instance prepared elsewhere, as its user holds it.
+pub struct Prepared {
+    /// The privileged side's name for it (for the release).
+    pub key: u64,
+    pub info: PreparedInfo,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The privileged side, as a served session's ftrace source sees it.
+pub trait RemoteTracefs: Send + Sync {
+    /// Prepares an instance for `request`, charged to consumer `uid`.
+    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, String>;
+    /// Undoes instance `key` (its descriptors closed first).
+    fn release(&self, key: u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unserved_fields_are_refused_by_name_and_bad_requests_by_the_check() {
+        let spec = FtraceSpec {
+            events: vec!["sched/sched_switch".into()],
+            tids_to_trace: vec![1],
+            ..FtraceSpec::default()
+        };
+        let e = FtraceRequest::from_spec(&spec).expect_err("refused");
+        assert!(e.to_string().contains("tids_to_trace"), "{e}");
+        let ok = FtraceRequest::from_spec(&FtraceSpec {
+            events: vec!["sched/sched_switch".into()],
+            ..FtraceSpec::default()
+        })
+        .expect("served");
+        ok.check().expect("valid");
+        assert_eq!(ok.to_spec().events, ["sched/sched_switch"]);
+        for bad in [
+            FtraceRequest {
+                events: vec!["../../x/y".into()],
+                ..ok.clone()
+            },
+            FtraceRequest {
+                events: vec![],
+                ..ok.clone()
+            },
+            FtraceRequest {
+                events: vec!["sched/x".into(); MAX_EVENTS + 1],
+                ..ok.clone()
+            },
+            FtraceRequest {
+                buffer_size_kb: Some(MAX_BUFFER_KB + 1),
+                ..ok.clone()
+            },
+            FtraceRequest {
+                tracefs_options: vec![("../tracing_on".into(), true)],
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+}

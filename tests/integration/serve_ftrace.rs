@@ -1,0 +1,289 @@
+//! `recorder serve` started as root records `linux.ftrace` itself: its
+//! root broker prepares a tracefs instance per session (a typed, bounded
+//! request, never the TraceConfig) and hands the descriptors to the
+//! unprivileged service, which arms, reads and stops through them. Driven by
+//! Perfetto's own `perfetto` client (tracebox v58.2); every trace goes
+//! through the independent decoder and trace processor.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{self, decode, skip_unless};
+use crate::trace_processor;
+
+const SERVICE_UID: u32 = 61_235;
+const NOBODY: &str = "65534";
+const TRACEFS: &str = "/sys/kernel/tracing";
+/// The broker's limit (src/privilege/broker.rs MAX_INSTANCES_PER_UID).
+const INSTANCES_PER_UID: usize = 4;
+
+fn tracebox() -> Option<PathBuf> {
+    let p = std::env::var_os("RECORDER_TRACEBOX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
+    p.exists().then_some(p)
+}
+
+/// Skips (with the reason) unless tracebox, root and tracefs are here.
+fn unavailable() -> bool {
+    if common::skip_unless_peer(
+        tracebox()
+            .is_none()
+            .then(|| "no tracebox (set RECORDER_TRACEBOX)".to_string()),
+    ) {
+        return true;
+    }
+    skip_unless(common::need_root().or_else(|| {
+        (!Path::new(TRACEFS).join("instances").is_dir())
+            .then(|| format!("no tracefs instances at {TRACEFS}"))
+    }))
+}
+
+/// `recorder serve` as root on private sockets, dropping to SERVICE_UID.
+struct Serve {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start() -> Serve {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .expect("chmod");
+        let child = Command::new(common::recorder_bin())
+            .arg("serve")
+            .arg("--consumer-socket")
+            .arg(dir.path().join("consumer.sock"))
+            .arg("--producer-socket")
+            .arg(dir.path().join("producer.sock"))
+            .arg("--user")
+            .arg(SERVICE_UID.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
+            .env("RUST_LOG", "info")
+            .spawn()
+            .expect("spawn recorder serve");
+        let s = Serve {
+            child: Some(child),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(s.path("consumer.sock")).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "serve did not listen: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("serve.log")).unwrap_or_default()
+    }
+
+    /// The broker: the service's one child.
+    fn broker(&self) -> u32 {
+        let pid = self.child.as_ref().map_or(0, Child::id);
+        let kids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        assert_eq!(kids.len(), 1, "the broker only: {kids:?}");
+        kids[0]
+    }
+
+    /// `perfetto --txt -c CFG -o OUT` against this service, as `uid`
+    /// (setpriv) or as us; spawned.
+    fn record(&self, uid: Option<&str>, name: &str, config: &str) -> (Child, PathBuf) {
+        let cfg = self.path(&format!("{name}.pbtx"));
+        std::fs::write(&cfg, config).expect("config");
+        let out = self.path(&format!("{name}.pftrace"));
+        let tb = tracebox().expect("tracebox");
+        let mut c = match uid {
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", u, "--regid", u, "--clear-groups"])
+                    .arg(tb);
+                c
+            }
+            None => Command::new(tb),
+        };
+        let child = c
+            .arg("perfetto")
+            .args(["--txt", "-c"])
+            .arg(&cfg)
+            .arg("-o")
+            .arg(&out)
+            .env("PERFETTO_CONSUMER_SOCK_NAME", self.path("consumer.sock"))
+            .env("PERFETTO_PRODUCER_SOCK_NAME", self.path("producer.sock"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perfetto");
+        (child, out)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&c),
+                rustix::process::Signal::TERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while c.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn wait_within(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "did not finish within {limit:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The tracefs instances the broker `pid` made (`recorder-PID[-N]`).
+fn instances_of(pid: u32) -> Vec<String> {
+    let mine = format!("recorder-{pid}");
+    std::fs::read_dir(Path::new(TRACEFS).join("instances"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| *n == mine || n.starts_with(&format!("{mine}-")))
+        .collect()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const SCHED: &str = r#"
+buffers { size_kb: 8192 }
+duration_ms: 2000
+data_sources { config { name: "linux.ftrace" ftrace_config {
+  ftrace_events: "sched/sched_switch" } } }
+"#;
+
+#[test]
+fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
+    if unavailable() {
+        return;
+    }
+    let serve = Serve::start();
+    let broker = serve.broker();
+    let (client, out) = serve.record(None, "sched", SCHED);
+    let o = wait_within(client, Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "perfetto failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        serve.log()
+    );
+    let log = serve.log();
+    assert!(log.contains("broker: ftrace instance"), "{log}");
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let switches: usize = packets
+        .iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| {
+            let b = p.ftrace_events();
+            b.event.iter().filter(|e| e.has_sched_switch()).count()
+                + b.compact_sched.switch_timestamp.len()
+        })
+        .sum();
+    assert!(switches > 0, "no sched_switch: {log}");
+    if let Some(tp) = trace_processor::check(&out) {
+        assert!(
+            tp.query("select count(*) from ftrace_event").scalar().int() > 0,
+            "ftrace_event rows"
+        );
+    }
+    // The session ended: the broker tore its instance down.
+    wait_for("the instance removed", Duration::from_secs(10), || {
+        instances_of(broker).is_empty()
+    });
+}
+
+#[test]
+fn one_uids_clients_cannot_make_the_broker_hold_more_than_its_limit_and_sigkill_tears_down() {
+    if unavailable() {
+        return;
+    }
+    let serve = Serve::start();
+    let broker = serve.broker();
+    let long = SCHED
+        .replace("duration_ms: 2000", "duration_ms: 30000")
+        .replace("size_kb: 8192", "size_kb: 1024");
+    let mut clients = Vec::new();
+    for i in 0..=INSTANCES_PER_UID {
+        clients.push(serve.record(Some(NOBODY), &format!("n{i}"), &long).0);
+    }
+    let t0 = Instant::now();
+    while !serve.log().contains("ftrace instances, the most a uid may") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the limit never reached: {}",
+            serve.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        instances_of(broker).len(),
+        INSTANCES_PER_UID,
+        "{}",
+        serve.log()
+    );
+    // The service killed: the broker sees its end close and tears down.
+    if let Some(c) = serve.child.as_ref() {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(c),
+            rustix::process::Signal::KILL,
+        )
+        .expect("SIGKILL");
+    }
+    wait_for(
+        "every instance removed after SIGKILL",
+        Duration::from_secs(15),
+        || instances_of(broker).is_empty(),
+    );
+    for mut c in clients {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
