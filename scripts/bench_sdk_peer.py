@@ -22,8 +22,8 @@ way, not by the policy).
 
 Per run: packets/s kept (packets in the trace over the app's writing loop),
 packets lost (written minus kept) with the sequence gaps, the service's CPU
-while the app writes (traced or the recorder process; the client is idle
-then), and for the two services behind the `perfetto` client the read-out:
+while the app writes (traced or the recorder process, from the data source's
+start; the client is idle then), and for the two services behind the `perfetto` client the read-out:
 the trace's bytes over the time from the client's stop (SIGINT) to its exit,
 which is ReadBuffers through the consumer socket and the client writing its
 file. Ends with medians and the ratios against traced.
@@ -77,13 +77,16 @@ def run_service(a, size, packets, work, service):
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(client)
         time.sleep(0.5)  # the session is set up before the app registers its data source
-        cpu0 = bp.proc_cpu(svc.pid)
         app = subprocess.Popen([bp.APP, "bench", "--backend", "system", "--size", str(size),
                                 "--packets", str(packets), "--shmem-kb", str(a.shmem_kb)],
                                env=dict(os.environ, PERFETTO_PRODUCER_SOCK_NAME=psock),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(app)
-        lines = bp.read_app(app, "wrote")
+        # From the data source's start: the session's set-up (a service
+        # that populates its buffer up front) is not the app's traffic.
+        lines = bp.read_app(app, "started")
+        cpu0 = bp.proc_cpu(svc.pid)
+        lines += bp.read_app(app, "wrote")
         cpu_writing = bp.proc_cpu(svc.pid) - cpu0
         t0 = time.monotonic()
         client.send_signal(signal.SIGINT)
