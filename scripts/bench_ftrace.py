@@ -80,12 +80,22 @@ def ensure_tools():
         subprocess.run(["apt-get", "install", "-y", *missing], check=True, stdout=subprocess.DEVNULL)
 
 
+# The stressor and its instance count (`stress-ng --switch 2` unless a
+# script sets another, e.g. ("fork", 2) for a heavier mix of events).
+LOAD = ("switch", 2)
+
+
+def load_name():
+    return f"stress-ng --{LOAD[0]} {LOAD[1]}"
+
+
 def load(secs):
     """Runs the load; returns its bogo ops/s."""
-    out = subprocess.run(["stress-ng", "--switch", "2", "--timeout", f"{secs}s", "--metrics-brief"],
+    name, n = LOAD
+    out = subprocess.run(["stress-ng", f"--{name}", str(n), "--timeout", f"{secs}s", "--metrics-brief"],
                          capture_output=True, text=True, check=True)
     text = out.stdout + out.stderr
-    m = re.search(r"switch\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", text)
+    m = re.search(name + r"\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", text)
     return float(m.group(2)) if m else float("nan")
 
 

@@ -3,11 +3,12 @@
 `traced_probes` + the `perfetto` client, on private socket paths) and
 trace-cmd, on one TraceConfig: sched_switch + sched_wakeup, compact_sched on
 and off, a 64 MiB ring, write_into_file every second, while
-`stress-ng --switch 2` runs. Rows are interleaved: every round runs each
-tracer once, in a rotated order.
+`stress-ng --switch 2` (or `--load fork:2`, `--load switch:4`) runs. Rows
+are interleaved: every round runs each tracer once, in a rotated order.
 
   cargo build --release && sudo python3 scripts/bench_ftrace_peer.py \\
       [--secs 8] [--rounds 3] [--zstd 1] [--modes mmap,read] [--dir /var/tmp]
+      [--load switch:2] [--variants compact,plain] [--serve]
 
   RECORDER_TRACEBOX   tracebox binary (default ../shared/tools/tracebox
                       beside the repository, else `tracebox` on PATH)
@@ -20,7 +21,10 @@ runs (recorder: its process tree; Perfetto: traced + traced_probes + the
 client), the load's throughput against the untraced baseline, output bytes
 per event. `--modes` adds one recorder row per RECORDER_FTRACE_READ mode;
 `--zstd LEVEL` adds zstd rows on both sides (recorder --compress=LEVEL,
-Perfetto `compression { zstd { level } }`).
+Perfetto `compression { zstd { level } }`). `--serve` adds a row per variant
+where the same `perfetto` client and `traced_probes` talk to `recorder serve`
+in place of `traced`: the service side by side, ftrace still read by
+traced_probes.
 
 Ends with the ratios recorder ÷ Perfetto (medians over the rounds): CPU per
 event, the load's throughput, bytes per event, and the kernel loss of each.
@@ -141,14 +145,23 @@ def run_recorder(d, secs, compact, mode, zstd=None):
     return dict(events=events, flagged=flagged, lost=lost, out=size, window=window, ops=ops)
 
 
-def run_perfetto(d, secs, compact, zstd=None):
+def service_cmd(service):
+    """The tracing service's command line: Perfetto's `traced`, or
+    `recorder serve` in its place (both take the sockets from the
+    environment)."""
+    return [tracebox(), "traced"] if service == "traced" else [bf.BIN, "serve"]
+
+
+def run_perfetto(d, secs, compact, zstd=None, service="traced"):
     run = tempfile.mkdtemp(dir=d, prefix="pf")
+    # recorder serve drops root: its sockets' directory must be reachable.
+    os.chmod(run, 0o755)
     env = dict(os.environ,
                PERFETTO_PRODUCER_SOCK_NAME=os.path.join(run, "producer.sock"),
                PERFETTO_CONSUMER_SOCK_NAME=os.path.join(run, "consumer.sock"))
     tb = tracebox()
     logs = open(os.path.join(run, "daemons.log"), "w")
-    traced = subprocess.Popen([tb, "traced"], env=env, stdout=logs, stderr=logs)
+    traced = subprocess.Popen(service_cmd(service), env=env, stdout=logs, stderr=logs)
     probes = subprocess.Popen([tb, "traced_probes"], env=env, stdout=logs, stderr=logs)
     procs = [traced, probes]
     try:
@@ -208,7 +221,14 @@ def main():
     ap.add_argument("--modes", default="mmap,read", help="RECORDER_FTRACE_READ modes, one recorder row each")
     ap.add_argument("--zstd", type=int, default=0, help="zstd level for one more row on each side (0: none)")
     ap.add_argument("--no-trace-cmd", action="store_true")
+    ap.add_argument("--load", default="switch:2", help="stress-ng stressor:instances (switch:4, fork:2)")
+    ap.add_argument("--variants", default="compact,plain", help="compact_sched on, off, or both")
+    ap.add_argument("--serve", action="store_true",
+                    help="a row with `recorder serve` in place of traced (traced_probes reads ftrace)")
     args = ap.parse_args()
+    name, n = args.load.split(":")
+    bf.LOAD = (name, int(n))
+    variants = [v == "compact" for v in args.variants.split(",") if v]
     bf.ensure_tools()
     modes = [m for m in args.modes.split(",") if m]
     # The zstd pair uses the default way out of the kernel when it is measured.
@@ -217,11 +237,14 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         prefix, how = bf.trace_cmd_prefix(d) if not args.no_trace_cmd else ([], "")
         rows = []
-        for compact in (True, False):
+        for compact in variants:
             tag = "compact" if compact else "plain"
             for m in modes:
                 rows.append((f"recorder {m}, {tag}", lambda c=compact, m=m: run_recorder(d, args.secs, c, m)))
             rows.append((f"perfetto, {tag}", lambda c=compact: run_perfetto(d, args.secs, c)))
+            if args.serve:
+                rows.append((f"perfetto → recorder serve, {tag}",
+                             lambda c=compact: run_perfetto(d, args.secs, c, service="serve")))
         if args.zstd:
             rows.append((f"recorder {zmode}, compact, zstd {args.zstd}",
                          lambda: run_recorder(d, args.secs, True, zmode, args.zstd)))
@@ -239,7 +262,7 @@ def main():
                 print(f"round {rnd + 1}: {name}: {r['events']} events, {r['window']:.2f} CPU s, "
                       f"lost {r['lost']}", file=sys.stderr)
     la = os.getloadavg()
-    print(f"`stress-ng --switch 2` for {args.secs} s per row, {args.rounds} interleaved rounds; "
+    print(f"`{bf.load_name()}` for {args.secs} s per row, {args.rounds} interleaved rounds; "
           f"untraced baseline {median(bases):,.0f} bogo ops/s (median); load average at the end "
           f"{la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} CPUs ({bf.host()}).\n")
     print("| tracer | events (median) | ns CPU/event (per round) | load vs untraced | B/event | kernel loss (per round) | bundles flagged lost |")
@@ -251,12 +274,16 @@ def main():
               f"{median([r['ops'] / r['base'] for r in rs]):.2f}× | "
               f"{median([r['out'] / max(r['events'], 1) for r in rs]):.1f} | "
               f"{', '.join(str(r['lost']) for r in rs)} | {sum(r['flagged'] for r in rs)} |")
-    print("\n| recorder ÷ Perfetto (medians of per-round ratios) | CPU/event | load throughput | bytes/event |")
-    print("|---|---|---|---|")
+    print("\n| recorder ÷ Perfetto (medians of per-round ratios) | CPU/event | load throughput | bytes/event "
+          "| kernel loss, summed over the rounds |")
+    print("|---|---|---|---|---|")
     pairs = []
-    for tag in ("compact", "plain"):
+    tags = ["compact" if c else "plain" for c in variants]
+    for tag in tags:
         for m in modes:
             pairs.append((f"recorder {m}, {tag}", f"perfetto, {tag}"))
+        if args.serve:
+            pairs.append((f"perfetto → recorder serve, {tag}", f"perfetto, {tag}"))
     if args.zstd:
         pairs.append((f"recorder {zmode}, compact, zstd {args.zstd}", f"perfetto, compact, zstd {args.zstd}"))
     for a, b in pairs:
@@ -264,9 +291,10 @@ def main():
         cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb)])
         ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb)])
         byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1)) for x, y in zip(ra, rb)])
-        print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× |")
+        loss = lambda rs: sum(r["lost"] or 0 for r in rs)
+        print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× | {loss(ra):,} against {loss(rb):,} |")
     if len(modes) > 1:
-        for tag in ("compact", "plain"):
+        for tag in tags:
             a, b = results[f"recorder {modes[0]}, {tag}"], results[f"recorder {modes[1]}, {tag}"]
             cpu = median([per_event(x) / per_event(y) for x, y in zip(a, b)])
             print(f"\nrecorder {modes[0]} ÷ {modes[1]}, {tag}: CPU/event {cpu:.2f}×")
