@@ -329,8 +329,9 @@ pub fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
         )));
     }
     // Threads started before (the control worker, source readers) changed
-    // uid with this one and lost every capability; no_new_privs is this
-    // thread's and its later children's.
+    // uid with this one and lost every capability; they carry no_new_privs
+    // from the fork of the broker (privdrop P4). Checked, not assumed.
+    crate::sys::privdrop::check_every_thread().map_err(PrivilegeError::Drop)?;
     log::info!(
         "gave up root: now uid {} gid {}, no capabilities, no_new_privs ({} threads)",
         user.uid,
