@@ -453,6 +453,57 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
     }
 }
 
+/// 32 producers of one uid (its connection cap) that each commit 40 MiB of
+/// chunks that need patches and never send them: what they hold is one
+/// uid's (`MAX_HELD_BYTES_PER_UID`, 32 MiB), not 32 × 32 MiB, so the
+/// session's RSS grows by less than [`RSS_BOUND_KB`]; the chunks given up
+/// are counted against that uid, and another uid's SDK app still records
+/// every packet.
+#[test]
+fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_own() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    sdk_app();
+    let run = shared_run(&flight(true));
+    let (session, socket) = root_session(&run, true, None);
+    let sock = socket.to_str().expect("utf-8");
+    std::thread::sleep(Duration::from_millis(500));
+    let before = rss_kb(session.id());
+    let mut flood = Flood::start(&["patches", sock, "32", SEQUENCE_DS, "40"]);
+    flood.wait_for("done");
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rss_kb(session.id());
+    eprintln!("RSS {before} KiB before, {after} KiB after 32 producers held 40 MiB each");
+    assert!(
+        after.saturating_sub(before) < RSS_BOUND_KB,
+        "RSS grew from {before} to {after} KiB"
+    );
+    let mut app = App::spawn(&socket, "held_app", &["--packets", "300"]);
+    let app_pid = app.pid();
+    app.expect("wrote 300");
+    trigger_within_a_second(&run);
+    let (packets, err) = ended_on_the_trigger(&run, session);
+    drop(flood);
+    app.finish();
+    let by_pid = counters_by_pid(&packets);
+    let ours: Vec<_> = by_pid
+        .iter()
+        .filter(|(_, pid, _)| *pid == app_pid)
+        .collect();
+    assert_eq!(ours.len(), 1, "{by_pid:?}");
+    assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
+    assert!(
+        err.contains("producers of uid 65534:") && err.contains("bytes held for patches"),
+        "{err}"
+    );
+    if python_summary(&run.out).is_some() {
+        let given_up = quota_attribute(&run.out, 65534, "held_bytes");
+        assert!(given_up.is_some_and(|n| n > 0), "{given_up:?}");
+        assert_eq!(quota_attribute(&run.out, 0, "held_bytes"), None);
+    }
+}
+
 /// 3000 producers that connect, register and close, with long names: the
 /// session keeps 64 of them one by one and folds the rest into one line of
 /// their uid; RSS and the log stay bounded.
