@@ -164,6 +164,12 @@ impl Limit {
         }
     }
 
+    /// The limit of a key (a status from another build may name one this
+    /// build does not know: `None`).
+    pub fn from_key(key: &str) -> Option<Limit> {
+        Limit::ALL.into_iter().find(|l| l.key() == key)
+    }
+
     /// What a hit is, for people.
     pub fn what(self) -> &'static str {
         match self {
@@ -531,6 +537,14 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_names_its_limit() {
+        for l in Limit::ALL {
+            assert_eq!(Limit::from_key(l.key()), Some(l));
+        }
+        assert_eq!(Limit::from_key("closed_producers"), None);
+    }
 
     #[test]
     fn the_budget_leaves_the_reserve_and_never_passes_the_cap() {

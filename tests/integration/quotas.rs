@@ -479,6 +479,39 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
         after.saturating_sub(before) < RSS_BOUND_KB,
         "RSS grew from {before} to {after} KiB"
     );
+    // The live figures: `recorder query` words them as the summary does,
+    // and its JSON has them by limit key.
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query"]),
+        Duration::from_secs(10),
+        "query during the attack",
+    );
+    let text = String::from_utf8_lossy(&q.stdout);
+    assert!(q.status.success(), "{}", stderr(&q));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("  producers of uid 65534:"))
+        .unwrap_or_else(|| panic!("no quota line of uid 65534: {text}"));
+    assert!(line.contains("given up (bytes held for patches"), "{line}");
+    let q = output_within(
+        &mut recorder_as(&run, None, &["query", "--json"]),
+        Duration::from_secs(10),
+        "query --json during the attack",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("JSON");
+    let ours = v
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["pid"] == session.id()))
+        .unwrap_or_else(|| panic!("no status of the session: {v}"));
+    let uid = ours["quotas"]
+        .as_array()
+        .and_then(|a| a.iter().find(|u| u["uid"] == 65534))
+        .unwrap_or_else(|| panic!("no quota figures of uid 65534: {ours}"));
+    let held = uid["hits"]
+        .as_array()
+        .and_then(|h| h.iter().find(|kv| kv[0] == "held_bytes"))
+        .and_then(|kv| kv[1].as_u64());
+    assert!(held.is_some_and(|n| n > 0), "{uid}");
     let mut app = App::spawn(&socket, "held_app", &["--packets", "300"]);
     let app_pid = app.pid();
     app.expect("wrote 300");
