@@ -75,6 +75,18 @@ impl Broker {
         self.call(req, fd).map(drop).map_err(PrivilegeError::Broker)
     }
 
+    /// Hands the broker the session's `unique_session_name` lock file
+    /// (`name` in the runtime directory `dir`), to remove at the end: the
+    /// service user cannot unlink root's file in the sticky directory.
+    /// Before the drop only.
+    pub fn register_name_lock(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), PrivilegeError> {
+        self.done(&Request::RegisterNameLock { name: name.into() }, Some(dir))
+    }
+
     /// The broker's pid.
     pub fn pid(&self) -> u32 {
         self.pid

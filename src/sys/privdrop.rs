@@ -91,28 +91,6 @@ fn status_problem(status: &str) -> Option<String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::status_problem;
-
-    #[test]
-    fn a_status_passes_only_with_every_uid_dropped_no_capability_and_no_new_privs() {
-        let good = "Name:\tx\nUid:\t999\t999\t999\t999\nCapPrm:\t0000000000000000\n\
-                    CapEff:\t0000000000000000\nNoNewPrivs:\t1\n";
-        assert_eq!(status_problem(good), None);
-        for (from, to) in [
-            ("999\t999\t999\t999", "999\t0\t999\t999"),
-            ("CapEff:\t0000000000000000", "CapEff:\t0000000000000400"),
-            ("CapPrm:\t0000000000000000", "CapPrm:\t000001ffffffffff"),
-            ("NoNewPrivs:\t1", "NoNewPrivs:\t0"),
-            ("NoNewPrivs:\t1\n", ""),
-        ] {
-            let bad = good.replace(from, to);
-            assert!(status_problem(&bad).is_some(), "{bad}");
-        }
-    }
-}
-
 /// Ignores SIGINT, SIGTERM and SIGHUP (the broker acts on its socket's end,
 /// not on the terminal's Ctrl-C or hang-up, which reach the whole process
 /// group), and SIGPIPE.
@@ -146,4 +124,26 @@ pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_problem;
+
+    #[test]
+    fn a_status_passes_only_with_every_uid_dropped_no_capability_and_no_new_privs() {
+        let good = "Name:\tx\nUid:\t999\t999\t999\t999\nCapPrm:\t0000000000000000\n\
+                    CapEff:\t0000000000000000\nNoNewPrivs:\t1\n";
+        assert_eq!(status_problem(good), None);
+        for (from, to) in [
+            ("999\t999\t999\t999", "999\t0\t999\t999"),
+            ("CapEff:\t0000000000000000", "CapEff:\t0000000000000400"),
+            ("CapPrm:\t0000000000000000", "CapPrm:\t000001ffffffffff"),
+            ("NoNewPrivs:\t1", "NoNewPrivs:\t0"),
+            ("NoNewPrivs:\t1\n", ""),
+        ] {
+            let bad = good.replace(from, to);
+            assert!(status_problem(&bad).is_some(), "{bad}");
+        }
+    }
 }

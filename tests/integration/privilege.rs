@@ -223,6 +223,69 @@ fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
     check_trace(&run.out);
 }
 
+/// The `session.0.*.lock` files of the runtime directory.
+fn name_locks(runtime: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(runtime)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("session.0.") && n.ends_with(".lock"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A root session's `unique_session_name` lock file outlives the drop (the
+/// service user cannot unlink root's file in the sticky runtime
+/// directory): the broker removes it at the end, after a stop and after
+/// SIGKILL alike, and the name is free for the next session.
+#[test]
+fn the_name_lock_of_a_dropped_session_is_removed_at_its_end() {
+    if skip_unless(tracefs_missing()) {
+        return;
+    }
+    let run = Run::new(&format!(
+        "{FTRACE}unique_session_name: \"privsmall_lock\"\n"
+    ));
+    let runtime = run.dir.path().join("run");
+    for kill in [false, true] {
+        let mut c = run.command("pwritev");
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("starts");
+        let pid = child.id();
+        wait_for("the drop", Duration::from_secs(20), || dropped(pid));
+        let locks = name_locks(&runtime);
+        assert_eq!(locks.len(), 1, "{locks:?}");
+        let held = std::fs::read_to_string(&locks[0]).expect("lock file");
+        assert_eq!(held.trim(), pid.to_string());
+        // A second session of the same name is refused while it runs.
+        let second = run.command("pwritev").output().expect("runs");
+        assert_eq!(second.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&second.stderr).contains("already running"),
+            "{}",
+            String::from_utf8_lossy(&second.stderr)
+        );
+        if kill {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("waits");
+            wait_for(
+                "the lock removed after SIGKILL",
+                Duration::from_secs(10),
+                || name_locks(&runtime).is_empty(),
+            );
+        } else {
+            signal(&child, rustix::process::Signal::INT);
+            finish(child);
+            assert_eq!(name_locks(&runtime), Vec::<PathBuf>::new());
+            check_trace(&run.out);
+        }
+    }
+}
+
 fn signal(child: &Child, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, sig).expect("signal");
