@@ -480,25 +480,32 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
         "RSS grew from {before} to {after} KiB"
     );
     // The live figures: `recorder query` words them as the summary does,
-    // and its JSON has them by limit key.
-    let q = output_within(
-        &mut recorder_as(&run, None, &["query"]),
-        Duration::from_secs(10),
-        "query during the attack",
-    );
-    let text = String::from_utf8_lossy(&q.stdout);
-    assert!(q.status.success(), "{}", stderr(&q));
+    // and its JSON has them by limit key. (Asked again while a loaded
+    // machine keeps the session from answering in time.)
+    let query = |args: &[&str]| {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let q = output_within(
+                &mut recorder_as(&run, None, args),
+                Duration::from_secs(20),
+                "query during the attack",
+            );
+            if q.status.success() {
+                return q.stdout;
+            }
+            last = format!("{}{}", String::from_utf8_lossy(&q.stdout), stderr(&q));
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!("no answer to {args:?}: {last}");
+    };
+    let out = query(&["query"]);
+    let text = String::from_utf8_lossy(&out);
     let line = text
         .lines()
         .find(|l| l.starts_with("  producers of uid 65534:"))
         .unwrap_or_else(|| panic!("no quota line of uid 65534: {text}"));
     assert!(line.contains("given up (bytes held for patches"), "{line}");
-    let q = output_within(
-        &mut recorder_as(&run, None, &["query", "--json"]),
-        Duration::from_secs(10),
-        "query --json during the attack",
-    );
-    let v: serde_json::Value = serde_json::from_slice(&q.stdout).expect("JSON");
+    let v: serde_json::Value = serde_json::from_slice(&query(&["query", "--json"])).expect("JSON");
     let ours = v
         .as_array()
         .and_then(|a| a.iter().find(|s| s["pid"] == session.id()))
