@@ -41,14 +41,7 @@ fn setpriv_missing() -> Option<String> {
 
 /// `name:` lines of /proc/PID/status.
 fn status(pid: u32) -> std::collections::BTreeMap<String, String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.to_string(), v.trim().to_string()))
-        })
-        .collect()
+    proc_status(format!("/proc/{pid}/status"))
 }
 
 /// Whether `pid` has given up root (its uids; `NoNewPrivs` is set earlier,
@@ -193,15 +186,7 @@ fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
         "threads started before the drop: {tasks:?}"
     );
     for tid in &tasks {
-        let st: std::collections::BTreeMap<String, String> =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    Some((k.to_string(), v.trim().to_string()))
-                })
-                .collect();
+        let st = proc_status(format!("/proc/{pid}/task/{tid}/status"));
         if st.is_empty() {
             continue; // ended meanwhile
         }

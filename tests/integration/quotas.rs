@@ -77,10 +77,8 @@ impl Drop for Flood {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+    proc_status(format!("/proc/{pid}/status"))
+        .get("VmRSS")
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
