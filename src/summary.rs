@@ -262,7 +262,7 @@ fn mode_name(m: TriggerMode) -> &'static str {
 
 /// One uid's quota line: what its producers were refused, and its closed
 /// producers folded into it.
-fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
+pub(crate) fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
     let who = if q.uid == crate::ipc::quota::OTHER_UIDS {
         "other uids".to_string()
     } else {

@@ -26,7 +26,10 @@ pub fn check(data: &[u8]) {
     };
     let mut seq = Sequence::new(buffer.writer(WriterId(9)), trust);
     let mut stats = ProducerStats::default();
-    let mut budget = Budget { left: BUDGET };
+    let mut budget = Budget {
+        left: BUDGET,
+        short: 0,
+    };
     let mut rest = data;
     while rest.len() >= 3 {
         let op = rest[0];

@@ -15,21 +15,28 @@
 //!   names than its quotas allow, and each refused registration is one hit
 //!   of the limit the model expects;
 //! * Q4: log lines of a uid never pass its burst plus one per interval, and
-//!   every line left out is counted against that uid.
+//!   every line left out is counted against that uid;
+//! * Q5: what a uid's connections hold (bytes waiting for patches,
+//!   sequences) is the sum of their shares, never passes the uid's cap
+//!   however many connections it has, is refused exactly at the cap, is
+//!   given back when a connection closes, and never changes another uid's
+//!   room.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use recorder::ipc::connection::{Connection, Shared};
+use recorder::ipc::connection::{Connection, Routes};
 use recorder::ipc::frame::encode_frame;
 use recorder::ipc::quota::{
-    Hits, LOG_BURST, LOG_INTERVAL, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES,
-    Quotas,
+    Hits, Holds, LOG_BURST, LOG_INTERVAL, Limit, MAX_DATA_SOURCES, MAX_HELD_BYTES_PER_UID,
+    MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES_PER_UID, Quotas,
 };
 use recorder::ipc::stats::ProducerStats;
+use recorder::ringbuf::Buffer;
 use recorder::protos::ipc_frame::{BindService, InvokeMethod, Msg};
 use recorder::protos::{self as pb, IpcFrame};
 
@@ -61,6 +68,18 @@ pub enum Op {
     Fold {
         uid: u32,
     },
+    /// Live connection `index` takes `bytes` for patches (as much as its
+    /// uid has room for), or gives back as many of its own.
+    Hold {
+        index: usize,
+        bytes: usize,
+        give: bool,
+    },
+    /// Live connection `index` takes `count` sequences.
+    Sequences {
+        index: usize,
+        count: u16,
+    },
 }
 
 /// The input as a cap pair and a list of steps.
@@ -72,7 +91,7 @@ pub fn decode(data: &[u8]) -> (usize, usize, Vec<Op>) {
     while let [kind, a, b, c, tail @ ..] = rest {
         rest = tail;
         let uid = u32::from(*a) % UIDS + 65530;
-        ops.push(match kind % 5 {
+        ops.push(match kind % 7 {
             0 => Op::Connect { uid },
             1 => Op::Close {
                 index: usize::from(*a),
@@ -86,7 +105,17 @@ pub fn decode(data: &[u8]) -> (usize, usize, Vec<Op>) {
                 uid,
                 advance_ms: u16::from(*b) * 8,
             },
-            _ => Op::Fold { uid },
+            4 => Op::Fold { uid },
+            5 => Op::Hold {
+                index: usize::from(*a),
+                // Up to 2 caps at once, in steps of 32 KiB (a page).
+                bytes: (usize::from(*b) << 8 | usize::from(*c)) % 2049 * (32 * 1024),
+                give: kind & 0x80 != 0,
+            },
+            _ => Op::Sequences {
+                index: usize::from(*a),
+                count: (u16::from(*b) << 8 | u16::from(*c)) % 5000,
+            },
         });
     }
     (total, per_uid, ops)
@@ -96,6 +125,8 @@ pub fn decode(data: &[u8]) -> (usize, usize, Vec<Op>) {
 #[derive(Default, Clone, Debug, PartialEq, Eq)]
 struct UidModel {
     live: usize,
+    held_bytes: usize,
+    sequences: usize,
     hits: BTreeMap<Limit, u64>,
     folded: u64,
     log_tokens: Option<u32>,
@@ -109,6 +140,9 @@ struct Live {
     registered: usize,
     bytes: usize,
     next_rid: u64,
+    /// Its share of its uid's holds, and what the model says it holds.
+    holds: Holds,
+    held: (usize, usize),
 }
 
 pub fn check(data: &[u8]) {
@@ -132,15 +166,20 @@ pub fn check(data: &[u8]) {
                 match expect {
                     Ok(()) => {
                         m.live += 1;
-                        let real = (live.iter().filter(|l| l.real.is_some()).count() < REAL)
+                        let mut real = (live.iter().filter(|l| l.real.is_some()).count() < REAL)
                             .then(real_connection)
                             .flatten();
+                        if let Some((c, _)) = real.as_mut() {
+                            c.holds = q.holds(uid);
+                        }
                         live.push(Live {
                             uid,
                             real,
                             registered: 0,
                             bytes: 0,
                             next_rid: 3,
+                            holds: q.holds(uid),
+                            held: (0, 0),
                         });
                     }
                     Err(l) => *m.hits.entry(l).or_default() += 1,
@@ -153,6 +192,8 @@ pub fn check(data: &[u8]) {
                 let l = live.remove(index % live.len());
                 let m = model.entry(l.uid).or_default();
                 m.live -= 1;
+                m.held_bytes -= l.held.0;
+                m.sequences -= l.held.1;
                 if let Some((mut c, _peer)) = l.real {
                     charge(&mut q, l.uid, &mut c);
                 }
@@ -229,6 +270,44 @@ pub fn check(data: &[u8]) {
                 q.fold_closed(uid, &ProducerStats::default());
                 model.entry(uid).or_default().folded += 1;
             }
+            Op::Hold { index, bytes, give } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let n = live.len();
+                let l = &mut live[index % n];
+                let m = model.entry(l.uid).or_default();
+                let room = l.holds.room();
+                assert_eq!(room, MAX_HELD_BYTES_PER_UID - m.held_bytes, "Q5: uid's room");
+                if give {
+                    let back = bytes.min(l.held.0);
+                    l.holds.settle(room, room + back);
+                    l.held.0 -= back;
+                    m.held_bytes -= back;
+                } else {
+                    let took = bytes.min(room);
+                    l.holds.settle(room, room - took);
+                    l.held.0 += took;
+                    m.held_bytes += took;
+                }
+                assert_eq!(l.holds.bytes(), l.held.0, "Q5: the connection's share");
+            }
+            Op::Sequences { index, count } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let n = live.len();
+                let l = &mut live[index % n];
+                let m = model.entry(l.uid).or_default();
+                for _ in 0..count {
+                    let expect = m.sequences < MAX_SEQUENCES_PER_UID;
+                    assert_eq!(l.holds.take_sequence(), expect, "Q5: sequence of uid {}", l.uid);
+                    if expect {
+                        m.sequences += 1;
+                        l.held.1 += 1;
+                    }
+                }
+            }
         }
         // Q1, Q2 after every step.
         assert_eq!(q.live_total(), live.len());
@@ -236,6 +315,13 @@ pub fn check(data: &[u8]) {
         for (uid, m) in &model {
             assert_eq!(q.live(*uid), m.live, "Q1: uid {uid}'s connections");
             assert!(m.live <= per_uid);
+            assert_eq!(
+                q.held(*uid),
+                (m.held_bytes, m.sequences),
+                "Q5: uid {uid}'s holds"
+            );
+            assert!(m.held_bytes <= MAX_HELD_BYTES_PER_UID);
+            assert!(m.sequences <= MAX_SEQUENCES_PER_UID);
         }
         let reports: BTreeMap<u32, _> = q.reports().into_iter().map(|r| (r.uid, r)).collect();
         for (uid, m) in &model {
@@ -315,20 +401,25 @@ fn register(rid: u64, name: &str) -> Vec<u8> {
     invoke(rid, 2, req.encode_to_vec())
 }
 
+/// No session attached: every buffer id is nobody's (the model checks
+/// admission and names, not routing).
+struct NoSession;
+
+impl Routes for NoSession {
+    fn ring(&mut self, _: u32) -> Option<(&Arc<Buffer>, &mut u32)> {
+        None
+    }
+    fn account(&mut self, _: u32, _: u32, _: &ProducerStats, _: &ProducerStats) {}
+}
+
 /// Writes `wire` to the connection's peer, lets the connection read all of
 /// it, and takes its replies.
 fn feed(c: &mut Connection, peer: &mut UnixStream, wire: &[u8]) {
-    let mut next = 2;
     let _ = peer.set_nonblocking(true);
     let mut sink = [0u8; 64 * 1024];
     for piece in wire.chunks(32 * 1024) {
         peer.write_all(piece).expect("a socket pair takes 32 KiB");
-        let mut shared = Shared {
-            buffers: &[],
-            next_sequence: &mut next,
-            per_buffer: &mut [],
-        };
-        c.read(&mut shared);
+        c.read(&mut NoSession);
         while matches!(std::io::Read::read(peer, &mut sink), Ok(n) if n > 0) {}
     }
 }

@@ -4,7 +4,8 @@ use crate::bytes::HumanBytes;
 
 use super::ExitCode;
 use crate::control::client::{self, Stopped, TriggerAnswer};
-use crate::control::message::{SessionStatus, printable};
+use crate::control::message::{SessionStatus, UidQuotaStatus, printable};
+use crate::ipc::quota::{Limit, UidReport};
 
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them (or, busy, queued them), 1 otherwise, saying which.
@@ -177,7 +178,40 @@ fn status_text(s: &SessionStatus) -> String {
             HumanBytes(p.bytes),
         ));
     }
+    for q in &s.quotas {
+        t.push_str(&quota_text(q));
+    }
     t
+}
+
+/// One uid's quota line, worded as the session's summary words it; a limit
+/// this build does not know is shown by its key.
+fn quota_text(q: &UidQuotaStatus) -> String {
+    let mut known = UidReport {
+        uid: q.uid,
+        closed_producers: q.closed_producers,
+        ..UidReport::default()
+    };
+    known.closed_stats.packets = q.closed_packets;
+    known.closed_stats.bytes = q.closed_bytes;
+    let mut unknown = Vec::new();
+    for (key, n) in &q.hits {
+        match Limit::from_key(key) {
+            Some(l) => known.hits.add(l, *n),
+            None => unknown.push(format!("{n} {}", printable(key))),
+        }
+    }
+    let mut line = String::new();
+    crate::summary::quota(&mut line, &known);
+    if !unknown.is_empty() {
+        let sep = if known.hits.is_empty() && known.closed_producers == 0 {
+            " "
+        } else {
+            ", "
+        };
+        line.insert_str(line.len() - 1, &format!("{sep}{}", unknown.join(", ")));
+    }
+    line
 }
 
 /// Stops one session, or all the caller may stop: 0 when each one is
@@ -260,4 +294,49 @@ pub fn start(pid: Option<u32>, all: bool) -> ExitCode {
         }
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_shows_each_uids_quota_hits_as_the_summary_words_them() {
+        let s = SessionStatus {
+            pid: 7,
+            quotas: vec![
+                UidQuotaStatus {
+                    uid: 65534,
+                    hits: vec![
+                        ("connections_per_uid".into(), 1468),
+                        ("held_bytes".into(), 12),
+                    ],
+                    ..UidQuotaStatus::default()
+                },
+                UidQuotaStatus {
+                    uid: 1000,
+                    hits: vec![("from_a_later_build\x1b".into(), 2)],
+                    closed_producers: 3,
+                    closed_packets: 40,
+                    closed_bytes: 2048,
+                },
+            ],
+            ..SessionStatus::default()
+        };
+        let t = status_text(&s);
+        assert!(
+            t.contains(
+                "  producers of uid 65534: 1468 connections refused (too many of this uid), \
+                 12 chunks or packets given up (bytes held for patches by this uid used up)\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "  producers of uid 1000: 3 more closed producers (40 packets, 2.0 KiB), \
+                 2 from_a_later_build\\u{1b}\n"
+            ),
+            "{t}"
+        );
+    }
 }

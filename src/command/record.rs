@@ -108,7 +108,17 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         None => None,
         Some(name) => {
             match runtime_dir::for_server().and_then(|d| SessionNameLock::acquire(&d, name)) {
-                Ok(lock) => Some(lock),
+                Ok(lock) => {
+                    // Removed by the broker at the end: after the drop this
+                    // process cannot unlink root's file there.
+                    if let Some(b) = &broker {
+                        let (dir, file) = lock.file();
+                        if let Err(e) = b.register_name_lock(dir.fd(), file) {
+                            log::warn!("the name lock stays after the session: {e}");
+                        }
+                    }
+                    Some(lock)
+                }
                 Err(e) => {
                     if let Some(r) = report.as_mut() {
                         r.failed(&e.to_string());

@@ -23,6 +23,8 @@ pub const MAX_REPLY_BYTES: usize = 256 * 1024;
 pub const MAX_REPLY_TEXT_BYTES: usize = 8192;
 /// Most buffers in a status reply (as many as a config may have).
 pub const MAX_REPLY_BUFFERS: usize = 128;
+/// Limits one uid's quota figures name at most in a status.
+pub const MAX_QUOTA_LIMITS: usize = 32;
 
 /// Which socket a request arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,10 +175,61 @@ pub struct SessionStatus {
     /// The apps that connected (at most [`MAX_PRODUCERS_SHOWN`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub producers: Vec<ProducerStatus>,
+    /// Per-uid quota figures (at most [`MAX_QUOTA_UIDS_SHOWN`] uids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<UidQuotaStatus>,
 }
 
 /// Producers a status lists at most (the reply stays small).
 pub const MAX_PRODUCERS_SHOWN: usize = 64;
+/// Uids a status lists quota figures of at most: the ones with the most
+/// hits (the reply stays small).
+pub const MAX_QUOTA_UIDS_SHOWN: usize = 64;
+
+/// One uid's quota figures in a live session, as the summary shows them
+/// (`ipc::quota`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UidQuotaStatus {
+    pub uid: u32,
+    /// Hits by limit key (`ipc::quota::Limit::key`), non-zero ones only.
+    pub hits: Vec<(String, u64)>,
+    /// Its closed producers folded into one line, and what they wrote.
+    #[serde(default)]
+    pub closed_producers: u64,
+    #[serde(default)]
+    pub closed_packets: u64,
+    #[serde(default)]
+    pub closed_bytes: u64,
+}
+
+impl UidQuotaStatus {
+    /// The figures of every uid in `reports`, at most
+    /// [`MAX_QUOTA_UIDS_SHOWN`] (those with the most hits), by uid.
+    pub fn of(reports: &[crate::ipc::quota::UidReport]) -> Vec<UidQuotaStatus> {
+        let total = |r: &crate::ipc::quota::UidReport| {
+            r.hits
+                .each()
+                .fold(r.closed_producers, |a, (_, n)| a.saturating_add(n))
+        };
+        let mut v: Vec<_> = reports.iter().collect();
+        v.sort_by_key(|r| std::cmp::Reverse(total(r)));
+        v.truncate(MAX_QUOTA_UIDS_SHOWN);
+        v.sort_by_key(|r| r.uid);
+        v.into_iter()
+            .map(|r| UidQuotaStatus {
+                uid: r.uid,
+                hits: r
+                    .hits
+                    .each()
+                    .map(|(l, n)| (l.key().to_string(), n))
+                    .collect(),
+                closed_producers: r.closed_producers,
+                closed_packets: r.closed_stats.packets,
+                closed_bytes: r.closed_stats.bytes,
+            })
+            .collect()
+    }
+}
 
 /// One producer (a Perfetto SDK app) of a live session.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -285,6 +338,19 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
             for b in &st.buffers {
                 check_text("policy", &b.policy)?;
             }
+            if st.quotas.len() > MAX_QUOTA_UIDS_SHOWN
+                || st.quotas.iter().any(|q| q.hits.len() > MAX_QUOTA_LIMITS)
+            {
+                return Err(BadReply::Invalid(format!(
+                    "quota figures of {} uids; a status has at most {MAX_QUOTA_UIDS_SHOWN}, of at most {MAX_QUOTA_LIMITS} limits each",
+                    st.quotas.len()
+                )));
+            }
+            for q in &st.quotas {
+                for (key, _) in &q.hits {
+                    check_text("quota limit", key)?;
+                }
+            }
         }
         Reply::Refused(msg) | Reply::Queued(msg) => check_text("refusal", msg)?,
         Reply::Stopping | Reply::Started => {}
@@ -386,6 +452,16 @@ mod tests {
                 pid: 7,
                 ..Default::default()
             }),
+            Reply::Status(SessionStatus {
+                pid: 8,
+                quotas: vec![UidQuotaStatus {
+                    uid: 65534,
+                    hits: vec![("held_bytes".into(), 3)],
+                    closed_producers: 1,
+                    ..UidQuotaStatus::default()
+                }],
+                ..Default::default()
+            }),
         ] {
             assert_eq!(decode_reply(&encode_reply(&r)), Ok(r));
         }
@@ -415,6 +491,14 @@ mod tests {
             .collect();
         assert!(matches!(
             decode_reply(&encode_reply(&Reply::Triggers(many))),
+            Err(BadReply::Invalid(_))
+        ));
+        let crowded = SessionStatus {
+            quotas: vec![UidQuotaStatus::default(); MAX_QUOTA_UIDS_SHOWN + 1],
+            ..SessionStatus::default()
+        };
+        assert!(matches!(
+            decode_reply(&encode_reply(&Reply::Status(crowded))),
             Err(BadReply::Invalid(_))
         ));
         let long = Reply::Refused("x".repeat(MAX_REPLY_TEXT_BYTES + 1));

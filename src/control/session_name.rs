@@ -118,6 +118,13 @@ impl SessionNameLock {
     }
 }
 
+impl SessionNameLock {
+    /// The runtime directory and the lock file's name in it.
+    pub fn file(&self) -> (&RuntimeDir, &str) {
+        (&self.dir, &self.file_name)
+    }
+}
+
 impl Drop for SessionNameLock {
     fn drop(&mut self) {
         // Unlinked while still locked: a session that opened this file

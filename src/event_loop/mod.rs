@@ -809,6 +809,11 @@ impl Loop {
                     })
                     .collect()
             }),
+            quotas: crate::control::message::UidQuotaStatus::of(&quota_reports(
+                self.rec.producers.as_ref(),
+                self.rec.control.as_ref(),
+                self.rec.quota_view,
+            )),
         }
     }
 

@@ -21,7 +21,7 @@ use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 use super::quota::{
-    Hits, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
+    Hits, Holds, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
     MIN_SHARED_MEMORY,
 };
 use super::sequence::{Budget, Sequence, Trust};
@@ -61,9 +61,6 @@ pub const METHODS: [&str; 12] = [
 const SEND_TIMEOUT: Duration = Duration::from_millis(20);
 /// Bytes read from one producer per wake-up, so one cannot starve others.
 const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
-/// Memory a producer may have held in partial packets and chunks waiting for
-/// patches: as much as the largest SMB can hand over before its patches.
-const HELD_BYTES: usize = smb::MAX_SIZE;
 
 /// A data source a producer registered.
 #[derive(Clone, Debug)]
@@ -142,7 +139,11 @@ pub struct Connection {
     sequences: HashMap<(u16, u32), Sequence>,
     /// Where a chunk is copied out of the SMB (reused for every chunk).
     chunk_copy: Vec<u8>,
+    /// Lent from `holds` for each piece of work that may hold bytes.
     budget: Budget,
+    /// Its share of its uid's holds; the host gives it the uid's on
+    /// admission (`quota::Quotas::holds`).
+    pub holds: Holds,
     pub stats: ProducerStats,
     /// Its quota hits (`ipc::quota`), charged to its uid by the host.
     pub hits: Hits,
@@ -176,7 +177,8 @@ impl Connection {
             writers: HashMap::new(),
             sequences: HashMap::new(),
             chunk_copy: Vec::new(),
-            budget: Budget { left: HELD_BYTES },
+            budget: Budget::default(),
+            holds: Holds::alone(),
             stats: ProducerStats::default(),
             hits: Hits::default(),
             registered_bytes: 0,
@@ -274,6 +276,7 @@ impl Connection {
     /// Ends the sequences whose buffer `gone` names (a session detached):
     /// what they held is lost, and they no longer hold its rings.
     pub fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
+        let lent = self.lend();
         let keys: Vec<(u16, u32)> = self
             .sequences
             .keys()
@@ -285,8 +288,26 @@ impl Connection {
                 let before = self.stats.clone();
                 s.finish(&mut self.stats, &mut self.budget);
                 shared.account(key.1, self.id, &before, &self.stats);
+                self.holds.give_sequence();
             }
         }
+        self.settle(lent);
+    }
+
+    /// Lends the budget what the uid may still hold, before work that may
+    /// hold bytes (or give them back).
+    fn lend(&mut self) -> usize {
+        self.budget.left = self.holds.room();
+        self.budget.left
+    }
+
+    /// After that work: charges the uid what it took (or returns what it
+    /// gave back), and counts the times it was short.
+    fn settle(&mut self, lent: usize) {
+        self.holds.settle(lent, self.budget.left);
+        self.budget.left = 0;
+        self.hits
+            .add(Limit::HeldBytes, std::mem::take(&mut self.budget.short));
     }
 
     fn on_frame(&mut self, f: IpcFrame, shared: &mut dyn Routes, notes: &mut Vec<Note>) {
@@ -592,6 +613,12 @@ impl Connection {
     /// per writer in chunk order, never past its chunk being written.
     /// Only buffers `only` admits (the session that flushes or stops).
     pub fn scrape(&mut self, shared: &mut dyn Routes, only: impl Fn(u32) -> bool) {
+        let lent = self.lend();
+        self.scrape_lent(shared, only);
+        self.settle(lent);
+    }
+
+    fn scrape_lent(&mut self, shared: &mut dyn Routes, only: impl Fn(u32) -> bool) {
         if !self.scraping || self.writers.is_empty() {
             return;
         }
@@ -630,6 +657,7 @@ impl Connection {
                 (self.uid, self.pid),
                 shared,
                 &mut self.hits,
+                &mut self.holds,
             ) else {
                 continue;
             };
@@ -646,6 +674,12 @@ impl Connection {
 
     /// CommitData's chunk moves and patches (ARCHITECTURE.md §9.4).
     fn commit(&mut self, r: &CommitDataRequest, shared: &mut dyn Routes) {
+        let lent = self.lend();
+        self.commit_lent(r, shared);
+        self.settle(lent);
+    }
+
+    fn commit_lent(&mut self, r: &CommitDataRequest, shared: &mut dyn Routes) {
         let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
         let mut bytes = std::mem::take(&mut self.chunk_copy);
         for mv in &r.chunks_to_move {
@@ -691,6 +725,7 @@ impl Connection {
                 (self.uid, self.pid),
                 shared,
                 &mut self.hits,
+                &mut self.holds,
             ) else {
                 self.stats.chunks_discarded += 1;
                 continue;
@@ -947,15 +982,22 @@ fn sequence<'a>(
     (uid, pid): (u32, u32),
     shared: &mut dyn Routes,
     hits: &mut Hits,
+    holds: &mut Holds,
 ) -> Option<&'a mut Sequence> {
     if writer == 0 {
         return None;
     }
-    if sequences.len() >= MAX_SEQUENCES && !sequences.contains_key(&(writer, buffer_id)) {
-        hits.add(Limit::Sequences, 1);
-        return None;
-    }
     let (buffer, next_sequence) = shared.ring(buffer_id)?;
+    if !sequences.contains_key(&(writer, buffer_id)) {
+        if sequences.len() >= MAX_SEQUENCES {
+            hits.add(Limit::Sequences, 1);
+            return None;
+        }
+        if !holds.take_sequence() {
+            hits.add(Limit::SequencesPerUid, 1);
+            return None;
+        }
+    }
     Some(sequences.entry((writer, buffer_id)).or_insert_with(|| {
         let sequence_id = *next_sequence;
         *next_sequence += 1;

@@ -16,6 +16,8 @@
 //! | data sources per producer | [`MAX_DATA_SOURCES`] | RegisterDataSource fails |
 //! | name bytes per producer | [`MAX_REGISTERED_BYTES`] | RegisterDataSource fails |
 //! | sequences and writers per producer | [`MAX_SEQUENCES`] | the chunk is refused |
+//! | sequences and writers per uid | [`MAX_SEQUENCES_PER_UID`] | the chunk is refused |
+//! | bytes held for patches and partial packets per uid | [`MAX_HELD_BYTES_PER_UID`] | the sequence's held chunks (or the partial packet) are given up as lost |
 //! | shared memory per uid | [`MAX_SHARED_MEMORY_PER_UID`] | a smaller buffer, or none: the data source is not set up |
 //! | closed producers kept one by one | [`MAX_CLOSED_KEPT`] | later ones fold into their uid's line |
 //! | uids accounted one by one | [`MAX_UIDS`] | later uids share one account |
@@ -23,6 +25,8 @@
 //! | control and trigger requests | `control::server`'s caps per uid and in all | the request is refused; counted here as `control_requests` |
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::stats::ProducerStats;
@@ -47,6 +51,16 @@ pub const MAX_DATA_SOURCES: usize = 256;
 pub const MAX_REGISTERED_BYTES: usize = 64 * 1024;
 /// Sequences (writer and buffer) and trace writers one producer may have.
 pub const MAX_SEQUENCES: usize = 1024;
+/// Sequences and trace writers one uid's producers may have in all: each
+/// stays attached to its buffer, so many producers of one uid must not
+/// multiply [`MAX_SEQUENCES`].
+pub const MAX_SEQUENCES_PER_UID: usize = 4 * MAX_SEQUENCES;
+/// Bytes one uid's producers may hold in all in chunks waiting for their
+/// patches and in packets reassembled across chunks: as much as the largest
+/// SMB can hand over before its patches. Per uid, not per producer, so
+/// that many connections of one user that never send their patches hold
+/// no more than one.
+pub const MAX_HELD_BYTES_PER_UID: usize = super::smb::MAX_SIZE;
 /// Shared memory buffers one uid's producers may hold in all (the recorder
 /// creates them, and its reads can fault their pages in).
 pub const MAX_SHARED_MEMORY_PER_UID: usize = 128 * 1024 * 1024;
@@ -110,6 +124,8 @@ pub enum Limit {
     DataSources,
     RegisteredBytes,
     Sequences,
+    SequencesPerUid,
+    HeldBytes,
     SharedMemory,
     LogLines,
     /// Requests on the control and trigger sockets refused (counted there).
@@ -120,13 +136,15 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub const ALL: [Limit; 10] = [
+    pub const ALL: [Limit; 12] = [
         Limit::ConnectionsPerUid,
         Limit::Connections,
         Limit::NameLength,
         Limit::DataSources,
         Limit::RegisteredBytes,
         Limit::Sequences,
+        Limit::SequencesPerUid,
+        Limit::HeldBytes,
         Limit::SharedMemory,
         Limit::LogLines,
         Limit::ControlRequests,
@@ -142,11 +160,19 @@ impl Limit {
             Limit::DataSources => "data_sources",
             Limit::RegisteredBytes => "registered_bytes",
             Limit::Sequences => "sequences",
+            Limit::SequencesPerUid => "sequences_per_uid",
+            Limit::HeldBytes => "held_bytes",
             Limit::SharedMemory => "shared_memory",
             Limit::LogLines => "log_lines",
             Limit::ControlRequests => "control_requests",
             Limit::ForeignBuffer => "foreign_buffer_chunks",
         }
+    }
+
+    /// The limit of a key (a status from another build may name one this
+    /// build does not know: `None`).
+    pub fn from_key(key: &str) -> Option<Limit> {
+        Limit::ALL.into_iter().find(|l| l.key() == key)
     }
 
     /// What a hit is, for people.
@@ -158,6 +184,10 @@ impl Limit {
             Limit::DataSources => "data sources refused (too many)",
             Limit::RegisteredBytes => "data sources refused (too many name bytes)",
             Limit::Sequences => "chunks refused (too many writers)",
+            Limit::SequencesPerUid => "chunks refused (too many writers of this uid)",
+            Limit::HeldBytes => {
+                "chunks or packets given up (bytes held for patches by this uid used up)"
+            }
             Limit::SharedMemory => "data sources not set up (shared memory of this uid used up)",
             Limit::LogLines => "log lines left out",
             Limit::ControlRequests => "control or trigger requests refused",
@@ -210,9 +240,95 @@ pub struct UidReport {
     pub closed_stats: ProducerStats,
 }
 
+/// What one uid's producers hold now, shared by their connections' [`Holds`].
+#[derive(Debug, Default)]
+struct Held {
+    bytes: AtomicUsize,
+    sequences: AtomicUsize,
+}
+
+/// One connection's share of its uid's holds (bytes held for patches and
+/// partial packets, sequences): checked against the uid's room before
+/// anything is taken, and given back when the connection goes (dropped).
+#[derive(Debug)]
+pub struct Holds {
+    uid: Arc<Held>,
+    bytes: usize,
+    sequences: usize,
+}
+
+impl Holds {
+    /// An account of its own, charged to no uid's (a connection not yet
+    /// admitted by a host).
+    pub fn alone() -> Self {
+        Self {
+            uid: Arc::default(),
+            bytes: 0,
+            sequences: 0,
+        }
+    }
+
+    /// Bytes this connection may still take: what its uid has left.
+    pub fn room(&self) -> usize {
+        MAX_HELD_BYTES_PER_UID.saturating_sub(self.uid.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Bytes this connection holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// After work that was lent `lent` bytes of room and left `left` of
+    /// them (more when it gave bytes back): charges or returns the
+    /// difference.
+    pub fn settle(&mut self, lent: usize, left: usize) {
+        if left <= lent {
+            let took = lent - left;
+            self.bytes += took;
+            self.uid.bytes.fetch_add(took, Ordering::Relaxed);
+        } else {
+            let gave = (left - lent).min(self.bytes);
+            self.bytes -= gave;
+            self.uid.bytes.fetch_sub(gave, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes one sequence, unless the uid has [`MAX_SEQUENCES_PER_UID`].
+    pub fn take_sequence(&mut self) -> bool {
+        let taken = self
+            .uid
+            .sequences
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_SEQUENCES_PER_UID).then_some(n + 1)
+            })
+            .is_ok();
+        self.sequences += usize::from(taken);
+        taken
+    }
+
+    /// Gives one sequence back (its session detached while the connection
+    /// stays, as under `recorder serve`).
+    pub fn give_sequence(&mut self) {
+        if self.sequences > 0 {
+            self.sequences -= 1;
+            self.uid.sequences.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Holds {
+    fn drop(&mut self) {
+        self.uid.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.uid
+            .sequences
+            .fetch_sub(self.sequences, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug)]
 struct Account {
     live: usize,
+    held: Arc<Held>,
     /// Bytes of shared memory its producers hold.
     shared_memory: usize,
     hits: Hits,
@@ -229,6 +345,7 @@ impl Account {
     fn new() -> Self {
         Self {
             live: 0,
+            held: Arc::default(),
             shared_memory: 0,
             hits: Hits::default(),
             closed_producers: 0,
@@ -334,6 +451,29 @@ impl Quotas {
         };
     }
 
+    /// A share of `uid`'s holds for one of its connections.
+    pub fn holds(&mut self, uid: u32) -> Holds {
+        Holds {
+            uid: Arc::clone(&self.account(uid).held),
+            bytes: 0,
+            sequences: 0,
+        }
+    }
+
+    /// Bytes `uid`'s producers hold now (for patches, partial packets),
+    /// and their sequences.
+    pub fn held(&self, uid: u32) -> (usize, usize) {
+        self.accounts
+            .get(&uid)
+            .or_else(|| self.accounts.get(&OTHER_UIDS))
+            .map_or((0, 0), |a| {
+                (
+                    a.held.bytes.load(Ordering::Relaxed),
+                    a.held.sequences.load(Ordering::Relaxed),
+                )
+            })
+    }
+
     /// Adds `hits` to `uid`'s account.
     pub fn add_hits(&mut self, uid: u32, hits: &Hits) {
         self.account(uid).hits.merge(hits);
@@ -414,6 +554,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_key_names_its_limit() {
+        for l in Limit::ALL {
+            assert_eq!(Limit::from_key(l.key()), Some(l));
+        }
+        assert_eq!(Limit::from_key("closed_producers"), None);
+    }
+
+    #[test]
     fn the_budget_leaves_the_reserve_and_never_passes_the_cap() {
         assert_eq!(connection_budget(1024), (1024 - 256) / 2);
         assert_eq!(connection_budget(100), 0);
@@ -462,6 +610,41 @@ mod tests {
         assert_eq!(q.shared_memory_room(8), MAX_SHARED_MEMORY_PER_UID);
         q.shared_memory(7, 100 * 1024 * 1024, false);
         assert_eq!(q.shared_memory_room(7), MAX_SHARED_MEMORY_PER_UID);
+    }
+
+    #[test]
+    fn held_bytes_and_sequences_are_one_uids_in_all_and_given_back_when_a_connection_goes() {
+        let mut q = Quotas::new(10, 10);
+        let mut a = q.holds(7);
+        let mut b = q.holds(7);
+        let other = q.holds(8);
+        let lent = a.room();
+        assert_eq!(lent, MAX_HELD_BYTES_PER_UID);
+        a.settle(lent, lent - 20 * 1024 * 1024);
+        // The uid's other connection sees what is left, another uid all.
+        assert_eq!(b.room(), MAX_HELD_BYTES_PER_UID - 20 * 1024 * 1024);
+        assert_eq!(other.room(), MAX_HELD_BYTES_PER_UID);
+        let lent = b.room();
+        b.settle(lent, 0);
+        assert_eq!(a.room(), 0);
+        assert_eq!(q.held(7).0, MAX_HELD_BYTES_PER_UID);
+        // Given back: by work that releases, and by closing.
+        a.settle(0, 5);
+        assert_eq!(a.bytes(), 20 * 1024 * 1024 - 5);
+        drop(a);
+        assert_eq!(q.held(7).0, b.bytes());
+        drop(b);
+        assert_eq!(q.held(7), (0, 0));
+        let mut c = q.holds(7);
+        let mut d = q.holds(7);
+        for _ in 0..MAX_SEQUENCES_PER_UID / 2 {
+            assert!(c.take_sequence() && d.take_sequence());
+        }
+        assert!(!c.take_sequence() && !d.take_sequence());
+        assert!(q.holds(8).take_sequence(), "another uid is not charged");
+        drop(d);
+        assert!(c.take_sequence());
+        assert_eq!(q.held(7).1, MAX_SEQUENCES_PER_UID / 2 + 1);
     }
 
     #[test]

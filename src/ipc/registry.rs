@@ -423,7 +423,8 @@ impl ProducerRegistry {
         let id = self.next_conn;
         self.next_conn = self.next_conn.wrapping_add(1).max(1);
         match Connection::new(id, stream) {
-            Ok(c) => {
+            Ok(mut c) => {
+                c.holds = self.quotas.holds(uid);
                 self.conns.insert(id, c);
             }
             Err(e) => {

@@ -42,10 +42,13 @@ const MAX_HELD_CHUNKS: usize = 16 * 1024;
 const MAX_READ_AHEAD: usize = 1024;
 
 /// Bytes a producer may have held in partial packets and chunks waiting
-/// for patches, over all its sequences.
-#[derive(Debug)]
+/// for patches, over all its sequences (lent from its uid's room,
+/// `ipc::quota::Holds`).
+#[derive(Debug, Default)]
 pub struct Budget {
     pub left: usize,
+    /// Times held chunks or a partial packet were given up for want of it.
+    pub short: u64,
 }
 
 /// Who wrote the packets (from the socket, not from the producer).
@@ -135,7 +138,14 @@ impl Sequence {
         if self.held.len() >= MAX_HELD_CHUNKS || budget.left < bytes.len() {
             // Patches that never come would stall the sequence: give the
             // held chunks up as lost.
+            budget.short += u64::from(budget.left < bytes.len());
             self.drop_held(stats, budget);
+            if budget.left < bytes.len() {
+                // Still no room (other sequences or producers of the uid
+                // hold it): this chunk is lost too, and the gap says so.
+                stats.chunks_discarded += 1;
+                return;
+            }
         }
         budget.left -= bytes.len().min(budget.left);
         self.held.push_back(Held {
@@ -402,6 +412,7 @@ impl Sequence {
             let before = packet.capacity();
             if packet.len() + data.len() > limit || budget.left + before < packet.len() + data.len()
             {
+                budget.short += u64::from(packet.len() + data.len() <= limit);
                 budget.left += before;
                 stats.packets_too_big += 1;
                 self.dropped = true;
@@ -522,7 +533,10 @@ mod tests {
             buffer,
             seq,
             ProducerStats::default(),
-            Budget { left: 1 << 20 },
+            Budget {
+                left: 1 << 20,
+                short: 0,
+            },
         )
     }
 

@@ -35,6 +35,8 @@ struct State {
     dirs: Vec<Registered>,
     /// Sockets to remove at the end: (directory, name).
     leftovers: Vec<(OwnedFd, String)>,
+    /// The session's name lock: (directory, name, the pid it holds).
+    name_locks: Vec<(OwnedFd, String, String)>,
     teardowns: Vec<TracefsTeardown>,
     hooks: Option<(HookRunner, PathBuf)>,
     sealed: bool,
@@ -126,6 +128,7 @@ impl State {
         match req {
             Request::RegisterDir { .. }
             | Request::RegisterLeftover { .. }
+            | Request::RegisterNameLock { .. }
             | Request::RegisterTeardown { .. }
             | Request::RegisterHook { .. }
                 if self.sealed =>
@@ -156,6 +159,25 @@ impl State {
                 }
                 self.leftovers.push((fd, name));
                 (Reply::Done, None)
+            }
+            Request::RegisterNameLock { name } => {
+                let Some(fd) = fd else {
+                    return refused("no directory descriptor".into());
+                };
+                if create::check_name(&name).is_err()
+                    || !(name.starts_with("session.") && name.ends_with(".lock"))
+                {
+                    return refused(format!("{name:?} is not a session name lock"));
+                }
+                // Its pid now, while the session holds it: at the end the
+                // file is removed only if it still names this session.
+                match lock_holder(&fd, &name) {
+                    Ok(pid) => {
+                        self.name_locks.push((fd, name, pid));
+                        (Reply::Done, None)
+                    }
+                    Err(e) => refused(format!("{name}: {e}")),
+                }
             }
             Request::RegisterTeardown { teardown } => {
                 self.teardowns.push(teardown);
@@ -261,7 +283,7 @@ impl State {
                 }
             }
             Request::Teardown => {
-                self.tear_down();
+                self.tear_down(true);
                 (Reply::Done, None)
             }
         }
@@ -384,8 +406,13 @@ impl State {
         Ok((key, info, fds))
     }
 
-    /// Undoes the tracefs changes and removes leftover sockets, once.
-    fn tear_down(&mut self) {
+    /// Undoes the tracefs changes and removes leftover sockets and the
+    /// name lock, once. `asked`: the recorder asked (it is alive and holds
+    /// its name lock); otherwise its end closed.
+    fn tear_down(&mut self, asked: bool) {
+        for (dir, name, pid) in self.name_locks.drain(..) {
+            remove_name_lock(&dir, &name, &pid, asked);
+        }
         for t in self.teardowns.drain(..) {
             t.run();
         }
@@ -407,10 +434,70 @@ impl State {
     }
 
     fn clean_up(&mut self, grace: Duration) {
-        self.tear_down();
+        self.tear_down(false);
         if let Some((r, _)) = &mut self.hooks {
             r.finish(grace);
         }
+    }
+}
+
+/// Opens the lock file `name` in `dir` (a regular file, never through a
+/// link), for reading.
+fn open_lock(dir: &OwnedFd, name: &str) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(rustix::io::Errno::INVAL);
+    }
+    Ok(fd)
+}
+
+/// The pid a name lock file holds (its first line).
+fn lock_holder(dir: &OwnedFd, name: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::from(open_lock(dir, name)?)
+        .take(32)
+        .read_to_string(&mut text)?;
+    Ok(text.trim().to_string())
+}
+
+/// Removes the session's name lock file, as the session itself would
+/// (`control::session_name`: unlinked while locked), but only while it is
+/// still this session's: when the recorder `asked`, it holds the lock and
+/// the file must hold its pid; when its end closed, the lock must be free
+/// (the broker takes it before unlinking). A file another session holds
+/// now is left alone.
+fn remove_name_lock(dir: &OwnedFd, name: &str, pid: &str, asked: bool) {
+    use rustix::fs::{FlockOperation, flock};
+    let Ok(fd) = open_lock(dir, name) else {
+        return;
+    };
+    let ours = match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => true,
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            asked && lock_holder(dir, name).is_ok_and(|p| p == pid)
+        }
+        Err(_) => false,
+    };
+    if !ours {
+        return;
+    }
+    // The name must still lead to the file checked.
+    let same = rustix::fs::fstat(&fd)
+        .ok()
+        .zip(rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok());
+    if let Some((held, named)) = same
+        && held.st_dev == named.st_dev
+        && held.st_ino == named.st_ino
+    {
+        let _ = rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty());
     }
 }
 

@@ -38,6 +38,12 @@ pub enum Request {
     RegisterLeftover {
         name: String,
     },
+    /// With the runtime directory's descriptor: the session's
+    /// `unique_session_name` lock file `name` there (holding the session's
+    /// pid), removed at the end while the session still holds its lock.
+    RegisterNameLock {
+        name: String,
+    },
     /// Tracefs changes to undo at the end.
     RegisterTeardown {
         teardown: TracefsTeardown,

@@ -77,6 +77,18 @@ impl Broker {
         self.call(req, fd).map(drop).map_err(PrivilegeError::Broker)
     }
 
+    /// Hands the broker the session's `unique_session_name` lock file
+    /// (`name` in the runtime directory `dir`), to remove at the end: the
+    /// service user cannot unlink root's file in the sticky directory.
+    /// Before the drop only.
+    pub fn register_name_lock(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+    ) -> Result<(), PrivilegeError> {
+        self.done(&Request::RegisterNameLock { name: name.into() }, Some(dir))
+    }
+
     /// The broker's pid.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -393,8 +405,9 @@ pub fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
         )));
     }
     // Threads started before (the control worker, source readers) changed
-    // uid with this one and lost every capability; no_new_privs is this
-    // thread's and its later children's.
+    // uid with this one and lost every capability; they carry no_new_privs
+    // from the fork of the broker (privdrop P4). Checked, not assumed.
+    crate::sys::privdrop::check_every_thread().map_err(PrivilegeError::Drop)?;
     log::info!(
         "gave up root: now uid {} gid {}, no capabilities, no_new_privs ({} threads)",
         user.uid,

@@ -10,6 +10,10 @@
 //!   broadcast), not only to the calling one.
 //! - P3 `signal(SIG_IGN)` installs no handler code, so nothing runs in
 //!   signal context.
+//! - P4 The parent sets `no_new_privs` right after the fork, while it is
+//!   still its only thread (P1): every thread it starts later inherits it,
+//!   so after the drop no thread can regain privileges through execve. The
+//!   broker, forked before, keeps it clear for the hooks it runs.
 
 use std::io;
 
@@ -37,7 +41,53 @@ pub fn fork_broker() -> io::Result<Fork> {
     match pid {
         p if p < 0 => Err(io::Error::last_os_error()),
         0 => Ok(Fork::Child),
-        p => Ok(Fork::Parent { child: p as u32 }),
+        p => {
+            // P4: before the parent starts any thread.
+            rustix::thread::set_no_new_privs(true)?;
+            Ok(Fork::Parent { child: p as u32 })
+        }
+    }
+}
+
+/// Checks every thread of the process through /proc/self/task: no uid 0
+/// (real, effective, saved or filesystem), no permitted or effective
+/// capability, `no_new_privs` set. The first thread found short, and why.
+pub fn check_every_thread() -> io::Result<()> {
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let path = task?.path().join("status");
+        // A thread that ended meanwhile has nothing left to check.
+        let Ok(status) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        if let Some(why) = status_problem(&status) {
+            return Err(io::Error::other(format!("{}: {why}", path.display())));
+        }
+    }
+    Ok(())
+}
+
+/// What keeps one /proc status from being that of a dropped thread.
+fn status_problem(status: &str) -> Option<String> {
+    let field = |name: &str| {
+        status.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(':'))
+                .map(str::trim)
+        })
+    };
+    match field("Uid") {
+        Some(ids) if ids.split_whitespace().all(|i| i != "0") => {}
+        ids => return Some(format!("uids {ids:?}")),
+    }
+    for caps in ["CapEff", "CapPrm"] {
+        match field(caps) {
+            Some(v) if v.chars().all(|c| c == '0') => {}
+            v => return Some(format!("{caps} {v:?}")),
+        }
+    }
+    match field("NoNewPrivs") {
+        Some("1") => None,
+        v => Some(format!("NoNewPrivs {v:?}")),
     }
 }
 
@@ -74,4 +124,26 @@ pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_problem;
+
+    #[test]
+    fn a_status_passes_only_with_every_uid_dropped_no_capability_and_no_new_privs() {
+        let good = "Name:\tx\nUid:\t999\t999\t999\t999\nCapPrm:\t0000000000000000\n\
+                    CapEff:\t0000000000000000\nNoNewPrivs:\t1\n";
+        assert_eq!(status_problem(good), None);
+        for (from, to) in [
+            ("999\t999\t999\t999", "999\t0\t999\t999"),
+            ("CapEff:\t0000000000000000", "CapEff:\t0000000000000400"),
+            ("CapPrm:\t0000000000000000", "CapPrm:\t000001ffffffffff"),
+            ("NoNewPrivs:\t1", "NoNewPrivs:\t0"),
+            ("NoNewPrivs:\t1\n", ""),
+        ] {
+            let bad = good.replace(from, to);
+            assert!(status_problem(&bad).is_some(), "{bad}");
+        }
+    }
 }

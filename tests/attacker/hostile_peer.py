@@ -28,6 +28,13 @@ until killed (or for --seconds).
                                 buffer id FIRST..LAST but its own, then one
                                 (counter 4343) for its own; says "started"
                                 with its buffer id, then "done", and holds
+                                the connection
+  patches SOCKET CONNS DATA_SOURCE MIB
+                                on a producer socket: CONNS producers that get
+                                DATA_SOURCE started, then each commit MIB MiB
+                                of chunks that need patches and never send
+                                the patches; says "done" once all are
+                                committed and holds the connections
 """
 
 import argparse
@@ -174,6 +181,139 @@ def ipc_init(name):
 
 def ipc_register(request_id, name):
     return ipc_invoke(request_id, 2, field_bytes(1, field_bytes(1, name)))
+
+
+def ipc_fields(data):
+    pos = 0
+    while pos < len(data):
+        tag, pos = read_varint(data, pos)
+        num, wt = tag >> 3, tag & 7
+        if wt == 0:
+            v, pos = read_varint(data, pos)
+        elif wt == 2:
+            n, pos = read_varint(data, pos)
+            v = data[pos:pos + n]
+            pos += n
+        elif wt == 1:
+            v, pos = data[pos:pos + 8], pos + 8
+        elif wt == 5:
+            v, pos = data[pos:pos + 4], pos + 4
+        else:
+            raise OSError("bad wire type %d" % wt)
+        yield num, v
+
+
+def read_varint(data, pos):
+    r = s = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        r |= (b & 0x7F) << s
+        if not b & 0x80:
+            return r, pos
+        s += 7
+
+
+class Producer:
+    """One producer connection: its frames, and the SMB when it comes."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.buf = b""
+        self.fd = None
+        self.target = None
+
+    def frame(self):
+        while True:
+            if len(self.buf) >= 4:
+                n = struct.unpack("<I", self.buf[:4])[0]
+                if len(self.buf) >= 4 + n:
+                    f, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+                    f = dict(ipc_fields(f))
+                    self.note(f)
+                    return f
+            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(4))
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % 4)])
+                    self.fd = fds[0]
+            if not data:
+                raise OSError("closed by the recorder")
+            self.buf += data
+
+    def note(self, f):
+        """A StartDataSource on the async stream (request 4): its target
+        buffer."""
+        if f.get(2) != 4:
+            return
+        reply = dict(ipc_fields(f.get(6, b"")))
+        for k, cmd in ipc_fields(reply.get(3, b"")):
+            if k == 1:
+                start = dict(ipc_fields(cmd))
+                self.target = dict(ipc_fields(start[2])).get(2, 0)
+
+    def reply(self, rid):
+        while self.frame().get(2) != rid:
+            pass
+
+
+def patches(path, conns, ds_name, mib, seconds):
+    page, size = 32 * 1024, 256 * 1024
+    prods = []
+    for _ in range(conns):
+        try:
+            p = Producer(path)
+            p.sock.sendall(ipc_bind())
+            p.reply(1)
+            init = field_varint(1, page) + field_varint(2, size) + field_bytes(3, b"patch_holder")
+            p.sock.sendall(ipc_invoke(2, 1, init))
+            p.reply(2)
+            p.sock.sendall(ipc_register(3, ds_name.encode()))
+            p.reply(3)
+            # GetAsyncCommand: its replies are the commands.
+            p.sock.sendall(ipc_invoke(4, 5, b""))
+            prods.append(p)
+        except OSError:
+            pass
+    for p in prods:
+        while p.target is None or p.fd is None:
+            p.frame()
+    print("ready", flush=True)
+    maps = [mmap.mmap(p.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for p in prods]
+    pages = size // page
+    csize = page - 8
+    payload = b"p" * (csize - 8 - 4)
+    n = len(payload)
+    frag = bytes([(n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, n >> 21]) + payload
+    complete = struct.pack("<I", (1 << 28) | 3)  # layout 1, its chunk complete
+    rounds = mib * 1024 * 1024 // (pages * csize) + 1
+    chunk_id = 0
+    rid = 10
+    for _ in range(rounds):
+        for p, shm in zip(prods, maps):
+            moves = b""
+            for i in range(pages):
+                # Writer 1, one fragment, NEEDS_PATCHING (4): held until
+                # patches that never come.
+                head = struct.pack("<IHH", chunk_id + i, 1, 1 | (4 << 10))
+                shm[i * page:i * page + 4] = complete
+                shm[i * page + 8:i * page + 8 + 8 + len(frag)] = head + frag
+                moves += field_bytes(1, field_varint(1, i) + field_varint(2, 0) + field_varint(3, p.target))
+            try:
+                p.sock.sendall(ipc_invoke(rid, 4, moves))
+                p.reply(rid)
+            except OSError:
+                pass
+        chunk_id += pages
+        rid += 1
+    print("done", flush=True)
+    end = time.time() + seconds
+    while time.time() < end:
+        for p in prods:
+            drain(p.sock)
+        time.sleep(0.2)
 
 
 def drain(s):
@@ -389,11 +529,19 @@ def main():
     fo.add_argument("first", type=int)
     fo.add_argument("last", type=int)
     fo.add_argument("--seconds", type=float, default=120)
+    t = sub.add_parser("patches")
+    t.add_argument("socket")
+    t.add_argument("conns", type=int)
+    t.add_argument("data_source")
+    t.add_argument("mib", type=int)
+    t.add_argument("--seconds", type=float, default=120)
     a = p.parse_args()
     if a.cmd == "hold":
         hold(a.socket, a.n, a.dribble, a.seconds)
     elif a.cmd == "names":
         names(a.socket, a.conns, a.count, a.size, a.seconds)
+    elif a.cmd == "patches":
+        patches(a.socket, a.conns, a.data_source, a.mib, a.seconds)
     elif a.cmd == "churn":
         churn(a.socket, a.cycles, a.namelen, a.seconds)
     elif a.cmd == "foreign":

@@ -217,3 +217,19 @@ pub fn is_padding(p: &TracePacket) -> bool {
             .iter()
             .all(|(f, _)| f == recorder::storage::packets::PADDING_FIELD)
 }
+
+/// The `name: value` lines of a /proc status file (`/proc/PID/status`,
+/// `/proc/PID/task/TID/status`), values trimmed; empty once the process or
+/// thread is gone.
+pub fn proc_status(
+    path: impl AsRef<std::path::Path>,
+) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}

@@ -41,14 +41,15 @@ fn setpriv_missing() -> Option<String> {
 
 /// `name:` lines of /proc/PID/status.
 fn status(pid: u32) -> std::collections::BTreeMap<String, String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.to_string(), v.trim().to_string()))
-        })
-        .collect()
+    proc_status(format!("/proc/{pid}/status"))
+}
+
+/// Whether `pid` has given up root (its uids; `NoNewPrivs` is set earlier,
+/// at the fork of the broker).
+fn dropped(pid: u32) -> bool {
+    status(pid)
+        .get("Uid")
+        .is_some_and(|u| u.split_whitespace().all(|i| i != "0"))
 }
 
 /// The children of `pid` (their pids).
@@ -153,6 +154,123 @@ fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
     check_trace(&run.out);
 }
 
+/// Every thread of a root session, not only the one that dropped: no uid
+/// 0, no capability, `no_new_privs` (threads started before the drop
+/// inherit it from the fork of the broker), checked through
+/// /proc/PID/task/*/status while the session records.
+#[test]
+fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
+    if skip_unless(tracefs_missing()) {
+        return;
+    }
+    let run = Run::new(FTRACE);
+    let sock = run.dir.path().join("producer.sock");
+    let mut c = run.command("pwritev");
+    c.arg("--producer-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = c.spawn().expect("starts");
+    let pid = child.id();
+    wait_for("the drop", Duration::from_secs(20), || dropped(pid));
+    // A write pass after the drop: every thread of the session is running.
+    wait_for("a write pass", Duration::from_secs(20), || {
+        std::fs::read(&run.out).is_ok_and(|d| whole_prefix_lenient(&d) > 0)
+    });
+    let tasks: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    assert!(
+        tasks.len() > 1,
+        "threads started before the drop: {tasks:?}"
+    );
+    for tid in &tasks {
+        let st = proc_status(format!("/proc/{pid}/task/{tid}/status"));
+        if st.is_empty() {
+            continue; // ended meanwhile
+        }
+        let what = format!("thread {tid} ({}): {st:?}", st["Name"]);
+        assert!(st["Uid"].split_whitespace().all(|i| i != "0"), "{what}");
+        assert!(st["Gid"].split_whitespace().all(|i| i != "0"), "{what}");
+        for caps in ["CapEff", "CapPrm"] {
+            assert_eq!(st[caps], "0000000000000000", "{caps} of {what}");
+        }
+        assert_eq!(st["NoNewPrivs"], "1", "{what}");
+    }
+    // The broker, forked before, runs hooks that may exec setuid programs.
+    let kids = children(pid);
+    assert_eq!(kids.len(), 1, "the broker only: {kids:?}");
+    assert_eq!(status(kids[0])["NoNewPrivs"], "0", "the broker");
+    signal(&child, rustix::process::Signal::INT);
+    let stderr = finish(child);
+    assert!(stderr.contains("gave up root"), "{stderr}");
+    check_trace(&run.out);
+}
+
+/// The `session.0.*.lock` files of the runtime directory.
+fn name_locks(runtime: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(runtime)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("session.0.") && n.ends_with(".lock"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A root session's `unique_session_name` lock file outlives the drop (the
+/// service user cannot unlink root's file in the sticky runtime
+/// directory): the broker removes it at the end, after a stop and after
+/// SIGKILL alike, and the name is free for the next session.
+#[test]
+fn the_name_lock_of_a_dropped_session_is_removed_at_its_end() {
+    if skip_unless(tracefs_missing()) {
+        return;
+    }
+    let run = Run::new(&format!(
+        "{FTRACE}unique_session_name: \"privsmall_lock\"\n"
+    ));
+    let runtime = run.dir.path().join("run");
+    for kill in [false, true] {
+        let mut c = run.command("pwritev");
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("starts");
+        let pid = child.id();
+        wait_for("the drop", Duration::from_secs(20), || dropped(pid));
+        let locks = name_locks(&runtime);
+        assert_eq!(locks.len(), 1, "{locks:?}");
+        let held = std::fs::read_to_string(&locks[0]).expect("lock file");
+        assert_eq!(held.trim(), pid.to_string());
+        // A second session of the same name is refused while it runs.
+        let second = run.command("pwritev").output().expect("runs");
+        assert_eq!(second.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&second.stderr).contains("already running"),
+            "{}",
+            String::from_utf8_lossy(&second.stderr)
+        );
+        if kill {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("waits");
+            wait_for(
+                "the lock removed after SIGKILL",
+                Duration::from_secs(10),
+                || name_locks(&runtime).is_empty(),
+            );
+        } else {
+            signal(&child, rustix::process::Signal::INT);
+            finish(child);
+            assert_eq!(name_locks(&runtime), Vec::<PathBuf>::new());
+            check_trace(&run.out);
+        }
+    }
+}
+
 fn signal(child: &Child, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, sig).expect("signal");
@@ -171,9 +289,7 @@ fn sigkill_of_the_recorder_still_tears_tracefs_down() {
     let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
     let runtime = run.dir.path().join("run");
     let control = runtime.join(format!("recorder-{pid}.trigger"));
-    wait_for("the drop", Duration::from_secs(20), || {
-        status(pid).get("NoNewPrivs").is_some_and(|v| v == "1")
-    });
+    wait_for("the drop", Duration::from_secs(20), || dropped(pid));
     assert!(instance.is_dir());
     assert!(control.exists(), "{}", control.display());
     // A write pass after the drop, so there is something the kill must not
@@ -560,9 +676,7 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers 
         .trim()
         .parse()
         .expect("pid");
-    wait_for("the drop", Duration::from_secs(20), || {
-        status(pid).get("NoNewPrivs").is_some_and(|v| v == "1")
-    });
+    wait_for("the drop", Duration::from_secs(20), || dropped(pid));
     for _ in 0..2 {
         let t = Command::new(recorder_bin())
             .args(["trigger", "snap"])

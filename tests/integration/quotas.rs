@@ -77,10 +77,8 @@ impl Drop for Flood {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+    proc_status(format!("/proc/{pid}/status"))
+        .get("VmRSS")
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -450,6 +448,97 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
             quota_attribute(&run.out, 65534, "name_length"),
             Some(8 * 1024)
         );
+    }
+}
+
+/// 32 producers of one uid (its connection cap) that each commit 40 MiB of
+/// chunks that need patches and never send them: what they hold is one
+/// uid's (`MAX_HELD_BYTES_PER_UID`, 32 MiB), not 32 × 32 MiB, so the
+/// session's RSS grows by less than [`RSS_BOUND_KB`]; the chunks given up
+/// are counted against that uid, and another uid's SDK app still records
+/// every packet.
+#[test]
+fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_own() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    sdk_app();
+    let run = shared_run(&flight(true));
+    let (session, socket) = root_session(&run, true, None);
+    let sock = socket.to_str().expect("utf-8");
+    std::thread::sleep(Duration::from_millis(500));
+    let before = rss_kb(session.id());
+    let mut flood = Flood::start(&["patches", sock, "32", SEQUENCE_DS, "40"]);
+    flood.wait_for("done");
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rss_kb(session.id());
+    eprintln!("RSS {before} KiB before, {after} KiB after 32 producers held 40 MiB each");
+    assert!(
+        after.saturating_sub(before) < RSS_BOUND_KB,
+        "RSS grew from {before} to {after} KiB"
+    );
+    // The live figures: `recorder query` words them as the summary does,
+    // and its JSON has them by limit key. (Asked again while a loaded
+    // machine keeps the session from answering in time.)
+    let query = |args: &[&str]| {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let q = output_within(
+                &mut recorder_as(&run, None, args),
+                Duration::from_secs(20),
+                "query during the attack",
+            );
+            if q.status.success() {
+                return q.stdout;
+            }
+            last = format!("{}{}", String::from_utf8_lossy(&q.stdout), stderr(&q));
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!("no answer to {args:?}: {last}");
+    };
+    let out = query(&["query"]);
+    let text = String::from_utf8_lossy(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("  producers of uid 65534:"))
+        .unwrap_or_else(|| panic!("no quota line of uid 65534: {text}"));
+    assert!(line.contains("given up (bytes held for patches"), "{line}");
+    let v: serde_json::Value = serde_json::from_slice(&query(&["query", "--json"])).expect("JSON");
+    let ours = v
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["pid"] == session.id()))
+        .unwrap_or_else(|| panic!("no status of the session: {v}"));
+    let uid = ours["quotas"]
+        .as_array()
+        .and_then(|a| a.iter().find(|u| u["uid"] == 65534))
+        .unwrap_or_else(|| panic!("no quota figures of uid 65534: {ours}"));
+    let held = uid["hits"]
+        .as_array()
+        .and_then(|h| h.iter().find(|kv| kv[0] == "held_bytes"))
+        .and_then(|kv| kv[1].as_u64());
+    assert!(held.is_some_and(|n| n > 0), "{uid}");
+    let mut app = App::spawn(&socket, "held_app", &["--packets", "300"]);
+    let app_pid = app.pid();
+    app.expect("wrote 300");
+    trigger_within_a_second(&run);
+    let (packets, err) = ended_on_the_trigger(&run, session);
+    drop(flood);
+    app.finish();
+    let by_pid = counters_by_pid(&packets);
+    let ours: Vec<_> = by_pid
+        .iter()
+        .filter(|(_, pid, _)| *pid == app_pid)
+        .collect();
+    assert_eq!(ours.len(), 1, "{by_pid:?}");
+    assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
+    assert!(
+        err.contains("producers of uid 65534:") && err.contains("bytes held for patches"),
+        "{err}"
+    );
+    if python_summary(&run.out).is_some() {
+        let given_up = quota_attribute(&run.out, 65534, "held_bytes");
+        assert!(given_up.is_some_and(|n| n > 0), "{given_up:?}");
+        assert_eq!(quota_attribute(&run.out, 0, "held_bytes"), None);
     }
 }
 
