@@ -6,6 +6,7 @@
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +26,11 @@ use crate::protos::{self, IpcFrame};
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the session's loop has to answer a request.
 const LOOP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a write pass for a ReadBuffers of a running session may take
+/// (it writes whole buffers).
+const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+/// Flushes one connection may wait for at once.
+const MAX_FLUSHES_IN_FLIGHT: usize = 4;
 /// How long a closed connection's session has to finish before its quota
 /// is given back anyway (the loop still ends on its own).
 const END_GRACE: Duration = Duration::from_secs(30);
@@ -65,6 +71,8 @@ pub struct Connection {
     observer: Option<u64>,
     /// The last descriptor the client passed.
     passed_fd: Option<OwnedFd>,
+    /// Flushes waiting for the session's answer.
+    flushes: Arc<AtomicUsize>,
     _slot: ConnectionSlot,
 }
 
@@ -89,6 +97,7 @@ impl Connection {
             readback: None,
             observer: None,
             passed_fd: None,
+            flushes: Arc::new(AtomicUsize::new(0)),
             _slot: slot,
         })
     }
@@ -359,13 +368,45 @@ impl Connection {
         self.ok(id, &protos::DisableTracingResponse {}, drop_reply);
     }
 
-    /// Flush: the built-in sources write into the buffers as they go and
-    /// every source is flushed at the stop, which ends what a client's
-    /// flush precedes; a running session answers at once.
+    /// Flush: answered when the session's flush ended (every source,
+    /// producers included, acknowledged it or its timeout passed), on a
+    /// thread of its own so the connection goes on serving meanwhile.
     fn flush(&mut self, id: u64, drop_reply: bool) {
-        match &self.session {
-            Some(s) if !s.done.ended() => self.ok(id, &protos::FlushResponse {}, drop_reply),
-            _ => self.writer.send(&wire::failure(id)),
+        let Some(s) = self.session.as_ref().filter(|s| !s.done.ended()) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        // Each waiting flush is a thread: a client gets a few at a time.
+        let in_flight = self.flushes.clone();
+        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_FLUSHES_IN_FLIGHT {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            log::info!("consumer uid {}: too many flushes at once", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        }
+        let (control, writer, uid, pid) =
+            (s.control.clone(), self.writer.clone(), self.uid, self.pid);
+        let deadline = s.flush_timeout + LOOP_DEADLINE;
+        let spawned = std::thread::Builder::new()
+            .name("recorder-flush".into())
+            .spawn(move || {
+                match control.ask(Request::Flush {}, uid, pid, deadline) {
+                    Some(Reply::Flushed { complete: true }) => {
+                        if !drop_reply {
+                            writer.send(&wire::reply(id, &protos::FlushResponse {}, false));
+                        }
+                    }
+                    other => {
+                        log::info!("Flush for uid {uid}: {other:?}");
+                        writer.send(&wire::failure(id));
+                    }
+                }
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            self.flushes.fetch_sub(1, Ordering::SeqCst);
+            log::warn!("flush thread: {e}");
+            self.writer.send(&wire::failure(id));
         }
     }
 
@@ -389,26 +430,38 @@ impl Connection {
         }
     }
 
-    /// The session's buffers so far, in order, once it ended; a running
-    /// session has nothing to read yet (its data goes out at the end).
+    /// What the session's buffers hold, in order, consumed as read: a
+    /// running session first writes them into its file (a write pass), so
+    /// a later read goes on where this one ended. A `write_into_file`
+    /// session's data is in the client's own file.
     fn read_buffers(&mut self, id: u64) {
         let Some(s) = &self.session else {
             self.writer.send(&wire::failure(id));
             return;
         };
-        // A running session's data goes out at its end; a streaming one's
-        // is in the client's file.
-        let file = match &s.file {
-            Some(f) if s.done.ended() => f,
-            _ => {
-                self.writer.send(&wire::reply(
-                    id,
-                    &protos::ReadBuffersResponse::default(),
-                    false,
-                ));
-                return;
-            }
+        let Some(file) = &s.file else {
+            self.writer.send(&wire::reply(
+                id,
+                &protos::ReadBuffersResponse::default(),
+                false,
+            ));
+            return;
         };
+        if !s.done.ended() {
+            match s
+                .control
+                .ask(Request::Drain {}, self.uid, self.pid, DRAIN_DEADLINE)
+            {
+                Some(Reply::Drained) => {}
+                // It ended meanwhile: its file is complete.
+                _ if s.done.ended() => {}
+                other => {
+                    log::info!("ReadBuffers for uid {}: {other:?}", self.uid);
+                    self.writer.send(&wire::failure(id));
+                    return;
+                }
+            }
+        }
         if self.readback.is_none() {
             match file.try_clone() {
                 Ok(f) => self.readback = Some(Readback::new(f)),
@@ -422,6 +475,7 @@ impl Connection {
         let Some(rb) = self.readback.as_mut() else {
             return;
         };
+        rb.resume();
         let mut pending: Option<protos::ReadBuffersResponse> = None;
         loop {
             let next = match rb.next_reply() {
@@ -451,8 +505,6 @@ impl Connection {
                 }
             }
         }
-        // Read once: a second ReadBuffers starts from the beginning.
-        self.readback = None;
     }
 
     fn trace_stats(&mut self, id: u64) {

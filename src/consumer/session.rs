@@ -67,6 +67,8 @@ pub struct Running {
     /// The session's in-memory file, for ReadBuffers once it ended; none
     /// when it streams into the client's file.
     pub file: Option<File>,
+    /// How long the session waits for its sources' flush acks.
+    pub flush_timeout: Duration,
 }
 
 /// What the client is told when the session ends: its error, empty on
@@ -224,5 +226,6 @@ fn build_and_run(
         control: handle,
         done,
         file,
+        flush_timeout: spec.flush_timeout,
     })
 }

@@ -47,6 +47,12 @@ pub enum Request {
     Stop {},
     /// Start a `deferred_start` session.
     Start {},
+    /// Flush every source; answered once the flush ended (a consumer's
+    /// Flush).
+    Flush {},
+    /// Write what the buffers hold to the output now, consuming it (a
+    /// consumer's ReadBuffers on a running session).
+    Drain {},
 }
 
 /// Why a request was refused.
@@ -102,7 +108,11 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
                 return Err(Refusal::BadName(bad.clone()));
             }
         }
-        Request::Query {} | Request::Stop {} | Request::Start {} => {}
+        Request::Query {}
+        | Request::Stop {}
+        | Request::Start {}
+        | Request::Flush {}
+        | Request::Drain {} => {}
     }
     if req.owner_only() && endpoint == Endpoint::Trigger {
         return Err(Refusal::NotAllowedHere);
@@ -116,7 +126,11 @@ impl Request {
     pub fn owner_only(&self) -> bool {
         match self {
             Request::Trigger { .. } => false,
-            Request::Query {} | Request::Stop {} | Request::Start {} => true,
+            Request::Query {}
+            | Request::Stop {}
+            | Request::Start {}
+            | Request::Flush {}
+            | Request::Drain {} => true,
         }
     }
 }
@@ -207,6 +221,12 @@ pub enum Reply {
     Stopping,
     /// A `deferred_start` session started.
     Started,
+    /// A flush ended: `complete` when every source acknowledged it in time.
+    Flushed {
+        complete: bool,
+    },
+    /// The buffers' data is in the output.
+    Drained,
     Refused(String),
     /// The session is busy: the request waits in its queue and will be
     /// acted on, but no answer came in time.
@@ -287,7 +307,7 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
             }
         }
         Reply::Refused(msg) | Reply::Queued(msg) => check_text("refusal", msg)?,
-        Reply::Stopping | Reply::Started => {}
+        Reply::Stopping | Reply::Started | Reply::Flushed { .. } | Reply::Drained => {}
     }
     Ok(())
 }

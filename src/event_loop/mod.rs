@@ -247,6 +247,8 @@ impl Loop {
                 }
                 Request::Stop {} => Event::StopRequest(id),
                 Request::Start {} => Event::StartRequest(id),
+                Request::Flush {} => Event::FlushRequest(id),
+                Request::Drain {} => Event::DrainRequest(id),
                 Request::Trigger { names, producer } => Event::Triggers(TriggerArrival {
                     request: Some(id),
                     producer: producer.clone(),
@@ -543,6 +545,8 @@ impl Loop {
             Answer::Stopping => Reply::Stopping,
             Answer::Started(Ok(())) => Reply::Started,
             Answer::Started(Err(r)) => Reply::Refused(format!("not started: {}", r.as_str())),
+            Answer::Flushed(complete) => Reply::Flushed { complete },
+            Answer::Drained => Reply::Drained,
         };
         inc.answer(reply);
     }

@@ -79,6 +79,11 @@ pub enum Event {
     StartRequest(RequestId),
     /// `recorder stop`.
     StopRequest(RequestId),
+    /// A consumer's Flush: answered when the flush ends.
+    FlushRequest(RequestId),
+    /// A consumer's ReadBuffers on a running session: a write pass now,
+    /// answered once written.
+    DrainRequest(RequestId),
     /// The flush `id` finished; `complete` when every source acknowledged.
     SourcesFlushed {
         id: FlushId,
@@ -218,6 +223,10 @@ pub enum Answer {
     Triggers(Vec<(String, Result<(), TriggerRefusal>)>),
     Stopping,
     Started(Result<(), StartRefusal>),
+    /// The flush ended; `true` when every source acknowledged it in time.
+    Flushed(bool),
+    /// What the buffers held is in the output.
+    Drained,
 }
 
 /// Why the session stopped.

@@ -70,6 +70,8 @@ enum FlushPurpose {
     BeforePass,
     Snapshot(u32),
     Stop,
+    /// A consumer's Flush, answered when it ends.
+    Request(RequestId),
 }
 
 /// Where the stop sequence is.
@@ -104,6 +106,8 @@ pub struct Session {
     flushes: BTreeMap<FlushId, FlushPurpose>,
     next_flush: u64,
     flush_counts: FlushCounts,
+    /// Drain requests waiting for their write pass.
+    drains: Vec<RequestId>,
 }
 
 /// The flushes asked of the data sources so far, as `trace_stats` reports
@@ -136,6 +140,7 @@ impl Session {
             flushes: BTreeMap::new(),
             next_flush: 0,
             flush_counts: FlushCounts::default(),
+            drains: Vec::new(),
         }
     }
 
@@ -222,6 +227,24 @@ impl Session {
                 out.extend(self.stop(StopReason::StopRequested, false, now));
                 out
             }
+            Event::FlushRequest(req) => {
+                if self.state == State::Recording {
+                    self.flush(FlushPurpose::Request(req), now)
+                } else {
+                    // Nothing records: there is nothing to flush.
+                    vec![Action::Reply(req, Answer::Flushed(false))]
+                }
+            }
+            Event::DrainRequest(req) => {
+                if self.state == State::Recording && !self.waiting_for_trigger() {
+                    self.drains.push(req);
+                    vec![Action::WritePass(Pass::Periodic)]
+                } else {
+                    // Nothing may be written yet, or the final pass writes
+                    // the rest.
+                    vec![Action::Reply(req, Answer::Drained)]
+                }
+            }
             Event::SourcesFlushed { id, complete } => {
                 let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
                 out.extend(self.flushed(id, complete, now));
@@ -248,12 +271,16 @@ impl Session {
             Event::PassWritten {
                 cap_reached,
                 segment,
-            } => match self.phase {
-                Some(StopPhase::FinalPass) => self.finish(),
-                None if cap_reached => self.stop(StopReason::SizeCap, true, now),
-                None => self.rotate_if_due(segment),
-                _ => Vec::new(),
-            },
+            } => {
+                let mut out = self.answer_drains();
+                out.extend(match self.phase {
+                    Some(StopPhase::FinalPass) => self.finish(),
+                    None if cap_reached => self.stop(StopReason::SizeCap, true, now),
+                    None => self.rotate_if_due(segment),
+                    _ => Vec::new(),
+                });
+                out
+            }
             Event::OutputFailed(e) => match self.phase {
                 Some(StopPhase::FinalPass) => {
                     self.stop_reason = Some(StopReason::OutputFailed(e));
@@ -447,6 +474,7 @@ impl Session {
         }
         match purpose {
             FlushPurpose::Periodic => {}
+            FlushPurpose::Request(req) => out.push(Action::Reply(req, Answer::Flushed(complete))),
             FlushPurpose::BeforePass => {
                 if self.state == State::Recording && !self.waiting_for_trigger() {
                     out.push(Action::WritePass(Pass::Periodic));
@@ -615,11 +643,13 @@ impl Session {
         let mut out = vec![Action::AnnounceStop];
         let cut_short = std::mem::take(&mut self.flushes);
         self.flush_counts.failed += cut_short.len() as u64;
-        out.extend(
-            cut_short
-                .into_keys()
-                .map(|id| Action::CancelTimer(Timer::FlushDeadline(id))),
-        );
+        for (id, purpose) in cut_short {
+            out.push(Action::CancelTimer(Timer::FlushDeadline(id)));
+            // A consumer waiting for its flush hears that it was cut short.
+            if let FlushPurpose::Request(req) = purpose {
+                out.push(Action::Reply(req, Answer::Flushed(false)));
+            }
+        }
         // Sources that never started have nothing to flush.
         if skip_flush || !self.started {
             out.extend(self.stop_sources(now));
@@ -675,6 +705,16 @@ impl Session {
             .clone()
             .unwrap_or(StopReason::StopRequested);
         let failed = matches!(reason, StopReason::OutputFailed(_));
-        vec![Action::CloseOutput { failed }, Action::Exit(reason)]
+        let mut out = self.answer_drains();
+        out.extend([Action::CloseOutput { failed }, Action::Exit(reason)]);
+        out
+    }
+
+    /// Drain requests are answered by the next pass (or the end).
+    fn answer_drains(&mut self) -> Vec<Action> {
+        self.drains
+            .drain(..)
+            .map(|req| Action::Reply(req, Answer::Drained))
+            .collect()
     }
 }

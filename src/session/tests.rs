@@ -893,3 +893,51 @@ fn a_second_signal_counts_the_stop_flush_as_failed() {
         }
     );
 }
+
+#[test]
+fn a_consumers_flush_is_answered_when_it_ends_or_is_cut_short() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::FlushRequest(RequestId(3)), ms(100));
+    let id = flush_id(&a).expect("a flush");
+    assert!(!a.iter().any(|a| matches!(a, Action::Reply(..))), "not yet");
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(150));
+    assert!(a.contains(&Action::Reply(RequestId(3), Answer::Flushed(true))));
+    assert_eq!(s.flush_counts().succeeded, 1);
+    // One cut short by the stop is answered at once, as failed.
+    let a = s.on_event(Event::FlushRequest(RequestId(4)), ms(200));
+    let id = flush_id(&a).expect("a flush");
+    let a = s.on_event(Event::StopRequest(RequestId(5)), ms(210));
+    assert!(a.contains(&Action::CancelTimer(Timer::FlushDeadline(id))));
+    assert!(a.contains(&Action::Reply(RequestId(4), Answer::Flushed(false))));
+    // Once stopping there is nothing to flush.
+    let a = s.on_event(Event::FlushRequest(RequestId(6)), ms(220));
+    assert_eq!(a, vec![Action::Reply(RequestId(6), Answer::Flushed(false))]);
+}
+
+#[test]
+fn a_drain_writes_a_pass_and_is_answered_by_it() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::DrainRequest(RequestId(1)), ms(100));
+    assert_eq!(a, vec![Action::WritePass(Pass::Periodic)]);
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: false,
+            segment: None,
+        },
+        ms(120),
+    );
+    assert_eq!(a, vec![Action::Reply(RequestId(1), Answer::Drained)]);
+    // One whose pass the stop overtook is answered at the end.
+    s.on_event(Event::DrainRequest(RequestId(2)), ms(200));
+    let a = s.on_event(Event::StopRequest(RequestId(3)), ms(201));
+    let all = finish_stop(&mut s, a, 201);
+    assert!(all.contains(&Action::Reply(RequestId(2), Answer::Drained)));
+    // A session that may not write yet answers at once, writing nothing.
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.deferred_start = true;
+    let mut s = begun(t);
+    assert_eq!(
+        s.on_event(Event::DrainRequest(RequestId(9)), ms(10)),
+        vec![Action::Reply(RequestId(9), Answer::Drained)]
+    );
+}

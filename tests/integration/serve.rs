@@ -1051,3 +1051,311 @@ fn a_uids_session_quota_refuses_only_that_uid() {
         assert_eq!(test_counters(&p).values().map(Vec::len).sum::<usize>(), 3);
     }
 }
+
+/// The ConsumerPort spoken by hand, as the Perfetto UI and other consumer
+/// API users speak it: frames over a byte transport (the consumer socket,
+/// or the websocket bridge in front of it).
+mod port {
+    use prost::Message;
+    use recorder::ipc::frame::{FrameDecoder, encode_frame};
+    use recorder::protos::{self, IpcFrame, ipc_frame::Msg};
+    use std::collections::HashMap;
+
+    /// Moves whole messages of bytes each way.
+    pub trait Transport {
+        fn send(&mut self, bytes: &[u8]);
+        /// The next bytes the peer sent; panics on a closed transport.
+        fn recv(&mut self) -> Vec<u8>;
+    }
+
+    impl Transport for std::os::unix::net::UnixStream {
+        fn send(&mut self, bytes: &[u8]) {
+            std::io::Write::write_all(self, bytes).expect("send");
+        }
+        fn recv(&mut self) -> Vec<u8> {
+            let mut buf = vec![0u8; 256 * 1024];
+            let n = std::io::Read::read(self, &mut buf).expect("read");
+            assert!(n > 0, "the service closed the connection");
+            buf.truncate(n);
+            buf
+        }
+    }
+
+    /// A reply to one method call.
+    #[derive(Debug)]
+    pub struct Reply {
+        pub success: bool,
+        pub has_more: bool,
+        pub proto: Vec<u8>,
+    }
+
+    pub struct Consumer<T: Transport> {
+        pub t: T,
+        dec: FrameDecoder,
+        next: u64,
+        methods: HashMap<String, u32>,
+        service: u32,
+        /// Replies that arrived for a request other than the awaited one.
+        early: Vec<(u64, Reply)>,
+    }
+
+    impl<T: Transport> Consumer<T> {
+        /// Binds the ConsumerPort over `t`.
+        pub fn bind(t: T) -> Self {
+            let mut c = Consumer {
+                t,
+                dec: FrameDecoder::new(),
+                next: 0,
+                methods: HashMap::new(),
+                service: 0,
+                early: Vec::new(),
+            };
+            let id = c.frame(Msg::MsgBindService(protos::ipc_frame::BindService {
+                service_name: Some("ConsumerPort".into()),
+            }));
+            let f = c.next_frame();
+            assert_eq!(f.request_id, Some(id));
+            let Some(Msg::MsgBindServiceReply(r)) = f.msg else {
+                panic!("not a bind reply: {f:?}");
+            };
+            assert_eq!(r.success, Some(true));
+            c.service = r.service_id.unwrap_or(0);
+            for m in r.methods {
+                c.methods
+                    .insert(m.name.unwrap_or_default(), m.id.unwrap_or(0));
+            }
+            c
+        }
+
+        fn frame(&mut self, msg: Msg) -> u64 {
+            self.next += 1;
+            let f = IpcFrame {
+                request_id: Some(self.next),
+                msg: Some(msg),
+                data_for_testing: Vec::new(),
+            };
+            let bytes = encode_frame(&f).expect("encode");
+            self.t.send(&bytes);
+            self.next
+        }
+
+        fn next_frame(&mut self) -> IpcFrame {
+            loop {
+                if let Some(f) = self.dec.next_frame().expect("a well-formed frame") {
+                    return f;
+                }
+                let b = self.t.recv();
+                self.dec.feed(&b);
+            }
+        }
+
+        /// Sends `method(args)`; returns the request id.
+        pub fn call(&mut self, method: &str, args: &impl Message) -> u64 {
+            let method_id = *self
+                .methods
+                .get(method)
+                .expect("the service has the method");
+            self.frame(Msg::MsgInvokeMethod(protos::ipc_frame::InvokeMethod {
+                service_id: Some(self.service),
+                method_id: Some(method_id),
+                args_proto: Some(args.encode_to_vec()),
+                drop_reply: None,
+            }))
+        }
+
+        /// The next reply to request `id`.
+        pub fn reply(&mut self, id: u64) -> Reply {
+            if let Some(i) = self.early.iter().position(|(r, _)| *r == id) {
+                return self.early.remove(i).1;
+            }
+            loop {
+                let f = self.next_frame();
+                let Some(Msg::MsgInvokeMethodReply(r)) = f.msg else {
+                    panic!("not a method reply: {f:?}");
+                };
+                let reply = Reply {
+                    success: r.success == Some(true),
+                    has_more: r.has_more == Some(true),
+                    proto: r.reply_proto.unwrap_or_default(),
+                };
+                if f.request_id == Some(id) {
+                    return reply;
+                }
+                self.early.push((f.request_id.unwrap_or(0), reply));
+            }
+        }
+
+        /// Calls and waits for the (single) reply.
+        pub fn ask(&mut self, method: &str, args: &impl Message) -> Reply {
+            let id = self.call(method, args);
+            self.reply(id)
+        }
+
+        /// ReadBuffers: every packet returned, as `0x0a <len> <packet>`
+        /// records (what the `perfetto` client writes).
+        pub fn read_buffers(&mut self) -> Vec<u8> {
+            let id = self.call("ReadBuffers", &protos::ReadBuffersRequest {});
+            let mut out = Vec::new();
+            let mut packet = Vec::new();
+            loop {
+                let r = self.reply(id);
+                assert!(r.success, "ReadBuffers failed");
+                let rb = protos::ReadBuffersResponse::decode(r.proto.as_slice()).expect("reply");
+                for s in rb.slices {
+                    packet.extend_from_slice(s.data());
+                    if s.last_slice_for_packet() {
+                        out.extend(recorder::wire::framing::record(&packet));
+                        packet.clear();
+                    }
+                }
+                if !r.has_more {
+                    assert!(packet.is_empty(), "a packet left unfinished");
+                    return out;
+                }
+            }
+        }
+    }
+}
+
+/// The SDK test app, started against `serve`'s producer socket with
+/// `args`; returns it once it said `wrote N`.
+fn sdk_app_wrote(serve: &Serve, args: &[&str]) -> Child {
+    let mut app = Command::new(crate::producers::sdk_app())
+        .args(args)
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("SDK app");
+    let mut lines = std::io::BufReader::new(app.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut lines, &mut line).unwrap_or(0) > 0 {
+        if line.starts_with("wrote ") {
+            // The rest of its output is not needed; keep the pipe drained.
+            std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
+            return app;
+        }
+        line.clear();
+    }
+    let _ = app.kill();
+    let _ = app.wait();
+    panic!("the app did not write: {}", serve.log());
+}
+
+/// A text TraceConfig as the bytes a consumer sends (Perfetto's schema,
+/// through the independent decoder's text format).
+fn text_config(s: &str) -> Vec<u8> {
+    let c: perfetto_protos::trace_config::TraceConfig =
+        protobuf::text_format::parse_from_str(s).expect("a text config");
+    protobuf::Message::write_to_bytes(&c).expect("encode")
+}
+
+#[test]
+fn a_running_session_is_flushed_and_read_while_it_records() {
+    const N: u64 = 300;
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    use prost::Message;
+    use recorder::protos;
+    let serve = Serve::start();
+    let mut c = port::Consumer::bind(
+        std::os::unix::net::UnixStream::connect(serve.consumer()).expect("connect"),
+    );
+    let cfg = text_config(
+        r#"
+buffers { size_kb: 8192 fill_policy: RING_BUFFER }
+flush_timeout_ms: 5000
+data_sources { config { name: "recorder.test.sequence" } }
+data_sources { config { name: "for_testing"
+  for_testing { message_count: 100000 max_messages_per_second: 20 } } }
+"#,
+    );
+    let enable = c.call(
+        "EnableTracing",
+        &protos::EnableTracingRequest {
+            trace_config: Some(cfg),
+            attach_notification_only: None,
+        },
+    );
+    // The app's packets stay in its open chunks: only the service's flush
+    // (its acks and the scrape that ends it) brings them to the buffer.
+    let mut app = sdk_app_wrote(
+        &serve,
+        &[
+            "--packets",
+            &N.to_string(),
+            "--no-commit",
+            "--on-flush",
+            "--linger-secs",
+            "30",
+            "--wait-secs",
+            "30",
+        ],
+    );
+    let app_pid = app.id();
+    let r = c.ask(
+        "Flush",
+        &protos::FlushRequest {
+            timeout_ms: Some(5000),
+            flags: None,
+        },
+    );
+    assert!(r.success, "the flush failed: {}", serve.log());
+    let first = c.read_buffers();
+    let p1 = decode(&first);
+    let from_app: Vec<u64> = p1
+        .iter()
+        .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 == app_pid)
+        .map(|p| p.for_testing().counter())
+        .collect();
+    assert_eq!(from_app, (0..N).collect::<Vec<_>>(), "{}", serve.log());
+    let builtin = |ps: &[perfetto_protos::trace_packet::TracePacket]| -> Vec<u64> {
+        ps.iter()
+            .filter(|p| p.has_for_testing() && p.trusted_pid() as u32 != app_pid)
+            .map(|p| p.for_testing().counter())
+            .collect()
+    };
+    let b1 = builtin(&p1);
+    assert!(!b1.is_empty(), "the built-in source writes");
+    // A second read goes on where the first ended: only what came since.
+    std::thread::sleep(Duration::from_millis(700));
+    let second = c.read_buffers();
+    let p2 = decode(&second);
+    let b2 = builtin(&p2);
+    assert!(!b2.is_empty(), "nothing new in the second read");
+    assert_eq!(b2[0], b1.last().map_or(0, |l| l + 1), "{b1:?} then {b2:?}");
+    assert!(!p2.iter().any(|p| p.has_trace_config()), "the head again");
+    // The end: the held EnableTracing reply, then the rest.
+    let r = c.ask("DisableTracing", &protos::DisableTracingRequest {});
+    assert!(r.success);
+    let r = c.reply(enable);
+    let resp = protos::EnableTracingResponse::decode(r.proto.as_slice()).expect("reply");
+    assert_eq!(resp.error, None);
+    let last = c.read_buffers();
+    let _ = app.kill();
+    let _ = app.wait();
+    let mut all = first;
+    all.extend(second);
+    all.extend(last);
+    let out = serve.path("read_while_running.pftrace");
+    std::fs::write(&out, &all).expect("write");
+    let packets = decode(&all);
+    assert_eq!(
+        packets.iter().filter(|p| p.has_trace_config()).count(),
+        1,
+        "one head"
+    );
+    assert!(packets.iter().rev().any(|p| p.has_trace_stats()));
+    let b = builtin(&packets);
+    assert_eq!(
+        b,
+        (0..b.len() as u64).collect::<Vec<_>>(),
+        "no gap, no repeat"
+    );
+    if let Some(k) = kinds(&out) {
+        assert!(k.get("for_testing").and_then(|v| v.as_u64()).unwrap_or(0) >= N);
+    }
+    trace_processor::check(&out);
+}
