@@ -65,8 +65,7 @@ pub struct Connection {
     uid: u32,
     pid: u32,
     registry: Arc<Registry>,
-    session: Option<Running>,
-    readback: Option<Readback>,
+    session: Option<Owned>,
     /// An ObserveEvents stream waiting for this connection's session.
     observer: Option<u64>,
     /// The last descriptor the client passed.
@@ -94,7 +93,6 @@ impl Connection {
             pid,
             registry,
             session: None,
-            readback: None,
             observer: None,
             passed_fd: None,
             flushes: Arc::new(AtomicUsize::new(0)),
@@ -166,7 +164,6 @@ impl Connection {
     }
 
     fn free(&mut self) {
-        self.readback = None;
         let Some(s) = self.session.take() else {
             return;
         };
@@ -251,9 +248,11 @@ impl Connection {
                 },
                 false,
             )),
+            Method::Detach => self.detach(id, &args),
+            Method::Attach => self.attach(id, &args),
             // No error field to carry a reason: the client reports the
             // failure itself.
-            Method::ChangeTraceConfig | Method::Detach | Method::Attach => {
+            Method::ChangeTraceConfig => {
                 log::info!("consumer uid {}: {method:?} is not supported", self.uid);
                 self.writer.send(&wire::failure(id));
             }
@@ -287,7 +286,11 @@ impl Connection {
             }
         };
         if req.attach_notification_only() {
-            return self.enable_error(id, "Attach is not supported by recorder serve".into());
+            // After Attach: the session's end is told to this request.
+            return match &self.session {
+                Some(s) => s.notice.tell(self.writer.clone(), id),
+                None => self.enable_error(id, "no session is attached".into()),
+            };
         }
         if self.session.is_some() {
             return self.enable_error(id, "this consumer already has a tracing session".into());
@@ -305,17 +308,10 @@ impl Connection {
                 "activate_triggers is sent to the producer socket, not as a session".into(),
             );
         }
-        let writer = self.writer.clone();
-        let on_end = Box::new(move |error: &str| {
-            writer.send(&wire::reply(
-                id,
-                &protos::EnableTracingResponse {
-                    state: Some(protos::enable_tracing_response::State::Disabled(true)),
-                    error: (!error.is_empty()).then(|| error.to_string()),
-                },
-                false,
-            ));
-        });
+        let notice = Arc::new(EndNotice::default());
+        notice.tell(self.writer.clone(), id);
+        let n = notice.clone();
+        let on_end = Box::new(move |error: &str| n.ended(error));
         // write_into_file streams into the client's own file: the service
         // opens no path on a client's behalf.
         let output = match (&spec.file, self.passed_fd.take()) {
@@ -351,10 +347,70 @@ impl Connection {
                         self.uid,
                     );
                 }
-                self.session = Some(r);
+                self.session = Some(Owned {
+                    running: r,
+                    readback: None,
+                    notice,
+                    config: req.trace_config.unwrap_or_default(),
+                });
             }
             Err(e) => self.enable_error(id, e.to_string()),
         }
+    }
+
+    /// Detach: the session goes on without this connection, kept under
+    /// the caller's uid and `key` until a consumer of that uid attaches.
+    fn detach(&mut self, id: u64, args: &[u8]) {
+        let Ok(req) = protos::DetachRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        let Some(s) = self.session.take() else {
+            log::info!("consumer uid {}: Detach without a session", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        s.notice.forget();
+        let key = req.key.unwrap_or_default();
+        match self.registry.detach(self.uid, key.clone(), s) {
+            Ok(()) => {
+                log::info!("consumer uid {}: session detached as {key:?}", self.uid);
+                self.writer
+                    .send(&wire::reply(id, &protos::DetachResponse {}, false));
+            }
+            Err(s) => {
+                log::info!(
+                    "consumer uid {}: Detach refused: a session is already detached as {key:?}",
+                    self.uid
+                );
+                self.session = Some(*s);
+                self.writer.send(&wire::failure(id));
+            }
+        }
+    }
+
+    /// Attach: takes back the caller's uid's session detached as `key`
+    /// (another uid's keys are not even looked at) and returns its config.
+    fn attach(&mut self, id: u64, args: &[u8]) {
+        let Ok(req) = protos::AttachRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        if self.session.is_some() {
+            self.writer.send(&wire::failure(id));
+            return;
+        }
+        let key = req.key.unwrap_or_default();
+        let Some(s) = self.registry.attach(self.uid, &key) else {
+            log::info!("consumer uid {}: no session detached as {key:?}", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        let reply = protos::AttachResponse {
+            trace_config: Some(s.config.clone()),
+        };
+        self.session = Some(s);
+        self.writer.send(&wire::reply(id, &reply, false));
     }
 
     fn disable(&mut self, id: u64, drop_reply: bool) {
@@ -435,11 +491,11 @@ impl Connection {
     /// a later read goes on where this one ended. A `write_into_file`
     /// session's data is in the client's own file.
     fn read_buffers(&mut self, id: u64) {
-        let Some(s) = &self.session else {
+        let Some(s) = &mut self.session else {
             self.writer.send(&wire::failure(id));
             return;
         };
-        let Some(file) = &s.file else {
+        let Some(file) = &s.running.file else {
             self.writer.send(&wire::reply(
                 id,
                 &protos::ReadBuffersResponse::default(),
@@ -449,6 +505,7 @@ impl Connection {
         };
         if !s.done.ended() {
             match s
+                .running
                 .control
                 .ask(Request::Drain {}, self.uid, self.pid, DRAIN_DEADLINE)
             {
@@ -462,9 +519,9 @@ impl Connection {
                 }
             }
         }
-        if self.readback.is_none() {
+        if s.readback.is_none() {
             match file.try_clone() {
-                Ok(f) => self.readback = Some(Readback::new(f)),
+                Ok(f) => s.readback = Some(Readback::new(f)),
                 Err(e) => {
                     log::warn!("ReadBuffers: {e}");
                     self.writer.send(&wire::failure(id));
@@ -472,7 +529,7 @@ impl Connection {
                 }
             }
         }
-        let Some(rb) = self.readback.as_mut() else {
+        let Some(rb) = s.readback.as_mut() else {
             return;
         };
         rb.resume();
@@ -672,6 +729,89 @@ impl Connection {
             false,
         ));
     }
+}
+
+/// A session and what its consumer holds of it: it moves from connection
+/// to connection with Detach and Attach.
+pub struct Owned {
+    running: Running,
+    /// Where the last ReadBuffers ended.
+    readback: Option<Readback>,
+    notice: Arc<EndNotice>,
+    /// The TraceConfig as the consumer sent it (Attach returns it).
+    config: Vec<u8>,
+}
+
+impl std::ops::Deref for Owned {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.running
+    }
+}
+
+impl Owned {
+    /// Whether the session ended with its data elsewhere (the client's
+    /// own file): nothing is left to read.
+    pub fn spent(&self) -> bool {
+        self.running.done.ended() && self.running.file.is_none()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.running.id
+    }
+}
+
+/// Who is told of the session's end (the held EnableTracing reply): the
+/// consumer that enabled it, nobody while it is detached, the consumer that
+/// attached and asked.
+#[derive(Default)]
+struct EndNotice {
+    inner: Mutex<NoticeState>,
+}
+
+#[derive(Default)]
+struct NoticeState {
+    to: Option<(Writer, u64)>,
+    /// The end's error (empty on success), once it ended.
+    ended: Option<String>,
+}
+
+impl EndNotice {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NoticeState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tells the end to request `id` on `writer`: now if it came.
+    fn tell(&self, writer: Writer, id: u64) {
+        let mut g = self.lock();
+        match &g.ended {
+            Some(e) => send_end(&writer, id, e),
+            None => g.to = Some((writer, id)),
+        }
+    }
+
+    fn forget(&self) {
+        self.lock().to = None;
+    }
+
+    fn ended(&self, error: &str) {
+        let mut g = self.lock();
+        g.ended = Some(error.to_string());
+        if let Some((w, id)) = g.to.take() {
+            send_end(&w, id, error);
+        }
+    }
+}
+
+fn send_end(writer: &Writer, id: u64, error: &str) {
+    writer.send(&wire::reply(
+        id,
+        &protos::EnableTracingResponse {
+            state: Some(protos::enable_tracing_response::State::Disabled(true)),
+            error: (!error.is_empty()).then(|| error.to_string()),
+        },
+        false,
+    ));
 }
 
 /// The data sources a served session records itself.

@@ -7,6 +7,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::connection::Owned;
 use super::{
     MAX_BUFFER_BYTES, MAX_BUFFER_BYTES_PER_UID, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID,
     MAX_SESSIONS, MAX_SESSIONS_PER_UID,
@@ -86,6 +87,33 @@ struct Inner {
     /// Refusals per uid, for the log at the end.
     refused: BTreeMap<u32, u64>,
     producer_lent_to: Option<u64>,
+    /// Sessions that outlive their consumer, by owner uid and key.
+    detached: HashMap<(u32, String), Owned>,
+}
+
+impl Inner {
+    fn release(&mut self, id: u64) {
+        self.sessions.remove(&id);
+        if self.producer_lent_to == Some(id) {
+            self.producer_lent_to = None;
+        }
+    }
+
+    /// Forgets detached sessions that ended with nothing left to read
+    /// (their data went to their client's file), as traced frees a
+    /// detached session at its end; their quota is free again.
+    fn reap(&mut self) {
+        let spent: Vec<_> = self
+            .detached
+            .iter()
+            .filter(|(_, s)| s.spent())
+            .map(|(k, s)| (k.clone(), s.id()))
+            .collect();
+        for (k, id) in spent {
+            self.detached.remove(&k);
+            self.release(id);
+        }
+    }
 }
 
 /// Shared by every connection.
@@ -164,6 +192,7 @@ impl Registry {
         mut entry: SessionEntry,
     ) -> Result<(u64, Option<(UnixListener, PathBuf)>), Refusal> {
         let mut g = self.lock();
+        g.reap();
         let r = Self::check(&g, &entry);
         let r = r.and_then(|()| {
             if !entry.producers {
@@ -247,11 +276,37 @@ impl Registry {
 
     /// Forgets session `id`: its quota and the producer socket are free.
     pub fn release(&self, id: u64) {
+        self.lock().release(id);
+    }
+
+    /// Keeps `session` for `uid` under `key`; gives it back when the uid
+    /// already has one under that key.
+    pub fn detach(&self, uid: u32, key: String, session: Owned) -> Result<(), Box<Owned>> {
         let mut g = self.lock();
-        g.sessions.remove(&id);
-        if g.producer_lent_to == Some(id) {
-            g.producer_lent_to = None;
+        g.reap();
+        if g.detached.contains_key(&(uid, key.clone())) {
+            *g.refused.entry(uid).or_default() += 1;
+            return Err(Box::new(session));
         }
+        g.detached.insert((uid, key), session);
+        Ok(())
+    }
+
+    /// The session `uid` detached under `key`, taken out of the registry's
+    /// keeping; another uid's keys are not looked at.
+    pub fn attach(&self, uid: u32, key: &str) -> Option<Owned> {
+        let mut g = self.lock();
+        g.reap();
+        g.detached.remove(&(uid, key.to_string()))
+    }
+
+    /// Sessions the service's stop waits for: each one a consumer holds
+    /// (until it read the data and let go), and each detached one until it
+    /// ended.
+    pub fn pending(&self) -> usize {
+        let g = self.lock();
+        let detached_ended = g.detached.values().filter(|s| s.done.ended()).count();
+        g.sessions.len().saturating_sub(detached_ended)
     }
 
     /// The sessions `caller` may see: its own, or all of them for root.
@@ -278,10 +333,6 @@ impl Registry {
         let g = self.lock();
         let id = g.producer_lent_to?;
         g.sessions.get(&id).and_then(|s| s.control.clone())
-    }
-
-    pub fn session_count(&self) -> usize {
-        self.lock().sessions.len()
     }
 
     /// Refusals so far, per uid.

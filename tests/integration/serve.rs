@@ -1359,3 +1359,98 @@ data_sources { config { name: "for_testing"
     }
     trace_processor::check(&out);
 }
+
+#[test]
+fn a_detached_session_outlives_its_client_and_only_its_uid_attaches() {
+    if common::skip_unless_peer(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("detach.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 }
+duration_ms: 60000
+write_into_file: true
+file_write_period_ms: 500
+unique_session_name: "detached_one"
+data_sources { config { name: "for_testing"
+  for_testing { message_count: 100000 max_messages_per_second: 20 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("detach.pftrace");
+    let started = Instant::now();
+    let o = output_within(
+        serve
+            .perfetto(None, &["--detach=k1", "--txt", "-c"])
+            .arg(&cfg)
+            .arg("-o")
+            .arg(&out),
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "--detach: {}", text(&o));
+    // The client is gone; the session records on.
+    std::thread::sleep(Duration::from_millis(1500));
+    let q = output_within(
+        &mut serve.perfetto(None, &["--query"]),
+        Duration::from_secs(10),
+    );
+    assert!(text(&q).contains("detached_one"), "{}", text(&q));
+    let grown = std::fs::metadata(&out).map_or(0, |m| m.len());
+    assert!(grown > 0, "the detached session writes its file");
+    let o = output_within(
+        &mut serve.perfetto(None, &["--is_detached=k1"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(0), "is detached: {}", text(&o));
+    // Keys are per uid: another uid finds nothing under this key, and
+    // cannot stop the session.
+    for args in [&["--is_detached=k1"][..], &["--attach=k1", "--stop"][..]] {
+        let o = output_within(
+            &mut serve.perfetto(Some(NOBODY), args),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?} by another uid: {}",
+            text(&o)
+        );
+    }
+    // An unknown key of our own: not found either.
+    let o = output_within(
+        &mut serve.perfetto(None, &["--is_detached=k2"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // The owner attaches and stops it: flush, disable, the end.
+    let o = output_within(
+        &mut serve.perfetto(None, &["--attach=k1", "--stop"]),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "--attach --stop: {}", text(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "stopped, not ended"
+    );
+    let o = output_within(
+        &mut serve.perfetto(None, &["--is_detached=k1"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(2), "attached and gone: {}", text(&o));
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let counters = test_counters(&packets);
+    let seq = counters.values().next().cloned().unwrap_or_default();
+    assert!(seq.len() >= 20, "{seq:?}");
+    assert_eq!(seq, (0..seq.len() as u64).collect::<Vec<_>>());
+    assert!(packets.iter().rev().any(|p| p.has_trace_stats()));
+    if let Some(k) = kinds(&out) {
+        assert_eq!(
+            k.get("for_testing").and_then(|v| v.as_u64()),
+            Some(seq.len() as u64)
+        );
+    }
+    trace_processor::check(&out);
+}
