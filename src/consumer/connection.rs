@@ -13,7 +13,7 @@ use std::time::Duration;
 use prost::Message;
 
 use super::readback::Readback;
-use super::registry::{ConnectionSlot, Registry, SessionState};
+use super::registry::{ConnectionSlot, Registry, SessionEntry, SessionState};
 use super::session::{self, Running};
 use super::wire::{self, Method};
 use crate::control::message::{Reply, Request};
@@ -29,6 +29,8 @@ const LOOP_DEADLINE: Duration = Duration::from_secs(5);
 /// How long a write pass for a ReadBuffers of a running session may take
 /// (it writes whole buffers).
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a clone (its flush, then the copy) may take.
+const CLONE_DEADLINE: Duration = Duration::from_secs(40);
 /// Flushes one connection may wait for at once.
 const MAX_FLUSHES_IN_FLIGHT: usize = 4;
 /// How long a closed connection's session has to finish before its quota
@@ -239,15 +241,7 @@ impl Connection {
                 },
                 false,
             )),
-            Method::CloneSession => self.writer.send(&wire::reply(
-                id,
-                &protos::CloneSessionResponse {
-                    success: Some(false),
-                    error: Some("recorder serve does not clone sessions yet".into()),
-                    ..Default::default()
-                },
-                false,
-            )),
+            Method::CloneSession => self.clone_session(id, &args),
             Method::Detach => self.detach(id, &args),
             Method::Attach => self.attach(id, &args),
             // No error field to carry a reason: the client reports the
@@ -411,6 +405,98 @@ impl Connection {
         };
         self.session = Some(s);
         self.writer.send(&wire::reply(id, &reply, false));
+    }
+
+    /// CloneSession: a copy of a running session's buffers (after a
+    /// flush) becomes this connection's read-only session; the original
+    /// records on. The copy counts against the caller's quota.
+    fn clone_session(&mut self, id: u64, args: &[u8]) {
+        let refuse = |error: String| {
+            log::info!("consumer uid {}: CloneSession refused: {error}", self.uid);
+            self.writer.send(&wire::reply(
+                id,
+                &protos::CloneSessionResponse {
+                    success: Some(false),
+                    error: Some(error),
+                    ..Default::default()
+                },
+                false,
+            ));
+        };
+        let Ok(req) = protos::CloneSessionRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        if req.for_bugreport() {
+            return refuse("recorder serve does not save traces for bug reports".into());
+        }
+        if self.session.is_some() {
+            return refuse("this consumer already has a tracing session".into());
+        }
+        let source = self.registry.clone_source(
+            self.uid,
+            req.session_id,
+            req.unique_session_name.as_deref(),
+        );
+        let Some((src, control)) = source.and_then(|s| s.control.clone().map(|c| (s, c))) else {
+            return refuse(format!(
+                "no running tracing session {} of uid {}",
+                req.unique_session_name
+                    .clone()
+                    .unwrap_or_else(|| req.session_id().to_string()),
+                self.uid
+            ));
+        };
+        let entry = SessionEntry {
+            id: 0,
+            uid: self.uid,
+            unique_name: None,
+            buffer_kb: src.buffer_kb.clone(),
+            buffer_bytes: src.buffer_bytes,
+            duration_ms: 0,
+            data_sources: src.data_sources,
+            start_realtime_ns: crate::clock::realtime_ms() as i64 * 1_000_000,
+            state: SessionState::ClonedReadOnly,
+            control: None,
+            producers: false,
+        };
+        let cid = match self.registry.reserve(entry) {
+            Ok((cid, _)) => cid,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let copied = copy_of(&control, self.uid, self.pid, cid)
+            .and_then(|file| Running::read_only(cid, file).map_err(|e| e.to_string()));
+        let running = match copied {
+            Ok(r) => r,
+            Err(e) => {
+                self.registry.release(cid);
+                return refuse(e);
+            }
+        };
+        log::info!(
+            "session {} of uid {} cloned as session {cid} for uid {}",
+            src.id,
+            src.uid,
+            self.uid
+        );
+        // Nothing ends later: a notification asked for is sent at once.
+        let notice = Arc::new(EndNotice::default());
+        notice.ended("");
+        self.session = Some(Owned {
+            running,
+            readback: None,
+            notice,
+            config: Vec::new(),
+        });
+        self.writer.send(&wire::reply(
+            id,
+            &protos::CloneSessionResponse {
+                success: Some(true),
+                was_write_into_file: Some(false),
+                ..Default::default()
+            },
+            false,
+        ));
     }
 
     fn disable(&mut self, id: u64, drop_reply: bool) {
@@ -821,6 +907,31 @@ pub const BUILTIN_SOURCES: [&str; 4] = [
     "linux.sys_stats",
     "linux.system_info",
 ];
+
+/// Has the session behind `control` write a copy of its buffers into a
+/// new in-memory file, returned for reading.
+fn copy_of(
+    control: &crate::control::server::InProcessControl,
+    uid: u32,
+    pid: u32,
+    clone_id: u64,
+) -> Result<std::fs::File, String> {
+    let memfd = rustix::fs::memfd_create(
+        format!("recorder-clone-{clone_id}"),
+        rustix::fs::MemfdFlags::CLOEXEC,
+    )
+    .map_err(|e| format!("in-memory trace file: {e}"))?;
+    let file = std::fs::File::from(
+        memfd
+            .try_clone()
+            .map_err(|e| format!("in-memory trace file: {e}"))?,
+    );
+    match control.ask_with(Request::Clone {}, Some(memfd), uid, pid, CLONE_DEADLINE) {
+        Some(Reply::Cloned { .. }) => Ok(file),
+        Some(Reply::Refused(why)) => Err(why),
+        other => Err(format!("the session did not clone in time ({other:?})")),
+    }
+}
 
 /// Sends "all data sources started" once the session records (or drops
 /// the watch when it ends first).

@@ -20,6 +20,8 @@ pub enum SessionState {
     Configured,
     Started,
     Disabled,
+    /// A clone: a copy of another session's buffers, to be read.
+    ClonedReadOnly,
 }
 
 impl SessionState {
@@ -28,6 +30,7 @@ impl SessionState {
             SessionState::Configured => "CONFIGURED",
             SessionState::Started => "STARTED",
             SessionState::Disabled => "DISABLED",
+            SessionState::ClonedReadOnly => "CLONED_READ_ONLY",
         }
     }
 }
@@ -259,6 +262,27 @@ impl Registry {
             return Err(Refusal::UniqueName(name.clone()));
         }
         Ok(())
+    }
+
+    /// The session `caller` may clone: by id, else by unique name; its own
+    /// uid's, or any for root. Another uid's sessions are not found.
+    pub fn clone_source(
+        &self,
+        caller: u32,
+        id: Option<u64>,
+        name: Option<&str>,
+    ) -> Option<SessionEntry> {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| caller == 0 || s.uid == caller)
+            .filter(|s| s.state != SessionState::ClonedReadOnly)
+            .find(|s| match (id, name) {
+                (Some(id), _) if id != 0 => s.id == id,
+                (_, Some(n)) => s.unique_name.as_deref() == Some(n),
+                _ => false,
+            })
+            .cloned()
     }
 
     /// The session's control, once its loop runs.

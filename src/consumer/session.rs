@@ -71,6 +71,25 @@ pub struct Running {
     pub flush_timeout: Duration,
 }
 
+impl Running {
+    /// A session handed over already ended: a clone, another session's
+    /// buffers copied into `file`, read as a session of its own.
+    pub fn read_only(id: u64, file: File) -> Result<Self, StartError> {
+        // Nothing runs it: requests to its control find no loop.
+        let (_, control) =
+            ControlServer::in_process().map_err(|e| StartError::Build(app::chain(&e)))?;
+        let done = Arc::new(Done::default());
+        done.set(String::new());
+        Ok(Running {
+            id,
+            control,
+            done,
+            file: Some(file),
+            flush_timeout: Duration::ZERO,
+        })
+    }
+}
+
 /// What the client is told when the session ends: its error, empty on
 /// success.
 pub type OnEnd = Box<dyn FnOnce(&str) + Send>;

@@ -53,6 +53,10 @@ pub enum Request {
     /// Write what the buffers hold to the output now, consuming it (a
     /// consumer's ReadBuffers on a running session).
     Drain {},
+    /// Write a copy of the buffers (after a flush) into the descriptor
+    /// that came with the request, leaving them as they are (a consumer's
+    /// CloneSession). Only in-process: a socket cannot pass the descriptor.
+    Clone {},
 }
 
 /// Why a request was refused.
@@ -113,6 +117,7 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
         | Request::Start {}
         | Request::Flush {}
         | Request::Drain {} => {}
+        Request::Clone {} => return Err(Refusal::NotAllowedHere),
     }
     if req.owner_only() && endpoint == Endpoint::Trigger {
         return Err(Refusal::NotAllowedHere);
@@ -130,7 +135,8 @@ impl Request {
             | Request::Stop {}
             | Request::Start {}
             | Request::Flush {}
-            | Request::Drain {} => true,
+            | Request::Drain {}
+            | Request::Clone {} => true,
         }
     }
 }
@@ -227,6 +233,10 @@ pub enum Reply {
     },
     /// The buffers' data is in the output.
     Drained,
+    /// A copy of the buffers was written: `bytes` of trace.
+    Cloned {
+        bytes: u64,
+    },
     Refused(String),
     /// The session is busy: the request waits in its queue and will be
     /// acted on, but no answer came in time.
@@ -307,7 +317,11 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
             }
         }
         Reply::Refused(msg) | Reply::Queued(msg) => check_text("refusal", msg)?,
-        Reply::Stopping | Reply::Started | Reply::Flushed { .. } | Reply::Drained => {}
+        Reply::Stopping
+        | Reply::Started
+        | Reply::Flushed { .. }
+        | Reply::Drained
+        | Reply::Cloned { .. } => {}
     }
     Ok(())
 }

@@ -249,6 +249,7 @@ impl Loop {
                 Request::Start {} => Event::StartRequest(id),
                 Request::Flush {} => Event::FlushRequest(id),
                 Request::Drain {} => Event::DrainRequest(id),
+                Request::Clone {} => Event::CloneRequest(id),
                 Request::Trigger { names, producer } => Event::Triggers(TriggerArrival {
                     request: Some(id),
                     producer: producer.clone(),
@@ -363,7 +364,7 @@ impl Loop {
                     p.scrape();
                 }
             }
-            Action::PrepareSnapshot(_) => {
+            Action::PrepareSnapshot(_) | Action::PrepareClone => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
                 for b in &self.rec.buffers {
                     if b.clear_before_clone {
@@ -372,6 +373,7 @@ impl Loop {
                 }
             }
             Action::Snapshot(n) => self.snapshot(n),
+            Action::CloneInto(req) => self.clone_into(req),
             Action::Service(ev) => self.rec.log.event(ev),
             Action::AnnounceStop => {
                 if let Some(c) = &self.rec.control {
@@ -547,6 +549,7 @@ impl Loop {
             Answer::Started(Err(r)) => Reply::Refused(format!("not started: {}", r.as_str())),
             Answer::Flushed(complete) => Reply::Flushed { complete },
             Answer::Drained => Reply::Drained,
+            Answer::NotCloned(r) => Reply::Refused(r.as_str().into()),
         };
         inc.answer(reply);
     }
@@ -771,7 +774,50 @@ impl Loop {
             }
         };
         let trigger = self.snapshot_triggers.get(&n).cloned();
-        let head = self.rec.log.snapshot_head(trigger.as_ref());
+        match self.write_copy(sink.as_mut(), trigger.as_ref()) {
+            Ok(rep) => {
+                log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
+                self.snapshots.push(path);
+            }
+            Err(e) => self.warn(format!("snapshot {}: {e}", path.display())),
+        }
+    }
+
+    /// A consumer's clone: a copy of the buffers into the descriptor that
+    /// came with the request; the buffers stay as they are.
+    fn clone_into(&mut self, req: RequestId) {
+        let Some(mut inc) = self.pending.remove(&req) else {
+            return;
+        };
+        let Some(fd) = inc.attachment.take() else {
+            inc.answer(Reply::Refused("no output for the clone".into()));
+            return;
+        };
+        let mut sink = match crate::storage::sink_for_fd(fd, crate::storage::IoChoice::Auto) {
+            Ok(s) => s,
+            Err(e) => {
+                inc.answer(Reply::Refused(format!("clone: {e}")));
+                return;
+            }
+        };
+        match self.write_copy(sink.as_mut(), None) {
+            Ok(rep) => {
+                log::info!("clone written: {} bytes", rep.bytes);
+                inc.answer(Reply::Cloned { bytes: rep.bytes });
+            }
+            Err(e) => inc.answer(Reply::Refused(format!("clone: {e}"))),
+        }
+    }
+
+    /// Writes a copy of every buffer (moved, for `transfer_on_clone`) as a
+    /// whole trace: the snapshot head, the buffers, the clone's events and
+    /// trace_stats.
+    fn write_copy(
+        &mut self,
+        sink: &mut dyn crate::storage::FileSink,
+        trigger: Option<&TriggerRecord>,
+    ) -> Result<PassReport, crate::storage::write_pass::PassError> {
+        let head = self.rec.log.snapshot_head(trigger);
         let plan: Vec<(Arc<Buffer>, Take)> = self
             .rec
             .buffers
@@ -818,13 +864,7 @@ impl Loop {
             count_packets: false,
             last: true,
         };
-        match write_pass_staged(sink.as_mut(), &head, &plan, tail, None, true, stage) {
-            Ok(rep) => {
-                log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
-                self.snapshots.push(path);
-            }
-            Err(e) => self.warn(format!("snapshot {}: {e}", path.display())),
-        }
+        write_pass_staged(sink, &head, &plan, tail, None, true, stage)
     }
 
     /// The session's state for people.

@@ -84,6 +84,8 @@ pub enum Event {
     /// A consumer's ReadBuffers on a running session: a write pass now,
     /// answered once written.
     DrainRequest(RequestId),
+    /// A consumer's CloneSession: a flush, then a copy of the buffers.
+    CloneRequest(RequestId),
     /// The flush `id` finished; `complete` when every source acknowledged.
     SourcesFlushed {
         id: FlushId,
@@ -227,6 +229,28 @@ pub enum Answer {
     Flushed(bool),
     /// What the buffers held is in the output.
     Drained,
+    /// No clone, and why.
+    NotCloned(CloneRefusal),
+}
+
+/// Why a consumer's clone was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloneRefusal {
+    /// Not recording (yet, or any more).
+    NotRecording,
+    /// A `write_into_file` session's data is in its file, not its buffers.
+    WritesIntoFile,
+}
+
+impl CloneRefusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneRefusal::NotRecording => "the session is not recording",
+            CloneRefusal::WritesIntoFile => {
+                "a write_into_file session's data is in its file: read the file"
+            }
+        }
+    }
 }
 
 /// Why the session stopped.
@@ -333,6 +357,12 @@ pub enum Action {
     PrepareSnapshot(u32),
     /// Write snapshot `n` of every buffer to the next `OUT.N` file.
     Snapshot(u32),
+    /// Clear the buffers marked `clear_before_clone` and note
+    /// `clone_started`: a consumer's clone begins (its flush follows).
+    PrepareClone,
+    /// Write a copy of every buffer into the output that came with
+    /// request `id`, and answer it.
+    CloneInto(RequestId),
     /// Note a lifecycle event in the trace.
     Service(ServiceEvent),
     /// The stop sequence begins: tell whoever asks (a further `recorder

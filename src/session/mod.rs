@@ -35,8 +35,9 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
-    SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
+    AcceptedTrigger, Action, Answer, CloneRefusal, Event, FlushId, Pass, RequestId, SegmentFill,
+    SourceFailure, SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName,
+    TriggerRefusal,
 };
 pub use timeline::{
     FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline, TimelineError,
@@ -72,6 +73,8 @@ enum FlushPurpose {
     Stop,
     /// A consumer's Flush, answered when it ends.
     Request(RequestId),
+    /// A consumer's clone, written when the flush ends.
+    Clone(RequestId),
 }
 
 /// Where the stop sequence is.
@@ -233,6 +236,23 @@ impl Session {
                 } else {
                     // Nothing records: there is nothing to flush.
                     vec![Action::Reply(req, Answer::Flushed(false))]
+                }
+            }
+            Event::CloneRequest(req) => {
+                if self.state != State::Recording {
+                    vec![Action::Reply(
+                        req,
+                        Answer::NotCloned(CloneRefusal::NotRecording),
+                    )]
+                } else if self.timeline.write_period.is_some() {
+                    vec![Action::Reply(
+                        req,
+                        Answer::NotCloned(CloneRefusal::WritesIntoFile),
+                    )]
+                } else {
+                    let mut out = vec![Action::PrepareClone];
+                    out.extend(self.flush(FlushPurpose::Clone(req), now));
+                    out
                 }
             }
             Event::DrainRequest(req) => {
@@ -475,6 +495,12 @@ impl Session {
         match purpose {
             FlushPurpose::Periodic => {}
             FlushPurpose::Request(req) => out.push(Action::Reply(req, Answer::Flushed(complete))),
+            // A clone holds what the flush brought, acked or not (as traced).
+            FlushPurpose::Clone(req) => out.push(if self.state == State::Recording {
+                Action::CloneInto(req)
+            } else {
+                Action::Reply(req, Answer::NotCloned(CloneRefusal::NotRecording))
+            }),
             FlushPurpose::BeforePass => {
                 if self.state == State::Recording && !self.waiting_for_trigger() {
                     out.push(Action::WritePass(Pass::Periodic));
@@ -646,8 +672,15 @@ impl Session {
         for (id, purpose) in cut_short {
             out.push(Action::CancelTimer(Timer::FlushDeadline(id)));
             // A consumer waiting for its flush hears that it was cut short.
-            if let FlushPurpose::Request(req) = purpose {
-                out.push(Action::Reply(req, Answer::Flushed(false)));
+            match purpose {
+                FlushPurpose::Request(req) => {
+                    out.push(Action::Reply(req, Answer::Flushed(false)));
+                }
+                FlushPurpose::Clone(req) => out.push(Action::Reply(
+                    req,
+                    Answer::NotCloned(CloneRefusal::NotRecording),
+                )),
+                _ => {}
             }
         }
         // Sources that never started have nothing to flush.

@@ -941,3 +941,39 @@ fn a_drain_writes_a_pass_and_is_answered_by_it() {
         vec![Action::Reply(RequestId(9), Answer::Drained)]
     );
 }
+
+#[test]
+fn a_consumers_clone_flushes_then_copies_and_is_refused_when_it_cannot() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::CloneRequest(RequestId(1)), ms(100));
+    assert_eq!(a[0], Action::PrepareClone);
+    let id = flush_id(&a).expect("a flush first");
+    // Acked or timed out, the copy follows.
+    let a = s.on_event(
+        Event::SourcesFlushed {
+            id,
+            complete: false,
+        },
+        ms(150),
+    );
+    assert!(a.contains(&Action::CloneInto(RequestId(1))));
+    // A write_into_file session's data is in its file.
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(1000));
+    let mut s = begun(t);
+    assert_eq!(
+        s.on_event(Event::CloneRequest(RequestId(2)), ms(10)),
+        vec![Action::Reply(
+            RequestId(2),
+            Answer::NotCloned(CloneRefusal::WritesIntoFile)
+        )]
+    );
+    // A clone whose flush the stop overtakes is refused.
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    s.on_event(Event::CloneRequest(RequestId(3)), ms(10));
+    let a = s.on_event(Event::StopRequest(RequestId(4)), ms(20));
+    assert!(a.contains(&Action::Reply(
+        RequestId(3),
+        Answer::NotCloned(CloneRefusal::NotRecording)
+    )));
+}

@@ -537,17 +537,17 @@ data_sources { config { name: "for_testing" } }
     assert!(t.contains("does not create files for clients"), "{t}");
     assert!(!serve.path("elsewhere.pftrace").exists());
 
-    // Cloning is refused with the service's reason.
+    // Cloning a session that is not there: the service's reason.
     // (Never -o /dev/null: the client unlinks its output on an error.)
     let clone_out = serve.path("clone.pftrace");
     let o = output_within(
         serve
-            .perfetto(None, &["--clone", "1", "-o"])
+            .perfetto(None, &["--clone", "77", "-o"])
             .arg(&clone_out),
         Duration::from_secs(20),
     );
     let t = text(&o);
-    assert!(t.contains("does not clone sessions"), "{t}");
+    assert!(t.contains("no running tracing session 77"), "{t}");
 
     // The service keeps serving after every refusal.
     let (o, out) = serve.record(
@@ -1453,4 +1453,138 @@ data_sources { config { name: "for_testing"
         );
     }
     trace_processor::check(&out);
+}
+
+#[test]
+fn clone_copies_a_running_session_that_records_on() {
+    if common::skip_unless_peer(missing()) || skip_unless(common::need_root()) {
+        return;
+    }
+    use prost::Message;
+    use recorder::protos;
+    let serve = Serve::start();
+    let cfg = serve.path("orig.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 2048 fill_policy: RING_BUFFER }
+duration_ms: 60000
+unique_session_name: "to_clone"
+data_sources { config { name: "for_testing"
+  for_testing { message_count: 100000 max_messages_per_second: 20 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+"#,
+    )
+    .expect("config");
+    let orig_out = serve.path("orig.pftrace");
+    let orig = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&orig_out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    std::thread::sleep(Duration::from_millis(1500));
+    let counted = |path: &Path| -> Vec<u64> {
+        let packets = decode(&std::fs::read(path).expect("trace"));
+        assert!(packets.iter().any(|p| p.has_trace_config()), "a head");
+        assert!(packets.iter().rev().any(|p| p.has_trace_stats()));
+        assert!(packets.iter().any(|p| p.has_sys_stats()));
+        let seq = test_counters(&packets)
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            seq,
+            (0..seq.len() as u64).collect::<Vec<_>>(),
+            "from 0, whole"
+        );
+        seq
+    };
+    // By name, with the stock client.
+    let c1 = serve.path("clone1.pftrace");
+    let o = output_within(
+        serve
+            .perfetto(None, &["--clone-by-name", "to_clone", "-o"])
+            .arg(&c1),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let first = counted(&c1);
+    assert!(!first.is_empty(), "{}", serve.log());
+    trace_processor::check(&c1);
+    // By id (as --query lists it), later: the original recorded on, and
+    // the first clone took nothing away from it.
+    let mut q = port::Consumer::bind(
+        std::os::unix::net::UnixStream::connect(serve.consumer()).expect("connect"),
+    );
+    let r = q.ask(
+        "QueryServiceState",
+        &protos::QueryServiceStateRequest {
+            sessions_only: Some(true),
+        },
+    );
+    let st = protos::QueryServiceStateResponse::decode(r.proto.as_slice())
+        .expect("state")
+        .service_state
+        .expect("service_state");
+    let id = st
+        .tracing_sessions
+        .iter()
+        .find(|s| s.unique_session_name.as_deref() == Some("to_clone"))
+        .and_then(|s| s.id)
+        .expect("listed");
+    drop(q);
+    std::thread::sleep(Duration::from_millis(500));
+    let c2 = serve.path("clone2.pftrace");
+    let o = output_within(
+        serve
+            .perfetto(None, &["--clone", &id.to_string(), "-o"])
+            .arg(&c2),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let second = counted(&c2);
+    assert!(
+        second.len() > first.len(),
+        "{} then {}",
+        first.len(),
+        second.len()
+    );
+    if let Some(k) = kinds(&c2) {
+        assert_eq!(
+            k.get("for_testing").and_then(|v| v.as_u64()),
+            Some(second.len() as u64)
+        );
+    }
+    trace_processor::check(&c2);
+    // Another uid finds nothing to clone.
+    let theirs = serve.path("theirs.pftrace");
+    let o = output_within(
+        serve
+            .perfetto(Some(NOBODY), &["--clone-by-name", "to_clone", "-o"])
+            .arg(&theirs),
+        Duration::from_secs(30),
+    );
+    assert!(
+        text(&o).contains("no running tracing session"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::metadata(&theirs).map_or(0, |m| m.len()), 0);
+    // The original ends with everything from the start.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&orig),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT");
+    let o = wait_within(orig, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", text(&o));
+    let all = counted(&orig_out);
+    assert!(all.len() > second.len());
+    trace_processor::check(&orig_out);
 }
