@@ -1863,3 +1863,51 @@ data_sources { config { name: "for_testing"
     }
     assert!(trace.len() > snapshot.len());
 }
+
+#[test]
+fn the_systemd_unit_verifies_and_its_command_line_parses() {
+    let unit = common::repo_root().join("contrib/recorder-serve.service");
+    let written = std::fs::read_to_string(&unit).expect("the unit");
+    let exec = written
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/recorder"));
+    let args: Vec<&str> = words.collect();
+    assert_eq!(args.first(), Some(&"serve"), "{exec}");
+    // The arguments are the ones serve takes (an unknown user is the
+    // first thing it would refuse, after parsing them all).
+    let o = Command::new(common::recorder_bin())
+        .args(&args)
+        .arg("--help")
+        .output()
+        .expect("recorder");
+    assert!(o.status.success(), "{}", text(&o));
+    // systemd reads it as written, with the command where it is installed
+    // replaced by this build.
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(!kernel_required(), "systemd-analyze is needed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("recorder-serve.service");
+    std::fs::write(
+        &copy,
+        written.replace(
+            "/usr/local/bin/recorder",
+            &common::recorder_bin().display().to_string(),
+        ),
+    )
+    .expect("copy");
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze");
+    assert!(o.status.success(), "{}", text(&o));
+}
