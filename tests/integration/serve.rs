@@ -518,6 +518,40 @@ data_sources { config { name: "for_testing" } }
     assert!(t.contains("duration_ms"), "the reason is printed: {t}");
     assert!(std::fs::metadata(&out).map_or(0, |m| m.len()) == 0);
 
+    // More of Perfetto's rules, each with its reason.
+    for (name, cfg, reason) in [
+        (
+            "stop_wif",
+            "buffers { size_kb: 64 }\nwrite_into_file: true\n\
+             trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 1000 triggers { name: \"t\" } }\n\
+             data_sources { config { name: \"for_testing\" } }\n",
+            "write_into_file",
+        ),
+        (
+            "twice",
+            "buffers { size_kb: 64 }\n\
+             trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 1000\n\
+               triggers { name: \"t\" } triggers { name: \"t\" } }\n\
+             data_sources { config { name: \"for_testing\" } }\n",
+            "used twice",
+        ),
+        (
+            "no_timeout",
+            "buffers { size_kb: 64 }\n\
+             trigger_config { trigger_mode: STOP_TRACING triggers { name: \"t\" } }\n\
+             data_sources { config { name: \"for_testing\" } }\n",
+            "trigger_timeout_ms",
+        ),
+    ] {
+        let (o, out) = serve.record(name, cfg);
+        let t = text(&o);
+        assert!(
+            t.contains("Service error") && t.contains(reason),
+            "{name}: {t}"
+        );
+        assert_eq!(std::fs::metadata(&out).map_or(0, |m| m.len()), 0, "{name}");
+    }
+
     // The service creates no file for a client: output_path is refused.
     let cfg = serve.path("output_path.pbtx");
     std::fs::write(
