@@ -393,6 +393,7 @@ fn build_with(
         status_line: opts.status_line,
         snapshot_dir,
         privileges: None,
+        on_snapshot: None,
     })
 }
 

@@ -68,8 +68,9 @@ pub struct Connection {
     pid: u32,
     registry: Arc<Registry>,
     session: Option<Owned>,
-    /// An ObserveEvents stream waiting for this connection's session.
-    observer: Option<u64>,
+    /// An ObserveEvents stream waiting for this connection's session: its
+    /// request id and the events it asked for.
+    observer: Option<(u64, i32)>,
     /// The last descriptor the client passed.
     passed_fd: Option<OwnedFd>,
     /// Flushes waiting for the session's answer.
@@ -228,7 +229,10 @@ impl Connection {
                 &protos::QueryCapabilitiesResponse {
                     capabilities: Some(protos::TracingServiceCapabilities {
                         has_query_capabilities: Some(true),
-                        observable_events: vec![wire::EVENT_ALL_DATA_SOURCES_STARTED],
+                        observable_events: vec![
+                            wire::EVENT_ALL_DATA_SOURCES_STARTED,
+                            wire::EVENT_CLONE_TRIGGER_HIT,
+                        ],
                     }),
                 },
                 false,
@@ -324,7 +328,36 @@ impl Connection {
                 );
             }
         };
-        match session::start(&spec, self.uid, &self.registry, output, on_end) {
+        // CLONE_SNAPSHOT: each snapshot is told on the ObserveEvents stream,
+        // and the client clones the session.
+        let on_clone_hit = self
+            .observer
+            .filter(|(_, mask)| mask & wire::EVENT_CLONE_TRIGGER_HIT != 0)
+            .map(|(oid, _)| {
+                let writer = self.writer.clone();
+                Box::new(move |sid: u64, trigger: &str| {
+                    writer.send(&wire::reply(
+                        oid,
+                        &protos::ObserveEventsResponse {
+                            events: Some(protos::ObservableEvents {
+                                clone_trigger_hit: Some(
+                                    protos::observable_events::CloneTriggerHit {
+                                        tracing_session_id: Some(sid as i64),
+                                        trigger_name: Some(trigger.to_string()),
+                                    },
+                                ),
+                                ..Default::default()
+                            }),
+                        },
+                        true,
+                    ));
+                }) as session::CloneHit
+            });
+        let told = session::Told {
+            end: on_end,
+            clone_hit: on_clone_hit,
+        };
+        match session::start(&spec, self.uid, &self.registry, output, told) {
             Ok(r) => {
                 log::info!(
                     "session {} for uid {} (pid {}) started",
@@ -332,7 +365,11 @@ impl Connection {
                     self.uid,
                     self.pid
                 );
-                if let Some(oid) = self.observer.take() {
+                if let Some((oid, _)) = self
+                    .observer
+                    .take()
+                    .filter(|(_, m)| m & wire::EVENT_ALL_DATA_SOURCES_STARTED != 0)
+                {
                     spawn_started_watch(
                         oid,
                         r.control.clone(),
@@ -694,7 +731,8 @@ impl Connection {
             return;
         };
         let mask = req.events_to_observe.iter().fold(0, |m, e| m | e);
-        if mask & wire::EVENT_ALL_DATA_SOURCES_STARTED == 0 {
+        let known = wire::EVENT_ALL_DATA_SOURCES_STARTED | wire::EVENT_CLONE_TRIGGER_HIT;
+        if mask & known == 0 {
             self.writer.send(&wire::reply(
                 id,
                 &protos::ObserveEventsResponse::default(),
@@ -705,9 +743,14 @@ impl Connection {
         let Some(s) = &self.session else {
             // perfetto observes before EnableTracing: the watch starts
             // with the session.
-            self.observer = Some(id);
+            self.observer = Some((id, mask));
             return;
         };
+        if mask & wire::EVENT_ALL_DATA_SOURCES_STARTED == 0 {
+            // Clone trigger hits are told only to the consumer that
+            // observed before enabling.
+            return;
+        }
         spawn_started_watch(
             id,
             s.control.clone(),
@@ -1079,7 +1122,10 @@ mod tests {
                 .expect("capabilities");
         assert_eq!(
             caps.capabilities.map(|c| c.observable_events),
-            Some(vec![wire::EVENT_ALL_DATA_SOURCES_STARTED])
+            Some(vec![
+                wire::EVENT_ALL_DATA_SOURCES_STARTED,
+                wire::EVENT_CLONE_TRIGGER_HIT
+            ])
         );
         let (_, r) = c.invoke(Method::QueryServiceState as u32, Vec::new());
         let st =

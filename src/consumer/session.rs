@@ -94,17 +94,16 @@ impl Running {
 /// success.
 pub type OnEnd = Box<dyn FnOnce(&str) + Send>;
 
-/// Refuses what `recorder serve` does not serve yet, with what to do.
-fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
-    if matches!(
-        spec.trigger.as_ref().map(|t| t.mode),
-        Some(crate::config::spec::TriggerMode::CloneSnapshot)
-    ) {
-        return Err(StartError::Unsupported(
-            "CLONE_SNAPSHOT sessions are not served yet by recorder serve (CloneSession is refused)".into(),
-        ));
-    }
-    Ok(())
+/// Told the session's id and the trigger's name when a CLONE_SNAPSHOT
+/// trigger asks for a snapshot: the consumer clones the session.
+pub type CloneHit = Box<dyn FnMut(u64, &str) + Send>;
+
+/// What the session tells its consumer.
+pub struct Told {
+    /// Its end, once.
+    pub end: OnEnd,
+    /// Each CLONE_SNAPSHOT hit, when the consumer observes them.
+    pub clone_hit: Option<CloneHit>,
 }
 
 /// Whether the session needs the producer socket: a data source no
@@ -121,16 +120,15 @@ fn needs_producers(spec: &RecorderSpec) -> bool {
 }
 
 /// Starts `spec` for consumer `uid`, into `output` (the client's file, for
-/// `write_into_file`) or else memory; `on_end` runs on the session's thread
+/// `write_into_file`) or else memory; `told.end` runs on the session's thread
 /// when it ended.
 pub fn start(
     spec: &RecorderSpec,
     uid: u32,
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
-    on_end: OnEnd,
+    told: Told,
 ) -> Result<Running, StartError> {
-    check_supported(spec)?;
     let entry = SessionEntry {
         id: 0,
         uid,
@@ -151,7 +149,7 @@ pub fn start(
         producers: needs_producers(spec),
     };
     let (id, producers) = registry.reserve(entry)?;
-    match build_and_run(spec, uid, id, producers, registry, output, on_end) {
+    match build_and_run(spec, uid, id, producers, registry, output, told) {
         Ok(r) => Ok(r),
         Err(e) => {
             registry.release(id);
@@ -167,8 +165,12 @@ fn build_and_run(
     producers: Option<(std::os::unix::net::UnixListener, PathBuf)>,
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
-    on_end: OnEnd,
+    told: Told,
 ) -> Result<Running, String> {
+    let Told {
+        end: on_end,
+        clone_hit: on_clone_hit,
+    } = told;
     let name = format!("recorder-session-{id}");
     let (fd, file) = match output {
         Some(fd) => (fd, None),
@@ -204,7 +206,14 @@ fn build_and_run(
         producers,
         consumer_uid: uid,
     };
-    let rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
+    let mut rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
+    rec.on_snapshot = on_clone_hit.map(|mut hit| {
+        Box::new(
+            move |_: u32, t: Option<&crate::trace::service::TriggerRecord>| {
+                hit(id, t.map_or("", |t| t.name.as_str()))
+            },
+        ) as crate::event_loop::SnapshotHook
+    });
     registry.attach_control(id, handle.clone());
     let waiting = spec.deferred_start
         || matches!(

@@ -91,7 +91,14 @@ pub struct Recording {
     /// A root session's broker and service user: the process gives up root
     /// once its sources have started.
     pub privileges: Option<Privileges>,
+    /// Where a snapshot goes instead of a file: told to the session's
+    /// consumer, which clones it (a CLONE_SNAPSHOT session of `recorder
+    /// serve`).
+    pub on_snapshot: Option<SnapshotHook>,
 }
+
+/// Told the snapshot's number and the trigger that asked for it.
+pub type SnapshotHook = Box<dyn FnMut(u32, Option<&TriggerRecord>) + Send>;
 
 /// Runs the session to its end. `signals` were installed before the
 /// session was set up (a signal that came meanwhile stops it at once);
@@ -753,6 +760,12 @@ impl Loop {
     }
 
     fn snapshot(&mut self, n: u32) {
+        if let Some(hook) = &mut self.rec.on_snapshot {
+            let trigger = self.snapshot_triggers.get(&n).cloned();
+            log::info!("snapshot {n}: told to the consumer, which clones the session");
+            hook(n, trigger.as_ref());
+            return;
+        }
         let Some(base) = self.rec.snapshot_base.clone() else {
             self.warn("a snapshot was triggered but the output is not a file: skipped".into());
             return;
@@ -800,7 +813,9 @@ impl Loop {
                 return;
             }
         };
-        match self.write_copy(sink.as_mut(), None) {
+        // The latest snapshot trigger is the one the consumer clones for.
+        let trigger = self.snapshot_triggers.values().next_back().cloned();
+        match self.write_copy(sink.as_mut(), trigger.as_ref()) {
             Ok(rep) => {
                 log::info!("clone written: {} bytes", rep.bytes);
                 inc.answer(Reply::Cloned { bytes: rep.bytes });

@@ -827,7 +827,7 @@ buffers { size_kb: 1024 }
 duration_ms: 4000
 write_into_file: true
 file_write_period_ms: 500
-data_sources { config { name: "for_testing" for_testing { message_count: 400 max_messages_per_second: 100 } } }
+data_sources { config { name: "for_testing" for_testing { message_count: 300 max_messages_per_second: 100 } } }
 data_sources { config { name: "linux.sys_stats"
   sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
 "#,
@@ -862,10 +862,10 @@ data_sources { config { name: "linux.sys_stats"
     let counters = test_counters(&packets);
     assert_eq!(
         counters.values().next().cloned().unwrap_or_default(),
-        (0..400).collect::<Vec<u64>>()
+        (0..300).collect::<Vec<u64>>()
     );
     if let Some(k) = kinds(&out) {
-        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(400));
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(300));
     }
     trace_processor::check(&out);
 }
@@ -1944,4 +1944,85 @@ fn the_systemd_unit_verifies_and_its_command_line_parses() {
         .output()
         .expect("systemd-analyze");
     assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn a_clone_snapshot_session_is_cloned_by_the_client_at_each_trigger() {
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    let serve = Serve::start();
+    let cfg = serve.path("snap.pbtx");
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 1024 fill_policy: RING_BUFFER }
+trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 6000
+  triggers { name: "serve_snap" stop_delay_ms: 100 } }
+data_sources { config { name: "for_testing"
+  for_testing { message_count: 100000 max_messages_per_second: 20 } } }
+"#,
+    )
+    .expect("config");
+    let out = serve.path("snap.pftrace");
+    let client = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    let trigger = || {
+        let t = output_within(
+            Command::new(tracebox().expect("tracebox"))
+                .arg("trigger_perfetto")
+                .arg("serve_snap")
+                .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock")),
+            Duration::from_secs(20),
+        );
+        assert!(t.status.success(), "{}", text(&t));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    trigger();
+    std::thread::sleep(Duration::from_millis(1500));
+    trigger();
+    let o = wait_within(client, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    // The session's own file stays empty; each hit is a clone beside it.
+    assert_eq!(std::fs::metadata(&out).map_or(0, |m| m.len()), 0);
+    let mut lens = Vec::new();
+    for n in 0..2 {
+        let snap = serve.path(&format!("snap.pftrace.{n}"));
+        let data = std::fs::read(&snap)
+            .unwrap_or_else(|e| panic!("{}: {e}: {}\n{}", snap.display(), text(&o), serve.log()));
+        let packets = decode(&data);
+        // The trigger that asked for it, as traced writes it in a clone.
+        let trig: Vec<_> = packets
+            .iter()
+            .filter(|p| p.has_clone_snapshot_trigger())
+            .collect();
+        assert_eq!(trig.len(), 1, "snapshot {n}: its trigger");
+        assert_eq!(
+            trig[0].clone_snapshot_trigger().trigger_name(),
+            "serve_snap"
+        );
+        let seq = test_counters(&packets)
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        assert!(!seq.is_empty(), "snapshot {n}");
+        assert_eq!(seq, (0..seq.len() as u64).collect::<Vec<_>>());
+        if let Some(k) = kinds(&snap) {
+            assert_eq!(
+                k.get("for_testing").and_then(|v| v.as_u64()),
+                Some(seq.len() as u64)
+            );
+        }
+        trace_processor::check(&snap);
+        lens.push(seq.len());
+    }
+    assert!(lens[1] > lens[0], "{lens:?}");
 }
