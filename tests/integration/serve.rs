@@ -834,7 +834,7 @@ data_sources { config { name: "linux.sys_stats"
     )
     .expect("config");
     let out = serve.path("wif.pftrace");
-    let child = serve
+    let mut child = serve
         .perfetto(None, &["--txt", "-c"])
         .arg(&cfg)
         .arg("-o")
@@ -843,10 +843,12 @@ data_sources { config { name: "linux.sys_stats"
         .stderr(Stdio::piped())
         .spawn()
         .expect("perfetto");
-    // Passes land in the client's file while the session runs.
+    // Passes land in the client's file while the session runs (watched
+    // until the client is done: under load the start may come late).
     let mut sizes = Vec::new();
-    for _ in 0..6 {
-        std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
         sizes.push(std::fs::metadata(&out).map_or(0, |m| m.len()));
     }
     let o = wait_within(child, Duration::from_secs(60));
