@@ -879,6 +879,21 @@ impl std::ops::Deref for Owned {
 }
 
 impl Owned {
+    /// A clone-like session (ended, its data in `file`), for tests of what
+    /// holds sessions.
+    #[cfg(test)]
+    pub fn ended_for_test(id: u64, file: Option<std::fs::File>) -> Owned {
+        let mut running = Running::read_only(id, tempfile::tempfile().expect("tempfile"))
+            .expect("a read-only session");
+        running.file = file;
+        Owned {
+            running,
+            readback: None,
+            notice: Arc::new(EndNotice::default()),
+            config: b"config".to_vec(),
+        }
+    }
+
     /// Whether the session ended with its data elsewhere (the client's
     /// own file): nothing is left to read.
     pub fn spent(&self) -> bool {
@@ -1152,6 +1167,65 @@ mod tests {
         let (rid, m) = c.recv();
         assert_eq!(rid, id);
         assert!(matches!(m, Some(Msg::MsgRequestError(_))));
+    }
+
+    #[test]
+    fn session_methods_without_a_session_fail_and_keys_are_not_found() {
+        let mut c = connect();
+        c.send(Msg::MsgBindService(BindService {
+            service_name: Some("ConsumerPort".into()),
+        }));
+        assert!(matches!(c.recv().1, Some(Msg::MsgBindServiceReply(_))));
+        for (m, args) in [
+            (
+                Method::Flush,
+                protos::FlushRequest::default().encode_to_vec(),
+            ),
+            (
+                Method::Detach,
+                protos::DetachRequest {
+                    key: Some("k".into()),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                Method::Attach,
+                protos::AttachRequest {
+                    key: Some("k".into()),
+                }
+                .encode_to_vec(),
+            ),
+        ] {
+            let (_, r) = c.invoke(m as u32, args);
+            assert_eq!(r.success, None, "{m:?}");
+        }
+        // A clone of a session that is not there says so.
+        let (_, r) = c.invoke(
+            Method::CloneSession as u32,
+            protos::CloneSessionRequest {
+                session_id: Some(42),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let resp =
+            protos::CloneSessionResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("CloneSessionResponse");
+        assert_eq!(resp.success, Some(false));
+        assert!(resp.error.is_some_and(|e| e.contains("42")));
+        // Bug reports: the precise refusal.
+        let (_, r) = c.invoke(
+            Method::CloneSession as u32,
+            protos::CloneSessionRequest {
+                for_bugreport: Some(true),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let resp =
+            protos::CloneSessionResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("CloneSessionResponse");
+        assert!(resp.error.is_some_and(|e| e.contains("bug reports")));
     }
 
     #[test]

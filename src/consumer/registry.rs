@@ -442,4 +442,34 @@ mod tests {
         drop(slots);
         assert!(r.admit(7).is_ok());
     }
+
+    #[test]
+    fn detached_sessions_are_kept_per_uid_and_key_and_spent_ones_freed() {
+        let r = Registry::new(None);
+        let (id, _) = r.reserve(entry(1000, 4096, None)).expect("reserve");
+        let memfd = tempfile::tempfile().expect("tempfile");
+        let held = super::super::connection::Owned::ended_for_test(id, Some(memfd));
+        assert!(r.detach(1000, "k".into(), held).is_ok());
+        // One per key and uid.
+        let (id2, _) = r.reserve(entry(1000, 4096, None)).expect("reserve");
+        let again = super::super::connection::Owned::ended_for_test(id2, None);
+        assert!(r.detach(1000, "k".into(), again).is_err());
+        // Another uid's key of the same name is not looked at.
+        assert!(r.attach(1001, "k").is_none());
+        assert!(r.attach(0, "k").is_none());
+        let back = r.attach(1000, "k").expect("its own");
+        assert_eq!(back.id(), id);
+        assert!(r.attach(1000, "k").is_none(), "taken once");
+        // A detached session whose data went to the client's file is freed
+        // (and its quota given back) once it ended.
+        let spent = super::super::connection::Owned::ended_for_test(id2, None);
+        assert!(spent.spent());
+        assert!(r.detach(1000, "w".into(), spent).is_ok());
+        assert_eq!(r.visible(1000).len(), 2);
+        r.reserve(entry(1002, 4096, None)).expect("reserve");
+        assert_eq!(r.visible(1000).len(), 1, "the spent one was freed");
+        assert!(r.attach(1000, "w").is_none());
+        // Data still to read keeps the session for its uid.
+        assert!(!back.spent());
+    }
 }
