@@ -235,6 +235,7 @@ fn build_with(
         status_line: opts.status_line,
         snapshot_dir,
         quota_view: QuotaView::for_consumer(consumer_uid),
+        on_snapshot: None,
     })
 }
 

@@ -22,7 +22,11 @@ pub fn check(data: &[u8]) {
                 Reply::Triggers(o) => assert!(o.len() <= MAX_TRIGGER_NAMES),
                 Reply::Refused(m) | Reply::Queued(m) => assert!(m.len() <= MAX_REPLY_TEXT_BYTES),
                 Reply::Status(st) => assert!(st.config.len() <= MAX_REPLY_TEXT_BYTES),
-                Reply::Stopping | Reply::Started => {}
+                Reply::Stopping
+                | Reply::Started
+                | Reply::Flushed { .. }
+                | Reply::Drained
+                | Reply::Cloned { .. } => {}
             }
         }
         Err(BadReply::TooLarge) => assert!(data.len() > MAX_REPLY_BYTES),

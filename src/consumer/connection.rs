@@ -6,13 +6,14 @@
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message;
 
 use super::readback::Readback;
-use super::registry::{ConnectionSlot, Registry, SessionState};
+use super::registry::{ConnectionSlot, Registry, SessionEntry, SessionState};
 use super::session::{self, Running};
 use super::wire::{self, Method};
 use crate::control::message::{Reply, Request};
@@ -25,6 +26,13 @@ use crate::protos::{self, IpcFrame};
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the session's loop has to answer a request.
 const LOOP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a write pass for a ReadBuffers of a running session may take
+/// (it writes whole buffers).
+const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a clone (its flush, then the copy) may take.
+const CLONE_DEADLINE: Duration = Duration::from_secs(40);
+/// Flushes one connection may wait for at once.
+const MAX_FLUSHES_IN_FLIGHT: usize = 4;
 /// How long a closed connection's session has to finish before its quota
 /// is given back anyway (the loop still ends on its own).
 const END_GRACE: Duration = Duration::from_secs(30);
@@ -59,12 +67,14 @@ pub struct Connection {
     uid: u32,
     pid: u32,
     registry: Arc<Registry>,
-    session: Option<Running>,
-    readback: Option<Readback>,
-    /// An ObserveEvents stream waiting for this connection's session.
-    observer: Option<u64>,
+    session: Option<Owned>,
+    /// An ObserveEvents stream waiting for this connection's session: its
+    /// request id and the events it asked for.
+    observer: Option<(u64, i32)>,
     /// The last descriptor the client passed.
     passed_fd: Option<OwnedFd>,
+    /// Flushes waiting for the session's answer.
+    flushes: Arc<AtomicUsize>,
     _slot: ConnectionSlot,
 }
 
@@ -86,9 +96,9 @@ impl Connection {
             pid,
             registry,
             session: None,
-            readback: None,
             observer: None,
             passed_fd: None,
+            flushes: Arc::new(AtomicUsize::new(0)),
             _slot: slot,
         })
     }
@@ -157,7 +167,6 @@ impl Connection {
     }
 
     fn free(&mut self) {
-        self.readback = None;
         let Some(s) = self.session.take() else {
             return;
         };
@@ -220,7 +229,10 @@ impl Connection {
                 &protos::QueryCapabilitiesResponse {
                     capabilities: Some(protos::TracingServiceCapabilities {
                         has_query_capabilities: Some(true),
-                        observable_events: vec![wire::EVENT_ALL_DATA_SOURCES_STARTED],
+                        observable_events: vec![
+                            wire::EVENT_ALL_DATA_SOURCES_STARTED,
+                            wire::EVENT_CLONE_TRIGGER_HIT,
+                        ],
                     }),
                 },
                 false,
@@ -233,18 +245,12 @@ impl Connection {
                 },
                 false,
             )),
-            Method::CloneSession => self.writer.send(&wire::reply(
-                id,
-                &protos::CloneSessionResponse {
-                    success: Some(false),
-                    error: Some("recorder serve does not clone sessions yet".into()),
-                    ..Default::default()
-                },
-                false,
-            )),
+            Method::CloneSession => self.clone_session(id, &args),
+            Method::Detach => self.detach(id, &args),
+            Method::Attach => self.attach(id, &args),
             // No error field to carry a reason: the client reports the
             // failure itself.
-            Method::ChangeTraceConfig | Method::Detach | Method::Attach => {
+            Method::ChangeTraceConfig => {
                 log::info!("consumer uid {}: {method:?} is not supported", self.uid);
                 self.writer.send(&wire::failure(id));
             }
@@ -278,7 +284,11 @@ impl Connection {
             }
         };
         if req.attach_notification_only() {
-            return self.enable_error(id, "Attach is not supported by recorder serve".into());
+            // After Attach: the session's end is told to this request.
+            return match &self.session {
+                Some(s) => s.notice.tell(self.writer.clone(), id),
+                None => self.enable_error(id, "no session is attached".into()),
+            };
         }
         if self.session.is_some() {
             return self.enable_error(id, "this consumer already has a tracing session".into());
@@ -296,17 +306,10 @@ impl Connection {
                 "activate_triggers is sent to the producer socket, not as a session".into(),
             );
         }
-        let writer = self.writer.clone();
-        let on_end = Box::new(move |error: &str| {
-            writer.send(&wire::reply(
-                id,
-                &protos::EnableTracingResponse {
-                    state: Some(protos::enable_tracing_response::State::Disabled(true)),
-                    error: (!error.is_empty()).then(|| error.to_string()),
-                },
-                false,
-            ));
-        });
+        let notice = Arc::new(EndNotice::default());
+        notice.tell(self.writer.clone(), id);
+        let n = notice.clone();
+        let on_end = Box::new(move |error: &str| n.ended(error));
         // write_into_file streams into the client's own file: the service
         // opens no path on a client's behalf.
         let output = match (&spec.file, self.passed_fd.take()) {
@@ -325,7 +328,36 @@ impl Connection {
                 );
             }
         };
-        match session::start(&spec, self.uid, &self.registry, output, on_end) {
+        // CLONE_SNAPSHOT: each snapshot is told on the ObserveEvents stream,
+        // and the client clones the session.
+        let on_clone_hit = self
+            .observer
+            .filter(|(_, mask)| mask & wire::EVENT_CLONE_TRIGGER_HIT != 0)
+            .map(|(oid, _)| {
+                let writer = self.writer.clone();
+                Box::new(move |sid: u64, trigger: &str| {
+                    writer.send(&wire::reply(
+                        oid,
+                        &protos::ObserveEventsResponse {
+                            events: Some(protos::ObservableEvents {
+                                clone_trigger_hit: Some(
+                                    protos::observable_events::CloneTriggerHit {
+                                        tracing_session_id: Some(sid as i64),
+                                        trigger_name: Some(trigger.to_string()),
+                                    },
+                                ),
+                                ..Default::default()
+                            }),
+                        },
+                        true,
+                    ));
+                }) as session::CloneHit
+            });
+        let told = session::Told {
+            end: on_end,
+            clone_hit: on_clone_hit,
+        };
+        match session::start(&spec, self.uid, &self.registry, output, told) {
             Ok(r) => {
                 log::info!(
                     "session {} for uid {} (pid {}) started",
@@ -333,7 +365,11 @@ impl Connection {
                     self.uid,
                     self.pid
                 );
-                if let Some(oid) = self.observer.take() {
+                if let Some((oid, _)) = self
+                    .observer
+                    .take()
+                    .filter(|(_, m)| m & wire::EVENT_ALL_DATA_SOURCES_STARTED != 0)
+                {
                     spawn_started_watch(
                         oid,
                         r.control.clone(),
@@ -342,10 +378,162 @@ impl Connection {
                         self.uid,
                     );
                 }
-                self.session = Some(r);
+                self.session = Some(Owned {
+                    running: r,
+                    readback: None,
+                    notice,
+                    config: req.trace_config.unwrap_or_default(),
+                });
             }
             Err(e) => self.enable_error(id, e.to_string()),
         }
+    }
+
+    /// Detach: the session goes on without this connection, kept under
+    /// the caller's uid and `key` until a consumer of that uid attaches.
+    fn detach(&mut self, id: u64, args: &[u8]) {
+        let Ok(req) = protos::DetachRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        let Some(s) = self.session.take() else {
+            log::info!("consumer uid {}: Detach without a session", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        s.notice.forget();
+        let key = req.key.unwrap_or_default();
+        match self.registry.detach(self.uid, key.clone(), s) {
+            Ok(()) => {
+                log::info!("consumer uid {}: session detached as {key:?}", self.uid);
+                self.writer
+                    .send(&wire::reply(id, &protos::DetachResponse {}, false));
+            }
+            Err(s) => {
+                log::info!(
+                    "consumer uid {}: Detach refused: a session is already detached as {key:?}",
+                    self.uid
+                );
+                self.session = Some(*s);
+                self.writer.send(&wire::failure(id));
+            }
+        }
+    }
+
+    /// Attach: takes back the caller's uid's session detached as `key`
+    /// (another uid's keys are not even looked at) and returns its config.
+    fn attach(&mut self, id: u64, args: &[u8]) {
+        let Ok(req) = protos::AttachRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        if self.session.is_some() {
+            self.writer.send(&wire::failure(id));
+            return;
+        }
+        let key = req.key.unwrap_or_default();
+        let Some(s) = self.registry.attach(self.uid, &key) else {
+            log::info!("consumer uid {}: no session detached as {key:?}", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        let reply = protos::AttachResponse {
+            trace_config: Some(s.config.clone()),
+        };
+        self.session = Some(s);
+        self.writer.send(&wire::reply(id, &reply, false));
+    }
+
+    /// CloneSession: a copy of a running session's buffers (after a
+    /// flush) becomes this connection's read-only session; the original
+    /// records on. The copy counts against the caller's quota.
+    fn clone_session(&mut self, id: u64, args: &[u8]) {
+        let refuse = |error: String| {
+            log::info!("consumer uid {}: CloneSession refused: {error}", self.uid);
+            self.writer.send(&wire::reply(
+                id,
+                &protos::CloneSessionResponse {
+                    success: Some(false),
+                    error: Some(error),
+                    ..Default::default()
+                },
+                false,
+            ));
+        };
+        let Ok(req) = protos::CloneSessionRequest::decode(args) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        if req.for_bugreport() {
+            return refuse("recorder serve does not save traces for bug reports".into());
+        }
+        if self.session.is_some() {
+            return refuse("this consumer already has a tracing session".into());
+        }
+        let source = self.registry.clone_source(
+            self.uid,
+            req.session_id,
+            req.unique_session_name.as_deref(),
+        );
+        let Some((src, control)) = source.and_then(|s| s.control.clone().map(|c| (s, c))) else {
+            return refuse(format!(
+                "no running tracing session {} of uid {}",
+                req.unique_session_name
+                    .clone()
+                    .unwrap_or_else(|| req.session_id().to_string()),
+                self.uid
+            ));
+        };
+        let entry = SessionEntry {
+            id: 0,
+            uid: self.uid,
+            unique_name: None,
+            buffer_kb: src.buffer_kb.clone(),
+            buffer_bytes: src.buffer_bytes,
+            duration_ms: 0,
+            data_sources: src.data_sources,
+            start_realtime_ns: crate::clock::realtime_ms() as i64 * 1_000_000,
+            state: SessionState::ClonedReadOnly,
+            control: None,
+            producers: false,
+        };
+        let cid = match self.registry.reserve(entry) {
+            Ok((cid, _)) => cid,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let copied = copy_of(&control, self.uid, self.pid, cid)
+            .and_then(|file| Running::read_only(cid, file).map_err(|e| e.to_string()));
+        let running = match copied {
+            Ok(r) => r,
+            Err(e) => {
+                self.registry.release(cid);
+                return refuse(e);
+            }
+        };
+        log::info!(
+            "session {} of uid {} cloned as session {cid} for uid {}",
+            src.id,
+            src.uid,
+            self.uid
+        );
+        // Nothing ends later: a notification asked for is sent at once.
+        let notice = Arc::new(EndNotice::default());
+        notice.ended("");
+        self.session = Some(Owned {
+            running,
+            readback: None,
+            notice,
+            config: Vec::new(),
+        });
+        self.writer.send(&wire::reply(
+            id,
+            &protos::CloneSessionResponse {
+                success: Some(true),
+                was_write_into_file: Some(false),
+                ..Default::default()
+            },
+            false,
+        ));
     }
 
     fn disable(&mut self, id: u64, drop_reply: bool) {
@@ -359,13 +547,45 @@ impl Connection {
         self.ok(id, &protos::DisableTracingResponse {}, drop_reply);
     }
 
-    /// Flush: the built-in sources write into the buffers as they go and
-    /// every source is flushed at the stop, which ends what a client's
-    /// flush precedes; a running session answers at once.
+    /// Flush: answered when the session's flush ended (every source,
+    /// producers included, acknowledged it or its timeout passed), on a
+    /// thread of its own so the connection goes on serving meanwhile.
     fn flush(&mut self, id: u64, drop_reply: bool) {
-        match &self.session {
-            Some(s) if !s.done.ended() => self.ok(id, &protos::FlushResponse {}, drop_reply),
-            _ => self.writer.send(&wire::failure(id)),
+        let Some(s) = self.session.as_ref().filter(|s| !s.done.ended()) else {
+            self.writer.send(&wire::failure(id));
+            return;
+        };
+        // Each waiting flush is a thread: a client gets a few at a time.
+        let in_flight = self.flushes.clone();
+        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_FLUSHES_IN_FLIGHT {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            log::info!("consumer uid {}: too many flushes at once", self.uid);
+            self.writer.send(&wire::failure(id));
+            return;
+        }
+        let (control, writer, uid, pid) =
+            (s.control.clone(), self.writer.clone(), self.uid, self.pid);
+        let deadline = s.flush_timeout + LOOP_DEADLINE;
+        let spawned = std::thread::Builder::new()
+            .name("recorder-flush".into())
+            .spawn(move || {
+                match control.ask(Request::Flush {}, uid, pid, deadline) {
+                    Some(Reply::Flushed { complete: true }) => {
+                        if !drop_reply {
+                            writer.send(&wire::reply(id, &protos::FlushResponse {}, false));
+                        }
+                    }
+                    other => {
+                        log::info!("Flush for uid {uid}: {other:?}");
+                        writer.send(&wire::failure(id));
+                    }
+                }
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            self.flushes.fetch_sub(1, Ordering::SeqCst);
+            log::warn!("flush thread: {e}");
+            self.writer.send(&wire::failure(id));
         }
     }
 
@@ -389,29 +609,42 @@ impl Connection {
         }
     }
 
-    /// The session's buffers so far, in order, once it ended; a running
-    /// session has nothing to read yet (its data goes out at the end).
+    /// What the session's buffers hold, in order, consumed as read: a
+    /// running session first writes them into its file (a write pass), so
+    /// a later read goes on where this one ended. A `write_into_file`
+    /// session's data is in the client's own file.
     fn read_buffers(&mut self, id: u64) {
-        let Some(s) = &self.session else {
+        let Some(s) = &mut self.session else {
             self.writer.send(&wire::failure(id));
             return;
         };
-        // A running session's data goes out at its end; a streaming one's
-        // is in the client's file.
-        let file = match &s.file {
-            Some(f) if s.done.ended() => f,
-            _ => {
-                self.writer.send(&wire::reply(
-                    id,
-                    &protos::ReadBuffersResponse::default(),
-                    false,
-                ));
-                return;
-            }
+        let Some(file) = &s.running.file else {
+            self.writer.send(&wire::reply(
+                id,
+                &protos::ReadBuffersResponse::default(),
+                false,
+            ));
+            return;
         };
-        if self.readback.is_none() {
+        if !s.done.ended() {
+            match s
+                .running
+                .control
+                .ask(Request::Drain {}, self.uid, self.pid, DRAIN_DEADLINE)
+            {
+                Some(Reply::Drained) => {}
+                // It ended meanwhile: its file is complete.
+                _ if s.done.ended() => {}
+                other => {
+                    log::info!("ReadBuffers for uid {}: {other:?}", self.uid);
+                    self.writer.send(&wire::failure(id));
+                    return;
+                }
+            }
+        }
+        if s.readback.is_none() {
             match file.try_clone() {
-                Ok(f) => self.readback = Some(Readback::new(f)),
+                Ok(f) => s.readback = Some(Readback::new(f)),
                 Err(e) => {
                     log::warn!("ReadBuffers: {e}");
                     self.writer.send(&wire::failure(id));
@@ -419,9 +652,10 @@ impl Connection {
                 }
             }
         }
-        let Some(rb) = self.readback.as_mut() else {
+        let Some(rb) = s.readback.as_mut() else {
             return;
         };
+        rb.resume();
         let mut pending: Option<protos::ReadBuffersResponse> = None;
         loop {
             let next = match rb.next_reply() {
@@ -451,8 +685,6 @@ impl Connection {
                 }
             }
         }
-        // Read once: a second ReadBuffers starts from the beginning.
-        self.readback = None;
     }
 
     fn trace_stats(&mut self, id: u64) {
@@ -499,7 +731,8 @@ impl Connection {
             return;
         };
         let mask = req.events_to_observe.iter().fold(0, |m, e| m | e);
-        if mask & wire::EVENT_ALL_DATA_SOURCES_STARTED == 0 {
+        let known = wire::EVENT_ALL_DATA_SOURCES_STARTED | wire::EVENT_CLONE_TRIGGER_HIT;
+        if mask & known == 0 {
             self.writer.send(&wire::reply(
                 id,
                 &protos::ObserveEventsResponse::default(),
@@ -510,9 +743,14 @@ impl Connection {
         let Some(s) = &self.session else {
             // perfetto observes before EnableTracing: the watch starts
             // with the session.
-            self.observer = Some(id);
+            self.observer = Some((id, mask));
             return;
         };
+        if mask & wire::EVENT_ALL_DATA_SOURCES_STARTED == 0 {
+            // Clone trigger hits are told only to the consumer that
+            // observed before enabling.
+            return;
+        }
         spawn_started_watch(
             id,
             s.control.clone(),
@@ -565,11 +803,14 @@ impl Connection {
                 pid: Some(self.registry.service_pid as i32),
                 sdk_version: Some(format!("recorder {}", env!("CARGO_PKG_VERSION"))),
             }];
-            state.data_sources = BUILTIN_SOURCES
-                .iter()
+            // linux.ftrace is built in only where the broker prepares
+            // tracefs (a root service without --no-builtin-ftrace).
+            let ftrace = self.registry.ftrace().is_some().then_some("linux.ftrace");
+            state.data_sources = (BUILTIN_SOURCES.iter().copied())
+                .chain(ftrace)
                 .map(|name| protos::tracing_service_state::DataSource {
                     ds_descriptor: Some(protos::ProducerDataSourceDescriptor {
-                        name: Some((*name).into()),
+                        name: Some(name.into()),
                         ..Default::default()
                     }),
                     producer_id: Some(1),
@@ -611,6 +852,104 @@ impl Connection {
     }
 }
 
+/// A session and what its consumer holds of it: it moves from connection
+/// to connection with Detach and Attach.
+pub struct Owned {
+    running: Running,
+    /// Where the last ReadBuffers ended.
+    readback: Option<Readback>,
+    notice: Arc<EndNotice>,
+    /// The TraceConfig as the consumer sent it (Attach returns it).
+    config: Vec<u8>,
+}
+
+impl std::ops::Deref for Owned {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.running
+    }
+}
+
+impl Owned {
+    /// A clone-like session (ended, its data in `file`), for tests of what
+    /// holds sessions.
+    #[cfg(test)]
+    pub fn ended_for_test(id: u64, file: Option<std::fs::File>) -> Owned {
+        let mut running = Running::read_only(id, tempfile::tempfile().expect("tempfile"))
+            .expect("a read-only session");
+        running.file = file;
+        Owned {
+            running,
+            readback: None,
+            notice: Arc::new(EndNotice::default()),
+            config: b"config".to_vec(),
+        }
+    }
+
+    /// Whether the session ended with its data elsewhere (the client's
+    /// own file): nothing is left to read.
+    pub fn spent(&self) -> bool {
+        self.running.done.ended() && self.running.file.is_none()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.running.id
+    }
+}
+
+/// Who is told of the session's end (the held EnableTracing reply): the
+/// consumer that enabled it, nobody while it is detached, the consumer that
+/// attached and asked.
+#[derive(Default)]
+struct EndNotice {
+    inner: Mutex<NoticeState>,
+}
+
+#[derive(Default)]
+struct NoticeState {
+    to: Option<(Writer, u64)>,
+    /// The end's error (empty on success), once it ended.
+    ended: Option<String>,
+}
+
+impl EndNotice {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NoticeState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tells the end to request `id` on `writer`: now if it came.
+    fn tell(&self, writer: Writer, id: u64) {
+        let mut g = self.lock();
+        match &g.ended {
+            Some(e) => send_end(&writer, id, e),
+            None => g.to = Some((writer, id)),
+        }
+    }
+
+    fn forget(&self) {
+        self.lock().to = None;
+    }
+
+    fn ended(&self, error: &str) {
+        let mut g = self.lock();
+        g.ended = Some(error.to_string());
+        if let Some((w, id)) = g.to.take() {
+            send_end(&w, id, error);
+        }
+    }
+}
+
+fn send_end(writer: &Writer, id: u64, error: &str) {
+    writer.send(&wire::reply(
+        id,
+        &protos::EnableTracingResponse {
+            state: Some(protos::enable_tracing_response::State::Disabled(true)),
+            error: (!error.is_empty()).then(|| error.to_string()),
+        },
+        false,
+    ));
+}
+
 /// The data sources a served session records itself.
 pub const BUILTIN_SOURCES: [&str; 4] = [
     "for_testing",
@@ -618,6 +957,31 @@ pub const BUILTIN_SOURCES: [&str; 4] = [
     "linux.sys_stats",
     "linux.system_info",
 ];
+
+/// Has the session behind `control` write a copy of its buffers into a
+/// new in-memory file, returned for reading.
+fn copy_of(
+    control: &crate::control::server::InProcessControl,
+    uid: u32,
+    pid: u32,
+    clone_id: u64,
+) -> Result<std::fs::File, String> {
+    let memfd = rustix::fs::memfd_create(
+        format!("recorder-clone-{clone_id}"),
+        rustix::fs::MemfdFlags::CLOEXEC,
+    )
+    .map_err(|e| format!("in-memory trace file: {e}"))?;
+    let file = std::fs::File::from(
+        memfd
+            .try_clone()
+            .map_err(|e| format!("in-memory trace file: {e}"))?,
+    );
+    match control.ask_with(Request::Clone {}, Some(memfd), uid, pid, CLONE_DEADLINE) {
+        Some(Reply::Cloned { .. }) => Ok(file),
+        Some(Reply::Refused(why)) => Err(why),
+        other => Err(format!("the session did not clone in time ({other:?})")),
+    }
+}
 
 /// Sends "all data sources started" once the session records (or drops
 /// the watch when it ends first).
@@ -765,7 +1129,10 @@ mod tests {
                 .expect("capabilities");
         assert_eq!(
             caps.capabilities.map(|c| c.observable_events),
-            Some(vec![wire::EVENT_ALL_DATA_SOURCES_STARTED])
+            Some(vec![
+                wire::EVENT_ALL_DATA_SOURCES_STARTED,
+                wire::EVENT_CLONE_TRIGGER_HIT
+            ])
         );
         let (_, r) = c.invoke(Method::QueryServiceState as u32, Vec::new());
         let st =
@@ -792,6 +1159,65 @@ mod tests {
         let (rid, m) = c.recv();
         assert_eq!(rid, id);
         assert!(matches!(m, Some(Msg::MsgRequestError(_))));
+    }
+
+    #[test]
+    fn session_methods_without_a_session_fail_and_keys_are_not_found() {
+        let mut c = connect();
+        c.send(Msg::MsgBindService(BindService {
+            service_name: Some("ConsumerPort".into()),
+        }));
+        assert!(matches!(c.recv().1, Some(Msg::MsgBindServiceReply(_))));
+        for (m, args) in [
+            (
+                Method::Flush,
+                protos::FlushRequest::default().encode_to_vec(),
+            ),
+            (
+                Method::Detach,
+                protos::DetachRequest {
+                    key: Some("k".into()),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                Method::Attach,
+                protos::AttachRequest {
+                    key: Some("k".into()),
+                }
+                .encode_to_vec(),
+            ),
+        ] {
+            let (_, r) = c.invoke(m as u32, args);
+            assert_eq!(r.success, None, "{m:?}");
+        }
+        // A clone of a session that is not there says so.
+        let (_, r) = c.invoke(
+            Method::CloneSession as u32,
+            protos::CloneSessionRequest {
+                session_id: Some(42),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let resp =
+            protos::CloneSessionResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("CloneSessionResponse");
+        assert_eq!(resp.success, Some(false));
+        assert!(resp.error.is_some_and(|e| e.contains("42")));
+        // Bug reports: the precise refusal.
+        let (_, r) = c.invoke(
+            Method::CloneSession as u32,
+            protos::CloneSessionRequest {
+                for_bugreport: Some(true),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let resp =
+            protos::CloneSessionResponse::decode(r.reply_proto.unwrap_or_default().as_slice())
+                .expect("CloneSessionResponse");
+        assert!(resp.error.is_some_and(|e| e.contains("bug reports")));
     }
 
     #[test]

@@ -15,7 +15,12 @@
 //!
 //! Each EnableTracing is a session on the existing engine, with its own
 //! buffers and built-in sources; its write pass writes into an in-memory
-//! file, which ReadBuffers then returns in the file's packet order. Every
+//! file (at the end, or for a ReadBuffers while it runs), which ReadBuffers
+//! returns in the file's packet order, consuming what it returned. A
+//! session belongs to the connection that holds it: Detach hands it to the
+//! registry under its uid and a key, Attach to the next connection of that
+//! uid. CloneSession makes a session of its own from a copy of another's
+//! buffers (the flight recorder's snapshot writer, into memory). Every
 //! byte from a consumer is untrusted: frames are bounded by the IPC framing
 //! ([`crate::ipc::frame`]), and a uid holds at most
 //! [`MAX_CONNECTIONS_PER_UID`] connections, [`MAX_SESSIONS_PER_UID`]

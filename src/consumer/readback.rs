@@ -1,7 +1,11 @@
-//! ReadBuffers: a finished session's file, packet by packet in its order,
-//! cut into replies a client accepts (each under
-//! [`wire::MAX_READ_REPLY_BYTES`]); a packet larger than that is split into
-//! slices, the last one marked.
+//! ReadBuffers: a session's file, packet by packet in its order, cut into
+//! replies a client accepts (each under [`wire::MAX_READ_REPLY_BYTES`]); a
+//! packet larger than that is split into slices, the last one marked.
+//!
+//! What was returned is consumed, as traced's ReadBuffers consumes its
+//! buffers: a later read (of a running session, after a write pass added
+//! to the file) goes on where the last one ended, and the pages already
+//! returned are given back to the system.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -19,9 +23,13 @@ pub struct Readback {
     file: File,
     /// File offset of `buf[0]`.
     at: u64,
+    /// Bytes from the start of the file already given back.
+    released: u64,
     buf: Vec<u8>,
     pos: usize,
     eof: bool,
+    /// A record that does not parse: nothing after it is returned.
+    corrupt: bool,
     /// The rest of a packet being sliced: (offset in `buf`, end).
     partial: Option<(usize, usize)>,
 }
@@ -31,15 +39,23 @@ impl Readback {
         Self {
             file,
             at: 0,
+            released: 0,
             buf: Vec::new(),
             pos: 0,
             eof: false,
+            corrupt: false,
             partial: None,
         }
     }
 
-    /// The next reply; `None` once everything was returned. A torn or
-    /// corrupt record ends the readback where it starts.
+    /// Looks for data written since the end was last seen.
+    pub fn resume(&mut self) {
+        self.eof = false;
+    }
+
+    /// The next reply; `None` once everything written so far was returned.
+    /// A record still being written waits for the next call; a corrupt one
+    /// ends the readback where it starts.
     pub fn next_reply(&mut self) -> std::io::Result<Option<ReadBuffersResponse>> {
         let mut slices = Vec::new();
         let mut bytes = 0;
@@ -67,9 +83,11 @@ impl Readback {
                     let start = self.pos + f.header_len;
                     self.partial = Some((start, start + f.packet.len()));
                 }
+                _ if self.corrupt => break,
                 Step::NeedMore if !self.eof => self.refill()?,
-                Step::NeedMore | Step::Corrupt(_) => {
-                    self.eof = true;
+                Step::NeedMore => break,
+                Step::Corrupt(_) => {
+                    self.corrupt = true;
                     self.pos = self.buf.len();
                     break;
                 }
@@ -86,6 +104,7 @@ impl Readback {
         self.buf.drain(..self.pos);
         self.at += self.pos as u64;
         self.pos = 0;
+        self.release();
         let have = self.buf.len();
         self.buf.resize(have + WINDOW, 0);
         let n = self
@@ -97,7 +116,24 @@ impl Readback {
         }
         Ok(())
     }
+
+    /// Gives back the whole pages before the read position: a long session
+    /// read while it runs holds only what was not read yet. Files that
+    /// cannot punch holes keep their pages.
+    fn release(&mut self) {
+        let end = self.at & !(PAGE - 1);
+        if end > self.released {
+            use rustix::fs::{FallocateFlags, fallocate};
+            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            if fallocate(&self.file, flags, self.released, end - self.released).is_ok() {
+                self.released = end;
+            }
+        }
+    }
 }
+
+/// Hole punching works in whole pages.
+const PAGE: u64 = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -139,5 +175,43 @@ mod tests {
             replies.push(r);
         }
         assert_eq!(packets_of(&replies), packets);
+    }
+
+    #[test]
+    fn a_growing_file_is_read_on_from_where_the_last_read_ended_and_read_pages_are_freed() {
+        let memfd = rustix::fs::memfd_create("readback-test", rustix::fs::MemfdFlags::CLOEXEC)
+            .expect("memfd");
+        let mut w = File::from(memfd);
+        let r = w.try_clone().expect("clone");
+        let first: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 100_000]).collect();
+        for p in &first {
+            w.write_all(&framing::record(p)).expect("write");
+        }
+        // A record cut by the writer (not yet complete) waits.
+        let next = vec![99u8; 5000];
+        let rec = framing::record(&next);
+        w.write_all(&rec[..10]).expect("write");
+        let mut rb = Readback::new(r);
+        let mut replies = Vec::new();
+        while let Some(x) = rb.next_reply().expect("read") {
+            replies.push(x);
+        }
+        assert_eq!(packets_of(&replies), first);
+        assert!(rb.next_reply().expect("read").is_none());
+        w.write_all(&rec[10..]).expect("write");
+        rb.resume();
+        let mut more = Vec::new();
+        while let Some(x) = rb.next_reply().expect("read") {
+            more.push(x);
+        }
+        assert_eq!(packets_of(&more), vec![next]);
+        // What was read no longer takes memory.
+        let st = rustix::fs::fstat(&w).expect("stat");
+        assert!(
+            (st.st_blocks as u64) * 512 < 2 * WINDOW as u64,
+            "{} bytes still held of {}",
+            st.st_blocks * 512,
+            st.st_size
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::connection::Owned;
 use super::{
     MAX_BUFFER_BYTES, MAX_BUFFER_BYTES_PER_UID, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID,
     MAX_SESSIONS, MAX_SESSIONS_PER_UID,
@@ -19,6 +20,8 @@ pub enum SessionState {
     Configured,
     Started,
     Disabled,
+    /// A clone: a copy of another session's buffers, to be read.
+    ClonedReadOnly,
 }
 
 impl SessionState {
@@ -27,6 +30,7 @@ impl SessionState {
             SessionState::Configured => "CONFIGURED",
             SessionState::Started => "STARTED",
             SessionState::Disabled => "DISABLED",
+            SessionState::ClonedReadOnly => "CLONED_READ_ONLY",
         }
     }
 }
@@ -81,6 +85,30 @@ struct Inner {
     conns_of: HashMap<u32, usize>,
     /// Refusals per uid, for the log at the end.
     refused: BTreeMap<u32, u64>,
+    /// Sessions that outlive their consumer, by owner uid and key.
+    detached: HashMap<(u32, String), Owned>,
+}
+
+impl Inner {
+    fn release(&mut self, id: u64) {
+        self.sessions.remove(&id);
+    }
+
+    /// Forgets detached sessions that ended with nothing left to read
+    /// (their data went to their client's file), as traced frees a
+    /// detached session at its end; their quota is free again.
+    fn reap(&mut self) {
+        let spent: Vec<_> = self
+            .detached
+            .iter()
+            .filter(|(_, s)| s.spent())
+            .map(|(k, s)| (k.clone(), s.id()))
+            .collect();
+        for (k, id) in spent {
+            self.detached.remove(&k);
+            self.release(id);
+        }
+    }
 }
 
 /// Shared by every connection.
@@ -173,6 +201,7 @@ impl Registry {
         mut entry: SessionEntry,
     ) -> Result<(u64, Option<Arc<ProducerService>>), Refusal> {
         let mut g = self.lock();
+        g.reap();
         let r = Self::check(&g, &entry);
         let r = r.and_then(|()| match (&self.producers, entry.producers) {
             (_, false) => Ok(None),
@@ -227,6 +256,27 @@ impl Registry {
         Ok(())
     }
 
+    /// The session `caller` may clone: by id, else by unique name; its own
+    /// uid's, or any for root. Another uid's sessions are not found.
+    pub fn clone_source(
+        &self,
+        caller: u32,
+        id: Option<u64>,
+        name: Option<&str>,
+    ) -> Option<SessionEntry> {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| caller == 0 || s.uid == caller)
+            .filter(|s| s.state != SessionState::ClonedReadOnly)
+            .find(|s| match (id, name) {
+                (Some(id), _) if id != 0 => s.id == id,
+                (_, Some(n)) => s.unique_name.as_deref() == Some(n),
+                _ => false,
+            })
+            .cloned()
+    }
+
     /// The session's control, once its loop runs.
     pub fn attach_control(&self, id: u64, control: InProcessControl) {
         if let Some(s) = self.lock().sessions.get_mut(&id) {
@@ -242,7 +292,37 @@ impl Registry {
 
     /// Forgets session `id`: its quota is free.
     pub fn release(&self, id: u64) {
-        self.lock().sessions.remove(&id);
+        self.lock().release(id);
+    }
+
+    /// Keeps `session` for `uid` under `key`; gives it back when the uid
+    /// already has one under that key.
+    pub fn detach(&self, uid: u32, key: String, session: Owned) -> Result<(), Box<Owned>> {
+        let mut g = self.lock();
+        g.reap();
+        if g.detached.contains_key(&(uid, key.clone())) {
+            *g.refused.entry(uid).or_default() += 1;
+            return Err(Box::new(session));
+        }
+        g.detached.insert((uid, key), session);
+        Ok(())
+    }
+
+    /// The session `uid` detached under `key`, taken out of the registry's
+    /// keeping; another uid's keys are not looked at.
+    pub fn attach(&self, uid: u32, key: &str) -> Option<Owned> {
+        let mut g = self.lock();
+        g.reap();
+        g.detached.remove(&(uid, key.to_string()))
+    }
+
+    /// Sessions the service's stop waits for: each one a consumer holds
+    /// (until it read the data and let go), and each detached one until it
+    /// ended.
+    pub fn pending(&self) -> usize {
+        let g = self.lock();
+        let detached_ended = g.detached.values().filter(|s| s.done.ended()).count();
+        g.sessions.len().saturating_sub(detached_ended)
     }
 
     /// The sessions `caller` may see: its own, or all of them for root.
@@ -269,10 +349,6 @@ impl Registry {
         self.producers
             .as_ref()
             .map_or_else(Vec::new, |p| p.producers())
-    }
-
-    pub fn session_count(&self) -> usize {
-        self.lock().sessions.len()
     }
 
     /// Refusals so far, per uid.
@@ -357,5 +433,35 @@ mod tests {
         assert!(r.admit(8).is_ok());
         drop(slots);
         assert!(r.admit(7).is_ok());
+    }
+
+    #[test]
+    fn detached_sessions_are_kept_per_uid_and_key_and_spent_ones_freed() {
+        let r = Registry::new(None);
+        let (id, _) = r.reserve(entry(1000, 4096, None)).expect("reserve");
+        let memfd = tempfile::tempfile().expect("tempfile");
+        let held = super::super::connection::Owned::ended_for_test(id, Some(memfd));
+        assert!(r.detach(1000, "k".into(), held).is_ok());
+        // One per key and uid.
+        let (id2, _) = r.reserve(entry(1000, 4096, None)).expect("reserve");
+        let again = super::super::connection::Owned::ended_for_test(id2, None);
+        assert!(r.detach(1000, "k".into(), again).is_err());
+        // Another uid's key of the same name is not looked at.
+        assert!(r.attach(1001, "k").is_none());
+        assert!(r.attach(0, "k").is_none());
+        let back = r.attach(1000, "k").expect("its own");
+        assert_eq!(back.id(), id);
+        assert!(r.attach(1000, "k").is_none(), "taken once");
+        // A detached session whose data went to the client's file is freed
+        // (and its quota given back) once it ended.
+        let spent = super::super::connection::Owned::ended_for_test(id2, None);
+        assert!(spent.spent());
+        assert!(r.detach(1000, "w".into(), spent).is_ok());
+        assert_eq!(r.visible(1000).len(), 2);
+        r.reserve(entry(1002, 4096, None)).expect("reserve");
+        assert_eq!(r.visible(1000).len(), 1, "the spent one was freed");
+        assert!(r.attach(1000, "w").is_none());
+        // Data still to read keeps the session for its uid.
+        assert!(!back.spent());
     }
 }

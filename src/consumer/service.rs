@@ -80,7 +80,7 @@ impl ConsumerService {
             let _ = c.ask(Request::Stop {}, 0, 0, Duration::from_secs(1));
         }
         let deadline = Instant::now() + STOP_GRACE;
-        while self.registry.session_count() > 0 && Instant::now() < deadline {
+        while self.registry.pending() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         for (uid, n) in self.registry.refused() {

@@ -68,23 +68,43 @@ pub struct Running {
     /// The session's in-memory file, for ReadBuffers once it ended; none
     /// when it streams into the client's file.
     pub file: Option<File>,
+    /// How long the session waits for its sources' flush acks.
+    pub flush_timeout: Duration,
+}
+
+impl Running {
+    /// A session handed over already ended: a clone, another session's
+    /// buffers copied into `file`, read as a session of its own.
+    pub fn read_only(id: u64, file: File) -> Result<Self, StartError> {
+        // Nothing runs it: requests to its control find no loop.
+        let (_, control) =
+            ControlServer::in_process().map_err(|e| StartError::Build(app::chain(&e)))?;
+        let done = Arc::new(Done::default());
+        done.set(String::new());
+        Ok(Running {
+            id,
+            control,
+            done,
+            file: Some(file),
+            flush_timeout: Duration::ZERO,
+        })
+    }
 }
 
 /// What the client is told when the session ends: its error, empty on
 /// success.
 pub type OnEnd = Box<dyn FnOnce(&str) + Send>;
 
-/// Refuses what `recorder serve` does not serve yet, with what to do.
-fn check_supported(spec: &RecorderSpec) -> Result<(), StartError> {
-    if matches!(
-        spec.trigger.as_ref().map(|t| t.mode),
-        Some(crate::config::spec::TriggerMode::CloneSnapshot)
-    ) {
-        return Err(StartError::Unsupported(
-            "CLONE_SNAPSHOT sessions are not served yet by recorder serve (CloneSession is refused)".into(),
-        ));
-    }
-    Ok(())
+/// Told the session's id and the trigger's name when a CLONE_SNAPSHOT
+/// trigger asks for a snapshot: the consumer clones the session.
+pub type CloneHit = Box<dyn FnMut(u64, &str) + Send>;
+
+/// What the session tells its consumer.
+pub struct Told {
+    /// Its end, once.
+    pub end: OnEnd,
+    /// Each CLONE_SNAPSHOT hit, when the consumer observes them.
+    pub clone_hit: Option<CloneHit>,
 }
 
 /// Whether the session needs the producer socket: a data source no
@@ -101,16 +121,15 @@ fn needs_producers(spec: &RecorderSpec, builtin_ftrace: bool) -> bool {
 }
 
 /// Starts `spec` for consumer `uid`, into `output` (the client's file, for
-/// `write_into_file`) or else memory; `on_end` runs on the session's thread
+/// `write_into_file`) or else memory; `told.end` runs on the session's thread
 /// when it ended.
 pub fn start(
     spec: &RecorderSpec,
     uid: u32,
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
-    on_end: OnEnd,
+    told: Told,
 ) -> Result<Running, StartError> {
-    check_supported(spec)?;
     let entry = SessionEntry {
         id: 0,
         uid,
@@ -131,7 +150,7 @@ pub fn start(
         producers: needs_producers(spec, registry.ftrace().is_some()),
     };
     let (id, producers) = registry.reserve(entry)?;
-    match build_and_run(spec, uid, id, producers, registry, output, on_end) {
+    match build_and_run(spec, uid, id, producers, registry, output, told) {
         Ok(r) => Ok(r),
         Err(e) => {
             registry.release(id);
@@ -147,8 +166,12 @@ fn build_and_run(
     producers: Option<Arc<crate::ipc::host::ProducerService>>,
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
-    on_end: OnEnd,
+    told: Told,
 ) -> Result<Running, String> {
+    let Told {
+        end: on_end,
+        clone_hit: on_clone_hit,
+    } = told;
     let name = format!("recorder-session-{id}");
     let (fd, file) = match output {
         Some(fd) => (fd, None),
@@ -188,6 +211,13 @@ fn build_and_run(
     let mut rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
     // Prepared now (tracefs through the broker), armed when it starts.
     app::begin(&mut rec, None).map_err(|e| app::chain(&e))?;
+    rec.on_snapshot = on_clone_hit.map(|mut hit| {
+        Box::new(
+            move |_: u32, t: Option<&crate::trace::service::TriggerRecord>| {
+                hit(id, t.map_or("", |t| t.name.as_str()))
+            },
+        ) as crate::event_loop::SnapshotHook
+    });
     registry.attach_control(id, handle.clone());
     let waiting = spec.deferred_start
         || matches!(
@@ -228,5 +258,6 @@ fn build_and_run(
         control: handle,
         done,
         file,
+        flush_timeout: spec.flush_timeout,
     })
 }

@@ -60,6 +60,7 @@ impl Method {
 
 /// `ObservableEvents.Type` flags.
 pub const EVENT_ALL_DATA_SOURCES_STARTED: i32 = 2;
+pub const EVENT_CLONE_TRIGGER_HIT: i32 = 4;
 
 /// Bytes of reply payload (slices) per ReadBuffers frame: the frame, its
 /// header and the reply's own fields must stay under the 128 KiB a client

@@ -49,6 +49,16 @@ pub enum Request {
     Stop {},
     /// Start a `deferred_start` session.
     Start {},
+    /// Flush every source; answered once the flush ended (a consumer's
+    /// Flush).
+    Flush {},
+    /// Write what the buffers hold to the output now, consuming it (a
+    /// consumer's ReadBuffers on a running session).
+    Drain {},
+    /// Write a copy of the buffers (after a flush) into the descriptor
+    /// that came with the request, leaving them as they are (a consumer's
+    /// CloneSession). Only in-process: a socket cannot pass the descriptor.
+    Clone {},
 }
 
 /// Why a request was refused.
@@ -104,7 +114,12 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
                 return Err(Refusal::BadName(bad.clone()));
             }
         }
-        Request::Query {} | Request::Stop {} | Request::Start {} => {}
+        Request::Query {}
+        | Request::Stop {}
+        | Request::Start {}
+        | Request::Flush {}
+        | Request::Drain {} => {}
+        Request::Clone {} => return Err(Refusal::NotAllowedHere),
     }
     if req.owner_only() && endpoint == Endpoint::Trigger {
         return Err(Refusal::NotAllowedHere);
@@ -118,7 +133,12 @@ impl Request {
     pub fn owner_only(&self) -> bool {
         match self {
             Request::Trigger { .. } => false,
-            Request::Query {} | Request::Stop {} | Request::Start {} => true,
+            Request::Query {}
+            | Request::Stop {}
+            | Request::Start {}
+            | Request::Flush {}
+            | Request::Drain {}
+            | Request::Clone {} => true,
         }
     }
 }
@@ -260,6 +280,16 @@ pub enum Reply {
     Stopping,
     /// A `deferred_start` session started.
     Started,
+    /// A flush ended: `complete` when every source acknowledged it in time.
+    Flushed {
+        complete: bool,
+    },
+    /// The buffers' data is in the output.
+    Drained,
+    /// A copy of the buffers was written: `bytes` of trace.
+    Cloned {
+        bytes: u64,
+    },
     Refused(String),
     /// The session is busy: the request waits in its queue and will be
     /// acted on, but no answer came in time.
@@ -353,7 +383,11 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
             }
         }
         Reply::Refused(msg) | Reply::Queued(msg) => check_text("refusal", msg)?,
-        Reply::Stopping | Reply::Started => {}
+        Reply::Stopping
+        | Reply::Started
+        | Reply::Flushed { .. }
+        | Reply::Drained
+        | Reply::Cloned { .. } => {}
     }
     Ok(())
 }

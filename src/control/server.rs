@@ -67,6 +67,8 @@ pub struct Incoming {
     pub request: Request,
     pub peer_uid: u32,
     pub peer_pid: u32,
+    /// A descriptor that came with the request (in-process only).
+    pub attachment: Option<OwnedFd>,
     reply: ReplyTo,
 }
 
@@ -126,11 +128,25 @@ impl InProcessControl {
     /// Queues `request` for the loop and waits up to `deadline` for its
     /// answer; `None` when the loop did not answer (it ended, or is busy).
     pub fn ask(&self, request: Request, uid: u32, pid: u32, deadline: Duration) -> Option<Reply> {
+        self.ask_with(request, None, uid, pid, deadline)
+    }
+
+    /// As [`ask`](Self::ask), with a descriptor for the loop (the output
+    /// of a clone).
+    pub fn ask_with(
+        &self,
+        request: Request,
+        attachment: Option<OwnedFd>,
+        uid: u32,
+        pid: u32,
+        deadline: Duration,
+    ) -> Option<Reply> {
         let (tx, rx) = channel();
         let incoming = Incoming {
             request,
             peer_uid: uid,
             peer_pid: pid,
+            attachment,
             reply: ReplyTo {
                 id: 0,
                 tx,
@@ -652,6 +668,7 @@ impl Worker {
             request,
             peer_uid: uid,
             peer_pid: pid,
+            attachment: None,
             reply: ReplyTo {
                 id,
                 tx: self.reply_tx.clone(),

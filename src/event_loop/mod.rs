@@ -89,7 +89,14 @@ pub struct Recording {
     pub snapshot_dir: Option<(OutputDir, String)>,
     /// Whose quota figures the trace and the summary show.
     pub quota_view: QuotaView,
+    /// Where a snapshot goes instead of a file: told to the session's
+    /// consumer, which clones it (a CLONE_SNAPSHOT session of `recorder
+    /// serve`).
+    pub on_snapshot: Option<SnapshotHook>,
 }
+
+/// Told the snapshot's number and the trigger that asked for it.
+pub type SnapshotHook = Box<dyn FnMut(u32, Option<&TriggerRecord>) + Send>;
 
 /// Runs the session to its end. `signals` were installed before the
 /// session was set up (a signal that came meanwhile stops it at once);
@@ -251,6 +258,9 @@ impl Loop {
                 }
                 Request::Stop {} => Event::StopRequest(id),
                 Request::Start {} => Event::StartRequest(id),
+                Request::Flush {} => Event::FlushRequest(id),
+                Request::Drain {} => Event::DrainRequest(id),
+                Request::Clone {} => Event::CloneRequest(id),
                 Request::Trigger { names, producer } => Event::Triggers(TriggerArrival {
                     request: Some(id),
                     producer: producer.clone(),
@@ -368,13 +378,14 @@ impl Loop {
                     p.scrape();
                 }
             }
-            Action::PrepareSnapshot { n: _, clear } => {
+            Action::PrepareSnapshot { n: _, clear } | Action::PrepareClone { clear } => {
                 self.rec.log.event(ServiceEvent::CloneStarted);
                 for b in clear.iter().filter_map(|&i| self.rec.buffers.get(i)) {
                     b.buffer.clear();
                 }
             }
             Action::Snapshot { n, takes } => self.snapshot(n, &takes),
+            Action::CloneInto { id, takes } => self.clone_into(id, &takes),
             Action::Service(ev) => self.rec.log.event(ev),
             Action::AnnounceStop => {
                 if let Some(c) = &self.rec.control {
@@ -462,6 +473,9 @@ impl Loop {
             Answer::Stopping => Reply::Stopping,
             Answer::Started(Ok(())) => Reply::Started,
             Answer::Started(Err(r)) => Reply::Refused(format!("not started: {}", r.as_str())),
+            Answer::Flushed(complete) => Reply::Flushed { complete },
+            Answer::Drained => Reply::Drained,
+            Answer::NotCloned(r) => Reply::Refused(r.as_str().into()),
         };
         inc.answer(reply);
     }
@@ -665,6 +679,12 @@ impl Loop {
     }
 
     fn snapshot(&mut self, n: u32, takes: &[Take]) {
+        if let Some(hook) = &mut self.rec.on_snapshot {
+            let trigger = self.snapshot_triggers.get(&n).cloned();
+            log::info!("snapshot {n}: told to the consumer, which clones the session");
+            hook(n, trigger.as_ref());
+            return;
+        }
         let Some(base) = self.rec.snapshot_base.clone() else {
             self.warn("a snapshot was triggered but the output is not a file: skipped".into());
             return;
@@ -686,7 +706,53 @@ impl Loop {
             }
         };
         let trigger = self.snapshot_triggers.get(&n).cloned();
-        let head = self.rec.log.snapshot_head(trigger.as_ref());
+        match self.write_copy(sink.as_mut(), trigger.as_ref(), takes) {
+            Ok(rep) => {
+                log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
+                self.snapshots.push(path);
+            }
+            Err(e) => self.warn(format!("snapshot {}: {e}", path.display())),
+        }
+    }
+
+    /// A consumer's clone: a copy of the buffers into the descriptor that
+    /// came with the request; the buffers stay as they are.
+    fn clone_into(&mut self, req: RequestId, takes: &[Take]) {
+        let Some(mut inc) = self.pending.remove(&req) else {
+            return;
+        };
+        let Some(fd) = inc.attachment.take() else {
+            inc.answer(Reply::Refused("no output for the clone".into()));
+            return;
+        };
+        let mut sink = match crate::storage::sink_for_fd(fd, crate::storage::IoChoice::Auto) {
+            Ok(s) => s,
+            Err(e) => {
+                inc.answer(Reply::Refused(format!("clone: {e}")));
+                return;
+            }
+        };
+        // The latest snapshot trigger is the one the consumer clones for.
+        let trigger = self.snapshot_triggers.values().next_back().cloned();
+        match self.write_copy(sink.as_mut(), trigger.as_ref(), takes) {
+            Ok(rep) => {
+                log::info!("clone written: {} bytes", rep.bytes);
+                inc.answer(Reply::Cloned { bytes: rep.bytes });
+            }
+            Err(e) => inc.answer(Reply::Refused(format!("clone: {e}"))),
+        }
+    }
+
+    /// Writes a copy of every buffer, each taken as `takes` says, as a whole
+    /// trace: the snapshot head, the buffers, the clone's events and
+    /// trace_stats.
+    fn write_copy(
+        &mut self,
+        sink: &mut dyn crate::storage::FileSink,
+        trigger: Option<&TriggerRecord>,
+        takes: &[Take],
+    ) -> Result<PassReport, crate::storage::write_pass::PassError> {
+        let head = self.rec.log.snapshot_head(trigger);
         let plan: Vec<(Arc<Buffer>, Take)> = (self.rec.buffers.iter())
             .zip(takes)
             .map(|(b, &take)| (b.buffer.clone(), take))
@@ -725,13 +791,7 @@ impl Loop {
             count_packets: false,
             last: true,
         };
-        match write_pass_staged(sink.as_mut(), &head, &plan, tail, None, true, stage) {
-            Ok(rep) => {
-                log::info!("snapshot {} written: {} bytes", path.display(), rep.bytes);
-                self.snapshots.push(path);
-            }
-            Err(e) => self.warn(format!("snapshot {}: {e}", path.display())),
-        }
+        write_pass_staged(sink, &head, &plan, tail, None, true, stage)
     }
 
     /// The session's state for people.

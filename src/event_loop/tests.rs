@@ -212,6 +212,7 @@ impl Fixture {
             history: None,
             producers: None,
             quota_view: crate::ipc::host::QuotaView::All,
+            on_snapshot: None,
             config_label: "test".into(),
             status_line: false,
             snapshot_dir: None,

@@ -80,6 +80,13 @@ pub enum Event {
     StartRequest(RequestId),
     /// `recorder stop`.
     StopRequest(RequestId),
+    /// A consumer's Flush: answered when the flush ends.
+    FlushRequest(RequestId),
+    /// A consumer's ReadBuffers on a running session: a write pass now,
+    /// answered once written.
+    DrainRequest(RequestId),
+    /// A consumer's CloneSession: a flush, then a copy of the buffers.
+    CloneRequest(RequestId),
     /// The flush `id` finished; `complete` when every source acknowledged.
     SourcesFlushed {
         id: FlushId,
@@ -219,6 +226,32 @@ pub enum Answer {
     Triggers(Vec<(String, Result<(), TriggerRefusal>)>),
     Stopping,
     Started(Result<(), StartRefusal>),
+    /// The flush ended; `true` when every source acknowledged it in time.
+    Flushed(bool),
+    /// What the buffers held is in the output.
+    Drained,
+    /// No clone, and why.
+    NotCloned(CloneRefusal),
+}
+
+/// Why a consumer's clone was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloneRefusal {
+    /// Not recording (yet, or any more).
+    NotRecording,
+    /// A `write_into_file` session's data is in its file, not its buffers.
+    WritesIntoFile,
+}
+
+impl CloneRefusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneRefusal::NotRecording => "the session is not recording",
+            CloneRefusal::WritesIntoFile => {
+                "a write_into_file session's data is in its file: read the file"
+            }
+        }
+    }
 }
 
 /// Why the session stopped.
@@ -338,6 +371,12 @@ pub enum Action {
         n: u32,
         takes: Vec<Take>,
     },
+    /// A consumer's clone begins (its flush follows): note `clone_started`
+    /// and clear the buffers listed in `clear`, as for a snapshot.
+    PrepareClone { clear: Vec<usize> },
+    /// Write a copy of every buffer into the output that came with request
+    /// `id`, taking each as `takes` says, and answer it.
+    CloneInto { id: RequestId, takes: Vec<Take> },
     /// Note a lifecycle event in the trace.
     Service(ServiceEvent),
     /// The stop sequence begins: tell whoever asks (a further `recorder

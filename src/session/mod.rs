@@ -35,8 +35,9 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
-    SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName, TriggerRefusal,
+    AcceptedTrigger, Action, Answer, CloneRefusal, Event, FlushId, Pass, RequestId, SegmentFill,
+    SourceFailure, SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName,
+    TriggerRefusal,
 };
 pub use timeline::{
     CloneRule, FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline,
@@ -71,6 +72,10 @@ enum FlushPurpose {
     BeforePass,
     Snapshot(u32),
     Stop,
+    /// A consumer's Flush, answered when it ends.
+    Request(RequestId),
+    /// A consumer's clone, written when the flush ends.
+    Clone(RequestId),
 }
 
 /// Where the stop sequence is.
@@ -105,6 +110,8 @@ pub struct Session {
     flushes: BTreeMap<FlushId, FlushPurpose>,
     next_flush: u64,
     flush_counts: FlushCounts,
+    /// Drain requests waiting for their write pass.
+    drains: Vec<RequestId>,
 }
 
 /// The flushes asked of the data sources so far, as `trace_stats` reports
@@ -137,6 +144,7 @@ impl Session {
             flushes: BTreeMap::new(),
             next_flush: 0,
             flush_counts: FlushCounts::default(),
+            drains: Vec::new(),
         }
     }
 
@@ -223,6 +231,43 @@ impl Session {
                 out.extend(self.stop(StopReason::StopRequested, false, now));
                 out
             }
+            Event::FlushRequest(req) => {
+                if self.state == State::Recording {
+                    self.flush(FlushPurpose::Request(req), now)
+                } else {
+                    // Nothing records: there is nothing to flush.
+                    vec![Action::Reply(req, Answer::Flushed(false))]
+                }
+            }
+            Event::CloneRequest(req) => {
+                if self.state != State::Recording {
+                    vec![Action::Reply(
+                        req,
+                        Answer::NotCloned(CloneRefusal::NotRecording),
+                    )]
+                } else if self.timeline.write_period.is_some() {
+                    vec![Action::Reply(
+                        req,
+                        Answer::NotCloned(CloneRefusal::WritesIntoFile),
+                    )]
+                } else {
+                    let mut out = vec![Action::PrepareClone {
+                        clear: self.clone_clears(),
+                    }];
+                    out.extend(self.flush(FlushPurpose::Clone(req), now));
+                    out
+                }
+            }
+            Event::DrainRequest(req) => {
+                if self.state == State::Recording && !self.waiting_for_trigger() {
+                    self.drains.push(req);
+                    vec![self.periodic_pass()]
+                } else {
+                    // Nothing may be written yet, or the final pass writes
+                    // the rest.
+                    vec![Action::Reply(req, Answer::Drained)]
+                }
+            }
             Event::SourcesFlushed { id, complete } => {
                 let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
                 out.extend(self.flushed(id, complete, now));
@@ -249,12 +294,16 @@ impl Session {
             Event::PassWritten {
                 cap_reached,
                 segment,
-            } => match self.phase {
-                Some(StopPhase::FinalPass) => self.finish(),
-                None if cap_reached => self.stop(StopReason::SizeCap, true, now),
-                None => self.rotate_if_due(segment),
-                _ => Vec::new(),
-            },
+            } => {
+                let mut out = self.answer_drains();
+                out.extend(match self.phase {
+                    Some(StopPhase::FinalPass) => self.finish(),
+                    None if cap_reached => self.stop(StopReason::SizeCap, true, now),
+                    None => self.rotate_if_due(segment),
+                    _ => Vec::new(),
+                });
+                out
+            }
             Event::OutputFailed(e) => match self.phase {
                 Some(StopPhase::FinalPass) => {
                     self.stop_reason = Some(StopReason::OutputFailed(e));
@@ -452,6 +501,16 @@ impl Session {
         }
         match purpose {
             FlushPurpose::Periodic => {}
+            FlushPurpose::Request(req) => out.push(Action::Reply(req, Answer::Flushed(complete))),
+            // A clone holds what the flush brought, acked or not (as traced).
+            FlushPurpose::Clone(req) => out.push(if self.state == State::Recording {
+                Action::CloneInto {
+                    id: req,
+                    takes: self.clone_takes(),
+                }
+            } else {
+                Action::Reply(req, Answer::NotCloned(CloneRefusal::NotRecording))
+            }),
             FlushPurpose::BeforePass => {
                 if self.state == State::Recording && !self.waiting_for_trigger() {
                     out.push(self.periodic_pass());
@@ -648,11 +707,20 @@ impl Session {
         let mut out = vec![Action::AnnounceStop];
         let cut_short = std::mem::take(&mut self.flushes);
         self.flush_counts.failed += cut_short.len() as u64;
-        out.extend(
-            cut_short
-                .into_keys()
-                .map(|id| Action::CancelTimer(Timer::FlushDeadline(id))),
-        );
+        for (id, purpose) in cut_short {
+            out.push(Action::CancelTimer(Timer::FlushDeadline(id)));
+            // A consumer waiting for its flush hears that it was cut short.
+            match purpose {
+                FlushPurpose::Request(req) => {
+                    out.push(Action::Reply(req, Answer::Flushed(false)));
+                }
+                FlushPurpose::Clone(req) => out.push(Action::Reply(
+                    req,
+                    Answer::NotCloned(CloneRefusal::NotRecording),
+                )),
+                _ => {}
+            }
+        }
         // Sources that never started have nothing to flush.
         if skip_flush || !self.started {
             out.extend(self.stop_sources(now));
@@ -712,6 +780,16 @@ impl Session {
             .clone()
             .unwrap_or(StopReason::StopRequested);
         let failed = matches!(reason, StopReason::OutputFailed(_));
-        vec![Action::CloseOutput { failed }, Action::Exit(reason)]
+        let mut out = self.answer_drains();
+        out.extend([Action::CloseOutput { failed }, Action::Exit(reason)]);
+        out
+    }
+
+    /// Drain requests are answered by the next pass (or the end).
+    fn answer_drains(&mut self) -> Vec<Action> {
+        self.drains
+            .drain(..)
+            .map(|req| Action::Reply(req, Answer::Drained))
+            .collect()
     }
 }

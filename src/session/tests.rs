@@ -1017,3 +1017,97 @@ fn only_the_stops_flush_is_marked_for_the_producers() {
             .any(|a| matches!(a, Action::FlushSources { for_stop: true, .. }))
     );
 }
+
+#[test]
+fn a_consumers_flush_is_answered_when_it_ends_or_is_cut_short() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::FlushRequest(RequestId(3)), ms(100));
+    let id = flush_id(&a).expect("a flush");
+    assert!(!a.iter().any(|a| matches!(a, Action::Reply(..))), "not yet");
+    let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(150));
+    assert!(a.contains(&Action::Reply(RequestId(3), Answer::Flushed(true))));
+    assert_eq!(s.flush_counts().succeeded, 1);
+    // One cut short by the stop is answered at once, as failed.
+    let a = s.on_event(Event::FlushRequest(RequestId(4)), ms(200));
+    let id = flush_id(&a).expect("a flush");
+    let a = s.on_event(Event::StopRequest(RequestId(5)), ms(210));
+    assert!(a.contains(&Action::CancelTimer(Timer::FlushDeadline(id))));
+    assert!(a.contains(&Action::Reply(RequestId(4), Answer::Flushed(false))));
+    // Once stopping there is nothing to flush.
+    let a = s.on_event(Event::FlushRequest(RequestId(6)), ms(220));
+    assert_eq!(a, vec![Action::Reply(RequestId(6), Answer::Flushed(false))]);
+}
+
+#[test]
+fn a_drain_writes_a_pass_and_is_answered_by_it() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::DrainRequest(RequestId(1)), ms(100));
+    assert_eq!(
+        a,
+        vec![Action::WritePass {
+            pass: Pass::Periodic,
+            sync: false,
+        }]
+    );
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: false,
+            segment: None,
+        },
+        ms(120),
+    );
+    assert_eq!(a, vec![Action::Reply(RequestId(1), Answer::Drained)]);
+    // One whose pass the stop overtook is answered at the end.
+    s.on_event(Event::DrainRequest(RequestId(2)), ms(200));
+    let a = s.on_event(Event::StopRequest(RequestId(3)), ms(201));
+    let all = finish_stop(&mut s, a, 201);
+    assert!(all.contains(&Action::Reply(RequestId(2), Answer::Drained)));
+    // A session that may not write yet answers at once, writing nothing.
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.deferred_start = true;
+    let mut s = begun(t);
+    assert_eq!(
+        s.on_event(Event::DrainRequest(RequestId(9)), ms(10)),
+        vec![Action::Reply(RequestId(9), Answer::Drained)]
+    );
+}
+
+#[test]
+fn a_consumers_clone_flushes_then_copies_and_is_refused_when_it_cannot() {
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    let a = s.on_event(Event::CloneRequest(RequestId(1)), ms(100));
+    assert!(matches!(&a[0], Action::PrepareClone { clear } if clear.is_empty()));
+    let id = flush_id(&a).expect("a flush first");
+    // Acked or timed out, the copy follows.
+    let a = s.on_event(
+        Event::SourcesFlushed {
+            id,
+            complete: false,
+        },
+        ms(150),
+    );
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::CloneInto { id: RequestId(1), takes }
+            if takes.iter().all(|t| *t == Take::Snapshot)
+    )));
+    // A write_into_file session's data is in its file.
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(1000));
+    let mut s = begun(t);
+    assert_eq!(
+        s.on_event(Event::CloneRequest(RequestId(2)), ms(10)),
+        vec![Action::Reply(
+            RequestId(2),
+            Answer::NotCloned(CloneRefusal::WritesIntoFile)
+        )]
+    );
+    // A clone whose flush the stop overtakes is refused.
+    let mut s = begun(timeline(TriggerMode::None, vec![]));
+    s.on_event(Event::CloneRequest(RequestId(3)), ms(10));
+    let a = s.on_event(Event::StopRequest(RequestId(4)), ms(20));
+    assert!(a.contains(&Action::Reply(
+        RequestId(3),
+        Answer::NotCloned(CloneRefusal::NotRecording)
+    )));
+}
