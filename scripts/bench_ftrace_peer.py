@@ -8,7 +8,7 @@ are interleaved: every round runs each tracer once, in a rotated order.
 
   cargo build --release && sudo python3 scripts/bench_ftrace_peer.py \\
       [--secs 8] [--rounds 3] [--zstd 1] [--modes mmap,read] [--dir /var/tmp]
-      [--load switch:2] [--variants compact,plain] [--serve]
+      [--load switch:2] [--variants compact,plain] [--serve] [--serve-probes]
 
   RECORDER_TRACEBOX   tracebox binary (default ../shared/tools/tracebox
                       beside the repository, else `tracebox` on PATH)
@@ -22,9 +22,11 @@ client), the load's throughput against the untraced baseline, output bytes
 per event. `--modes` adds one recorder row per RECORDER_FTRACE_READ mode;
 `--zstd LEVEL` adds zstd rows on both sides (recorder --compress=LEVEL,
 Perfetto `compression { zstd { level } }`). `--serve` adds a row per variant
-where the same `perfetto` client and `traced_probes` talk to `recorder serve`
-in place of `traced`: the service side by side, ftrace still read by
-traced_probes.
+where the same `perfetto` client talks to a root `recorder serve` in place
+of `traced` + `traced_probes`: serve records linux.ftrace with its built-in
+source (CPU: serve and its broker, plus the client). `--serve-probes` adds
+one with `recorder serve --no-builtin-ftrace` and `traced_probes` reading
+ftrace as its producer.
 
 Ends with the ratios recorder ÷ Perfetto (medians over the rounds): CPU per
 event, the load's throughput, bytes per event, and the kernel loss of each.
@@ -148,8 +150,27 @@ def run_recorder(d, secs, compact, mode, zstd=None):
 def service_cmd(service):
     """The tracing service's command line: Perfetto's `traced`, or
     `recorder serve` in its place (both take the sockets from the
-    environment)."""
-    return [tracebox(), "traced"] if service == "traced" else [bf.BIN, "serve"]
+    environment): "serve" records linux.ftrace with its built-in source
+    (its root broker prepares the tracefs instance), "serve-probes" leaves
+    it to traced_probes."""
+    if service == "traced":
+        return [tracebox(), "traced"]
+    return [bf.BIN, "serve"] + (["--no-builtin-ftrace"] if service == "serve-probes" else [])
+
+
+def ftrace_started(service):
+    """Whether the session's sched_switch is recording: traced_probes uses
+    the top-level tracefs, the built-in source an instance of its own."""
+    if service != "serve":
+        return (bf.read(f"{bf.TRACEFS}/events/sched/sched_switch/enable") == "1"
+                and bf.read(f"{bf.TRACEFS}/tracing_on") == "1")
+    base = f"{bf.TRACEFS}/instances"
+    for name in os.listdir(base):
+        inst = os.path.join(base, name)
+        if name.startswith("recorder-") and bf.read(f"{inst}/events/sched/sched_switch/enable") == "1" \
+                and bf.read(f"{inst}/tracing_on") == "1":
+            return True
+    return False
 
 
 def run_perfetto(d, secs, compact, zstd=None, service="traced"):
@@ -162,8 +183,9 @@ def run_perfetto(d, secs, compact, zstd=None, service="traced"):
     tb = tracebox()
     logs = open(os.path.join(run, "daemons.log"), "w")
     traced = subprocess.Popen(service_cmd(service), env=env, stdout=logs, stderr=logs)
-    probes = subprocess.Popen([tb, "traced_probes"], env=env, stdout=logs, stderr=logs)
-    procs = [traced, probes]
+    procs = [traced]
+    if service != "serve":
+        procs.append(subprocess.Popen([tb, "traced_probes"], env=env, stdout=logs, stderr=logs))
     try:
         bf.wait_for(lambda: os.path.exists(os.path.join(run, "producer.sock"))
                     and os.path.exists(os.path.join(run, "consumer.sock")), "traced")
@@ -176,8 +198,7 @@ def run_perfetto(d, secs, compact, zstd=None, service="traced"):
         client = subprocess.Popen([tb, "perfetto", "--txt", "-c", cfg, "-o", out], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(client)
-        bf.wait_for(lambda: bf.read(f"{bf.TRACEFS}/events/sched/sched_switch/enable") == "1"
-                    and bf.read(f"{bf.TRACEFS}/tracing_on") == "1", "traced_probes to start ftrace")
+        bf.wait_for(lambda: ftrace_started(service), f"{service} to start ftrace")
         time.sleep(0.5)
         pids = [p.pid for p in procs]
         c0 = cpu_of(pids)
@@ -224,7 +245,10 @@ def main():
     ap.add_argument("--load", default="switch:2", help="stress-ng stressor:instances (switch:4, fork:2)")
     ap.add_argument("--variants", default="compact,plain", help="compact_sched on, off, or both")
     ap.add_argument("--serve", action="store_true",
-                    help="a row with `recorder serve` in place of traced (traced_probes reads ftrace)")
+                    help="a row with `recorder serve` in place of traced, reading ftrace itself (as root)")
+    ap.add_argument("--serve-probes", action="store_true",
+                    help="a row with `recorder serve --no-builtin-ftrace` in place of traced, "
+                         "traced_probes reading ftrace")
     args = ap.parse_args()
     name, n = args.load.split(":")
     bf.LOAD = (name, int(n))
@@ -245,6 +269,9 @@ def main():
             if args.serve:
                 rows.append((f"perfetto → recorder serve, {tag}",
                              lambda c=compact: run_perfetto(d, args.secs, c, service="serve")))
+            if args.serve_probes:
+                rows.append((f"perfetto → recorder serve + traced_probes, {tag}",
+                             lambda c=compact: run_perfetto(d, args.secs, c, service="serve-probes")))
         if args.zstd:
             rows.append((f"recorder {zmode}, compact, zstd {args.zstd}",
                          lambda: run_recorder(d, args.secs, True, zmode, args.zstd)))
@@ -284,6 +311,8 @@ def main():
             pairs.append((f"recorder {m}, {tag}", f"perfetto, {tag}"))
         if args.serve:
             pairs.append((f"perfetto → recorder serve, {tag}", f"perfetto, {tag}"))
+        if args.serve_probes:
+            pairs.append((f"perfetto → recorder serve + traced_probes, {tag}", f"perfetto, {tag}"))
     if args.zstd:
         pairs.append((f"recorder {zmode}, compact, zstd {args.zstd}", f"perfetto, compact, zstd {args.zstd}"))
     for a, b in pairs:
