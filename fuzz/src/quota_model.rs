@@ -36,9 +36,9 @@ use recorder::ipc::quota::{
     MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES_PER_UID, Quotas,
 };
 use recorder::ipc::stats::ProducerStats;
-use recorder::ringbuf::Buffer;
 use recorder::protos::ipc_frame::{BindService, InvokeMethod, Msg};
 use recorder::protos::{self as pb, IpcFrame};
+use recorder::ringbuf::Buffer;
 
 /// Uids the model draws from (few, so that caps are reached).
 const UIDS: u32 = 4;
@@ -278,7 +278,11 @@ pub fn check(data: &[u8]) {
                 let l = &mut live[index % n];
                 let m = model.entry(l.uid).or_default();
                 let room = l.holds.room();
-                assert_eq!(room, MAX_HELD_BYTES_PER_UID - m.held_bytes, "Q5: uid's room");
+                assert_eq!(
+                    room,
+                    MAX_HELD_BYTES_PER_UID - m.held_bytes,
+                    "Q5: uid's room"
+                );
                 if give {
                     let back = bytes.min(l.held.0);
                     l.holds.settle(room, room + back);
@@ -301,7 +305,12 @@ pub fn check(data: &[u8]) {
                 let m = model.entry(l.uid).or_default();
                 for _ in 0..count {
                     let expect = m.sequences < MAX_SEQUENCES_PER_UID;
-                    assert_eq!(l.holds.take_sequence(), expect, "Q5: sequence of uid {}", l.uid);
+                    assert_eq!(
+                        l.holds.take_sequence(),
+                        expect,
+                        "Q5: sequence of uid {}",
+                        l.uid
+                    );
                     if expect {
                         m.sequences += 1;
                         l.held.1 += 1;

@@ -373,10 +373,15 @@ pub enum Action {
     },
     /// A consumer's clone begins (its flush follows): note `clone_started`
     /// and clear the buffers listed in `clear`, as for a snapshot.
-    PrepareClone { clear: Vec<usize> },
+    PrepareClone {
+        clear: Vec<usize>,
+    },
     /// Write a copy of every buffer into the output that came with request
     /// `id`, taking each as `takes` says, and answer it.
-    CloneInto { id: RequestId, takes: Vec<Take> },
+    CloneInto {
+        id: RequestId,
+        takes: Vec<Take>,
+    },
     /// Note a lifecycle event in the trace.
     Service(ServiceEvent),
     /// The stop sequence begins: tell whoever asks (a further `recorder

@@ -207,6 +207,16 @@ fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
     }
     let serve = Serve::start();
     let broker = serve.broker();
+    // The service lists linux.ftrace among its own data sources.
+    let q = Command::new(tracebox().expect("tracebox"))
+        .args(["perfetto", "--query"])
+        .env("PERFETTO_CONSUMER_SOCK_NAME", serve.path("consumer.sock"))
+        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("perfetto --query");
+    let listing = String::from_utf8_lossy(&q.stdout);
+    assert!(listing.contains("linux.ftrace"), "--query: {listing}");
     let (client, out) = serve.record(None, "sched", SCHED);
     let o = wait_within(client, Duration::from_secs(60));
     assert!(
