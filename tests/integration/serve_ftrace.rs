@@ -297,3 +297,197 @@ fn one_uids_clients_cannot_make_the_broker_hold_more_than_its_limit_and_sigkill_
         let _ = c.wait();
     }
 }
+
+/// One config for both services: ftrace with compact_sched, process and
+/// system stats, system info, in two buffers.
+const EQUIVALENT: &str = r#"
+buffers { size_kb: 16384 }
+buffers { size_kb: 2048 }
+duration_ms: 3000
+data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
+  ftrace_events: "sched/sched_switch"
+  ftrace_events: "sched/sched_wakeup"
+  ftrace_events: "sched/sched_process_exit"
+  ftrace_events: "task/task_newtask"
+  compact_sched { enabled: true } } } }
+data_sources { config { name: "linux.process_stats" target_buffer: 1
+  process_stats_config { scan_all_processes_on_start: true proc_stats_poll_ms: 1000 } } }
+data_sources { config { name: "linux.sys_stats" target_buffer: 1 sys_stats_config {
+  meminfo_period_ms: 500
+  meminfo_counters: MEMINFO_MEM_TOTAL
+  meminfo_counters: MEMINFO_MEM_FREE
+  meminfo_counters: MEMINFO_MEM_AVAILABLE
+  vmstat_period_ms: 500
+  vmstat_counters: VMSTAT_NR_FREE_PAGES
+  stat_period_ms: 500
+  stat_counters: STAT_CPU_TIMES } } }
+data_sources { config { name: "linux.system_info" target_buffer: 1 } }
+"#;
+
+/// Perfetto's own service (traced + traced_probes, tracebox) on private
+/// sockets in `dir`; killed when dropped.
+struct Traced {
+    procs: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl Traced {
+    fn start(dir: &Path) -> Traced {
+        let tb = tracebox().expect("tracebox");
+        let spawn = |applet: &str| {
+            Command::new(&tb)
+                .arg(applet)
+                .env("PERFETTO_CONSUMER_SOCK_NAME", dir.join("consumer.sock"))
+                .env("PERFETTO_PRODUCER_SOCK_NAME", dir.join("producer.sock"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("tracebox")
+        };
+        let mut t = Traced {
+            procs: vec![spawn("traced")],
+            dir: dir.to_path_buf(),
+        };
+        wait_for("traced's sockets", Duration::from_secs(10), || {
+            dir.join("producer.sock").exists() && dir.join("consumer.sock").exists()
+        });
+        t.procs.push(spawn("traced_probes"));
+        wait_for(
+            "traced_probes's data sources",
+            Duration::from_secs(10),
+            || t.query().contains("linux.ftrace"),
+        );
+        t
+    }
+
+    fn query(&self) -> String {
+        let o = Command::new(tracebox().expect("tracebox"))
+            .args(["perfetto", "--query"])
+            .env(
+                "PERFETTO_CONSUMER_SOCK_NAME",
+                self.dir.join("consumer.sock"),
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("perfetto --query");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn record(&self, config: &str) -> PathBuf {
+        let cfg = self.dir.join("traced.pbtx");
+        std::fs::write(&cfg, config).expect("config");
+        let out = self.dir.join("traced.pftrace");
+        let client = Command::new(tracebox().expect("tracebox"))
+            .args(["perfetto", "--txt", "-c"])
+            .arg(&cfg)
+            .arg("-o")
+            .arg(&out)
+            .env(
+                "PERFETTO_CONSUMER_SOCK_NAME",
+                self.dir.join("consumer.sock"),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perfetto");
+        let o = wait_within(client, Duration::from_secs(60));
+        assert!(
+            o.status.success(),
+            "perfetto against traced: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        for c in self.procs.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What trace processor makes of a trace, for the comparison: the row count
+/// of each table the config fills, and the names of its counter tracks.
+fn tables(
+    tp: &trace_processor::Tp,
+) -> (Vec<(&'static str, i64)>, std::collections::BTreeSet<String>) {
+    let counts = [
+        ("sched", "select count(*) from sched"),
+        ("thread_state", "select count(*) from thread_state"),
+        ("thread", "select count(*) from thread where tid != 0"),
+        ("process", "select count(*) from process where pid != 0"),
+        (
+            "process names",
+            "select count(*) from process where name is not null",
+        ),
+        ("counter", "select count(*) from counter"),
+        ("cpu", "select count(*) from cpu"),
+    ]
+    .into_iter()
+    .map(|(name, sql)| (name, tp.query(sql).scalar().int()))
+    .collect();
+    let names = tp
+        .query(
+            "select distinct hex(t.name) as n from counter c \
+             join counter_track t on c.track_id = t.id where t.name is not null",
+        )
+        .column("n")
+        .iter()
+        .map(|v| trace_processor::unhex(v.text()))
+        .collect();
+    (counts, names)
+}
+
+#[test]
+fn the_same_config_through_traced_and_through_serve_fills_the_same_tables() {
+    if unavailable() {
+        return;
+    }
+    let theirs = {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let traced = Traced::start(dir.path());
+        let out = traced.record(EQUIVALENT);
+        drop(traced);
+        let Some(tp) = trace_processor::open(&out) else {
+            return;
+        };
+        tables(&tp)
+    };
+    let serve = Serve::start();
+    let (client, out) = serve.record(None, "equivalent", EQUIVALENT);
+    let o = wait_within(client, Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "perfetto against serve: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        serve.log()
+    );
+    let Some(tp) = trace_processor::check(&out) else {
+        return;
+    };
+    let ours = tables(&tp);
+    eprintln!("traced: {theirs:?}\nserve:  {ours:?}");
+    // Every table traced's trace fills, serve's fills too.
+    for ((name, t), (_, o)) in theirs.0.iter().zip(&ours.0) {
+        assert!(
+            *t == 0 || *o > 0,
+            "{name}: {t} rows through traced, none through serve ({:?} against {:?})",
+            theirs.0,
+            ours.0
+        );
+    }
+    // And the same counters: every counter track traced's has (the
+    // meminfo, vmstat, cpu time and process counters), by trace
+    // processor's name.
+    let missing: Vec<&String> = theirs.1.difference(&ours.1).collect();
+    assert!(
+        missing.is_empty(),
+        "counter tracks only through traced: {missing:?} (serve: {:?})",
+        ours.1
+    );
+}
