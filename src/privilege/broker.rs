@@ -71,7 +71,7 @@ enum PrepareError {
     #[error("this broker prepares no ftrace")]
     NotServing,
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(#[source] crate::sources::ftrace::remote::RequestError),
     #[error("uid {uid} holds {held} ftrace instances, the most a uid may")]
     UidInstances { uid: u32, held: usize },
     #[error("{0} ftrace instances are held, the most the service may")]
@@ -94,6 +94,20 @@ fn done() -> Answer {
 /// A refusal; its reason travels as text.
 fn refused(why: impl std::fmt::Display) -> Answer {
     (Reply::Refused(why.to_string()), None)
+}
+
+/// Why a request on a registered directory was refused (kept as text on
+/// the wire).
+#[derive(Debug, thiserror::Error)]
+enum AccessError {
+    #[error("not sealed yet")]
+    NotSealed,
+    #[error("no directory {0}")]
+    NoDirectory(u32),
+    #[error(transparent)]
+    Name(#[from] CreateError),
+    #[error("{0:?} is not a name of this session")]
+    NotOurs(String),
 }
 
 /// Serves requests on `sock` until the other end closes, then cleans up.
@@ -331,19 +345,19 @@ impl State {
     }
 
     /// The registered directory `id`, when every name is one of its own.
-    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, String> {
+    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, AccessError> {
         if !self.sealed {
-            return Err("not sealed yet".into());
+            return Err(AccessError::NotSealed);
         }
         let reg = self
             .dirs
             .get(id as usize)
-            .ok_or_else(|| format!("no directory {id}"))?;
+            .ok_or(AccessError::NoDirectory(id))?;
         for name in names {
-            create::check_name(name).map_err(|e| e.to_string())?;
+            create::check_name(name)?;
             let body = name.strip_prefix('.').unwrap_or(name);
             if !reg.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
-                return Err(format!("{name:?} is not a name of this session"));
+                return Err(AccessError::NotOurs(name.to_string()));
             }
         }
         Ok(&reg.dir)
