@@ -332,7 +332,7 @@ fn builtin_sources(
                 continue;
             }
             SourceKind::Ftrace(f) => {
-                let read_mode = ReadMode::from_env().map_err(|why| failed(why.into()))?;
+                let read_mode = ReadMode::from_env().map_err(|e| failed(Box::new(e)))?;
                 let opts = FtraceOptions {
                     spec: f.clone(),
                     sequence_id: next_seq,

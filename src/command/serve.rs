@@ -14,25 +14,29 @@ use std::sync::Arc;
 
 use crate::privilege::{self, Broker, PrivilegeError, user::ServiceUser};
 
+/// No unprivileged user to serve as.
+fn refuse_root(why: &str) -> ExitCode {
+    eprintln!(
+        "error: recorder serve started as root drops to an unprivileged user before serving: {why}"
+    );
+    ExitCode::Usage
+}
+
 /// Runs the service.
 pub fn run(args: &ServeArgs) -> ExitCode {
     let root = rustix::process::geteuid().is_root();
     // Resolved first: a missing user must not leave sockets behind.
     let user = if root {
         let chosen = match args.user.as_deref() {
-            Some(spec) => privilege::user::named(spec),
-            None => privilege::user::choose()
-                .and_then(|u| u.ok_or_else(|| "recorder serve never serves as root".to_string())),
+            Some(spec) => privilege::user::named(spec).map(Some),
+            None => privilege::user::choose(),
         };
-        match chosen {
-            Ok(u) => Some(u),
-            Err(e) => {
-                eprintln!(
-                    "error: recorder serve started as root drops to an unprivileged user before serving: {e}"
-                );
-                return ExitCode::Usage;
-            }
-        }
+        let user = match chosen {
+            Ok(Some(u)) => u,
+            Ok(None) => return refuse_root("recorder serve never serves as root"),
+            Err(e) => return refuse_root(&e.to_string()),
+        };
+        Some(user)
     } else {
         None
     };

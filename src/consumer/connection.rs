@@ -502,12 +502,12 @@ impl Connection {
             Err(e) => return refuse(e.to_string()),
         };
         let copied = copy_of(&control, self.uid, self.pid, cid)
-            .and_then(|file| Running::read_only(cid, file).map_err(|e| e.to_string()));
+            .and_then(|file| Running::read_only(cid, file).map_err(CopyError::from));
         let running = match copied {
             Ok(r) => r,
             Err(e) => {
                 self.registry.release(cid);
-                return refuse(e);
+                return refuse(e.to_string());
             }
         };
         log::info!(
@@ -958,6 +958,20 @@ pub const BUILTIN_SOURCES: [&str; 4] = [
     "linux.system_info",
 ];
 
+/// Why a clone of a session's buffers was not made.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    #[error("in-memory trace file: {0}")]
+    Memfd(#[source] std::io::Error),
+    /// The session's reason, as it sent it.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the session did not clone in time ({0})")]
+    NoCopy(String),
+    #[error(transparent)]
+    ReadOnly(#[from] session::StartError),
+}
+
 /// Has the session behind `control` write a copy of its buffers into a
 /// new in-memory file, returned for reading.
 fn copy_of(
@@ -965,21 +979,17 @@ fn copy_of(
     uid: u32,
     pid: u32,
     clone_id: u64,
-) -> Result<std::fs::File, String> {
+) -> Result<std::fs::File, CopyError> {
     let memfd = rustix::fs::memfd_create(
         format!("recorder-clone-{clone_id}"),
         rustix::fs::MemfdFlags::CLOEXEC,
     )
-    .map_err(|e| format!("in-memory trace file: {e}"))?;
-    let file = std::fs::File::from(
-        memfd
-            .try_clone()
-            .map_err(|e| format!("in-memory trace file: {e}"))?,
-    );
+    .map_err(|e| CopyError::Memfd(e.into()))?;
+    let file = std::fs::File::from(memfd.try_clone().map_err(CopyError::Memfd)?);
     match control.ask_with(Request::Clone {}, Some(memfd), uid, pid, CLONE_DEADLINE) {
         Some(Reply::Cloned { .. }) => Ok(file),
-        Some(Reply::Refused(why)) => Err(why),
-        other => Err(format!("the session did not clone in time ({other:?})")),
+        Some(Reply::Refused(why)) => Err(CopyError::Refused(why)),
+        other => Err(CopyError::NoCopy(format!("{other:?}"))),
     }
 }
 

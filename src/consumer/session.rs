@@ -27,6 +27,21 @@ pub enum StartError {
     Build(String),
 }
 
+/// Why a reserved session could not be built and begun.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("in-memory trace file: {0}")]
+    Memfd(#[source] std::io::Error),
+    #[error("session thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Sink(#[from] crate::storage::StorageError),
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
+    #[error(transparent)]
+    App(#[from] app::AppError),
+}
+
 /// Whether the session has ended, and how.
 #[derive(Default)]
 pub struct Done {
@@ -154,7 +169,7 @@ pub fn start(
         Ok(r) => Ok(r),
         Err(e) => {
             registry.release(id);
-            Err(StartError::Build(e))
+            Err(StartError::Build(app::chain(&e)))
         }
     }
 }
@@ -167,7 +182,7 @@ fn build_and_run(
     registry: &Arc<Registry>,
     output: Option<OwnedFd>,
     told: Told,
-) -> Result<Running, String> {
+) -> Result<Running, BuildError> {
     let Told {
         end: on_end,
         clone_hit: on_clone_hit,
@@ -177,17 +192,13 @@ fn build_and_run(
         Some(fd) => (fd, None),
         None => {
             let memfd = rustix::fs::memfd_create(&name, rustix::fs::MemfdFlags::CLOEXEC)
-                .map_err(|e| format!("in-memory trace file: {e}"))?;
-            let file = File::from(
-                memfd
-                    .try_clone()
-                    .map_err(|e| format!("in-memory trace file: {e}"))?,
-            );
+                .map_err(|e| BuildError::Memfd(e.into()))?;
+            let file = File::from(memfd.try_clone().map_err(BuildError::Memfd)?);
             (memfd, Some(file))
         }
     };
-    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| app::chain(&e))?;
-    let (control, handle) = ControlServer::in_process().map_err(|e| app::chain(&e))?;
+    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto)?;
+    let (control, handle) = ControlServer::in_process()?;
     let label = format!("session {id} of uid {uid}");
     let opts = RunOptions {
         output: OutputPath::File(PathBuf::from(&label)),
@@ -208,9 +219,9 @@ fn build_and_run(
         consumer_uid: uid,
         ftrace: registry.ftrace(),
     };
-    let mut rec = app::build_served(spec, &opts, served).map_err(|e| app::chain(&e))?;
+    let mut rec = app::build_served(spec, &opts, served)?;
     // Prepared now (tracefs through the broker), armed when it starts.
-    app::begin(&mut rec, None).map_err(|e| app::chain(&e))?;
+    app::begin(&mut rec, None)?;
     rec.on_snapshot = on_clone_hit.map(|mut hit| {
         Box::new(
             move |_: u32, t: Option<&crate::trace::service::TriggerRecord>| {
@@ -252,7 +263,7 @@ fn build_and_run(
             d.set(error.clone());
             on_end(&error);
         })
-        .map_err(|e| format!("session thread: {e}"))?;
+        .map_err(BuildError::Thread)?;
     Ok(Running {
         id,
         control: handle,

@@ -71,7 +71,7 @@ enum PrepareError {
     #[error("this broker prepares no ftrace")]
     NotServing,
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(#[source] crate::sources::ftrace::remote::RequestError),
     #[error("uid {uid} holds {held} ftrace instances, the most a uid may")]
     UidInstances { uid: u32, held: usize },
     #[error("{0} ftrace instances are held, the most the service may")]
@@ -82,6 +82,32 @@ enum PrepareError {
     UidMemory { uid: u32, want: u64, held: u64 },
     #[error(transparent)]
     Ftrace(#[from] crate::sources::ftrace::FtraceError),
+}
+
+/// A reply and the descriptor sent with it.
+type Answer = (Reply, Option<OwnedFd>);
+
+fn done() -> Answer {
+    (Reply::Done, None)
+}
+
+/// A refusal; its reason travels as text.
+fn refused(why: impl std::fmt::Display) -> Answer {
+    (Reply::Refused(why.to_string()), None)
+}
+
+/// Why a request on a registered directory was refused (kept as text on
+/// the wire).
+#[derive(Debug, thiserror::Error)]
+enum AccessError {
+    #[error("not sealed yet")]
+    NotSealed,
+    #[error("no directory {0}")]
+    NoDirectory(u32),
+    #[error(transparent)]
+    Name(#[from] CreateError),
+    #[error("{0:?} is not a name of this session")]
+    NotOurs(String),
 }
 
 /// Serves requests on `sock` until the other end closes, then cleans up.
@@ -123,186 +149,215 @@ pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
 }
 
 impl State {
-    fn handle(&mut self, req: Request, fd: Option<OwnedFd>) -> (Reply, Option<OwnedFd>) {
-        let refused = |why: String| (Reply::Refused(why), None);
-        match req {
+    /// One request's reply (and descriptor): each kind is answered by a
+    /// function of its own below.
+    fn handle(&mut self, req: Request, fd: Option<OwnedFd>) -> Answer {
+        let registration = matches!(
+            req,
             Request::RegisterDir { .. }
-            | Request::RegisterLeftover { .. }
-            | Request::RegisterNameLock { .. }
-            | Request::RegisterTeardown { .. }
-            | Request::RegisterHook { .. }
-                if self.sealed =>
-            {
-                refused("registrations are closed".into())
-            }
-            Request::RegisterDir { prefixes } => {
-                let Some(fd) = fd else {
-                    return refused("no directory descriptor".into());
-                };
-                if prefixes.iter().any(|p| create::check_name(p).is_err()) {
-                    return refused("a prefix is not a plain name".into());
-                }
-                let path = dir_path(&fd);
-                let dir = match OutputDir::from_fd(&path, fd) {
-                    Ok(d) => d,
-                    Err(e) => return refused(e.to_string()),
-                };
-                self.dirs.push(Registered { dir, prefixes });
-                (Reply::Registered(self.dirs.len() as u32 - 1), None)
-            }
-            Request::RegisterLeftover { name } => {
-                let Some(fd) = fd else {
-                    return refused("no directory descriptor".into());
-                };
-                if create::check_name(&name).is_err() {
-                    return refused(format!("{name:?} is not a plain name"));
-                }
-                self.leftovers.push((fd, name));
-                (Reply::Done, None)
-            }
-            Request::RegisterNameLock { name } => {
-                let Some(fd) = fd else {
-                    return refused("no directory descriptor".into());
-                };
-                if create::check_name(&name).is_err()
-                    || !(name.starts_with("session.") && name.ends_with(".lock"))
-                {
-                    return refused(format!("{name:?} is not a session name lock"));
-                }
-                // Its pid now, while the session holds it: at the end the
-                // file is removed only if it still names this session.
-                match lock_holder(&fd, &name) {
-                    Ok(pid) => {
-                        self.name_locks.push((fd, name, pid));
-                        (Reply::Done, None)
-                    }
-                    Err(e) => refused(format!("{name}: {e}")),
-                }
-            }
+                | Request::RegisterLeftover { .. }
+                | Request::RegisterNameLock { .. }
+                | Request::RegisterTeardown { .. }
+                | Request::RegisterHook { .. }
+        );
+        if registration && self.sealed {
+            return refused("registrations are closed");
+        }
+        match req {
+            Request::RegisterDir { prefixes } => self.register_dir(prefixes, fd),
+            Request::RegisterLeftover { name } => self.register_leftover(name, fd),
+            Request::RegisterNameLock { name } => self.register_name_lock(name, fd),
             Request::RegisterTeardown { teardown } => {
                 self.teardowns.push(teardown);
-                (Reply::Done, None)
+                done()
             }
             Request::RegisterHook {
                 command,
                 dir,
                 timeout_ms,
-            } => match HookRunner::start(command, Duration::from_millis(timeout_ms)) {
-                Ok(r) => {
-                    self.hooks = Some((r, dir));
-                    (Reply::Done, None)
-                }
-                Err(e) => refused(format!("cannot start the hook runner: {e}")),
-            },
+            } => self.register_hook(command, dir, timeout_ms),
             Request::Seal => {
                 self.sealed = true;
-                (Reply::Done, None)
+                done()
             }
-            Request::Create { dir, name, replace } => match self.allowed(dir, &[&name]) {
-                Err(why) => refused(why),
-                Ok(d) => {
-                    let r = if replace {
-                        d.replace(&name)
-                    } else {
-                        d.create_new(&name)
-                    };
-                    match r {
-                        Ok(fd) => (Reply::File, Some(fd)),
-                        Err(CreateError::Exists { .. }) => (Reply::Exists, None),
-                        Err(e) => refused(e.to_string()),
-                    }
-                }
-            },
-            Request::Rename { dir, from, to } => match self.allowed(dir, &[&from, &to]) {
-                Err(why) => refused(why),
-                Ok(d) => match d.rename(&from, &to) {
-                    Ok(()) => (Reply::Done, None),
-                    Err(e) => refused(e.to_string()),
-                },
-            },
-            Request::Remove { dir, name } => match self.allowed(dir, &[&name]) {
-                Err(why) => refused(why),
-                Ok(d) => match d.remove(&name) {
-                    Ok(()) => (Reply::Done, None),
-                    Err(e) => refused(e.to_string()),
-                },
-            },
+            Request::Create { dir, name, replace } => self.create(dir, &name, replace),
+            Request::Rename { dir, from, to } => self.rename(dir, &from, &to),
+            Request::Remove { dir, name } => self.remove(dir, &name),
             Request::SegmentClosed {
                 file,
                 sidecar,
                 index,
-            } => {
-                let Some((runner, dir)) = &self.hooks else {
-                    return refused("no hook registered".into());
-                };
-                if create::check_name(&file).is_err() || create::check_name(&sidecar).is_err() {
-                    return refused("not a plain name".into());
-                }
-                runner.submit(HookJob {
-                    path: dir.join(&file),
-                    sidecar: dir.join(&sidecar),
-                    index,
-                });
-                (Reply::Done, None)
-            }
-            Request::HookCounts => match &self.hooks {
-                Some((r, _)) => (
-                    Reply::Hooks {
-                        counts: r.counts(),
-                        last_error: r.last_error(),
-                        deleted: r.deleted(),
-                    },
-                    None,
-                ),
-                None => refused("no hook registered".into()),
-            },
-            Request::FinishHooks { grace_ms } => match &mut self.hooks {
-                Some((r, _)) => {
-                    let grace =
-                        Duration::from_millis(grace_ms).min(crate::storage::segment::HOOK_GRACE);
-                    let counts = r.finish(grace);
-                    (
-                        Reply::Hooks {
-                            counts,
-                            last_error: r.last_error(),
-                            deleted: r.deleted(),
-                        },
-                        None,
-                    )
-                }
-                None => refused("no hook registered".into()),
-            },
-            Request::PrepareFtrace { .. } => refused("not answered here".into()),
-            Request::ReleaseFtrace { key } => {
-                match self.served.as_mut().and_then(|s| s.live.remove(&key)) {
-                    Some(i) => {
-                        i.teardown.run();
-                        (Reply::Done, None)
-                    }
-                    None => refused(format!("no ftrace instance {key}")),
-                }
-            }
+            } => self.segment_closed(&file, &sidecar, index),
+            Request::HookCounts => self.hook_counts(),
+            Request::FinishHooks { grace_ms } => self.finish_hooks(grace_ms),
+            Request::PrepareFtrace { .. } => refused("not answered here"),
+            Request::ReleaseFtrace { key } => self.release_ftrace(key),
             Request::Teardown => {
                 self.tear_down(true);
-                (Reply::Done, None)
+                done()
             }
         }
     }
 
+    fn register_dir(&mut self, prefixes: Vec<String>, fd: Option<OwnedFd>) -> Answer {
+        let Some(fd) = fd else {
+            return refused("no directory descriptor");
+        };
+        if prefixes.iter().any(|p| create::check_name(p).is_err()) {
+            return refused("a prefix is not a plain name");
+        }
+        let path = dir_path(&fd);
+        let dir = match OutputDir::from_fd(&path, fd) {
+            Ok(d) => d,
+            Err(e) => return refused(e),
+        };
+        self.dirs.push(Registered { dir, prefixes });
+        (Reply::Registered(self.dirs.len() as u32 - 1), None)
+    }
+
+    fn register_leftover(&mut self, name: String, fd: Option<OwnedFd>) -> Answer {
+        let Some(fd) = fd else {
+            return refused("no directory descriptor");
+        };
+        if create::check_name(&name).is_err() {
+            return refused(format!("{name:?} is not a plain name"));
+        }
+        self.leftovers.push((fd, name));
+        done()
+    }
+
+    fn register_name_lock(&mut self, name: String, fd: Option<OwnedFd>) -> Answer {
+        let Some(fd) = fd else {
+            return refused("no directory descriptor");
+        };
+        if create::check_name(&name).is_err()
+            || !(name.starts_with("session.") && name.ends_with(".lock"))
+        {
+            return refused(format!("{name:?} is not a session name lock"));
+        }
+        // Its pid now, while the session holds it: at the end the file is
+        // removed only if it still names this session.
+        match lock_holder(&fd, &name) {
+            Ok(pid) => {
+                self.name_locks.push((fd, name, pid));
+                done()
+            }
+            Err(e) => refused(format!("{name}: {e}")),
+        }
+    }
+
+    fn register_hook(&mut self, command: String, dir: PathBuf, timeout_ms: u64) -> Answer {
+        match HookRunner::start(command, Duration::from_millis(timeout_ms)) {
+            Ok(r) => {
+                self.hooks = Some((r, dir));
+                done()
+            }
+            Err(e) => refused(format!("cannot start the hook runner: {e}")),
+        }
+    }
+
+    fn create(&self, dir: u32, name: &str, replace: bool) -> Answer {
+        let d = match self.allowed(dir, &[name]) {
+            Ok(d) => d,
+            Err(why) => return refused(why),
+        };
+        let r = if replace {
+            d.replace(name)
+        } else {
+            d.create_new(name)
+        };
+        match r {
+            Ok(fd) => (Reply::File, Some(fd)),
+            Err(CreateError::Exists { .. }) => (Reply::Exists, None),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn rename(&self, dir: u32, from: &str, to: &str) -> Answer {
+        match self.allowed(dir, &[from, to]).map(|d| d.rename(from, to)) {
+            Err(why) => refused(why),
+            Ok(Err(e)) => refused(e),
+            Ok(Ok(())) => done(),
+        }
+    }
+
+    fn remove(&self, dir: u32, name: &str) -> Answer {
+        match self.allowed(dir, &[name]).map(|d| d.remove(name)) {
+            Err(why) => refused(why),
+            Ok(Err(e)) => refused(e),
+            Ok(Ok(())) => done(),
+        }
+    }
+
+    fn segment_closed(&self, file: &str, sidecar: &str, index: u64) -> Answer {
+        let Some((runner, dir)) = &self.hooks else {
+            return refused("no hook registered");
+        };
+        if create::check_name(file).is_err() || create::check_name(sidecar).is_err() {
+            return refused("not a plain name");
+        }
+        runner.submit(HookJob {
+            path: dir.join(file),
+            sidecar: dir.join(sidecar),
+            index,
+        });
+        done()
+    }
+
+    fn hook_counts(&self) -> Answer {
+        match &self.hooks {
+            Some((r, _)) => (
+                Reply::Hooks {
+                    counts: r.counts(),
+                    last_error: r.last_error(),
+                    deleted: r.deleted(),
+                },
+                None,
+            ),
+            None => refused("no hook registered"),
+        }
+    }
+
+    fn finish_hooks(&mut self, grace_ms: u64) -> Answer {
+        let Some((r, _)) = &mut self.hooks else {
+            return refused("no hook registered");
+        };
+        let grace = Duration::from_millis(grace_ms).min(crate::storage::segment::HOOK_GRACE);
+        let counts = r.finish(grace);
+        (
+            Reply::Hooks {
+                counts,
+                last_error: r.last_error(),
+                deleted: r.deleted(),
+            },
+            None,
+        )
+    }
+
+    fn release_ftrace(&mut self, key: u64) -> Answer {
+        match self.served.as_mut().and_then(|s| s.live.remove(&key)) {
+            Some(i) => {
+                i.teardown.run();
+                done()
+            }
+            None => refused(format!("no ftrace instance {key}")),
+        }
+    }
+
     /// The registered directory `id`, when every name is one of its own.
-    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, String> {
+    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, AccessError> {
         if !self.sealed {
-            return Err("not sealed yet".into());
+            return Err(AccessError::NotSealed);
         }
         let reg = self
             .dirs
             .get(id as usize)
-            .ok_or_else(|| format!("no directory {id}"))?;
+            .ok_or(AccessError::NoDirectory(id))?;
         for name in names {
-            create::check_name(name).map_err(|e| e.to_string())?;
+            create::check_name(name)?;
             let body = name.strip_prefix('.').unwrap_or(name);
             if !reg.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
-                return Err(format!("{name:?} is not a name of this session"));
+                return Err(AccessError::NotOurs(name.to_string()));
             }
         }
         Ok(&reg.dir)

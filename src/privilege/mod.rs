@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use self::message::{Reply, Request};
 use self::user::ServiceUser;
-use crate::sources::ftrace::remote::{FtraceRequest, Prepared, RemoteTracefs};
+use crate::sources::ftrace::remote::{FtraceRequest, Prepared, RemoteError, RemoteTracefs};
 use crate::storage::create::{CreateError, Delegate};
 use crate::storage::segment::RemoteHooks;
 use crate::storage::segment::hook::HookCounts;
@@ -38,13 +38,42 @@ use crate::storage::segment::hook::HookCounts;
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
     #[error("cannot choose the service user: {0}")]
-    User(String),
+    User(#[source] user::UserError),
     #[error("cannot start the privileged broker: {0}")]
     Start(#[source] std::io::Error),
     #[error("the privileged broker: {0}")]
-    Broker(String),
+    Broker(#[source] BrokerError),
     #[error("cannot give up root: {0}")]
     Drop(#[source] std::io::Error),
+}
+
+/// A request to the broker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("broker lock poisoned")]
+    Poisoned,
+    #[error(transparent)]
+    Message(#[from] message::MessageError),
+    /// The broker's reason, as it sent it.
+    #[error("{0}")]
+    Refused(String),
+    #[error("unexpected reply {0}")]
+    Unexpected(String),
+}
+
+impl BrokerError {
+    fn unexpected(r: &Reply) -> Self {
+        Self::Unexpected(format!("{r:?}"))
+    }
+}
+
+impl From<BrokerError> for RemoteError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Refused(why) => RemoteError::Refused(why),
+            other => RemoteError::Channel(Box::new(other)),
+        }
+    }
 }
 
 /// The recorder's end of the broker's socket.
@@ -60,15 +89,12 @@ impl Broker {
         &self,
         req: &Request,
         fd: Option<BorrowedFd<'_>>,
-    ) -> Result<(Reply, Option<OwnedFd>), String> {
-        let sock = self
-            .sock
-            .lock()
-            .map_err(|_| "broker lock poisoned".to_string())?;
-        message::send(sock.as_fd(), req, fd).map_err(|e| e.to_string())?;
-        let (reply, fd) = message::recv::<Reply>(sock.as_fd()).map_err(|e| e.to_string())?;
+    ) -> Result<(Reply, Option<OwnedFd>), BrokerError> {
+        let sock = self.sock.lock().map_err(|_| BrokerError::Poisoned)?;
+        message::send(sock.as_fd(), req, fd)?;
+        let (reply, fd) = message::recv::<Reply>(sock.as_fd())?;
         match reply {
-            Reply::Refused(why) => Err(why),
+            Reply::Refused(why) => Err(BrokerError::Refused(why)),
             r => Ok((r, fd)),
         }
     }
@@ -89,6 +115,38 @@ impl Broker {
         self.done(&Request::RegisterNameLock { name: name.into() }, Some(dir))
     }
 
+    /// A tracefs instance for `request`, charged to `uid`.
+    fn prepare_ftrace(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, BrokerError> {
+        let sock = self.sock.lock().map_err(|_| BrokerError::Poisoned)?;
+        let req = Request::PrepareFtrace {
+            uid,
+            request: request.clone(),
+        };
+        message::send(sock.as_fd(), &req, None)?;
+        // The whole answer is read under the lock: the reply, the formats,
+        // the descriptors.
+        let recv = || message::recv_many::<Reply>(sock.as_fd());
+        let (key, mut info, formats) = match recv()? {
+            (Reply::Ftrace { key, info, formats }, _) => (key, info, formats),
+            (Reply::Refused(why), _) => return Err(BrokerError::Refused(why)),
+            (r, _) => return Err(BrokerError::unexpected(&r)),
+        };
+        for _ in 0..formats {
+            match recv()? {
+                (Reply::Format(g, n, text), _) => info.formats.push((g, n, text)),
+                (r, _) => return Err(BrokerError::unexpected(&r)),
+            }
+        }
+        let mut fds = Vec::with_capacity(info.fd_count());
+        while fds.len() < info.fd_count() {
+            match recv()? {
+                (Reply::Fds, got) if !got.is_empty() => fds.extend(got),
+                (r, _) => return Err(BrokerError::unexpected(&r)),
+            }
+        }
+        Ok(Prepared { key, info, fds })
+    }
+
     /// The broker's pid.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -104,38 +162,8 @@ impl Broker {
 }
 
 impl RemoteTracefs for Broker {
-    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, String> {
-        let sock = self
-            .sock
-            .lock()
-            .map_err(|_| "broker lock poisoned".to_string())?;
-        let req = Request::PrepareFtrace {
-            uid,
-            request: request.clone(),
-        };
-        message::send(sock.as_fd(), &req, None).map_err(|e| e.to_string())?;
-        // The whole answer is read under the lock: the reply, the formats,
-        // the descriptors.
-        let recv = || message::recv_many::<Reply>(sock.as_fd()).map_err(|e| e.to_string());
-        let (key, mut info, formats) = match recv()? {
-            (Reply::Ftrace { key, info, formats }, _) => (key, info, formats),
-            (Reply::Refused(why), _) => return Err(why),
-            (r, _) => return Err(format!("unexpected reply {r:?}")),
-        };
-        for _ in 0..formats {
-            match recv()? {
-                (Reply::Format(g, n, text), _) => info.formats.push((g, n, text)),
-                (r, _) => return Err(format!("unexpected reply {r:?}")),
-            }
-        }
-        let mut fds = Vec::with_capacity(info.fd_count());
-        while fds.len() < info.fd_count() {
-            match recv()? {
-                (Reply::Fds, got) if !got.is_empty() => fds.extend(got),
-                (r, _) => return Err(format!("unexpected reply {r:?}")),
-            }
-        }
-        Ok(Prepared { key, info, fds })
+    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, RemoteError> {
+        self.prepare_ftrace(uid, request).map_err(RemoteError::from)
     }
 
     fn release(&self, key: u64) {
@@ -155,8 +183,8 @@ impl Delegate for Broker {
         match self.call(&req, None) {
             Ok((Reply::File, Some(fd))) => Ok(fd),
             Ok((Reply::Exists, _)) => Err(CreateError::Exists { path: name.into() }),
-            Ok((r, _)) => Err(CreateError::Broker(format!("unexpected reply {r:?}"))),
-            Err(e) => Err(CreateError::Broker(e)),
+            Ok((r, _)) => Err(CreateError::Broker(BrokerError::unexpected(&r).to_string())),
+            Err(e) => Err(CreateError::Broker(e.to_string())),
         }
     }
 
@@ -166,7 +194,9 @@ impl Delegate for Broker {
             from: from.into(),
             to: to.into(),
         };
-        self.call(&req, None).map(drop).map_err(CreateError::Broker)
+        self.call(&req, None)
+            .map(drop)
+            .map_err(|e| CreateError::Broker(e.to_string()))
     }
 
     fn remove(&self, dir: u32, name: &str) -> Result<(), CreateError> {
@@ -174,7 +204,9 @@ impl Delegate for Broker {
             dir,
             name: name.into(),
         };
-        self.call(&req, None).map(drop).map_err(CreateError::Broker)
+        self.call(&req, None)
+            .map(drop)
+            .map_err(|e| CreateError::Broker(e.to_string()))
     }
 }
 
@@ -219,7 +251,7 @@ impl RemoteHooks for Broker {
                 HookCounts::default(),
                 Some(format!("unexpected reply {r:?}")),
             ),
-            Err(e) => (HookCounts::default(), Some(e)),
+            Err(e) => (HookCounts::default(), Some(e.to_string())),
         }
     }
 }
@@ -342,7 +374,7 @@ impl Privileges {
             match b.call(&Request::RegisterDir { prefixes }, Some(fd)) {
                 Ok((Reply::Registered(id), _)) => ids.push(id),
                 Ok((r, _)) => {
-                    return Err(PrivilegeError::Broker(format!("unexpected reply {r:?}")));
+                    return Err(PrivilegeError::Broker(BrokerError::unexpected(&r)));
                 }
                 Err(e) => return Err(PrivilegeError::Broker(e)),
             }

@@ -15,6 +15,27 @@ pub const DEFAULT_NAME: &str = "recorder";
 pub const DYNAMIC: std::ops::RangeInclusive<u32> = 61184..=65519;
 const NOBODY: u32 = 65534;
 
+/// No service user could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    #[error("{ENV}: uid/gid 0 is root; say {ENV}=root to keep root")]
+    Root,
+    #[error(
+        "{ENV}: uid 65534 (nobody) is shared by other unprivileged processes, which could then signal or trace the recorder: choose a dedicated user"
+    )]
+    Nobody,
+    #[error("root is not an unprivileged user")]
+    NotUnprivileged,
+    #[error("{ENV}={spec}: no such user in /etc/passwd, and not a uid")]
+    Unknown {
+        spec: String,
+        #[source]
+        cause: std::num::ParseIntError,
+    },
+    #[error("no unallocated uid left in 61184-65519: set RECORDER_USER")]
+    RangeFull,
+}
+
 /// The user the recorder runs as after the drop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceUser {
@@ -25,7 +46,7 @@ pub struct ServiceUser {
 }
 
 /// `Ok(None)`: stay root (`RECORDER_USER=root`).
-pub fn choose() -> Result<Option<ServiceUser>, String> {
+pub fn choose() -> Result<Option<ServiceUser>, UserError> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
     let env = std::env::var(ENV).ok().filter(|v| !v.is_empty());
@@ -34,27 +55,23 @@ pub fn choose() -> Result<Option<ServiceUser>, String> {
         .and_then(|u| u.transpose())
 }
 
-fn checked(u: ServiceUser) -> Result<ServiceUser, String> {
+fn checked(u: ServiceUser) -> Result<ServiceUser, UserError> {
     if u.uid == 0 || u.gid == 0 {
-        return Err(format!(
-            "{ENV}: uid/gid 0 is root; say {ENV}=root to keep root"
-        ));
+        return Err(UserError::Root);
     }
     if u.uid == NOBODY {
-        return Err(format!(
-            "{ENV}: uid 65534 (nobody) is shared by other unprivileged processes, which could then signal or trace the recorder: choose a dedicated user"
-        ));
+        return Err(UserError::Nobody);
     }
     Ok(u)
 }
 
 /// The user `spec` names (a name in /etc/passwd or a uid), with the same
 /// refusals as [`choose`] (`recorder serve --user`).
-pub fn named(spec: &str) -> Result<ServiceUser, String> {
+pub fn named(spec: &str) -> Result<ServiceUser, UserError> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     match choose_from(Some(spec), &passwd, "") {
         Ok(Some(u)) => checked(u),
-        Ok(None) => Err("root is not an unprivileged user".into()),
+        Ok(None) => Err(UserError::NotUnprivileged),
         Err(e) => Err(e),
     }
 }
@@ -64,7 +81,7 @@ pub fn choose_from(
     env: Option<&str>,
     passwd: &str,
     group: &str,
-) -> Result<Option<ServiceUser>, String> {
+) -> Result<Option<ServiceUser>, UserError> {
     let entries = parse(passwd);
     match env {
         Some("root") => Ok(None),
@@ -76,9 +93,10 @@ pub fn choose_from(
                     why: format!("{ENV}={v}"),
                 }));
             }
-            let uid: u32 = v
-                .parse()
-                .map_err(|_| format!("{ENV}={v}: no such user in /etc/passwd, and not a uid"))?;
+            let uid: u32 = v.parse().map_err(|cause| UserError::Unknown {
+                spec: v.to_string(),
+                cause,
+            })?;
             let gid = entries
                 .iter()
                 .find(|(_, u, _)| *u == uid)
@@ -110,7 +128,7 @@ pub fn choose_from(
                         why: "an unallocated uid of the dynamic-user range".into(),
                     })
                 })
-                .ok_or_else(|| "no unallocated uid left in 61184-65519: set RECORDER_USER".into())
+                .ok_or(UserError::RangeFull)
         }
     }
 }
@@ -155,26 +173,29 @@ mod tests {
             .expect("some");
         assert_eq!((u.uid, u.gid), (4242, 4242));
         assert_eq!(choose_from(Some("root"), &p, GROUP), Ok(None));
-        assert!(choose_from(Some("no-such"), &p, GROUP).is_err());
+        assert!(matches!(
+            choose_from(Some("no-such"), &p, GROUP),
+            Err(UserError::Unknown { .. })
+        ));
     }
 
     #[test]
     fn root_and_nobody_are_refused() {
-        assert!(
+        assert_eq!(
             checked(ServiceUser {
                 uid: 0,
                 gid: 5,
                 why: String::new()
-            })
-            .is_err()
+            }),
+            Err(UserError::Root)
         );
-        assert!(
+        assert_eq!(
             checked(ServiceUser {
                 uid: 65534,
                 gid: 65534,
                 why: String::new()
-            })
-            .is_err()
+            }),
+            Err(UserError::Nobody)
         );
     }
 }

@@ -57,6 +57,11 @@ pub enum ReadMode {
     Splice,
 }
 
+/// [`READ_MODE_ENV`] names no [`ReadMode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{READ_MODE_ENV}={0:?}: expected auto, mmap, read or splice")]
+pub struct UnknownReadMode(pub String);
+
 /// The environment variable that picks the [`ReadMode`].
 pub const READ_MODE_ENV: &str = "RECORDER_FTRACE_READ";
 
@@ -75,12 +80,10 @@ impl ReadMode {
 
     /// The mode [`READ_MODE_ENV`] names (`Read` when unset); a value it
     /// does not know is an error naming the ones it does.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, UnknownReadMode> {
         match std::env::var(READ_MODE_ENV) {
             Err(_) => Ok(Self::default()),
-            Ok(v) => Self::parse(&v).ok_or_else(|| {
-                format!("{READ_MODE_ENV}={v:?}: expected auto, mmap, read or splice")
-            }),
+            Ok(v) => Self::parse(&v).ok_or(UnknownReadMode(v)),
         }
     }
 }

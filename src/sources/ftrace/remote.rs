@@ -26,6 +26,35 @@ pub const MAX_OPTIONS: usize = 64;
 /// The largest per-CPU buffer a request may ask for (KiB).
 pub const MAX_BUFFER_KB: u32 = 64 * 1024;
 
+/// Why a request fails the privileged side's check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("1 to {MAX_EVENTS} events, not {0}")]
+    EventCount(usize),
+    /// The event grammar's own reason.
+    #[error("{0}")]
+    Event(String),
+    #[error("at most {MAX_OPTIONS} tracefs options")]
+    TooManyOptions,
+    #[error("tracefs option {0:?} is not a plain name")]
+    OptionName(String),
+    #[error("buffer size: 1 to {MAX_BUFFER_KB} KiB per CPU")]
+    BufferSize,
+    #[error("drain_buffer_percent over 100")]
+    DrainPercent,
+}
+
+/// Why the privileged side gave no instance.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// Its reason, as it sent it.
+    #[error("{0}")]
+    Refused(String),
+    /// The way to it failed.
+    #[error(transparent)]
+    Channel(Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// What a served session asks of tracefs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FtraceRequest {
@@ -90,32 +119,29 @@ impl FtraceRequest {
 
     /// The privileged side's own check: the event grammar, plain option
     /// names, and bounds on every list and size.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), RequestError> {
         if self.events.is_empty() || self.events.len() > MAX_EVENTS {
-            return Err(format!(
-                "1 to {MAX_EVENTS} events, not {}",
-                self.events.len()
-            ));
+            return Err(RequestError::EventCount(self.events.len()));
         }
         for e in &self.events {
             if let Some(why) = event_spec_problem(e) {
-                return Err(why);
+                return Err(RequestError::Event(why));
             }
         }
         if self.tracefs_options.len() > MAX_OPTIONS {
-            return Err(format!("at most {MAX_OPTIONS} tracefs options"));
+            return Err(RequestError::TooManyOptions);
         }
         if let Some((n, _)) = self.tracefs_options.iter().find(|(n, _)| !is_plain_name(n)) {
-            return Err(format!("tracefs option {n:?} is not a plain name"));
+            return Err(RequestError::OptionName(n.clone()));
         }
         if self
             .buffer_size_kb
             .is_some_and(|kb| kb == 0 || kb > MAX_BUFFER_KB)
         {
-            return Err(format!("buffer size: 1 to {MAX_BUFFER_KB} KiB per CPU"));
+            return Err(RequestError::BufferSize);
         }
         if self.drain_buffer_percent > 100 {
-            return Err("drain_buffer_percent over 100".into());
+            return Err(RequestError::DrainPercent);
         }
         Ok(())
     }
@@ -170,7 +196,7 @@ pub struct Prepared {
 /// The privileged side, as a served session's ftrace source sees it.
 pub trait RemoteTracefs: Send + Sync {
     /// Prepares an instance for `request`, charged to consumer `uid`.
-    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, String>;
+    fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, RemoteError>;
     /// Undoes instance `key` (its descriptors closed first).
     fn release(&self, key: u64);
 }
