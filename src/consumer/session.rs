@@ -186,7 +186,6 @@ fn build_and_run(
             (memfd, Some(file))
         }
     };
-    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto).map_err(|e| app::chain(&e))?;
     let (control, handle) = ControlServer::in_process().map_err(|e| app::chain(&e))?;
     let label = format!("session {id} of uid {uid}");
     let opts = RunOptions {
@@ -197,11 +196,12 @@ fn build_and_run(
         status_line: false,
         compression: None,
         rotation: RotationPolicy::default(),
-        direct_io: false,
+        // O_DIRECT where the client's file takes it (storage decides).
+        direct_io: true,
         producer_socket: None,
     };
     let served = Served {
-        sink,
+        output: fd,
         output_label: label.clone(),
         control,
         producers,
