@@ -197,7 +197,7 @@ fn build_and_run(
         compression: None,
         rotation: RotationPolicy::default(),
         // O_DIRECT where the client's file takes it (storage decides).
-        direct_io: true,
+        direct_io: registry.direct_io(),
         producer_socket: None,
     };
     let served = Served {

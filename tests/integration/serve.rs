@@ -40,6 +40,11 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[])
+    }
+
+    /// [`Serve::start`] with extra environment.
+    fn start_with(env: &[(&str, &str)]) -> Serve {
         let dir = tempfile::tempdir().expect("tempdir");
         // The dropped service user and other test users reach the sockets.
         std::fs::set_permissions(
@@ -56,7 +61,8 @@ impl Serve {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied());
         if is_root() {
             c.arg("--user").arg(SERVICE_UID.to_string());
         }
@@ -874,8 +880,8 @@ data_sources { config { name: "linux.sys_stats"
 
 /// Records a write_into_file session through serve into a file in `dir`
 /// and checks it as a whole trace; returns the service's log.
-fn write_into_file_in(dir: &Path) -> String {
-    let serve = Serve::start();
+fn write_into_file_in(dir: &Path, env: &[(&str, &str)]) -> String {
+    let serve = Serve::start_with(env);
     let cfg = serve.path("wif_dir.pbtx");
     // Enough per pass (20k messages of 64 bytes a second, 500 ms passes)
     // that passes are long enough for O_DIRECT.
@@ -925,11 +931,15 @@ fn a_write_into_file_session_onto_a_disk_file_bypasses_the_page_cache() {
     }
     // The repo's target dir: a disk file system, not tmpfs.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let log = write_into_file_in(dir.path());
+    let log = write_into_file_in(dir.path(), &[]);
     assert!(
         log.contains("passed trace file: O_DIRECT, 4096-byte blocks"),
         "{log}"
     );
+    // RECORDER_DIRECT_IO=off keeps it in the page cache, as for the recorder.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let log = write_into_file_in(dir.path(), &[("RECORDER_DIRECT_IO", "off")]);
+    assert!(!log.contains("passed trace file: O_DIRECT"), "{log}");
 }
 
 #[test]
@@ -941,7 +951,7 @@ fn a_write_into_file_session_onto_tmpfs_stays_in_the_page_cache() {
         return;
     }
     let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir");
-    let log = write_into_file_in(dir.path());
+    let log = write_into_file_in(dir.path(), &[]);
     assert!(
         log.contains("passed trace file: through the page cache, O_DIRECT unused (its file system keeps files in memory)"),
         "{log}"
