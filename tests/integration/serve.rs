@@ -879,8 +879,9 @@ data_sources { config { name: "linux.sys_stats"
 }
 
 /// Records a write_into_file session through serve into a file in `dir`
-/// and checks it as a whole trace; returns the service's log.
-fn write_into_file_in(dir: &Path, env: &[(&str, &str)]) -> String {
+/// and checks it as a whole trace; returns the service's log and how many
+/// padding packets (which only O_DIRECT passes write) the file holds.
+fn write_into_file_in(dir: &Path, env: &[(&str, &str)]) -> (String, usize) {
     let serve = Serve::start_with(env);
     let cfg = serve.path("wif_dir.pbtx");
     // Enough per pass (20k messages of 64 bytes a second, 500 ms passes)
@@ -921,7 +922,10 @@ data_sources { config { name: "for_testing" for_testing {
         assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(40000));
     }
     trace_processor::check(&out);
-    serve.log()
+    (
+        serve.log(),
+        packets.iter().filter(|p| common::is_padding(p)).count(),
+    )
 }
 
 #[test]
@@ -931,15 +935,17 @@ fn a_write_into_file_session_onto_a_disk_file_bypasses_the_page_cache() {
     }
     // The repo's target dir: a disk file system, not tmpfs.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let log = write_into_file_in(dir.path(), &[]);
+    let (log, padding) = write_into_file_in(dir.path(), &[]);
     assert!(
         log.contains("passed trace file: O_DIRECT, 4096-byte blocks"),
         "{log}"
     );
+    assert!(padding > 0, "no pass was written in blocks: {log}");
     // RECORDER_DIRECT_IO=off keeps it in the page cache, as for the recorder.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let log = write_into_file_in(dir.path(), &[("RECORDER_DIRECT_IO", "off")]);
+    let (log, padding) = write_into_file_in(dir.path(), &[("RECORDER_DIRECT_IO", "off")]);
     assert!(!log.contains("passed trace file: O_DIRECT"), "{log}");
+    assert_eq!(padding, 0, "{log}");
 }
 
 #[test]
@@ -951,7 +957,8 @@ fn a_write_into_file_session_onto_tmpfs_stays_in_the_page_cache() {
         return;
     }
     let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir");
-    let log = write_into_file_in(dir.path(), &[]);
+    let (log, padding) = write_into_file_in(dir.path(), &[]);
+    assert_eq!(padding, 0, "{log}");
     assert!(
         log.contains("passed trace file: through the page cache, O_DIRECT unused (its file system keeps files in memory)"),
         "{log}"
