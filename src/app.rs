@@ -4,7 +4,7 @@
 //! and hands them to the event loop. The only module that knows every
 //! concrete type.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -114,7 +114,9 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 /// records `linux.ftrace` itself only on instances `ftrace` (the root
 /// broker) prepares; without it producers (traced_probes) provide it.
 pub struct Served {
-    pub sink: Box<dyn storage::FileSink>,
+    /// The trace file (the client's, or the session's in-memory one); its
+    /// sink is chosen as for a file the recorder opens ([`direct_wanted`]).
+    pub output: OwnedFd,
     pub output_label: String,
     pub control: ControlServer,
     /// The service's producer socket, which the session attaches to.
@@ -147,7 +149,7 @@ fn build_with(
     let (mut served_sink, served_label, served_control, mut served_producers, consumer_uid) =
         match served {
             Some(s) => (
-                Some(s.sink),
+                Some(s.output),
                 Some(s.output_label),
                 Some(s.control),
                 s.producers,
@@ -180,7 +182,10 @@ fn build_with(
         }
     };
     let sink = match served_sink.take() {
-        Some(s) => Output::File(s),
+        Some(fd) => Output::File(
+            storage::sink_for_fd(fd, opts.io, direct_wanted(spec, opts, compress.is_some()))
+                .map_err(AppError::Output)?,
+        ),
         None => output(spec, opts, &buffers, uuid, compression, compress.is_some())?,
     };
     let output_label = match (served_label, &opts.output) {
@@ -373,6 +378,16 @@ fn builtin_sources(
     Ok((sources, next_seq))
 }
 
+/// O_DIRECT for plain streaming (storage::direct): not under a size cap,
+/// which its padding could overrun, nor for compressed passes, which are
+/// copied whole anyway, nor for segments. Storage still probes the file.
+fn direct_wanted(spec: &RecorderSpec, opts: &RunOptions, compressed: bool) -> bool {
+    opts.direct_io
+        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
+        && !compressed
+        && !opts.rotation.rotates()
+}
+
 /// The output: numbered segments when rotating, else one file (or stdout).
 fn output(
     spec: &RecorderSpec,
@@ -382,13 +397,7 @@ fn output(
     compression: spec::Compression,
     compressed: bool,
 ) -> Result<Output, AppError> {
-    // O_DIRECT for plain streaming (storage::direct): not under a size cap,
-    // which its padding could overrun, nor for compressed passes, which are
-    // copied whole anyway, nor for segments.
-    let direct = opts.direct_io
-        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
-        && !compressed
-        && !opts.rotation.rotates();
+    let direct = direct_wanted(spec, opts, compressed);
     let sink_opts = OpenOptions {
         no_clobber: opts.no_clobber,
         io: opts.io,

@@ -329,7 +329,7 @@ fn detach(log: Option<&Path>) -> Result<StartupReport, ExitCode> {
 /// Settings from a file beside the config or from the environment that
 /// cannot be used (a usage error).
 #[derive(Debug, thiserror::Error)]
-enum SettingsError {
+pub(super) enum SettingsError {
     #[error(transparent)]
     SegmentsFile(#[from] SegmentsFileError),
     #[error(transparent)]
@@ -426,7 +426,7 @@ fn open_log(out: &Path) -> Option<(PathBuf, OwnedFd)> {
 
 /// `RECORDER_DIRECT_IO`, read once here: `off` keeps streaming sessions in
 /// the page cache even where O_DIRECT works.
-fn direct_io_from_env() -> Result<bool, SettingsError> {
+pub(super) fn direct_io_from_env() -> Result<bool, SettingsError> {
     match std::env::var_os("RECORDER_DIRECT_IO") {
         None => Ok(true),
         Some(v) => match v.to_str() {

@@ -24,6 +24,14 @@ fn refuse_root(why: &str) -> ExitCode {
 
 /// Runs the service.
 pub fn run(args: &ServeArgs) -> ExitCode {
+    // Read before anything is claimed: a bad value leaves nothing behind.
+    let direct_io = match super::record::direct_io_from_env() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::Usage;
+        }
+    };
     let root = rustix::process::geteuid().is_root();
     // Resolved first: a missing user must not leave sockets behind.
     let user = if root {
@@ -98,6 +106,9 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         }
     };
     let service = ConsumerService::new(consumer_listener, consumer_path, Some(producers));
+    if !direct_io {
+        service.no_direct_io();
+    }
     match broker {
         Some(b) => service.serve_ftrace(b),
         None => log::info!("linux.ftrace: left to producers (traced_probes)"),

@@ -121,6 +121,8 @@ pub struct Registry {
     /// The uid and pid the service runs as (its built-in producer's).
     pub service_uid: u32,
     pub service_pid: u32,
+    /// Sessions may write with `O_DIRECT` where their file takes it.
+    direct_io: std::sync::atomic::AtomicBool,
 }
 
 /// A connection counted against its uid until dropped.
@@ -153,6 +155,7 @@ impl Registry {
             ftrace: std::sync::OnceLock::new(),
             service_uid: rustix::process::getuid().as_raw(),
             service_pid: std::process::id(),
+            direct_io: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -160,6 +163,17 @@ impl Registry {
     /// prepares. Once.
     pub fn serve_ftrace(&self, remote: Arc<dyn crate::sources::ftrace::remote::RemoteTracefs>) {
         let _ = self.ftrace.set(remote);
+    }
+
+    /// Sessions write through the page cache only.
+    pub fn no_direct_io(&self) {
+        self.direct_io
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether sessions may write with `O_DIRECT` (storage still probes).
+    pub fn direct_io(&self) -> bool {
+        self.direct_io.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Who prepares sessions' tracefs instances, if anyone.

@@ -48,6 +48,12 @@ impl ConsumerService {
         self.registry.serve_ftrace(remote);
     }
 
+    /// Sessions write their files through the page cache even where
+    /// `O_DIRECT` works (`RECORDER_DIRECT_IO=off`).
+    pub fn no_direct_io(&self) {
+        self.registry.no_direct_io();
+    }
+
     /// Accepts until SIGINT or SIGTERM, then stops every session and
     /// waits (bounded) for them to end.
     pub fn run(self) -> Result<(), ConsumerError> {

@@ -35,8 +35,6 @@ pub enum BuildError {
     #[error("session thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error(transparent)]
-    Sink(#[from] crate::storage::StorageError),
-    #[error(transparent)]
     Control(#[from] crate::control::ControlError),
     #[error(transparent)]
     App(#[from] app::AppError),
@@ -197,7 +195,6 @@ fn build_and_run(
             (memfd, Some(file))
         }
     };
-    let sink = crate::storage::sink_for_fd(fd, IoChoice::Auto)?;
     let (control, handle) = ControlServer::in_process()?;
     let label = format!("session {id} of uid {uid}");
     let opts = RunOptions {
@@ -208,11 +205,12 @@ fn build_and_run(
         status_line: false,
         compression: None,
         rotation: RotationPolicy::default(),
-        direct_io: false,
+        // O_DIRECT where the client's file takes it (storage decides).
+        direct_io: registry.direct_io(),
         producer_socket: None,
     };
     let served = Served {
-        sink,
+        output: fd,
         output_label: label.clone(),
         control,
         producers,

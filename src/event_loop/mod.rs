@@ -725,7 +725,8 @@ impl Loop {
             inc.answer(Reply::Refused("no output for the clone".into()));
             return;
         };
-        let mut sink = match crate::storage::sink_for_fd(fd, crate::storage::IoChoice::Auto) {
+        let mut sink = match crate::storage::sink_for_fd(fd, crate::storage::IoChoice::Auto, false)
+        {
             Ok(s) => s,
             Err(e) => {
                 inc.answer(Reply::Refused(format!("clone: {e}")));

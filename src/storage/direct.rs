@@ -96,6 +96,14 @@ pub enum DirectError {
     Truncate(rustix::io::Errno),
     #[error("cannot map a bounce buffer: {0}")]
     Bounce(rustix::io::Errno),
+    #[error("cannot stat the file: {0}")]
+    Stat(rustix::io::Errno),
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("the file is not empty")]
+    NotEmpty,
+    #[error("its file system keeps files in memory")]
+    InMemory,
 }
 
 /// An anonymous, page-aligned mapping of `len` bytes.
@@ -111,6 +119,12 @@ fn map_aligned(len: usize) -> Result<memmap2::MmapMut, DirectError> {
 /// written through it lands; otherwise leaves the flags as they were.
 /// Returns the alignment writes need.
 pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
+    // tmpfs and hugetlbfs take O_DIRECT too, but their pages are the file:
+    // nothing is bypassed there, and the padding would only cost.
+    let fs = rustix::fs::fstatfs(fd).map_err(DirectError::Stat)?;
+    if in_memory(fs.f_type as i64) {
+        return Err(DirectError::InMemory);
+    }
     let flags = rustix::fs::fcntl_getfl(fd).map_err(DirectError::Flag)?;
     rustix::fs::fcntl_setfl(fd, flags | OFlags::DIRECT).map_err(DirectError::Flag)?;
     let probe = (|| {
@@ -129,6 +143,30 @@ pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
         return Err(e);
     }
     Ok(DIRECT_ALIGN)
+}
+
+/// [`enable`] for a file opened elsewhere (the descriptor a `recorder
+/// serve` client passed): only an empty regular file (on a file system
+/// that keeps it on a disk, as for every file).
+pub fn enable_passed(fd: &OwnedFd) -> Result<usize, DirectError> {
+    let st = rustix::fs::fstat(fd).map_err(DirectError::Stat)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(DirectError::NotRegular);
+    }
+    // `enable`'s probe truncates the file: never anything the client had.
+    if st.st_size != 0 {
+        return Err(DirectError::NotEmpty);
+    }
+    enable(fd)
+}
+
+/// File systems whose files live in the page cache only (statfs(2) magic
+/// numbers): tmpfs (and memfd), ramfs, hugetlbfs.
+fn in_memory(f_type: i64) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    [TMPFS_MAGIC, RAMFS_MAGIC, HUGETLBFS_MAGIC].contains(&(f_type & 0xffff_ffff))
 }
 
 /// One piece of an aligned pass.

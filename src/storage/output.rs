@@ -64,13 +64,35 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
 }
 
 /// The sink of a file opened elsewhere (`recorder serve`: a session's
-/// in-memory file, or the file a client passed): written from offset 0,
-/// never O_DIRECT; a pipe or socket is written as a stream.
-pub fn sink_for_fd(fd: OwnedFd, io: IoChoice) -> Result<Box<dyn FileSink>, StorageError> {
+/// in-memory file, or the file a client passed): written from offset 0; a
+/// pipe or socket is written as a stream. With `direct` (the session
+/// streams, as [`OpenOptions::direct`]) an empty regular file on a disk
+/// file system is written with `O_DIRECT` when it takes it
+/// ([`super::direct::enable_passed`]); anything else through the page
+/// cache, logged.
+pub fn sink_for_fd(
+    fd: OwnedFd,
+    io: IoChoice,
+    direct: bool,
+) -> Result<Box<dyn FileSink>, StorageError> {
     if create::is_stream(&fd) {
         return Ok(Box::new(StreamSink::new(fd, false)));
     }
-    file_sink(fd, io, None)
+    let align = if direct {
+        match super::direct::enable_passed(&fd) {
+            Ok(align) => {
+                log::info!("passed trace file: O_DIRECT, {align}-byte blocks");
+                Some(align)
+            }
+            Err(e) => {
+                log::info!("passed trace file: through the page cache, O_DIRECT unused ({e})");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    file_sink(fd, io, align)
 }
 
 /// Creates `name` in the checked directory `dir` (see [`open_output`]) and

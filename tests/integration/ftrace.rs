@@ -1215,11 +1215,21 @@ fn test_configs_with_linux_sources_record() {
         // A full DISCARD buffer (rss_stat.cfg: 512 KiB) has no room for the
         // end stats, and the summary says so.
         let full = log.contains("no room for the FtraceStats");
-        assert_eq!(
-            phases.len(),
-            if full { 1 } else { 2 },
-            "{name}: start and end FtraceStats\n{log}"
+        // A ring that wrapped (a loaded machine fills bugreport.cfg's 32 MiB
+        // in seconds) may have overwritten the start stats; never the end's.
+        let wrapped = log.contains("overwritten");
+        let want = if full { 1 } else { 2 };
+        assert!(
+            phases.len() == want || (wrapped && phases.len() == 1),
+            "{name}: start and end FtraceStats ({phases:?})\n{log}"
         );
+        if wrapped && !full {
+            assert_eq!(
+                phases.last(),
+                Some(&perfetto_protos::ftrace_stats::ftrace_stats::Phase::END_OF_TRACE),
+                "{name}: the end stats survive a wrapped ring\n{log}"
+            );
+        }
         if scans {
             assert!(
                 p.iter().any(|p| p.has_process_tree()),

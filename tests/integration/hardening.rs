@@ -221,6 +221,9 @@ fn planted_history_files_neither_redirect_nor_block_nor_exhaust_a_root_session()
         }
         let session = run.spawn("auto");
         wait_listening(&run, session.id());
+        // The trigger stops the session at once: give the source time to
+        // write (a loaded machine may start it after the socket exists).
+        std::thread::sleep(Duration::from_millis(300));
         let t = output_within(
             &mut recorder_as(&run, Some(NOBODY), &["trigger", "go"]),
             Duration::from_secs(10),

@@ -40,6 +40,11 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[])
+    }
+
+    /// [`Serve::start`] with extra environment.
+    fn start_with(env: &[(&str, &str)]) -> Serve {
         let dir = tempfile::tempdir().expect("tempdir");
         // The dropped service user and other test users reach the sockets.
         std::fs::set_permissions(
@@ -56,7 +61,8 @@ impl Serve {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied());
         if is_root() {
             c.arg("--user").arg(SERVICE_UID.to_string());
         }
@@ -870,6 +876,94 @@ data_sources { config { name: "linux.sys_stats"
         assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(300));
     }
     trace_processor::check(&out);
+}
+
+/// Records a write_into_file session through serve into a file in `dir`
+/// and checks it as a whole trace; returns the service's log and how many
+/// padding packets (which only O_DIRECT passes write) the file holds.
+fn write_into_file_in(dir: &Path, env: &[(&str, &str)]) -> (String, usize) {
+    let serve = Serve::start_with(env);
+    let cfg = serve.path("wif_dir.pbtx");
+    // Enough per pass (20k messages of 64 bytes a second, 500 ms passes)
+    // that passes are long enough for O_DIRECT.
+    std::fs::write(
+        &cfg,
+        r#"
+buffers { size_kb: 8192 }
+duration_ms: 3000
+write_into_file: true
+file_write_period_ms: 500
+data_sources { config { name: "for_testing" for_testing {
+  message_count: 40000 max_messages_per_second: 20000 message_size: 64 } } }
+"#,
+    )
+    .expect("config");
+    let out = dir.join("wif_dir.pftrace");
+    let child = serve
+        .perfetto(None, &["--txt", "-c"])
+        .arg(&cfg)
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perfetto");
+    let o = wait_within(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let packets = decode(&std::fs::read(&out).expect("trace"));
+    let counters = test_counters(&packets);
+    assert_eq!(
+        counters.values().next().cloned().unwrap_or_default(),
+        (0..40000).collect::<Vec<u64>>(),
+        "{}",
+        serve.log()
+    );
+    if let Some(k) = kinds(&out) {
+        assert_eq!(k.get("for_testing").and_then(|v| v.as_u64()), Some(40000));
+    }
+    trace_processor::check(&out);
+    (
+        serve.log(),
+        packets.iter().filter(|p| common::is_padding(p)).count(),
+    )
+}
+
+#[test]
+fn a_write_into_file_session_onto_a_disk_file_bypasses_the_page_cache() {
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    // The repo's target dir: a disk file system, not tmpfs.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (log, padding) = write_into_file_in(dir.path(), &[]);
+    assert!(
+        log.contains("passed trace file: O_DIRECT, 4096-byte blocks"),
+        "{log}"
+    );
+    assert!(padding > 0, "no pass was written in blocks: {log}");
+    // RECORDER_DIRECT_IO=off keeps it in the page cache, as for the recorder.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (log, padding) = write_into_file_in(dir.path(), &[("RECORDER_DIRECT_IO", "off")]);
+    assert!(!log.contains("passed trace file: O_DIRECT"), "{log}");
+    assert_eq!(padding, 0, "{log}");
+}
+
+#[test]
+fn a_write_into_file_session_onto_tmpfs_stays_in_the_page_cache() {
+    if common::skip_unless_peer(missing()) {
+        return;
+    }
+    if skip_unless((!Path::new("/dev/shm").is_dir()).then(|| "no /dev/shm".to_string())) {
+        return;
+    }
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir");
+    let (log, padding) = write_into_file_in(dir.path(), &[]);
+    assert_eq!(padding, 0, "{log}");
+    assert!(
+        log.contains("passed trace file: through the page cache, O_DIRECT unused (its file system keeps files in memory)"),
+        "{log}"
+    );
+    assert!(!log.contains("passed trace file: O_DIRECT"), "{log}");
 }
 
 #[test]
