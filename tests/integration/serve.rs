@@ -18,7 +18,7 @@ const NOBODY: &str = "65534";
 
 /// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else the shared
 /// tools beside the repository.
-fn tracebox() -> Option<PathBuf> {
+pub(crate) fn tracebox() -> Option<PathBuf> {
     let p = std::env::var_os("RECORDER_TRACEBOX")
         .map(PathBuf::from)
         .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
@@ -33,18 +33,18 @@ fn missing() -> Option<String> {
 }
 
 /// A running `recorder serve` on private sockets; stopped with SIGTERM.
-struct Serve {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
+pub(crate) struct Serve {
+    pub(crate) child: Option<Child>,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Serve {
-    fn start() -> Serve {
+    pub(crate) fn start() -> Serve {
         Serve::start_with(&[])
     }
 
     /// [`Serve::start`] with extra environment.
-    fn start_with(env: &[(&str, &str)]) -> Serve {
+    pub(crate) fn start_with(env: &[(&str, &str)]) -> Serve {
         let dir = tempfile::tempdir().expect("tempdir");
         // The dropped service user and other test users reach the sockets.
         std::fs::set_permissions(
@@ -87,15 +87,15 @@ impl Serve {
         self.dir.path().join("consumer.sock")
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
     }
 
@@ -171,7 +171,7 @@ fn output_within(c: &mut Command, limit: Duration) -> Output {
     wait_within(child, limit)
 }
 
-fn wait_within(mut child: Child, limit: Duration) -> Output {
+pub(crate) fn wait_within(mut child: Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     loop {
         if child.try_wait().expect("wait").is_some() {
@@ -189,7 +189,7 @@ fn wait_within(mut child: Child, limit: Duration) -> Output {
     }
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

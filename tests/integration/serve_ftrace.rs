@@ -6,24 +6,17 @@
 //! through the independent decoder and trace processor.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{self, decode, skip_unless};
+use crate::serve::{Serve, tracebox, wait_within};
 use crate::trace_processor;
 
-const SERVICE_UID: u32 = 61_235;
 const NOBODY: &str = "65534";
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The broker's limit (src/privilege/broker.rs MAX_INSTANCES_PER_UID).
 const INSTANCES_PER_UID: usize = 4;
-
-fn tracebox() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_TRACEBOX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
-    p.exists().then_some(p)
-}
 
 /// Skips (with the reason) unless tracebox, root and tracefs are here.
 fn unavailable() -> bool {
@@ -40,58 +33,7 @@ fn unavailable() -> bool {
     }))
 }
 
-/// `recorder serve` as root on private sockets, dropping to SERVICE_UID.
-struct Serve {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
 impl Serve {
-    fn start() -> Serve {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o777),
-        )
-        .expect("chmod");
-        let child = Command::new(common::recorder_bin())
-            .arg("serve")
-            .arg("--consumer-socket")
-            .arg(dir.path().join("consumer.sock"))
-            .arg("--producer-socket")
-            .arg(dir.path().join("producer.sock"))
-            .arg("--user")
-            .arg(SERVICE_UID.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
-            .env("RUST_LOG", "info")
-            .spawn()
-            .expect("spawn recorder serve");
-        let s = Serve {
-            child: Some(child),
-            dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(s.path("consumer.sock")).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "serve did not listen: {}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("serve.log")).unwrap_or_default()
-    }
-
     /// The broker: the service's one child.
     fn broker(&self) -> u32 {
         let pid = self.child.as_ref().map_or(0, Child::id);
@@ -106,7 +48,7 @@ impl Serve {
 
     /// `perfetto --txt -c CFG -o OUT` against this service, as `uid`
     /// (setpriv) or as us; spawned.
-    fn record(&self, uid: Option<&str>, name: &str, config: &str) -> (Child, PathBuf) {
+    fn spawn_client(&self, uid: Option<&str>, name: &str, config: &str) -> (Child, PathBuf) {
         let cfg = self.path(&format!("{name}.pbtx"));
         std::fs::write(&cfg, config).expect("config");
         let out = self.path(&format!("{name}.pftrace"));
@@ -135,42 +77,6 @@ impl Serve {
             .expect("perfetto");
         (child, out)
     }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&c),
-                rustix::process::Signal::TERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while c.try_wait().ok().flatten().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-fn wait_within(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("output");
-            panic!(
-                "did not finish within {limit:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
 }
 
 /// The tracefs instances the broker `pid` made (`recorder-PID[-N]`).
@@ -217,7 +123,7 @@ fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
         .expect("perfetto --query");
     let listing = String::from_utf8_lossy(&q.stdout);
     assert!(listing.contains("linux.ftrace"), "--query: {listing}");
-    let (client, out) = serve.record(None, "sched", SCHED);
+    let (client, out) = serve.spawn_client(None, "sched", SCHED);
     let o = wait_within(client, Duration::from_secs(60));
     assert!(
         o.status.success(),
@@ -262,7 +168,7 @@ fn one_uids_clients_cannot_make_the_broker_hold_more_than_its_limit_and_sigkill_
         .replace("size_kb: 8192", "size_kb: 1024");
     let mut clients = Vec::new();
     for i in 0..=INSTANCES_PER_UID {
-        clients.push(serve.record(Some(NOBODY), &format!("n{i}"), &long).0);
+        clients.push(serve.spawn_client(Some(NOBODY), &format!("n{i}"), &long).0);
     }
     let t0 = Instant::now();
     while !serve.log().contains("ftrace instances, the most a uid may") {
@@ -459,7 +365,7 @@ fn the_same_config_through_traced_and_through_serve_fills_the_same_tables() {
         tables(&tp)
     };
     let serve = Serve::start();
-    let (client, out) = serve.record(None, "equivalent", EQUIVALENT);
+    let (client, out) = serve.spawn_client(None, "equivalent", EQUIVALENT);
     let o = wait_within(client, Duration::from_secs(60));
     assert!(
         o.status.success(),

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use perfetto_protos::trace_packet::TracePacket;
@@ -15,22 +15,14 @@ use perfetto_protos::trace_packet::TracePacket;
 use crate::common::{self, decode, python_summary, skip_unless};
 use crate::hardening::{as_nobody, as_user, attacker_missing, python};
 use crate::producers::{SEQUENCE_DS, sdk_app};
+use crate::serve::{Serve, text, tracebox, wait_within};
 use crate::trace_processor;
 
-/// The service user of root runs: neither root nor the attacker's nobody.
-const SERVICE_UID: u32 = 61_235;
 const NOBODY_UID: u32 = 65_534;
 /// A local user who is neither root, nor nobody, nor the service user.
 const BYSTANDER_UID: u32 = 65_533;
 /// The attacker's data source, named by one session only.
 const FOREIGN_DS: &str = "recorder.test.foreign";
-
-fn tracebox() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_TRACEBOX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
-    p.exists().then_some(p)
-}
 
 fn missing() -> Option<String> {
     tracebox()
@@ -38,58 +30,7 @@ fn missing() -> Option<String> {
         .then(|| "no tracebox (set RECORDER_TRACEBOX)".to_string())
 }
 
-/// `recorder serve` on private sockets; stopped with SIGTERM.
-struct Serve {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
 impl Serve {
-    fn start() -> Serve {
-        let dir = tempfile::tempdir().expect("tempdir");
-        // The dropped service user and the attacker reach the sockets.
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o777),
-        )
-        .expect("chmod");
-        let mut c = Command::new(common::recorder_bin());
-        c.arg("serve")
-            .arg("--consumer-socket")
-            .arg(dir.path().join("consumer.sock"))
-            .arg("--producer-socket")
-            .arg(dir.path().join("producer.sock"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("serve.log")).expect("log"))
-            .env("RUST_LOG", "info");
-        if rustix::process::geteuid().is_root() {
-            c.arg("--user").arg(SERVICE_UID.to_string());
-        }
-        let s = Serve {
-            child: Some(c.spawn().expect("spawn recorder serve")),
-            dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(s.path("consumer.sock")).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "serve did not listen: {}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("serve.log")).unwrap_or_default()
-    }
-
     /// `perfetto --txt -c NAME.pbtx -o NAME.pftrace`, running.
     fn client(&self, name: &str, config: &str) -> (Child, PathBuf) {
         self.client_as(name, config, None)
@@ -156,26 +97,6 @@ impl Serve {
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&c),
-                rustix::process::Signal::TERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while !matches!(c.try_wait(), Ok(Some(_))) {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
 struct App {
     child: Child,
     out: BufReader<ChildStdout>,
@@ -205,30 +126,6 @@ impl Drop for App {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn wait_within(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("output");
-            panic!(
-                "did not finish within {limit:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The app's packets of a trace: (marker, counter), in file order.
