@@ -100,15 +100,10 @@ impl Serve {
     }
 
     /// `perfetto ARGS` against this service, as `uid` (setpriv) or as us.
-    fn perfetto(&self, uid: Option<&str>, args: &[&str]) -> Command {
+    pub(crate) fn perfetto(&self, uid: Option<&str>, args: &[&str]) -> Command {
         let tb = tracebox().expect("tracebox");
         let mut c = match uid {
-            Some(u) => {
-                let mut c = Command::new("setpriv");
-                c.args(["--reuid", u, "--regid", u, "--clear-groups"])
-                    .arg(tb);
-                c
-            }
+            Some(u) => crate::hardening::as_user(u, tb),
             None => Command::new(tb),
         };
         c.arg("perfetto")
@@ -117,6 +112,29 @@ impl Serve {
             .env("PERFETTO_PRODUCER_SOCK_NAME", self.path("producer.sock"))
             .stdin(Stdio::null());
         c
+    }
+
+    /// Writes `config` (text) as NAME.pbtx and starts `perfetto --txt -c
+    /// NAME.pbtx -o NAME.pftrace`, as `uid` or as us.
+    pub(crate) fn spawn_client(
+        &self,
+        uid: Option<&str>,
+        name: &str,
+        config: &str,
+    ) -> (Child, PathBuf) {
+        let cfg = self.path(&format!("{name}.pbtx"));
+        std::fs::write(&cfg, config).expect("config");
+        let out = self.path(&format!("{name}.pftrace"));
+        let child = self
+            .perfetto(uid, &["--txt", "-c"])
+            .arg(&cfg)
+            .arg("-o")
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perfetto");
+        (child, out)
     }
 
     /// Writes `config` (text) and runs `perfetto --txt -c CFG -o OUT`.

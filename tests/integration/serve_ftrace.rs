@@ -45,38 +45,6 @@ impl Serve {
         assert_eq!(kids.len(), 1, "the broker only: {kids:?}");
         kids[0]
     }
-
-    /// `perfetto --txt -c CFG -o OUT` against this service, as `uid`
-    /// (setpriv) or as us; spawned.
-    fn spawn_client(&self, uid: Option<&str>, name: &str, config: &str) -> (Child, PathBuf) {
-        let cfg = self.path(&format!("{name}.pbtx"));
-        std::fs::write(&cfg, config).expect("config");
-        let out = self.path(&format!("{name}.pftrace"));
-        let tb = tracebox().expect("tracebox");
-        let mut c = match uid {
-            Some(u) => {
-                let mut c = Command::new("setpriv");
-                c.args(["--reuid", u, "--regid", u, "--clear-groups"])
-                    .arg(tb);
-                c
-            }
-            None => Command::new(tb),
-        };
-        let child = c
-            .arg("perfetto")
-            .args(["--txt", "-c"])
-            .arg(&cfg)
-            .arg("-o")
-            .arg(&out)
-            .env("PERFETTO_CONSUMER_SOCK_NAME", self.path("consumer.sock"))
-            .env("PERFETTO_PRODUCER_SOCK_NAME", self.path("producer.sock"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("perfetto");
-        (child, out)
-    }
 }
 
 /// The tracefs instances the broker `pid` made (`recorder-PID[-N]`).
@@ -114,11 +82,8 @@ fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
     let serve = Serve::start();
     let broker = serve.broker();
     // The service lists linux.ftrace among its own data sources.
-    let q = Command::new(tracebox().expect("tracebox"))
-        .args(["perfetto", "--query"])
-        .env("PERFETTO_CONSUMER_SOCK_NAME", serve.path("consumer.sock"))
-        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
-        .stdin(Stdio::null())
+    let q = serve
+        .perfetto(None, &["--query"])
         .output()
         .expect("perfetto --query");
     let listing = String::from_utf8_lossy(&q.stdout);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use perfetto_protos::trace_packet::TracePacket;
 
 use crate::common::{self, decode, python_summary, skip_unless};
-use crate::hardening::{as_nobody, as_user, attacker_missing, python};
+use crate::hardening::{as_nobody, attacker_missing, python};
 use crate::producers::{SEQUENCE_DS, sdk_app};
 use crate::serve::{Serve, text, tracebox, wait_within};
 use crate::trace_processor;
@@ -38,35 +38,13 @@ impl Serve {
 
     /// [`Self::client`], run as `uid` when given.
     fn client_as(&self, name: &str, config: &str, uid: Option<u32>) -> (Child, PathBuf) {
-        let cfg = self.path(&format!("{name}.pbtx"));
-        std::fs::write(&cfg, config).expect("config");
-        let out = self.path(&format!("{name}.pftrace"));
-        let tracebox = tracebox().expect("tracebox");
-        let mut c = match uid {
-            Some(uid) => as_user(&uid.to_string(), tracebox),
-            None => Command::new(tracebox),
-        };
-        let child = c
-            .arg("perfetto")
-            .args(["--txt", "-c"])
-            .arg(&cfg)
-            .arg("-o")
-            .arg(&out)
-            .env("PERFETTO_CONSUMER_SOCK_NAME", self.path("consumer.sock"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("perfetto");
-        (child, out)
+        self.spawn_client(uid.map(|u| u.to_string()).as_deref(), name, config)
     }
 
     /// What `perfetto --query` prints.
     fn query(&self) -> String {
-        let child = Command::new(tracebox().expect("tracebox"))
-            .args(["perfetto", "--query"])
-            .env("PERFETTO_CONSUMER_SOCK_NAME", self.path("consumer.sock"))
-            .stdin(Stdio::null())
+        let child = self
+            .perfetto(None, &["--query"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
