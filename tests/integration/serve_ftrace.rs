@@ -34,14 +34,19 @@ fn unavailable() -> bool {
 }
 
 impl Serve {
-    /// The broker: the service's one child.
+    /// The broker: the service's one child. The consumer socket listens
+    /// before the broker is forked, so it is waited for.
     fn broker(&self) -> u32 {
         let pid = self.child.as_ref().map_or(0, Child::id);
-        let kids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect();
+        let kids = || -> Vec<u32> {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        };
+        wait_for("the broker", Duration::from_secs(10), || !kids().is_empty());
+        let kids = kids();
         assert_eq!(kids.len(), 1, "the broker only: {kids:?}");
         kids[0]
     }
