@@ -207,6 +207,20 @@ pub(crate) fn wait_within(mut child: Child, limit: Duration) -> Output {
     }
 }
 
+/// The sched_switch events of a trace, typed or in the compact form
+/// (traced_probes and compact_sched configs write the latter).
+pub(crate) fn sched_switches(packets: &[perfetto_protos::trace_packet::TracePacket]) -> usize {
+    packets
+        .iter()
+        .filter(|p| p.has_ftrace_events())
+        .map(|p| {
+            let b = p.ftrace_events();
+            b.event.iter().filter(|e| e.has_sched_switch()).count()
+                + b.compact_sched.switch_timestamp.len()
+        })
+        .sum()
+}
+
 pub(crate) fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -817,17 +831,10 @@ data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
         serve.log()
     );
     let packets = decode(&std::fs::read(&out).expect("trace"));
-    let switches: usize = packets
-        .iter()
-        .filter(|p| p.has_ftrace_events())
-        .map(|p| {
-            let b = p.ftrace_events();
-            // traced_probes writes sched_switch in the compact form.
-            b.event.iter().filter(|e| e.has_sched_switch()).count()
-                + b.compact_sched.switch_timestamp.len()
-        })
-        .sum();
-    assert!(switches > 0, "no sched_switch: {probes_said}");
+    assert!(
+        sched_switches(&packets) > 0,
+        "no sched_switch: {probes_said}"
+    );
     if let Some(k) = kinds(&out) {
         assert!(k.get("ftrace_events").and_then(|v| v.as_u64()).unwrap_or(0) > 0);
     }

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{self, decode, skip_unless};
-use crate::serve::{Serve, tracebox, wait_within};
+use crate::serve::{Serve, sched_switches, tracebox, wait_within};
 use crate::trace_processor;
 
 const NOBODY: &str = "65534";
@@ -104,16 +104,7 @@ fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
     let log = serve.log();
     assert!(log.contains("broker: ftrace instance"), "{log}");
     let packets = decode(&std::fs::read(&out).expect("trace"));
-    let switches: usize = packets
-        .iter()
-        .filter(|p| p.has_ftrace_events())
-        .map(|p| {
-            let b = p.ftrace_events();
-            b.event.iter().filter(|e| e.has_sched_switch()).count()
-                + b.compact_sched.switch_timestamp.len()
-        })
-        .sum();
-    assert!(switches > 0, "no sched_switch: {log}");
+    assert!(sched_switches(&packets) > 0, "no sched_switch: {log}");
     if let Some(tp) = trace_processor::check(&out) {
         assert!(
             tp.query("select count(*) from ftrace_event").scalar().int() > 0,
