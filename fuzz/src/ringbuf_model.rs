@@ -17,7 +17,11 @@
 //!   the end they are equal and nothing is left;
 //! * M3: a batch's bytes are unchanged when it is released;
 //! * capacity: RING_BUFFER with nothing pinned, and either policy right
-//!   after a drain, never refuse a one-chunk packet while a chunk is free.
+//!   after a drain, never refuse a one-chunk packet while a chunk is free;
+//! * W3: RING_BUFFER overwrites oldest first: with no batch held while the
+//!   packets were written, a batch never carries a writer's packet and then
+//!   a later packet of that writer that was overwritten (what is kept of a
+//!   writer since the last pass is one run ending at its newest packet).
 //!
 //! The same module runs as the libFuzzer target `ringbuf_model` (input
 //! decoded by [`decode`]) and as the proptest in the integration tests.
@@ -202,6 +206,9 @@ struct Model {
     refused: (u64, u64),
     read: (u64, u64),
     skipped: u64,
+    /// Something was written while a batch was held since the last
+    /// consuming pass: pinned data may outlive newer data (W3 is off).
+    pinned_writes: bool,
 }
 
 fn varint_len(v: usize) -> usize {
@@ -283,6 +290,7 @@ impl Model {
             refused: (0, 0),
             read: (0, 0),
             skipped: 0,
+            pinned_writes: false,
         }
     }
 
@@ -506,6 +514,8 @@ impl Model {
         let mut bytes = 0u64;
         let mut read = (0u64, 0u64);
         let mut skipped = 0u64;
+        let mut delivered = [false; WRITERS];
+        let w3 = self.setup.policy == FillPolicy::RingBuffer && !self.pinned_writes;
         for item in batch.items() {
             match item {
                 FlushItem::Loss { writer } => {
@@ -552,12 +562,17 @@ impl Model {
                                     assert_eq!(f, framed as u64, "packet {w}/{seq} framed length");
                                     break;
                                 }
-                                Some(Entry::Written { .. }) => {
+                                Some(Entry::Written { seq: s, .. }) => {
+                                    assert!(
+                                        !(w3 && delivered[w]),
+                                        "W3: {w}/{s} overwritten while an older packet of {w} was kept"
+                                    );
                                     lost = true;
                                     skipped += 1;
                                 }
                             }
                         }
+                        delivered[w] = true;
                         assert_eq!(
                             lost, pending[w],
                             "loss marker before {w}/{seq} iff data was lost before it"
@@ -577,10 +592,15 @@ impl Model {
                     !queues[w].is_empty(),
                     "trailing loss marker for {w} but nothing lost"
                 );
-                skipped += queues[w]
+                let overwritten = queues[w]
                     .drain(..)
                     .filter(|e| matches!(e, Entry::Written { .. }))
                     .count() as u64;
+                assert!(
+                    !(w3 && delivered[w] && overwritten > 0),
+                    "W3: {w}'s last packets overwritten while an older one was kept"
+                );
+                skipped += overwritten;
             }
             if dead {
                 assert!(
@@ -639,6 +659,11 @@ impl Model {
 
     fn step(&mut self, op: Op) {
         let w = |x: u8| usize::from(x) % WRITERS;
+        if matches!(op, Op::Write { .. } | Op::Slot { .. } | Op::Reserve { .. })
+            && !self.held.is_empty()
+        {
+            self.pinned_writes = true;
+        }
         match op {
             Op::Write { writer, len } => self.write(w(writer), len as usize),
             Op::Slot {
@@ -667,11 +692,14 @@ impl Model {
             Op::Take => {
                 let batch = self.buffer.take_flush();
                 let copy = self.verify(&batch, true);
+                // Everything unread until now is in this batch.
+                self.pinned_writes = false;
                 self.hold(batch, copy);
             }
             Op::Drain => {
                 let batch = self.buffer.take_flush();
                 self.verify(&batch, true);
+                self.pinned_writes = false;
                 batch.release();
                 self.drained = self.held.is_empty();
             }

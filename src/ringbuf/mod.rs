@@ -129,6 +129,16 @@
 //! such chunks exist, and what the pass has written already is such
 //! chunks.
 //!
+//! **W3** Regions are taken first fit in ring order: from the write cursor,
+//! the first run of at least the needed chunks, the writer's share of it at
+//! most. Under RING_BUFFER the complete unpinned regions the search passes
+//! over (a run too short for the packet) are overwritten with the ones it
+//! takes. So, with no pass pinning data, overwrites go oldest first for
+//! every writer and what the buffer keeps of each writer sequence is one
+//! run ending at its newest packet: no piece from before a wrap outlives
+//! newer data. (Regions other writers hold, and regions a pass or snapshot
+//! pins, are skipped and keep their data.)
+//!
 //! A writer that finds no chunk drops the packet and counts it by
 //! [`DiscardReason`]: DISCARD full of unread data, space pinned by a pass in
 //! flight, or every chunk held by other writers (more writers than chunks).

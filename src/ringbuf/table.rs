@@ -90,6 +90,18 @@ pub(crate) struct Pin {
     pub(crate) data_end: u64,
 }
 
+/// A run of takeable chunks [`Table::find`] chose.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    start: usize,
+    /// The region's length.
+    chunks: usize,
+    /// Where what must be reclaimed ends (`start + chunks` or past it).
+    end: usize,
+    /// The search went past the end of the ring to reach `start`.
+    wrapped: bool,
+}
+
 /// What `take` gathered.
 pub(crate) struct Taken {
     pub(crate) items: Vec<RawItem>,
@@ -265,10 +277,10 @@ impl Table {
         need.max(share.min(self.region_chunks))
     }
 
-    /// Gives `id` a region at the write cursor (or the first place after it
-    /// where one can be had) of its share of chunks ([`Self::region_size`]),
-    /// or of `need` chunks when that many adjacent ones cannot be had,
-    /// reusing complete unpinned chunks under RING_BUFFER. `lost`: the writer
+    /// Gives `id` a region at the write cursor, or at the first place after
+    /// it where `need` adjacent chunks can be had: its share of chunks
+    /// ([`Self::region_size`]) or fewer if the run there is shorter, reusing
+    /// complete unpinned chunks under RING_BUFFER. `lost`: the writer
     /// dropped packets since its previous region. Returns the region's head
     /// and length in chunks.
     pub(crate) fn acquire(
@@ -279,35 +291,32 @@ impl Table {
         lost: bool,
     ) -> Result<(usize, usize), Refused> {
         let want = self.region_size(need);
-        let found = self
-            .find(want)
-            .map(|at| (at, want))
-            .or_else(|| (want > need).then(|| self.find(need).map(|at| (at, need)))?);
-        let Some(((start, found_end, wrapped), k)) = found else {
+        let Some(found) = self.find(need, want) else {
             self.totals.chunks_discarded += 1;
             return Err(Refused {
                 generation: self.generation,
                 reason: self.refusal_reason(need),
             });
         };
-        // Reclaim everything in [start, found_end): free chunks stay free,
-        // complete regions are overwritten (RING_BUFFER) or were fully read.
-        let mut i = start;
-        while i < found_end {
-            match self.slots[i] {
-                Slot::Head(r) => {
-                    let unread = r.used - r.read;
-                    if unread > 0 {
-                        self.totals.chunks_overwritten += u64::from(r.chunks);
-                        self.totals.bytes_overwritten += u64::from(unread);
-                        self.totals.packets_overwritten += u64::from(r.packets - r.read_packets);
-                    }
-                    self.free_region(i, unread > 0 || r.loss_pending);
-                    i += r.chunks as usize;
-                }
-                Slot::Free | Slot::Member => i += 1,
+        let Found {
+            start,
+            chunks: k,
+            end,
+            wrapped,
+        } = found;
+        // W3: what the search passed over is older than anything it will
+        // write; under RING_BUFFER it goes now, not after newer data.
+        if self.policy == FillPolicy::RingBuffer {
+            if wrapped {
+                self.reclaim(self.cursor, self.slots.len(), false);
+                self.reclaim(0, start, false);
+            } else {
+                self.reclaim(self.cursor, start, false);
             }
         }
+        // Everything in [start, end): free chunks stay free, complete
+        // regions are overwritten (RING_BUFFER) or were fully read.
+        self.reclaim(start, end, true);
         let seq = self.sequences.entry(id).or_default();
         let loss_pending = lost || seq.loss_tail;
         seq.loss_tail = false;
@@ -342,29 +351,50 @@ impl Table {
         Ok((start, k))
     }
 
-    /// Where `k` adjacent takeable chunks start, from the write cursor on:
-    /// `(start, end of what must be reclaimed, whether the search wrapped)`.
-    fn find(&self, k: usize) -> Option<(usize, usize, bool)> {
+    /// Frees the reusable regions among the slots in `[from, to)`, counting
+    /// unread bytes as overwritten. `all`: the range was found takeable, so
+    /// every region in it goes; else regions a writer or a pass holds stay.
+    fn reclaim(&mut self, from: usize, to: usize, all: bool) {
+        let mut i = from;
+        while i < to {
+            match self.slots[i] {
+                Slot::Head(r) => {
+                    if all || self.takeable(i).is_ok() {
+                        let unread = r.used - r.read;
+                        if unread > 0 {
+                            self.totals.chunks_overwritten += u64::from(r.chunks);
+                            self.totals.bytes_overwritten += u64::from(unread);
+                            self.totals.packets_overwritten +=
+                                u64::from(r.packets - r.read_packets);
+                        }
+                        self.free_region(i, unread > 0 || r.loss_pending);
+                    }
+                    i += r.chunks as usize;
+                }
+                Slot::Free | Slot::Member => i += 1,
+            }
+        }
+    }
+
+    /// The first run of at least `need` takeable chunks from the write
+    /// cursor on, `want` of them at most (W3: first fit, so writes follow
+    /// the ring in order), or `None` when no run is long enough.
+    fn find(&self, need: usize, want: usize) -> Option<Found> {
         let n = self.slots.len();
-        if k == 0 || k > n || (self.policy == FillPolicy::Discard && self.free_chunks < k) {
+        if need == 0 || need > n || (self.policy == FillPolicy::Discard && self.free_chunks < need)
+        {
             return None;
         }
+        let want = want.max(need);
         let mut start = self.cursor;
         let mut scanned = 0usize;
         let mut wrapped = false;
-        loop {
-            if scanned >= n {
-                return None;
-            }
-            if start + k > n {
-                scanned += n - start;
-                start = 0;
-                wrapped = true;
-                continue;
-            }
+        while scanned < n {
+            // Grow a run of takeable slots from `start`; a reusable region
+            // may carry it past `want` (the rest of it is freed).
             let mut j = start;
             let blocked = loop {
-                if j >= start + k {
+                if j >= start + want || j >= n {
                     break None;
                 }
                 match self.takeable(j) {
@@ -372,18 +402,23 @@ impl Table {
                     Err(skip) => break Some(j + skip),
                 }
             };
-            match blocked {
-                None => return Some((start, j, wrapped)),
-                Some(next) => {
-                    scanned += next - start;
-                    start = next;
-                    if start >= n {
-                        start = 0;
-                        wrapped = true;
-                    }
-                }
+            if j - start >= need {
+                return Some(Found {
+                    start,
+                    chunks: (j - start).min(want),
+                    end: j,
+                    wrapped,
+                });
+            }
+            let next = blocked.unwrap_or(j);
+            scanned += next - start;
+            start = next;
+            if start >= n {
+                start = 0;
+                wrapped = true;
             }
         }
+        None
     }
 
     /// Why `need` chunks could not be had: a write pass pins space that

@@ -82,8 +82,37 @@ fn case_strategy() -> impl Strategy<Value = (Setup, Vec<Op>)> {
     })
 }
 
+/// Only writes and flushes of several writers into a RING_BUFFER with
+/// regions of several chunks, then one drain: wraps with regions of mixed
+/// sizes, where W3 (overwrite oldest first) is at stake.
+fn wrap_case_strategy() -> impl Strategy<Value = (Setup, Vec<Op>)> {
+    (prop_oneof![Just(16usize), Just(64)], 3usize..12, 2usize..5).prop_flat_map(
+        |(chunk_size, chunks, region_chunks)| {
+            let setup = Setup {
+                policy: FillPolicy::RingBuffer,
+                chunk_size,
+                chunks,
+                region_chunks,
+            };
+            let w = 0u8..ringbuf_model::WRITERS as u8;
+            let op = prop_oneof![
+                12 => (w.clone(), 0u32..2 * chunk_size as u32)
+                    .prop_map(|(writer, len)| Op::Write { writer, len }),
+                1 => w.prop_map(|writer| Op::Flush { writer }),
+            ];
+            (Just(setup), prop::collection::vec(op, 0..300))
+        },
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// W3 where it matters: many wraps, no pass until the end.
+    #[test]
+    fn ring_buffer_keeps_one_newest_run_per_writer((setup, ops) in wrap_case_strategy()) {
+        ringbuf_model::run(setup, &ops);
+    }
 
     /// R1–R3 and pinning, after every step, both policies, several chunk sizes.
     #[test]
