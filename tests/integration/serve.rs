@@ -16,20 +16,21 @@ use crate::trace_processor;
 const SERVICE_UID: u32 = 61_234;
 const NOBODY: &str = "65534";
 
-/// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else the shared
-/// tools beside the repository.
+/// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else `tracebox` on
+/// `$PATH`.
 pub(crate) fn tracebox() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_TRACEBOX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
-    p.exists().then_some(p)
+    match std::env::var_os("RECORDER_TRACEBOX") {
+        Some(p) => Some(PathBuf::from(p)).filter(|p| p.exists()),
+        None => common::on_path("tracebox"),
+    }
 }
 
-fn missing() -> Option<String> {
-    if tracebox().is_none() {
-        return Some("no tracebox (set RECORDER_TRACEBOX)".into());
-    }
-    None
+/// Why the serve tests cannot run Perfetto's client and services, if they
+/// cannot.
+pub(crate) fn missing() -> Option<String> {
+    tracebox()
+        .is_none()
+        .then(|| "no tracebox (set RECORDER_TRACEBOX, or put tracebox on PATH)".into())
 }
 
 /// A running `recorder serve` on private sockets; stopped with SIGTERM.
