@@ -10,8 +10,7 @@ are interleaved: every round runs each tracer once, in a rotated order.
       [--secs 8] [--rounds 3] [--zstd 1] [--modes mmap,read] [--dir /var/tmp]
       [--load switch:2] [--variants compact,plain] [--serve] [--serve-probes]
 
-  RECORDER_TRACEBOX   tracebox binary (default ../shared/tools/tracebox
-                      beside the repository, else `tracebox` on PATH)
+  RECORDER_TRACEBOX   tracebox binary (default `tracebox` on PATH)
   RECORDER_BIN        recorder binary (default target/release/recorder)
 
 Per row: events (decoded with the PyPI `perfetto` package, not our code),
@@ -65,12 +64,9 @@ def tracebox():
     env = os.environ.get("RECORDER_TRACEBOX")
     if env:
         return env
-    beside = os.path.join(REPO, "..", "shared", "tools", "tracebox")
-    if os.path.exists(beside):
-        return os.path.abspath(beside)
     found = shutil.which("tracebox")
     if not found:
-        raise SystemExit("no tracebox: set RECORDER_TRACEBOX")
+        raise SystemExit("no tracebox: set RECORDER_TRACEBOX, or put tracebox on PATH")
     return found
 
 

@@ -252,7 +252,9 @@ impl Loop {
             self.next_request += 1;
             let ev = match &inc.request {
                 Request::Query {} => {
-                    let st = self.status();
+                    // The control socket is open to every local user: a
+                    // caller sees the quota lines of its own uid only.
+                    let st = self.status(QuotaView::for_consumer(Some(inc.peer_uid)));
                     inc.answer(Reply::Status(st));
                     continue;
                 }
@@ -809,7 +811,8 @@ impl Loop {
         }
     }
 
-    fn status(&self) -> SessionStatus {
+    /// The session's live status, with the quota lines `viewer` may see.
+    fn status(&self, viewer: QuotaView) -> SessionStatus {
         SessionStatus {
             pid: std::process::id(),
             uid: self.rec.log.uid(),
@@ -870,11 +873,11 @@ impl Loop {
                     })
                     .collect()
             }),
-            quotas: crate::control::message::UidQuotaStatus::of(&quota_reports(
+            quotas: crate::control::message::UidQuotaStatus::of(&viewer.filter(quota_reports(
                 self.rec.producers.as_ref(),
                 self.rec.control.as_ref(),
                 self.rec.quota_view,
-            )),
+            ))),
         }
     }
 

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::message::{self, MessageError, Reply, Request};
+use super::message::{self, MessageError, Operation, Refusal, Reply, Request};
 use crate::sources::ftrace::remote::FtraceRequest;
 use crate::sources::ftrace::tracefs::{Tracefs, TracefsTeardown};
 use crate::sources::ftrace::{
@@ -65,25 +65,6 @@ struct ServedInstance {
     teardown: TracefsTeardown,
 }
 
-/// Why a prepare request was refused (kept as text on the wire).
-#[derive(Debug, thiserror::Error)]
-enum PrepareError {
-    #[error("this broker prepares no ftrace")]
-    NotServing,
-    #[error("invalid request: {0}")]
-    Invalid(#[source] crate::sources::ftrace::remote::RequestError),
-    #[error("uid {uid} holds {held} ftrace instances, the most a uid may")]
-    UidInstances { uid: u32, held: usize },
-    #[error("{0} ftrace instances are held, the most the service may")]
-    Instances(usize),
-    #[error(
-        "uid {uid}: {want} KiB of ftrace buffers over the {held} KiB held would pass its {MAX_BUFFER_KB_PER_UID} KiB"
-    )]
-    UidMemory { uid: u32, want: u64, held: u64 },
-    #[error(transparent)]
-    Ftrace(#[from] crate::sources::ftrace::FtraceError),
-}
-
 /// A reply and the descriptor sent with it.
 type Answer = (Reply, Option<OwnedFd>);
 
@@ -91,23 +72,9 @@ fn done() -> Answer {
     (Reply::Done, None)
 }
 
-/// A refusal; its reason travels as text.
-fn refused(why: impl std::fmt::Display) -> Answer {
-    (Reply::Refused(why.to_string()), None)
-}
-
-/// Why a request on a registered directory was refused (kept as text on
-/// the wire).
-#[derive(Debug, thiserror::Error)]
-enum AccessError {
-    #[error("not sealed yet")]
-    NotSealed,
-    #[error("no directory {0}")]
-    NoDirectory(u32),
-    #[error(transparent)]
-    Name(#[from] CreateError),
-    #[error("{0:?} is not a name of this session")]
-    NotOurs(String),
+/// A refusal; its reason crosses the wire typed.
+fn refused(why: Refusal) -> Answer {
+    (Reply::Refused(why), None)
 }
 
 /// Serves requests on `sock` until the other end closes, then cleans up.
@@ -127,7 +94,8 @@ pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
                 // A malformed request is answered, not fatal: the other end
                 // is the only one that can send here.
                 log::warn!("broker: {e}");
-                if message::send(sock.as_fd(), &Reply::Refused(e.to_string()), None).is_err() {
+                let why = Refusal::Unreadable(e.to_string());
+                if message::send(sock.as_fd(), &Reply::Refused(why), None).is_err() {
                     break;
                 }
                 continue;
@@ -161,7 +129,7 @@ impl State {
                 | Request::RegisterHook { .. }
         );
         if registration && self.sealed {
-            return refused("registrations are closed");
+            return refused(Refusal::Sealed);
         }
         match req {
             Request::RegisterDir { prefixes } => self.register_dir(prefixes, fd),
@@ -190,7 +158,7 @@ impl State {
             } => self.segment_closed(&file, &sidecar, index),
             Request::HookCounts => self.hook_counts(),
             Request::FinishHooks { grace_ms } => self.finish_hooks(grace_ms),
-            Request::PrepareFtrace { .. } => refused("not answered here"),
+            Request::PrepareFtrace { .. } => refused(Refusal::NotHere),
             Request::ReleaseFtrace { key } => self.release_ftrace(key),
             Request::Teardown => {
                 self.tear_down(true);
@@ -201,15 +169,15 @@ impl State {
 
     fn register_dir(&mut self, prefixes: Vec<String>, fd: Option<OwnedFd>) -> Answer {
         let Some(fd) = fd else {
-            return refused("no directory descriptor");
+            return refused(Refusal::NoDescriptor);
         };
-        if prefixes.iter().any(|p| create::check_name(p).is_err()) {
-            return refused("a prefix is not a plain name");
+        if let Some(p) = prefixes.iter().find(|p| create::check_name(p).is_err()) {
+            return refused(Refusal::NotPlainName(p.clone()));
         }
         let path = dir_path(&fd);
         let dir = match OutputDir::from_fd(&path, fd) {
             Ok(d) => d,
-            Err(e) => return refused(e),
+            Err(e) => return refused(Refusal::system(Operation::RegisterDir(path), &e)),
         };
         self.dirs.push(Registered { dir, prefixes });
         (Reply::Registered(self.dirs.len() as u32 - 1), None)
@@ -217,10 +185,10 @@ impl State {
 
     fn register_leftover(&mut self, name: String, fd: Option<OwnedFd>) -> Answer {
         let Some(fd) = fd else {
-            return refused("no directory descriptor");
+            return refused(Refusal::NoDescriptor);
         };
         if create::check_name(&name).is_err() {
-            return refused(format!("{name:?} is not a plain name"));
+            return refused(Refusal::NotPlainName(name));
         }
         self.leftovers.push((fd, name));
         done()
@@ -228,12 +196,12 @@ impl State {
 
     fn register_name_lock(&mut self, name: String, fd: Option<OwnedFd>) -> Answer {
         let Some(fd) = fd else {
-            return refused("no directory descriptor");
+            return refused(Refusal::NoDescriptor);
         };
         if create::check_name(&name).is_err()
             || !(name.starts_with("session.") && name.ends_with(".lock"))
         {
-            return refused(format!("{name:?} is not a session name lock"));
+            return refused(Refusal::NotNameLock(name));
         }
         // Its pid now, while the session holds it: at the end the file is
         // removed only if it still names this session.
@@ -242,7 +210,7 @@ impl State {
                 self.name_locks.push((fd, name, pid));
                 done()
             }
-            Err(e) => refused(format!("{name}: {e}")),
+            Err(e) => refused(Refusal::system(Operation::ReadNameLock(name), &e)),
         }
     }
 
@@ -252,7 +220,7 @@ impl State {
                 self.hooks = Some((r, dir));
                 done()
             }
-            Err(e) => refused(format!("cannot start the hook runner: {e}")),
+            Err(e) => refused(Refusal::system(Operation::StartHooks, &e)),
         }
     }
 
@@ -269,14 +237,20 @@ impl State {
         match r {
             Ok(fd) => (Reply::File, Some(fd)),
             Err(CreateError::Exists { .. }) => (Reply::Exists, None),
-            Err(e) => refused(e),
+            Err(e) => refused(Refusal::system(Operation::Create(name.into()), &e)),
         }
     }
 
     fn rename(&self, dir: u32, from: &str, to: &str) -> Answer {
         match self.allowed(dir, &[from, to]).map(|d| d.rename(from, to)) {
             Err(why) => refused(why),
-            Ok(Err(e)) => refused(e),
+            Ok(Err(e)) => {
+                let op = Operation::Rename {
+                    from: from.into(),
+                    to: to.into(),
+                };
+                refused(Refusal::system(op, &e))
+            }
             Ok(Ok(())) => done(),
         }
     }
@@ -284,17 +258,20 @@ impl State {
     fn remove(&self, dir: u32, name: &str) -> Answer {
         match self.allowed(dir, &[name]).map(|d| d.remove(name)) {
             Err(why) => refused(why),
-            Ok(Err(e)) => refused(e),
+            Ok(Err(e)) => refused(Refusal::system(Operation::Remove(name.into()), &e)),
             Ok(Ok(())) => done(),
         }
     }
 
     fn segment_closed(&self, file: &str, sidecar: &str, index: u64) -> Answer {
         let Some((runner, dir)) = &self.hooks else {
-            return refused("no hook registered");
+            return refused(Refusal::NoHook);
         };
-        if create::check_name(file).is_err() || create::check_name(sidecar).is_err() {
-            return refused("not a plain name");
+        if let Some(bad) = [file, sidecar]
+            .into_iter()
+            .find(|n| create::check_name(n).is_err())
+        {
+            return refused(Refusal::NotPlainName(bad.into()));
         }
         runner.submit(HookJob {
             path: dir.join(file),
@@ -314,13 +291,13 @@ impl State {
                 },
                 None,
             ),
-            None => refused("no hook registered"),
+            None => refused(Refusal::NoHook),
         }
     }
 
     fn finish_hooks(&mut self, grace_ms: u64) -> Answer {
         let Some((r, _)) = &mut self.hooks else {
-            return refused("no hook registered");
+            return refused(Refusal::NoHook);
         };
         let grace = Duration::from_millis(grace_ms).min(crate::storage::segment::HOOK_GRACE);
         let counts = r.finish(grace);
@@ -340,24 +317,21 @@ impl State {
                 i.teardown.run();
                 done()
             }
-            None => refused(format!("no ftrace instance {key}")),
+            None => refused(Refusal::NoInstance(key)),
         }
     }
 
     /// The registered directory `id`, when every name is one of its own.
-    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, AccessError> {
+    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, Refusal> {
         if !self.sealed {
-            return Err(AccessError::NotSealed);
+            return Err(Refusal::NotSealed);
         }
-        let reg = self
-            .dirs
-            .get(id as usize)
-            .ok_or(AccessError::NoDirectory(id))?;
+        let reg = self.dirs.get(id as usize).ok_or(Refusal::NoDirectory(id))?;
         for name in names {
-            create::check_name(name)?;
+            create::check_name(name).map_err(|_| Refusal::NotPlainName(name.to_string()))?;
             let body = name.strip_prefix('.').unwrap_or(name);
             if !reg.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
-                return Err(AccessError::NotOurs(name.to_string()));
+                return Err(Refusal::NotOurs(name.to_string()));
             }
         }
         Ok(&reg.dir)
@@ -375,7 +349,7 @@ impl State {
             Ok(p) => p,
             Err(e) => {
                 log::info!("broker: ftrace for uid {uid} refused: {e}");
-                return message::send(sock, &Reply::Refused(e.to_string()), None);
+                return message::send(sock, &Reply::Refused(e), None);
             }
         };
         let formats = std::mem::take(&mut info.formats);
@@ -410,21 +384,23 @@ impl State {
             crate::sources::ftrace::remote::PreparedInfo,
             Vec<OwnedFd>,
         ),
-        PrepareError,
+        Refusal,
     > {
-        let served = self.served.as_mut().ok_or(PrepareError::NotServing)?;
-        request.check().map_err(PrepareError::Invalid)?;
+        let served = self.served.as_mut().ok_or(Refusal::NotServing)?;
+        request.check().map_err(Refusal::Invalid)?;
         if served.live.len() >= MAX_INSTANCES {
-            return Err(PrepareError::Instances(served.live.len()));
+            return Err(Refusal::Instances(served.live.len()));
         }
         let mine: Vec<&ServedInstance> = served.live.values().filter(|i| i.uid == uid).collect();
         if mine.len() >= MAX_INSTANCES_PER_UID {
-            return Err(PrepareError::UidInstances {
+            return Err(Refusal::UidInstances {
                 uid,
                 held: mine.len(),
             });
         }
-        let top = Tracefs::discover().map_err(crate::sources::ftrace::FtraceError::from)?;
+        let tracefs =
+            |e: &(dyn std::error::Error + 'static)| Refusal::system(Operation::PrepareFtrace, e);
+        let top = Tracefs::discover().map_err(|e| tracefs(&e))?;
         let default_kb = default_buffer_size_kb(mem_total_kb(std::path::Path::new("/proc")));
         let per_cpu = match request.buffer_size_kb {
             Some(kb) if request.buffer_size_lower_bound => kb.max(default_kb),
@@ -434,16 +410,16 @@ impl State {
         let want = u64::from(per_cpu) * top.cpus().len().max(1) as u64;
         let held: u64 = mine.iter().map(|i| i.kb).sum();
         if held + want > MAX_BUFFER_KB_PER_UID {
-            return Err(PrepareError::UidMemory { uid, want, held });
+            return Err(Refusal::UidMemory { uid, want, held });
         }
         let opts = FtraceOptions {
             spec: request.to_spec(),
             tracefs_root: Some(top.root().to_path_buf()),
             ..FtraceOptions::default()
         };
-        let mut src = FtraceSource::new(opts, VecOutput::new())?;
-        src.prepare()?;
-        let (info, fds, teardown) = src.export()?;
+        let mut src = FtraceSource::new(opts, VecOutput::new()).map_err(|e| tracefs(&e))?;
+        src.prepare().map_err(|e| tracefs(&e))?;
+        let (info, fds, teardown) = src.export().map_err(|e| tracefs(&e))?;
         let key = served.next;
         served.next += 1;
         served.live.insert(
@@ -594,10 +570,10 @@ mod tests {
         };
         assert!(matches!(
             st.prepare_ftrace(0, &request),
-            Err(PrepareError::NotServing)
+            Err(Refusal::NotServing)
         ));
         let (r, _) = st.handle(Request::ReleaseFtrace { key: 0 }, None);
-        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        assert!(matches!(r, Reply::Refused(Refusal::NoInstance(0))), "{r:?}");
     }
 
     #[test]
@@ -612,7 +588,7 @@ mod tests {
         };
         assert!(matches!(
             st.prepare_ftrace(0, &request),
-            Err(PrepareError::Invalid(_))
+            Err(Refusal::Invalid(_))
         ));
     }
 
@@ -628,7 +604,7 @@ mod tests {
         // Nothing is done before the seal.
         assert!(matches!(
             st.handle(create("t-1"), None).0,
-            Reply::Refused(_)
+            Reply::Refused(Refusal::NotSealed)
         ));
         assert!(matches!(st.handle(Request::Seal, None).0, Reply::Done));
         let (r, fd) = st.handle(create("t-1"), None);
@@ -637,7 +613,10 @@ mod tests {
         for bad in ["../t-2", "x-1", "t-1/..", "..", "", "/etc/t-1"] {
             let (r, fd) = st.handle(create(bad), None);
             assert!(
-                matches!(r, Reply::Refused(_)) && fd.is_none(),
+                matches!(
+                    &r,
+                    Reply::Refused(Refusal::NotPlainName(n) | Refusal::NotOurs(n)) if n == bad
+                ) && fd.is_none(),
                 "{bad}: {r:?}"
             );
         }
@@ -649,7 +628,10 @@ mod tests {
             },
             None,
         );
-        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        assert!(
+            matches!(&r, Reply::Refused(Refusal::NotOurs(n)) if n == "passwd"),
+            "{r:?}"
+        );
         let (r, _) = st.handle(
             Request::Create {
                 dir: 7,
@@ -658,7 +640,10 @@ mod tests {
             },
             None,
         );
-        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        assert!(
+            matches!(r, Reply::Refused(Refusal::NoDirectory(7))),
+            "{r:?}"
+        );
         // Registrations are closed.
         let other = tempfile::tempdir().expect("tempdir");
         let fd = rustix::fs::open(
@@ -673,6 +658,6 @@ mod tests {
             },
             Some(fd),
         );
-        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        assert!(matches!(r, Reply::Refused(Refusal::Sealed)), "{r:?}");
     }
 }

@@ -14,7 +14,7 @@ use rustix::net::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::sources::ftrace::remote::{FtraceRequest, PreparedInfo};
+use crate::sources::ftrace::remote::{FtraceRequest, PreparedInfo, RequestError};
 use crate::sources::ftrace::tracefs::TracefsTeardown;
 use crate::storage::segment::hook::HookCounts;
 
@@ -113,7 +113,7 @@ pub enum Reply {
         /// Segments their command deleted or moved away.
         deleted: Vec<u64>,
     },
-    Refused(String),
+    Refused(Refusal),
     /// A prepared instance; its formats and descriptors follow.
     Ftrace {
         key: u64,
@@ -125,6 +125,113 @@ pub enum Reply {
     Format(String, String, String),
     /// Descriptors of the instance, in order.
     Fds,
+}
+
+/// Why the broker refused a request, as it crosses the wire: the service
+/// tells a misuse of the protocol (only a broken or compromised recorder
+/// sends one) from a limit of `recorder serve`'s ftrace instances and from
+/// an operation the system refused (with its errno), and words each.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("registrations are closed")]
+    Sealed,
+    #[error("not sealed yet")]
+    NotSealed,
+    #[error("this request is not answered here")]
+    NotHere,
+    #[error("a request the broker could not read: {0}")]
+    Unreadable(String),
+    #[error("no directory descriptor came with the request")]
+    NoDescriptor,
+    #[error("{0:?} is not a plain name")]
+    NotPlainName(String),
+    #[error("{0:?} is not a session name lock")]
+    NotNameLock(String),
+    #[error("no directory {0}")]
+    NoDirectory(u32),
+    #[error("{0:?} is not a name of this session")]
+    NotOurs(String),
+    #[error("no hook registered")]
+    NoHook,
+    #[error("no ftrace instance {0}")]
+    NoInstance(u64),
+    #[error("this broker prepares no ftrace")]
+    NotServing,
+    #[error("invalid request: {0}")]
+    Invalid(#[source] RequestError),
+    #[error("uid {uid} holds {held} ftrace instances, the most a uid may")]
+    UidInstances { uid: u32, held: usize },
+    #[error("{0} ftrace instances are held, the most the service may")]
+    Instances(usize),
+    #[error(
+        "uid {uid}: {want} KiB of ftrace buffers over the {held} KiB held would pass its {max} KiB",
+        max = super::broker::MAX_BUFFER_KB_PER_UID
+    )]
+    UidMemory { uid: u32, want: u64, held: u64 },
+    /// The system refused what the broker did: the operation, the OS
+    /// error number when there is one, and the failure in words.
+    #[error("{op}: {detail}")]
+    System {
+        op: Operation,
+        errno: Option<i32>,
+        detail: String,
+    },
+}
+
+impl Refusal {
+    /// `op` failed with `e`: its errno is the first OS error of its
+    /// chain of causes.
+    pub fn system(op: Operation, e: &(dyn std::error::Error + 'static)) -> Self {
+        let mut errno = None;
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            if let Some(n) = c
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+                .or_else(|| {
+                    c.downcast_ref::<rustix::io::Errno>()
+                        .map(|e| e.raw_os_error())
+                })
+            {
+                errno = Some(n);
+                break;
+            }
+            cause = c.source();
+        }
+        Refusal::System {
+            op,
+            errno,
+            detail: e.to_string(),
+        }
+    }
+
+    /// A limit of `recorder serve`'s ftrace instances (the request may
+    /// succeed once other sessions end), not a fault.
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            Refusal::UidInstances { .. } | Refusal::Instances(_) | Refusal::UidMemory { .. }
+        )
+    }
+}
+
+/// What the broker tried when the system refused it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Operation {
+    #[error("registering the directory {0}")]
+    RegisterDir(PathBuf),
+    #[error("reading the name lock {0:?}")]
+    ReadNameLock(String),
+    #[error("starting the hook runner")]
+    StartHooks,
+    #[error("creating {0:?}")]
+    Create(String),
+    #[error("renaming {from:?} to {to:?}")]
+    Rename { from: String, to: String },
+    #[error("removing {0:?}")]
+    Remove(String),
+    #[error("preparing a tracefs instance")]
+    PrepareFtrace,
 }
 
 /// A message that could not be sent or read.
@@ -287,6 +394,38 @@ mod tests {
         assert_eq!(received.len(), MAX_FDS);
         let too_many: Vec<BorrowedFd<'_>> = fds.iter().chain(&fds[..1]).copied().collect();
         assert!(send_many(a.as_fd(), &Reply::Fds, &too_many).is_err());
+    }
+
+    #[test]
+    fn a_refusal_crosses_typed_with_its_errno() {
+        let (a, b) = pair().expect("pair");
+        let denied = std::io::Error::from_raw_os_error(libc_eacces());
+        let sent = [
+            Refusal::UidInstances {
+                uid: 65534,
+                held: 4,
+            },
+            Refusal::system(Operation::Create("t-000001.pftrace".into()), &denied),
+            Refusal::Invalid(RequestError::EventCount(0)),
+        ];
+        for r in &sent {
+            send(a.as_fd(), &Reply::Refused(r.clone()), None).expect("send");
+            let (got, _): (Reply, _) = recv(b.as_fd()).expect("recv");
+            assert!(matches!(&got, Reply::Refused(g) if g == r), "{got:?}");
+        }
+        let Refusal::System { errno, .. } = &sent[1] else {
+            panic!("{:?}", sent[1]);
+        };
+        assert_eq!(*errno, Some(libc_eacces()));
+        assert!(sent[0].is_limit() && !sent[1].is_limit());
+        assert_eq!(
+            sent[1].to_string(),
+            format!("creating \"t-000001.pftrace\": {denied}")
+        );
+    }
+
+    fn libc_eacces() -> i32 {
+        rustix::io::Errno::ACCESS.raw_os_error()
     }
 
     #[test]

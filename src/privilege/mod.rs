@@ -56,7 +56,7 @@ pub enum BrokerError {
     Message(#[from] message::MessageError),
     /// The broker's reason, as it sent it.
     #[error("{0}")]
-    Refused(String),
+    Refused(#[source] message::Refusal),
     #[error("unexpected reply {0}")]
     Unexpected(String),
 }
@@ -70,7 +70,7 @@ impl BrokerError {
 impl From<BrokerError> for RemoteError {
     fn from(e: BrokerError) -> Self {
         match e {
-            BrokerError::Refused(why) => RemoteError::Refused(why),
+            BrokerError::Refused(why) => RemoteError::Refused(Box::new(why)),
             other => RemoteError::Channel(Box::new(other)),
         }
     }
@@ -183,8 +183,8 @@ impl Delegate for Broker {
         match self.call(&req, None) {
             Ok((Reply::File, Some(fd))) => Ok(fd),
             Ok((Reply::Exists, _)) => Err(CreateError::Exists { path: name.into() }),
-            Ok((r, _)) => Err(CreateError::Broker(BrokerError::unexpected(&r).to_string())),
-            Err(e) => Err(CreateError::Broker(e.to_string())),
+            Ok((r, _)) => Err(CreateError::Broker(Box::new(BrokerError::unexpected(&r)))),
+            Err(e) => Err(CreateError::Broker(Box::new(e))),
         }
     }
 
@@ -196,7 +196,7 @@ impl Delegate for Broker {
         };
         self.call(&req, None)
             .map(drop)
-            .map_err(|e| CreateError::Broker(e.to_string()))
+            .map_err(|e| CreateError::Broker(Box::new(e)))
     }
 
     fn remove(&self, dir: u32, name: &str) -> Result<(), CreateError> {
@@ -206,7 +206,7 @@ impl Delegate for Broker {
         };
         self.call(&req, None)
             .map(drop)
-            .map_err(|e| CreateError::Broker(e.to_string()))
+            .map_err(|e| CreateError::Broker(Box::new(e)))
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use super::ftrace::refusal::Refusal;
 use super::ftrace::remote::{FtraceRequest, RemoteTracefs};
 use super::ftrace::{FtraceError, FtraceOptions, FtraceSource, FtraceSummary, events_lost};
 use super::polled::PidRoute;
@@ -90,9 +91,7 @@ impl FtraceDataSource {
             .prepare(*uid, &request)
             .map_err(|why| SourceError::Failed {
                 source_name: self.name.clone(),
-                cause: Box::new(FtraceError::Refused(format!(
-                    "the privileged side refused the tracefs instance: {why}"
-                ))),
+                cause: Box::new(FtraceError::Refused(Refusal::Remote(why))),
             })?;
         *key = Some(prepared.key);
         let adopted = self.inner.adopt(prepared.info, prepared.fds);

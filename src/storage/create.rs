@@ -49,8 +49,10 @@ pub enum CreateError {
     },
     #[error("{name:?} is not a plain file name")]
     BadName { name: String },
+    /// The privileged broker did it for this process and refused or
+    /// failed (its typed reason).
     #[error("the privileged broker refused or failed: {0}")]
-    Broker(String),
+    Broker(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A file operation done by someone else (the broker) on a registered

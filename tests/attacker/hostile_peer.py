@@ -38,7 +38,6 @@ until killed (or for --seconds).
 """
 
 import argparse
-import array
 import json
 import mmap
 import os
@@ -47,6 +46,11 @@ import struct
 import sys
 import threading
 import time
+
+# The producer IPC the hostile producer speaks too.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "producer"))
+from producer_ipc import (COMMIT_DATA, GET_ASYNC_COMMAND, Frames, bind, field_bytes,  # noqa: E402
+                          field_varint, fields, handshake, initialize, invoke, register)
 
 
 def hold(path, n, dribble, seconds):
@@ -141,122 +145,31 @@ def fake(directory, suffix, mode, pid, seconds):
     os.unlink(path)
 
 
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_bytes(num, b):
-    return varint(num << 3 | 2) + varint(len(b)) + b
-
-
-def field_varint(num, v):
-    return varint(num << 3) + varint(v)
-
-
-def ipc_frame(request_id, body):
-    f = field_varint(2, request_id) + body
-    return len(f).to_bytes(4, "little") + f
-
-
-def ipc_bind():
-    return ipc_frame(1, field_bytes(3, field_bytes(1, b"ProducerPort")))
-
-
-def ipc_invoke(request_id, method, args):
-    m = field_varint(1, 1) + field_varint(2, method) + field_bytes(3, args)
-    return ipc_frame(request_id, field_bytes(5, m))
-
-
-def ipc_init(name):
-    return ipc_invoke(2, 1, field_bytes(3, name))
-
-
-def ipc_register(request_id, name):
-    return ipc_invoke(request_id, 2, field_bytes(1, field_bytes(1, name)))
-
-
-def ipc_fields(data):
-    pos = 0
-    while pos < len(data):
-        tag, pos = read_varint(data, pos)
-        num, wt = tag >> 3, tag & 7
-        if wt == 0:
-            v, pos = read_varint(data, pos)
-        elif wt == 2:
-            n, pos = read_varint(data, pos)
-            v = data[pos:pos + n]
-            pos += n
-        elif wt == 1:
-            v, pos = data[pos:pos + 8], pos + 8
-        elif wt == 5:
-            v, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise OSError("bad wire type %d" % wt)
-        yield num, v
-
-
-def read_varint(data, pos):
-    r = s = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        r |= (b & 0x7F) << s
-        if not b & 0x80:
-            return r, pos
-        s += 7
-
-
-class Producer:
-    """One producer connection: its frames, and the SMB when it comes."""
+class Producer(Frames):
+    """One producer connection: its frames, the SMB when it comes, and the
+    target buffer its data source was started with."""
 
     def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.buf = b""
-        self.fd = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        super().__init__(sock)
         self.target = None
 
-    def frame(self):
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack("<I", self.buf[:4])[0]
-                if len(self.buf) >= 4 + n:
-                    f, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
-                    f = dict(ipc_fields(f))
-                    self.note(f)
-                    return f
-            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(4))
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % 4)])
-                    self.fd = fds[0]
-            if not data:
-                raise OSError("closed by the recorder")
-            self.buf += data
+    def next(self):
+        f = super().next()
+        self.note(f)
+        return f
 
     def note(self, f):
         """A StartDataSource on the async stream (request 4): its target
         buffer."""
         if f.get(2) != 4:
             return
-        reply = dict(ipc_fields(f.get(6, b"")))
-        for k, cmd in ipc_fields(reply.get(3, b"")):
+        reply = dict(fields(f.get(6, b"")))
+        for k, cmd in fields(reply.get(3, b"")):
             if k == 1:
-                start = dict(ipc_fields(cmd))
-                self.target = dict(ipc_fields(start[2])).get(2, 0)
-
-    def reply(self, rid):
-        while self.frame().get(2) != rid:
-            pass
+                start = dict(fields(cmd))
+                self.target = dict(fields(start[2])).get(2, 0)
 
 
 def patches(path, conns, ds_name, mib, seconds):
@@ -265,21 +178,15 @@ def patches(path, conns, ds_name, mib, seconds):
     for _ in range(conns):
         try:
             p = Producer(path)
-            p.sock.sendall(ipc_bind())
-            p.reply(1)
-            init = field_varint(1, page) + field_varint(2, size) + field_bytes(3, b"patch_holder")
-            p.sock.sendall(ipc_invoke(2, 1, init))
-            p.reply(2)
-            p.sock.sendall(ipc_register(3, ds_name.encode()))
-            p.reply(3)
+            handshake(p, b"patch_holder", ds_name.encode(), page_bytes=page, smb_bytes=size)
             # GetAsyncCommand: its replies are the commands.
-            p.sock.sendall(ipc_invoke(4, 5, b""))
+            p.sock.sendall(invoke(4, GET_ASYNC_COMMAND, b""))
             prods.append(p)
         except OSError:
             pass
     for p in prods:
         while p.target is None or p.fd is None:
-            p.frame()
+            p.next()
     print("ready", flush=True)
     maps = [mmap.mmap(p.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for p in prods]
     pages = size // page
@@ -302,7 +209,7 @@ def patches(path, conns, ds_name, mib, seconds):
                 shm[i * page + 8:i * page + 8 + 8 + len(frag)] = head + frag
                 moves += field_bytes(1, field_varint(1, i) + field_varint(2, 0) + field_varint(3, p.target))
             try:
-                p.sock.sendall(ipc_invoke(rid, 4, moves))
+                p.sock.sendall(invoke(rid, COMMIT_DATA, moves))
                 p.reply(rid)
             except OSError:
                 pass
@@ -332,7 +239,7 @@ def names(path, conns, count, size, seconds):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(path)
-            s.sendall(ipc_bind() + ipc_init(b"name_flood"))
+            s.sendall(bind() + initialize(b"name_flood"))
             socks.append(s)
         except OSError:
             # Refused (this uid's connections are capped): go on with the rest.
@@ -342,7 +249,7 @@ def names(path, conns, count, size, seconds):
         for k, s in enumerate(socks):
             name = (b"n%d.%06d." % (k, i)).ljust(size, b"x")
             try:
-                s.sendall(ipc_register(10 + i, name))
+                s.sendall(register(10 + i, name))
             except OSError:
                 pass
             drain(s)
@@ -363,7 +270,7 @@ def churn(path, cycles, namelen, seconds):
         try:
             s.connect(path)
             name = (b"churn.%06d." % n).ljust(namelen, b"c")
-            s.sendall(ipc_bind() + ipc_init(name) + ipc_register(3, b"track_event"))
+            s.sendall(bind() + initialize(name) + register(3, b"track_event"))
             # Gone once answered: a producer that said who it is.
             s.settimeout(1)
             s.recv(4096)
@@ -374,67 +281,6 @@ def churn(path, cycles, namelen, seconds):
     print("done", flush=True)
     while time.time() < end:
         time.sleep(0.2)
-
-
-def fields(data):
-    pos = 0
-    while pos < len(data):
-        tag, pos = read_varint(data, pos)
-        num, wt = tag >> 3, tag & 7
-        if wt == 0:
-            v, pos = read_varint(data, pos)
-        elif wt == 2:
-            n, pos = read_varint(data, pos)
-            v = data[pos:pos + n]
-            pos += n
-        elif wt == 1:
-            v, pos = data[pos:pos + 8], pos + 8
-        elif wt == 5:
-            v, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise SystemExit(f"bad wire type {wt}")
-        yield num, v
-
-
-def read_varint(data, pos):
-    r = sh = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        r |= (b & 0x7F) << sh
-        if not b & 0x80:
-            return r, pos
-        sh += 7
-
-
-class Frames:
-    """Frames from the service, and the last descriptor that came along."""
-
-    def __init__(self, sock):
-        self.sock, self.buf, self.fd = sock, b"", None
-
-    def next(self):
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack("<I", self.buf[:4])[0]
-                if len(self.buf) >= 4 + n:
-                    f, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
-                    return dict(fields(f))
-            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(4))
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % 4)])
-                    self.fd = fds[0]
-            if not data:
-                raise SystemExit("the service closed the connection")
-            self.buf += data
-
-    def reply(self, request_id):
-        while True:
-            f = self.next()
-            if f.get(2) == request_id:
-                return f
 
 
 def test_packet(counter, text):
@@ -453,23 +299,13 @@ def foreign(path, ds, first, last, seconds):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
     rd = Frames(s)
-    s.sendall(ipc_bind())
-    rd.reply(1)
-    init = field_varint(1, 4096) + field_varint(2, 64 * 1024) + field_bytes(3, b"foreign_writer")
-    s.sendall(ipc_invoke(2, 1, init))
-    rd.reply(2)
-    s.sendall(ipc_register(3, ds.encode()))
-    rd.reply(3)
-    s.sendall(ipc_invoke(4, 5, b""))
+    handshake(rd, b"foreign_writer", ds.encode(), page_bytes=4096, smb_bytes=64 * 1024)
+    s.sendall(invoke(4, GET_ASYNC_COMMAND, b""))
     own = None
-    while own is None:
-        f = rd.next()
-        if f.get(2) != 4 or 6 not in f:
-            continue
-        reply = dict(fields(f[6]))
-        cmd = dict(fields(reply.get(3, b"")))
-        if 1 in cmd:  # StartDataSource: its config's target_buffer
-            own = dict(fields(dict(fields(cmd[1]))[2])).get(2, 0)
+    for kind, body in rd.commands(4):
+        if kind == 1:  # StartDataSource: its config's target_buffer
+            own = dict(fields(dict(fields(body))[2])).get(2, 0)
+            break
     if rd.fd is None:
         raise SystemExit("no shared memory")
     shm = mmap.mmap(rd.fd, os.fstat(rd.fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -487,7 +323,7 @@ def foreign(path, ds, first, last, seconds):
             shm[p * page + 8:p * page + 8 + csize] = one_chunk(chunk_id, test_packet(counter, text), csize)
             moves += field_bytes(1, field_varint(1, p) + field_varint(2, 0) + field_varint(3, b))
             chunk_id += 1
-        s.sendall(ipc_invoke(rid, 4, moves))
+        s.sendall(invoke(rid, COMMIT_DATA, moves))
         rd.reply(rid)
         rid += 1
     print("done", flush=True)

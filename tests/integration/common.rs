@@ -62,20 +62,30 @@ pub fn skip_unless_peer(missing: Option<String>) -> bool {
 }
 
 /// Perfetto's own test configs (its `test/configs`, 25 files), which the
-/// repository cannot carry: `$RECORDER_PERFETTO_TEST_CONFIGS`, else the CI
-/// checkout's sibling directory. None (with the reason printed) when absent;
-/// a panic instead under `RECORDER_REQUIRE_PEERS=1`.
+/// repository cannot carry: `$RECORDER_PERFETTO_TEST_CONFIGS` names them.
+/// None (with the reason printed) when unset or absent; a panic instead
+/// under `RECORDER_REQUIRE_PEERS=1`.
 pub fn perfetto_test_configs() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared/perfetto-test-configs"));
+    let Some(p) = std::env::var_os("RECORDER_PERFETTO_TEST_CONFIGS").map(PathBuf::from) else {
+        skip_unless_peer(Some(
+            "RECORDER_PERFETTO_TEST_CONFIGS is not set (Perfetto's test/configs directory)".into(),
+        ));
+        return None;
+    };
     let missing = (!p.is_dir()).then(|| {
         format!(
-            "Perfetto's test configs are not at {} (set RECORDER_PERFETTO_TEST_CONFIGS)",
+            "Perfetto's test configs are not at {} (RECORDER_PERFETTO_TEST_CONFIGS)",
             p.display()
         )
     });
     (!skip_unless_peer(missing)).then_some(p)
+}
+
+/// `program` as the shell would find it on `$PATH`, if it is there.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The test configs the repository carries (`tests/fixtures/configs`),

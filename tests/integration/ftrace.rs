@@ -824,7 +824,9 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
                 "sched_wakeup".into(),
                 "sched/no_such_event".into(),
             ],
-            buffer_size: Some(ByteSize::from_kb(2048)),
+            // Every CPU's switches are recorded, the machine's other load
+            // included: room for a reader kept off the CPU for a while.
+            buffer_size: Some(ByteSize::from_kb(8192)),
             drain_period: Duration::from_millis(20),
             compact_sched: false,
             ..Default::default()
@@ -874,10 +876,9 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
         ev.iter()
             .any(|e| e.has_sched_wakeup() && [a, b].contains(&e.sched_wakeup().pid()))
     );
-    // Timestamps increase per CPU; nothing lost.
+    // Timestamps increase per CPU.
     let mut last: BTreeMap<u32, u64> = BTreeMap::new();
     for bd in bundles(&p) {
-        assert!(!bd.lost_events(), "lost events at this load");
         for e in &bd.event {
             let l = last.entry(bd.cpu()).or_default();
             assert!(e.timestamp() >= *l, "cpu {} went back", bd.cpu());
@@ -891,10 +892,35 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
         .collect();
     assert_eq!(stats.len(), 2);
     assert_eq!(stats[1].unknown_ftrace_events, ["sched/no_such_event"]);
-    for c in &stats[1].cpu_stats {
-        assert_eq!(c.overrun(), 0, "cpu {} overran", c.cpu());
+    // The only loss is the kernel's: events another load wrote over
+    // before they were read (its overrun counter). The bundles say so on
+    // exactly the CPUs where it happened, and the reader itself lost no
+    // page. On a quiet machine nothing is lost at all.
+    let overran: BTreeSet<u64> = stats[1]
+        .cpu_stats
+        .iter()
+        .filter(|c| {
+            let before = stats[0].cpu_stats.iter().find(|b| b.cpu() == c.cpu());
+            c.overrun() > before.map_or(0, |b| b.overrun())
+        })
+        .map(|c| c.cpu())
+        .collect();
+    let flagged: BTreeSet<u64> = bundles(&p)
+        .into_iter()
+        .filter(|b| b.lost_events())
+        .map(|b| u64::from(b.cpu()))
+        .collect();
+    assert_eq!(
+        flagged, overran,
+        "bundles flagged lost on the CPUs the kernel overran on"
+    );
+    if !overran.is_empty() {
+        eprintln!("the kernel overran on cpus {overran:?} at this load");
     }
-    assert_eq!(summary.encode.lost_pages, 0);
+    // Pages the kernel flagged as following a loss, counted as such; no
+    // bundle dropped on the recorder's side.
+    assert_eq!(summary.encode.lost_pages > 0, !overran.is_empty());
+    assert_eq!(summary.encode.dropped_bundles, 0);
     assert_eq!(summary.encode.unknown_ids, 0);
     assert_eq!(summary.non_monotonic, 0);
     match read_mode {

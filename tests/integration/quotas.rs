@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::hardening::{
-    NOBODY, attacker_missing, output_within, python, recorder_as, runtime, shared_run, stderr,
-    wait_listening, wait_within,
+    NOBODY, as_nobody, as_user, attacker_missing, output_within, python, recorder_as, runtime,
+    shared_run, stderr, wait_listening, wait_within,
 };
 use crate::producers::{App, SEQUENCE_DS, counters_by_pid, sdk_app};
 use crate::recording::{Run, test_config};
@@ -641,4 +641,92 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     assert_eq!(ours.len(), 1, "{by_pid:?}");
     assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
     assert!(err.len() < LOG_BOUND, "{} bytes of log", err.len());
+}
+
+/// A session's quota lines name other users (whoever hit its 0666 trigger
+/// socket or its producer socket): `recorder query` shows a non-root
+/// caller the line of its own uid only (its SO_PEERCRED uid), in text and
+/// in JSON, while root sees every uid's.
+#[test]
+fn query_shows_a_non_root_caller_its_own_uids_quota_line_only() {
+    if skip_unless(attacker_missing()) {
+        return;
+    }
+    let run = shared_run(&flight(false));
+    std::os::unix::fs::chown(run.dir.path(), Some(65534), Some(65534)).expect("chown");
+    let session = as_nobody(recorder_bin())
+        .arg("--config")
+        .arg(&run.config)
+        .arg("-o")
+        .arg(&run.out)
+        .env("RECORDER_RUNTIME_DIR", runtime(&run))
+        .env("RECORDER_IO", "pwritev")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("recorder starts as nobody");
+    wait_listening(&run, session.id());
+    // A request that is not JSON on the trigger socket, refused and
+    // counted against its sender's uid: the owner's and another user's.
+    let trigger = runtime(&run).join(format!("recorder-{}.trigger", session.id()));
+    for uid in ["65533", NOBODY] {
+        let out = as_user(uid, python())
+            .args([
+                "-c",
+                "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'not json\\n')\nprint(s.recv(4096).decode())",
+            ])
+            .arg(&trigger)
+            .output()
+            .expect("python runs");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("not one JSON line"),
+            "uid {uid}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+    }
+    let query = |uid: Option<&str>, args: &[&str]| {
+        let q = output_within(
+            &mut recorder_as(&run, uid, args),
+            Duration::from_secs(20),
+            "query",
+        );
+        assert!(q.status.success(), "{}", stderr(&q));
+        q.stdout
+    };
+    let quota_lines = |text: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(text)
+            .lines()
+            .filter(|l| l.contains("control or trigger requests refused"))
+            .map(str::to_string)
+            .collect()
+    };
+    let json_uids = |out: &[u8]| -> Vec<u64> {
+        let v: serde_json::Value = serde_json::from_slice(out).expect("JSON");
+        let ours = v
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["pid"] == session.id()))
+            .unwrap_or_else(|| panic!("no status of the session: {v}"))
+            .clone();
+        ours["quotas"].as_array().map_or_else(Vec::new, |a| {
+            a.iter().filter_map(|q| q["uid"].as_u64()).collect()
+        })
+    };
+    let all = quota_lines(&query(None, &["query"]));
+    assert_eq!(all.len(), 2, "root sees both uids: {all:?}");
+    assert!(all[0].starts_with("  producers of uid 65533:"), "{all:?}");
+    assert!(all[1].starts_with("  producers of uid 65534:"), "{all:?}");
+    assert_eq!(
+        json_uids(&query(None, &["query", "--json"])),
+        [65533, 65534]
+    );
+    let own = quota_lines(&query(Some(NOBODY), &["query"]));
+    assert_eq!(own.len(), 1, "the owner sees its own line only: {own:?}");
+    assert!(own[0].starts_with("  producers of uid 65534:"), "{own:?}");
+    assert_eq!(
+        json_uids(&query(Some(NOBODY), &["query", "--json"])),
+        [65534]
+    );
+    trigger_within_a_second(&run);
+    ended_on_the_trigger(&run, session);
 }

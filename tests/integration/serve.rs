@@ -16,20 +16,21 @@ use crate::trace_processor;
 const SERVICE_UID: u32 = 61_234;
 const NOBODY: &str = "65534";
 
-/// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else the shared
-/// tools beside the repository.
+/// Perfetto's all-in-one binary: `RECORDER_TRACEBOX`, else `tracebox` on
+/// `$PATH`.
 pub(crate) fn tracebox() -> Option<PathBuf> {
-    let p = std::env::var_os("RECORDER_TRACEBOX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::repo_root().join("../shared/tools/tracebox"));
-    p.exists().then_some(p)
+    match std::env::var_os("RECORDER_TRACEBOX") {
+        Some(p) => Some(PathBuf::from(p)).filter(|p| p.exists()),
+        None => common::on_path("tracebox"),
+    }
 }
 
-fn missing() -> Option<String> {
-    if tracebox().is_none() {
-        return Some("no tracebox (set RECORDER_TRACEBOX)".into());
-    }
-    None
+/// Why the serve tests cannot run Perfetto's client and services, if they
+/// cannot.
+pub(crate) fn missing() -> Option<String> {
+    tracebox()
+        .is_none()
+        .then(|| "no tracebox (set RECORDER_TRACEBOX, or put tracebox on PATH)".into())
 }
 
 /// A running `recorder serve` on private sockets; stopped with SIGTERM.
@@ -114,6 +115,15 @@ impl Serve {
         c
     }
 
+    /// Writes `config` (text) as NAME.pbtx, readable by every client uid.
+    fn write_config(&self, name: &str, config: &str) -> PathBuf {
+        let cfg = self.path(&format!("{name}.pbtx"));
+        std::fs::write(&cfg, config).expect("config");
+        std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+        cfg
+    }
+
     /// Writes `config` (text) as NAME.pbtx and starts `perfetto --txt -c
     /// NAME.pbtx -o NAME.pftrace`, as `uid` or as us.
     pub(crate) fn spawn_client(
@@ -122,8 +132,7 @@ impl Serve {
         name: &str,
         config: &str,
     ) -> (Child, PathBuf) {
-        let cfg = self.path(&format!("{name}.pbtx"));
-        std::fs::write(&cfg, config).expect("config");
+        let cfg = self.write_config(name, config);
         let out = self.path(&format!("{name}.pftrace"));
         let child = self
             .perfetto(uid, &["--txt", "-c"])
@@ -139,11 +148,15 @@ impl Serve {
 
     /// Writes `config` (text) and runs `perfetto --txt -c CFG -o OUT`.
     fn record(&self, name: &str, config: &str) -> (Output, PathBuf) {
-        let cfg = self.path(&format!("{name}.pbtx"));
-        std::fs::write(&cfg, config).expect("config");
+        self.record_as(None, name, config)
+    }
+
+    /// [`record`](Self::record) as `uid` (None: as us).
+    fn record_as(&self, uid: Option<&str>, name: &str, config: &str) -> (Output, PathBuf) {
+        let cfg = self.write_config(name, config);
         let out = self.path(&format!("{name}.pftrace"));
         let o = output_within(
-            self.perfetto(None, &["--txt", "-c"])
+            self.perfetto(uid, &["--txt", "-c"])
                 .arg(&cfg)
                 .arg("-o")
                 .arg(&out),
@@ -376,27 +389,16 @@ fn query_lists_the_built_in_sources_and_only_the_callers_sessions() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("long.pbtx");
-    std::fs::write(
-        &cfg,
+    let (long, out) = serve.spawn_client(
+        None,
+        "long",
         r#"
 buffers { size_kb: 1024 }
 duration_ms: 4000
 unique_session_name: "roots_session"
 data_sources { config { name: "for_testing" for_testing { message_count: 20 message_size: 16 } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("long.pftrace");
-    let long = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     // The session is listed once it runs.
     let deadline = Instant::now() + Duration::from_secs(10);
     let root_view = loop {
@@ -438,25 +440,11 @@ data_sources { config { name: "for_testing" for_testing { message_count: 20 mess
         Duration::from_secs(10),
     );
     assert!(!o.status.success(), "attach by another uid: {}", text(&o));
-    let theirs_cfg = serve.path("theirs.pbtx");
-    std::fs::write(
-        &theirs_cfg,
+    let (o, _) = serve.record_as(
+        Some(NOBODY),
+        "theirs",
         "buffers { size_kb: 64 }\nduration_ms: 500\nunique_session_name: \"roots_session\"\n\
          data_sources { config { name: \"for_testing\" } }\n",
-    )
-    .expect("config");
-    std::fs::set_permissions(
-        &theirs_cfg,
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )
-    .expect("chmod");
-    let o = output_within(
-        serve
-            .perfetto(Some(NOBODY), &["--txt", "-c"])
-            .arg(&theirs_cfg)
-            .arg("-o")
-            .arg(serve.path("theirs.pftrace")),
-        Duration::from_secs(20),
     );
     assert!(
         text(&o).contains("already running"),
@@ -484,9 +472,10 @@ fn ctrl_c_on_the_client_ends_the_session_with_its_data() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("long.pbtx");
-    std::fs::write(
-        &cfg,
+    let started = Instant::now();
+    let (child, out) = serve.spawn_client(
+        None,
+        "long",
         r#"
 buffers { size_kb: 1024 }
 duration_ms: 120000
@@ -494,19 +483,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 50 mess
 data_sources { config { name: "linux.sys_stats"
   sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("long.pftrace");
-    let started = Instant::now();
-    let child = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     std::thread::sleep(Duration::from_millis(1500));
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),
@@ -658,23 +635,11 @@ fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
     std::thread::sleep(Duration::from_millis(200));
     let (o, _) = if is_root() {
         // Root's idle connections do not keep nobody out.
-        let cfg = serve.path("n.pbtx");
-        std::fs::write(
-            &cfg,
+        serve.record_as(
+            Some(NOBODY),
+            "n",
             "buffers { size_kb: 64 }\nduration_ms: 300\ndata_sources { config { name: \"for_testing\" for_testing { message_count: 5 } } }\n",
         )
-        .expect("config");
-        std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            .expect("chmod");
-        let o = output_within(
-            serve
-                .perfetto(Some(NOBODY), &["--txt", "-c"])
-                .arg(&cfg)
-                .arg("-o")
-                .arg("-"),
-            Duration::from_secs(30),
-        );
-        (o, PathBuf::new())
     } else {
         drop(idle);
         std::thread::sleep(Duration::from_millis(200));
@@ -702,27 +667,16 @@ fn an_sdk_apps_packets_reach_the_clients_session() {
     }
     let app_bin = crate::producers::sdk_app();
     let serve = Serve::start();
-    let cfg = serve.path("sdk.pbtx");
-    std::fs::write(
-        &cfg,
+    let (client, out) = serve.spawn_client(
+        None,
+        "sdk",
         r#"
 buffers { size_kb: 16384 fill_policy: DISCARD }
 duration_ms: 6000
 data_sources { config { name: "recorder.test.sequence" } }
 data_sources { config { name: "for_testing" for_testing { message_count: 10 } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("sdk.pftrace");
-    let client = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     let mut app = Command::new(app_bin)
         .args(["--packets", &N.to_string(), "--shmem-kb", "4096"])
         .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
@@ -850,10 +804,10 @@ fn a_write_into_file_session_grows_the_clients_file_while_it_runs() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("wif.pbtx");
-    std::fs::write(
-        &cfg,
-        r#"
+    let (mut child, out) = serve.spawn_client(
+        None,
+        "wif",
+    r#"
 buffers { size_kb: 1024 }
 duration_ms: 4000
 write_into_file: true
@@ -862,18 +816,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 300 max
 data_sources { config { name: "linux.sys_stats"
   sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("wif.pftrace");
-    let mut child = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     // Passes land in the client's file while the session runs (watched
     // until the client is done: under load the start may come late).
     let mut sizes = Vec::new();
@@ -997,28 +940,17 @@ fn trigger_perfetto_ends_a_stop_tracing_session() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("trig.pbtx");
-    std::fs::write(
-        &cfg,
+    let started = Instant::now();
+    let (child, out) = serve.spawn_client(
+        None,
+        "trig",
         r#"
 buffers { size_kb: 1024 }
 trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 30000
   triggers { name: "serve_test_stop" stop_delay_ms: 200 } }
 data_sources { config { name: "for_testing" for_testing { message_count: 30 } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("trig.pftrace");
-    let started = Instant::now();
-    let child = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     std::thread::sleep(Duration::from_millis(1000));
     let t = output_within(
         Command::new(tracebox().expect("tracebox"))
@@ -1057,26 +989,15 @@ fn sigterm_to_the_service_ends_running_sessions_with_their_data() {
         return;
     }
     let mut serve = Serve::start();
-    let cfg = serve.path("long.pbtx");
-    std::fs::write(
-        &cfg,
+    let (child, out) = serve.spawn_client(
+        None,
+        "long",
         r#"
 buffers { size_kb: 1024 }
 duration_ms: 120000
 data_sources { config { name: "for_testing" for_testing { message_count: 40 } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("long.pftrace");
-    let child = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let mut service = serve.child.take().expect("serve");
     rustix::process::kill_process(
@@ -1114,26 +1035,16 @@ fn a_uids_session_quota_refuses_only_that_uid() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("q.pbtx");
-    std::fs::write(
-        &cfg,
-        "buffers { size_kb: 256 }\nduration_ms: 60000\n\
-         data_sources { config { name: \"for_testing\" for_testing { message_count: 3 } } }\n",
-    )
-    .expect("config");
-    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .expect("chmod");
     let clients: Vec<Child> = (0..recorder::consumer::MAX_SESSIONS_PER_UID)
         .map(|i| {
             serve
-                .perfetto(None, &["--txt", "-c"])
-                .arg(&cfg)
-                .arg("-o")
-                .arg(serve.path(&format!("q{i}.pftrace")))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("perfetto")
+                .spawn_client(
+                    None,
+                    &format!("q{i}"),
+                    "buffers { size_kb: 256 }\nduration_ms: 60000\n\
+                     data_sources { config { name: \"for_testing\" for_testing { message_count: 3 } } }\n",
+                )
+                .0
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1167,23 +1078,11 @@ fn a_uids_session_quota_refuses_only_that_uid() {
         text(&o)
     );
     // Another uid is not affected.
-    let theirs = serve.path("theirs.pftrace");
-    let short = serve.path("short.pbtx");
-    std::fs::write(
-        &short,
+    let (o, theirs) = serve.record_as(
+        Some(NOBODY),
+        "theirs",
         "buffers { size_kb: 64 }\nduration_ms: 300\n\
          data_sources { config { name: \"for_testing\" for_testing { message_count: 7 } } }\n",
-    )
-    .expect("config");
-    std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .expect("chmod");
-    let o = output_within(
-        serve
-            .perfetto(Some(NOBODY), &["--txt", "-c"])
-            .arg(&short)
-            .arg("-o")
-            .arg(&theirs),
-        Duration::from_secs(30),
     );
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
@@ -1618,9 +1517,9 @@ fn clone_copies_a_running_session_that_records_on() {
     use prost::Message;
     use recorder::protos;
     let serve = Serve::start();
-    let cfg = serve.path("orig.pbtx");
-    std::fs::write(
-        &cfg,
+    let (orig, orig_out) = serve.spawn_client(
+        None,
+        "orig",
         r#"
 buffers { size_kb: 2048 fill_policy: RING_BUFFER }
 duration_ms: 60000
@@ -1630,18 +1529,7 @@ data_sources { config { name: "for_testing"
 data_sources { config { name: "linux.sys_stats"
   sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
 "#,
-    )
-    .expect("config");
-    let orig_out = serve.path("orig.pftrace");
-    let orig = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&orig_out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let counted = |path: &Path| -> Vec<u64> {
         let packets = decode(&std::fs::read(path).expect("trace"));
@@ -2073,9 +1961,9 @@ fn a_clone_snapshot_session_is_cloned_by_the_client_at_each_trigger() {
         return;
     }
     let serve = Serve::start();
-    let cfg = serve.path("snap.pbtx");
-    std::fs::write(
-        &cfg,
+    let (client, out) = serve.spawn_client(
+        None,
+        "snap",
         r#"
 buffers { size_kb: 1024 fill_policy: RING_BUFFER }
 trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 6000
@@ -2083,18 +1971,7 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 6000
 data_sources { config { name: "for_testing"
   for_testing { message_count: 100000 max_messages_per_second: 20 } } }
 "#,
-    )
-    .expect("config");
-    let out = serve.path("snap.pftrace");
-    let client = serve
-        .perfetto(None, &["--txt", "-c"])
-        .arg(&cfg)
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("perfetto");
+    );
     let trigger = || {
         let t = output_within(
             Command::new(tracebox().expect("tracebox"))

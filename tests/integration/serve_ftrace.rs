@@ -20,11 +20,7 @@ const INSTANCES_PER_UID: usize = 4;
 
 /// Skips (with the reason) unless tracebox, root and tracefs are here.
 fn unavailable() -> bool {
-    if common::skip_unless_peer(
-        tracebox()
-            .is_none()
-            .then(|| "no tracebox (set RECORDER_TRACEBOX)".to_string()),
-    ) {
+    if common::skip_unless_peer(crate::serve::missing()) {
         return true;
     }
     skip_unless(common::need_root().or_else(|| {

@@ -15,7 +15,7 @@ use perfetto_protos::trace_packet::TracePacket;
 use crate::common::{self, decode, python_summary, skip_unless};
 use crate::hardening::{as_nobody, attacker_missing, python};
 use crate::producers::{SEQUENCE_DS, sdk_app};
-use crate::serve::{Serve, text, tracebox, wait_within};
+use crate::serve::{Serve, missing, text, wait_within};
 use crate::trace_processor;
 
 const NOBODY_UID: u32 = 65_534;
@@ -23,12 +23,6 @@ const NOBODY_UID: u32 = 65_534;
 const BYSTANDER_UID: u32 = 65_533;
 /// The attacker's data source, named by one session only.
 const FOREIGN_DS: &str = "recorder.test.foreign";
-
-fn missing() -> Option<String> {
-    tracebox()
-        .is_none()
-        .then(|| "no tracebox (set RECORDER_TRACEBOX)".to_string())
-}
 
 impl Serve {
     /// `perfetto --txt -c NAME.pbtx -o NAME.pftrace`, running.

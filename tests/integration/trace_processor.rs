@@ -1,7 +1,8 @@
 //! Perfetto's own trace processor as the third oracle: SQL over a trace file,
 //! run through the `trace_processor` wrapper of Perfetto's prebuilt tools
 //! (v58.2, the engine behind the Perfetto UI), which the repository does not
-//! carry: `$RECORDER_TRACE_PROCESSOR` names it.
+//! carry: `$RECORDER_TRACE_PROCESSOR` names it, else `trace_processor_shell`
+//! on `$PATH`.
 //!
 //! A missing or unusable trace processor skips the check with the reason;
 //! under `RECORDER_REQUIRE_PEERS=1` (CI) that is a failure, as for Perfetto's
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{peers_required, repo_root};
+use crate::common::{on_path, peers_required};
 
 /// One value of a result row, as the shell prints it.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,12 +106,12 @@ impl Rows {
     }
 }
 
-/// The wrapper script: `$RECORDER_TRACE_PROCESSOR`, else where the CI
-/// checkout keeps Perfetto's tools beside the repository.
-pub fn shell_path() -> PathBuf {
+/// The wrapper script: `$RECORDER_TRACE_PROCESSOR`, else
+/// `trace_processor_shell` on `$PATH`; None when neither is set or found.
+pub fn shell_path() -> Option<PathBuf> {
     std::env::var_os("RECORDER_TRACE_PROCESSOR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared/tools/trace_processor"))
+        .or_else(|| on_path("trace_processor_shell"))
 }
 
 /// What the queries run: the shell binary beside the wrapper once the
@@ -119,7 +120,8 @@ pub fn shell_path() -> PathBuf {
 /// exits first, and then tries apt-get again, which fails while another
 /// test holds the package lock).
 pub fn query_program() -> PathBuf {
-    let wrapper = shell_path();
+    // Only asked for once `unavailable` said there is one.
+    let wrapper = shell_path().unwrap_or_else(|| PathBuf::from("trace_processor_shell"));
     let shell = wrapper.with_file_name("trace_processor_shell");
     if wrapper.file_name().is_some_and(|n| n == "trace_processor") && shell.exists() {
         shell
@@ -132,7 +134,12 @@ pub fn query_program() -> PathBuf {
 pub fn unavailable() -> Option<String> {
     static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     WHY.get_or_init(|| {
-        let path = shell_path();
+        let Some(path) = shell_path() else {
+            return Some(
+                "no trace processor (set RECORDER_TRACE_PROCESSOR, or put trace_processor_shell on PATH)"
+                    .into(),
+            );
+        };
         if !path.exists() {
             return Some(format!(
                 "no trace processor at {} (set RECORDER_TRACE_PROCESSOR)",

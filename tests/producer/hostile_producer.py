@@ -15,7 +15,6 @@ stop; it writes nothing. Messages are encoded
 by hand from the field numbers; the one good packet is built with
 perfetto_trace_pb2 (counter 7777), as is the packet that forges trusted_uid.
 """
-import array
 import mmap
 import os
 import socket
@@ -25,94 +24,8 @@ import time
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_varint(num, v):
-    return varint(num << 3) + varint(v)
-
-
-def field_bytes(num, b):
-    return varint(num << 3 | 2) + varint(len(b)) + b
-
-
-def frame(request_id, body):
-    f = field_varint(2, request_id) + body
-    return struct.pack("<I", len(f)) + f
-
-
-def invoke(sock, request_id, method, args, drop_reply=False):
-    m = field_varint(1, 1) + field_varint(2, method) + field_bytes(3, args)
-    if drop_reply:
-        m += field_varint(4, 1)
-    sock.sendall(frame(request_id, field_bytes(5, m)))
-
-
-def fields(data):
-    pos = 0
-    while pos < len(data):
-        tag, pos = read_varint(data, pos)
-        num, wt = tag >> 3, tag & 7
-        if wt == 0:
-            v, pos = read_varint(data, pos)
-        elif wt == 2:
-            n, pos = read_varint(data, pos)
-            v = data[pos:pos + n]
-            pos += n
-        elif wt == 1:
-            v = data[pos:pos + 8]
-            pos += 8
-        elif wt == 5:
-            v = data[pos:pos + 4]
-            pos += 4
-        else:
-            raise SystemExit(f"bad wire type {wt}")
-        yield num, v
-
-
-def read_varint(data, pos):
-    r = s = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        r |= (b & 0x7F) << s
-        if not b & 0x80:
-            return r, pos
-        s += 7
-
-
-class Reader:
-    def __init__(self, sock):
-        self.sock = sock
-        self.buf = b""
-        self.fd = None
-
-    def frame(self):
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack("<I", self.buf[:4])[0]
-                if len(self.buf) >= 4 + n:
-                    f, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
-                    return dict((k, v) for k, v in fields(f))
-            fds = array.array("i")
-            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(4))
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % 4)])
-                    self.fd = fds[0]
-            if not data:
-                raise SystemExit("recorder closed the connection")
-            self.buf += data
+from producer_ipc import (COMMIT_DATA, GET_ASYNC_COMMAND, NOTIFY_DATA_SOURCE_STARTED, Closed,
+                          Frames, field_bytes, field_varint, fields, handshake, invoke)
 
 
 def chunk(chunk_id, writer, flags, frags, size):
@@ -129,35 +42,16 @@ def frag(payload):
     return bytes([(n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, (n >> 21) & 0x7F]) + payload
 
 
-def commands(rd):
-    """The GetAsyncCommand stream: (field, body) of each command."""
-    while True:
-        f = rd.frame()
-        if 6 not in f:
-            continue
-        reply = dict(fields(f[6]))
-        if 3 not in reply:
-            continue
-        for k, v in fields(reply[3]):
-            yield k, v
-
-
 def slow_starter(path, ds_name, ack):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    rd = Reader(sock)
-    sock.sendall(frame(1, field_bytes(3, field_bytes(1, b"ProducerPort"))))
-    rd.frame()
-    init = field_bytes(3, b"slow_starter") + field_varint(4, 1)
-    invoke(sock, 2, 1, init)
-    rd.frame()
-    # Descriptor: name, will_notify_on_start.
-    desc = field_bytes(1, ds_name.encode()) + field_varint(3, 1) + field_varint(7, 42)
-    invoke(sock, 3, 2, field_bytes(1, desc))
-    rd.frame()
-    invoke(sock, 4, 5, b"")
+    rd = Frames(sock)
+    # Descriptor: will_notify_on_start, and an id.
+    handshake(rd, b"slow_starter", ds_name.encode(), init_extra=field_varint(4, 1),
+              ds_extra=field_varint(3, 1) + field_varint(7, 42))
+    sock.sendall(invoke(4, GET_ASYNC_COMMAND, b""))
     rid = 5
-    for kind, body in commands(rd):
+    for kind, body in rd.commands(4):
         if kind == 6:
             print("setup", flush=True)
         elif kind == 1:
@@ -165,7 +59,7 @@ def slow_starter(path, ds_name, ack):
             print("started", flush=True)
             if ack != "never":
                 time.sleep(int(ack) / 1000)
-                invoke(sock, rid, 8, field_varint(1, inst), drop_reply=True)
+                sock.sendall(invoke(rid, NOTIFY_DATA_SOURCE_STARTED, field_varint(1, inst), drop_reply=True))
                 rid += 1
                 print("acked", flush=True)
         elif kind == 2:
@@ -178,32 +72,25 @@ def main():
     if len(sys.argv) > 4 and sys.argv[3] == "--start-ack":
         try:
             slow_starter(path, ds_name, sys.argv[4])
-        except SystemExit:
+        except Closed:
             print("closed", flush=True)
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    rd = Reader(sock)
-    sock.sendall(frame(1, field_bytes(3, field_bytes(1, b"ProducerPort"))))
-    rd.frame()
-    init = field_varint(1, 4096) + field_varint(2, 64 * 1024) + field_bytes(3, b"hostile") + field_varint(4, 1)
-    invoke(sock, 2, 1, init)
-    rd.frame()
-    invoke(sock, 3, 2, field_bytes(1, field_bytes(1, ds_name.encode())))
-    rd.frame()
+    rd = Frames(sock)
+    handshake(rd, b"hostile", ds_name.encode(), page_bytes=4096, smb_bytes=64 * 1024,
+              init_extra=field_varint(4, 1))
     # An unknown method id: an error reply, the connection stays.
-    invoke(sock, 4, 99, b"")
-    reply = rd.frame()
+    sock.sendall(invoke(4, 99, b""))
+    reply = rd.reply(4)
     assert 6 in reply, reply
-    invoke(sock, 5, 5, b"")
+    sock.sendall(invoke(5, GET_ASYNC_COMMAND, b""))
     target = None
-    while target is None:
-        f = rd.frame()
-        reply = dict(fields(f[6]))
-        cmd = dict(fields(reply[3]))
-        if 1 in cmd:  # start_data_source
-            start = dict(fields(cmd[1]))
+    for kind, body in rd.commands(5):
+        if kind == 1:  # start_data_source
+            start = dict(fields(body))
             target = dict(fields(start[2]))[2]
+            break
     assert rd.fd is not None, "no shared memory fd"
     size = os.fstat(rd.fd).st_size
     shm = mmap.mmap(rd.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -238,8 +125,8 @@ def main():
     # A patch for a chunk that does not exist, and one at an offset far out.
     patch = field_bytes(4, field_varint(1, 1 << 30) + field_bytes(2, b"\0\0\0\0"))
     moves += field_bytes(2, field_varint(1, target) + field_varint(2, 1) + field_varint(3, 12345) + patch)
-    invoke(sock, 6, 4, moves)
-    rd.frame()
+    sock.sendall(invoke(6, COMMIT_DATA, moves))
+    rd.reply(6)
     # Then garbage: a frame that claims 4 GiB.
     sock.sendall(struct.pack("<I", 0xFFFFFFFF) + b"garbage")
     try:

@@ -20,6 +20,7 @@ pub mod event_table;
 pub mod format;
 pub mod page;
 pub mod reader;
+pub mod refusal;
 pub mod remote;
 pub mod stats;
 pub mod tracefs;
@@ -123,9 +124,10 @@ pub enum FtraceError {
     NoRoom(&'static str),
     #[error("reader thread: {0}")]
     Thread(String),
-    /// The kernel (or the system) refused a configured feature.
+    /// The kernel, the system or the privileged side refused a configured
+    /// feature.
     #[error("{0}")]
-    Refused(String),
+    Refused(#[source] refusal::Refusal),
 }
 
 /// Counters of a finished (or running) recording.
@@ -535,15 +537,12 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         let spec = &self.opts.spec;
         let tracers = session.dir().read("available_tracers").unwrap_or_default();
         if !tracers.split_whitespace().any(|t| t == "function_graph") {
-            return Err(FtraceError::Refused(format!(
-                "enable_function_graph: this kernel has no function_graph tracer (available_tracers: {})",
-                tracers.trim()
-            )));
+            return Err(FtraceError::Refused(refusal::Refusal::NoFunctionGraph {
+                available: tracers.trim().to_string(),
+            }));
         }
-        let refused = |field: &str, e: TracefsError| {
-            FtraceError::Refused(format!(
-                "{field}: {e} (the kernel or this system forbids it)"
-            ))
+        let refused = |field: &'static str, source: TracefsError| {
+            FtraceError::Refused(refusal::Refusal::Setting { field, source })
         };
         if !spec.function_filters.is_empty() {
             session
@@ -605,11 +604,10 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         fds.extend(prepared.pipes.into_iter().map(|p| OwnedFd::from(p.file)));
         fds.extend(self.stats_files.drain(..).map(OwnedFd::from));
         if fds.len() != info.fd_count() {
-            return Err(FtraceError::Refused(format!(
-                "{} of {} per-CPU stats files could be opened",
-                fds.len().saturating_sub(1 + info.cpus.len()),
-                info.cpus.len()
-            )));
+            return Err(FtraceError::Refused(refusal::Refusal::StatsFiles {
+                opened: fds.len().saturating_sub(1 + info.cpus.len()),
+                cpus: info.cpus.len(),
+            }));
         }
         // Kept until here: on an error above, dropping the session restores.
         let teardown = session
@@ -814,8 +812,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         for (name, on) in &spec.tracefs_options {
             let rel = format!("options/{name}");
             if !session.dir().path(&rel).is_file() {
-                return Err(FtraceError::Refused(format!(
-                    "tracefs_options: this kernel has no trace option {name:?} (see options/ in tracefs)"
+                return Err(FtraceError::Refused(refusal::Refusal::NoOption(
+                    name.clone(),
                 )));
             }
             session.set(&rel, if *on { "1" } else { "0" })?;
@@ -880,9 +878,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         cpu: u32,
         layout: &PageLayout,
     ) -> Result<CpuPipe, FtraceError> {
-        let map = reader::open_map(&file, cpu, layout, self.opts.read_mode).map_err(|e| {
-            FtraceError::Refused(format!("{}=mmap: cpu{cpu}: {e}", reader::READ_MODE_ENV))
-        })?;
+        let map = reader::open_map(&file, cpu, layout, self.opts.read_mode)
+            .map_err(|source| FtraceError::Refused(refusal::Refusal::Mmap { cpu, source }))?;
         self.summary.mapped_cpus += usize::from(map.is_some());
         let splice_pipe = if self.opts.read_mode == ReadMode::Splice {
             let (r, w) = rustix::pipe::pipe_with(

@@ -27,7 +27,7 @@ pub const MAX_OPTIONS: usize = 64;
 pub const MAX_BUFFER_KB: u32 = 64 * 1024;
 
 /// Why a request fails the privileged side's check.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RequestError {
     #[error("1 to {MAX_EVENTS} events, not {0}")]
     EventCount(usize),
@@ -47,9 +47,9 @@ pub enum RequestError {
 /// Why the privileged side gave no instance.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    /// Its reason, as it sent it.
+    /// Its reason, as it sent it (typed by the side that sends it).
     #[error("{0}")]
-    Refused(String),
+    Refused(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The way to it failed.
     #[error(transparent)]
     Channel(Box<dyn std::error::Error + Send + Sync>),
