@@ -606,39 +606,39 @@ pub fn unhex(s: &str) -> String {
 /// tgid and name), and its per-process memory counters every value of the
 /// `process_stats` packets (kB as bytes), at their timestamps.
 pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::TracePacket]) {
-    let procs: BTreeMap<i64, (String, Option<i64>)> = tp
+    // A pid reused while the trace ran (a busy machine forks fast) has a row
+    // per process in trace processor: ours must be one of them.
+    let mut procs: BTreeMap<i64, Vec<(String, Option<i64>)>> = BTreeMap::new();
+    for r in &tp
         .query(
             "select p.pid, hex(p.cmdline) as c, pp.pid as ppid from process p \
              left join process pp on p.parent_upid = pp.upid where p.pid is not null",
         )
         .rows
-        .iter()
-        .map(|r| {
-            (
-                r[0].int(),
-                (unhex(r[1].opt_text().unwrap_or("")), r[2].opt_int()),
-            )
-        })
-        .collect();
-    let threads: BTreeMap<i64, (Option<i64>, String)> = tp
+    {
+        procs
+            .entry(r[0].int())
+            .or_default()
+            .push((unhex(r[1].opt_text().unwrap_or("")), r[2].opt_int()));
+    }
+    let mut threads: BTreeMap<i64, Vec<(Option<i64>, String)>> = BTreeMap::new();
+    for r in &tp
         .query(
             "select t.tid, p.pid, hex(t.name) as n from thread t left join process p using (upid)",
         )
         .rows
-        .iter()
-        .map(|r| {
-            (
-                r[0].int(),
-                (r[1].opt_int(), unhex(r[2].opt_text().unwrap_or(""))),
-            )
-        })
-        .collect();
+    {
+        threads
+            .entry(r[0].int())
+            .or_default()
+            .push((r[1].opt_int(), unhex(r[2].opt_text().unwrap_or(""))));
+    }
     let mut want_counters = BTreeMap::new();
     let mut seen = 0;
     for p in packets {
         for pr in &p.process_tree().processes {
             seen += 1;
-            let (cmdline, ppid) = procs
+            let rows = procs
                 .get(&i64::from(pr.pid()))
                 .unwrap_or_else(|| panic!("pid {} missing from trace processor", pr.pid()));
             // Trace processor drops a kworker's "-workqueue" or "+workqueue"
@@ -648,20 +648,29 @@ pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::Tr
                 Some((head, _)) if ours.starts_with("kworker/") => head.to_string(),
                 _ => ours,
             };
-            assert_eq!(*cmdline, ours, "pid {}", pr.pid());
             // The kernel's own pid 0 is not a process trace processor keeps.
-            if pr.ppid() > 0 {
-                assert_eq!(*ppid, Some(i64::from(pr.ppid())), "parent of {}", pr.pid());
-            }
+            let parent = (pr.ppid() > 0).then(|| i64::from(pr.ppid()));
+            assert!(
+                rows.iter().any(
+                    |(cmdline, ppid)| *cmdline == ours && (parent.is_none() || *ppid == parent)
+                ),
+                "pid {}: ours {ours:?} (parent {parent:?}), trace processor's {rows:?}",
+                pr.pid()
+            );
         }
         for th in &p.process_tree().threads {
-            let (tgid, name) = threads
+            let rows = threads
                 .get(&i64::from(th.tid()))
                 .unwrap_or_else(|| panic!("tid {} missing from trace processor", th.tid()));
-            assert_eq!(*tgid, Some(i64::from(th.tgid())), "tgid of {}", th.tid());
-            if th.has_name() {
-                assert_eq!(name, th.name(), "name of {}", th.tid());
-            }
+            assert!(
+                rows.iter()
+                    .any(|(tgid, name)| *tgid == Some(i64::from(th.tgid()))
+                        && (!th.has_name() || name == th.name())),
+                "tid {}: ours tgid {} name {:?}, trace processor's {rows:?}",
+                th.tid(),
+                th.tgid(),
+                th.name()
+            );
         }
         let ts = p.timestamp() as i64;
         for pr in &p.process_stats().processes {
