@@ -15,7 +15,9 @@ baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
   session with nothing to record, over 10 s;
 - memory: peak RSS against the sum of buffer sizes;
 - trigger to finished file: a full 64 MiB ring, STOP_TRACING with
-  stop_delay_ms 0, wall time from `recorder trigger` to the recorder's exit.
+  stop_delay_ms 0, wall time from `recorder trigger` to the recorder's exit,
+  each run right after `dd` writing 64 MiB with `oflag=direct conv=fsync` to
+  the same filesystem (the disk's speed at that moment; `--trigger-only`).
 """
 import argparse
 import os
@@ -209,8 +211,12 @@ def main():
     ap.add_argument("--dir", default="/work/tmp")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--streaming-only", action="store_true")
+    ap.add_argument("--trigger-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
+    if a.trigger_only:
+        trigger_part(a)
+        return
     load = os.getloadavg()
     rows = []
     for _ in range(a.runs):
@@ -242,9 +248,22 @@ def main():
     print()
     for kind in ("waiting for a start trigger", "streaming with nothing to record"):
         print(f"- idle, {kind}: {idle(kind):.3f}% of a core over 10 s")
-    lat = [trigger_latency(a.dir) for _ in range(a.runs)]
-    print(f"- trigger to finished file, full 64 MiB ring, stop_delay_ms 0: median {statistics.median(l[0] for l in lat):.0f} ms"
-          f" (runs: {', '.join(f'{l[0]:.0f}' for l in lat)} ms; {lat[0][1] / 2**20:.0f} MiB written)")
+    trigger_part(a)
+
+
+def trigger_part(a):
+    lat, base = [], []
+    for _ in range(a.runs):
+        mbps, _ = dd(os.path.join(a.dir, "dd.bin"), 64, direct=True)
+        base.append(64 * 1048576 / mbps / 1e3)
+        lat.append(trigger_latency(a.dir))
+    ms = [l[0] for l in lat]
+    ratios = [m / b for m, b in zip(ms, base)]
+    load = os.getloadavg()
+    print(f"- trigger to finished file, full 64 MiB ring, stop_delay_ms 0: median {statistics.median(ms):.0f} ms"
+          f" (runs: {', '.join(f'{m:.0f}' for m in ms)} ms; {lat[0][1] / 2**20:.0f} MiB written);"
+          f" dd 64 MiB oflag=direct right before each: {', '.join(f'{b:.0f}' for b in base)} ms;"
+          f" median ratio {statistics.median(ratios):.2f}× dd; load {load[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -378,12 +378,15 @@ fn builtin_sources(
     Ok((sources, next_seq))
 }
 
-/// O_DIRECT for plain streaming (storage::direct): not under a size cap,
-/// which its padding could overrun, nor for compressed passes, which are
-/// copied whole anyway, nor for segments. Storage still probes the file.
+/// O_DIRECT for plain traces (storage::direct), streamed or written at the
+/// end (a flight recorder's whole ring at its trigger: through the page
+/// cache that pass fills the dirty limit and waits on writeback, then on
+/// fdatasync). Not under a size cap, which its padding could overrun, nor
+/// for compressed passes, which are copied whole anyway, nor for segments.
+/// Storage still probes the file.
 fn direct_wanted(spec: &RecorderSpec, opts: &RunOptions, compressed: bool) -> bool {
     opts.direct_io
-        && spec.file.as_ref().is_some_and(|f| f.max_size.is_none())
+        && spec.file.as_ref().is_none_or(|f| f.max_size.is_none())
         && !compressed
         && !opts.rotation.rotates()
 }

@@ -34,7 +34,7 @@ pub struct OpenOptions {
     pub no_clobber: bool,
     pub io: IoChoice,
     /// Write with `O_DIRECT` where the file allows it (probed; the page
-    /// cache otherwise, logged). For streaming sessions without compression
+    /// cache otherwise, logged). For traces without compression
     /// or a size cap.
     pub direct: bool,
 }
