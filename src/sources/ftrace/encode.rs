@@ -917,6 +917,7 @@ impl BundleEncoder {
         enc.end_short(g);
     }
 
+    #[inline(always)]
     fn compact_event(&mut self, plan: &CompactPlan, ev: &RawEvent<'_>) {
         let rec = ev.payload;
         let c = &mut self.compact;
