@@ -6,19 +6,25 @@
 #   cargo bench --bench ftrace --no-run
 #   scripts/ftrace_encoder_instructions.sh target/release/deps/ftrace-<hash> [OTHER_BIN...]
 #
-# Events are the page walker's steps (one per event, plus one per page run).
+# The cost is encode_pages' inclusive count over the timed iterations alone
+# (criterion's Bencher::iter calls), divided by the iterations and by the
+# events of the pages (the bench prints that count).
 set -euo pipefail
 command -v valgrind >/dev/null || apt-get install -y valgrind >/dev/null
 for bin in "$@"; do
   for bench in encode_compact encode_typed; do
     out=$(mktemp)
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --bench "ftrace_sched/$bench\$" \
-      --profile-time 2 >/dev/null 2>&1
-    total=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
-      grep -E 'BundleEncoder::encode_pages \[' | head -1 | awk '{gsub(",", "", $1); print $1}')
-    events=$(callgrind_annotate --tree=calling "$out" 2>/dev/null |
-      grep -E '>.*EventIter.*::(next|step) \(' | head -1 | grep -o '([0-9,]*x)' | tr -d '(),x')
+    log=$(valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --bench "ftrace_sched/$bench\$" \
+      --profile-time 2 2>&1)
+    events=$(grep -E "ftrace_sched/$bench: [0-9]+ events" <<<"$log" | head -1 | awk '{print $2}')
+    # Run from elsewhere: in the repository it reads the sources and names
+    # the bench's frames otherwise.
+    line=$(cd / && callgrind_annotate --tree=caller "$out" 2>/dev/null |
+      grep -B8 -E '^ *[0-9,]+ \([ 0-9.]+%\)  \*  .*BundleEncoder::encode_pages \[' |
+      grep -E '<.*Bencher.*::iter \(' | head -1 || true)
+    total=$(awk '{gsub(",", "", $1); print $1}' <<<"$line")
+    iters=$(grep -o '([0-9,]*x)' <<<"$line" | tr -d '(),x')
     rm -f "$out"
-    echo "$bin $bench: $((total / events)) instructions/event"
+    echo "$bin $bench: $((total / iters / events)) instructions/event"
   done
 done

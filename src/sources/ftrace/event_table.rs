@@ -546,7 +546,7 @@ impl EventTable {
     }
 
     /// The id of a record, read where `common_type` lives.
-    #[inline]
+    #[inline(always)]
     pub fn event_id(&self, rec: &[u8]) -> Option<u16> {
         match self.id_field {
             Some(f) => f.uint(rec).map(|v| v as u16),

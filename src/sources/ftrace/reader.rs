@@ -1,6 +1,7 @@
 //! The reader thread: every drain period it reads every CPU's
 //! `per_cpu/cpuN/trace_pipe_raw` (non-blocking `read(2)`, a page per call)
-//! until the kernel has nothing more, and encodes the pages as bundles.
+//! until the kernel has nothing more, and encodes the pages as bundles: each
+//! page as it is read, so a bundle runs on across the pages of a drain.
 //!
 //! Between periodic drains the thread sleeps in poll(2) on every CPU's pipe:
 //! with the instance's `buffer_percent` set, the kernel wakes it as soon as
@@ -26,11 +27,12 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use super::encode::{BundleEncoder, CpuCursor, EncodeStats, PageFeed, PrintFilter, Span};
 use super::event_table::EventTable;
 use super::format::PageLayout;
-use super::page::header_from_words;
+use super::page::{header_from_words, parse_header};
 use crate::sources::output::PacketOutput;
 use crate::sys::trace_map::{SUBBUF_DATA_OFFSET, TraceMap, TraceMapError};
 
-/// Pages read from one CPU before they are encoded (bounds the staging buffer).
+/// Pages taken from one CPU before they are encoded, through the mapping or
+/// splice (bounds the staging buffer). read(2) encodes each page as it comes.
 pub const BATCH_PAGES: usize = 64;
 
 /// Shortest time between two watermark-driven drains: if a kernel reports
@@ -252,6 +254,55 @@ impl Drop for MappedFeed<'_> {
     }
 }
 
+/// One CPU's pages read with read(2) one at a time into a single page,
+/// until the kernel has nothing more.
+struct ReadFeed<'a> {
+    file: &'a File,
+    page: &'a mut [u8],
+    layout: PageLayout,
+    bytes_read: u64,
+    read_errors: u64,
+    cpu: u32,
+}
+
+impl PageFeed for ReadFeed<'_> {
+    fn next_span(&mut self, _prev_ts: u64, stats: &mut EncodeStats) -> Option<Span> {
+        loop {
+            let n = match (&mut self.file).read(self.page) {
+                Ok(0) => return None,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.read_errors += 1;
+                    log::debug!("cpu{} trace_pipe_raw: {e}", self.cpu);
+                    return None;
+                }
+            };
+            // A short read is still one page: the commit bounds it.
+            self.page[n..].fill(0);
+            self.bytes_read += n as u64;
+            stats.pages += 1;
+            match parse_header(self.page, &self.layout) {
+                Ok(h) => {
+                    let pos = self.layout.data_offset;
+                    return Some(Span {
+                        pos,
+                        end: pos + h.data_len,
+                        ts: h.timestamp,
+                        header: Some(h),
+                    });
+                }
+                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            }
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.page
+    }
+}
+
 /// Callback told the thread ids seen in each drain.
 pub type PidSink = Box<dyn FnMut(&[i32]) + Send>;
 
@@ -438,6 +489,35 @@ impl<O: PacketOutput> ReaderState<O> {
                     if !more {
                         break;
                     }
+                }
+                continue;
+            }
+            if modes == [ReadMode::Read] {
+                // Page by page into one page of staging, encoded as read: a
+                // bundle runs on across pages until it is full, so the CPU's
+                // drain is not cut into a bundle per batch.
+                let pipe = &mut self.pipes[i];
+                let before = pipe.cursor.last_ts;
+                let page = self.layout.page_size();
+                let mut feed = ReadFeed {
+                    file: &pipe.file,
+                    page: &mut self.staging[..page],
+                    layout: self.layout,
+                    bytes_read: 0,
+                    read_errors: 0,
+                    cpu: pipe.cpu,
+                };
+                self.encoder.encode_feed(
+                    &mut self.output,
+                    &self.table,
+                    &self.filter,
+                    &mut pipe.cursor,
+                    &mut feed,
+                );
+                pipe.bytes_read += feed.bytes_read;
+                pipe.read_errors += feed.read_errors;
+                if pipe.cursor.last_ts < before {
+                    self.non_monotonic += 1;
                 }
                 continue;
             }
