@@ -22,7 +22,7 @@ use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 use super::quota::{
     Hits, Holds, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
-    MIN_SHARED_MEMORY,
+    MIN_SHARED_MEMORY, MOVE_BATCH,
 };
 use super::sequence::{Budget, Sequence, Trust};
 use super::smb::{self, SharedMemory};
@@ -61,10 +61,6 @@ pub const METHODS: [&str; 12] = [
 const SEND_TIMEOUT: Duration = Duration::from_millis(20);
 /// Bytes read from one producer per wake-up, so one cannot starve others.
 const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
-/// Bytes of chunks one commit moves out before they are parsed: a whole
-/// default (256 KiB) shared memory, and a bound on the copy (about twice
-/// this) whatever the producer names.
-const MOVE_BATCH: usize = 1024 * 1024;
 
 /// A data source a producer registered.
 #[derive(Clone, Debug)]
@@ -695,6 +691,14 @@ impl Connection {
         let mut moved = std::mem::take(&mut self.moved);
         moved.clear();
         bytes.clear();
+        // At most the producer's own shared memory (which its uid's quota
+        // bounds) and MOVE_BATCH at a time, plus the chunk that crosses it;
+        // reserved exactly, once.
+        let batch = self.smb.as_ref().map_or(0, |m| m.size().min(MOVE_BATCH));
+        let page = self.smb.as_ref().map_or(0, |m| m.page_size());
+        if !r.chunks_to_move.is_empty() {
+            bytes.reserve_exact(batch + page);
+        }
         for mv in &r.chunks_to_move {
             let Some(smb) = &self.smb else {
                 self.stats.chunks_discarded += 1;
@@ -714,7 +718,7 @@ impl Connection {
                     continue;
                 }
             }
-            if bytes.len() >= MOVE_BATCH {
+            if bytes.len() >= batch {
                 // A producer that marks chunks complete again as fast as
                 // they are taken gets them stored a batch at a time.
                 self.store_moved(&bytes, &moved, shared);
