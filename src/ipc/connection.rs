@@ -22,7 +22,7 @@ use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use super::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 use super::quota::{
     Hits, Holds, Limit, MAX_DATA_SOURCES, MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES,
-    MIN_SHARED_MEMORY,
+    MIN_SHARED_MEMORY, MOVE_BATCH,
 };
 use super::sequence::{Budget, Sequence, Trust};
 use super::smb::{self, SharedMemory};
@@ -137,8 +137,10 @@ pub struct Connection {
     pub instances: BTreeMap<u64, Instance>,
     writers: HashMap<u16, u32>,
     sequences: HashMap<(u16, u32), Sequence>,
-    /// Where a chunk is copied out of the SMB (reused for every chunk).
+    /// Where a commit's chunks are copied out of the SMB (reused for every
+    /// commit), and each one's offset, length and target buffer there.
     chunk_copy: Vec<u8>,
+    moved: Vec<(usize, usize, u32)>,
     /// Lent from `holds` for each piece of work that may hold bytes.
     budget: Budget,
     /// Its share of its uid's holds; the host gives it the uid's on
@@ -177,6 +179,7 @@ impl Connection {
             writers: HashMap::new(),
             sequences: HashMap::new(),
             chunk_copy: Vec::new(),
+            moved: Vec::new(),
             budget: Budget::default(),
             holds: Holds::alone(),
             stats: ProducerStats::default(),
@@ -680,8 +683,22 @@ impl Connection {
     }
 
     fn commit_lent(&mut self, r: &CommitDataRequest, shared: &mut dyn Routes) {
-        let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        // Every chunk the commit names is moved out (and so freed for the
+        // app) before any is parsed: the app writes into freed chunks while
+        // this thread validates and stores the copies, or after it was
+        // preempted between the two.
         let mut bytes = std::mem::take(&mut self.chunk_copy);
+        let mut moved = std::mem::take(&mut self.moved);
+        moved.clear();
+        bytes.clear();
+        // At most the producer's own shared memory (which its uid's quota
+        // bounds) and MOVE_BATCH at a time, plus the chunk that crosses it;
+        // reserved exactly, once.
+        let batch = self.smb.as_ref().map_or(0, |m| m.size().min(MOVE_BATCH));
+        let page = self.smb.as_ref().map_or(0, |m| m.page_size());
+        if !r.chunks_to_move.is_empty() {
+            bytes.reserve_exact(batch + page);
+        }
         for mv in &r.chunks_to_move {
             let Some(smb) = &self.smb else {
                 self.stats.chunks_discarded += 1;
@@ -693,48 +710,25 @@ impl Connection {
                 continue;
             }
             let page = mv.page.unwrap_or(u32::MAX);
-            if smb
-                .take_chunk(page, mv.chunk.unwrap_or(u32::MAX), &mut bytes)
-                .is_err()
-            {
-                self.stats.chunks_discarded += 1;
-                continue;
+            let at = bytes.len();
+            match smb.take_chunk(page, mv.chunk.unwrap_or(u32::MAX), &mut bytes) {
+                Ok(len) => moved.push((at, len, mv.target_buffer.unwrap_or(0))),
+                Err(_) => {
+                    self.stats.chunks_discarded += 1;
+                    continue;
+                }
             }
-            self.stats.chunks_committed += 1;
-            let buffer_id = mv.target_buffer.unwrap_or(0);
-            let Some(header) = super::chunk::ChunkHeader::parse(&bytes) else {
-                self.stats.abi_violations += 1;
-                continue;
-            };
-            // A buffer none of its instances writes into (another
-            // session's, or nobody's) gets nothing: dropped and charged to
-            // the producer's uid (ARCHITECTURE.md §9.8).
-            if !allowed.contains(&buffer_id) {
-                self.stats.chunks_discarded += 1;
-                self.hits.add(Limit::ForeignBuffer, 1);
-                continue;
+            if bytes.len() >= batch {
+                // A producer that marks chunks complete again as fast as
+                // they are taken gets them stored a batch at a time.
+                self.store_moved(&bytes, &moved, shared);
+                moved.clear();
+                bytes.clear();
             }
-            let bound = self.writers.get(&header.writer_id);
-            if bound.is_some_and(|b| *b != buffer_id) {
-                self.stats.chunks_discarded += 1;
-                continue;
-            }
-            let Some(seq) = sequence(
-                &mut self.sequences,
-                (header.writer_id, buffer_id),
-                (self.uid, self.pid),
-                shared,
-                &mut self.hits,
-                &mut self.holds,
-            ) else {
-                self.stats.chunks_discarded += 1;
-                continue;
-            };
-            let before = self.stats.clone();
-            seq.on_chunk(&bytes, &mut self.stats, &mut self.budget);
-            shared.account(buffer_id, self.id, &before, &self.stats);
         }
+        self.store_moved(&bytes, &moved, shared);
         self.chunk_copy = bytes;
+        self.moved = moved;
         for p in &r.chunks_to_patch {
             let n = p.patches.len() as u64;
             let writer = p
@@ -769,6 +763,52 @@ impl Connection {
                 &mut self.stats,
                 &mut self.budget,
             );
+            shared.account(buffer_id, self.id, &before, &self.stats);
+        }
+    }
+
+    /// Stores the chunks a commit moved into `bytes` (offset, length and
+    /// target buffer of each, in the commit's order).
+    fn store_moved(
+        &mut self,
+        bytes: &[u8],
+        moved: &[(usize, usize, u32)],
+        shared: &mut dyn Routes,
+    ) {
+        let allowed: Vec<u32> = self.instances.values().map(|i| i.buffer).collect();
+        for &(at, len, buffer_id) in moved {
+            let chunk = &bytes[at..at + len];
+            self.stats.chunks_committed += 1;
+            let Some(header) = super::chunk::ChunkHeader::parse(chunk) else {
+                self.stats.abi_violations += 1;
+                continue;
+            };
+            // A buffer none of its instances writes into (another
+            // session's, or nobody's) gets nothing: dropped and charged to
+            // the producer's uid (ARCHITECTURE.md §9.8).
+            if !allowed.contains(&buffer_id) {
+                self.stats.chunks_discarded += 1;
+                self.hits.add(Limit::ForeignBuffer, 1);
+                continue;
+            }
+            let bound = self.writers.get(&header.writer_id);
+            if bound.is_some_and(|b| *b != buffer_id) {
+                self.stats.chunks_discarded += 1;
+                continue;
+            }
+            let Some(seq) = sequence(
+                &mut self.sequences,
+                (header.writer_id, buffer_id),
+                (self.uid, self.pid),
+                shared,
+                &mut self.hits,
+                &mut self.holds,
+            ) else {
+                self.stats.chunks_discarded += 1;
+                continue;
+            };
+            let before = self.stats.clone();
+            seq.on_chunk(chunk, &mut self.stats, &mut self.budget);
             shared.account(buffer_id, self.id, &before, &self.stats);
         }
     }

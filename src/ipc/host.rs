@@ -32,6 +32,11 @@ use crate::ringbuf::Buffer;
 
 /// How long the service's thread waits before it looks at its stop flag.
 const SERVICE_TICK: Duration = Duration::from_millis(200);
+/// The scheduler slice the thread that serves producers asks for
+/// ([`crate::sys::sched`]): the shortest the kernel gives. A 256 KiB shared
+/// memory holds about a millisecond of a fast app's packets, and the app
+/// drops what it writes while the chunks wait for this thread to wake.
+const SERVING_SLICE: Duration = Duration::from_micros(100);
 
 /// A config data source that producers may provide.
 #[derive(Clone, Debug)]
@@ -118,6 +123,8 @@ pub enum HostError {
 /// A session's producers.
 pub struct ProducerHost {
     link: Link,
+    /// The serving thread asked for [`SERVING_SLICE`] (on its first poll).
+    slice_asked: bool,
     /// The session's key in the registry.
     key: u64,
     base: u32,
@@ -148,6 +155,7 @@ impl ProducerHost {
         let (key, base) = registry.attach(buffers, None)?;
         Ok(Self {
             link: Link::Own(Box::new(registry)),
+            slice_asked: false,
             key,
             base,
             path: path.to_path_buf(),
@@ -166,6 +174,8 @@ impl ProducerHost {
                 registry: service.registry.clone(),
                 wake,
             },
+            // The service's own thread serves the producers.
+            slice_asked: true,
             key,
             base,
             path: service.path.clone(),
@@ -226,6 +236,9 @@ impl ProducerHost {
     /// `recorder serve`, takes what the service's thread found).
     pub fn poll(&mut self) -> Vec<HostEvent> {
         let key = self.key;
+        if !std::mem::replace(&mut self.slice_asked, true) {
+            ask_for_serving_slice();
+        }
         match &mut self.link {
             Link::Own(r) => {
                 r.poll();
@@ -363,6 +376,7 @@ impl Drop for ProducerService {
 /// the lock held (the sockets are shared, so a connection closed meanwhile
 /// stays open until the wait ends), then handles what came under it.
 fn serve_producers(registry: &Mutex<ProducerRegistry>, stop: &AtomicBool) {
+    ask_for_serving_slice();
     let tick = rustix::time::Timespec {
         tv_sec: 0,
         tv_nsec: SERVICE_TICK.as_nanos() as i64,
@@ -377,6 +391,14 @@ fn serve_producers(registry: &Mutex<ProducerRegistry>, stop: &AtomicBool) {
         let mut g = lock(registry);
         g.poll();
         g.wake_pending();
+    }
+}
+
+/// The calling thread serves producers from now on: it asks for
+/// [`SERVING_SLICE`], and goes on with the default where the kernel says no.
+fn ask_for_serving_slice() {
+    if let Err(e) = crate::sys::sched::request_slice(SERVING_SLICE) {
+        log::debug!("producer service: default scheduler slice kept: {e}");
     }
 }
 

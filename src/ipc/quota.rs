@@ -45,6 +45,11 @@ pub const FDS_RESERVED: u64 = 256;
 pub const FDS_PER_CONNECTION: u64 = 2;
 /// The longest producer or data source name taken.
 pub const MAX_NAME_BYTES: usize = 1024;
+/// Bytes of a commit's chunks one connection copies out of its shared
+/// memory before parsing them, at most: a whole default (256 KiB) shared
+/// memory, and a bound on the copy whatever the producer names (no more
+/// than its own shared memory either).
+pub const MOVE_BATCH: usize = 1024 * 1024;
 /// Data sources one producer may have registered at once.
 pub const MAX_DATA_SOURCES: usize = 256;
 /// Bytes of data source names one producer may have registered at once.

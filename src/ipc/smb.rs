@@ -191,17 +191,18 @@ impl SharedMemory {
         unsafe { &*(self.map.as_mut_ptr().add(page * self.page) as *const AtomicU32) }
     }
 
-    /// Moves chunk `chunk` of page `page` out of the SMB into `out`
-    /// (replacing what it held; one buffer serves every chunk, so moving a
-    /// chunk allocates nothing): marks it being read, copies its bytes
-    /// (header included), frees it. The copy is untrusted; the indexes are
-    /// the producer's and are checked here.
+    /// Moves chunk `chunk` of page `page` out of the SMB to the end of
+    /// `out` (one buffer serves every chunk of a commit, so moving a chunk
+    /// allocates nothing once it has grown): marks it being read, copies
+    /// its bytes (header included), frees it. Returns the chunk's length.
+    /// The copy is untrusted; the indexes are the producer's and are
+    /// checked here.
     pub fn take_chunk(
         &self,
         page_untrusted: u32,
         chunk_untrusted: u32,
         out: &mut Vec<u8>,
-    ) -> Result<(), TakeRefusal> {
+    ) -> Result<usize, TakeRefusal> {
         let page = page_untrusted as usize;
         if page >= self.pages() {
             return Err(TakeRefusal::OutOfRange);
@@ -233,20 +234,21 @@ impl SharedMemory {
         };
         let chunk_size = ((self.page - PAGE_HEADER) / n as usize) & !3;
         let offset = page * self.page + PAGE_HEADER + chunk_untrusted as usize * chunk_size;
-        out.clear();
+        let start = out.len();
         out.reserve(chunk_size);
         // SAFETY: S1 — chunk < n keeps offset + chunk_size within the page
         // (n chunks of at most (page − 8) / n bytes after the header); S3 —
         // a raw copy into our own Vec, no reference into shared bytes. S5 —
-        // `out` has room for chunk_size bytes (reserved above) and the copy
-        // initialises all of them before the length covers them.
+        // `out` has room for chunk_size bytes past its length (reserved
+        // above) and the copy initialises all of them before the length
+        // covers them.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.map.as_ptr().add(offset),
-                out.as_mut_ptr(),
+                out.as_mut_ptr().add(start),
                 chunk_size,
             );
-            out.set_len(chunk_size);
+            out.set_len(start + chunk_size);
             // Freeing zeroes the chunk header first, as the ABI does.
             std::ptr::write_bytes(
                 self.map.as_mut_ptr().add(offset),
@@ -255,7 +257,7 @@ impl SharedMemory {
             );
         }
         self.release(bitmap, layout, n, shift);
-        Ok(())
+        Ok(chunk_size)
     }
 
     /// Copies every chunk that is not free without changing its state, in
@@ -382,9 +384,13 @@ mod tests {
         let chunk_size = ((4096 - 8) / 2) & !3;
         smb.poke(4096 + 8, &[1, 0, 0, 0, 7, 0, 1, 0, 0xAB]);
         let mut copy = vec![0xEE; 3];
-        smb.take_chunk(1, 0, &mut copy).expect("complete chunk");
-        assert_eq!(copy.len(), chunk_size);
-        assert_eq!(&copy[..9], &[1, 0, 0, 0, 7, 0, 1, 0, 0xAB]);
+        assert_eq!(smb.take_chunk(1, 0, &mut copy), Ok(chunk_size));
+        // Appended after what the buffer held.
+        assert_eq!(copy.len(), 3 + chunk_size);
+        assert_eq!(
+            &copy[..12],
+            &[0xEE, 0xEE, 0xEE, 1, 0, 0, 0, 7, 0, 1, 0, 0xAB]
+        );
         // Freed: state 0 while chunk 1 stays being written.
         assert_eq!(smb.bitmap(1).load(Ordering::Relaxed), (2 << 28) | (1 << 2));
         let mut take = |page, chunk| smb.take_chunk(page, chunk, &mut copy);
@@ -422,7 +428,7 @@ mod tests {
         // Nothing changed state: the commit still moves the complete one.
         assert_eq!(smb.bitmap(0).load(Ordering::Relaxed), bitmap);
         let mut copy = Vec::new();
-        assert_eq!(smb.take_chunk(0, 0, &mut copy), Ok(()));
+        assert_eq!(smb.take_chunk(0, 0, &mut copy), Ok(chunk_size));
         assert_eq!(copy[0], 1);
         // Reserved layouts and free pages give nothing.
         smb.poke(4096, &((7u32 << 28) | STATE_COMPLETE).to_le_bytes());

@@ -4,5 +4,6 @@
 pub mod daemon;
 pub mod iov;
 pub mod privdrop;
+pub mod sched;
 pub mod signals;
 pub mod trace_map;

@@ -1043,3 +1043,80 @@ fn the_producer_benchmark_runs_both_backends_in_test_mode() {
         }
     }
 }
+
+/// The slice (ns) each thread of `pid` runs with, from
+/// /proc/PID/task/TID/sched (`se.slice`, kernels with EEVDF).
+fn thread_slices(pid: u32) -> Vec<(u32, u64)> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(t.path().join("sched")).unwrap_or_default();
+        if let Some(slice) = text
+            .lines()
+            .find(|l| l.starts_with("se.slice"))
+            .and_then(|l| l.split(':').nth(1))
+            .and_then(|v| v.trim().parse().ok())
+        {
+            out.push((tid, slice));
+        }
+    }
+    out
+}
+
+/// Why a thread cannot ask for its own slice here, if it cannot: custom
+/// slices for SCHED_OTHER came with Linux 6.12.
+fn need_custom_slices() -> Option<String> {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy().into_owned();
+    let mut parts = release
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (6, 12) {
+        return Some(format!(
+            "kernel {release}: no custom scheduler slices before 6.12"
+        ));
+    }
+    let own = std::fs::read_to_string("/proc/self/sched").unwrap_or_default();
+    (!own.contains("se.slice")).then(|| "/proc/self/sched shows no se.slice".into())
+}
+
+/// The thread that frees an app's chunks runs with a 0.1 ms slice (so it
+/// runs soon after a commit wakes it on a busy machine); the recorder's
+/// other threads keep the kernel's default, and the app's packets arrive.
+#[test]
+fn the_thread_serving_apps_asks_for_a_short_slice_and_only_it() {
+    if skip_unless(need_custom_slices()) {
+        return;
+    }
+    let s = Session::start(&config(""));
+    let mut app = s.app("sliced_app", &["--forever"]);
+    app.expect("started");
+    let pid = s.child.id();
+    let t = Instant::now();
+    let mut slices = thread_slices(pid);
+    while !slices.iter().any(|(_, ns)| *ns == 100_000) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no thread with a 0.1 ms slice: {slices:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        slices = thread_slices(pid);
+    }
+    assert!(
+        slices.iter().any(|(_, ns)| *ns != 100_000),
+        "every thread took the short slice: {slices:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut child = app.child;
+    let _ = child.kill();
+    let _ = child.wait();
+    let (run, _) = s.stop();
+    let packets = decode(&run.trace());
+    assert_eq!(counters_by_pid(&packets).len(), 1, "the app's packets");
+}
