@@ -7,8 +7,10 @@
 //! may ask for a shorter slice (`sched_setattr` with `sched_runtime`): it
 //! is picked sooner when it wakes and runs for less at a time, with the
 //! same weight and so the same share of the CPU. Its nice value is kept;
-//! no privilege is needed. On older kernels the call fails and nothing
-//! changes.
+//! no privilege is needed. Threads it starts later get the default slice
+//! (`SCHED_FLAG_RESET_ON_FORK`): a reader spawned by the serving thread,
+//! which wants long runs, does not inherit it. On older kernels the call
+//! fails and nothing changes.
 //!
 //! Invariants:
 //! - SC1 [`SchedAttr`] has the kernel's `struct sched_attr` layout of its
@@ -35,6 +37,8 @@ const SCHED_ATTR_SIZE_VER0: usize = 48;
 const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE_VER0);
 /// SCHED_OTHER (SCHED_NORMAL).
 const SCHED_OTHER: u32 = 0;
+/// Threads and processes started by this one get the default attributes.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 
 /// Errors of asking for a slice.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +57,7 @@ pub fn request_slice(slice: Duration) -> Result<(), SchedError> {
     let attr = SchedAttr {
         size: SCHED_ATTR_SIZE_VER0 as u32,
         policy: SCHED_OTHER,
-        flags: 0,
+        flags: SCHED_FLAG_RESET_ON_FORK,
         nice,
         priority: 0,
         runtime: slice.as_nanos().min(u128::from(u64::MAX)) as u64,
@@ -61,7 +65,7 @@ pub fn request_slice(slice: Duration) -> Result<(), SchedError> {
         period: 0,
     };
     // SAFETY: SC1 — a pointer to a live, correctly laid out and sized
-    // struct; pid 0 is the calling thread; flags 0.
+    // struct; pid 0 is the calling thread; the call's own flags are 0.
     let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
     if r != 0 {
         return Err(SchedError::SetAttr(std::io::Error::last_os_error()));
@@ -84,13 +88,16 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_gets_the_slice_it_asks_for_and_keeps_its_nice_value() {
+    fn a_thread_gets_the_slice_it_asks_for_keeps_its_nice_value_and_does_not_pass_it_on() {
         std::thread::spawn(|| {
             let nice = rustix::process::getpriority_process(None).expect("nice");
             match request_slice(Duration::from_micros(250)) {
                 Ok(()) => {
                     if let Some(s) = slice_now() {
                         assert_eq!(s, 250_000);
+                        // A thread it starts does not inherit the slice.
+                        let child = std::thread::spawn(slice_now).join().expect("child");
+                        assert_ne!(child, Some(250_000), "the slice was inherited");
                     }
                 }
                 // Kernels before 6.12 refuse a runtime for SCHED_OTHER.
