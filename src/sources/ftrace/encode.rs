@@ -353,6 +353,34 @@ pub struct Span {
     pub header: Option<PageHeader>,
 }
 
+impl Span {
+    /// The whole of a page that starts at `start` in a feed's bytes, or
+    /// `None` (counted by its parse status) when its header is bad.
+    #[inline]
+    pub fn of_page(
+        page: &[u8],
+        start: usize,
+        layout: &PageLayout,
+        stats: &mut EncodeStats,
+    ) -> Option<Span> {
+        match parse_header(page, layout) {
+            Ok(h) => {
+                let pos = start + layout.data_offset;
+                Some(Span {
+                    pos,
+                    end: pos + h.data_len,
+                    ts: h.timestamp,
+                    header: Some(h),
+                })
+            }
+            Err(e) => {
+                stats.parse_errors[e.parse_status() as usize] += 1;
+                None
+            }
+        }
+    }
+}
+
 /// Where the encoder takes pages from, one span at a time. A feed may
 /// reuse the memory behind [`PageFeed::bytes`] once asked for the next
 /// span, so the encoder keeps offsets, never slices, across that call.
@@ -389,17 +417,8 @@ impl PageFeed for PagesFeed<'_> {
             let page = self.pages.get(start..start.checked_add(size)?)?;
             self.next += size;
             stats.pages += 1;
-            match parse_header(page, &self.layout) {
-                Ok(h) => {
-                    let pos = start + self.layout.data_offset;
-                    return Some(Span {
-                        pos,
-                        end: pos + h.data_len,
-                        ts: h.timestamp,
-                        header: Some(h),
-                    });
-                }
-                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            if let Some(span) = Span::of_page(page, start, &self.layout, stats) {
+                return Some(span);
             }
         }
     }

@@ -27,7 +27,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use super::encode::{BundleEncoder, CpuCursor, EncodeStats, PageFeed, PrintFilter, Span};
 use super::event_table::EventTable;
 use super::format::PageLayout;
-use super::page::{header_from_words, parse_header};
+use super::page::header_from_words;
 use crate::sources::output::PacketOutput;
 use crate::sys::trace_map::{SUBBUF_DATA_OFFSET, TraceMap, TraceMapError};
 
@@ -283,17 +283,8 @@ impl PageFeed for ReadFeed<'_> {
             self.page[n..].fill(0);
             self.bytes_read += n as u64;
             stats.pages += 1;
-            match parse_header(self.page, &self.layout) {
-                Ok(h) => {
-                    let pos = self.layout.data_offset;
-                    return Some(Span {
-                        pos,
-                        end: pos + h.data_len,
-                        ts: h.timestamp,
-                        header: Some(h),
-                    });
-                }
-                Err(e) => stats.parse_errors[e.parse_status() as usize] += 1,
+            if let Some(span) = Span::of_page(self.page, 0, &self.layout, stats) {
+                return Some(span);
             }
         }
     }
