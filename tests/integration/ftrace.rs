@@ -809,11 +809,20 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
     let top = Tracefs::discover().expect("tracefs");
     // Instances of crashed runs are cleaned at start; take them out of "before".
     top.remove_stale_instances(std::path::Path::new("/proc"));
-    let instances_before: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
-        .expect("instances")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    // Only this process's instances: other tests' recorders come and go.
+    let ours = |top: &Tracefs| -> BTreeSet<String> {
+        let pid = format!("recorder-{}", std::process::id());
+        std::fs::read_dir(top.path("instances"))
+            .expect("instances")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| {
+                n.strip_prefix(&pid)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('-'))
+            })
+            .collect()
+    };
+    let instances_before = ours(&top);
     let enable_before = top
         .read("events/sched/sched_switch/enable")
         .expect("enable");
@@ -929,12 +938,7 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
         ReadMode::Auto => {}
     }
     // tracefs left as found.
-    let instances_after: BTreeSet<_> = std::fs::read_dir(top.path("instances"))
-        .expect("instances")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert_eq!(instances_before, instances_after);
+    assert_eq!(instances_before, ours(&top));
     assert!(!inst.root().exists());
     assert_eq!(
         top.read("events/sched/sched_switch/enable")
