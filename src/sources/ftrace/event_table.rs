@@ -423,6 +423,51 @@ pub struct WakingPlan {
     pub common_flags: Option<IntAt>,
 }
 
+/// sched_wakeup and sched_waking as their typed messages, straight-line:
+/// the four fields of the typed plan (comm, pid, prio, target_cpu, in its
+/// order and under its keys), taken from it once at set-up so the encoder
+/// walks no op list for the most frequent typed event.
+#[derive(Clone, Copy, Debug)]
+pub struct WakeupPlan {
+    /// Key of the `FtraceEvent` field holding the message.
+    pub key: PackedKey,
+    pub comm: (PackedKey, usize),
+    pub pid: (PackedKey, IntAt),
+    pub prio: (PackedKey, IntAt),
+    pub target_cpu: (PackedKey, IntAt),
+    /// Records at least this long hold every field (and `common_pid`)
+    /// whole; shorter ones take the typed plan.
+    pub min_len: usize,
+}
+
+impl WakeupPlan {
+    /// The plan, when `typed` is exactly comm (16 bytes) and three integers.
+    fn of(typed: &TypedPlan, common_pid: Option<IntAt>) -> Option<Self> {
+        let [
+            TypedOp::Str(ck, TextAt::Comm16(comm)),
+            TypedOp::Int(pk, pid),
+            TypedOp::Int(rk, prio),
+            TypedOp::Int(tk, target_cpu),
+        ] = typed.ops[..]
+        else {
+            return None;
+        };
+        let min_len = [pid, prio, target_cpu]
+            .into_iter()
+            .chain(common_pid)
+            .map(|f| f.word_end)
+            .fold(comm + 16, usize::max);
+        Some(Self {
+            key: typed.key,
+            comm: (ck, comm),
+            pid: (pk, pid),
+            prio: (rk, prio),
+            target_cpu: (tk, target_cpu),
+            min_len,
+        })
+    }
+}
+
 /// Which compact form an event takes when compact_sched is on.
 #[derive(Clone, Copy, Debug)]
 pub enum CompactPlan {
@@ -436,6 +481,9 @@ pub struct EventEntry {
     pub format: EventFormat,
     pub typed: Option<TypedPlan>,
     pub compact: Option<CompactPlan>,
+    /// sched_wakeup/sched_waking written by their own encoder (the same
+    /// bytes as `typed`).
+    pub wakeup: Option<WakeupPlan>,
     /// `common_pid`.
     pub pid: Option<IntAt>,
     /// Integer fields naming threads (for process_stats), in
@@ -520,6 +568,13 @@ impl EventTable {
             self.id_field = format.field("common_type").and_then(IntAt::of);
         }
         let pid = int_field(&format, "common_pid");
+        let wakeup = typed
+            .as_ref()
+            .filter(|_| {
+                format.group == "sched"
+                    && matches!(format.name.as_str(), "sched_wakeup" | "sched_waking")
+            })
+            .and_then(|t| WakeupPlan::of(t, pid));
         let pid_fields = if typed.is_some() {
             PID_FIELDS
                 .iter()
@@ -539,6 +594,7 @@ impl EventTable {
             format,
             typed,
             compact,
+            wakeup,
             pid,
             pid_fields,
             print_buf,
