@@ -784,9 +784,12 @@ impl BundleEncoder {
             } else if let Some(plan) = &entry.wakeup
                 && enc.remaining() >= reserve + WINDOW_SPAN
                 && let Some(w) = enc.window()
-                && wakeup_in_window(w, plan, entry.pid, &ev)
+                && let Some(pid) = wakeup_in_window(w, plan, entry.pid, &ev)
             {
-                self.written(entry, rec);
+                // Its one pid field, read once for the event and the pid list.
+                self.note_pid(pid);
+                self.stats.events += 1;
+                self.stats.typed_events += 1;
             } else if let Some(plan) = &entry.typed
                 && entry.print_buf.is_none()
                 && plan
@@ -896,16 +899,21 @@ impl BundleEncoder {
     #[inline(always)]
     fn note_pids(&mut self, entry: &EventEntry, rec: &[u8]) {
         for f in &entry.pid_fields {
-            if let Some(p) = f.int(rec)
-                && p > 0
-            {
-                // A direct-mapped cache of recent pids keeps the list short:
-                // the same few threads recur on every switch.
-                let slot = &mut self.pid_cache[p as usize & (PID_CACHE - 1)];
-                if *slot != p as i32 {
-                    *slot = p as i32;
-                    self.pids.push(p as i32);
-                }
+            if let Some(p) = f.int(rec) {
+                self.note_pid(p);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn note_pid(&mut self, p: i64) {
+        if p > 0 {
+            // A direct-mapped cache of recent pids keeps the list short:
+            // the same few threads recur on every switch.
+            let slot = &mut self.pid_cache[p as usize & (PID_CACHE - 1)];
+            if *slot != p as i32 {
+                *slot = p as i32;
+                self.pids.push(p as i32);
             }
         }
     }
@@ -1055,25 +1063,23 @@ fn typed_in_window(
 }
 
 /// sched_wakeup/sched_waking by their [`WakeupPlan`], in a window: the
-/// bytes [`write_typed`] gives for them, in straight-line code. False, with
-/// nothing kept, for a record too short to hold every field or a comm that
-/// is not ASCII (the typed plan then writes it).
+/// bytes [`write_typed`] gives for them, in straight-line code; the pid
+/// field's value. `None`, with nothing kept, for a record too short to hold
+/// every field or a comm that is not ASCII (the typed plan then writes it).
 #[inline(always)]
 fn wakeup_in_window(
     mut w: Window<'_>,
     plan: &WakeupPlan,
     pid: Option<IntAt>,
     ev: &RawEvent<'_>,
-) -> bool {
+) -> Option<i64> {
     let rec = ev.payload;
     if rec.len() < plan.min_len {
-        return false;
+        return None;
     }
-    let Some((comm, n)) = comm16(rec, plan.comm.1) else {
-        return false;
-    };
+    let (comm, n) = comm16(rec, plan.comm.1)?;
     if comm & ASCII_HIGH_BITS != 0 {
-        return false;
+        return None;
     }
     // Within `min_len` every read below finds its field.
     let int = |f: IntAt| f.int(rec).unwrap_or(0) as u64;
@@ -1082,15 +1088,16 @@ fn wakeup_in_window(
     if let Some(p) = pid {
         w.uint(ftrace_event::PID, int(p) as u32 as u64);
     }
+    let target = plan.pid.1.int(rec).unwrap_or(0);
     let m = w.begin_at(&plan.key);
     w.bytes16_at(&plan.comm.0, &comm.to_le_bytes(), n);
-    w.uint_at(&plan.pid.0, int(plan.pid.1));
+    w.uint_at(&plan.pid.0, target as u64);
     w.uint_at(&plan.prio.0, int(plan.prio.1));
     w.uint_at(&plan.target_cpu.0, int(plan.target_cpu.1));
     w.end(m);
     w.end(e);
     w.close();
-    true
+    Some(target)
 }
 
 /// Counts the events of one page with the walker alone (no decoding): the
@@ -1289,6 +1296,10 @@ mod tests {
             let mut a = vec![0u8; 1024];
             let mut enc = ProtoEncoder::new(&mut a);
             let took = wakeup_in_window(enc.window().expect("room"), plan, entry.pid, &ev);
+            if let Some(pid) = took {
+                prop_assert_eq!(Some(pid), plan.pid.1.int(&rec));
+            }
+            let took = took.is_some();
             let a_len = enc.finish().expect("no overflow");
 
             let mut b = vec![0u8; 1024];

@@ -482,7 +482,7 @@ pub struct EventEntry {
     pub typed: Option<TypedPlan>,
     pub compact: Option<CompactPlan>,
     /// sched_wakeup/sched_waking written by their own encoder (the same
-    /// bytes as `typed`).
+    /// bytes as `typed`), when their only `pid_fields` entry is its pid.
     pub wakeup: Option<WakeupPlan>,
     /// `common_pid`.
     pub pid: Option<IntAt>,
@@ -568,13 +568,6 @@ impl EventTable {
             self.id_field = format.field("common_type").and_then(IntAt::of);
         }
         let pid = int_field(&format, "common_pid");
-        let wakeup = typed
-            .as_ref()
-            .filter(|_| {
-                format.group == "sched"
-                    && matches!(format.name.as_str(), "sched_wakeup" | "sched_waking")
-            })
-            .and_then(|t| WakeupPlan::of(t, pid));
         let pid_fields = if typed.is_some() {
             PID_FIELDS
                 .iter()
@@ -583,6 +576,15 @@ impl EventTable {
         } else {
             Vec::new()
         };
+        // The wakeup encoder notes its pid field as the one thread named.
+        let wakeup = typed
+            .as_ref()
+            .filter(|_| {
+                format.group == "sched"
+                    && matches!(format.name.as_str(), "sched_wakeup" | "sched_waking")
+            })
+            .and_then(|t| WakeupPlan::of(t, pid))
+            .filter(|w| pid_fields[..] == [w.pid.1]);
         let print_buf = (format.group == "ftrace" && format.name == "print")
             .then(|| text_field(&format, "buf"))
             .flatten();
