@@ -11,6 +11,10 @@
 //!   int prio       offset:28 size:4   ──►  Int  { key 0x18,  I32 @28 }
 //!   int target_cpu offset:32 size:4   ──►  Int  { key 0x28,  I32 @32 }
 //! ```
+//!
+//! sched_wakeup and sched_waking, the most frequent typed events, also get
+//! a [`WakeupPlan`]: the same four steps held as named fields, so their
+//! encoder is straight-line code with one length check per record.
 
 use super::format::{EventFormat, Field, FieldKind, read_uint, until_nul};
 use crate::wire::{PackedKey, WireType, varint};
