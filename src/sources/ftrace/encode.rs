@@ -15,7 +15,7 @@
 //! ```
 
 use super::event_table::{
-    CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, TypedPlan, comm16,
+    CompactPlan, EventEntry, EventTable, IntAt, TextAt, TypedOp, TypedPlan, WakeupPlan, comm16,
 };
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, PageHeader, RawEvent, parse_header};
@@ -781,6 +781,15 @@ impl BundleEncoder {
                 self.note_pids(entry, rec);
                 self.stats.events += 1;
                 self.stats.compact_events += 1;
+            } else if let Some(plan) = &entry.wakeup
+                && enc.remaining() >= reserve + WINDOW_SPAN
+                && let Some(w) = enc.window()
+                && let Some(pid) = wakeup_in_window(w, plan, entry.pid, &ev)
+            {
+                // Its one pid field, read once for the event and the pid list.
+                self.note_pid(pid);
+                self.stats.events += 1;
+                self.stats.typed_events += 1;
             } else if let Some(plan) = &entry.typed
                 && entry.print_buf.is_none()
                 && plan
@@ -890,16 +899,21 @@ impl BundleEncoder {
     #[inline(always)]
     fn note_pids(&mut self, entry: &EventEntry, rec: &[u8]) {
         for f in &entry.pid_fields {
-            if let Some(p) = f.int(rec)
-                && p > 0
-            {
-                // A direct-mapped cache of recent pids keeps the list short:
-                // the same few threads recur on every switch.
-                let slot = &mut self.pid_cache[p as usize & (PID_CACHE - 1)];
-                if *slot != p as i32 {
-                    *slot = p as i32;
-                    self.pids.push(p as i32);
-                }
+            if let Some(p) = f.int(rec) {
+                self.note_pid(p);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn note_pid(&mut self, p: i64) {
+        if p > 0 {
+            // A direct-mapped cache of recent pids keeps the list short:
+            // the same few threads recur on every switch.
+            let slot = &mut self.pid_cache[p as usize & (PID_CACHE - 1)];
+            if *slot != p as i32 {
+                *slot = p as i32;
+                self.pids.push(p as i32);
             }
         }
     }
@@ -1046,6 +1060,44 @@ fn typed_in_window(
         w.close();
     }
     done
+}
+
+/// sched_wakeup/sched_waking by their [`WakeupPlan`], in a window: the
+/// bytes [`write_typed`] gives for them, in straight-line code; the pid
+/// field's value. `None`, with nothing kept, for a record too short to hold
+/// every field or a comm that is not ASCII (the typed plan then writes it).
+#[inline(always)]
+fn wakeup_in_window(
+    mut w: Window<'_>,
+    plan: &WakeupPlan,
+    pid: Option<IntAt>,
+    ev: &RawEvent<'_>,
+) -> Option<i64> {
+    let rec = ev.payload;
+    if rec.len() < plan.min_len {
+        return None;
+    }
+    let (comm, n) = comm16(rec, plan.comm.1)?;
+    if comm & ASCII_HIGH_BITS != 0 {
+        return None;
+    }
+    // Within `min_len` every read below finds its field.
+    let int = |f: IntAt| f.int(rec).unwrap_or(0) as u64;
+    let e = w.begin(feb::EVENT);
+    w.uint(ftrace_event::TIMESTAMP, ev.timestamp);
+    if let Some(p) = pid {
+        w.uint(ftrace_event::PID, int(p) as u32 as u64);
+    }
+    let target = plan.pid.1.int(rec).unwrap_or(0);
+    let m = w.begin_at(&plan.key);
+    w.bytes16_at(&plan.comm.0, &comm.to_le_bytes(), n);
+    w.uint_at(&plan.pid.0, target as u64);
+    w.uint_at(&plan.prio.0, int(plan.prio.1));
+    w.uint_at(&plan.target_cpu.0, int(plan.target_cpu.1));
+    w.end(m);
+    w.end(e);
+    w.close();
+    Some(target)
 }
 
 /// Counts the events of one page with the walker alone (no decoding): the
@@ -1200,6 +1252,100 @@ mod tests {
             prop_assert_eq!(&fast.2, &general.2);
             prop_assert!(fast.0 == general.0, "bytes differ");
         }
+    }
+
+    /// The fixture's event table, without compact_sched, loaded once.
+    fn typed_table() -> &'static EventTable {
+        static TABLE: std::sync::OnceLock<EventTable> = std::sync::OnceLock::new();
+        TABLE.get_or_init(|| fixture(false).1)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// The wakeup encoder writes what the typed plan writes, byte for
+        /// byte, for any record of sched_wakeup or sched_waking; it declines
+        /// (keeping nothing) exactly the records too short to hold every
+        /// field and those whose comm is not ASCII.
+        #[test]
+        fn the_wakeup_encoder_matches_the_typed_plan(
+            waking in any::<bool>(),
+            bytes in proptest::collection::vec(
+                prop_oneof![Just(0u8), Just(0x80u8), Just(0xffu8), Just(b'k'), any::<u8>()], 48),
+            len in prop_oneof![3 => Just(48usize), 3 => 36usize..48, 1 => 0usize..36],
+            ascii in any::<bool>(),
+            ts in prop_oneof![Just(0u64), any::<u64>()],
+        ) {
+            let table = typed_table();
+            let name = if waking { "sched_waking" } else { "sched_wakeup" };
+            let entry = (0..=u16::MAX)
+                .filter_map(|id| table.get(id))
+                .find(|e| e.format.name == name)
+                .expect("the fixture has the event");
+            let plan = entry.wakeup.as_ref().expect("a wakeup plan");
+            let typed = entry.typed.as_ref().expect("a typed plan");
+            let mut rec = bytes;
+            if ascii {
+                // Most comms are ASCII: clear the top bits of the comm.
+                for b in rec.iter_mut().skip(plan.comm.1).take(16) {
+                    *b &= 0x7f;
+                }
+            }
+            rec.truncate(len);
+            let ev = RawEvent { timestamp: ts, offset: 0, payload: &rec };
+
+            let mut a = vec![0u8; 1024];
+            let mut enc = ProtoEncoder::new(&mut a);
+            let took = wakeup_in_window(enc.window().expect("room"), plan, entry.pid, &ev);
+            if let Some(pid) = took {
+                prop_assert_eq!(Some(pid), plan.pid.1.int(&rec));
+            }
+            let took = took.is_some();
+            let a_len = enc.finish().expect("no overflow");
+
+            let mut b = vec![0u8; 1024];
+            let mut enc = ProtoEncoder::new(&mut b);
+            write_typed(&mut enc, entry, typed, &ev);
+            let b_len = enc.finish().expect("no overflow");
+
+            let comm_ascii = TextAt::Comm16(plan.comm.1).read(&rec).is_some_and(|c| c.is_ascii());
+            prop_assert_eq!(took, rec.len() >= plan.min_len && comm_ascii);
+            if took {
+                prop_assert_eq!(&a[..a_len], &b[..b_len]);
+            } else {
+                prop_assert_eq!(a_len, 0);
+            }
+        }
+    }
+
+    /// Both wakeup events of a real kernel's formats get the wakeup plan,
+    /// and the record length they all have holds every field.
+    #[test]
+    fn real_wakeup_formats_get_the_wakeup_plan() {
+        let table = typed_table();
+        for name in ["sched_wakeup", "sched_waking"] {
+            let entry = (0..=u16::MAX)
+                .filter_map(|id| table.get(id))
+                .find(|e| e.format.name == name)
+                .expect("the fixture has the event");
+            let plan = entry.wakeup.as_ref().expect("a wakeup plan");
+            let size = entry
+                .format
+                .fields
+                .iter()
+                .map(|f| f.offset + f.size)
+                .max()
+                .unwrap_or(0);
+            assert!(
+                plan.min_len <= size.max(8),
+                "{name}: {} > {size}",
+                plan.min_len
+            );
+        }
+        let other = (0..=u16::MAX)
+            .filter_map(|id| table.get(id))
+            .find(|e| e.format.name == "sched_switch")
+            .expect("sched_switch");
+        assert!(other.wakeup.is_none());
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //!   int prio       offset:28 size:4   ──►  Int  { key 0x18,  I32 @28 }
 //!   int target_cpu offset:32 size:4   ──►  Int  { key 0x28,  I32 @32 }
 //! ```
+//!
+//! sched_wakeup and sched_waking, the most frequent typed events, also get
+//! a [`WakeupPlan`]: the same four steps held as named fields, so their
+//! encoder is straight-line code with one length check per record.
 
 use super::format::{EventFormat, Field, FieldKind, read_uint, until_nul};
 use crate::wire::{PackedKey, WireType, varint};
@@ -423,6 +427,51 @@ pub struct WakingPlan {
     pub common_flags: Option<IntAt>,
 }
 
+/// sched_wakeup and sched_waking as their typed messages, straight-line:
+/// the four fields of the typed plan (comm, pid, prio, target_cpu, in its
+/// order and under its keys), taken from it once at set-up so the encoder
+/// walks no op list for the most frequent typed event.
+#[derive(Clone, Copy, Debug)]
+pub struct WakeupPlan {
+    /// Key of the `FtraceEvent` field holding the message.
+    pub key: PackedKey,
+    pub comm: (PackedKey, usize),
+    pub pid: (PackedKey, IntAt),
+    pub prio: (PackedKey, IntAt),
+    pub target_cpu: (PackedKey, IntAt),
+    /// Records at least this long hold every field (and `common_pid`)
+    /// whole; shorter ones take the typed plan.
+    pub min_len: usize,
+}
+
+impl WakeupPlan {
+    /// The plan, when `typed` is exactly comm (16 bytes) and three integers.
+    fn of(typed: &TypedPlan, common_pid: Option<IntAt>) -> Option<Self> {
+        let [
+            TypedOp::Str(ck, TextAt::Comm16(comm)),
+            TypedOp::Int(pk, pid),
+            TypedOp::Int(rk, prio),
+            TypedOp::Int(tk, target_cpu),
+        ] = typed.ops[..]
+        else {
+            return None;
+        };
+        let min_len = [pid, prio, target_cpu]
+            .into_iter()
+            .chain(common_pid)
+            .map(|f| f.word_end)
+            .fold(comm + 16, usize::max);
+        Some(Self {
+            key: typed.key,
+            comm: (ck, comm),
+            pid: (pk, pid),
+            prio: (rk, prio),
+            target_cpu: (tk, target_cpu),
+            min_len,
+        })
+    }
+}
+
 /// Which compact form an event takes when compact_sched is on.
 #[derive(Clone, Copy, Debug)]
 pub enum CompactPlan {
@@ -436,6 +485,9 @@ pub struct EventEntry {
     pub format: EventFormat,
     pub typed: Option<TypedPlan>,
     pub compact: Option<CompactPlan>,
+    /// sched_wakeup/sched_waking written by their own encoder (the same
+    /// bytes as `typed`), when their only `pid_fields` entry is its pid.
+    pub wakeup: Option<WakeupPlan>,
     /// `common_pid`.
     pub pid: Option<IntAt>,
     /// Integer fields naming threads (for process_stats), in
@@ -528,6 +580,15 @@ impl EventTable {
         } else {
             Vec::new()
         };
+        // The wakeup encoder notes its pid field as the one thread named.
+        let wakeup = typed
+            .as_ref()
+            .filter(|_| {
+                format.group == "sched"
+                    && matches!(format.name.as_str(), "sched_wakeup" | "sched_waking")
+            })
+            .and_then(|t| WakeupPlan::of(t, pid))
+            .filter(|w| pid_fields[..] == [w.pid.1]);
         let print_buf = (format.group == "ftrace" && format.name == "print")
             .then(|| text_field(&format, "buf"))
             .flatten();
@@ -539,6 +600,7 @@ impl EventTable {
             format,
             typed,
             compact,
+            wakeup,
             pid,
             pid_fields,
             print_buf,
