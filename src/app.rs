@@ -115,7 +115,7 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 /// broker) prepares; without it producers (traced_probes) provide it.
 pub struct Served {
     /// The trace file (the client's, or the session's in-memory one); its
-    /// sink is chosen as for a file the recorder opens ([`direct_wanted`]).
+    /// sink is chosen as for a file the recorder opens (`direct_wanted`).
     pub output: OwnedFd,
     pub output_label: String,
     pub control: ControlServer,

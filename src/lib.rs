@@ -44,7 +44,7 @@
 //! | layer | modules | what they are |
 //! |---|---|---|
 //! | 5 | `main`, [`cli`], [`command`] | argument types; one module per command, exit codes |
-//! | 4 | [`app`], [`bench`], [`consumer`], [`summary`] | build a recording from a spec; the bench; the consumer socket of `recorder serve` (sessions for the `perfetto` client); the end-of-run report |
+//! | 4 | [`app`], [`bench`](mod@bench), [`consumer`], [`summary`] | build a recording from a spec; the bench; the consumer socket of `recorder serve` (sessions for the `perfetto` client); the end-of-run report |
 //! | 3 | [`session`], [`event_loop`] | decide; execute |
 //! | 2 | [`config`], [`sources`], [`control`], [`ipc`], [`privilege`] | TraceConfig to spec; data sources; the control socket and runtime dir; the producer socket and shared memory; the root broker and the drop to the service user |
 //! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |

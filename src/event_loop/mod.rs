@@ -1,4 +1,4 @@
-//! Executes the session's decisions. The loop waits once ([`reactor`]),
+//! Executes the session's decisions. The loop waits once (`reactor`),
 //! turns what happened into [`Event`]s on a queue, hands each to
 //! [`Session::on_event`] and carries out the returned [`Action`]s. An action's
 //! result (a pass written, sources flushed) goes back on the queue as an
@@ -10,7 +10,7 @@
 //! threads and never wait for it (R4); a pass only delays control requests,
 //! which the control thread queues meanwhile.
 //!
-//! Adding an input (a socket, say) means: a descriptor in [`Loop::wait`], a
+//! Adding an input (a socket, say) means: a descriptor in `Loop::wait`, a
 //! translation of what it brings into session events, and the session's
 //! rules for those events.
 

@@ -14,7 +14,7 @@
 //!
 //! Every check happens before anything is opened for writing, so a refusal
 //! touches nothing. After a privilege drop the same operations go to the
-//! broker ([`crate::sys::broker`]), which performs them with this module on
+//! broker ([`crate::privilege::broker`]), which performs them with this module on
 //! its own copy of the directory descriptor.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -13,7 +13,7 @@
 //! keeps the whole packets that fit (a full disk), the rest is counted.
 //!
 //! The pass lets go of each ring region as soon as its bytes are in the
-//! file ([`Unpin`]): the sink reports how much of the list it has written
+//! file (`Unpin`): the sink reports how much of the list it has written
 //! ([`WriteProgress`]), the pass maps that to each batch's data and unpins
 //! the regions it covers (ringbuf M4), so writers take those chunks while
 //! the rest of the pass is still in flight. Compressed, the batches are
@@ -21,7 +21,7 @@
 //! the progress is mapped through the block layout ([`AlignedPass`]).
 //!
 //! The one `unsafe` call (`FlushBatch::release_written`, ringbuf M4, in
-//! [`Unpin::through`]) rests on:
+//! `Unpin::through`) rests on:
 //! - **P1** (storage) nothing reads the list below the floor a report
 //!   returned, and only bytes whose requests completed are reported. This
 //!   is not a promise of each sink: a sink sees the list only through a

@@ -13,7 +13,7 @@
 //! fails and nothing changes.
 //!
 //! Invariants:
-//! - SC1 [`SchedAttr`] has the kernel's `struct sched_attr` layout of its
+//! - SC1 `SchedAttr` has the kernel's `struct sched_attr` layout of its
 //!   first version (`SCHED_ATTR_SIZE_VER0`, 48 bytes, checked at compile
 //!   time), its `size` says so, and it outlives the call, which only reads
 //!   it.

@@ -491,7 +491,7 @@ pub struct EventEntry {
     /// `common_pid`.
     pub pid: Option<IntAt>,
     /// Integer fields naming threads (for process_stats), in
-    /// [`PID_FIELDS`] order; the thread filter checks them too.
+    /// `PID_FIELDS` order; the thread filter checks them too.
     pub pid_fields: Vec<IntAt>,
     /// `ftrace/print`'s text, subject to the print filter.
     pub print_buf: Option<TextAt>,

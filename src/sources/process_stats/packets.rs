@@ -166,7 +166,7 @@ pub(super) struct PacketPlan {
     pub soft_limit: usize,
 }
 
-/// Counts of what [`write_split`] did.
+/// Counts of what `write_split` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SplitOutcome {
     pub packets: usize,
