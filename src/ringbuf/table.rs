@@ -308,15 +308,15 @@ impl Table {
         // write; under RING_BUFFER it goes now, not after newer data.
         if self.policy == FillPolicy::RingBuffer {
             if wrapped {
-                self.reclaim(self.cursor, self.slots.len(), false);
-                self.reclaim(0, start, false);
+                self.reclaim(self.cursor, self.slots.len());
+                self.reclaim(0, start);
             } else {
-                self.reclaim(self.cursor, start, false);
+                self.reclaim(self.cursor, start);
             }
         }
         // Everything in [start, end): free chunks stay free, complete
         // regions are overwritten (RING_BUFFER) or were fully read.
-        self.reclaim(start, end, true);
+        self.reclaim(start, end);
         let seq = self.sequences.entry(id).or_default();
         let loss_pending = lost || seq.loss_tail;
         seq.loss_tail = false;
@@ -352,14 +352,14 @@ impl Table {
     }
 
     /// Frees the reusable regions among the slots in `[from, to)`, counting
-    /// unread bytes as overwritten. `all`: the range was found takeable, so
-    /// every region in it goes; else regions a writer or a pass holds stay.
-    fn reclaim(&mut self, from: usize, to: usize, all: bool) {
+    /// unread bytes as overwritten; regions a writer or a pass holds stay
+    /// (a range [`Self::find`] chose holds none).
+    fn reclaim(&mut self, from: usize, to: usize) {
         let mut i = from;
         while i < to {
             match self.slots[i] {
                 Slot::Head(r) => {
-                    if all || self.takeable(i).is_ok() {
+                    if self.takeable(i).is_ok() {
                         let unread = r.used - r.read;
                         if unread > 0 {
                             self.totals.chunks_overwritten += u64::from(r.chunks);
