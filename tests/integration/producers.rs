@@ -1119,4 +1119,5 @@ fn the_thread_serving_apps_asks_for_a_short_slice_and_only_it() {
     let (run, _) = s.stop();
     let packets = decode(&run.trace());
     assert_eq!(counters_by_pid(&packets).len(), 1, "the app's packets");
+    trace_processor::check(&run.out);
 }
