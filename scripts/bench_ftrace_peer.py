@@ -18,7 +18,8 @@ events the kernel lost (end FtraceStats overrun + dropped, minus the start
 ones, and bundles flagged lost), CPU of every tracer process while the load
 runs (recorder: its process tree; Perfetto: traced + traced_probes + the
 client), the load's throughput against the untraced baseline, output bytes
-per event. `--modes` adds one recorder row per RECORDER_FTRACE_READ mode;
+per event. `--modes` adds one recorder row per RECORDER_FTRACE_READ mode
+(`read@4`: with RECORDER_FTRACE_SUBBUF_KB=4, the kernel's one-page sub-buffers);
 `--zstd LEVEL` adds zstd rows on both sides (recorder --compress=LEVEL,
 Perfetto `compression { zstd { level } }`). `--serve` adds a row per variant
 where the same `perfetto` client talks to a root `recorder serve` in place
@@ -126,7 +127,11 @@ def run_recorder(d, secs, compact, mode, zstd=None):
     with open(cfg, "w") as f:
         f.write(config(SW, compact))
     out = os.path.join(d, "recorder.pftrace")
+    # `read@4`: the mode with that sub-buffer size in KiB (4: the kernel's one page).
+    mode, _, subbuf = mode.partition("@")
     env = dict(os.environ, RECORDER_FTRACE_READ=mode)
+    if subbuf:
+        env["RECORDER_FTRACE_SUBBUF_KB"] = subbuf
     extra = [f"--compress={zstd}"] if zstd else []
     proc = subprocess.Popen([bf.BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True, env=env)
     inst = f"{bf.TRACEFS}/instances/recorder-{proc.pid}"
@@ -235,7 +240,9 @@ def main():
     ap.add_argument("--secs", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--modes", default="mmap,read", help="RECORDER_FTRACE_READ modes, one recorder row each")
+    ap.add_argument("--modes", default="mmap,read",
+                    help="RECORDER_FTRACE_READ modes, one recorder row each; `read@4` also sets "
+                         "RECORDER_FTRACE_SUBBUF_KB=4 (the kernel's one-page sub-buffers)")
     ap.add_argument("--zstd", type=int, default=0, help="zstd level for one more row on each side (0: none)")
     ap.add_argument("--no-trace-cmd", action="store_true")
     ap.add_argument("--load", default="switch:2", help="stress-ng stressor:instances (switch:4, fork:2)")

@@ -22,7 +22,7 @@ use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::remote::{FtraceRequest, RemoteTracefs};
-use crate::sources::ftrace::{FtraceOptions, ReadMode};
+use crate::sources::ftrace::{FtraceOptions, ReadMode, SubbufSize};
 use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::ProcessStatsSource;
@@ -338,10 +338,12 @@ fn builtin_sources(
             }
             SourceKind::Ftrace(f) => {
                 let read_mode = ReadMode::from_env().map_err(|e| failed(Box::new(e)))?;
+                let subbuf = SubbufSize::from_env().map_err(|e| failed(Box::new(e)))?;
                 let opts = FtraceOptions {
                     spec: f.clone(),
                     sequence_id: next_seq,
                     read_mode,
+                    subbuf,
                     ..FtraceOptions::default()
                 };
                 match served {

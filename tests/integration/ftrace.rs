@@ -24,7 +24,7 @@ use recorder::sources::ftrace::stats::{CpuStats, Phase, StatsReport, encode_stat
 use recorder::sources::ftrace::tracefs::Tracefs;
 use recorder::sources::ftrace::{
     FtraceOptions, FtraceSource, PacketOutput, PrintFilter, PrintMatch, PrintRule, ReadMode,
-    VecOutput, load_layouts, resolve_event,
+    SubbufSize, VecOutput, load_layouts, resolve_event, subbuf,
 };
 
 use crate::common;
@@ -790,18 +790,25 @@ pub(crate) fn ping_pong(rounds: usize) -> (i32, i32) {
 
 #[test]
 fn real_kernel_ping_pong_recording() {
-    ping_pong_recording(ReadMode::Read);
+    ping_pong_recording(ReadMode::Read, SubbufSize::Auto);
 }
 
 #[test]
 fn real_kernel_ping_pong_recording_splice() {
-    ping_pong_recording(ReadMode::Splice);
+    ping_pong_recording(ReadMode::Splice, SubbufSize::Auto);
+}
+
+/// The kernel's own one-page sub-buffers, as before the recorder chose
+/// larger ones.
+#[test]
+fn real_kernel_ping_pong_recording_in_one_page_sub_buffers() {
+    ping_pong_recording(ReadMode::Read, SubbufSize::Kb(4));
 }
 
 /// The real-kernel tests compare tracefs before and after: one at a time.
 pub(crate) static KERNEL: Mutex<()> = Mutex::new(());
 
-pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
+pub(crate) fn ping_pong_recording(read_mode: ReadMode, subbuf: SubbufSize) {
     if common::skip_unless(kernel_missing()) {
         return;
     }
@@ -842,8 +849,10 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
         },
         sequence_id: SEQ,
         read_mode,
+        subbuf,
         ..Default::default()
     };
+    let subbuf_before = top.read("buffer_subbuf_size_kb").ok();
     let seen = Arc::new(Mutex::new(BTreeSet::new()));
     let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
     let s2 = seen.clone();
@@ -853,6 +862,24 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
     src.start().expect("start");
     let inst = src.tracefs_dir().expect("dir").clone();
     assert!(inst.read("trace_clock").expect("clock").contains("[boot]"));
+    // 8 MiB per CPU: room for 64 sub-buffers of 16 KiB, the recorder's
+    // choice where the kernel lets it choose (Linux 6.8+).
+    if subbuf_before.is_some() {
+        let want = match subbuf {
+            SubbufSize::Auto => subbuf::DEFAULT_SUBBUF_KB,
+            SubbufSize::Kb(k) => k,
+        };
+        assert_eq!(
+            inst.read("buffer_subbuf_size_kb").expect("subbuf").trim(),
+            want.to_string()
+        );
+        assert!(
+            inst.read("events/header_page")
+                .expect("header_page")
+                .contains(&format!("size:{};", want * 1024 - 16)),
+            "the page layout follows the sub-buffer size"
+        );
+    }
     let (a, b) = ping_pong(2000);
     src.flush().expect("flush");
     let summary = src.stop().expect("stop");
@@ -940,6 +967,7 @@ pub(crate) fn ping_pong_recording(read_mode: ReadMode) {
     // tracefs left as found.
     assert_eq!(instances_before, ours(&top));
     assert!(!inst.root().exists());
+    assert_eq!(top.read("buffer_subbuf_size_kb").ok(), subbuf_before);
     assert_eq!(
         top.read("events/sched/sched_switch/enable")
             .expect("enable"),

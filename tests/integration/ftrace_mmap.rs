@@ -13,7 +13,9 @@ use recorder::config::spec::{ByteSize, FtraceSpec};
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::reader::open_map;
 use recorder::sources::ftrace::tracefs::Tracefs;
-use recorder::sources::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, ReadMode, VecOutput};
+use recorder::sources::ftrace::{
+    FtraceOptions, FtraceSource, FtraceSummary, ReadMode, SubbufSize, VecOutput,
+};
 use rustix::thread::{CpuSet, sched_setaffinity};
 
 use crate::common;
@@ -23,7 +25,7 @@ const SEQ: u32 = 9;
 
 #[test]
 fn real_kernel_ping_pong_recording_mmap() {
-    ping_pong_recording(ReadMode::Mmap);
+    ping_pong_recording(ReadMode::Mmap, SubbufSize::Auto);
 }
 
 /// Pins the calling thread to `cpu`.

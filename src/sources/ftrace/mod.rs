@@ -23,6 +23,7 @@ pub mod reader;
 pub mod refusal;
 pub mod remote;
 pub mod stats;
+pub mod subbuf;
 pub mod tracefs;
 
 use std::fs::OpenOptions;
@@ -36,6 +37,7 @@ use std::thread::JoinHandle;
 pub use crate::sources::output::{PacketOutput, VecOutput};
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
 pub use reader::{PidSink, ReadMode};
+pub use subbuf::SubbufSize;
 
 use encode::{BundleEncoder, CpuCursor, EncodeStats};
 use event_table::EventTable;
@@ -69,6 +71,8 @@ pub struct FtraceOptions {
     pub sequence_id: u32,
     pub max_packet_bytes: usize,
     pub read_mode: ReadMode,
+    /// The kernel's sub-buffer size for the recording's buffers.
+    pub subbuf: SubbufSize,
 }
 
 impl Default for FtraceOptions {
@@ -80,6 +84,7 @@ impl Default for FtraceOptions {
             sequence_id: 2,
             max_packet_bytes: DEFAULT_MAX_PACKET_BYTES,
             read_mode: ReadMode::default(),
+            subbuf: SubbufSize::default(),
         }
     }
 }
@@ -266,6 +271,8 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     summary: FtraceSummary,
     cpus: Vec<u32>,
     buffer_size_kb: u32,
+    /// The sub-buffer size written, when the recorder chose one.
+    subbuf_kb: Option<u32>,
     /// Events the kernel had lost (overrun + dropped) when tracing started;
     /// nonzero only when the buffer was preserved.
     lost_at_start: u64,
@@ -302,6 +309,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             summary: FtraceSummary::default(),
             cpus: Vec::new(),
             buffer_size_kb: 0,
+            subbuf_kb: None,
             lost_at_start: 0,
             tid_filter_in_kernel: false,
             stats_files: Vec::new(),
@@ -366,7 +374,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .filter(|(_, n)| **n > 0)
             .map(|(i, _)| i as u32)
             .collect();
-        let page = self.layout.map(|l| l.page_size()).unwrap_or(4096).max(1) as u64;
+        // Pages of memory, whatever the sub-buffer size.
+        let page = rustix::param::page_size().max(1) as u64;
         self.summary.cpu_stats = cpus.clone();
         let report = StatsReport {
             cpus: &cpus,
@@ -722,6 +731,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             asked.extend(spec.kprobe_events.iter().map(|k| k.function.clone()));
             return Err(FtraceError::NoEvents(asked));
         }
+        self.buffer_size_kb = self.per_cpu_kb(&session)?;
+        // The sub-buffer size changes the page layout: set before it is read.
+        self.set_subbuf(&mut session)?;
         let (layout, table, failed) = load_layouts(session.dir(), &selected, spec.compact_sched)?;
         self.summary.failed_events.extend(failed);
         self.layout = Some(layout);
@@ -769,6 +781,48 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         Ok(())
     }
 
+    /// The buffer size per CPU, in KiB: as configured (at least the default
+    /// where it is a lower bound), the default, or with
+    /// `preserve_ftrace_buffer` the size the buffer already has (a resize
+    /// would drop what it holds).
+    fn per_cpu_kb(&self, session: &TracefsSession) -> Result<u32, FtraceError> {
+        let spec = &self.opts.spec;
+        let default_kb = || default_buffer_size_kb(mem_total_kb(&self.opts.proc_root));
+        let kb = match spec.buffer_size {
+            Some(b) if spec.buffer_size_lower_bound => {
+                (b.kb().min(u64::from(u32::MAX)) as u32).max(default_kb())
+            }
+            Some(b) => b.kb().min(u64::from(u32::MAX)) as u32,
+            None => default_kb(),
+        };
+        if !spec.preserve_ftrace_buffer {
+            return Ok(kb);
+        }
+        let now = session.dir().read("buffer_size_kb")?;
+        Ok(tracefs::restorable_value("buffer_size_kb", &now)
+            .parse()
+            .unwrap_or(kb))
+    }
+
+    /// Writes the sub-buffer size [`subbuf`] chooses, where the kernel has
+    /// the setting and the buffer is not preserved (a change empties it).
+    fn set_subbuf(&mut self, session: &mut TracefsSession) -> Result<(), FtraceError> {
+        const FILE: &str = "buffer_subbuf_size_kb";
+        if self.opts.spec.preserve_ftrace_buffer || !session.dir().path(FILE).is_file() {
+            return Ok(());
+        }
+        let page_kb = (rustix::param::page_size() / 1024).max(1) as u32;
+        let Some(kb) = self.opts.subbuf.choose(self.buffer_size_kb, page_kb) else {
+            return Ok(());
+        };
+        let now = session.dir().read(FILE)?;
+        if now.trim() != kb.to_string() {
+            session.set(FILE, &kb.to_string())?;
+        }
+        self.subbuf_kb = Some(kb);
+        Ok(())
+    }
+
     /// The settings of the recording directory: clock, buffer size (the
     /// buffer emptied unless preserved), CPU mask, trace options, the pid
     /// filter, syscall filters and the function_graph tracer.
@@ -783,20 +837,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if restorable_clock(&session.dir().read("trace_clock")?) != clock {
             session.set("trace_clock", clock)?;
         }
-        let default_kb = || default_buffer_size_kb(mem_total_kb(&self.opts.proc_root));
-        self.buffer_size_kb = match spec.buffer_size {
-            Some(b) if spec.buffer_size_lower_bound => {
-                (b.kb().min(u64::from(u32::MAX)) as u32).max(default_kb())
-            }
-            Some(b) => b.kb().min(u64::from(u32::MAX)) as u32,
-            None => default_kb(),
-        };
         if spec.preserve_ftrace_buffer {
-            // A resize would drop what the buffer holds.
-            let now = session.dir().read("buffer_size_kb")?;
-            self.buffer_size_kb = tracefs::restorable_value("buffer_size_kb", &now)
-                .parse()
-                .unwrap_or(self.buffer_size_kb);
             log::info!(
                 "preserve_ftrace_buffer: keeping the buffer and its size ({} KiB per CPU)",
                 self.buffer_size_kb
@@ -967,10 +1008,13 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             .map_err(|e| FtraceError::Thread(e.to_string()))?;
         self.running = Some(Running { tx, wake, handle });
         log::info!(
-            "ftrace: recording {} events on {} CPUs, {} KiB per CPU",
+            "ftrace: recording {} events on {} CPUs, {} KiB per CPU{}",
             selected.len(),
             self.cpus.len(),
-            self.buffer_size_kb
+            self.buffer_size_kb,
+            self.subbuf_kb
+                .map(|k| format!(" in {k} KiB sub-buffers"))
+                .unwrap_or_default()
         );
         Ok(())
     }
