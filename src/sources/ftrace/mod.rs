@@ -14,6 +14,11 @@
 //! spawns the reader; [`FtraceSource::flush`] drains synchronously;
 //! [`FtraceSource::stop`] drains a last time, writes the end FtraceStats and
 //! puts tracefs back as it was.
+//!
+//! **F1** (ARCHITECTURE §5.7): the page layout is read from the recording
+//! directory's `events/header_page` only after its sub-buffer size is set
+//! ([`subbuf`]), so every reader walks pages of the size the kernel hands
+//! out.
 
 pub mod encode;
 pub mod event_table;

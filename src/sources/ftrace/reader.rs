@@ -14,6 +14,11 @@
 //! periodic drain only the last page of each CPU per period is partial) and
 //! `splice(2)` into a pipe then `read(2)` out of it (full pages only).
 //! [`ReadMode::Auto`] maps where the kernel can and reads otherwise.
+//!
+//! **F2** (ARCHITECTURE §5.7): a periodic `read(2)` drain may stop a CPU at
+//! a page less than half full other than its first (see `ReadFeed`); a flush and the
+//! last drain (`final_pass`) read every CPU until the kernel has nothing
+//! more, so a flush delivers everything written before it.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -256,14 +261,16 @@ impl Drop for MappedFeed<'_> {
 
 /// One CPU's pages read with read(2) one at a time into a single page,
 /// until the kernel has nothing more or, in a periodic drain, until a page
-/// comes back less than half full.
+/// other than the drain's first comes back less than half full.
 ///
 /// A page that short is the one the kernel is still writing into: it
 /// copies such a page event by event with interrupts off, and a reader that
 /// keeps asking while a writer keeps writing gets a trickle of tiny pages at
 /// that price (with 32 KiB sub-buffers it read 358 bytes of pages per event
 /// instead of 58). The rest waits for the next drain; a flush or the last
-/// drain reads to the end.
+/// drain reads to the end. A drain's first page may be short for another
+/// reason: it is what the writer added to the page the last drain stopped
+/// in, and full pages may follow it.
 struct ReadFeed<'a> {
     file: &'a File,
     page: &'a mut [u8],
@@ -274,6 +281,8 @@ struct ReadFeed<'a> {
     /// Stop after a page less than half full (not in a final pass).
     stop_when_caught_up: bool,
     caught_up: bool,
+    /// Pages this drain has read.
+    pages: u64,
 }
 
 impl PageFeed for ReadFeed<'_> {
@@ -298,8 +307,10 @@ impl PageFeed for ReadFeed<'_> {
             self.bytes_read += n as u64;
             stats.pages += 1;
             if let Some(span) = Span::of_page(self.page, 0, &self.layout, stats) {
-                self.caught_up =
-                    self.stop_when_caught_up && span.end - span.pos < self.layout.data_size / 2;
+                self.pages += 1;
+                self.caught_up = self.stop_when_caught_up
+                    && self.pages > 1
+                    && span.end - span.pos < self.layout.data_size / 2;
                 return Some(span);
             }
         }
@@ -515,6 +526,7 @@ impl<O: PacketOutput> ReaderState<O> {
                     cpu: pipe.cpu,
                     stop_when_caught_up: !final_pass,
                     caught_up: false,
+                    pages: 0,
                 };
                 self.encoder.encode_feed(
                     &mut self.output,
@@ -641,19 +653,24 @@ mod tests {
         std::fs::read(dir.join(name)).expect("fixture")
     }
 
-    /// Spans a [`ReadFeed`] gives from a file of pages: full ping-pong pages
-    /// around one with 344 bytes of events (what the kernel hands out for
-    /// the page it is still writing).
+    /// Spans a [`ReadFeed`] gives from a file of pages: a short one (the
+    /// rest of a page the last drain stopped in), full ping-pong pages, a
+    /// short one again (what the kernel hands out for the page it is still
+    /// writing) and a full one.
     fn spans(stop_when_caught_up: bool) -> Vec<usize> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ftrace");
         let hp = std::fs::read_to_string(dir.join("tree/events/header_page")).expect("header_page");
         let layout = parse_header_page(&hp).expect("layout");
         let page = layout.page_size();
         let (full, short) = (fixture("pingpong_cpu0.raw"), fixture("cpu0.raw"));
-        let mut pages = full[..2 * page].to_vec();
+        let mut pages = short[page..2 * page].to_vec();
+        pages.extend_from_slice(&full[..2 * page]);
         pages.extend_from_slice(&short[page..2 * page]);
         pages.extend_from_slice(&full[2 * page..3 * page]);
-        let path = std::env::temp_dir().join(format!("recorder-readfeed-{}", std::process::id()));
+        let path = std::env::temp_dir().join(format!(
+            "recorder-readfeed-{}-{stop_when_caught_up}",
+            std::process::id()
+        ));
         std::fs::write(&path, &pages).expect("write pages");
         let file = File::open(&path).expect("open pages");
         let _ = std::fs::remove_file(&path);
@@ -667,6 +684,7 @@ mod tests {
             cpu: 0,
             stop_when_caught_up,
             caught_up: false,
+            pages: 0,
         };
         let mut stats = EncodeStats::default();
         std::iter::from_fn(|| feed.next_span(0, &mut stats))
@@ -676,11 +694,11 @@ mod tests {
 
     #[test]
     fn a_periodic_drain_stops_at_the_page_still_being_written() {
-        assert_eq!(spans(true), [4036, 4064, 344]);
+        assert_eq!(spans(true), [344, 4036, 4064, 344]);
     }
 
     #[test]
     fn a_final_drain_reads_to_the_end() {
-        assert_eq!(spans(false), [4036, 4064, 344, 4036]);
+        assert_eq!(spans(false), [344, 4036, 4064, 344, 4036]);
     }
 }
