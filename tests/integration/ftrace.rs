@@ -2273,3 +2273,62 @@ fn encoder_output_is_byte_identical_to_the_golden_files() {
         );
     }
 }
+
+/// A sub-buffer size the kernel refuses (this one takes at most 512 KiB) is
+/// an error naming the setting when it was asked for, and nothing is left
+/// behind; the recorder's own choice never asks for more than 16 KiB.
+#[test]
+fn real_kernel_a_refused_sub_buffer_size_is_a_clear_error() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let top = Tracefs::discover().expect("tracefs");
+    if common::skip_unless(
+        top.read("buffer_subbuf_size_kb")
+            .err()
+            .map(|_| "this kernel has no buffer_subbuf_size_kb (Linux 6.8+)".into()),
+    ) {
+        return;
+    }
+    let before: BTreeSet<String> = std::fs::read_dir(top.path("instances"))
+        .expect("instances")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let opts = FtraceOptions {
+        spec: FtraceSpec {
+            events: vec!["sched/sched_switch".into()],
+            buffer_size: Some(ByteSize::from_kb(8192)),
+            ..Default::default()
+        },
+        sequence_id: SEQ,
+        subbuf: SubbufSize::Kb(subbuf::MAX_SUBBUF_KB),
+        ..Default::default()
+    };
+    let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
+    let err = match src.start() {
+        Ok(()) => {
+            let _ = src.stop();
+            // A kernel that takes it has nothing to refuse.
+            assert!(
+                !common::kernel_required(),
+                "this kernel takes {} KiB sub-buffers: the test needs another size",
+                subbuf::MAX_SUBBUF_KB
+            );
+            return;
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("buffer_subbuf_size_kb"), "{err}");
+    drop(src);
+    let after: BTreeSet<String> = std::fs::read_dir(top.path("instances"))
+        .expect("instances")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            before.contains(n) || n.starts_with(&format!("recorder-{}", std::process::id()))
+        })
+        .collect();
+    assert!(after.is_subset(&before), "instances left: {after:?}");
+}

@@ -811,6 +811,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Writes the sub-buffer size [`subbuf`] chooses, where the kernel has
     /// the setting and the buffer is not preserved (a change empties it).
+    /// A size the kernel refuses is an error only when it was asked for;
+    /// the recorder's own choice falls back to the kernel's size.
     fn set_subbuf(&mut self, session: &mut TracefsSession) -> Result<(), FtraceError> {
         const FILE: &str = "buffer_subbuf_size_kb";
         if self.opts.spec.preserve_ftrace_buffer || !session.dir().path(FILE).is_file() {
@@ -821,8 +823,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             return Ok(());
         };
         let now = session.dir().read(FILE)?;
-        if now.trim() != kb.to_string() {
-            session.set(FILE, &kb.to_string())?;
+        if now.trim() != kb.to_string()
+            && let Err(e) = session.set(FILE, &kb.to_string())
+        {
+            if self.opts.subbuf != SubbufSize::Auto {
+                return Err(e.into());
+            }
+            log::info!("ftrace: keeping the kernel's sub-buffer size: {e}");
+            return Ok(());
         }
         self.subbuf_kb = Some(kb);
         Ok(())
