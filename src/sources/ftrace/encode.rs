@@ -1322,6 +1322,37 @@ mod tests {
 
     /// Both wakeup events of a real kernel's formats get the wakeup plan,
     /// and the record length they all have holds every field.
+    /// Every bundle opens with cpu then previous_bundle_end_timestamp, ahead
+    /// of its events and compact columns: the place zstd's fastest levels
+    /// compress best (and where Perfetto writes it).
+    #[test]
+    fn bundles_open_with_cpu_then_the_previous_end() {
+        use crate::wire::fields::{Value, fields};
+        for compact in [false, true] {
+            let (l, table, pages) = fixture(compact);
+            let (bytes, _, _) = encode_with(true, &l, &table, &pages, 16 * 1024, None);
+            let mut bundles = 0;
+            for rec in crate::wire::framing::frames(&bytes) {
+                for f in fields(rec.packet) {
+                    let f = f.expect("packet field");
+                    let (trace_packet::FTRACE_EVENTS, Value::Len(b)) = (f.number, f.value) else {
+                        continue;
+                    };
+                    let order: Vec<u32> =
+                        fields(b).map(|g| g.expect("bundle field").number).collect();
+                    assert_eq!(
+                        order[..2],
+                        [feb::CPU, feb::PREVIOUS_BUNDLE_END_TIMESTAMP],
+                        "compact {compact}"
+                    );
+                    assert!(!order[2..].contains(&feb::PREVIOUS_BUNDLE_END_TIMESTAMP));
+                    bundles += 1;
+                }
+            }
+            assert!(bundles > 2, "compact {compact}: {bundles} bundles");
+        }
+    }
+
     #[test]
     fn real_wakeup_formats_get_the_wakeup_plan() {
         let table = typed_table();
