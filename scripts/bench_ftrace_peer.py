@@ -320,15 +320,17 @@ def main():
         pairs.append((f"recorder {zmode}, compact, zstd {args.zstd}", f"perfetto, compact, zstd {args.zstd}"))
     for a, b in pairs:
         ra, rb = results[a], results[b]
-        cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb)])
-        ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb)])
+        # A round too short for the clock-tick CPU counts (0 s: `--load fork:2`
+        # makes few events) has no ratio.
+        cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb) if per_event(y) > 0] or [float("nan")])
+        ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb) if y["ops"] > 0] or [float("nan")])
         byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1)) for x, y in zip(ra, rb)])
         loss = lambda rs: sum(r["lost"] or 0 for r in rs)
         print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× | {loss(ra):,} against {loss(rb):,} |")
     if len(modes) > 1:
         for tag in tags:
             a, b = results[f"recorder {modes[0]}, {tag}"], results[f"recorder {modes[1]}, {tag}"]
-            cpu = median([per_event(x) / per_event(y) for x, y in zip(a, b)])
+            cpu = median([per_event(x) / per_event(y) for x, y in zip(a, b) if per_event(y) > 0] or [float("nan")])
             print(f"\nrecorder {modes[0]} ÷ {modes[1]}, {tag}: CPU/event {cpu:.2f}×")
 
 
