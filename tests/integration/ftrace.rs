@@ -2332,3 +2332,47 @@ fn real_kernel_a_refused_sub_buffer_size_is_a_clear_error() {
         .collect();
     assert!(after.is_subset(&before), "instances left: {after:?}");
 }
+
+/// A named instance that already existed keeps its own sub-buffer size: the
+/// recording changes it and puts it back, and leaves the instance there.
+#[test]
+fn real_kernel_a_named_instance_gets_its_sub_buffer_size_back() {
+    if common::skip_unless(kernel_missing()) {
+        return;
+    }
+    let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let top = Tracefs::discover().expect("tracefs");
+    if common::skip_unless(
+        top.read("buffer_subbuf_size_kb")
+            .err()
+            .map(|_| "this kernel has no buffer_subbuf_size_kb (Linux 6.8+)".into()),
+    ) {
+        return;
+    }
+    let name = format!("named-subbuf-{}", std::process::id());
+    let inst = top.instance(&name);
+    std::fs::create_dir(inst.root()).expect("make the instance");
+    inst.write("buffer_subbuf_size_kb", "8").expect("8 KiB");
+    let opts = FtraceOptions {
+        spec: FtraceSpec {
+            events: vec!["sched/sched_switch".into()],
+            buffer_size: Some(ByteSize::from_kb(4096)),
+            instance_name: Some(name.clone()),
+            compact_sched: false,
+            ..Default::default()
+        },
+        sequence_id: SEQ,
+        ..Default::default()
+    };
+    let mut src = FtraceSource::new(opts, VecOutput::new()).expect("source");
+    src.start().expect("start");
+    let during = inst.read("buffer_subbuf_size_kb").expect("during");
+    let _ = ping_pong(200);
+    src.stop().expect("stop");
+    let events = events(&decode(&src.take_output().expect("output").bytes)).len();
+    let after = inst.read("buffer_subbuf_size_kb").expect("after");
+    let _ = std::fs::remove_dir(inst.root());
+    assert_eq!(during.trim(), subbuf::DEFAULT_SUBBUF_KB.to_string());
+    assert_eq!(after.trim(), "8", "the instance's own size is put back");
+    assert!(events > 0, "recorded in the named instance");
+}
