@@ -2274,23 +2274,29 @@ fn encoder_output_is_byte_identical_to_the_golden_files() {
     }
 }
 
+/// tracefs where the kernel has `buffer_subbuf_size_kb` (Linux 6.8+), or
+/// `None` having said why the test skips.
+fn subbuf_tracefs() -> Option<Tracefs> {
+    if common::skip_unless(kernel_missing()) {
+        return None;
+    }
+    let top = Tracefs::discover().expect("tracefs");
+    let missing = top
+        .read("buffer_subbuf_size_kb")
+        .err()
+        .map(|_| "this kernel has no buffer_subbuf_size_kb (Linux 6.8+)".to_string());
+    (!common::skip_unless(missing)).then_some(top)
+}
+
 /// A sub-buffer size the kernel refuses (this one takes at most 512 KiB) is
 /// an error naming the setting when it was asked for, and nothing is left
 /// behind; the recorder's own choice never asks for more than 16 KiB.
 #[test]
 fn real_kernel_a_refused_sub_buffer_size_is_a_clear_error() {
-    if common::skip_unless(kernel_missing()) {
+    let Some(top) = subbuf_tracefs() else {
         return;
-    }
+    };
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
-    let top = Tracefs::discover().expect("tracefs");
-    if common::skip_unless(
-        top.read("buffer_subbuf_size_kb")
-            .err()
-            .map(|_| "this kernel has no buffer_subbuf_size_kb (Linux 6.8+)".into()),
-    ) {
-        return;
-    }
     let before: BTreeSet<String> = std::fs::read_dir(top.path("instances"))
         .expect("instances")
         .flatten()
@@ -2337,18 +2343,10 @@ fn real_kernel_a_refused_sub_buffer_size_is_a_clear_error() {
 /// recording changes it and puts it back, and leaves the instance there.
 #[test]
 fn real_kernel_a_named_instance_gets_its_sub_buffer_size_back() {
-    if common::skip_unless(kernel_missing()) {
+    let Some(top) = subbuf_tracefs() else {
         return;
-    }
+    };
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
-    let top = Tracefs::discover().expect("tracefs");
-    if common::skip_unless(
-        top.read("buffer_subbuf_size_kb")
-            .err()
-            .map(|_| "this kernel has no buffer_subbuf_size_kb (Linux 6.8+)".into()),
-    ) {
-        return;
-    }
     let name = format!("named-subbuf-{}", std::process::id());
     let inst = top.instance(&name);
     std::fs::create_dir(inst.root()).expect("make the instance");
