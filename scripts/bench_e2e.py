@@ -18,6 +18,9 @@ baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
   stop_delay_ms 0, wall time from `recorder trigger` to the recorder's exit,
   each run right after `dd` writing 64 MiB with `oflag=direct conv=fsync` to
   the same filesystem (the disk's speed at that moment; `--trigger-only`).
+
+`--idle-only --baseline-bin PATH` runs only the idle part, this build and
+another in turn (the build before a change, say).
 """
 import argparse
 import os
@@ -144,7 +147,7 @@ def on_cpu_ns(pid):
     return total
 
 
-def idle(kind, secs=10):
+def idle(kind, secs=10, binary=None):
     """% of a core over `secs`, measured after 2 s of start-up."""
     if kind == "waiting for a start trigger":
         body = """
@@ -162,7 +165,7 @@ duration_ms: %d
     cfg = config(body)
     out = tempfile.mktemp(suffix=".pftrace")
     env = dict(os.environ, RECORDER_RUNTIME_DIR=tempfile.mkdtemp())
-    p = subprocess.Popen([BIN, "--config", cfg, "-o", out, "-q"], env=env,
+    p = subprocess.Popen([binary or BIN, "--config", cfg, "-o", out, "-q"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
     a = on_cpu_ns(p.pid)
@@ -212,10 +215,17 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--streaming-only", action="store_true")
     ap.add_argument("--trigger-only", action="store_true")
+    ap.add_argument("--idle-only", action="store_true",
+                    help="only the idle part, --runs rounds, each build in turn")
+    ap.add_argument("--baseline-bin",
+                    help="with --idle-only: the build to compare against, in the same rounds")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     if a.trigger_only:
         trigger_part(a)
+        return
+    if a.idle_only:
+        idle_part(a)
         return
     load = os.getloadavg()
     rows = []
@@ -249,6 +259,44 @@ def main():
     for kind in ("waiting for a start trigger", "streaming with nothing to record"):
         print(f"- idle, {kind}: {idle(kind):.3f}% of a core over 10 s")
     trigger_part(a)
+
+
+IDLE_KINDS = ("waiting for a start trigger", "streaming with nothing to record")
+
+
+def idle_part(a):
+    """Each idle kind, this build and the baseline build in turn, --runs
+    rounds; medians and the ratio of medians."""
+    builds = [("this build", BIN)]
+    if a.baseline_bin:
+        builds.append(("baseline", a.baseline_bin))
+    start = os.getloadavg()
+    got = {}
+    for rnd in range(a.runs):
+        order = builds if rnd % 2 == 0 else builds[::-1]
+        for kind in IDLE_KINDS:
+            for name, binary in order:
+                v = idle(kind, binary=binary)
+                got.setdefault((kind, name), []).append(v)
+                print(f"round {rnd + 1}: {kind}, {name}: {v:.3f}%", file=sys.stderr)
+    end = os.getloadavg()
+    print(f"load average {start[0]:.2f} at the start, {end[0]:.2f} at the end; "
+          f"{a.runs} rounds of 10 s per row\n")
+    head = "| session | " + " | ".join(f"{n} (% of a core, per round)" for n, _ in builds)
+    if a.baseline_bin:
+        head += " | this build ÷ baseline (medians)"
+    print(head + " |")
+    print("|---" * (len(builds) + 1 + bool(a.baseline_bin)) + "|")
+    for kind in IDLE_KINDS:
+        cells = []
+        for name, _ in builds:
+            vs = got[(kind, name)]
+            cells.append(f"{statistics.median(vs):.3f} ({', '.join(f'{v:.3f}' for v in vs)})")
+        if a.baseline_bin:
+            base = statistics.median(got[(kind, "baseline")])
+            mine = statistics.median(got[(kind, "this build")])
+            cells.append(f"{mine / base:.2f}×" if base > 0 else "–")
+        print(f"| {kind} | " + " | ".join(cells) + " |")
 
 
 def trigger_part(a):

@@ -174,7 +174,7 @@ impl<'c> Flusher<'c> {
         self.offered_before
             .push(offered_by_buffer(n, writers, self.progress));
         let before = Instant::now();
-        let r = write_pass(sink, &[], &self.take, Vec::new, None, false);
+        let r = write_pass(sink, &[], &self.take, |_| Vec::new(), None, false);
         let after = Instant::now();
         self.offered_after
             .push(offered_by_buffer(n, writers, self.progress));

@@ -554,7 +554,11 @@ impl Loop {
         let control = self.rec.control.as_ref();
         let view = self.rec.quota_view;
         let log = &mut self.rec.log;
-        let tail = || log.tail(|| trace_stats(buffers, flushes, producers, control, view));
+        let tail = |carried| {
+            log.tail(carried, || {
+                trace_stats(buffers, flushes, producers, control, view)
+            })
+        };
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
@@ -766,7 +770,7 @@ impl Loop {
         let control = self.rec.control.as_ref();
         let view = self.rec.quota_view;
         let uid = self.rec.log.uid();
-        let tail = || {
+        let tail = |_| {
             use crate::trace::service;
             let now = crate::clock::boottime_ns();
             let mut t: Vec<Vec<u8>> = (0..buffers.len() as u32)

@@ -308,6 +308,67 @@ fn a_pass_syncs_only_when_its_action_says_so() {
     assert_eq!(f.l.passes, 2);
 }
 
+/// The file's `read_tracing_buffers_completed` packets: service events
+/// (TracePacket field 69) whose event, their last field, is field 4 = true.
+fn read_done(file: &[u8]) -> Vec<usize> {
+    use crate::trace::reader::{PacketInfo, frames};
+    frames(file)
+        .enumerate()
+        .filter(|(_, f)| {
+            PacketInfo::decode(f.packet).is_ok_and(|i| i.kind == Some(69))
+                && f.packet.ends_with(&[0x20, 0x01])
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[test]
+fn a_pass_that_finds_nothing_makes_no_write_and_the_session_still_hears_of_it() {
+    let frames_in = |file: &[u8]| crate::trace::reader::frames(file).count();
+    let mut f = Fixture::new(Timeline::plain(), &[], 1);
+    let pass = |f: &mut Fixture| {
+        f.l.execute(Action::WritePass {
+            pass: Pass::Periodic,
+            sync: false,
+        });
+        f.events()
+    };
+    let written = vec![Event::PassWritten {
+        cap_reached: false,
+        segment: None,
+    }];
+    // The first pass writes the head and its marker.
+    assert_eq!(pass(&mut f), written);
+    assert_eq!(f.journal.take(), vec![Op::Write]);
+    let first = f.file.lock().expect("file").clone();
+    assert_eq!(read_done(&first).len(), 1);
+    for _ in 0..3 {
+        assert_eq!(pass(&mut f), written);
+    }
+    assert_eq!(f.journal.take(), vec![], "an empty pass calls no sink");
+    assert_eq!(*f.file.lock().expect("file"), first);
+    // Data again: one write, ending with the marker.
+    f.put(0, b"later");
+    assert_eq!(pass(&mut f), written);
+    assert_eq!(f.journal.take(), vec![Op::Write]);
+    let file = f.file.lock().expect("file").clone();
+    assert!(contains(&file, b"later"));
+    let markers = read_done(&file);
+    assert_eq!(markers.len(), 2);
+    assert_eq!(
+        markers[1] + 1,
+        frames_in(&file),
+        "the pass ends with its marker"
+    );
+    // A sync asked of an empty pass is still done.
+    f.l.execute(Action::WritePass {
+        pass: Pass::Periodic,
+        sync: true,
+    });
+    assert_eq!(f.journal.take(), vec![Op::Sync]);
+    assert_eq!(f.l.passes, 6);
+}
+
 #[test]
 fn a_failed_write_is_reported_to_the_session_and_nothing_is_synced() {
     let mut f = Fixture::new(Timeline::plain(), &[], 1);

@@ -115,12 +115,15 @@ pub struct PassError {
 }
 
 /// Runs one pass over `buffers` (each with how to take its data) into
-/// `sink`, with no stage between them.
+/// `sink`, with no stage between them. `tail` is told whether anything
+/// (the head, buffer data, a loss marker) comes before it in this pass.
+/// A pass with nothing to write makes no write call (only the sync, if
+/// asked for): an idle stream costs a look at its buffers, not a write.
 pub fn write_pass(
     sink: &mut dyn FileSink,
     head: &[Vec<u8>],
     buffers: &[(Arc<Buffer>, Take)],
-    tail: impl FnOnce() -> Vec<Vec<u8>>,
+    tail: impl FnOnce(bool) -> Vec<Vec<u8>>,
     max_file_size: Option<u64>,
     sync: bool,
 ) -> Result<PassReport, PassError> {
@@ -134,7 +137,7 @@ pub fn write_pass_staged(
     sink: &mut dyn FileSink,
     head: &[Vec<u8>],
     buffers: &[(Arc<Buffer>, Take)],
-    tail: impl FnOnce() -> Vec<Vec<u8>>,
+    tail: impl FnOnce(bool) -> Vec<Vec<u8>>,
     max_file_size: Option<u64>,
     sync: bool,
     stage: PassStage<'_>,
@@ -157,9 +160,23 @@ pub fn write_pass_staged(
             FlushItem::Data(_) => None,
         })
         .collect();
-    let tail = tail();
+    let carried = !head.is_empty() || batches.iter().any(|b| !b.is_empty());
+    let tail = tail(carried);
     let list = PassList::gather(head, &batches, &markers, &tail);
     let (total, buffer_bytes) = (total_len(&list.iov), list.buffer_bytes);
+    if total == 0 {
+        if sync {
+            sink.sync_data().map_err(|e| PassError {
+                source: e.into(),
+                kept_bytes: 0,
+                unwritten_bytes: 0,
+            })?;
+        }
+        return Ok(PassReport {
+            duration: started.elapsed(),
+            ..PassReport::default()
+        });
+    }
     let mut unpin = Unpin {
         batches: &batches,
         spans: list.spans,

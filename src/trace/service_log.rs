@@ -222,8 +222,20 @@ impl ServiceLog {
         out
     }
 
-    /// The framed packets that go after the buffers in this pass.
-    pub fn tail(&mut self, stats: impl FnOnce() -> TraceStatsRecord) -> Vec<Vec<u8>> {
+    /// The framed packets that go after the buffers in this pass;
+    /// `carried`: something comes before them in it. A pass that carried
+    /// nothing and owes no `trace_stats` gets no tail at all: its
+    /// `read_tracing_buffers_completed` would follow the last one with
+    /// nothing between them, where trace processor's sorting does nothing
+    /// (ARCHITECTURE.md §8.4), and an idle stream then writes nothing.
+    pub fn tail(
+        &mut self,
+        carried: bool,
+        stats: impl FnOnce() -> TraceStatsRecord,
+    ) -> Vec<Vec<u8>> {
+        if !carried && !self.stats_due {
+            return Vec::new();
+        }
         let now = clock::boottime_ns();
         let mut out = Vec::new();
         if !self.disable_service_events {
@@ -314,11 +326,30 @@ mod tests {
             .clone();
         // TraceUuid { msb: 7, lsb: 9 } is the packet's last field.
         assert!(uuid.ends_with(&[0x08, 7, 0x10, 9]), "{uuid:?}");
-        let tail = log.tail(TraceStatsRecord::default);
+        let tail = log.tail(true, TraceStatsRecord::default);
         assert_eq!(kinds(&tail), vec![69, 35], "stats are due in a new segment");
         assert_eq!(
             kinds(&log.segment_tail(&TraceStatsRecord::default())),
             vec![35]
         );
+    }
+
+    #[test]
+    fn a_pass_that_carried_nothing_gets_a_tail_only_when_stats_are_due() {
+        let mut log = ServiceLog::new(0, Vec::new(), (1, 2), SystemInfo::default());
+        // Stats are due on the first pass, carried or not.
+        assert_eq!(
+            kinds(&log.tail(false, TraceStatsRecord::default)),
+            vec![69, 35]
+        );
+        assert!(log.tail(false, TraceStatsRecord::default).is_empty());
+        assert_eq!(kinds(&log.tail(true, TraceStatsRecord::default)), vec![69]);
+        log.want_stats();
+        assert_eq!(
+            kinds(&log.tail(false, TraceStatsRecord::default)),
+            vec![69, 35]
+        );
+        log.disable_service_events = true;
+        assert!(log.tail(true, TraceStatsRecord::default).is_empty());
     }
 }

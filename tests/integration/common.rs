@@ -243,3 +243,28 @@ pub fn proc_status(
         })
         .collect()
 }
+
+/// Waits until process `pid` catches `signal` (its bit in `SigCgt` of
+/// /proc/PID/status): a signal sent before the handler is installed takes
+/// the default action, which is not what a test of the handler means to
+/// send. Panics after 20 s or when the process is gone.
+pub fn wait_catches(pid: u32, signal: rustix::process::Signal) {
+    let bit = 1u64 << (signal.as_raw() - 1);
+    let t0 = std::time::Instant::now();
+    loop {
+        let status = proc_status(format!("/proc/{pid}/status"));
+        let caught = status
+            .get("SigCgt")
+            .and_then(|m| u64::from_str_radix(m, 16).ok())
+            .unwrap_or_else(|| panic!("process {pid} is gone: {status:?}"));
+        if caught & bit != 0 {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "process {pid} never caught signal {}",
+            signal.as_raw()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

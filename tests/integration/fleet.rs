@@ -18,7 +18,8 @@ use crate::common::*;
 
 const HOSTS: [&str; 2] = ["fleet-a", "fleet-b"];
 
-/// Scheduling for ~3 s in segments of ~1 s.
+/// Scheduling for ~4 s in segments of ~1 s: at least three closed segments
+/// each, with a second to spare for a loaded machine's late rotations.
 const CONFIG: &str = r#"
 buffers { size_kb: 16384 fill_policy: RING_BUFFER }
 data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
@@ -27,7 +28,7 @@ data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
   compact_sched { enabled: true } drain_period_ms: 100 } } }
 data_sources { config { name: "linux.process_stats" target_buffer: 0
   process_stats_config { scan_all_processes_on_start: true } } }
-write_into_file: true file_write_period_ms: 200 duration_ms: 3300
+write_into_file: true file_write_period_ms: 200 duration_ms: 4300
 "#;
 
 /// The longest runnable wait of one trace, as the script asks it.

@@ -321,7 +321,10 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder starts");
-    std::thread::sleep(Duration::from_millis(300));
+    // Caught from before the config is read; a TERM sent earlier would
+    // kill it outright (a busy machine can take longer than any sleep).
+    wait_catches(child.id(), rustix::process::Signal::TERM);
+    std::thread::sleep(Duration::from_millis(100));
     let t0 = Instant::now();
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");
@@ -356,6 +359,7 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder starts");
+    wait_catches(child.id(), rustix::process::Signal::TERM);
     std::thread::sleep(Duration::from_millis(300));
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");

@@ -259,6 +259,54 @@ fn streaming_writes_between_passes() {
     }
 }
 
+/// A stream that has nothing to write makes no write: its 100 ms passes
+/// still look at the buffers, but only a pass that carries something ends
+/// with `read_tracing_buffers_completed`, so no marker follows another with
+/// nothing between them, and every packet is there.
+#[test]
+fn an_idle_stream_writes_only_what_happened() {
+    for io in sinks() {
+        let run = Run::new(&test_config(
+            4096,
+            "RING_BUFFER",
+            "duration_ms: 1500 write_into_file: true file_write_period_ms: 100",
+            // 200 packets in the first 0.2 s, then nothing.
+            "message_count: 200 max_messages_per_second: 1000 message_size: 16",
+        ));
+        let out = run.run(io);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{io}: {stderr}");
+        let passes: u64 = stderr
+            .split(" write passes")
+            .next()
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{io}: no pass count in {stderr}"));
+        let packets = check_complete(&run, Some(200));
+        let done = |p: &perfetto_protos::trace_packet::TracePacket| {
+            p.has_service_event() && p.service_event().read_tracing_buffers_completed()
+        };
+        let markers = packets.iter().filter(|p| done(p)).count() as u64;
+        assert!(
+            packets.windows(2).all(|w| !(done(&w[0]) && done(&w[1]))),
+            "{io}: a marker follows another with nothing between them"
+        );
+        assert!(
+            passes >= 10 && markers * 2 < passes,
+            "{io}: {markers} markers in {passes} passes"
+        );
+        if let Some(py) = python_summary(&run.out) {
+            let seen = py["service_events"]
+                .as_array()
+                .expect("service events")
+                .iter()
+                .filter(|e| e.as_str() == Some("read_tracing_buffers_completed"))
+                .count() as u64;
+            assert_eq!(seen, markers, "{io}: both decoders count the markers");
+        }
+    }
+}
+
 #[test]
 fn size_cap_stops_on_a_packet_boundary() {
     for io in sinks() {

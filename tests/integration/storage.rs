@@ -849,7 +849,7 @@ fn a_pass_in_flight_gives_back_what_it_has_written() {
                 &mut sink,
                 &[],
                 &[(pass_buffer, Take::Consume)],
-                Vec::new,
+                |_| Vec::new(),
                 None,
                 false,
             );
@@ -929,7 +929,7 @@ fn a_pass_in_flight_gives_back_what_it_has_written() {
             &mut sink,
             &[],
             &[(buffer.clone(), Take::Consume)],
-            Vec::new,
+            |_| Vec::new(),
             None,
             true,
         )
@@ -1024,7 +1024,7 @@ fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
                 sink.as_mut(),
                 &[],
                 &[(buffer.clone(), Take::Consume)],
-                Vec::new,
+                |_| Vec::new(),
                 None,
                 false,
             ) {
@@ -1090,7 +1090,7 @@ fn direct_small_passes_go_through_the_page_cache_unpadded() {
                 sink.as_mut(),
                 &[],
                 &[(buffer.clone(), Take::Consume)],
-                Vec::new,
+                |_| Vec::new(),
                 None,
                 false,
             )
