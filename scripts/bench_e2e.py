@@ -19,12 +19,15 @@ baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
   each run right after `dd` writing 64 MiB with `oflag=direct conv=fsync` to
   the same filesystem (the disk's speed at that moment; `--trigger-only`).
 
-`--idle-only --baseline-bin PATH` runs only the idle part, this build and
-another in turn (the build before a change, say).
+`--idle-only --baseline-bin PATH [--peer]` runs only the idle part, this
+build and another in turn (the build before a change, say), and with
+`--peer` Perfetto's `traced` + `perfetto` client on the same configs
+(RECORDER_TRACEBOX).
 """
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,22 +150,24 @@ def on_cpu_ns(pid):
     return total
 
 
-def idle(kind, secs=10, binary=None):
-    """% of a core over `secs`, measured after 2 s of start-up."""
+def idle_body(kind, secs):
     if kind == "waiting for a start trigger":
-        body = """
+        return """
 buffers { size_kb: 4096 }
 data_sources { config { name: "for_testing" target_buffer: 0 for_testing { message_count: 10 } } }
 trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: %d triggers { name: "never" } }
 """ % (secs * 1000 + 5000)
-    else:
-        body = """
+    return """
 buffers { size_kb: 4096 }
 write_into_file: true
 file_write_period_ms: 100
 duration_ms: %d
 """ % (secs * 1000 + 5000)
-    cfg = config(body)
+
+
+def idle(kind, secs=10, binary=None):
+    """% of a core over `secs`, measured after 2 s of start-up."""
+    cfg = config(idle_body(kind, secs))
     out = tempfile.mktemp(suffix=".pftrace")
     env = dict(os.environ, RECORDER_RUNTIME_DIR=tempfile.mkdtemp())
     p = subprocess.Popen([binary or BIN, "--config", cfg, "-o", out, "-q"], env=env,
@@ -176,6 +181,43 @@ duration_ms: %d
     os.unlink(cfg)
     if os.path.exists(out):
         os.unlink(out)
+    return 100.0 * (b - a) / 1e9 / secs
+
+
+def idle_perfetto(kind, tracebox, secs=10):
+    """The same, for Perfetto's `traced` and its `perfetto` client on
+    private socket paths (no traced_probes: nothing to record)."""
+    run = tempfile.mkdtemp()
+    env = dict(os.environ,
+               PERFETTO_PRODUCER_SOCK_NAME=os.path.join(run, "producer.sock"),
+               PERFETTO_CONSUMER_SOCK_NAME=os.path.join(run, "consumer.sock"))
+    cfg = os.path.join(run, "idle.pbtxt")
+    with open(cfg, "w") as f:
+        f.write(idle_body(kind, secs))
+    out = os.path.join(run, "idle.pftrace")
+    traced = subprocess.Popen([tracebox, "traced"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [traced]
+    try:
+        t0 = time.monotonic()
+        while not os.path.exists(os.path.join(run, "consumer.sock")):
+            if time.monotonic() - t0 > 10:
+                sys.exit("traced never listened")
+            time.sleep(0.02)
+        client = subprocess.Popen([tracebox, "perfetto", "--txt", "-c", cfg, "-o", out], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(client)
+        time.sleep(2)
+        if client.poll() is not None:
+            sys.exit(f"perfetto client exited ({client.returncode}) on the idle config")
+        a = sum(on_cpu_ns(p.pid) for p in procs)
+        time.sleep(secs)
+        b = sum(on_cpu_ns(p.pid) for p in procs)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait()
+        shutil.rmtree(run, ignore_errors=True)
     return 100.0 * (b - a) / 1e9 / secs
 
 
@@ -219,6 +261,8 @@ def main():
                     help="only the idle part, --runs rounds, each build in turn")
     ap.add_argument("--baseline-bin",
                     help="with --idle-only: the build to compare against, in the same rounds")
+    ap.add_argument("--peer", action="store_true",
+                    help="with --idle-only: Perfetto's traced and client too (RECORDER_TRACEBOX)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     if a.trigger_only:
@@ -267,34 +311,39 @@ IDLE_KINDS = ("waiting for a start trigger", "streaming with nothing to record")
 def idle_part(a):
     """Each idle kind, this build and the baseline build in turn, --runs
     rounds; medians and the ratio of medians."""
-    builds = [("this build", BIN)]
+    builds = [("this build", lambda kind: idle(kind, binary=BIN))]
     if a.baseline_bin:
-        builds.append(("baseline", a.baseline_bin))
+        builds.append(("baseline", lambda kind: idle(kind, binary=a.baseline_bin)))
+    if a.peer:
+        tb = os.environ.get("RECORDER_TRACEBOX") or shutil.which("tracebox")
+        if not tb:
+            sys.exit("--peer: set RECORDER_TRACEBOX, or put tracebox on PATH")
+        builds.append(("Perfetto (traced + client)", lambda kind: idle_perfetto(kind, tb)))
     start = os.getloadavg()
     got = {}
     for rnd in range(a.runs):
         order = builds if rnd % 2 == 0 else builds[::-1]
         for kind in IDLE_KINDS:
-            for name, binary in order:
-                v = idle(kind, binary=binary)
+            for name, measure in order:
+                v = measure(kind)
                 got.setdefault((kind, name), []).append(v)
                 print(f"round {rnd + 1}: {kind}, {name}: {v:.3f}%", file=sys.stderr)
     end = os.getloadavg()
     print(f"load average {start[0]:.2f} at the start, {end[0]:.2f} at the end; "
           f"{a.runs} rounds of 10 s per row\n")
+    ratios = [n for n, _ in builds[1:]]
     head = "| session | " + " | ".join(f"{n} (% of a core, per round)" for n, _ in builds)
-    if a.baseline_bin:
-        head += " | this build ÷ baseline (medians)"
+    head += "".join(f" | this build ÷ {n} (medians)" for n in ratios)
     print(head + " |")
-    print("|---" * (len(builds) + 1 + bool(a.baseline_bin)) + "|")
+    print("|---" * (len(builds) + 1 + len(ratios)) + "|")
     for kind in IDLE_KINDS:
         cells = []
         for name, _ in builds:
             vs = got[(kind, name)]
             cells.append(f"{statistics.median(vs):.3f} ({', '.join(f'{v:.3f}' for v in vs)})")
-        if a.baseline_bin:
-            base = statistics.median(got[(kind, "baseline")])
-            mine = statistics.median(got[(kind, "this build")])
+        mine = statistics.median(got[(kind, "this build")])
+        for n in ratios:
+            base = statistics.median(got[(kind, n)])
             cells.append(f"{mine / base:.2f}×" if base > 0 else "–")
         print(f"| {kind} | " + " | ".join(cells) + " |")
 
