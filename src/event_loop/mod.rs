@@ -114,9 +114,14 @@ pub fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
     l.outcome()
 }
 
-/// How long the loop sleeps at most: sources report failures from their own
-/// threads, which the loop looks at once per wake-up.
+/// How long the loop sleeps at most once the sources started: they report
+/// failures from their own threads, which the loop looks at once per
+/// wake-up.
 const SOURCE_CHECK: Duration = Duration::from_secs(1);
+
+/// How long it sleeps at most before that (a session waiting for its start
+/// trigger): only its fds and the session's timers wake it.
+const BEFORE_START: Duration = Duration::from_secs(3600);
 
 struct Loop {
     rec: Recording,
@@ -144,6 +149,8 @@ struct Loop {
     producer_stop: bool,
     /// The start waits for producers' acks.
     producer_start: bool,
+    /// StartSources was carried out: failures may come from their threads.
+    sources_started: bool,
 }
 
 impl Loop {
@@ -171,6 +178,7 @@ impl Loop {
             producer_flushes: HashMap::new(),
             producer_stop: false,
             producer_start: false,
+            sources_started: false,
         }
     }
 
@@ -208,8 +216,17 @@ impl Loop {
     }
 
     /// The one blocking wait; queues what happened as events.
+    /// The longest the next wait may sleep, timers aside.
+    fn longest_sleep(&self) -> Duration {
+        if self.sources_started {
+            SOURCE_CHECK
+        } else {
+            BEFORE_START
+        }
+    }
+
     fn wait(&mut self) {
-        let mut at_most = SOURCE_CHECK;
+        let mut at_most = self.longest_sleep();
         if let Some(s) = &self.status {
             at_most = at_most.min(s.until_due());
         }
@@ -413,6 +430,7 @@ impl Loop {
 
     fn start_sources(&mut self) {
         log::info!("tracing started");
+        self.sources_started = true;
         self.rec.log.started();
         for s in &mut self.rec.sources {
             if let Err(e) = s.start() {

@@ -280,6 +280,19 @@ fn a_stop_flushes_the_sources_stops_them_then_writes_and_syncs() {
 }
 
 #[test]
+fn before_its_sources_start_the_loop_sleeps_until_something_happens() {
+    let mut f = Fixture::new(Timeline::plain(), &["a"], 1);
+    assert_eq!(f.l.longest_sleep(), BEFORE_START);
+    f.l.execute(Action::StartSources);
+    assert_eq!(f.journal.take(), vec![Op::Start("a")]);
+    assert_eq!(
+        f.l.longest_sleep(),
+        SOURCE_CHECK,
+        "failures come from their threads"
+    );
+}
+
+#[test]
 fn a_pass_syncs_only_when_its_action_says_so() {
     let mut f = Fixture::new(Timeline::plain(), &[], 1);
     f.put(0, b"first pass");
