@@ -56,6 +56,10 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
     for w in &spec.warnings {
         log::warn!("{w}");
     }
+    // The schema served the config: a session of hours needs none of it,
+    // and its pages go back before the buffers are mapped.
+    crate::config::release_pool();
+    crate::sys::heap::return_free_pages();
     run(&spec, args, signals)
 }
 

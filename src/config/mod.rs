@@ -33,7 +33,7 @@ pub mod validate;
 
 use std::io::Read;
 use std::path::Path;
-use std::sync::LazyLock;
+use std::sync::{Mutex, PoisonError};
 
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
@@ -45,13 +45,26 @@ pub use schema::{Schema, SchemaError, UserProtos};
 pub use spec::*;
 pub use validate::Invalid;
 
-/// Our schema, for reflection.
-pub fn pool() -> &'static DescriptorPool {
-    static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+/// Our schema once decoded (about 6 MiB of descriptors), until
+/// [`release_pool`].
+static POOL: Mutex<Option<DescriptorPool>> = Mutex::new(None);
+
+/// Our schema, for reflection: decoded on first use and kept for the next
+/// (a handle: cloning it is cheap).
+pub fn pool() -> DescriptorPool {
+    let mut kept = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    kept.get_or_insert_with(|| {
         DescriptorPool::decode(crate::protos::DESCRIPTOR_SET)
             .expect("the descriptor set is produced by build.rs from our own protos")
-    });
-    &POOL
+    })
+    .clone()
+}
+
+/// Lets go of the decoded schema: a session whose config is a spec needs
+/// none of it. Its memory is freed once the last handle is dropped; a later
+/// [`pool`] decodes it again.
+pub fn release_pool() {
+    POOL.lock().unwrap_or_else(PoisonError::into_inner).take();
 }
 
 /// The `TraceConfig` descriptor.

@@ -103,7 +103,7 @@ impl Schema {
     /// Our schema alone.
     pub fn ours() -> Schema {
         Schema {
-            pool: super::pool().clone(),
+            pool: super::pool(),
         }
     }
 

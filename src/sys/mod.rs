@@ -2,6 +2,7 @@
 //! `unsafe` is allowed here; every block cites an invariant.
 #![allow(unsafe_code)]
 pub mod daemon;
+pub mod heap;
 pub mod iov;
 pub mod privdrop;
 pub mod sched;
