@@ -768,10 +768,20 @@ pub(crate) fn kernel_missing() -> Option<String> {
 
 /// Two threads bounce a byte over a pair of pipes; returns their tids.
 pub(crate) fn ping_pong(rounds: usize) -> (i32, i32) {
+    ping_pong_with(rounds, false)
+}
+
+/// [`ping_pong`]; with `wake_sleeper`, each ping waits until the other
+/// thread sleeps in its read, so that every ping wakes it (on a loaded
+/// machine a preempted thread is still runnable, and waking it is no
+/// wake-up the kernel reports).
+pub(crate) fn ping_pong_with(rounds: usize, wake_sleeper: bool) -> (i32, i32) {
     let (r1, w1) = rustix::pipe::pipe().expect("pipe");
     let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let _ = tx.send(tid);
         let mut b = [0u8; 1];
         for _ in 0..rounds {
             rustix::io::read(&r1, &mut b).expect("read");
@@ -779,9 +789,23 @@ pub(crate) fn ping_pong(rounds: usize) -> (i32, i32) {
         }
         tid
     });
+    let pong = rx.recv().expect("pong thread's tid");
+    let stat = format!("/proc/self/task/{pong}/stat");
+    let asleep = || {
+        std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
+            .unwrap_or(true)
+    };
     let me = rustix::thread::gettid().as_raw_nonzero().get();
     let mut b = [1u8; 1];
     for _ in 0..rounds {
+        if wake_sleeper {
+            let t0 = std::time::Instant::now();
+            while !asleep() && t0.elapsed() < Duration::from_millis(200) {
+                std::thread::yield_now();
+            }
+        }
         rustix::io::write(&w1, &b).expect("write");
         rustix::io::read(&r2, &mut b).expect("read");
     }
@@ -1748,7 +1772,7 @@ fn real_kernel_tids_to_trace() {
             inst.read("set_event_pid").expect("pids").trim(),
             me.to_string()
         );
-        let (_, b) = ping_pong(500);
+        let (_, b) = ping_pong_with(500, true);
         other = b;
     });
     let ev = events(&p);

@@ -633,29 +633,44 @@ pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::Tr
             .or_default()
             .push((r[1].opt_int(), unhex(r[2].opt_text().unwrap_or(""))));
     }
+    // Trace processor drops a kworker's "-workqueue" or "+workqueue"
+    // suffix (it changes with the work item).
+    let cmdline_of = |pr: &perfetto_protos::process_tree::process_tree::Process| {
+        let c = pr.cmdline.join(" ");
+        match c.split_once(['-', '+']) {
+            Some((head, _)) if c.starts_with("kworker/") => head.to_string(),
+            _ => c,
+        }
+    };
+    // A process that exec'd, or was re-parented, between two scans is one
+    // process to trace processor, which keeps the later command line or
+    // parent: each pid's row must match one of what the scans saw of it.
+    let mut scanned: BTreeMap<i64, Vec<(String, Option<i64>)>> = BTreeMap::new();
+    for p in packets {
+        for pr in &p.process_tree().processes {
+            // The kernel's own pid 0 is not a process trace processor keeps.
+            let parent = (pr.ppid() > 0).then(|| i64::from(pr.ppid()));
+            scanned
+                .entry(i64::from(pr.pid()))
+                .or_default()
+                .push((cmdline_of(pr), parent));
+        }
+    }
     let mut want_counters = BTreeMap::new();
     let mut seen = 0;
     for p in packets {
         for pr in &p.process_tree().processes {
             seen += 1;
+            let pid = i64::from(pr.pid());
             let rows = procs
-                .get(&i64::from(pr.pid()))
-                .unwrap_or_else(|| panic!("pid {} missing from trace processor", pr.pid()));
-            // Trace processor drops a kworker's "-workqueue" or "+workqueue"
-            // suffix (it changes with the work item).
-            let ours = pr.cmdline.join(" ");
-            let ours = match ours.split_once(['-', '+']) {
-                Some((head, _)) if ours.starts_with("kworker/") => head.to_string(),
-                _ => ours,
-            };
-            // The kernel's own pid 0 is not a process trace processor keeps.
-            let parent = (pr.ppid() > 0).then(|| i64::from(pr.ppid()));
+                .get(&pid)
+                .unwrap_or_else(|| panic!("pid {pid} missing from trace processor"));
+            let ours = &scanned[&pid];
             assert!(
-                rows.iter().any(
-                    |(cmdline, ppid)| *cmdline == ours && (parent.is_none() || *ppid == parent)
-                ),
-                "pid {}: ours {ours:?} (parent {parent:?}), trace processor's {rows:?}",
-                pr.pid()
+                rows.iter().any(|(cmdline, ppid)| ours
+                    .iter()
+                    .any(|(c, parent)| { c == cmdline && (parent.is_none() || ppid == parent) })),
+                "pid {pid}: ours {ours:?}, trace processor's {rows:?}"
             );
         }
         for th in &p.process_tree().threads {
