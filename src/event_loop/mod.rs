@@ -581,6 +581,7 @@ impl Loop {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
             last,
+            max_bounce: None,
         };
         let r = write_pass_staged(
             self.rec.sink.as_sink(),
@@ -815,6 +816,7 @@ impl Loop {
             compress: self.rec.compress.as_mut(),
             count_packets: false,
             last: true,
+            max_bounce: None,
         };
         write_pass_staged(sink, &head, &plan, tail, None, true, stage)
     }

@@ -23,6 +23,12 @@
 //!   slice ends at a packet boundary, so a padding packet never lands inside
 //!   a packet.
 //!
+//! * A pass whose copies would take more than
+//!   [`crate::storage::write_pass::MAX_BOUNCE_BYTES`] is laid out a group of
+//!   slices at a time ([`AlignedPass::bounded`]), each group written before
+//!   the next is copied, every group but the last padded to a block: the
+//!   bounce mapping stays bounded whatever the pass's size.
+//!
 //! * A pass shorter than [`MIN_DIRECT_PASS`] is not laid out at all: the
 //!   sink turns `O_DIRECT` off and the pass goes through the page cache,
 //!   unpadded. The next pass at least that long first writes one padding
@@ -216,6 +222,19 @@ impl<'a> AlignedPass<'a> {
     /// pad the last run too (false for a session's last pass, whose last
     /// run [`Self::unaligned_tail`] is written without `O_DIRECT`).
     pub fn new(slices: &[IoSlice<'a>], align: usize, pad_last: bool) -> Result<Self, DirectError> {
+        Self::bounded(slices, align, pad_last, usize::MAX).map(|(pass, _)| pass)
+    }
+
+    /// [`Self::new`] for the first of `slices` whose copies (with their
+    /// padding) take at most `max_bounce` bytes, and at least one slice;
+    /// returns how many slices it took. A layout that leaves slices out
+    /// pads its last run whatever `pad_last` says: more follows it.
+    pub fn bounded(
+        slices: &[IoSlice<'a>],
+        align: usize,
+        pad_last: bool,
+        max_bounce: usize,
+    ) -> Result<(Self, usize), DirectError> {
         // Plan: runs of copied slices (with the tail of a direct slice
         // first), between direct parts, each with its input position.
         let mut runs: Vec<(u64, Vec<&'a [u8]>)> = Vec::new();
@@ -223,13 +242,34 @@ impl<'a> AlignedPass<'a> {
         let mut order: Vec<(Option<&'a [u8]>, u64)> = Vec::new();
         let mut run: Vec<&'a [u8]> = Vec::new();
         let (mut at, mut run_at) = (0u64, 0u64);
-        for s in slices {
+        // Bounce bytes of the closed runs, and of the open one so far.
+        let (mut closed, mut open) = (0usize, 0usize);
+        let padded = |len: usize| {
+            if len == 0 {
+                0
+            } else {
+                len + padding_for(len, align)
+            }
+        };
+        let (mut taken, mut any) = (slices.len(), false);
+        for (i, s) in slices.iter().enumerate() {
             let s: &'a [u8] = crate::sys::iov::io_slice_bytes(s);
             if s.is_empty() {
                 continue;
             }
             let whole = s.len() / align * align;
-            if (s.as_ptr() as usize).is_multiple_of(align) && whole > 0 {
+            let direct = (s.as_ptr() as usize).is_multiple_of(align) && whole > 0;
+            let (next_closed, next_open) = if direct {
+                (closed + padded(open), s.len() - whole)
+            } else {
+                (closed, open + s.len())
+            };
+            if any && next_closed + padded(next_open) > max_bounce {
+                taken = i;
+                break;
+            }
+            (closed, open, any) = (next_closed, next_open, true);
+            if direct {
                 if !run.is_empty() {
                     runs.push((run_at, std::mem::take(&mut run)));
                     order.push((None, run_at));
@@ -251,6 +291,7 @@ impl<'a> AlignedPass<'a> {
             runs.push((run_at, run));
             order.push((None, run_at));
         }
+        let pad_last = pad_last || taken < slices.len();
         let last_run_ends = matches!(order.last(), Some((None, _)));
         let n_runs = runs.len();
         let sizes: Vec<(usize, usize)> = runs
@@ -311,12 +352,15 @@ impl<'a> AlignedPass<'a> {
                 Some(placed)
             })
             .collect();
-        Ok(AlignedPass {
-            segs,
-            bounce,
-            padding,
-            align,
-        })
+        Ok((
+            AlignedPass {
+                segs,
+                bounce,
+                padding,
+                align,
+            },
+            taken,
+        ))
     }
 
     fn slice(&self, s: &Seg<'a>) -> Option<IoSlice<'_>> {
@@ -464,6 +508,71 @@ mod tests {
             .collect();
         assert_eq!(records.len(), 43);
         assert_eq!(records, wanted);
+    }
+
+    #[test]
+    fn a_bounded_layout_takes_the_slices_whose_copies_fit_and_pads_before_the_rest() {
+        // Eight page-aligned regions, each three and a half blocks of
+        // packets: each copies its partial last block, padded.
+        let mut ring = memmap2::MmapMut::map_anon(8 * 4 * DIRECT_ALIGN).expect("map");
+        let mut ends = Vec::new();
+        for r in 0..8 {
+            let start = r * 4 * DIRECT_ALIGN;
+            let mut at = start;
+            let mut i = 0;
+            while at - start < 7 * DIRECT_ALIGN / 2 {
+                let p = framed(300 + (r * 31 + i * 7) % 200, (r * 16 + i) as u8);
+                ring[at..at + p.len()].copy_from_slice(&p);
+                at += p.len();
+                i += 1;
+            }
+            ends.push((start, at));
+        }
+        let head = framed(50, 0xAA);
+        let mut slices = vec![IoSlice::new(&head)];
+        slices.extend(ends.iter().map(|&(s, e)| IoSlice::new(&ring[s..e])));
+        let want: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
+        let max = 3 * DIRECT_ALIGN;
+        let (mut from, mut groups, mut file) = (0, 0, Vec::new());
+        while from < slices.len() {
+            let (pass, took) =
+                AlignedPass::bounded(&slices[from..], DIRECT_ALIGN, false, max).expect("laid out");
+            assert!(took >= 1);
+            let tail = pass
+                .unaligned_tail()
+                .map(|t| t.to_vec())
+                .unwrap_or_default();
+            assert!(
+                tail.is_empty() || from + took == slices.len(),
+                "only the last group leaves its last run unpadded"
+            );
+            let out: Vec<u8> = pass
+                .slices()
+                .iter()
+                .flat_map(|s| s.iter().copied())
+                .collect();
+            assert!(out.len().is_multiple_of(DIRECT_ALIGN));
+            let copied = out.len() + tail.len() - pass.direct_bytes() as usize;
+            assert!(copied <= max || took == 1, "{copied} bytes copied");
+            file.extend(out);
+            file.extend(tail);
+            from += took;
+            groups += 1;
+        }
+        assert!(groups >= 3, "{groups} groups");
+        let is_padding = |p: &[u8]| p.is_empty() || p.starts_with(&[0xBA, 0x03]);
+        let records: Vec<&[u8]> = crate::wire::framing::frames(&file)
+            .map(|f| f.packet)
+            .filter(|p| !is_padding(p))
+            .collect();
+        let wanted: Vec<&[u8]> = crate::wire::framing::frames(&want)
+            .map(|f| f.packet)
+            .collect();
+        assert_eq!(records, wanted);
+        // Unbounded, the same slices are one layout.
+        let (_, took) =
+            AlignedPass::bounded(&slices, DIRECT_ALIGN, false, usize::MAX).expect("laid out");
+        assert_eq!(took, slices.len());
     }
 
     #[test]

@@ -29,9 +29,13 @@
 //!   start at or above the floor and end before the next report, so a safe
 //!   sink cannot break it; the io_uring sink, which keeps raw iovecs in
 //!   flight, reports only below them (its U1);
-//! - **P2** this pass reads none of the list after handing it to the sink:
-//!   cutting at the cap, counting packets, compressing and laying out
-//!   blocks all happen before, and the progress handlers below hold only
+//! - **P2** this pass reads no byte of the list after handing it to the
+//!   sink: cutting at the cap, counting packets and compressing happen
+//!   before any write; an `O_DIRECT` pass is laid out in groups
+//!   ([`MAX_BOUNCE_BYTES`]), each copied before it is handed over, and the
+//!   groups still to be laid out lie above everything handed over so far,
+//!   where no region has been let go of (a region goes only once its last
+//!   byte is reported written). The progress handlers below hold only
 //!   positions. P2 is local to [`write_pass_staged`] and the functions it
 //!   calls in this file.
 
@@ -43,6 +47,14 @@ use super::packets;
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
 use crate::storage::direct::{AlignedPass, DirectError, MIN_DIRECT_PASS, padding_to_block};
+
+/// Most bytes an `O_DIRECT` pass copies at once (each region's partial last
+/// block, service packets, padding: about one block per 64 KiB region). A
+/// pass that needs more is laid out and written in groups of slices, one
+/// after the other, each with a bounce mapping of its own: memory stays
+/// bounded while a pass at full speed (hundreds of MB) would otherwise map
+/// a sixteenth of itself.
+pub const MAX_BOUNCE_BYTES: usize = 4 << 20;
 use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
 
 /// What a pass did.
@@ -87,6 +99,9 @@ pub struct PassStage<'a> {
     /// block goes through the page cache unpadded, so the file ends with
     /// the pass's last packet (storage::direct).
     pub last: bool,
+    /// Most bytes an `O_DIRECT` layout copies at once; `None`:
+    /// [`MAX_BOUNCE_BYTES`] (a seam for tests of the grouping).
+    pub max_bounce: Option<usize>,
 }
 
 /// What made a pass fail.
@@ -331,12 +346,13 @@ fn write_records(
     // Bytes of the padding that took the file back to a block boundary.
     let resume_padding = settle_direct(sink, total_len(&kept), stage.last, max_file_size)?;
     // An O_DIRECT file takes whole blocks: the pass is laid out in them,
-    // with padding packets (storage::direct).
-    let aligned = match sink.direct_alignment() {
-        Some(align) if !kept.is_empty() => Some(AlignedPass::new(&kept, align, !stage.last)?),
-        _ => None,
-    };
-    let padding = aligned.as_ref().map_or(0, AlignedPass::padding_bytes);
+    // with padding packets (storage::direct), the last run unpadded in the
+    // session's last pass.
+    let direct = sink.direct_alignment().map(|align| Layout {
+        align,
+        pad_last: !stage.last,
+        max_bounce: stage.max_bounce.unwrap_or(MAX_BOUNCE_BYTES),
+    });
     // Counted before the write (P2).
     if stage.count_packets && compressed.is_none() {
         w.packets = count_records(&kept);
@@ -356,11 +372,11 @@ fn write_records(
     } else {
         unpin
     };
-    let bytes = if kept.is_empty() {
-        0
+    let (bytes, padding) = if kept.is_empty() {
+        (0, 0)
     } else {
-        match write_kept(sink, &kept, aligned.as_ref(), progress) {
-            Ok(b) => b,
+        match write_kept(sink, &kept, direct, progress) {
+            Ok(written) => written,
             Err(e) => {
                 // The sink kept whole records: count them in the pass's
                 // own (uncompressed) bytes.
@@ -369,7 +385,7 @@ fn write_records(
                     Some(c) => c.input_of_prefix(in_file).0,
                     None => in_file,
                 };
-                return Err(e.into());
+                return Err(e);
             }
         }
     };
@@ -420,32 +436,52 @@ fn settle_direct(
     Ok(0)
 }
 
-/// Writes `kept`, laid out in blocks when `aligned`, telling `progress`
-/// how far it got; an unaligned tail goes last, through the page cache.
+/// How an `O_DIRECT` pass is laid out.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    align: usize,
+    /// Pad the pass's last run (not in the session's last pass).
+    pad_last: bool,
+    max_bounce: usize,
+}
+
+/// Writes `kept`, laid out in blocks under `direct` (a group of slices at a
+/// time, each copying at most `max_bounce` bytes, unless one slice needs
+/// more), telling `progress` how far it got; an unaligned tail goes last,
+/// through the page cache. Returns the bytes written and how many of them
+/// are padding.
 fn write_kept(
     sink: &mut dyn FileSink,
     kept: &[IoSlice<'_>],
-    aligned: Option<&AlignedPass<'_>>,
+    direct: Option<Layout>,
     progress: &mut Unpin<'_>,
-) -> Result<u64, SinkError> {
-    let Some(a) = aligned else {
-        return sink.write_all_reporting(kept, progress);
+) -> Result<(u64, u64), PassFailure> {
+    let Some(l) = direct else {
+        return Ok((sink.write_all_reporting(kept, progress)?, 0));
     };
-    let tail = a.unaligned_tail();
-    let b = sink.write_all_reporting(
-        &a.slices(),
-        &mut Aligned {
-            layout: a,
-            unpin: progress,
-        },
-    )?;
-    match &tail {
-        Some(t) => {
+    let (mut bytes, mut padding) = (0, 0);
+    let (mut from, mut in_at) = (0, 0);
+    while from < kept.len() {
+        let (layout, took) =
+            AlignedPass::bounded(&kept[from..], l.align, l.pad_last, l.max_bounce)?;
+        let tail = layout.unaligned_tail();
+        bytes += sink.write_all_reporting(
+            &layout.slices(),
+            &mut Aligned {
+                layout: &layout,
+                unpin: progress,
+                in_at,
+            },
+        )?;
+        if let Some(t) = &tail {
             sink.end_direct()?;
-            Ok(b + sink.write_all(std::slice::from_ref(t))?)
+            bytes += sink.write_all(std::slice::from_ref(t))?;
         }
-        None => Ok(b),
+        padding += layout.padding_bytes();
+        in_at += total_len(&kept[from..from + took]);
+        from += took;
     }
+    Ok((bytes, padding))
 }
 
 fn total_len(iov: &[IoSlice<'_>]) -> u64 {
@@ -537,16 +573,20 @@ impl WriteProgress for Unpin<'_> {
     }
 }
 
-/// Progress through an `O_DIRECT` layout: its positions mapped to the
-/// list's and back.
+/// Progress through an `O_DIRECT` layout of the list's slices from
+/// position `in_at` on: its positions mapped to the list's and back (a
+/// floor below the group is 0 in it).
 struct Aligned<'l, 'a, 'u, 'b> {
     layout: &'l AlignedPass<'a>,
     unpin: &'u mut Unpin<'b>,
+    in_at: u64,
 }
 
 impl WriteProgress for Aligned<'_, '_, '_, '_> {
     fn written(&mut self, done: u64) -> u64 {
-        let floor = self.unpin.through(self.layout.input_done(done));
-        self.layout.output_of(floor)
+        let floor = self
+            .unpin
+            .through(self.in_at + self.layout.input_done(done));
+        self.layout.output_of(floor.saturating_sub(self.in_at))
     }
 }

@@ -781,6 +781,99 @@ impl FileSink for SteppedSink {
     }
 }
 
+/// A real sink that notes how much of its buffer is still held after each
+/// write it is given.
+struct WatchedSink {
+    inner: Box<dyn FileSink>,
+    buffer: std::sync::Arc<recorder::ringbuf::Buffer>,
+    held: Vec<u64>,
+}
+
+impl FileSink for WatchedSink {
+    fn kind(&self) -> SinkKind {
+        self.inner.kind()
+    }
+
+    fn write_list(
+        &mut self,
+        list: &mut WriteList<'_, '_>,
+    ) -> Result<u64, recorder::storage::SinkError> {
+        let n = self.inner.write_list(list)?;
+        self.held.push(self.buffer.stats().bytes_buffered);
+        Ok(n)
+    }
+
+    fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.sync_data()
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.inner.bytes_written()
+    }
+
+    fn direct_alignment(&self) -> Option<usize> {
+        self.inner.direct_alignment()
+    }
+
+    fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
+        self.inner.end_direct()
+    }
+}
+
+/// An O_DIRECT pass whose copies outgrow its bounce limit is laid out and
+/// written a group of regions at a time: the file holds every packet in
+/// order (trace processor agrees), and the ring gets each group's regions
+/// back as that group lands, before the next is copied.
+#[test]
+fn direct_a_pass_beyond_its_bounce_limit_goes_in_groups() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+    use recorder::storage::write_pass::{PassStage, Take, write_pass_staged};
+    for io in choices() {
+        let dir = scratch();
+        let path = dir.path().join("grouped.pftrace");
+        let buffer =
+            Buffer::new(BufferParams::new(4 << 20, FillPolicy::RingBuffer)).expect("buffer");
+        let mut w = buffer.writer(WriterId(2));
+        // About 2 MB: 32 regions of 64 KiB, each with a partial last block.
+        let want: Vec<Vec<u8>> = (0..2000).map(counter_packet).collect();
+        for p in &want {
+            w.write_packet(p).expect("fits");
+        }
+        w.flush();
+        let before = buffer.stats().bytes_buffered;
+        let mut sink = WatchedSink {
+            inner: open_direct(&path, io),
+            buffer: buffer.clone(),
+            held: Vec::new(),
+        };
+        let stage = PassStage {
+            max_bounce: Some(4 * 4096),
+            last: true,
+            ..PassStage::default()
+        };
+        let report = write_pass_staged(
+            &mut sink,
+            &[],
+            &[(buffer.clone(), Take::Consume)],
+            |_| Vec::new(),
+            None,
+            true,
+            stage,
+        )
+        .expect("the pass");
+        let held = std::mem::take(&mut sink.held);
+        drop(sink);
+        assert!(held.len() >= 8, "{io:?}: {} writes", held.len());
+        assert!(
+            held.windows(2).all(|w| w[1] <= w[0]) && held[0] < before,
+            "{io:?}: each group's regions come back as it lands: {held:?}"
+        );
+        assert_eq!(buffer.stats().bytes_buffered, 0);
+        assert_eq!(report.bytes, std::fs::metadata(&path).expect("file").len());
+        assert_holds_packets(&path, &want, io);
+    }
+}
+
 /// A `for_testing` packet of sequence 2 with `counter`, about 1000 bytes,
 /// encoded by the independent encoder.
 fn counter_packet(counter: u64) -> Vec<u8> {
