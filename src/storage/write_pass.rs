@@ -47,15 +47,18 @@ use super::packets;
 use crate::ringbuf::{Buffer, FlushBatch, FlushItem};
 use crate::storage::compress::{CompressError, ZstdStage, count_records};
 use crate::storage::direct::{AlignedPass, DirectError, MIN_DIRECT_PASS, padding_to_block};
+use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
 
 /// Most bytes an `O_DIRECT` pass copies at once (each region's partial last
-/// block, service packets, padding: about one block per 64 KiB region). A
-/// pass that needs more is laid out and written in groups of slices, one
-/// after the other, each with a bounce mapping of its own: memory stays
-/// bounded while a pass at full speed (hundreds of MB) would otherwise map
-/// a sixteenth of itself.
-pub const MAX_BOUNCE_BYTES: usize = 4 << 20;
-use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary};
+/// block, service packets, padding: about one block per 64 KiB region, a
+/// sixteenth of the pass). A pass that needs more is laid out and written
+/// in groups of slices, one after the other, each with a bounce mapping of
+/// its own, so a large ring's final pass (a 1 GiB flight recorder's would
+/// map 64 MiB) stays bounded. Each group boundary drains the sink's queue:
+/// 4 MiB groups cost streaming at full speed about an eighth of its rate,
+/// so ordinary passes (a 100 ms pass at 2 GB/s copies about 14 MiB) stay
+/// one group.
+pub const MAX_BOUNCE_BYTES: usize = 16 << 20;
 
 /// What a pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
