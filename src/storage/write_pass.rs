@@ -54,10 +54,10 @@ use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary}
 /// sixteenth of the pass). A pass that needs more is laid out and written
 /// in groups of slices, one after the other, each with a bounce mapping of
 /// its own, so a large ring's final pass (a 1 GiB flight recorder's would
-/// map 64 MiB) stays bounded. Each group boundary drains the sink's queue:
-/// 4 MiB groups cost streaming at full speed about an eighth of its rate,
-/// so ordinary passes (a 100 ms pass at 2 GB/s copies about 14 MiB) stay
-/// one group.
+/// map 64 MiB) stays bounded. Each group boundary drains the sink's queue
+/// (4 MiB groups measured 0.87× the rate of full-speed streaming, see
+/// BENCHMARKS.md), so ordinary passes (a 100 ms pass at 2 GB/s copies
+/// about 14 MiB) stay one group.
 pub const MAX_BOUNCE_BYTES: usize = 16 << 20;
 
 /// What a pass did.
