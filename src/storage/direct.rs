@@ -498,16 +498,18 @@ mod tests {
         let want: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
         assert_eq!(file.len() as u64, want.len() as u64 + pass.padding_bytes());
         // The records are the pass's, in order, with padding packets between.
+        let records = records_besides_padding(&file);
+        assert_eq!(records.len(), 43);
+        assert_eq!(records, records_besides_padding(&want));
+    }
+
+    /// The packets of `file`, padding packets left out.
+    fn records_besides_padding(file: &[u8]) -> Vec<&[u8]> {
         let is_padding = |p: &[u8]| p.is_empty() || p.starts_with(&[0xBA, 0x03]);
-        let records: Vec<&[u8]> = crate::wire::framing::frames(&file)
+        crate::wire::framing::frames(file)
             .map(|f| f.packet)
             .filter(|p| !is_padding(p))
-            .collect();
-        let wanted: Vec<&[u8]> = crate::wire::framing::frames(&want)
-            .map(|f| f.packet)
-            .collect();
-        assert_eq!(records.len(), 43);
-        assert_eq!(records, wanted);
+            .collect()
     }
 
     #[test]
@@ -560,15 +562,10 @@ mod tests {
             groups += 1;
         }
         assert!(groups >= 3, "{groups} groups");
-        let is_padding = |p: &[u8]| p.is_empty() || p.starts_with(&[0xBA, 0x03]);
-        let records: Vec<&[u8]> = crate::wire::framing::frames(&file)
-            .map(|f| f.packet)
-            .filter(|p| !is_padding(p))
-            .collect();
-        let wanted: Vec<&[u8]> = crate::wire::framing::frames(&want)
-            .map(|f| f.packet)
-            .collect();
-        assert_eq!(records, wanted);
+        assert_eq!(
+            records_besides_padding(&file),
+            records_besides_padding(&want)
+        );
         // Unbounded, the same slices are one layout.
         let (_, took) =
             AlignedPass::bounded(&slices, DIRECT_ALIGN, false, usize::MAX).expect("laid out");

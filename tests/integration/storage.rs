@@ -729,6 +729,31 @@ fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
     }
 }
 
+/// The `FileSink` methods a test's wrapper passes on to its `inner` sink.
+macro_rules! pass_on_to_inner {
+    () => {
+        fn kind(&self) -> SinkKind {
+            self.inner.kind()
+        }
+
+        fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
+            self.inner.sync_data()
+        }
+
+        fn bytes_written(&self) -> u64 {
+            self.inner.bytes_written()
+        }
+
+        fn direct_alignment(&self) -> Option<usize> {
+            self.inner.direct_alignment()
+        }
+
+        fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
+            self.inner.end_direct()
+        }
+    };
+}
+
 /// A sink over a real file that writes each call in steps of `step` bytes;
 /// after each step it reports the progress, tells the test how far it got
 /// and waits for the test's go-ahead: a write pass held in flight.
@@ -740,9 +765,7 @@ struct SteppedSink {
 }
 
 impl FileSink for SteppedSink {
-    fn kind(&self) -> SinkKind {
-        self.inner.kind()
-    }
+    pass_on_to_inner!();
 
     fn write_list(
         &mut self,
@@ -763,22 +786,6 @@ impl FileSink for SteppedSink {
         }
         Ok(done)
     }
-
-    fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
-        self.inner.sync_data()
-    }
-
-    fn bytes_written(&self) -> u64 {
-        self.inner.bytes_written()
-    }
-
-    fn direct_alignment(&self) -> Option<usize> {
-        self.inner.direct_alignment()
-    }
-
-    fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
-        self.inner.end_direct()
-    }
 }
 
 /// A real sink that notes how much of its buffer is still held after each
@@ -790,9 +797,7 @@ struct WatchedSink {
 }
 
 impl FileSink for WatchedSink {
-    fn kind(&self) -> SinkKind {
-        self.inner.kind()
-    }
+    pass_on_to_inner!();
 
     fn write_list(
         &mut self,
@@ -801,22 +806,6 @@ impl FileSink for WatchedSink {
         let n = self.inner.write_list(list)?;
         self.held.push(self.buffer.stats().bytes_buffered);
         Ok(n)
-    }
-
-    fn sync_data(&mut self) -> Result<(), recorder::storage::SinkError> {
-        self.inner.sync_data()
-    }
-
-    fn bytes_written(&self) -> u64 {
-        self.inner.bytes_written()
-    }
-
-    fn direct_alignment(&self) -> Option<usize> {
-        self.inner.direct_alignment()
-    }
-
-    fn end_direct(&mut self) -> Result<(), recorder::storage::SinkError> {
-        self.inner.end_direct()
     }
 }
 
