@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from bench_ftrace import wait_for
+
 BIN = os.environ.get("RECORDER_BIN") or os.path.join(os.path.dirname(__file__), "..", "target", "release", "recorder")
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -199,11 +201,7 @@ def idle_perfetto(kind, tracebox, secs=10):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs = [traced]
     try:
-        t0 = time.monotonic()
-        while not os.path.exists(os.path.join(run, "consumer.sock")):
-            if time.monotonic() - t0 > 10:
-                sys.exit("traced never listened")
-            time.sleep(0.02)
+        wait_for(lambda: os.path.exists(os.path.join(run, "consumer.sock")), "traced")
         client = subprocess.Popen([tracebox, "perfetto", "--txt", "-c", cfg, "-o", out], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(client)

@@ -215,7 +215,6 @@ impl Loop {
         }
     }
 
-    /// The one blocking wait; queues what happened as events.
     /// The longest the next wait may sleep, timers aside.
     fn longest_sleep(&self) -> Duration {
         if self.sources_started {
@@ -225,6 +224,7 @@ impl Loop {
         }
     }
 
+    /// The one blocking wait; queues what happened as events.
     fn wait(&mut self) {
         let mut at_most = self.longest_sleep();
         if let Some(s) = &self.status {

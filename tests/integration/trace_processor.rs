@@ -656,23 +656,20 @@ pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::Tr
                 .push((cmdline_of(pr), parent));
         }
     }
+    let seen: usize = scanned.values().map(Vec::len).sum();
+    for (pid, ours) in &scanned {
+        let rows = procs
+            .get(pid)
+            .unwrap_or_else(|| panic!("pid {pid} missing from trace processor"));
+        assert!(
+            rows.iter().any(|(cmdline, ppid)| ours
+                .iter()
+                .any(|(c, parent)| c == cmdline && (parent.is_none() || ppid == parent))),
+            "pid {pid}: ours {ours:?}, trace processor's {rows:?}"
+        );
+    }
     let mut want_counters = BTreeMap::new();
-    let mut seen = 0;
     for p in packets {
-        for pr in &p.process_tree().processes {
-            seen += 1;
-            let pid = i64::from(pr.pid());
-            let rows = procs
-                .get(&pid)
-                .unwrap_or_else(|| panic!("pid {pid} missing from trace processor"));
-            let ours = &scanned[&pid];
-            assert!(
-                rows.iter().any(|(cmdline, ppid)| ours
-                    .iter()
-                    .any(|(c, parent)| { c == cmdline && (parent.is_none() || ppid == parent) })),
-                "pid {pid}: ours {ours:?}, trace processor's {rows:?}"
-            );
-        }
         for th in &p.process_tree().threads {
             let rows = threads
                 .get(&i64::from(th.tid()))
