@@ -645,6 +645,9 @@ pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::Tr
     // A process that exec'd, or was re-parented, between two scans is one
     // process to trace processor, which keeps the later command line or
     // parent: each pid's row must match one of what the scans saw of it.
+    // An orphan adopted by init before its first scan shows parent 1 there,
+    // where trace processor keeps the parent that forked it (from the fork
+    // event the trace also holds).
     let mut scanned: BTreeMap<i64, Vec<(String, Option<i64>)>> = BTreeMap::new();
     for p in packets {
         for pr in &p.process_tree().processes {
@@ -662,9 +665,9 @@ pub fn assert_process_view(tp: &Tp, packets: &[perfetto_protos::trace_packet::Tr
             .get(pid)
             .unwrap_or_else(|| panic!("pid {pid} missing from trace processor"));
         assert!(
-            rows.iter().any(|(cmdline, ppid)| ours
-                .iter()
-                .any(|(c, parent)| c == cmdline && (parent.is_none() || ppid == parent))),
+            rows.iter()
+                .any(|(cmdline, ppid)| ours.iter().any(|(c, parent)| c == cmdline
+                    && (parent.is_none() || ppid == parent || *parent == Some(1)))),
             "pid {pid}: ours {ours:?}, trace processor's {rows:?}"
         );
     }
