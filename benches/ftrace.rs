@@ -3,21 +3,25 @@
 //! memcpy of the same raw bytes, and a walk of the ring-buffer pages that
 //! visits every record without decoding it.
 //!
-//! Two groups: `ftrace` (the small mixed fixtures: sched, print, power,
-//! task events) and `ftrace_sched` (64 pages of a pipe ping-pong captured with
+//! Three groups: `ftrace` (the small mixed fixtures: sched, print, power,
+//! task events), `ftrace_sched` (64 pages of a pipe ping-pong captured with
 //! `scripts/capture_ftrace_pages.py`: sched_switch + sched_wakeup, the pair
-//! and the compact_sched setting `scripts/bench_ftrace.py` records).
+//! and the compact_sched setting `scripts/bench_ftrace.py` records) and
+//! `ftrace_rules` (the same pages with trigger rules watching them).
 
 use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group};
+use recorder::config::rule::parse_text;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, PacketSlot, Writer, WriterId};
 use recorder::sources::ftrace::encode::{BundleEncoder, CpuCursor, PrintFilter, count_page_events};
 use recorder::sources::ftrace::event_table::EventTable;
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::tracefs::Tracefs;
+use recorder::sources::ftrace::watch::Watch;
 use recorder::sources::ftrace::{PacketOutput, load_layouts, resolve_event};
+use recorder::sources::rules::RulePlan;
 
 /// A ring writer that overwrites its oldest chunks (never full), counting
 /// the bytes committed: measures encoding into the engine, not storage.
@@ -71,6 +75,28 @@ fn sched_fixture(compact: bool) -> (PageLayout, Vec<u8>, EventTable) {
     let mut pages = std::fs::read(dir.join("pingpong_cpu0.raw")).expect("pingpong cpu0");
     pages.extend(std::fs::read(dir.join("pingpong_cpu1.raw")).expect("pingpong cpu1"));
     (l, pages, table)
+}
+
+/// Five rules on the scheduler pages, none of which fires: three filtered
+/// event rules on sched_switch and sched_wakeup, a scheduling-latency rule
+/// (every switch and wakeup kept for pairing) and a loss rule (the
+/// runner's, nothing here).
+pub const FIVE_RULES: &str = r#"
+a: event sched/sched_switch if prev_state & 2 && prev_comm == "nothing-has-this-name"
+b: event sched/sched_wakeup if comm ~ "nothing*" || prio < -1000
+c: event sched/sched_switch if next_pid == -5
+d: latency sched > 10s
+e: loss
+"#;
+
+/// A copy of `table` with `rules` watching it, and their watch.
+fn watched(table: &EventTable, rules: &str) -> (EventTable, Watch) {
+    let plan = RulePlan::new(parse_text("bench", rules).expect("rules parse"));
+    let mut t = table.clone();
+    let w = Watch::new(&plan, &mut t, 0)
+        .expect("rules compile")
+        .expect("a watch");
+    (t, w)
 }
 
 /// One group over `pages`: the baselines (memcpy of the raw bytes, a bare
@@ -136,7 +162,8 @@ fn encoder_group(
     g.finish();
 }
 
-/// ns per event of the encoder on the scheduler pages.
+/// ns per event of the encoder on the scheduler pages; with rules, each
+/// pass ends as a drain does (the latency rule pairs what it kept).
 fn bench_sched(c: &mut Criterion) {
     let (l, pages, compact) = sched_fixture(true);
     let (_, _, typed) = sched_fixture(false);
@@ -145,8 +172,46 @@ fn bench_sched(c: &mut Criterion) {
         "ftrace_sched",
         &l,
         &pages,
-        &[("encode_compact", compact), ("encode_typed", typed)],
+        &[("encode_compact", compact.clone()), ("encode_typed", typed)],
     );
+    let events: usize = pages
+        .chunks_exact(l.page_size())
+        .map(|p| count_page_events(p, &l).expect("clean fixture"))
+        .sum();
+    let mut g = c.benchmark_group("ftrace_rules");
+    g.throughput(Throughput::Elements(events as u64));
+    let filter = PrintFilter::default();
+    for (name, rules) in [
+        ("encode_compact_no_rules", None),
+        ("encode_compact_5_rules", Some(FIVE_RULES)),
+        (
+            "encode_compact_3_event_rules",
+            Some(&FIVE_RULES[..FIVE_RULES.find("d:").unwrap_or(0)]),
+        ),
+        (
+            "encode_compact_latency_rule",
+            Some("d: latency sched > 10s\n"),
+        ),
+    ] {
+        let mut sink = Sink::new();
+        let mut enc = BundleEncoder::new(2, 32 * 1024);
+        let table = match rules {
+            Some(r) => {
+                let (t, w) = watched(&compact, r);
+                enc.set_watch(w);
+                t
+            }
+            None => compact.clone(),
+        };
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut cur = CpuCursor::default();
+                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
+                enc.settle_watch(u64::MAX);
+            })
+        });
+    }
+    g.finish();
 }
 
 fn bench(c: &mut Criterion) {
@@ -200,9 +265,19 @@ fn end_to_end(mode: &str) {
             .unwrap_or(recorder::config::validate::DEFAULT_DRAIN_BUFFER_PERCENT),
         ..Default::default()
     };
+    // FTRACE_E2E_RULES=FILE (or `five`: FIVE_RULES) evaluates trigger rules.
+    let rules = std::env::var("FTRACE_E2E_RULES").ok().map(|r| {
+        let text = if r == "five" {
+            FIVE_RULES.to_string()
+        } else {
+            std::fs::read_to_string(&r).expect("the rules file")
+        };
+        RulePlan::new(parse_text("FTRACE_E2E_RULES", &text).expect("rules parse"))
+    });
     let opts = FtraceOptions {
         spec,
         read_mode,
+        rules,
         ..Default::default()
     };
     let mut src = FtraceSource::new(opts, Sink::new()).expect("tracefs");
@@ -212,7 +287,16 @@ fn end_to_end(mode: &str) {
         .args(["--switch", "2", "--timeout", &format!("{secs}s"), "--quiet"])
         .spawn()
         .expect("stress-ng installed");
-    load.wait().expect("stress-ng ran");
+    // This thread hosts the reader, as the recorder's event loop does,
+    // while another waits for the load to end.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            load.wait().expect("stress-ng ran");
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        src.drive_until(&done, std::time::Duration::from_millis(10));
+    });
     let s = src.stop().expect("stop");
     let cpu = cpu_seconds() - cpu0;
     let out = src.take_output().expect("output").bytes();

@@ -12,14 +12,20 @@
 //! * `full/*`: steady state of a full ring (every chunk taken overwrites) and
 //!   of a full DISCARD buffer (every packet dropped);
 //! * `flush/*`: collecting and releasing the ranges of a full 64 MiB buffer;
-//! * `prefault/*`: mapping and prefaulting 64 MiB (RSS printed once).
+//! * `prefault/*`: mapping and prefaulting 64 MiB (RSS printed once), on
+//!   anonymous memory and on a memfd (collapsed into huge pages);
+//! * `backing/*`: one writer, 64-byte and 1 KiB packets, into a 64 MiB ring
+//!   on anonymous memory (the baseline), on a sealed memfd (a buffer saved
+//!   if the recorder dies) and on a file in a tmpfs (`--ring-dir
+//!   /dev/shm/...`), interleaved in one run.
 
 use std::hint::black_box;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+use recorder::ringbuf::{Backing, Buffer, BufferParams, FillPolicy, RingIdentity, WriterId};
 
 const REGION: usize = 64 << 20;
 /// Packets per timed iteration.
@@ -314,6 +320,108 @@ fn prefault(c: &mut Criterion) {
             )
         })
     });
+    // Shared memory: sized and allocated, prefaulted, then collapsed into
+    // huge pages (what a buffer saved at death costs to set up).
+    g.bench_function("map_prefault_64MiB_memfd", |b| {
+        b.iter(|| ring_on(Backing::Memfd))
+    });
+    g.finish();
+}
+
+/// A 64 MiB ring on `backing`.
+fn ring_on(backing: Backing) -> Arc<Buffer> {
+    let params = BufferParams::new(REGION, FillPolicy::RingBuffer)
+        .with_chunk_size(BufferParams::DEFAULT_CHUNK_SIZE);
+    Buffer::create(params, backing, &RingIdentity::default()).expect("valid bench buffer")
+}
+
+/// The backings compared: anonymous memory (the baseline), a sealed memfd,
+/// and a file in a tmpfs (when /dev/shm is one).
+fn backings(shm: Option<&Path>, tag: &str) -> Vec<(&'static str, Arc<Buffer>)> {
+    let mut v = vec![
+        ("anonymous", ring_on(Backing::Anonymous)),
+        ("memfd", ring_on(Backing::Memfd)),
+    ];
+    if let Some(d) = shm {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(d.join(format!("bench-{tag}.ring")))
+            .expect("a tmpfs file");
+        v.push(("tmpfs_file", ring_on(Backing::File(file.into()))));
+    }
+    v
+}
+
+/// Rounds of the interleaved comparison.
+const ROUNDS: usize = 201;
+
+/// The same load on each backing in turn, round after round (the order
+/// rotating), so that a shared machine's drift hits each alike; prints, per
+/// packet size, the median over rounds of each backing's rate against the
+/// anonymous ring's in the same round.
+fn backing_ratios(shm: Option<&Path>) {
+    println!("\n| packets | backing | rate ÷ anonymous, median of {ROUNDS} rounds (p25–p75) |");
+    println!("|---|---|---|");
+    for len in [64usize, 1024] {
+        let payload = vec![0x5Au8; len];
+        let rings = backings(shm, &format!("ratio-{len}"));
+        let mut writers: Vec<_> = rings.iter().map(|(_, b)| b.writer(WriterId(2))).collect();
+        let mut times = vec![Vec::with_capacity(ROUNDS); rings.len()];
+        for round in 0..ROUNDS + 1 {
+            for k in 0..rings.len() {
+                let i = (k + round) % rings.len();
+                let w = &mut writers[i];
+                let t0 = Instant::now();
+                for _ in 0..N {
+                    let _ = w.write_packet(black_box(&payload));
+                }
+                // Round 0 warms up.
+                if round > 0 {
+                    times[i].push(t0.elapsed().as_secs_f64());
+                }
+            }
+        }
+        for (i, (name, _)) in rings.iter().enumerate().skip(1) {
+            let mut r: Vec<f64> = times[0]
+                .iter()
+                .zip(&times[i])
+                .map(|(anon, other)| anon / other)
+                .collect();
+            r.sort_by(f64::total_cmp);
+            let q = |p: usize| r[(r.len() - 1) * p / 100];
+            println!(
+                "| {len} B | {name} | {:.3} ({:.3}–{:.3}) |",
+                q(50),
+                q(25),
+                q(75)
+            );
+        }
+    }
+}
+
+fn backing(c: &mut Criterion) {
+    let shm = tempfile::tempdir_in("/dev/shm").ok();
+    // Test mode (`cargo test --benches`) runs each bench once: not the rounds.
+    if !std::env::args().any(|a| a == "--test") {
+        backing_ratios(shm.as_ref().map(|d| d.path()));
+    }
+    let mut g = c.benchmark_group("backing");
+    for len in [64usize, 1024] {
+        let payload = vec![0x5Au8; len];
+        g.throughput(Throughput::Elements(N as u64));
+        for (name, buffer) in backings(shm.as_ref().map(|d| d.path()), &len.to_string()) {
+            let mut w = buffer.writer(WriterId(2));
+            g.bench_function(format!("write_{len}B/{name}"), |b| {
+                b.iter(|| {
+                    for _ in 0..N {
+                        let _ = w.write_packet(black_box(&payload));
+                    }
+                })
+            });
+        }
+    }
     g.finish();
 }
 
@@ -322,6 +430,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = small, chunk_size, large, writers, full, flush, prefault
+    targets = small, chunk_size, large, writers, full, flush, prefault, backing
 }
 criterion_main!(benches);

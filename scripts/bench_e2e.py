@@ -2,7 +2,7 @@
 """End-to-end benchmarks of the built `recorder` (release), each against a
 baseline measured in the same run, printed as Markdown for BENCHMARKS.md.
 
-  cargo build --release && python3 scripts/bench_e2e.py [--dir /work/tmp] [--runs 3]
+  cargo build --release && python3 scripts/bench_e2e.py [--dir DIR] [--runs 3]
 
 - streaming: the for_testing source at full speed with write_into_file,
   MB/s reaching the disk (file size over the wall time from start to exit)
@@ -251,7 +251,9 @@ VARIANTS = [
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", default="/work/tmp")
+    ap.add_argument("--dir", default=os.environ.get("RECORDER_BENCH_DIR"),
+                    help="a directory on the disk under test (default: $RECORDER_BENCH_DIR, "
+                         "else a new temporary directory)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--streaming-only", action="store_true")
     ap.add_argument("--trigger-only", action="store_true")
@@ -262,6 +264,7 @@ def main():
     ap.add_argument("--peer", action="store_true",
                     help="with --idle-only: Perfetto's traced and client too (RECORDER_TRACEBOX)")
     a = ap.parse_args()
+    a.dir = a.dir or tempfile.mkdtemp(prefix="recorder-bench-")
     os.makedirs(a.dir, exist_ok=True)
     if a.trigger_only:
         trigger_part(a)

@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-30}
-dir=${2:-/work/tmp}
+# OUT_DIR: a directory on the disk under test ($RECORDER_BENCH_DIR, else a
+# new temporary directory).
+dir=${2:-${RECORDER_BENCH_DIR:-$(mktemp -d)}}
 mkdir -p "$dir"
 out="$dir/long_trace.pftrace"
 bin=${RECORDER_BIN:-target/release/recorder}

@@ -5,21 +5,23 @@
 //! concrete type.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::raw::ServiceFields;
 use crate::config::spec::{self, RecorderSpec, SourceKind};
 use crate::control::history::TriggerHistory;
 use crate::control::runtime_dir;
 use crate::control::server::ControlServer;
+use crate::event_loop::rules::RuleBook;
 use crate::event_loop::{Recording, SessionBuffer};
-use crate::ipc::filter::ProducerFilter;
-use crate::ipc::host::{HostError, ProducerHost, ProducerService, QuotaView, WantedSource};
-use crate::ipc::socket_path::{self, Opening, SocketPathError};
 use crate::privilege::{Privileges, Registration};
-use crate::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
+use crate::producer::filter::ProducerFilter;
+use crate::producer::host::{HostError, ProducerHost, ProducerService, QuotaView, WantedSource};
+use crate::ringbuf::{Backing, Buffer, BufferParams, FillPolicy, RingIdentity, WriterId};
 use crate::session::{Session, Timeline, TimelineError, TriggerMode, anchored};
+use crate::sources::counter_watch::CounterWatch;
 use crate::sources::for_testing::{ForTesting, TestOptions};
 use crate::sources::ftrace::remote::{FtraceRequest, RemoteTracefs};
 use crate::sources::ftrace::{FtraceOptions, ReadMode, SubbufSize};
@@ -27,15 +29,18 @@ use crate::sources::ftrace_source::FtraceDataSource;
 use crate::sources::polled::{PidRoute, PolledDataSource};
 use crate::sources::process_stats::ProcessStatsSource;
 use crate::sources::procfs::HostPaths;
+use crate::sources::rules::RulePlan;
 use crate::sources::sys_stats::SysStatsSource;
 use crate::sources::{DataSource, PRODUCER_NAME};
 use crate::storage::compress::ZstdStage;
+use crate::storage::create::{CreateError, OutputDir};
 use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::segment::{Output, SegmentIdentity, SegmentWriter, segment_uuid};
 use crate::storage::{self, IoChoice, OpenOptions, OutputPath};
 use crate::trace::service::SystemInfo;
 use crate::trace::service_log::{ServiceLog, random_uuid};
+use crate::transport::socket_path::{self, Opening, SocketPathError};
 
 /// Errors of building a session.
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +84,190 @@ pub enum AppError {
     Producers(#[source] HostError),
     #[error("giving up root")]
     Privilege(#[source] crate::privilege::PrivilegeError),
-    #[error("data_sources[{index}].producer_name_regex_filter: {msg}")]
-    ProducerFilter { index: usize, msg: String },
+    #[error("data_sources[{index}].producer_name_regex_filter: {source}")]
+    ProducerFilter {
+        index: usize,
+        #[source]
+        source: regex::Error,
+    },
+    #[error("--ring-dir")]
+    RingDir(#[source] RingDirError),
+}
+
+/// Where a session's buffers live: anonymous memory (the default), a memfd
+/// shared with the process that saves them if the recorder dies, or a file
+/// each in `--ring-dir`.
+#[derive(Clone, Debug, Default)]
+pub struct RingOptions {
+    /// `--ring-dir`: one file per buffer in this directory.
+    pub dir: Option<PathBuf>,
+    /// `--ring-sync`: how often the ring files are written back to disk.
+    pub sync: Option<Duration>,
+    /// Shared memory (a sealed memfd), handed to the process that saves
+    /// the buffers when the recorder dies; ignored with `dir`, whose files
+    /// are shared anyway.
+    pub shared: bool,
+}
+
+/// The session's ring files, once made: their directory, held open, and
+/// their names (buffer `i`'s is `names[i]`).
+#[derive(Debug)]
+pub struct RingDir {
+    pub dir: OutputDir,
+    pub names: Vec<String>,
+}
+
+/// What `build_recording` made besides the recording: the ring files, and
+/// the thread that writes them back every `--ring-sync` period.
+#[derive(Debug, Default)]
+pub struct Rings {
+    pub dir: Option<RingDir>,
+    pub sync: Option<Duration>,
+    syncer: Option<RingSync>,
+}
+
+impl Rings {
+    /// Starts writing the ring files back every `sync` period (from now,
+    /// so after the privilege drop: the thread needs no rights).
+    pub fn start_sync(&mut self, buffers: &[SessionBuffer]) {
+        if let (Some(period), Some(_), None) = (self.sync, &self.dir, &self.syncer) {
+            let buffers = buffers.iter().map(|b| b.buffer.clone()).collect();
+            match RingSync::start(buffers, period) {
+                Ok(s) => self.syncer = Some(s),
+                Err(e) => log::warn!("--ring-sync: cannot start its thread: {e}"),
+            }
+        }
+    }
+
+    /// The session is over: the syncing stops; after a clean end the ring
+    /// files go (what they held is in the trace), after a failure they stay
+    /// for `recorder recover`, and the caller is told where.
+    pub fn finish(mut self, failed: bool) -> Option<String> {
+        if let Some(s) = self.syncer.take() {
+            s.stop();
+        }
+        let d = self.dir.take()?;
+        if failed {
+            return Some(format!(
+                "the buffers' ring files stay in {} (recorder recover {} -o OUT)",
+                d.dir.path().display(),
+                d.dir.path().display()
+            ));
+        }
+        for n in &d.names {
+            if let Err(e) = d.dir.remove(n) {
+                log::warn!("removing the ring file {}: {e}", d.dir.join(n).display());
+            }
+        }
+        None
+    }
+}
+
+/// Writes file-backed buffers back to their files every period
+/// (`msync(MS_SYNC)`), on a thread of its own: a write pass or a writer
+/// never waits for it.
+#[derive(Debug)]
+struct RingSync {
+    /// Dropped to stop the thread.
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl RingSync {
+    fn start(buffers: Vec<Arc<Buffer>>, period: Duration) -> std::io::Result<RingSync> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("ring-sync".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(period)
+                {
+                    for (i, b) in buffers.iter().enumerate() {
+                        if let Err(e) = b.sync_to_file() {
+                            log::warn!("--ring-sync: buffer {i}: {e}");
+                        }
+                    }
+                }
+            })?;
+        Ok(RingSync { stop, thread })
+    }
+
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// A `--ring-dir` that cannot take the session's buffers.
+#[derive(Debug, thiserror::Error)]
+pub enum RingDirError {
+    #[error(transparent)]
+    Dir(CreateError),
+    /// A ring file is there already: an earlier session's (to be
+    /// recovered), or something another user planted.
+    #[error(
+        "{path} is there already ({what}): {advice}",
+        path = path.display()
+    )]
+    Taken {
+        path: PathBuf,
+        what: String,
+        advice: &'static str,
+    },
+}
+
+/// Checks `dir` for a session's ring files: a directory files may be made
+/// in ([`OutputDir::open`]'s rules), holding none of the names the
+/// session's `count` buffers take. A name already taken is refused, never
+/// opened: an earlier session's ring (to recover first) or an entry another
+/// user planted (a link, a FIFO) alike.
+pub fn check_ring_dir(dir: &Path, count: usize) -> Result<OutputDir, RingDirError> {
+    let od = OutputDir::open(dir).map_err(RingDirError::Dir)?;
+    for i in 0..count {
+        let name = crate::ringbuf::layout::file_name(i as u32);
+        if od.has(&name) {
+            return Err(taken(&od, &name));
+        }
+    }
+    Ok(od)
+}
+
+/// The refusal for `name` in `dir`, saying what is there.
+fn taken(dir: &OutputDir, name: &str) -> RingDirError {
+    use rustix::fs::{AtFlags, FileType};
+    let me = rustix::process::geteuid().as_raw();
+    let (what, advice) = match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => {
+            let kind = match FileType::from_raw_mode(st.st_mode) {
+                FileType::RegularFile => "a file",
+                FileType::Symlink => "a symbolic link",
+                FileType::Fifo => "a FIFO",
+                FileType::Socket => "a socket",
+                FileType::Directory => "a directory",
+                _ => "a device",
+            };
+            let ours =
+                st.st_uid == me && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
+            let what = format!("{kind} of uid {}", st.st_uid);
+            if ours {
+                (
+                    what,
+                    "the ring of an earlier session that did not end; recover it (recorder recover DIR -o OUT) or remove it, or give another --ring-dir",
+                )
+            } else {
+                (
+                    what,
+                    "not a ring this session made, and never opened; remove it or give another --ring-dir",
+                )
+            }
+        }
+        Err(e) => (format!("unexaminable: {e}"), "give another --ring-dir"),
+    };
+    RingDirError::Taken {
+        path: dir.join(name),
+        what,
+        advice,
+    }
 }
 
 /// How to run, from the command line.
@@ -103,6 +290,9 @@ pub struct RunOptions {
     /// Where SDK apps connect (`--producer-socket`); else the environment's
     /// or the default path.
     pub producer_socket: Option<PathBuf>,
+    /// The trigger rules the recorder fires itself (`--trigger-rule`),
+    /// checked against the config already.
+    pub rules: Vec<crate::config::rule::Rule>,
 }
 
 /// The first sequence id of data sources; 1 is the recorder's own.
@@ -113,62 +303,113 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 /// producers, the producer socket. Such a session runs unprivileged: it
 /// records `linux.ftrace` itself only on instances `ftrace` (the root
 /// broker) prepares; without it producers (traced_probes) provide it.
-pub struct Served {
-    /// The trace file (the client's, or the session's in-memory one); its
-    /// sink is chosen as for a file the recorder opens (`direct_wanted`).
-    pub output: OwnedFd,
+pub struct Served<'a> {
+    pub output: ServedOutput,
     pub output_label: String,
-    pub control: ControlServer,
     /// The service's producer socket, which the session attaches to.
-    pub producers: Option<Arc<ProducerService>>,
+    pub producers: Option<&'a ProducerService>,
     /// The consumer's uid, written as the trace's trusted uid.
     pub consumer_uid: u32,
     pub ftrace: Option<Arc<dyn RemoteTracefs>>,
+    /// Buffers on memfds, so that the service's broker can save them if
+    /// the service dies ([`save_served_at_death`]).
+    pub shared_rings: bool,
+}
+
+/// Where a served session writes.
+pub enum ServedOutput {
+    /// A file (the client's, or the session's in-memory one); its sink is
+    /// chosen as for a file the recorder opens (`direct_wanted`).
+    File(OwnedFd),
+    /// A stream, with the sink the service chose for it.
+    Stream(Box<dyn crate::storage::FileSink>),
 }
 
 /// Builds every runtime object of the session.
 pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppError> {
-    build_with(spec, opts, None)
+    build_with(spec, opts, None, &RingOptions::default()).map(|(rec, _)| rec)
+}
+
+/// Builds every runtime object of the session, its buffers where `rings`
+/// says; returns the ring files made, if any.
+pub fn build_recording(
+    spec: &RecorderSpec,
+    opts: &RunOptions,
+    rings: &RingOptions,
+) -> Result<(Recording, Rings), AppError> {
+    build_with(spec, opts, None, rings)
 }
 
 /// Builds a session of `recorder serve` on what the service hands it.
 pub fn build_served(
     spec: &RecorderSpec,
     opts: &RunOptions,
-    served: Served,
+    served: Served<'_>,
 ) -> Result<Recording, AppError> {
-    build_with(spec, opts, Some(served))
+    let rings = RingOptions {
+        shared: served.shared_rings,
+        ..RingOptions::default()
+    };
+    build_with(spec, opts, Some(served), &rings).map(|(rec, _)| rec)
+}
+
+/// Hands `recorder serve`'s broker what it saves of served session
+/// `session` if the service dies while it records (§5.6 PV6): its buffers'
+/// memfds, its trace file, its ftrace instances' leftovers. Nothing when
+/// the session has no file of its own to save to (a stream, or the
+/// in-memory file a client reads back, which dies with the service).
+pub fn save_served_at_death(
+    rec: &Recording,
+    broker: &crate::privilege::Broker,
+    session: u64,
+) -> Result<(), AppError> {
+    let rings = Rings::default();
+    let mut reg = Registration::default();
+    rescue_registration(rec, &rings, &mut reg);
+    broker
+        .save_served(session, reg)
+        .map_err(AppError::Privilege)
 }
 
 fn build_with(
     spec: &RecorderSpec,
     opts: &RunOptions,
-    served: Option<Served>,
-) -> Result<Recording, AppError> {
+    served: Option<Served<'_>>,
+    ring_opts: &RingOptions,
+) -> Result<(Recording, Rings), AppError> {
     let is_served = served.is_some();
-    let (mut served_sink, served_label, served_control, mut served_producers, consumer_uid) =
-        match served {
-            Some(s) => (
-                Some(s.output),
-                Some(s.output_label),
-                Some(s.control),
-                s.producers,
-                Some((s.consumer_uid, s.ftrace)),
-            ),
-            None => (None, None, None, None, None),
-        };
-    let buffers = session_buffers(spec)?;
+    let (mut served_sink, served_label, mut served_producers, consumer_uid) = match served {
+        Some(s) => (
+            Some(s.output),
+            Some(s.output_label),
+            s.producers,
+            Some((s.consumer_uid, s.ftrace)),
+        ),
+        None => (None, None, None, None),
+    };
+    let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
+    let trusted_uid = consumer_uid
+        .as_ref()
+        .map_or_else(|| rustix::process::getuid().as_raw(), |(uid, _)| *uid);
+    let (buffers, ring_dir) = session_buffers(spec, ring_opts, uuid, trusted_uid)?;
     let filters = producer_filters(spec)?;
-    let (sources, next_seq) = builtin_sources(spec, &buffers, &filters, consumer_uid.as_ref())?;
+    // A served session's rules are its consumers' triggers: none here.
+    let plan = (!is_served && !opts.rules.is_empty()).then(|| RulePlan::new(opts.rules.clone()));
+    let (sources, next_seq) = builtin_sources(
+        spec,
+        &buffers,
+        &filters,
+        consumer_uid.as_ref(),
+        plan.as_ref(),
+    )?;
     let consumer_uid = consumer_uid.map(|(uid, _)| uid);
 
-    let uuid = spec.trace_uuid.unwrap_or_else(random_uuid);
     // Claimed before the output is opened: a refusal truncates nothing.
     let producers = match served_producers.take() {
         None if is_served => None,
         None => producer_host(spec, opts, filters, &buffers, next_seq, uuid)?,
         Some(service) => {
-            let host = ProducerHost::attach(&service, buffers.len()).map_err(host_error)?;
+            let host = ProducerHost::attach(service, buffers.len()).map_err(host_error)?;
             Some(serve_producers(
                 host, spec, filters, &buffers, next_seq, uuid,
             )?)
@@ -181,11 +422,29 @@ fn build_with(
             Some(ZstdStage::new(level).map_err(AppError::Compression)?)
         }
     };
+    // The runtime directory checked and the control endpoints bound before
+    // the output is opened: a refusal there (another user's directory,
+    // names planted where this session's sockets go) touches no output.
+    let timeline = Timeline::from_spec(spec)?
+        .with_rotation(opts.rotation.clone())
+        .with_snapshot_disk(opts.rotation.max_disk.filter(|_| !opts.rotation.rotates()))
+        .with_snapshot_owner(consumer_uid.unwrap_or_else(|| rustix::process::getuid().as_raw()));
+    let needs_control = timeline.mode != TriggerMode::None;
+    // A ring overwritten before a streaming session wrote it lost data.
+    let rules = plan.map(|p| RuleBook::new(p, spec, timeline.write_period.is_some()));
+    // A served session is reached through the service, not the runtime
+    // directory.
+    let (control, history) = if is_served {
+        (None, None)
+    } else {
+        control_server(needs_control)?
+    };
     let sink = match served_sink.take() {
-        Some(fd) => Output::File(
+        Some(ServedOutput::File(fd)) => Output::File(
             storage::sink_for_fd(fd, opts.io, direct_wanted(spec, opts, compress.is_some()))
                 .map_err(AppError::Output)?,
         ),
+        Some(ServedOutput::Stream(sink)) => Output::File(sink),
         None => output(spec, opts, &buffers, uuid, compression, compress.is_some())?,
     };
     let output_label = match (served_label, &opts.output) {
@@ -209,16 +468,13 @@ fn build_with(
 
     let uid = consumer_uid.unwrap_or_else(|| rustix::process::getuid().as_raw());
     let log = service_log(spec, uid, uuid, matches!(sink, Output::Segments(_)));
-    let timeline = Timeline::from_spec(spec)?
-        .with_rotation(opts.rotation.clone())
-        .with_snapshot_disk(opts.rotation.max_disk.filter(|_| !opts.rotation.rotates()));
-    let needs_control = timeline.mode != TriggerMode::None;
-    let (control, history) = match served_control {
-        Some(c) => (Some(c), None),
-        None => control_server(needs_control)?,
-    };
 
-    Ok(Recording {
+    let rings = Rings {
+        dir: ring_dir,
+        sync: ring_opts.sync,
+        syncer: None,
+    };
+    let rec = Recording {
         session: Session::new(timeline),
         buffers,
         sources,
@@ -240,29 +496,100 @@ fn build_with(
         status_line: opts.status_line,
         snapshot_dir,
         quota_view: QuotaView::for_consumer(consumer_uid),
-        on_snapshot: None,
-    })
+        snapshots_to_host: false,
+        rules,
+    };
+    Ok((rec, rings))
 }
 
-/// The session's ring buffers, as the config sizes them.
-fn session_buffers(spec: &RecorderSpec) -> Result<Vec<SessionBuffer>, AppError> {
+/// The session's ring buffers, as the config sizes them, where `rings`
+/// says; each names the session in its header (`uuid`, `uid`, the config,
+/// a clock snapshot), so that it can be read back without the recorder.
+fn session_buffers(
+    spec: &RecorderSpec,
+    rings: &RingOptions,
+    uuid: (i64, i64),
+    uid: u32,
+) -> Result<(Vec<SessionBuffer>, Option<RingDir>), AppError> {
     let mut buffers = Vec::with_capacity(spec.buffers.len());
-    for (index, b) in spec.buffers.iter().enumerate() {
-        let policy = match b.fill_policy {
-            spec::FillPolicy::RingBuffer => FillPolicy::RingBuffer,
-            spec::FillPolicy::Discard => FillPolicy::Discard,
-        };
-        let params = BufferParams::new(b.size.0 as usize, policy);
-        let buffer = Buffer::new(params).map_err(|source| AppError::Buffer { index, source })?;
-        buffers.push(SessionBuffer {
-            buffer,
-            policy: match policy {
-                FillPolicy::RingBuffer => "RING_BUFFER",
-                FillPolicy::Discard => "DISCARD",
-            },
-        });
+    let dir = match &rings.dir {
+        Some(d) => Some(check_ring_dir(d, spec.buffers.len()).map_err(AppError::RingDir)?),
+        None => None,
+    };
+    let mut names = Vec::new();
+    let identity = RingIdentity {
+        index: 0,
+        count: spec.buffers.len() as u32,
+        uuid,
+        uid,
+        pid: std::process::id(),
+        boot_id: crate::clock::boot_id(),
+        created_realtime_ns: crate::clock::BuiltinClock::Realtime.now_ns(),
+        clocks: crate::clock::snapshot()
+            .0
+            .into_iter()
+            .map(|(c, ts)| (c as u32, ts))
+            .collect(),
+        config: spec.config_bytes.clone(),
+    };
+    let made = (|| {
+        for (index, b) in spec.buffers.iter().enumerate() {
+            let policy = match b.fill_policy {
+                spec::FillPolicy::RingBuffer => FillPolicy::RingBuffer,
+                spec::FillPolicy::Discard => FillPolicy::Discard,
+            };
+            let params = BufferParams::new(b.size.0 as usize, policy);
+            let backing = match &dir {
+                Some(d) => {
+                    let name = crate::ringbuf::layout::file_name(index as u32);
+                    let fd = d.create_new(&name).map_err(|e| {
+                        AppError::RingDir(match e {
+                            CreateError::Exists { .. } => taken(d, &name),
+                            e => RingDirError::Dir(e),
+                        })
+                    })?;
+                    names.push(name);
+                    Backing::File(fd)
+                }
+                None if rings.shared => Backing::Memfd,
+                None => Backing::Anonymous,
+            };
+            let identity = RingIdentity {
+                index: index as u32,
+                ..identity.clone()
+            };
+            let buffer = match Buffer::create(params, backing, &identity) {
+            Err(e) if rings.shared && rings.dir.is_none() => {
+                log::warn!(
+                    "buffers[{index}]: no shared memory ({e}): its data is lost if the recorder dies"
+                );
+                Buffer::create(params, Backing::Anonymous, &identity)
+            }
+            r => r,
+        }
+        .map_err(|source| AppError::Buffer { index, source })?;
+            buffers.push(SessionBuffer {
+                buffer,
+                policy: match policy {
+                    FillPolicy::RingBuffer => "RING_BUFFER",
+                    FillPolicy::Discard => "DISCARD",
+                },
+            });
+        }
+        Ok(())
+    })();
+    if let Err(e) = made {
+        // What was made of a failed session goes: no ring of it is left
+        // for a later session to refuse.
+        if let Some(d) = &dir {
+            for n in &names {
+                let _ = d.remove(n);
+            }
+        }
+        return Err(e);
     }
-    Ok(buffers)
+    let ring_dir = dir.map(|dir| RingDir { dir, names });
+    Ok((buffers, ring_dir))
 }
 
 /// The built-in data sources the config asks for, each on its own
@@ -274,11 +601,14 @@ fn builtin_sources(
     buffers: &[SessionBuffer],
     filters: &[ProducerFilter],
     served: Option<&(u32, Option<Arc<dyn RemoteTracefs>>)>,
+    rules: Option<&RulePlan>,
 ) -> Result<(Vec<Box<dyn DataSource>>, u32), AppError> {
     let mut sources: Vec<Box<dyn DataSource>> = Vec::new();
     let mut next_seq = FIRST_SOURCE_SEQUENCE;
     // ftrace tells process_stats which pids it saw, once that poller runs.
-    let pid_route: PidRoute = Arc::new(std::sync::Mutex::new(None));
+    let pid_route = PidRoute::default();
+    // Each kind of source evaluates the rules once: the first of its kind.
+    let (mut ftrace_rules, mut process_rules, mut system_rules) = (rules, rules, rules);
     for (index, ds) in spec.data_sources.iter().enumerate() {
         let Some(target) = buffers.get(ds.target_buffer.0 as usize) else {
             return Err(AppError::MissingBuffer {
@@ -317,7 +647,13 @@ fn builtin_sources(
             SourceKind::ProcessStats(p) => {
                 let src = ProcessStatsSource::new(p.clone(), HostPaths::default(), next_seq);
                 Box::new(
-                    PolledDataSource::new(&ds.name, src, writer()).route_pids(pid_route.clone()),
+                    PolledDataSource::new(&ds.name, src, writer())
+                        .route_pids(pid_route.clone())
+                        .watch_counters(
+                            process_rules
+                                .take()
+                                .and_then(|p| CounterWatch::new(p, true)),
+                        ),
                 )
             }
             SourceKind::Ftrace(_) if served.is_some_and(|(_, r)| r.is_none()) => {
@@ -344,6 +680,7 @@ fn builtin_sources(
                     sequence_id: next_seq,
                     read_mode,
                     subbuf,
+                    rules: ftrace_rules.take().cloned(),
                     ..FtraceOptions::default()
                 };
                 match served {
@@ -364,7 +701,13 @@ fn builtin_sources(
             SourceKind::SysStats(s) => {
                 let src = SysStatsSource::new(s, HostPaths::default(), next_seq)
                     .map_err(|e| failed(Box::new(e)))?;
-                Box::new(PolledDataSource::new(&ds.name, src, writer()))
+                Box::new(
+                    PolledDataSource::new(&ds.name, src, writer()).watch_counters(
+                        system_rules
+                            .take()
+                            .and_then(|p| CounterWatch::new(p, false)),
+                    ),
+                )
             }
             _ => {
                 log::info!(
@@ -473,12 +816,32 @@ fn service_log(spec: &RecorderSpec, uid: u32, uuid: (i64, i64), segments: bool) 
 /// session — the drop to the service user, and only then the control
 /// endpoints served. A failed drop ends the session before it serves.
 pub fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), AppError> {
+    begin_recording(rec, privileges, None, &mut Rings::default())
+}
+
+/// [`begin`] for a session whose buffers `rings` made: their directory is
+/// registered with the broker too (its files are removed through it after
+/// the drop), and `--ring-sync` starts. What the broker — or, for a session
+/// that keeps its own rights, its `keeper` — is to save if the recorder
+/// dies is registered with it: the shared buffers, the trace file, the ring
+/// files, the tracefs recording directories.
+pub fn begin_recording(
+    rec: &mut Recording,
+    privileges: Option<Privileges>,
+    keeper: Option<&Arc<crate::privilege::Broker>>,
+    rings: &mut Rings,
+) -> Result<(), AppError> {
     for s in &mut rec.sources {
         s.prepare();
     }
     if let Some(p) = privileges {
-        give_up_root(rec, &p)?;
+        give_up_root(rec, &p, rings)?;
+    } else if let Some(k) = keeper {
+        let mut reg = Registration::default();
+        rescue_registration(rec, rings, &mut reg);
+        k.register(reg).map_err(AppError::Privilege)?;
     }
+    rings.start_sync(&rec.buffers);
     if let Some(c) = &mut rec.control {
         c.serve().map_err(AppError::Control)?;
     }
@@ -488,7 +851,7 @@ pub fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), 
 /// Registers with the broker what the session will need done as root
 /// later — new files in its output directories, the tracefs teardown, the
 /// sockets to remove, the hook — and gives up root for the whole process.
-fn give_up_root(rec: &mut Recording, p: &Privileges) -> Result<(), AppError> {
+fn give_up_root(rec: &mut Recording, p: &Privileges, rings: &mut Rings) -> Result<(), AppError> {
     let runtime = rec
         .control
         .as_ref()
@@ -518,20 +881,38 @@ fn give_up_root(rec: &mut Recording, p: &Privileges) -> Result<(), AppError> {
             .collect(),
         ..Registration::default()
     };
-    // Which registered directory is which: segments (true) or snapshots.
+    // Which registered directory is which.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Dir {
+        Segments,
+        Snapshots,
+        Rings,
+    }
     let mut which = Vec::new();
     if let Output::Segments(w) = &rec.sink {
-        reg.dirs
-            .push((w.dir().fd(), vec![format!("{}-", w.names().stem)]));
-        which.push(true);
+        reg.dirs.push((
+            w.dir().fd(),
+            vec![format!("{}-", w.names().stem)],
+            w.files_made(),
+        ));
+        which.push(Dir::Segments);
         if let Some((cmd, timeout)) = w.hook_command() {
-            reg.hook = Some((cmd.to_string(), w.names().dir.clone(), timeout));
+            reg.hook = Some((cmd.to_string(), reg.dirs.len() - 1, timeout));
         }
     }
     if let Some((dir, base)) = &rec.snapshot_dir {
-        reg.dirs.push((dir.fd(), vec![format!("{base}.")]));
-        which.push(false);
+        reg.dirs
+            .push((dir.fd(), vec![format!("{base}.")], Vec::new()));
+        which.push(Dir::Snapshots);
     }
+    let ring_dir = rings.dir.as_ref().map(|d| (d.dir.clone(), d.names.clone()));
+    if let Some((d, names)) = &ring_dir {
+        // Made before the drop: the broker may remove these, by identity.
+        reg.dirs
+            .push((d.fd(), vec!["buffer-".to_string()], names.clone()));
+        which.push(Dir::Rings);
+    }
+    rescue_registration(rec, rings, &mut reg);
     if let Some(rt) = &runtime {
         let (a, b) = crate::control::server::endpoint_names(std::process::id());
         reg.leftovers.push((rt.fd(), a));
@@ -541,17 +922,60 @@ fn give_up_root(rec: &mut Recording, p: &Privileges) -> Result<(), AppError> {
         reg.leftovers.push((fd.as_fd(), name.clone()));
     }
     let ids = p.drop_now(reg).map_err(AppError::Privilege)?;
-    for (id, segments) in ids.into_iter().zip(which) {
-        if segments {
-            if let Output::Segments(w) = &mut rec.sink {
-                w.dir_mut().delegate_to(p.broker.clone(), id);
-                w.hand_hooks_to(p.broker.clone());
+    for (id, dir) in ids.into_iter().zip(which) {
+        match dir {
+            Dir::Segments => {
+                if let Output::Segments(w) = &mut rec.sink {
+                    w.dir_mut().delegate_to(p.broker.clone(), id);
+                    w.hand_hooks_to(p.broker.clone());
+                }
             }
-        } else if let Some((dir, _)) = &mut rec.snapshot_dir {
-            dir.delegate_to(p.broker.clone(), id);
+            Dir::Snapshots => {
+                if let Some((dir, _)) = &mut rec.snapshot_dir {
+                    dir.delegate_to(p.broker.clone(), id);
+                }
+            }
+            Dir::Rings => {
+                if let Some(d) = &mut rings.dir {
+                    d.dir.delegate_to(p.broker.clone(), id);
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// What the broker or keeper saves if the recorder dies: each shared
+/// buffer's file, where it goes (the trace file, a regular file the
+/// session writes at offsets, not a stream; or the segments' directory,
+/// for the next segment), the ring files to remove once saved, and the
+/// tracefs recording directories whose leftover the kernel still holds.
+/// Nothing when there is nowhere to save to.
+fn rescue_registration<'a>(rec: &'a Recording, rings: &'a Rings, reg: &mut Registration<'a>) {
+    let pid = std::process::id();
+    match &rec.sink {
+        Output::File(sink) => match sink.file() {
+            Some(out) => reg.save_to = Some((out, rec.output_label.clone(), pid)),
+            None => return,
+        },
+        Output::Segments(w) => {
+            reg.save_to_segments = Some((w.dir().fd(), w.names().clone(), pid));
+        }
+    }
+    for (i, b) in rec.buffers.iter().enumerate() {
+        if let Some(fd) = b.buffer.shared_file() {
+            reg.rings.push((i as u32, fd));
+        }
+    }
+    if reg.rings.is_empty() {
+        reg.save_to = None;
+        reg.save_to_segments = None;
+        return;
+    }
+    if let Some(d) = &rings.dir {
+        reg.ring_files = Some((d.dir.fd(), d.names.clone()));
+    }
+    reg.drains = rec.sources.iter().filter_map(|s| s.leftover()).collect();
 }
 
 /// The session's control socket and trigger history in the runtime
@@ -594,10 +1018,7 @@ fn producer_filters(spec: &RecorderSpec) -> Result<Vec<ProducerFilter>, AppError
                 .iter()
                 .map(|p| anchored(p))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| AppError::ProducerFilter {
-                    index,
-                    msg: e.to_string(),
-                })?;
+                .map_err(|source| AppError::ProducerFilter { index, source })?;
             Ok(ProducerFilter {
                 names: ds.producer_name_filter.clone(),
                 patterns,

@@ -18,6 +18,7 @@ Exit codes:
   0  success (also a recording stopped by SIGINT/SIGTERM, even during set-up)
   1  runtime failure (I/O error, full disk, kernel refused)
   2  usage or config error (unlike Perfetto, a rejected config is not a success)
+  3  recover: a valid trace was written, but damaged parts of the rings were left out
 
 Configs are Perfetto TraceConfigs, text (.cfg, .pbtx) or binary; the form is
 detected unless --txt is given.";
@@ -89,6 +90,25 @@ pub struct MainArgs {
     /// Kill an --on-segment-closed command's process group after DURATION (default 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::storage::segment::policy::parse_duration)]
     pub hook_timeout: Option<std::time::Duration>,
+    /// Record for DURATION (ms, s, m, h; default 10s; 0: until stopped).
+    #[arg(short = 't', long = "time", value_name = "DURATION", conflicts_with = "config",
+          value_parser = crate::config::light::parse_time_ms, help_heading = LIGHT)]
+    pub time_ms: Option<u64>,
+    /// One ring buffer of SIZE (kb, mb, gb; default 32mb).
+    #[arg(short = 'b', long = "buffer", value_name = "SIZE", conflicts_with = "config",
+          value_parser = crate::config::light::parse_size_kb, help_heading = LIGHT)]
+    pub buffer_kb: Option<u64>,
+    /// Stream to the file while recording, and stop when it reaches SIZE (kb, mb, gb).
+    #[arg(short = 's', long = "size", value_name = "SIZE", conflicts_with = "config",
+          value_parser = crate::config::light::parse_size_kb, help_heading = LIGHT)]
+    pub max_file_size_kb: Option<u64>,
+    /// ftrace events (GROUP/NAME, GROUP/*) and categories (sched, freq, idle, irq, disk, …).
+    #[arg(value_name = "EVENT|CATEGORY", conflicts_with = "config", help_heading = LIGHT,
+          value_hint = clap::ValueHint::Other)]
+    pub events: Vec<String>,
+    /// Print the config (the one built, or --config's) and its plan, as `config check` does; record nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Let Perfetto SDK apps connect, at PATH. Without it the producer socket
     /// opens only when the config names a data source no built-in source
     /// provides, where apps look by default (/run/perfetto/traced-producer.sock
@@ -96,9 +116,64 @@ pub struct MainArgs {
     /// never opens it).
     #[arg(long, value_name = "PATH")]
     pub producer_socket: Option<PathBuf>,
+    /// Keep each buffer in a file in DIR (a tmpfs, or a disk to outlive a
+    /// machine crash): if every process of the session is gone, `recorder
+    /// recover DIR -o OUT` makes a trace of what they held. DIR must exist,
+    /// be yours or root's (sticky if others may write it) and hold no ring
+    /// files; they are removed when the session ends.
+    #[arg(long, value_name = "DIR")]
+    pub ring_dir: Option<PathBuf>,
+    /// With --ring-dir: write the ring files back to disk every PERIOD
+    /// (msync), so that a machine crash loses at most that much.
+    #[arg(long, value_name = "PERIOD", requires = "ring_dir",
+          value_parser = crate::storage::segment::policy::parse_duration)]
+    pub ring_sync: Option<std::time::Duration>,
+    /// The trigger rules the recorder fires itself.
+    #[command(flatten)]
+    pub rules: RuleArgs,
 }
 
+/// Trigger rules: when the recorder fires one of the config's triggers
+/// itself (docs/rules.md).
+#[derive(Debug, Clone, Default, Args)]
+pub struct RuleArgs {
+    /// Fire a trigger of the config when RULE holds: 'NAME: event GROUP/EVENT [if FILTER]',
+    /// 'NAME: latency sched > 50ms', 'NAME: counter meminfo.MemAvailable < 200M', 'NAME: loss', … (repeatable).
+    #[arg(long = "trigger-rule", value_name = "RULE")]
+    pub trigger_rule: Vec<String>,
+    /// Read rules from FILE, one a line (# comments) (repeatable).
+    #[arg(long = "trigger-rules", value_name = "FILE")]
+    pub trigger_rules: Vec<PathBuf>,
+}
+
+impl RuleArgs {
+    pub fn is_empty(&self) -> bool {
+        self.trigger_rule.is_empty() && self.trigger_rules.is_empty()
+    }
+}
+
+/// The help heading of light mode's arguments.
+const LIGHT: &str = "Light mode (no config: Perfetto's `-t 10s -b 32mb sched freq idle`)";
+
 impl MainArgs {
+    /// Whether light mode was asked for: a light-mode flag or a word.
+    pub fn light(&self) -> bool {
+        self.time_ms.is_some()
+            || self.buffer_kb.is_some()
+            || self.max_file_size_kb.is_some()
+            || !self.events.is_empty()
+    }
+
+    /// What light mode is asked to build.
+    pub fn light_request(&self) -> crate::config::light::LightRequest {
+        crate::config::light::LightRequest {
+            time_ms: self.time_ms,
+            buffer_kb: self.buffer_kb,
+            max_file_size_kb: self.max_file_size_kb,
+            words: self.events.clone(),
+        }
+    }
+
     /// The first main-job argument given, if any (they mean nothing beside a
     /// subcommand).
     pub fn given(&self) -> Option<&'static str> {
@@ -120,6 +195,15 @@ impl MainArgs {
             (!self.protos.include_paths.is_empty(), "--proto-path"),
             (!self.protos.descriptor_sets.is_empty(), "--descriptor-set"),
             (self.producer_socket.is_some(), "--producer-socket"),
+            (!self.rules.trigger_rule.is_empty(), "--trigger-rule"),
+            (!self.rules.trigger_rules.is_empty(), "--trigger-rules"),
+            (self.time_ms.is_some(), "--time"),
+            (self.buffer_kb.is_some(), "--buffer"),
+            (self.max_file_size_kb.is_some(), "--size"),
+            (!self.events.is_empty(), "EVENT|CATEGORY"),
+            (self.dry_run, "--dry-run"),
+            (self.ring_dir.is_some(), "--ring-dir"),
+            (self.ring_sync.is_some(), "--ring-sync"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -149,6 +233,21 @@ impl Cli {
 pub enum Command {
     /// Check or convert a config.
     Config(ConfigArgs),
+    /// Make a trace of what a dead session's buffers held, from its ring
+    /// files (`--ring-dir`). Every byte is checked: what is damaged is left
+    /// out and reported (exit 3), what a writer had not finished is left
+    /// out and counted; the rest is kept.
+    Recover {
+        /// The session's `--ring-dir`.
+        dir: PathBuf,
+        /// Where the trace goes: a new file (an existing one is replaced,
+        /// never written through).
+        #[arg(short = 'o', long = "out", value_name = "OUT")]
+        out: PathBuf,
+        /// Refuse to overwrite an existing OUT.
+        #[arg(long)]
+        no_clobber: bool,
+    },
     /// Read a trace: packets by kind and sequence, stats, losses (a torn tail is tolerated).
     Inspect {
         /// The trace file, a directory of segments, or a store (segments of
@@ -195,6 +294,14 @@ pub enum Command {
         #[arg(long, conflicts_with = "pid")]
         all: bool,
     },
+    /// Close a segmented session's current segment now and start the next (its owner or root).
+    Rotate {
+        /// The session's PID (optional when only one runs).
+        pid: Option<u32>,
+        /// Rotate every session you may.
+        #[arg(long, conflicts_with = "pid")]
+        all: bool,
+    },
     /// Start a session configured with `deferred_start` (its owner or root).
     Start {
         /// The session's PID (optional when only one runs).
@@ -207,6 +314,18 @@ pub enum Command {
     Serve(ServeArgs),
     /// Measure buffer policies, sizes and write periods under a load.
     Bench(BenchArgs),
+    /// Print the shell completion script for SHELL (from these very definitions).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (recorder.1 and one per subcommand) into DIR.
+    ManPages {
+        /// The directory (made if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
     /// Open a trace in the Perfetto UI: serve it once on 127.0.0.1, print (and open) the link.
     Open {
         /// The trace file.
@@ -305,6 +424,9 @@ pub enum ConfigAction {
         /// Form options.
         #[command(flatten)]
         form: FormArgs,
+        /// Trigger rules to check with the config, as `recorder --config` takes them.
+        #[command(flatten)]
+        rules: RuleArgs,
     },
     /// Convert a config between text and binary.
     Convert {
@@ -361,6 +483,67 @@ mod tests {
         // The main job alone still parses.
         let cli = Cli::parse_args(["recorder", "-q", "-c", "x.cfg", "-o", "t"]).expect("parses");
         assert!(cli.command.is_none() && cli.main.config.is_some());
+    }
+
+    #[test]
+    fn light_mode_takes_perfettos_flags_and_words_beside_the_subcommands() {
+        let cli = Cli::parse_args([
+            "recorder",
+            "-o",
+            "t",
+            "-t",
+            "3s",
+            "-b",
+            "8mb",
+            "-s",
+            "1gb",
+            "sched/sched_switch",
+            "sched",
+            "-d",
+        ])
+        .expect("parses");
+        assert!(cli.command.is_none() && cli.main.light() && cli.main.background);
+        let r = cli.main.light_request();
+        assert_eq!(
+            (r.time_ms, r.buffer_kb, r.max_file_size_kb),
+            (Some(3000), Some(8192), Some(1024 * 1024))
+        );
+        assert_eq!(r.words, ["sched/sched_switch", "sched"]);
+        // Subcommands are still subcommands.
+        for args in [
+            &["recorder", "bench"][..],
+            &["recorder", "query"],
+            &["recorder", "completions", "bash"],
+        ] {
+            let cli = Cli::parse_args(args).expect("parses");
+            assert!(cli.command.is_some(), "{args:?}");
+        }
+        // Not with a config, not beside a subcommand, not with a bad unit.
+        for (args, kind) in [
+            (
+                &["recorder", "-c", "x.cfg", "-t", "1s"][..],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["recorder", "-c", "x.cfg", "sched"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["recorder", "-t", "1s", "query"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["recorder", "-t", "10"],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+            (
+                &["recorder", "-b", "1tb"],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+        ] {
+            let e = Cli::parse_args(args).expect_err("refused");
+            assert_eq!(e.kind(), kind, "{args:?}");
+        }
     }
 
     #[test]
@@ -518,7 +701,7 @@ pub struct ServeArgs {
     pub producer_socket: Option<PathBuf>,
     /// The unprivileged user (name or uid) the service becomes when started
     /// as root; else RECORDER_USER, the `recorder` system user, or an
-    /// unallocated uid of systemd's dynamic range. Never root nor nobody.
+    /// unused uid of systemd's dynamic range, held while it runs. Never root nor nobody.
     #[arg(long, value_name = "NAME|UID")]
     pub user: Option<String>,
     /// Leave linux.ftrace to producers (Perfetto's traced_probes) instead
@@ -526,4 +709,12 @@ pub struct ServeArgs {
     /// root broker prepares (only when started as root).
     #[arg(long)]
     pub no_builtin_ftrace: bool,
+    /// Tracing sessions the service hosts at once, in all (default 15, as
+    /// Perfetto's traced).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub max_sessions: Option<u16>,
+    /// Tracing sessions one uid may run at once (default 5, as Perfetto's
+    /// traced); at most --max-sessions.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub max_sessions_per_uid: Option<u16>,
 }

@@ -67,6 +67,37 @@ pub fn ms_to_next_multiple(period_ms: u64) -> u64 {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClockReadings(pub Vec<(BuiltinClock, u64)>);
 
+impl BuiltinClock {
+    /// The clock with Perfetto's id `id`, if it is a snapshot clock.
+    pub fn from_id(id: u32) -> Option<BuiltinClock> {
+        Self::SNAPSHOT_ORDER.into_iter().find(|c| *c as u32 == id)
+    }
+}
+
+/// Which boot BOOTTIME counts from: `/proc/sys/kernel/random/boot_id` as
+/// 16 bytes (all zero when it cannot be read). Timestamps of another boot
+/// cannot be related to this one's clocks.
+pub fn boot_id() -> [u8; 16] {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .and_then(|t| parse_uuid(t.trim()))
+        .unwrap_or([0; 16])
+}
+
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` as 16 bytes.
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Reads every clock in [`BuiltinClock::SNAPSHOT_ORDER`].
 pub fn snapshot() -> ClockReadings {
     ClockReadings(
@@ -91,6 +122,19 @@ mod tests {
             b >= m,
             "BOOTTIME includes suspend, so it never trails MONOTONIC"
         );
+    }
+
+    #[test]
+    fn boot_ids_are_read_as_uuids() {
+        assert_eq!(
+            parse_uuid("0123abcd-0000-1111-2222-33334444ffff"),
+            Some([
+                0x01, 0x23, 0xab, 0xcd, 0, 0, 0x11, 0x11, 0x22, 0x22, 0x33, 0x33, 0x44, 0x44, 0xff,
+                0xff
+            ])
+        );
+        assert_eq!(parse_uuid("nope"), None);
+        assert_eq!(boot_id(), boot_id());
     }
 
     #[test]

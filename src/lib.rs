@@ -25,10 +25,12 @@
 //! Who decides and who acts: [`session`] holds every lifecycle decision as
 //! a pure function, `Session::on_event(event, now) -> Vec<Action>` (cadences,
 //! triggers, the stop sequence, snapshots, rotation), unit-tested without a
-//! kernel. [`event_loop`] is the reactor that executes: it waits on signals,
-//! the control socket and timers, turns what happened into events, queues
-//! them (no nested dispatch) and runs the actions against buffers, sources
-//! and the output. Each action carries its choices (a pass's fdatasync, a
+//! kernel. [`event_loop`] executes: a [`event_loop::Runner`] turns what
+//! happened to one session into events, queues them (no nested dispatch) and
+//! runs the actions against buffers, sources and the output; it never
+//! waits. Its host waits once for all it hosts: the main job's one session,
+//! or every session of `recorder serve` on one loop ([`consumer`]); data
+//! sources have no threads, their work is the host's wake-ups. Each action carries its choices (a pass's fdatasync, a
 //! snapshot's take of each buffer, the stop's flush), so the executor,
 //! unit-tested against fake sources and sinks, makes none. A new event
 //! source touches the reactor and the session.
@@ -46,18 +48,18 @@
 //! | 5 | `main`, [`cli`], [`command`] | argument types; one module per command, exit codes |
 //! | 4 | [`app`], [`bench`](mod@bench), [`consumer`], [`summary`] | build a recording from a spec; the bench; the consumer socket of `recorder serve` (sessions for the `perfetto` client); the end-of-run report |
 //! | 3 | [`session`], [`event_loop`] | decide; execute |
-//! | 2 | [`config`], [`sources`], [`control`], [`ipc`], [`privilege`] | TraceConfig to spec; data sources; the control socket and runtime dir; the producer socket and shared memory; the root broker and the drop to the service user |
-//! | 1 | [`storage`], [`trace`] | sinks, write passes, segments, compression; trace packets we write and read |
+//! | 2 | [`config`], [`sources`], [`control`], [`producer`], [`privilege`] | TraceConfig to spec; data sources; the control socket and runtime dir; the producer socket and shared memory; the root broker and the drop to the service user |
+//! | 1 | [`storage`], [`trace`], [`transport`] | sinks, write passes, segments, compression; trace packets we write and read; socket paths, IPC frames, peers and their log budget |
 //! | 0 | [`ringbuf`], [`sys`], [`clock`], [`protos`], [`wire`], [`bytes`] | the engine; signals and daemon; clocks; generated protos; the wire format; byte counts for people |
 //!
 //! Perfetto SDK apps are producers: they connect to the producer socket
-//! ([`ipc`]), write into shared memory of their own, and the event loop
+//! ([`producer`]), write into shared memory of their own, and the event loop
 //! copies their committed chunks into the same ring buffers, in the file's
 //! framing, with the trusted fields appended.
 //!
 //! `unsafe` is denied crate-wide and allowed only in [`ringbuf`], [`sys`],
 //! the io_uring sink and the producers' shared-memory view
-//! ([`ipc::smb`]), each block justified by a numbered invariant in a
+//! ([`producer::smb`]), each block justified by a numbered invariant in a
 //! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 
 pub mod bytes;
@@ -69,10 +71,11 @@ pub mod wire;
 
 pub mod storage;
 pub mod trace;
+pub mod transport;
 
 pub mod config;
 pub mod control;
-pub mod ipc;
+pub mod producer;
 pub mod sources;
 
 pub mod event_loop;

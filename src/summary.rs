@@ -61,11 +61,56 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
     for q in &o.quotas {
         quota(&mut s, q);
     }
+    rules(&mut s, &o.rules);
     let _ = write!(s, "  {packets} packets in all");
     for w in &o.warnings {
         let _ = write!(s, "\n  warning: {w}");
     }
     s
+}
+
+/// What each trigger rule did, and the rules that never fired.
+fn rules(s: &mut String, rules: &[crate::event_loop::rules::RuleReport]) {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    for r in rules.iter().filter(|r| r.matched > 0) {
+        let _ = write!(
+            s,
+            "  rule {:?}: matched {}, fired {}, taken {}",
+            r.name, r.matched, r.fired, r.accepted
+        );
+        if r.suppressed > 0 {
+            let _ = write!(s, ", {} held back by its count or rate", r.suppressed);
+        }
+        if r.refused > 0 {
+            let _ = write!(
+                s,
+                ", {} refused by the session ({})",
+                r.refused,
+                r.last_refusal.as_deref().unwrap_or("?")
+            );
+        }
+        if let (Some(m), Some(x)) = (r.delay_median_ns, r.delay_max_ns) {
+            let _ = write!(
+                s,
+                "; event to recorder {:.1} ms median, {:.1} ms most",
+                ms(m),
+                ms(x)
+            );
+        }
+        if let Some(f) = r.frozen_after_ns {
+            let _ = write!(
+                s,
+                "; frozen: the kernel's buffers end {:.1} µs after the match",
+                f as f64 / 1e3
+            );
+        }
+        let _ = writeln!(s, "\n    {}", r.text);
+    }
+    let never: Vec<&crate::event_loop::rules::RuleReport> =
+        rules.iter().filter(|r| r.matched == 0).collect();
+    for r in never {
+        let _ = writeln!(s, "  rule {:?} never fired: {}", r.name, r.text);
+    }
 }
 
 /// What the trigger mode made of the run: an untriggered session's empty
@@ -107,11 +152,13 @@ fn trigger_notes(s: &mut String, o: &Outcome, t: &Timeline) {
             let b = &t.snapshot_budget;
             let _ = writeln!(
                 s,
-                "  {} snapshot trigger(s) refused: a snapshot was under way or the budget was spent ({} snapshots, {} at most, each counted at {})",
+                "  {} snapshot trigger(s) refused: a snapshot was under way, the budget was spent, or the sender's uid had taken its share ({} snapshots, {} at most, each counted at {}; a uid other than root and the session's user {} at most, {} of them kept for those two)",
                 o.snapshots_refused,
                 b.max_count,
                 HumanBytes(b.max_bytes),
-                HumanBytes(b.bytes_each)
+                HumanBytes(b.bytes_each),
+                b.share(),
+                b.reserved()
             );
         }
     }
@@ -188,7 +235,8 @@ fn buffer(s: &mut String, i: usize, b: &BufferSummary, t: &Timeline, file_short:
     if st.bytes_discarded_held > 0 || st.packets_discarded_held > 0 {
         let _ = writeln!(
             s,
-            "    {} discarded ({} packets, {}: every free chunk was held by another writer): \
+            "    {} discarded ({} packets, {}: every chunk was taken by another writer, most of them \
+             nearly empty: many data sources on few chunks, not a full buffer): \
              raise size_kb or use fewer data sources per buffer",
             HumanBytes(st.bytes_discarded_held),
             st.packets_discarded_held,
@@ -244,6 +292,9 @@ fn segments(s: &mut String, seg: &crate::storage::segment::SegmentsStatus) {
             "    --on-segment-closed: {} ran, {} failed ({} timed out), {} not run",
             h.ran, h.failed, h.timed_out, h.skipped
         );
+        if h.gone > 0 {
+            let _ = write!(s, " ({} of them deleted before their turn)", h.gone);
+        }
         if h.stopped > 0 {
             let _ = write!(s, ", {} killed at the end", h.stopped);
         }
@@ -262,8 +313,8 @@ fn mode_name(m: TriggerMode) -> &'static str {
 
 /// One uid's quota line: what its producers were refused, and its closed
 /// producers folded into it.
-pub(crate) fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
-    let who = if q.uid == crate::ipc::quota::OTHER_UIDS {
+pub(crate) fn quota(s: &mut String, q: &crate::producer::quota::UidReport) {
+    let who = if q.uid == crate::transport::peer::OTHER_UIDS {
         "other uids".to_string()
     } else {
         format!("uid {}", q.uid)
@@ -287,7 +338,7 @@ pub(crate) fn quota(s: &mut String, q: &crate::ipc::quota::UidReport) {
 }
 
 /// One producer's line: who, what it wrote, what it lost and why.
-fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
+fn producer(s: &mut String, p: &crate::producer::host::ProducerReport) {
     let st = &p.stats;
     let sources = if p.data_sources.is_empty() {
         "no data source of this config".to_string()
@@ -297,7 +348,7 @@ fn producer(s: &mut String, p: &crate::ipc::host::ProducerReport) {
     let _ = write!(
         s,
         "  producer {:?} (pid {}, uid {}): {sources}; {} packets, {} in {} chunks",
-        crate::ipc::connection::short(&p.name),
+        crate::producer::connection::short(&p.name),
         p.pid,
         p.uid,
         st.packets,

@@ -2,7 +2,7 @@
 //! well-formed request, which re-encodes to a line that decodes to the same
 //! request, or a refusal. Never a panic.
 
-use recorder::control::message::{Endpoint, decode_request, encode_request};
+use recorder::control::wire::{Endpoint, decode_request, encode_request};
 
 pub fn check(data: &[u8]) {
     for endpoint in [Endpoint::Trigger, Endpoint::Control] {

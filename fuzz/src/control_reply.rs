@@ -3,7 +3,7 @@
 //! decodes to the same reply — or a typed refusal ([`BadReply`]) whose kind
 //! matches the input. Never a panic.
 
-use recorder::control::message::{
+use recorder::control::wire::{
     BadReply, MAX_REPLY_BYTES, MAX_REPLY_TEXT_BYTES, MAX_TRIGGER_NAMES, Reply, decode_reply,
     encode_reply,
 };
@@ -22,11 +22,7 @@ pub fn check(data: &[u8]) {
                 Reply::Triggers(o) => assert!(o.len() <= MAX_TRIGGER_NAMES),
                 Reply::Refused(m) | Reply::Queued(m) => assert!(m.len() <= MAX_REPLY_TEXT_BYTES),
                 Reply::Status(st) => assert!(st.config.len() <= MAX_REPLY_TEXT_BYTES),
-                Reply::Stopping
-                | Reply::Started
-                | Reply::Flushed { .. }
-                | Reply::Drained
-                | Reply::Cloned { .. } => {}
+                Reply::Stopping | Reply::Started | Reply::Rotated => {}
             }
         }
         Err(BadReply::TooLarge) => assert!(data.len() > MAX_REPLY_BYTES),

@@ -3,7 +3,7 @@
 //! the same stream cut into other pieces yields the same frames and the
 //! same refusal; the decoder never holds more than one frame. Never a panic.
 
-use recorder::ipc::frame::{FrameDecoder, FrameError, MAX_FRAME_BYTES, encode_frame};
+use recorder::transport::frame::{FrameDecoder, FrameError, MAX_FRAME_BYTES, encode_frame};
 use recorder::protos::IpcFrame;
 
 fn decode_all(data: &[u8], step: usize) -> (Vec<IpcFrame>, Option<FrameError>) {

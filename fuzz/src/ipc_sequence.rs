@@ -10,8 +10,8 @@
 //! id in the bytes' first 4, offset in the next 4, data the next 4, `done`
 //! from op.
 
-use recorder::ipc::sequence::{Budget, Sequence, Trust, acceptable};
-use recorder::ipc::stats::ProducerStats;
+use recorder::producer::sequence::{Budget, Sequence, Trust, acceptable};
+use recorder::producer::stats::ProducerStats;
 use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
 
 const BUDGET: usize = 1 << 20;

@@ -10,6 +10,7 @@ pub mod ftrace_page;
 pub mod ipc_frame;
 pub mod ipc_sequence;
 pub mod quota_model;
+pub mod ring_image;
 pub mod ringbuf_model;
 pub mod sys_stats_text;
 pub mod trace_reader;

@@ -1,6 +1,6 @@
 //! Model-based oracle for the producer socket's per-uid quotas
-//! (`recorder::ipc::quota`) and a producer connection's own
-//! (`recorder::ipc::connection`).
+//! (`recorder::producer::quota`) and a producer connection's own
+//! (`recorder::producer::connection`).
 //!
 //! Drives a real [`Quotas`] with connects, closes, log lines and folded
 //! producers of fuzzed uids, and real [`Connection`]s (over socket pairs)
@@ -29,13 +29,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use recorder::ipc::connection::{Connection, Routes};
-use recorder::ipc::frame::encode_frame;
-use recorder::ipc::quota::{
+use recorder::producer::connection::{Connection, Routes};
+use recorder::transport::frame::encode_frame;
+use recorder::producer::quota::{
     Hits, Holds, LOG_BURST, LOG_INTERVAL, Limit, MAX_DATA_SOURCES, MAX_HELD_BYTES_PER_UID,
     MAX_NAME_BYTES, MAX_REGISTERED_BYTES, MAX_SEQUENCES_PER_UID, Quotas,
 };
-use recorder::ipc::stats::ProducerStats;
+use recorder::producer::stats::ProducerStats;
 use recorder::protos::ipc_frame::{BindService, InvokeMethod, Msg};
 use recorder::protos::{self as pb, IpcFrame};
 use recorder::ringbuf::Buffer;

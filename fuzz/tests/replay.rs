@@ -71,6 +71,11 @@ fn ipc_sequence_corpus() {
 }
 
 #[test]
+fn ring_image_corpus() {
+    replay_nonempty("ring_image", recorder_fuzz::ring_image::check);
+}
+
+#[test]
 fn ringbuf_model_corpus() {
     replay_nonempty("ringbuf_model", recorder_fuzz::ringbuf_model::check);
 }

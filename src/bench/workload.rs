@@ -97,7 +97,8 @@ pub fn filler_for(packet_size: usize) -> usize {
 /// together with the flusher's clock.
 #[derive(Debug, Default)]
 pub struct StartGate {
-    /// (writers waiting, open)
+    /// (writers waiting, open); each holder stores one count or flag, so
+    /// a poisoned state is still whole.
     state: Mutex<(usize, bool)>,
     changed: Condvar,
 }

@@ -4,15 +4,15 @@ use crate::bytes::HumanBytes;
 
 use super::ExitCode;
 use crate::control::client::{self, Stopped, TriggerAnswer};
-use crate::control::message::{SessionStatus, UidQuotaStatus, printable};
-use crate::ipc::quota::{Limit, UidReport};
+use crate::control::wire::{SessionStatus, UidQuotaStatus, printable};
+use crate::producer::quota::{Limit, UidReport};
 
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them (or, busy, queued them), 1 otherwise, saying which.
 pub fn fire(names: &[String], producer: &str) -> ExitCode {
     // What a session would refuse is refused here, before connecting, with
     // the rule (and without echoing a huge or unprintable name).
-    use crate::control::message::{self, MAX_NAME_BYTES, MAX_REQUEST_BYTES, MAX_TRIGGER_NAMES};
+    use crate::control::wire::{self, MAX_NAME_BYTES, MAX_REQUEST_BYTES, MAX_TRIGGER_NAMES};
     if names.len() > MAX_TRIGGER_NAMES {
         eprintln!(
             "recorder trigger: {} names; at most {MAX_TRIGGER_NAMES} at once",
@@ -25,7 +25,7 @@ pub fn fire(names: &[String], producer: &str) -> ExitCode {
         .map(|n| ("trigger name", n))
         .chain(std::iter::once(("--producer", &producer.to_string())))
     {
-        if !message::valid_name(n) {
+        if !wire::valid_name(n) {
             eprintln!(
                 "recorder trigger: {what} {} ({} bytes): a name is 1 to {MAX_NAME_BYTES} printable, non-space ASCII characters",
                 crate::config::diagnostic::visible(n, 64),
@@ -34,7 +34,7 @@ pub fn fire(names: &[String], producer: &str) -> ExitCode {
             return ExitCode::Usage;
         }
     }
-    let size = message::encode_request(&message::Request::Trigger {
+    let size = wire::encode_request(&wire::Request::Trigger {
         names: names.to_vec(),
         producer: producer.to_string(),
     })
@@ -181,6 +181,17 @@ fn status_text(s: &SessionStatus) -> String {
     for q in &s.quotas {
         t.push_str(&quota_text(q));
     }
+    for r in &s.rules {
+        t.push_str(&format!(
+            "  rule {:?}: matched {}, fired {}, taken {}, held back {} ({})\n",
+            printable(&r.name),
+            r.matched,
+            r.fired,
+            r.accepted,
+            r.suppressed,
+            printable(&r.text)
+        ));
+    }
     t
 }
 
@@ -252,6 +263,49 @@ pub fn stop(pid: Option<u32>, all: bool) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("recorder stop: {e}");
+                code = ExitCode::Runtime;
+            }
+        }
+    }
+    code
+}
+
+/// Rotates one segmented session (the only one running, or `pid`), or
+/// every one the caller may: 0 when each closed its segment, 1 otherwise
+/// (a session that writes one file refuses, saying so).
+pub fn rotate(pid: Option<u32>, all: bool) -> ExitCode {
+    let results = match (pid, all) {
+        (Some(p), _) => vec![(p, client::rotate(p))],
+        (None, true) => {
+            let r = client::rotate_all();
+            if r.is_empty() {
+                eprintln!(
+                    "recorder rotate: no running session you may rotate (looked in {})",
+                    client::dirs_text()
+                );
+                return ExitCode::Runtime;
+            }
+            r
+        }
+        (None, false) => {
+            let s = client::sessions();
+            if s.len() == 1 {
+                vec![(s[0].pid, client::rotate(s[0].pid))]
+            } else {
+                eprintln!(
+                    "recorder rotate: {} sessions running: name a PID or give --all",
+                    s.len()
+                );
+                return ExitCode::Runtime;
+            }
+        }
+    };
+    let mut code = ExitCode::Success;
+    for (p, r) in results {
+        match r {
+            Ok(()) => eprintln!("session {p}: segment closed, the next one opened"),
+            Err(e) => {
+                eprintln!("recorder rotate: {e}");
                 code = ExitCode::Runtime;
             }
         }

@@ -13,6 +13,10 @@ pub enum ExitCode {
     Runtime = 1,
     /// Bad usage or a config error: nothing was started.
     Usage = 2,
+    /// `recover`: a valid trace was written, but parts of the rings were
+    /// damaged (or whole buffers unreadable) and left out; the report
+    /// says which.
+    Partial = 3,
 }
 
 impl ExitCode {
@@ -41,7 +45,12 @@ mod tests {
     #[test]
     fn help_documents_every_exit_code() {
         let help = crate::cli::Cli::command().render_long_help().to_string();
-        for c in [ExitCode::Success, ExitCode::Runtime, ExitCode::Usage] {
+        for c in [
+            ExitCode::Success,
+            ExitCode::Runtime,
+            ExitCode::Usage,
+            ExitCode::Partial,
+        ] {
             assert!(help.contains(&format!("  {}  ", c as u8)), "{c:?}: {help}");
         }
     }

@@ -2,13 +2,16 @@
 //! the library, prints for people and returns an [`ExitCode`].
 
 pub mod bench;
+pub mod completions;
 pub mod config;
 pub mod control;
 mod exit;
 pub mod index;
 pub mod inspect;
+pub mod man_pages;
 pub mod open;
 pub mod record;
+pub mod recover;
 pub mod serve;
 
 pub use exit::ExitCode;
@@ -49,7 +52,8 @@ pub fn run(cli: Cli) -> ExitCode {
                 file,
                 explain,
                 form,
-            } => config::check(&file, &form, explain),
+                rules,
+            } => config::check(&file, &form, explain, &rules),
             ConfigAction::Convert {
                 file,
                 to,
@@ -58,6 +62,11 @@ pub fn run(cli: Cli) -> ExitCode {
             } => config::convert(&file, to, out.as_deref(), &form),
         },
         Command::Inspect { file, json } => inspect::run(&file, json),
+        Command::Recover {
+            dir,
+            out,
+            no_clobber,
+        } => recover::run(&dir, &out, no_clobber),
         Command::Index {
             path,
             unshipped,
@@ -67,8 +76,11 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Query { json } => control::query(json),
         Command::Stop { pid, all } => control::stop(pid, all),
         Command::Start { pid, all } => control::start(pid, all),
+        Command::Rotate { pid, all } => control::rotate(pid, all),
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Completions { shell } => completions::run(shell),
+        Command::ManPages { dir } => man_pages::run(&dir),
         Command::Open {
             file,
             port,

@@ -12,21 +12,29 @@
 //! 128 random bits: only that path serves the trace, every other one is a
 //! 404 that leaves the server waiting for the UI.
 //!
-//! The server is a small HTTP/1.1 responder on std's `TcpListener`: a fixed
-//! pool of WORKERS threads fed by a queue of at most QUEUED accepted
-//! connections (beyond that, 503 at once), a deadline for each request head
-//! counted from the accept, `Connection: close` after each response, only
-//! GET, HEAD and OPTIONS (a CORS or private-network preflight). Bytes from a
-//! socket are untrusted: the request head is bounded and parsed strictly.
+//! The server is a small HTTP/1.1 responder on std's `TcpListener`. The
+//! accept loop reads request heads itself, without blocking (one `poll` over
+//! the listener and every connection still sending its head), each within a
+//! deadline counted from its accept; only a whole, parsed request goes to
+//! the fixed pool of WORKERS threads, and a request for the token's path
+//! (the UI's) is answered before any other. Connections still sending
+//! their head are bounded per peer uid (the socket's owner, from
+//! `/proc/net/tcp`): PENDING_PER_UID for other users, PENDING_OWNER for
+//! the user running `open`, MAX_PENDING in all; beyond, 503 at once. So
+//! connections another user holds open cost that user's slots alone and
+//! never a worker: the UI's fetch is served while they last.
+//! `Connection: close` after each response, only GET, HEAD and OPTIONS (a
+//! CORS or private-network preflight). Bytes from a socket are untrusted:
+//! the request head is bounded and parsed strictly.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::ExitCode;
@@ -42,8 +50,14 @@ const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Threads answering requests: the UI makes one or two at a time.
 const WORKERS: usize = 8;
-/// Accepted connections waiting for a worker; more get 503 at once.
+/// Whole requests (other than the UI's) waiting for a worker; more get 503.
 const QUEUED: usize = 32;
+/// Connections of one other user still sending their request head.
+const PENDING_PER_UID: usize = 8;
+/// Connections of the user running `open` (the browser) still sending.
+const PENDING_OWNER: usize = 32;
+/// Connections still sending their request head, in all.
+const MAX_PENDING: usize = 128;
 /// Random bytes in the URL's token (128 bits).
 const TOKEN_BYTES: usize = 16;
 
@@ -260,31 +274,76 @@ fn open_browser(link: &str) -> Result<String, BrowserError> {
         .map_err(|source| BrowserError::Spawn { program, source })
 }
 
-/// A connection waiting for a worker, with its head's deadline.
-type Job = (TcpStream, Instant);
+/// A connection still sending its request head.
+struct Pending {
+    conn: TcpStream,
+    deadline: Instant,
+    head: Vec<u8>,
+    /// Its peer's uid (`None`: not found; counted as one more stranger).
+    uid: Option<u32>,
+}
 
-/// Accepts connections until one has fetched the whole file or
-/// SIGINT/SIGTERM arrives; WORKERS threads answer them, QUEUED may wait.
+/// Whole requests waiting for a worker: the UI's (its token's path) first.
+#[derive(Default)]
+struct Ready {
+    token: VecDeque<(TcpStream, Head)>,
+    other: VecDeque<(TcpStream, Head)>,
+    closed: bool,
+}
+
+/// The ready requests. A worker panics only outside the lock (serving a
+/// request), so a poisoned queue means the server is ending: its users stop.
+type Queue = Arc<(Mutex<Ready>, Condvar)>;
+
+/// Accepts connections and reads their request heads until one has
+/// fetched the whole file or SIGINT/SIGTERM arrives; WORKERS threads
+/// answer the whole requests.
 fn serve(listener: &TcpListener, served: &Arc<Served>, stop: &Stop) -> std::io::Result<Ended> {
     listener.set_nonblocking(true)?;
     let (done_r, done_w) = rustix::pipe::pipe().map_err(std::io::Error::from)?;
     let done_w: Arc<OwnedFd> = Arc::new(done_w);
-    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED);
-    let queue = Arc::new(Mutex::new(queue));
+    let queue: Queue = Arc::default();
     for i in 0..WORKERS {
         let (served, done, queue) = (Arc::clone(served), Arc::clone(&done_w), Arc::clone(&queue));
         std::thread::Builder::new()
             .name(format!("open-{i}"))
             .spawn(move || work(&queue, &served, &done))?;
     }
-    let stop_r = &stop.read;
+    let ended = accept_loop(listener, served, stop, &done_r, &queue);
+    if let Ok(mut q) = queue.0.lock() {
+        q.closed = true;
+    }
+    queue.1.notify_all();
+    ended
+}
+
+fn accept_loop(
+    listener: &TcpListener,
+    served: &Served,
+    stop: &Stop,
+    done_r: &OwnedFd,
+    queue: &Queue,
+) -> std::io::Result<Ended> {
+    use rustix::event::{PollFd, PollFlags};
+    let owner = rustix::process::geteuid().as_raw();
+    let mut pending: Vec<Pending> = Vec::new();
     loop {
-        let mut fds = [
-            rustix::event::PollFd::new(listener, rustix::event::PollFlags::IN),
-            rustix::event::PollFd::new(stop_r, rustix::event::PollFlags::IN),
-            rustix::event::PollFd::new(&done_r, rustix::event::PollFlags::IN),
+        let now = Instant::now();
+        let wait = pending
+            .iter()
+            .map(|p| p.deadline.saturating_duration_since(now))
+            .min();
+        let ts = wait.map(|w| rustix::time::Timespec {
+            tv_sec: w.as_secs() as i64,
+            tv_nsec: i64::from(w.subsec_nanos()),
+        });
+        let mut fds = vec![
+            PollFd::new(listener, PollFlags::IN),
+            PollFd::new(&stop.read, PollFlags::IN),
+            PollFd::new(done_r, PollFlags::IN),
         ];
-        match rustix::event::poll(&mut fds, None) {
+        fds.extend(pending.iter().map(|p| PollFd::new(&p.conn, PollFlags::IN)));
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
@@ -295,41 +354,176 @@ fn serve(listener: &TcpListener, served: &Arc<Served>, stop: &Stop) -> std::io::
         if !fds[1].revents().is_empty() {
             return Ok(Ended::Stopped);
         }
-        match listener.accept() {
-            Ok((conn, _)) => enqueue(&jobs, conn, served),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => log::debug!("accept: {e}"),
+        let readable: Vec<bool> = fds[3..].iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        // Heads that arrived, in full or in part; expired ones answered 408.
+        let now = Instant::now();
+        let mut kept = Vec::with_capacity(pending.len());
+        for (mut p, ready) in pending.drain(..).zip(readable) {
+            let step = if ready { read_some(&mut p) } else { Step::More };
+            match step {
+                Step::More if now >= p.deadline => {
+                    refuse(p.conn, served, "408 Request Timeout", &[]);
+                }
+                Step::More => kept.push(p),
+                Step::Gone => {}
+                Step::Head(Ok(head)) => dispatch(p.conn, head, served, queue),
+                Step::Head(Err(BadRequest::TooLarge)) => {
+                    refuse(p.conn, served, "431 Request Header Fields Too Large", &[]);
+                }
+                Step::Head(Err(_)) => refuse(p.conn, served, "400 Bad Request", &[]),
+            }
+        }
+        pending = kept;
+        // New connections, each charged to its peer's uid.
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => admit(conn, owner, &mut pending, served),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    log::debug!("accept: {e}");
+                    break;
+                }
+            }
         }
     }
 }
 
-/// Hands `conn` to the pool, or answers 503 without waiting when the queue
-/// is full (the accepted socket is non-blocking: a client that reads
-/// nothing cannot stall the accept loop).
-fn enqueue(jobs: &SyncSender<Job>, conn: TcpStream, served: &Served) {
-    match jobs.try_send((conn, Instant::now() + HEAD_DEADLINE)) {
-        Ok(()) => {}
-        Err(TrySendError::Full((mut conn, _)) | TrySendError::Disconnected((mut conn, _))) => {
-            let _ = conn.set_nonblocking(true);
-            let extra = [("Retry-After", "1".to_string())];
-            respond(&mut conn, served, "503 Service Unavailable", &extra, 0);
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-    }
+/// What reading a pending connection gave.
+enum Step {
+    More,
+    Gone,
+    Head(Result<Head, BadRequest>),
 }
 
-/// One worker: answers queued connections until the accept loop is gone.
-fn work(queue: &Mutex<Receiver<Job>>, served: &Served, done: &OwnedFd) {
+/// Reads what `p` sent (it does not block), at most up to MAX_HEAD_BYTES.
+fn read_some(p: &mut Pending) -> Step {
+    let mut chunk = [0u8; 4096];
     loop {
-        let job = match queue.lock() {
-            Ok(q) => q.recv(),
-            Err(_) => return,
+        match p.conn.read(&mut chunk) {
+            Ok(0) => return Step::Gone,
+            Ok(n) => {
+                p.head.extend_from_slice(&chunk[..n]);
+                if let Some(end) = p.head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    p.head.truncate(end + 4);
+                    return Step::Head(parse_head(&p.head));
+                }
+                if p.head.len() >= MAX_HEAD_BYTES {
+                    return Step::Head(Err(BadRequest::TooLarge));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::More,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Step::Gone,
+        }
+    }
+}
+
+/// Takes `conn` in while its uid has room, else answers 503 at once. The
+/// owner's connection finds room by pushing out another user's oldest.
+fn admit(conn: TcpStream, owner: u32, pending: &mut Vec<Pending>, served: &Served) {
+    if conn.set_nonblocking(true).is_err() {
+        return;
+    }
+    let uid = peer_uid(&conn);
+    let limit = if uid == Some(owner) {
+        PENDING_OWNER
+    } else {
+        PENDING_PER_UID
+    };
+    let retry = [("Retry-After", "1".to_string())];
+    if pending.iter().filter(|p| p.uid == uid).count() >= limit {
+        refuse(conn, served, "503 Service Unavailable", &retry);
+        return;
+    }
+    if pending.len() >= MAX_PENDING {
+        let other = pending.iter().position(|p| p.uid != Some(owner));
+        match other {
+            Some(i) if uid == Some(owner) => {
+                let old = pending.remove(i);
+                refuse(old.conn, served, "503 Service Unavailable", &retry);
+            }
+            _ => {
+                refuse(conn, served, "503 Service Unavailable", &retry);
+                return;
+            }
+        }
+    }
+    pending.push(Pending {
+        conn,
+        deadline: Instant::now() + HEAD_DEADLINE,
+        head: Vec::new(),
+        uid,
+    });
+}
+
+/// A whole request to the workers: the UI's (its token's path) ahead of
+/// every other, which waits in a bounded queue (503 beyond it).
+fn dispatch(conn: TcpStream, head: Head, served: &Served, queue: &Queue) {
+    let ours = head.target.split('?').next() == Some(served.path.as_str());
+    let Ok(mut q) = queue.0.lock() else { return };
+    if ours {
+        q.token.push_back((conn, head));
+    } else if q.other.len() < QUEUED {
+        q.other.push_back((conn, head));
+    } else {
+        drop(q);
+        let retry = [("Retry-After", "1".to_string())];
+        refuse(conn, served, "503 Service Unavailable", &retry);
+        return;
+    }
+    drop(q);
+    queue.1.notify_one();
+}
+
+/// Answers `status` with no body, from the accept loop: the socket does not
+/// block, so a client that reads nothing cannot stall it.
+fn refuse(mut conn: TcpStream, served: &Served, status: &str, extra: &[(&str, String)]) {
+    let _ = conn.set_nonblocking(true);
+    respond(&mut conn, served, status, extra, 0);
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
+/// One worker: answers whole requests, the UI's first, until the accept
+/// loop is gone.
+fn work(queue: &Queue, served: &Served, done: &OwnedFd) {
+    loop {
+        let job = {
+            let Ok(mut q) = queue.0.lock() else { return };
+            loop {
+                if let Some(j) = q.token.pop_front().or_else(|| q.other.pop_front()) {
+                    break j;
+                }
+                if q.closed {
+                    return;
+                }
+                q = match queue.1.wait(q) {
+                    Ok(q) => q,
+                    Err(_) => return,
+                };
+            }
         };
-        let Ok((conn, deadline)) = job else { return };
-        if handle(conn, deadline, served) {
+        let (conn, head) = job;
+        if answer(conn, &head, served) {
             let _ = rustix::io::write(done.as_fd(), &[1]);
         }
     }
+}
+
+/// The uid owning the other end of a loopback connection: its socket's
+/// line in `/proc/net/tcp` (local and remote ports swapped from ours).
+fn peer_uid(conn: &TcpStream) -> Option<u32> {
+    let (ours, theirs) = (conn.local_addr().ok()?, conn.peer_addr().ok()?);
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let want_local = format!(":{:04X}", theirs.port());
+    let want_remote = format!(":{:04X}", ours.port());
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (local, remote, uid) = (f.get(1)?, f.get(2)?, f.get(7)?);
+        (local.ends_with(&want_local) && remote.ends_with(&want_remote))
+            .then(|| uid.parse().ok())
+            .flatten()
+    })
 }
 
 /// SIGINT and SIGTERM, caught from before the link is printed (a user may
@@ -375,8 +569,6 @@ struct Head {
 enum BadRequest {
     TooLarge,
     Malformed,
-    /// No whole head before the deadline.
-    Slow,
 }
 
 /// Parses `METHOD SP TARGET SP HTTP/1.x CRLF (name: value CRLF)* CRLF`.
@@ -419,65 +611,11 @@ fn parse_head(head_untrusted: &[u8]) -> Result<Head, BadRequest> {
     Ok(h)
 }
 
-/// Reads the request head: up to the blank line, at most MAX_HEAD_BYTES,
-/// before `deadline`.
-fn read_head(conn: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, BadRequest> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.truncate(end + 4);
-            return Ok(buf);
-        }
-        if buf.len() >= MAX_HEAD_BYTES {
-            return Err(BadRequest::TooLarge);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
-            return Err(BadRequest::Slow);
-        }
-        match conn.read(&mut chunk) {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(BadRequest::Slow);
-            }
-            Ok(0) | Err(_) => return Err(BadRequest::Malformed),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-/// Answers one request on `conn`; true when it was a GET of the trace whose
-/// every byte was written.
-fn handle(mut conn: TcpStream, deadline: Instant, served: &Served) -> bool {
+/// Answers one whole request on `conn`; true when it was a GET of the trace
+/// whose every byte was written.
+fn answer(mut conn: TcpStream, head: &Head, served: &Served) -> bool {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let head = match read_head(&mut conn, deadline).and_then(|b| parse_head(&b)) {
-        Ok(h) => h,
-        Err(BadRequest::TooLarge) => {
-            respond(
-                &mut conn,
-                served,
-                "431 Request Header Fields Too Large",
-                &[],
-                0,
-            );
-            return false;
-        }
-        Err(BadRequest::Malformed) => {
-            respond(&mut conn, served, "400 Bad Request", &[], 0);
-            return false;
-        }
-        Err(BadRequest::Slow) => {
-            respond(&mut conn, served, "408 Request Timeout", &[], 0);
-            let _ = conn.shutdown(Shutdown::Both);
-            return false;
-        }
-    };
     let ours = head.target.split('?').next() == Some(served.path.as_str());
     let result = match (head.method.as_str(), ours) {
         ("OPTIONS", _) => {

@@ -8,7 +8,7 @@ use super::ExitCode;
 use crate::app::{self, RunOptions};
 use crate::cli::MainArgs;
 use crate::config::segments::SegmentsFileError;
-use crate::config::{Compression, LoadOptions, RecorderSpec};
+use crate::config::{Compression, LoadOptions, LoadedConfig, RecorderSpec, Schema};
 use crate::control::runtime_dir;
 use crate::control::session_name::SessionNameLock;
 use crate::storage::create::{self, OutputDir};
@@ -35,19 +35,60 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
         }
     };
     // Room for the producer quotas and the control path's reserve.
-    let open_files = crate::ipc::quota::raise_open_file_limit();
+    let open_files = crate::producer::quota::raise_open_file_limit();
     log::debug!("open-file limit: {open_files}");
-    let Some(path) = args.config.as_deref() else {
-        eprintln!("error: nothing to do: give --config FILE (or a subcommand); see --help");
-        return ExitCode::Usage;
+    let loaded = match args.config.as_deref() {
+        Some(path) => {
+            let opts = LoadOptions {
+                force_text: args.txt,
+                lossy: args.txt_lossy,
+            };
+            super::config::load_with_inputs(path, opts, &args.protos)
+        }
+        None if args.light() => light_config(args).map(|l| (l, super::config::Inputs::default())),
+        None => {
+            eprintln!(
+                "error: nothing to do: give --config FILE, events or categories \
+                 (recorder -o OUT sched), or a subcommand; see --help"
+            );
+            return ExitCode::Usage;
+        }
     };
-    let opts = LoadOptions {
-        force_text: args.txt,
-        lossy: args.txt_lossy,
+    let (loaded, inputs) = match loaded {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-    let spec = match super::config::load(path, opts, &args.protos).map(|l| l.validate()) {
-        Ok(Ok(spec)) => spec,
-        Ok(Err(e)) => return super::config::report(&e),
+    let ctx = rule_context(args);
+    if args.dry_run {
+        return super::config::dry_run(&loaded, &args.rules, ctx);
+    }
+    let validated = loaded.validate();
+    // The loaded message holds the schema: gone before the pool is released.
+    drop(loaded);
+    let spec = match validated {
+        Ok(spec) => spec,
+        Err(e) => return super::config::report(&e),
+    };
+    // -o never names an input: the config, a --proto file or one it
+    // imports, a descriptor set (by identity, through any path or link).
+    let out = args
+        .out
+        .clone()
+        .or_else(|| {
+            spec.file
+                .as_ref()
+                .and_then(|f| f.output_path.as_deref())
+                .map(PathBuf::from)
+        })
+        .filter(|o| o != Path::new("-"));
+    if let Some(out) = out
+        && let Err(code) = super::config::refuse_input_as_output(&out, &inputs)
+    {
+        return code;
+    }
+    // Rules are checked before anything is set up: a refusal starts nothing.
+    let rules = match super::config::rules_for(&spec, &args.rules, ctx) {
+        Ok((rules, _)) => rules,
         Err(code) => return code,
     };
     for n in &spec.notes {
@@ -60,18 +101,82 @@ pub fn run_main_job(args: &MainArgs) -> ExitCode {
     // and its pages go back before the buffers are mapped.
     crate::config::release_pool();
     crate::sys::heap::return_free_pages();
-    run(&spec, args, signals)
+    run(&spec, args, signals, rules)
+}
+
+/// What the rules need to know of the session beyond its config: whether
+/// it writes segments, and deletes them by a budget.
+fn rule_context(args: &MainArgs) -> crate::config::rule::check::RuleContext {
+    let p = rotation(args).unwrap_or_default();
+    crate::config::rule::check::RuleContext {
+        segmented: p.rotates(),
+        segment_budget: p.rotates() && (p.max_disk.is_some() || p.max_segments.is_some()),
+    }
+}
+
+/// What names light mode's config in messages.
+pub const LIGHT_ORIGIN: &str = "light mode";
+
+/// Light mode's config ([`crate::config::light`]), loaded like a file's; a
+/// word that is neither a category nor an event is a usage error.
+fn light_config(args: &MainArgs) -> Result<LoadedConfig, ExitCode> {
+    use clap::CommandFactory;
+    let kernel = kernel_events();
+    let cli = crate::cli::Cli::command();
+    let commands: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+    let text = crate::config::light::build(&args.light_request(), kernel.as_deref(), &commands)
+        .map_err(|e| {
+            eprintln!(
+                "error: {}",
+                crate::config::diagnostic::terminal_safe(&e.to_string())
+            );
+            ExitCode::Usage
+        })?;
+    let schema =
+        Schema::load(&args.protos.user_protos()).map_err(|e| super::config::report(&e.into()))?;
+    crate::config::load_text_in(&text, LIGHT_ORIGIN, false, &schema)
+        .map_err(|e| super::config::report(&e))
+}
+
+/// Every `group/name` tracefs lists, when it is mounted and readable (as
+/// root): light mode refuses events the kernel lacks. `None` otherwise;
+/// the events are then checked when recording.
+fn kernel_events() -> Option<Vec<String>> {
+    use crate::sources::ftrace::tracefs::Tracefs;
+    let t = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .find_map(|r| Tracefs::at(r).ok())?;
+    let mut all = Vec::new();
+    for g in t.groups() {
+        for n in t.events_of(&g) {
+            all.push(format!("{g}/{n}"));
+        }
+    }
+    (!all.is_empty()).then_some(all)
 }
 
 /// Records as `spec` says; `signals` are the handlers installed before the
 /// set-up began (the event loop installs its own when `None`).
-pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> ExitCode {
+pub fn run(
+    spec: &RecorderSpec,
+    args: &MainArgs,
+    signals: Option<Signals>,
+    rules: Vec<crate::config::rule::Rule>,
+) -> ExitCode {
     if !spec.activate_triggers.is_empty() {
         // As with Perfetto's cmdline: such a config only fires its triggers.
         return super::control::fire(&spec.activate_triggers, "perfetto_cmd_producer");
     }
     let opts = match run_options(spec, args) {
-        Ok(o) => o,
+        Ok(o) => RunOptions { rules, ..o },
+        Err(code) => return code,
+    };
+    let mut ring_opts = match ring_options(spec, args) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let saves = match saves_at_death(&opts) {
+        Ok(s) => s,
         Err(code) => return code,
     };
 
@@ -93,7 +198,26 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
             return ExitCode::Runtime;
         }
     };
-    let broker = privileges.as_ref().map(|p| p.broker.clone());
+    // A session that keeps its own rights gets a keeper, forked now too:
+    // if the recorder dies, it saves the buffers (the broker does for a
+    // root session).
+    let keeper = match (&privileges, saves) {
+        (None, true) => match crate::privilege::start_keeper(detached_stderr) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                log::warn!("{e}: the buffers are lost if the recorder dies");
+                None
+            }
+        },
+        _ => None,
+    };
+    // Shared with whoever outlives the recorder, when there is one.
+    ring_opts.shared = saves && (privileges.is_some() || keeper.is_some());
+    // Told at the end that the session is done (and, root, to tear down).
+    let broker = privileges
+        .as_ref()
+        .map(|p| p.broker.clone())
+        .or_else(|| keeper.clone());
 
     let mut report = None;
     if args.background {
@@ -106,6 +230,13 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
         }
     }
 
+    // From here on the broker cleans up after this process even if it is
+    // killed during its set-up: tracefs (by pid), and the sockets it will
+    // bind (removed only if nobody listens on them).
+    if let Some(b) = &broker {
+        early_registration(b, spec, args);
+    }
+
     // Taken before the output is opened: a refused second session must not
     // truncate anything.
     let _name = match spec.unique_session_name.as_deref() {
@@ -115,7 +246,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
                 Ok(lock) => {
                     // Removed by the broker at the end: after the drop this
                     // process cannot unlink root's file there.
-                    if let Some(b) = &broker {
+                    if let Some(b) = privileges.as_ref().map(|p| &p.broker) {
                         let (dir, file) = lock.file();
                         if let Err(e) = b.register_name_lock(dir.fd(), file) {
                             log::warn!("the name lock stays after the session: {e}");
@@ -133,7 +264,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
             }
         }
     };
-    let mut rec = match app::build(spec, &opts) {
+    let (mut rec, mut rings) = match app::build_recording(spec, &opts, &ring_opts) {
         Ok(r) => r,
         Err(e) => {
             let line = super::chain(&e);
@@ -146,7 +277,7 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
     };
     // Root is given up here, before the event loop reads a byte from
     // anyone: a session waiting for its trigger already runs unprivileged.
-    if let Err(e) = app::begin(&mut rec, privileges) {
+    if let Err(e) = app::begin_recording(&mut rec, privileges, keeper.as_ref(), &mut rings) {
         let line = super::chain(&e);
         if let Some(r) = report.as_mut() {
             r.failed(&line);
@@ -159,16 +290,58 @@ pub fn run(spec: &RecorderSpec, args: &MainArgs, signals: Option<Signals>) -> Ex
     }
     let timeline = rec.session.timeline().clone();
     let outcome = crate::event_loop::run(rec, signals);
+    // What the ring files held is in the trace now (or, after a failure,
+    // still in them): removed, or kept and said so.
+    let rings_kept = rings.finish(outcome.reason.is_failure());
     // The session's objects are gone (their tracefs files closed): the
     // broker undoes the tracefs changes and removes the sockets now.
     if let Some(b) = broker {
         b.teardown();
     }
     eprintln!("{}", crate::summary::render(&outcome, &timeline));
+    if let Some(note) = rings_kept {
+        eprintln!("{note}");
+    }
     if outcome.reason.is_failure() {
         ExitCode::Runtime
     } else {
         ExitCode::Success
+    }
+}
+
+/// Registers with the broker, before anything is set up, this process's
+/// pid and the sockets it will bind: the control endpoints (named after the
+/// pid) and the producer socket if the session opens one.
+fn early_registration(b: &crate::privilege::Broker, spec: &RecorderSpec, args: &MainArgs) {
+    let pid = std::process::id();
+    let runtime = runtime_dir::for_server().ok();
+    let producer = match app::producer_opening(spec, args.producer_socket.as_deref(), false) {
+        Ok(crate::transport::socket_path::Opening::Open { path, .. }) => {
+            create::split(&path).ok().and_then(|(dir, name)| {
+                let fd = rustix::fs::open(
+                    &dir,
+                    rustix::fs::OFlags::RDONLY
+                        | rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .ok()?;
+                Some((fd, name))
+            })
+        }
+        _ => None,
+    };
+    let mut leftovers: Vec<(std::os::fd::BorrowedFd<'_>, String)> = Vec::new();
+    if let Some(rt) = &runtime {
+        let (a, b) = crate::control::server::endpoint_names(pid);
+        leftovers.push((rt.fd(), a));
+        leftovers.push((rt.fd(), b));
+    }
+    if let Some((fd, name)) = &producer {
+        leftovers.push((fd.as_fd(), name.clone()));
+    }
+    if let Err(e) = b.register_early(pid, &leftovers) {
+        log::warn!("the privileged broker: {e}");
     }
 }
 
@@ -195,8 +368,14 @@ fn output_of(spec: &RecorderSpec, args: &MainArgs) -> Result<(OutputPath, bool),
     } else {
         OutputPath::File(app::absolute_output(out))
     };
-    if args.background && output == OutputPath::Stdout {
-        eprintln!("error: --background cannot write the trace to stdout");
+    let descriptor = match &output {
+        OutputPath::File(p) => create::descriptor_path(p),
+        OutputPath::Stdout => Some(1),
+    };
+    if args.background && descriptor.is_some() {
+        eprintln!(
+            "error: --background cannot write the trace to stdout (or another descriptor of its own)"
+        );
         return Err(ExitCode::Usage);
     }
     if let (OutputPath::File(out), Some(config)) = (&output, args.config.as_deref())
@@ -253,7 +432,7 @@ fn run_options(spec: &RecorderSpec, args: &MainArgs) -> Result<RunOptions, ExitC
                 app::absolute_output(p).display().to_string()
             }
         })
-        .unwrap_or_default();
+        .unwrap_or_else(|| LIGHT_ORIGIN.to_string());
     let rotation = match rotation(args) {
         Ok(r) => r,
         Err(e) => {
@@ -301,6 +480,49 @@ fn run_options(spec: &RecorderSpec, args: &MainArgs) -> Result<RunOptions, ExitC
         rotation,
         direct_io,
         producer_socket: args.producer_socket.clone(),
+        rules: Vec::new(),
+    })
+}
+
+/// Whether what the buffers hold is saved to the trace if the recorder
+/// dies: for a trace file written at offsets (not a stream) or segments,
+/// unless `RECORDER_SAVE_AT_DEATH=off`; anything else there is a usage
+/// error (printed).
+fn saves_at_death(opts: &RunOptions) -> Result<bool, ExitCode> {
+    let on = match std::env::var_os("RECORDER_SAVE_AT_DEATH") {
+        None => true,
+        Some(v) => match v.to_str() {
+            Some("" | "on") => true,
+            Some("off") => false,
+            _ => {
+                eprintln!(
+                    "error: {}",
+                    SettingsError::env("RECORDER_SAVE_AT_DEATH", &v, "on or off")
+                );
+                return Err(ExitCode::Usage);
+            }
+        },
+    };
+    let file = match &opts.output {
+        OutputPath::File(p) => !create::is_named_stream(p),
+        OutputPath::Stdout => false,
+    };
+    Ok(on && file)
+}
+
+/// Where the buffers live (`--ring-dir`, `--ring-sync`); a usage error
+/// (printed) when the ring directory cannot take them.
+fn ring_options(spec: &RecorderSpec, args: &MainArgs) -> Result<app::RingOptions, ExitCode> {
+    if let Some(dir) = &args.ring_dir
+        && let Err(e) = app::check_ring_dir(dir, spec.buffers.len())
+    {
+        eprintln!("error: --ring-dir {}: {e}", dir.display());
+        return Err(ExitCode::Usage);
+    }
+    Ok(app::RingOptions {
+        dir: args.ring_dir.as_deref().map(app::absolute_output),
+        sync: args.ring_sync,
+        shared: false,
     })
 }
 

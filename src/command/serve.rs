@@ -7,9 +7,9 @@
 
 use super::ExitCode;
 use crate::cli::ServeArgs;
-use crate::consumer::{self, service::ConsumerService};
-use crate::ipc::host::ProducerService;
-use crate::ipc::socket_path;
+use crate::consumer::{self, service::Service};
+use crate::producer::host::ProducerService;
+use crate::transport::socket_path;
 use std::sync::Arc;
 
 use crate::privilege::{self, Broker, PrivilegeError, user::ServiceUser};
@@ -96,21 +96,20 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         }
     }
     log::info!("producer socket: {}", producer_path.display());
-    let producers = match ProducerService::start(producer_listener, &producer_path) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = std::fs::remove_file(&consumer_path);
-            let _ = std::fs::remove_file(&producer_path);
-            eprintln!("error: {}", super::chain(&e));
-            return ExitCode::Runtime;
-        }
-    };
-    let service = ConsumerService::new(consumer_listener, consumer_path, Some(producers));
+    let producers = ProducerService::new(producer_listener, &producer_path);
+    let limits = consumer::Limits::with_sessions(
+        args.max_sessions.map(usize::from),
+        args.max_sessions_per_uid.map(usize::from),
+    );
+    let mut service = Service::new(consumer_listener, consumer_path, Some(producers), limits);
     if !direct_io {
         service.no_direct_io();
     }
     match broker {
-        Some(b) => service.serve_ftrace(b),
+        Some(b) => {
+            service.save_at_death(b.clone());
+            service.serve_ftrace(b);
+        }
         None => log::info!("linux.ftrace: left to producers (traced_probes)"),
     }
     match service.run() {

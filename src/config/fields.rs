@@ -402,7 +402,7 @@ pub const FIELDS: &[FieldRule] = &[
     r(
         FT,
         "atrace_userspace_only",
-        A("recorder adds no kernel events for atrace categories"),
+        A("the categories add no kernel events, only ftrace/print"),
     ),
     r(FT, "buffer_size_kb", A("")),
     r(

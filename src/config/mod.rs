@@ -12,18 +12,25 @@
 //! exactly as written; only the service-owned fields are rewritten
 //! ([`DataSourceSpec::config_for_source`]).
 //!
+//! A config can also come from a command line: [`light`] builds Perfetto's
+//! light-mode config as text, loaded like a file. [`categories`] holds the
+//! kernel events each atrace category enables on Linux.
+//!
 //! Data source names: `linux.ftrace`, `linux.process_stats`, `linux.sys_stats`
 //! and the synthetic `for_testing` source, which is also accepted under the name
 //! of Perfetto's test producer, `android.perfetto.FakeProducer`.
 
+pub mod categories;
 pub mod diagnostic;
 pub mod event_name;
 pub mod fields;
+pub mod light;
 pub mod pattern;
 pub mod plan;
 pub mod proto_input;
 pub mod raw;
 pub mod resources;
+pub mod rule;
 pub mod schema;
 pub mod segments;
 pub mod spec;
@@ -46,7 +53,7 @@ pub use spec::*;
 pub use validate::Invalid;
 
 /// Our schema once decoded (about 6 MiB of descriptors), until
-/// [`release_pool`].
+/// [`release_pool`]. A poisoned pool holds a whole handle or none.
 static POOL: Mutex<Option<DescriptorPool>> = Mutex::new(None);
 
 /// Our schema, for reflection: decoded on first use and kept for the next
@@ -346,7 +353,9 @@ pub fn load_bytes_in(
     Ok(loaded)
 }
 
-/// Bounds what a config may list beyond its byte size.
+/// Bounds what a config may list beyond its byte size. Checked at the load
+/// (before anything reads further) and again by [`LoadedConfig::validate`],
+/// so every way in (the command line, the consumer socket) has it.
 fn check_counts(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let count = loaded
         .message
@@ -461,6 +470,7 @@ pub fn unknown_paths(msg: &DynamicMessage, path: &str, out: &mut Vec<String>) {
 impl LoadedConfig {
     /// Validates into a spec.
     pub fn validate(&self) -> Result<RecorderSpec, ConfigError> {
+        check_counts(self)?;
         let mut spec =
             validate::validate(&self.bytes, self.unknown_fields.clone(), self.schema.pool())
                 .map_err(|errors| ConfigError::Invalid {
@@ -592,6 +602,15 @@ mod tests {
         let many = "data_sources { config { name: \"x\" } }\n".repeat(MAX_DATA_SOURCES + 1);
         assert!(matches!(
             load_bytes(many.as_bytes(), "c", LoadOptions::default()),
+            Err(ConfigError::TooMany { count, .. }) if count == MAX_DATA_SOURCES + 1
+        ));
+        // A binary config (as the consumer socket brings) meets the same
+        // bound at its validation.
+        let one = load_text("data_sources { config { name: \"x\" } }", "c", false).expect("one");
+        let bytes: Vec<u8> = one.canonical_bytes().repeat(MAX_DATA_SOURCES + 1);
+        let binary = load_binary(&bytes, "consumer uid 1000").expect("loads");
+        assert!(matches!(
+            binary.validate(),
             Err(ConfigError::TooMany { count, .. }) if count == MAX_DATA_SOURCES + 1
         ));
     }

@@ -30,6 +30,14 @@ fn kind_text(k: &SourceKind) -> String {
                 dur(f.drain_period),
                 if f.compact_sched { "on" } else { "off" }
             );
+            if !f.atrace_categories.is_empty() {
+                let _ = write!(
+                    s,
+                    ", atrace categories {} (+{} kernel event(s) where the kernel has them, ftrace/print)",
+                    f.atrace_categories.join(", "),
+                    f.category_events.len()
+                );
+            }
             if let Some(b) = f.buffer_size {
                 let _ = write!(s, ", kernel buffer {b} per CPU");
             }
@@ -107,7 +115,15 @@ fn kind_text(k: &SourceKind) -> String {
 pub fn describe(spec: &RecorderSpec) -> String {
     let mut s = String::new();
     if !spec.activate_triggers.is_empty() {
+        // Such a config only fires its triggers (as Perfetto's cmdline does):
+        // no session, no buffers, no file.
         let _ = writeln!(s, "sends triggers: {}", spec.activate_triggers.join(", "));
+        let _ = writeln!(
+            s,
+            "timeline:\n  fires the triggers at every running session and exits: records nothing, writes no file"
+        );
+        notes(&mut s, spec);
+        return s;
     }
     let _ = writeln!(s, "buffers:");
     for b in &spec.buffers {
@@ -241,11 +257,16 @@ pub fn describe(spec: &RecorderSpec) -> String {
             let _ = writeln!(s, "  {u}");
         }
     }
+    notes(&mut s, spec);
+    s
+}
+
+/// The validation's notes and warnings, one a line.
+fn notes(s: &mut String, spec: &RecorderSpec) {
     for n in &spec.notes {
         let _ = writeln!(s, "note: {n}");
     }
     for w in &spec.warnings {
         let _ = writeln!(s, "warning: {w}");
     }
-    s
 }

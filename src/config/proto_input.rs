@@ -16,10 +16,9 @@ use prost_types::{DescriptorProto, FileDescriptorProto};
 use protox::file::{File, FileResolver};
 use rustix::fs::{FileType, Mode, OFlags};
 
-/// Bytes read over every `.proto` file and descriptor set of one load. The
-/// compiler's memory grows with its input, about 120 times its size; this
-/// bounds both (a load at the cap runs within 768 MiB of address space,
-/// tested).
+/// Bytes read over every `.proto` file and descriptor set of one load.
+/// With [`MAX_PROTO_DECLARATIONS`] it bounds the compiler's time and memory
+/// (a load at the caps runs within 768 MiB of address space, tested).
 pub const MAX_PROTO_INPUT_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Messages nested deeper than this (in `.proto` text, braces; in a
@@ -27,33 +26,111 @@ pub const MAX_PROTO_INPUT_BYTES: u64 = 4 * 1024 * 1024;
 /// compiler and the decoders recurse once per level.
 pub const MAX_PROTO_NESTING: usize = 64;
 
+/// Declarations (messages, fields, enums, enum values, services, methods,
+/// extensions) over every `.proto` file and descriptor set of one load, at
+/// most. The compiler's memory grows with them (some 2 KiB each), more
+/// than with bytes: 4 MiB of dense nested messages is 336,000 of them.
+/// Counted on the parsed files before anything is compiled.
+pub const MAX_PROTO_DECLARATIONS: u64 = 65_536;
+
 /// Why an input could not be used. Never carries the file's content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
-    #[error("cannot read: {0}")]
-    Io(String),
+    /// The system's refusal, kept as its errno (an `io::Error` is neither
+    /// `Clone` nor `Eq`, which a config error is).
+    #[error("cannot read: {}", std::io::Error::from(*.0))]
+    Io(rustix::io::Errno),
     #[error("not a regular file (a FIFO, device or directory is not read)")]
     NotRegular,
     #[error("the .proto files and descriptor sets together exceed {MAX_PROTO_INPUT_BYTES} bytes")]
     TooLarge,
     #[error("messages nested more than {MAX_PROTO_NESTING} deep")]
     TooDeep,
+    #[error(
+        "the .proto files and descriptor sets together declare more than {MAX_PROTO_DECLARATIONS} messages, fields, enums, values, services and methods"
+    )]
+    TooManyDeclarations,
     #[error("not UTF-8 text")]
     NotText,
 }
 
+impl InputError {
+    /// A read's failure as its errno (EIO where the error has none).
+    pub fn io(e: &std::io::Error) -> Self {
+        InputError::Io(rustix::io::Errno::from_io_error(e).unwrap_or(rustix::io::Errno::IO))
+    }
+}
+
 /// What is left of [`MAX_PROTO_INPUT_BYTES`] for this load, shared by the
-/// descriptor sets and the compiler's file resolver.
+/// descriptor sets and the compiler's file resolver; and every file read
+/// against it, by identity (so that `-o` can never name one).
 #[derive(Debug, Clone)]
-pub struct Budget(Arc<AtomicU64>);
+pub struct Budget(
+    Arc<AtomicU64>,
+    /// The files read (a holder only pushes one: whole even if poisoned).
+    Arc<std::sync::Mutex<Vec<InputFile>>>,
+    /// Declarations left ([`MAX_PROTO_DECLARATIONS`]).
+    Arc<AtomicU64>,
+);
+
+/// A file read as input: its device, inode and path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputFile {
+    pub dev: u64,
+    pub ino: u64,
+    pub path: PathBuf,
+}
 
 impl Default for Budget {
     fn default() -> Self {
-        Budget(Arc::new(AtomicU64::new(MAX_PROTO_INPUT_BYTES)))
+        Budget(
+            Arc::new(AtomicU64::new(MAX_PROTO_INPUT_BYTES)),
+            Arc::default(),
+            Arc::new(AtomicU64::new(MAX_PROTO_DECLARATIONS)),
+        )
     }
 }
 
 impl Budget {
+    /// The files read so far.
+    pub fn files(&self) -> Vec<InputFile> {
+        self.1
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn note(&self, f: &std::fs::File, path: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = f.metadata() {
+            let file = InputFile {
+                dev: m.dev(),
+                ino: m.ino(),
+                path: path.to_path_buf(),
+            };
+            let mut v = self.1.lock().unwrap_or_else(|p| p.into_inner());
+            if !v.contains(&file) {
+                v.push(file);
+            }
+        }
+    }
+
+    /// Declarations still allowed.
+    pub fn declarations_left(&self) -> u64 {
+        self.2.load(Ordering::SeqCst)
+    }
+
+    /// Charges `file`'s declarations ([`declarations`]).
+    pub fn take_declarations(&self, file: &FileDescriptorProto) -> Result<(), InputError> {
+        let n = declarations(file);
+        self.2
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(n)
+            })
+            .map(|_| ())
+            .map_err(|_| InputError::TooManyDeclarations)
+    }
+
     fn take(&self, n: u64) -> Result<(), InputError> {
         self.0
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
@@ -76,8 +153,8 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, InputError> {
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
-    .map_err(|e| InputError::Io(std::io::Error::from(e).to_string()))?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| InputError::Io(e.to_string()))?;
+    .map_err(InputError::Io)?;
+    let st = rustix::fs::fstat(&fd).map_err(InputError::Io)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(InputError::NotRegular);
     }
@@ -87,18 +164,28 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, InputError> {
 /// Reads a regular file within what is left of `budget`.
 pub fn read_regular(path: &Path, budget: &Budget) -> Result<Vec<u8>, InputError> {
     let f = open_regular(path)?;
+    budget.note(&f, path);
     let mut bytes = Vec::new();
     f.take(budget.left() + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| InputError::Io(e.to_string()))?;
+        .map_err(|e| InputError::io(&e))?;
     budget.take(bytes.len() as u64)?;
     Ok(bytes)
 }
 
 /// How deep braces nest in `.proto` text, outside comments and strings.
 pub fn brace_depth(text: &str) -> usize {
+    shape(text).0
+}
+
+/// How deep braces nest in `.proto` text and how many statements it holds
+/// (each `;` and `{` outside comments and strings: every declaration is
+/// one, so they bound the declarations before the text is parsed, whose
+/// memory grows with them).
+pub fn shape(text: &str) -> (usize, u64) {
     let b = text.as_bytes();
     let (mut depth, mut max, mut i) = (0usize, 0usize, 0usize);
+    let mut statements = 0u64;
     while i < b.len() {
         match b[i] {
             b'/' if b.get(i + 1) == Some(&b'/') => {
@@ -125,13 +212,15 @@ pub fn brace_depth(text: &str) -> usize {
             b'{' | b'<' | b'[' => {
                 depth += 1;
                 max = max.max(depth);
+                statements += u64::from(b[i] == b'{');
             }
             b'}' | b'>' | b']' => depth = depth.saturating_sub(1),
+            b';' => statements += 1,
             _ => {}
         }
         i += 1;
     }
-    max
+    (max, statements)
 }
 
 /// How deep message types nest in a descriptor set's file, walked without
@@ -148,6 +237,32 @@ pub fn nesting_depth(file: &FileDescriptorProto) -> usize {
         stack.extend(m.nested_type.iter().map(|n| (n, d + 1)));
     }
     max
+}
+
+/// The declarations of one file: messages (nested too), their fields,
+/// extensions and oneofs, enums and their values, services and their
+/// methods. Walked without recursion.
+pub fn declarations(file: &FileDescriptorProto) -> u64 {
+    let enums = |e: &[prost_types::EnumDescriptorProto]| {
+        e.iter().map(|e| 1 + e.value.len() as u64).sum::<u64>()
+    };
+    let mut n = file.extension.len() as u64
+        + enums(&file.enum_type)
+        + file
+            .service
+            .iter()
+            .map(|s| 1 + s.method.len() as u64)
+            .sum::<u64>();
+    let mut stack: Vec<&DescriptorProto> = file.message_type.iter().collect();
+    while let Some(m) = stack.pop() {
+        n += 1
+            + m.field.len() as u64
+            + m.extension.len() as u64
+            + m.oneof_decl.len() as u64
+            + enums(&m.enum_type);
+        stack.extend(m.nested_type.iter());
+    }
+    n
 }
 
 /// `name` as a path under an include directory: relative, plain
@@ -171,14 +286,45 @@ pub fn inside(dir: &Path, name: &str) -> Option<PathBuf> {
 /// protox's include-path lookup, with the rules above: names resolved only
 /// inside the directories, regular files only, the shared budget, and the
 /// nesting checked before parsing.
+///
+/// Each file goes to the compiler without its source and without the
+/// positions of its elements (`source_code_info`), which are kept aside
+/// ([`Parsed`]): the checker looks positions up once per error by a linear
+/// search, so with them a file of `n` errors (duplicate field numbers, say)
+/// costs `n²`; without them each error costs the same whatever the file's
+/// size, and the one error reported is placed afterwards
+/// (`schema::proto_error`).
 pub struct IncludeResolver {
     dirs: Vec<PathBuf>,
     budget: Budget,
+    parsed: ParsedFiles,
 }
+
+/// A user's `.proto` file as parsed: its text, the positions of its
+/// elements, and the descriptor the compiler was given (without them).
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    pub source: String,
+    pub info: prost_types::SourceCodeInfo,
+    pub descriptor: FileDescriptorProto,
+}
+
+/// The files an [`IncludeResolver`] parsed, by name. A poisoned map is
+/// only read for error positions, and skipped (each holder inserts once).
+pub type ParsedFiles = Arc<std::sync::Mutex<std::collections::HashMap<String, Parsed>>>;
 
 impl IncludeResolver {
     pub fn new(dirs: Vec<PathBuf>, budget: Budget) -> Self {
-        IncludeResolver { dirs, budget }
+        IncludeResolver {
+            dirs,
+            budget,
+            parsed: ParsedFiles::default(),
+        }
+    }
+
+    /// The files parsed so far (shared: still filled while compiling).
+    pub fn parsed(&self) -> ParsedFiles {
+        self.parsed.clone()
     }
 }
 
@@ -207,10 +353,30 @@ impl FileResolver for IncludeResolver {
         let refuse = |e: InputError| protox::Error::new(format!("{name}: {e}"));
         let bytes = read_regular(&path, &self.budget).map_err(refuse)?;
         let text = String::from_utf8(bytes).map_err(|_| refuse(InputError::NotText))?;
-        if brace_depth(&text) > MAX_PROTO_NESTING {
+        let (depth, statements) = shape(&text);
+        if depth > MAX_PROTO_NESTING {
             return Err(refuse(InputError::TooDeep));
         }
-        File::from_source(name, &text)
+        // Bounded before the parser builds anything for them.
+        if statements > self.budget.declarations_left() {
+            return Err(refuse(InputError::TooManyDeclarations));
+        }
+        let mut descriptor = File::from_source(name, &text)?
+            .file_descriptor_proto()
+            .clone();
+        self.budget.take_declarations(&descriptor).map_err(refuse)?;
+        let info = descriptor.source_code_info.take().unwrap_or_default();
+        if let Ok(mut p) = self.parsed.lock() {
+            p.insert(
+                name.to_string(),
+                Parsed {
+                    source: text,
+                    info,
+                    descriptor: descriptor.clone(),
+                },
+            );
+        }
+        Ok(File::from_file_descriptor_proto(descriptor))
     }
 }
 
@@ -228,6 +394,12 @@ mod tests {
         );
         let deep = "message M { ".repeat(3000) + &"}".repeat(3000);
         assert_eq!(brace_depth(&deep), 3000);
+        assert_eq!(
+            shape(
+                "syntax = \"proto2\"; message A { optional int32 a = 1; // x;\n enum E { Z = 0; } }"
+            ),
+            (2, 5)
+        );
     }
 
     #[test]

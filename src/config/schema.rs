@@ -89,6 +89,8 @@ pub enum SchemaError {
 #[derive(Debug, Clone)]
 pub struct Schema {
     pool: DescriptorPool,
+    /// The user's files read to build it (imports included).
+    inputs: Vec<proto_input::InputFile>,
 }
 
 fn our_set() -> &'static FileDescriptorSet {
@@ -104,6 +106,7 @@ impl Schema {
     pub fn ours() -> Schema {
         Schema {
             pool: super::pool(),
+            inputs: Vec::new(),
         }
     }
 
@@ -121,7 +124,7 @@ impl Schema {
                 .and_then(|h| {
                     h.metadata()
                         .map(|m| m.len())
-                        .map_err(|e| proto_input::InputError::Io(e.to_string()))
+                        .map_err(|e| proto_input::InputError::io(&e))
                 })
                 .map_err(|e| SchemaError::Proto {
                     rendered: plain(&f.display().to_string(), &e.to_string(), None),
@@ -170,7 +173,9 @@ impl Schema {
             user.include_paths.clone()
         };
         let mut resolver = ChainFileResolver::new();
-        resolver.add(IncludeResolver::new(includes.clone(), budget));
+        let include = IncludeResolver::new(includes.clone(), budget.clone());
+        let parsed = include.parsed();
+        resolver.add(include);
         resolver.add(DescriptorSetFileResolver::new(our_set().clone()));
         let set_names: Vec<String> = set_files.iter().map(|f| f.name().to_string()).collect();
         resolver.add(DescriptorSetFileResolver::new(FileDescriptorSet {
@@ -178,26 +183,37 @@ impl Schema {
         }));
         resolver.add(GoogleFileResolver::new());
         let mut compiler = protox::Compiler::with_file_resolver(resolver);
+        let failed = |c: &protox::Compiler, e: protox::Error| {
+            let at = placed(c, &e, &parsed);
+            proto_error(&e, &includes, at)
+        };
         for name in &set_names {
-            compiler
-                .open_file(name)
-                .map_err(|e| proto_error(&e, &includes))?;
+            if let Err(e) = compiler.open_file(name) {
+                return Err(failed(&compiler, e));
+            }
         }
         for f in &user.files {
-            compiler
-                .open_file(f)
-                .map_err(|e| proto_error(&e, &includes))?;
+            if let Err(e) = compiler.open_file(f) {
+                return Err(failed(&compiler, e));
+            }
         }
         // Every file of ours, imported or not: the config is read against
         // the whole schema.
         for name in &ours {
-            compiler
-                .open_file(name)
-                .map_err(|e| proto_error(&e, &includes))?;
+            if let Err(e) = compiler.open_file(name) {
+                return Err(failed(&compiler, e));
+            }
         }
         Ok(Schema {
             pool: compiler.descriptor_pool(),
+            inputs: budget.files(),
         })
+    }
+
+    /// The user's files read to build this schema (`--proto` files and
+    /// their imports, descriptor sets), by identity.
+    pub fn inputs(&self) -> &[proto_input::InputFile] {
+        &self.inputs
     }
 
     /// The pool.
@@ -240,6 +256,11 @@ fn read_descriptor_set(
         .any(|f| proto_input::nesting_depth(f) > MAX_PROTO_NESTING)
     {
         return Err(bad(proto_input::InputError::TooDeep.to_string()));
+    }
+    for f in &set.file {
+        budget
+            .take_declarations(f)
+            .map_err(|e| bad(e.to_string()))?;
     }
     // A dependency is a file of this set, of ours, or one found inside an
     // include path: a name that climbs out (`../../etc/shadow`) is refused
@@ -294,8 +315,61 @@ fn on_disk(name: &str, includes: &[PathBuf]) -> Option<PathBuf> {
 
 /// A compiler error as a diagnostic pointing into the user's file, with
 /// clearer words for the errors about our extension range.
-fn proto_error(e: &protox::Error, includes: &[PathBuf]) -> SchemaError {
+/// Where the compiler's first error is in its file, as (source, byte
+/// offset, length), found in linear time: the file's descriptor is checked
+/// again against the pool the compiler had built before it (the same check,
+/// now answering with the element's path), and that path is looked up once
+/// among the positions kept aside ([`proto_input::Parsed`]).
+fn placed(
+    compiler: &protox::Compiler,
+    e: &protox::Error,
+    parsed: &proto_input::ParsedFiles,
+) -> Option<(String, usize, usize)> {
+    let name = e.file()?;
+    let p = parsed.lock().ok()?.get(name)?.clone();
+    let mut pool = compiler.descriptor_pool();
+    let err = pool.add_file_descriptor_proto(p.descriptor).err()?;
+    let path = err.path()?;
+    let span = &p.info.location.iter().find(|l| l.path == path)?.span;
+    let (line, col, end_line, end_col) = match span[..] {
+        [l, c, ec] => (l, c, l, ec),
+        [l, c, el, ec] => (l, c, el, ec),
+        _ => return None,
+    };
+    let offset = |line: i32, col: i32| -> Option<usize> {
+        let start = if line == 0 {
+            0
+        } else {
+            p.source
+                .match_indices('\n')
+                .nth(usize::try_from(line).ok()? - 1)?
+                .0
+                + 1
+        };
+        let rest = &p.source[start..];
+        // Columns count characters (tabs as the parser counts them: one).
+        let by_chars = rest
+            .char_indices()
+            .nth(usize::try_from(col).ok()?)
+            .map_or(rest.len(), |(i, _)| i);
+        Some(start + by_chars)
+    };
+    let at = offset(line, col)?;
+    let end = offset(end_line, end_col).unwrap_or(at + 1);
+    Some((p.source, at, end.saturating_sub(at).max(1)))
+}
+
+fn proto_error(
+    e: &protox::Error,
+    includes: &[PathBuf],
+    at: Option<(String, usize, usize)>,
+) -> SchemaError {
     let mut message = e.to_string();
+    // The first error is shown; how many more there are is counted.
+    let more = e.related().map_or(0, |r| r.count());
+    if more > 0 {
+        message.push_str(&format!(" (and {more} more error(s) in the .proto files)"));
+    }
     let mut help = None;
     if let Some((extendee, number)) = range_violation(&message) {
         (message, help) = range_message(&extendee, number);
@@ -323,17 +397,24 @@ fn proto_error(e: &protox::Error, includes: &[PathBuf]) -> SchemaError {
     }
     let file = e.file().map(str::to_string);
     let path = file.as_deref().and_then(|n| on_disk(n, includes));
-    let offset = e
+    // A parse error carries its position; a check error was placed above
+    // (its file went to the compiler without positions).
+    let from_parser = e
         .labels()
         .and_then(|mut l| l.next())
         .map(|l| (l.offset(), l.len()));
+    let offset = at
+        .map(|(src, at, len)| (Some(src), at, len))
+        .or(from_parser.map(|(at, len)| (None, at, len)));
     let rendered = match (&file, &path, offset) {
-        (_, Some(p), Some((at, len))) => match std::fs::read_to_string(p) {
-            Ok(src) => TextError::new(at, len, message)
-                .with_help(help)
-                .render(&p.display().to_string(), &src),
-            Err(_) => plain(&p.display().to_string(), &message, help.as_deref()),
-        },
+        (_, Some(p), Some((src, at, len))) => {
+            match src.map_or_else(|| std::fs::read_to_string(p), Ok) {
+                Ok(src) => TextError::new(at, len, message)
+                    .with_help(help)
+                    .render(&p.display().to_string(), &src),
+                Err(_) => plain(&p.display().to_string(), &message, help.as_deref()),
+            }
+        }
         (_, Some(p), None) => plain(&p.display().to_string(), &message, help.as_deref()),
         (Some(n), None, _) => plain(n, &message, help.as_deref()),
         (None, None, _) => plain("--proto", &message, help.as_deref()),

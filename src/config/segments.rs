@@ -29,8 +29,13 @@ pub enum SegmentsFileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// TOML's error, on one line (it spans several).
+    #[error("{path}: {}", source.to_string().trim_end().replace('\n', " "))]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error("{path}: {key}: {source}")]
     Value {
         path: PathBuf,
@@ -67,9 +72,9 @@ pub fn adjacent_path(config: &Path) -> PathBuf {
 
 /// Parses settings text (`path` only names it in errors).
 pub fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileError> {
-    let f: File = toml::from_str(text).map_err(|e| SegmentsFileError::Parse {
+    let f: File = toml::from_str(text).map_err(|source| SegmentsFileError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string().trim_end().replace('\n', " "),
+        source,
     })?;
     let value_err = |key: &'static str, source: ValueError| SegmentsFileError::Value {
         path: path.to_path_buf(),
@@ -172,18 +177,17 @@ pub fn describe(p: &RotationPolicy, from: Option<&Path>) -> String {
             );
         }
     }
-    if let Some(cmd) = &p.on_closed {
+    if let Some(cmd) = &p.on_closed
+        && let Ok(line) = crate::storage::segment::hook::shell_line(cmd)
+    {
         let timeout = p
             .hook_timeout
             .unwrap_or(crate::storage::segment::hook::DEFAULT_TIMEOUT);
         let _ = writeln!(
             s,
-            "  runs `{cmd} SEGMENT` for each closed segment, in a process group of its own, killed after {}",
+            "  runs `sh -c '{line}' sh LINK` for each closed segment (LINK: a link to the segment only the recorder's user can change; stdin: the segment), in a process group of its own, killed after {}",
             humantime::format_duration(timeout)
         );
-    }
-    if let Err(e) = p.check() {
-        let _ = writeln!(s, "error: {e}");
     }
     s
 }

@@ -113,10 +113,15 @@ pub enum StatCounter {
 pub struct FtraceSpec {
     /// `group/name`, bare `name` or `group/*`.
     pub events: Vec<String>,
-    /// Android atrace categories (no effect elsewhere).
+    /// Atrace categories: on Linux, the kernel events of
+    /// [`category_events`](Self::category_events) and `ftrace/print`.
     pub atrace_categories: Vec<String>,
-    /// Android atrace apps.
+    /// Android atrace apps (on Linux, only `ftrace/print`).
     pub atrace_apps: Vec<String>,
+    /// `group/name` of the kernel events the atrace categories add
+    /// ([`crate::config::categories`]), not already in `events`: each is
+    /// enabled where the kernel has it, and one it lacks is not unknown.
+    pub category_events: Vec<String>,
     /// Per-CPU kernel buffer; `None`: 4 MiB, or 8 MiB with 7 GiB of RAM or more.
     pub buffer_size: Option<ByteSize>,
     /// `buffer_size` is a lower bound: the default size is used when larger.
@@ -167,6 +172,7 @@ impl Default for FtraceSpec {
             events: Vec::new(),
             atrace_categories: Vec::new(),
             atrace_apps: Vec::new(),
+            category_events: Vec::new(),
             buffer_size: None,
             buffer_size_lower_bound: false,
             drain_period: Duration::from_millis(u64::from(

@@ -615,6 +615,53 @@ fn source_kind(
     }
 }
 
+/// The kernel events `atrace_categories` add on Linux, as Perfetto's probes
+/// add them (none with `atrace_userspace_only`), less those `ftrace_events`
+/// names already; what each category does is noted.
+fn ftrace_categories(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> Vec<String> {
+    use super::categories;
+    let path = format!("{base}.atrace_categories");
+    if f.atrace_categories.is_empty() {
+        return Vec::new();
+    }
+    let (known, userspace): (Vec<&str>, Vec<&str>) = f
+        .atrace_categories
+        .iter()
+        .map(String::as_str)
+        .partition(|c| categories::find(c).is_some());
+    if !userspace.is_empty() {
+        cx.warn(
+            path.clone(),
+            format!(
+                "{} add(s) no kernel events on Linux (Android's userspace atrace categories): only ftrace/print records their markers",
+                userspace.join(", ")
+            ),
+        );
+    }
+    if f.atrace_userspace_only() {
+        cx.applied(
+            path,
+            "atrace_userspace_only: no kernel events, only ftrace/print",
+        );
+        return Vec::new();
+    }
+    let events: Vec<String> = categories::events_of(known.iter().copied())
+        .into_iter()
+        .filter(|e| !f.ftrace_events.iter().any(|x| x == e))
+        .map(str::to_string)
+        .collect();
+    if !known.is_empty() {
+        let how = format!(
+            "{}: {} kernel event(s) where the kernel has them, and ftrace/print",
+            known.join(", "),
+            events.len()
+        );
+        cx.note(path.clone(), how.clone());
+        cx.applied(path, how);
+    }
+    events
+}
+
 /// The default ftrace drain period (Perfetto's).
 pub const DEFAULT_DRAIN_PERIOD_MS: u32 = 100;
 /// The watermark of the early ftrace drain when the config sets none: half
@@ -648,17 +695,12 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
             "no ftrace_events: linux.ftrace records nothing",
         );
     }
-    for field in ["atrace_categories", "atrace_apps"] {
-        let set = match field {
-            "atrace_categories" => !f.atrace_categories.is_empty(),
-            _ => !f.atrace_apps.is_empty(),
-        };
-        if set {
-            cx.changed_warn(
-                at(field),
-                "atrace categories and apps only work on Android; only ftrace/print is added, for userspace atrace markers",
-            );
-        }
+    let category_events = ftrace_categories(cx, &base, &f);
+    if !f.atrace_apps.is_empty() {
+        cx.changed_warn(
+            at("atrace_apps"),
+            "atrace apps only work on Android; only ftrace/print is added, for userspace atrace markers",
+        );
     }
     let print_filter = ftrace_print_filter(cx, &base, &f);
     ftrace_names(cx, &base, &f);
@@ -690,6 +732,7 @@ fn ftrace(cx: &mut Ctx<'_>, path: &str, f: protos::FtraceConfig) -> FtraceSpec {
         events: f.ftrace_events.clone(),
         atrace_categories: f.atrace_categories.clone(),
         atrace_apps: f.atrace_apps.clone(),
+        category_events,
         buffer_size: Some(f.buffer_size_kb())
             .filter(|v| *v > 0)
             .map(|v| ByteSize::from_kb(u64::from(v))),

@@ -1,52 +1,106 @@
-//! The consumer socket of `recorder serve`: Perfetto's ConsumerPort, so the
-//! stock `perfetto` client (and anything else built on the consumer API)
-//! records through the recorder.
+//! `recorder serve`: Perfetto's ConsumerPort, so the stock `perfetto` client
+//! (and anything else built on the consumer API) records through the
+//! recorder, with every session hosted by one service.
 //!
 //! ```text
-//!  perfetto ──consumer socket──► service (accepts, SO_PEERCRED, quotas)
-//!                                   │ one thread per connection
-//!                                   ▼
-//!                               connection ──EnableTracing──► session thread
-//!                                   │                          (app + event_loop,
-//!                                   │◄── reply when disabled ── output in memory)
-//!                                   └──ReadBuffers──► readback (the memory file,
-//!                                                      packet by packet, in slices)
+//!            ┌───────────────────── one thread, one poll(2) ─────────────────────┐
+//!  perfetto ─┼─► consumer socket ─► connection ─► port (methods) ─► Command ─┐    │
+//!            │     (SO_PEERCRED,       (frames in,                           ▼    │
+//!            │      quotas)             replies out)    sessions: Runner, Runner, …
+//!  SDK apps ─┼─► producer socket ─► ProducerService ──► (their buffers, sources,
+//!            │                                            timers, outputs)  │    │
+//!            │  ◄── replies, ReadBuffers slices ◄── SessionEvent ◄──────────┘    │
+//!            └────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! Each EnableTracing is a session on the existing engine, with its own
-//! buffers and built-in sources; its write pass writes into an in-memory
-//! file (at the end, or for a ReadBuffers while it runs), which ReadBuffers
-//! returns in the file's packet order, consuming what it returned. A
-//! session belongs to the connection that holds it: Detach hands it to the
-//! registry under its uid and a key, Attach to the next connection of that
-//! uid. CloneSession makes a session of its own from a copy of another's
-//! buffers (the flight recorder's snapshot writer, into memory). Every
-//! byte from a consumer is untrusted: frames are bounded by the IPC framing
-//! ([`crate::ipc::frame`]), and a uid holds at most
-//! [`MAX_CONNECTIONS_PER_UID`] connections, [`MAX_SESSIONS_PER_UID`]
-//! sessions and [`MAX_BUFFER_BYTES_PER_UID`] of buffers.
+//! The service ([`service`]) waits once for everything it hosts: the
+//! consumer and producer sockets, every session's timers, sources and
+//! output. Each EnableTracing becomes a session (`build`) hosted on that
+//! loop as an [`event_loop::Runner`](crate::event_loop::Runner): its own
+//! buffers, built-in sources (driven by the loop's timers) and output,
+//! written at the end into an in-memory file, or streamed into the client's
+//! file for `write_into_file`. The connection talks to its session in types
+//! ([`crate::event_loop::Command`] in, [`crate::event_loop::SessionEvent`]
+//! out); nothing polls. The threads of the service do not grow with its
+//! sessions, their data sources or the requests.
+//!
+//! A session belongs to the connection that holds it; Detach hands it to
+//! the service under its uid and a key, Attach to the next connection of
+//! that uid. CloneSession makes a session of its own from a copy of
+//! another's buffers. Every byte from a consumer is untrusted: frames are
+//! bounded by the IPC framing ([`crate::transport::frame`]), the [`Limits`] are
+//! checked before anything is allocated, a session is charged to its uid
+//! until it has really ended (a client that goes leaves a session that
+//! stops, and one that cannot stop is aborted at a hard deadline), and the
+//! log lines a uid causes are bounded ([`crate::transport::log_budget`]).
 
+mod build;
 mod connection;
+mod methods;
 mod readback;
-pub mod registry;
 pub mod service;
-mod session;
+pub mod sessions;
 pub mod wire;
 
 use std::path::PathBuf;
 
-/// Consumer connections open at once, at most.
+/// Consumer connections open at once, at most, by default.
 pub const MAX_CONNECTIONS: usize = 64;
-/// Consumer connections one uid may hold open at once.
+/// Consumer connections one uid may hold open at once, by default.
 pub const MAX_CONNECTIONS_PER_UID: usize = 16;
-/// Sessions at once (as Perfetto's service).
+/// Sessions at once (as Perfetto's service), by default.
 pub const MAX_SESSIONS: usize = 15;
-/// Sessions one uid may run at once (as Perfetto's service).
+/// Sessions one uid may run at once (as Perfetto's service), by default.
 pub const MAX_SESSIONS_PER_UID: usize = 5;
 /// Buffer bytes one uid's sessions may hold in all.
 pub const MAX_BUFFER_BYTES_PER_UID: u64 = 512 << 20;
 /// Buffer bytes every session may hold in all.
 pub const MAX_BUFFER_BYTES: u64 = 2 << 30;
+
+/// What the service holds at most. The defaults are traced's for
+/// sessions; `recorder serve --max-sessions N --max-sessions-per-uid M`
+/// sets them (and raises the connections with them: a session's client
+/// holds one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub sessions: usize,
+    pub sessions_per_uid: usize,
+    pub connections: usize,
+    pub connections_per_uid: usize,
+    pub buffer_bytes: u64,
+    pub buffer_bytes_per_uid: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            sessions: MAX_SESSIONS,
+            sessions_per_uid: MAX_SESSIONS_PER_UID,
+            connections: MAX_CONNECTIONS,
+            connections_per_uid: MAX_CONNECTIONS_PER_UID,
+            buffer_bytes: MAX_BUFFER_BYTES,
+            buffer_bytes_per_uid: MAX_BUFFER_BYTES_PER_UID,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults with `sessions` in all and `per_uid` per uid where
+    /// given; connections follow, two per session, never below their
+    /// defaults.
+    pub fn with_sessions(sessions: Option<usize>, per_uid: Option<usize>) -> Self {
+        let d = Self::default();
+        let sessions = sessions.unwrap_or(d.sessions).max(1);
+        let per_uid = per_uid.unwrap_or(d.sessions_per_uid).clamp(1, sessions);
+        Self {
+            sessions,
+            sessions_per_uid: per_uid,
+            connections: d.connections.max(2 * sessions),
+            connections_per_uid: d.connections_per_uid.max(2 * per_uid),
+            ..d
+        }
+    }
+}
 
 /// `PERFETTO_CONSUMER_SOCK_NAME`: where consumers connect.
 pub const ENV_VAR: &str = "PERFETTO_CONSUMER_SOCK_NAME";
@@ -58,7 +112,7 @@ const TMP_SOCKET: &str = "/tmp/perfetto-consumer";
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
     #[error("consumer socket")]
-    Socket(#[source] crate::ipc::socket_path::SocketPathError),
+    Socket(#[source] crate::transport::socket_path::SocketPathError),
     #[error("an abstract or network consumer socket ({0}) is not supported: give a path")]
     NotAPath(String),
     #[error("{what}")]
@@ -85,4 +139,20 @@ pub fn socket_path(flag: Option<&std::path::Path>) -> Result<PathBuf, ConsumerEr
     }
     let run_ok = rustix::fs::access(RUN_DIR, rustix::fs::Access::EXEC_OK).is_ok();
     Ok(PathBuf::from(if run_ok { RUN_SOCKET } else { TMP_SOCKET }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_limits_are_set_and_connections_follow() {
+        assert_eq!(Limits::with_sessions(None, None), Limits::default());
+        let l = Limits::with_sessions(Some(100), Some(10));
+        assert_eq!((l.sessions, l.sessions_per_uid), (100, 10));
+        assert_eq!((l.connections, l.connections_per_uid), (200, 20));
+        assert_eq!(l.buffer_bytes_per_uid, MAX_BUFFER_BYTES_PER_UID);
+        // A per-uid limit is never above the whole.
+        assert_eq!(Limits::with_sessions(Some(3), Some(9)).sessions_per_uid, 3);
+    }
 }

@@ -106,10 +106,17 @@ impl Readback {
         self.pos = 0;
         self.release();
         let have = self.buf.len();
-        self.buf.resize(have + WINDOW, 0);
-        let n = self
-            .file
-            .read_at(&mut self.buf[have..], self.at + have as u64)?;
+        // Only what the file holds past what is buffered: a read of a few
+        // pages neither zeroes nor faults in a whole window.
+        let from = self.at + have as u64;
+        let left = self.file.metadata()?.len().saturating_sub(from);
+        let want = usize::try_from(left).unwrap_or(WINDOW).min(WINDOW);
+        if want == 0 {
+            self.eof = true;
+            return Ok(());
+        }
+        self.buf.resize(have + want, 0);
+        let n = self.file.read_at(&mut self.buf[have..], from)?;
         self.buf.truncate(have + n);
         if n == 0 {
             self.eof = true;

@@ -3,9 +3,9 @@
 
 use prost::Message;
 
-use crate::ipc::frame::{self, FrameError};
 use crate::protos::IpcFrame;
 use crate::protos::ipc_frame::{BindServiceReply, InvokeMethodReply, Msg, bind_service_reply};
+use crate::transport::frame::{self, FrameError};
 
 /// The service a consumer binds.
 pub const SERVICE_NAME: &str = "ConsumerPort";

@@ -7,7 +7,7 @@
 //! root or owns the socket file. Every session is contacted at once (one
 //! thread each), each exchange is non-blocking under one overall deadline
 //! ([`CLIENT_DEADLINE`]) and replies are read up to
-//! [`message::MAX_REPLY_BYTES`]: a hostile socket costs at most the deadline,
+//! [`wire::MAX_REPLY_BYTES`]: a hostile socket costs at most the deadline,
 //! never memory, and never delays the answer of another session.
 //! Endpoints whose process is gone are stale: they are removed where that
 //! is safe (a directory that passes the session's checks) and skipped.
@@ -23,9 +23,9 @@ use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use super::ControlError;
-use super::message::{self, BadReply, Reply, Request, SessionStatus, TriggerOutcome};
 use super::runtime_dir::{self, RuntimeDir};
 use super::server::{self, endpoint_names};
+use super::wire::{self, BadReply, Reply, Request, SessionStatus, TriggerOutcome};
 
 /// The most one client command waits, for all sessions together. Longer
 /// than the server's own reply deadline, so a busy session's refusal
@@ -210,8 +210,8 @@ fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<(UnixStream, u32)
         }
     }
     let stream = UnixStream::from(fd);
-    let cred = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| sock(e.into()))?;
-    let (peer_pid, peer_uid) = (cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw());
+    let peer = crate::transport::peer::of(&stream).map_err(sock)?;
+    let (peer_pid, peer_uid) = (peer.pid, peer.uid);
     let file_uid = std::fs::symlink_metadata(path).map_or(u32::MAX, |m| m.uid());
     if peer_pid != pid || (peer_uid != 0 && peer_uid != file_uid) {
         return Err(ControlError::Impostor {
@@ -289,7 +289,7 @@ fn request_once(
         source,
     };
     let (mut s, peer_uid) = connect(path, pid, deadline)?;
-    let out = message::encode_request(req);
+    let out = wire::encode_request(req);
     let mut pos = 0;
     // A session that refuses the connection may have said why before
     // closing it: its words are read even when our write failed.
@@ -324,7 +324,7 @@ fn request_once(
             }
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
-                if buf.len() > message::MAX_REPLY_BYTES {
+                if buf.len() > wire::MAX_REPLY_BYTES {
                     return Err(ControlError::BadReply {
                         pid,
                         source: BadReply::TooLarge,
@@ -341,7 +341,7 @@ fn request_once(
             Err(e) => return Err(sock(e)),
         }
     }
-    message::decode_reply(&buf)
+    wire::decode_reply(&buf)
         .map(|reply| (reply, peer_uid))
         .map_err(|source| ControlError::BadReply { pid, source })
 }
@@ -466,8 +466,8 @@ pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults,
                     }))
                 }
             }
-            Ok(Reply::Queued(m)) => Ok(TriggerAnswer::Queued(message::printable(&m))),
-            Ok(Reply::Refused(m)) => Err(NoAnswer::Refused(message::printable(&m))),
+            Ok(Reply::Queued(m)) => Ok(TriggerAnswer::Queued(wire::printable(&m))),
+            Ok(Reply::Refused(m)) => Err(NoAnswer::Refused(wire::printable(&m))),
             Ok(_) => Err(NoAnswer::Unexpected("trigger")),
             Err(e) => Err(e.into()),
         }
@@ -484,11 +484,11 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, NoAnswer>)> {
             // session's own (another user's session could claim uid 0).
             Ok((Reply::Status(mut st), uid)) if st.pid == s.pid => {
                 st.uid = uid;
-                Ok(st)
+                Ok(*st)
             }
             Ok((Reply::Status(st), _)) => Err(NoAnswer::OtherPid(st.pid)),
             Ok((Reply::Refused(m) | Reply::Queued(m), _)) => {
-                Err(NoAnswer::Refused(message::printable(&m)))
+                Err(NoAnswer::Refused(wire::printable(&m)))
             }
             Ok(_) => Err(NoAnswer::Unexpected("query")),
             Err(e) => Err(e.into()),
@@ -519,7 +519,7 @@ fn stop_one(s: &SessionEndpoint, deadline: Instant) -> Result<Stopped, ControlEr
         Ok(Reply::Refused(m)) if m.starts_with("busy") && gone() => Ok(Stopped::Exited),
         Ok(Reply::Refused(msg)) => Err(ControlError::Session {
             pid,
-            msg: message::printable(&msg),
+            msg: wire::printable(&msg),
         }),
         Ok(_) => Err(ControlError::BadReply {
             pid,
@@ -566,17 +566,55 @@ pub fn start(pid: u32) -> Result<(), ControlError> {
         Reply::Started => Ok(()),
         Reply::Refused(msg) => Err(ControlError::Session {
             pid,
-            msg: message::printable(&msg),
+            msg: wire::printable(&msg),
         }),
         Reply::Queued(msg) => Err(ControlError::Session {
             pid,
-            msg: message::printable(&msg),
+            msg: wire::printable(&msg),
         }),
         _ => Err(ControlError::BadReply {
             pid,
             source: BadReply::Invalid("unexpected reply to a start request".into()),
         }),
     }
+}
+
+/// Asks segmented session `pid` to close its segment and open the next.
+pub fn rotate(pid: u32) -> Result<(), ControlError> {
+    let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
+        return Err(ControlError::Session {
+            pid,
+            msg: "no such running session".into(),
+        });
+    };
+    rotate_one(&s, deadline())
+}
+
+fn rotate_one(s: &SessionEndpoint, deadline: Instant) -> Result<(), ControlError> {
+    let pid = s.pid;
+    match ask(s, &s.control, &Request::Rotate {}, deadline)? {
+        Reply::Rotated => Ok(()),
+        Reply::Refused(msg) | Reply::Queued(msg) => Err(ControlError::Session {
+            pid,
+            msg: wire::printable(&msg),
+        }),
+        _ => Err(ControlError::BadReply {
+            pid,
+            source: BadReply::Invalid("unexpected reply to a rotate request".into()),
+        }),
+    }
+}
+
+/// Asks every session the caller may rotate (its own; all of them for
+/// root) to rotate, at once.
+pub fn rotate_all() -> Vec<(u32, Result<(), ControlError>)> {
+    let me = rustix::process::geteuid().as_raw();
+    let mine: Vec<SessionEndpoint> = sessions()
+        .into_iter()
+        .filter(|s| me == 0 || s.owner_uid == me)
+        .collect();
+    let deadline = deadline();
+    each_session(&mine, |s| rotate_one(s, deadline))
 }
 
 /// The runtime directories searched, for messages.

@@ -6,8 +6,8 @@
 //! - `recorder-PID.control`, mode 0600 plus a check of the peer's
 //!   credentials: the session's owner or root may query or stop it.
 //!
-//! A request is one JSON line of at most [`message::MAX_REQUEST_BYTES`]; the
-//! reply is one JSON line of at most [`message::MAX_REPLY_BYTES`]. The
+//! A request is one JSON line of at most [`wire::MAX_REQUEST_BYTES`]; the
+//! reply is one JSON line of at most [`wire::MAX_REPLY_BYTES`]. The
 //! runtime directory is shared with every local user, so both sides treat
 //! it as hostile ground:
 //!
@@ -22,10 +22,10 @@
 
 pub mod client;
 pub mod history;
-pub mod message;
 pub mod runtime_dir;
 pub mod server;
 pub mod session_name;
+pub mod wire;
 
 /// Errors of the control plane.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +41,12 @@ pub enum ControlError {
         path: String,
         #[source]
         why: runtime_dir::UnsafeRuntimeDir,
+    },
+    #[error("runtime directory {path}: the way to it")]
+    RuntimeParent {
+        path: String,
+        #[source]
+        source: crate::storage::create::CreateError,
     },
     #[error("no usable runtime directory: {0}")]
     NoRuntimeDir(String),
@@ -72,7 +78,7 @@ pub enum ControlError {
     BadReply {
         pid: u32,
         #[source]
-        source: message::BadReply,
+        source: wire::BadReply,
     },
     #[error(
         "{path} is not session {pid}'s socket (it is served by pid {peer_pid}, uid {peer_uid}): not believed"

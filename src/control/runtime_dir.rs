@@ -102,8 +102,9 @@ impl RuntimeDir {
             let fd = match rustix::fs::openat(&*self.fd, name, flags, Mode::RUSR | Mode::WUSR) {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) if !create => return Ok(None),
-                // A symlink (ELOOP), or something we may not open: foreign.
-                Err(Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO) => {
+                // A symlink (ELOOP), a directory (EISDIR), or something we
+                // may not open: foreign.
+                Err(Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO | Errno::ISDIR) => {
                     let what = describe_entry(&self.fd, name);
                     if self.clear_foreign(name, me.is_root())? {
                         continue;
@@ -156,8 +157,27 @@ impl RuntimeDir {
             self.path.join(name).display(),
             describe_entry(&self.fd, name)
         );
-        self.remove(name)?;
-        Ok(true)
+        let is_dir = rustix::fs::statat(&*self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+        if !is_dir {
+            self.remove(name)?;
+            return Ok(true);
+        }
+        // A directory: removed when empty, else moved out of the way (its
+        // owner may have filled it; nothing in it is looked at).
+        match rustix::fs::unlinkat(&*self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(true),
+            Err(Errno::NOTEMPTY | Errno::EXIST) => {
+                let aside = format!(".{name}.planted.{:016x}", rand::random::<u64>());
+                rustix::fs::renameat(&*self.fd, name, &*self.fd, aside.as_str())?;
+                log::warn!(
+                    "{}: moved to {aside} (not empty)",
+                    self.path.join(name).display()
+                );
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -206,6 +226,10 @@ fn explain(path: &Path, me: u32, problem: &DirProblem) -> String {
         DirProblem::WritableNotSticky(mode) => format!(
             "it is writable by other users (mode {mode:04o}) but not sticky: they could remove or replace this session's sockets. Make it sticky (chmod 1777 {shown})"
         ),
+        DirProblem::Kernel(what) => format!("it is {what}: set {ENV} elsewhere"),
+        DirProblem::ForeignLink(uid) => format!(
+            "a symbolic link on its way belongs to uid {uid}: that user could point it anywhere. Set {ENV} to a directory reached without it"
+        ),
     }
 }
 
@@ -241,17 +265,46 @@ pub fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
         source,
     };
     let me = rustix::process::geteuid().as_raw();
-    let fd = match open_dir(dir) {
+    // The directories above it are walked into and checked one by one
+    // (made when missing), as output directories are: a component another
+    // user made or can swap is refused, never used.
+    let (parent, last) = match (dir.parent(), dir.file_name()) {
+        (Some(p), Some(n)) => (
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            },
+            n,
+        ),
+        _ => {
+            return Err(refused(UnsafeRuntimeDir::LinkOrNotDirectory(
+                dir.to_path_buf(),
+            )));
+        }
+    };
+    let above = crate::storage::create::OutputDir::create(parent).map_err(|source| {
+        ControlError::RuntimeParent {
+            path: dir.display().to_string(),
+            source,
+        }
+    })?;
+    let open_last = || {
+        rustix::fs::openat(
+            above.fd(),
+            last,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let fd = match open_last() {
         Ok(fd) => fd,
         Err(Errno::NOENT) => {
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(io)?;
-            }
-            match rustix::fs::mkdir(dir, Mode::RWXU) {
+            match rustix::fs::mkdirat(above.fd(), last, Mode::RWXU) {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => return Err(io(e.into())),
             }
-            let fd = open_dir(dir).map_err(|e| io(e.into()))?;
+            let fd = open_last().map_err(|e| io(e.into()))?;
             let st = rustix::fs::fstat(&fd).map_err(|e| io(e.into()))?;
             if st.st_uid == me {
                 // World-writable and sticky: any user's session may add its
@@ -307,7 +360,13 @@ pub fn for_server() -> Result<RuntimeDir, ControlError> {
             Ok(d) => return Ok(d),
             // A directory someone tampered with is reported, never skipped
             // silently: the next candidate would hide the problem.
-            Err(e @ ControlError::UnsafeRuntimeDir { .. }) => return Err(e),
+            Err(
+                e @ (ControlError::UnsafeRuntimeDir { .. }
+                | ControlError::RuntimeParent {
+                    source: crate::storage::create::CreateError::Refused { .. },
+                    ..
+                }),
+            ) => return Err(e),
             Err(e) => errors.push(e.to_string()),
         }
     }
@@ -351,7 +410,9 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", rd.path().join("l")).expect("symlink");
         rustix::fs::mkfifoat(rd.fd(), "p", Mode::from_raw_mode(0o666)).expect("mkfifo");
         std::fs::hard_link(rd.path().join("f"), rd.path().join("h")).expect("link");
-        for name in ["l", "p", "h"] {
+        std::fs::create_dir(rd.path().join("d")).expect("mkdir");
+        std::fs::create_dir_all(rd.path().join("full/x")).expect("mkdir");
+        for name in ["l", "p", "h", "d", "full"] {
             match rd.open_own_file(name, true) {
                 // Root removes the planted entry and creates a fresh file.
                 Ok(Some(_)) if rustix::process::geteuid().is_root() => {

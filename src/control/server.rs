@@ -31,9 +31,9 @@ use rustix::fs::{AtFlags, Mode};
 use rustix::time::Timespec;
 
 use super::ControlError;
-use super::message::{self, Endpoint, Refusal, Reply, Request};
 use super::runtime_dir::RuntimeDir;
-use crate::ipc::quota::{MAX_UIDS, OTHER_UIDS};
+use super::wire::{self, Endpoint, Refusal, Reply, Request};
+use crate::transport::peer::{MAX_UIDS, OTHER_UIDS};
 
 /// How long a client has, from connecting, to send its whole request.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(1);
@@ -56,9 +56,8 @@ const ACCEPT_BATCH: usize = 16;
 struct ReplyTo {
     id: u64,
     tx: Sender<(u64, Reply)>,
-    /// The serving thread's wake-up pipe; none for an in-process caller,
-    /// which blocks on the channel instead.
-    wake: Option<Arc<OwnedFd>>,
+    /// The serving thread's wake-up pipe.
+    wake: Arc<OwnedFd>,
 }
 
 /// A checked request waiting for the event loop's answer.
@@ -67,8 +66,6 @@ pub struct Incoming {
     pub request: Request,
     pub peer_uid: u32,
     pub peer_pid: u32,
-    /// A descriptor that came with the request (in-process only).
-    pub attachment: Option<OwnedFd>,
     reply: ReplyTo,
 }
 
@@ -77,9 +74,7 @@ impl Incoming {
     pub fn answer(self, reply: Reply) {
         // The client may have gone: nothing to do then.
         let _ = self.reply.tx.send((self.reply.id, reply));
-        if let Some(wake) = &self.reply.wake {
-            let _ = rustix::io::write(&**wake, &[1]);
-        }
+        let _ = rustix::io::write(&*self.reply.wake, &[1]);
     }
 }
 
@@ -110,53 +105,9 @@ pub struct ControlServer {
     thread: Option<JoinHandle<()>>,
     /// The worker of endpoints bound and not served yet.
     held: Option<Box<Worker>>,
-    /// The endpoints' directory and names; none in process.
+    /// The endpoints' directory and names.
     endpoints: Option<(RuntimeDir, (String, String))>,
     paths: (PathBuf, PathBuf),
-}
-
-/// Sends requests to a session's event loop from the same process (the
-/// consumer socket of `recorder serve`), with the caller's uid as checked
-/// by its own transport.
-#[derive(Clone)]
-pub struct InProcessControl {
-    tx: SyncSender<Incoming>,
-    wake_tx: Arc<OwnedFd>,
-}
-
-impl InProcessControl {
-    /// Queues `request` for the loop and waits up to `deadline` for its
-    /// answer; `None` when the loop did not answer (it ended, or is busy).
-    pub fn ask(&self, request: Request, uid: u32, pid: u32, deadline: Duration) -> Option<Reply> {
-        self.ask_with(request, None, uid, pid, deadline)
-    }
-
-    /// As [`ask`](Self::ask), with a descriptor for the loop (the output
-    /// of a clone).
-    pub fn ask_with(
-        &self,
-        request: Request,
-        attachment: Option<OwnedFd>,
-        uid: u32,
-        pid: u32,
-        deadline: Duration,
-    ) -> Option<Reply> {
-        let (tx, rx) = channel();
-        let incoming = Incoming {
-            request,
-            peer_uid: uid,
-            peer_pid: pid,
-            attachment,
-            reply: ReplyTo {
-                id: 0,
-                tx,
-                wake: None,
-            },
-        };
-        self.tx.try_send(incoming).ok()?;
-        let _ = rustix::io::write(&*self.wake_tx, &[1]);
-        rx.recv_timeout(deadline).ok().map(|(_, r)| r)
-    }
 }
 
 impl ControlServer {
@@ -244,34 +195,6 @@ impl ControlServer {
         })
     }
 
-    /// A server with no sockets: requests come from [`InProcessControl`].
-    pub fn in_process() -> Result<(Self, InProcessControl), ControlError> {
-        use rustix::pipe::PipeFlags;
-        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)
-            .map_err(|e| ControlError::Socket {
-                path: "in-process control".into(),
-                source: e.into(),
-            })?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(2 * MAX_CONNECTIONS);
-        let server = Self {
-            requests: rx,
-            wake_rx,
-            refused: Arc::new(AtomicU64::new(0)),
-            refused_by_uid: RefusedByUid::default(),
-            stopping: Arc::new(AtomicBool::new(false)),
-            stop_tx: None,
-            thread: None,
-            held: None,
-            endpoints: None,
-            paths: (PathBuf::new(), PathBuf::new()),
-        };
-        let handle = InProcessControl {
-            tx,
-            wake_tx: Arc::new(wake_tx),
-        };
-        Ok((server, handle))
-    }
-
     /// Readable when requests are pending: the event loop polls it.
     pub fn wake_fd(&self) -> BorrowedFd<'_> {
         self.wake_rx.as_fd()
@@ -296,8 +219,8 @@ impl ControlServer {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// The same, by the peer's uid (uids past `ipc::quota::MAX_UIDS` share
-    /// `ipc::quota::OTHER_UIDS`).
+    /// The same, by the peer's uid (uids past `transport::peer::MAX_UIDS` share
+    /// `transport::peer::OTHER_UIDS`).
     pub fn refused_by_uid(&self) -> Vec<(u32, u64)> {
         self.refused_by_uid.snapshot()
     }
@@ -348,7 +271,8 @@ fn bind(dir: &RuntimeDir, name: &str, mode: u32) -> Result<UnixListener, Control
 }
 
 /// Requests refused per peer uid, shared with the server's owner; bounded
-/// as the producer quotas are (`ipc::quota::MAX_UIDS`).
+/// as the producer quotas are (`transport::peer::MAX_UIDS`). A count is
+/// for the log: a poisoned map is skipped, not trusted.
 #[derive(Clone, Debug, Default)]
 struct RefusedByUid(Arc<std::sync::Mutex<std::collections::BTreeMap<u32, u64>>>);
 
@@ -542,7 +466,7 @@ impl Worker {
 
     /// Starts writing `reply` on connection `id`.
     fn reply(&mut self, id: u64, reply: &Reply) {
-        let out = message::encode_reply(reply);
+        let out = wire::encode_reply(reply);
         if let Some(c) = self.conn(id) {
             c.phase = Phase::Writing { out, pos: 0 };
             c.deadline = Instant::now() + WRITE_DEADLINE;
@@ -585,7 +509,7 @@ impl Worker {
                         Ok(0) => break Some(Ok(())),
                         Ok(n) => {
                             buf.extend_from_slice(&chunk[..n]);
-                            if buf.len() > message::MAX_REQUEST_BYTES {
+                            if buf.len() > wire::MAX_REQUEST_BYTES {
                                 break Some(Err(Refusal::TooLarge));
                             }
                             if buf.contains(&b'\n') {
@@ -637,7 +561,7 @@ impl Worker {
     fn handle(&mut self, id: u64, line: &[u8]) {
         let Some(c) = self.conn(id) else { return };
         let (endpoint, uid, pid) = (c.endpoint, c.uid, c.pid);
-        let request = match message::decode_request(line, endpoint) {
+        let request = match wire::decode_request(line, endpoint) {
             Ok(r) => r,
             Err(r) => return self.refuse_with(id, &r),
         };
@@ -656,7 +580,7 @@ impl Worker {
             // now rather than "queued" while it writes its last pass.
             let outcomes = names
                 .iter()
-                .map(|n| message::TriggerOutcome {
+                .map(|n| wire::TriggerOutcome {
                     name: n.clone(),
                     accepted: false,
                     reason: Some("not_recording".into()),
@@ -668,11 +592,10 @@ impl Worker {
             request,
             peer_uid: uid,
             peer_pid: pid,
-            attachment: None,
             reply: ReplyTo {
                 id,
                 tx: self.reply_tx.clone(),
-                wake: Some(self.answer_wake.clone()),
+                wake: self.answer_wake.clone(),
             },
         };
         match self.tx.try_send(incoming) {
@@ -731,13 +654,13 @@ impl Worker {
                 Endpoint::Control => &self.control,
             };
             let Ok((stream, _)) = l.accept() else { return };
-            let Ok(cred) = rustix::net::sockopt::socket_peercred(&stream) else {
+            let Ok(cred) = crate::transport::peer::of(&stream) else {
                 continue;
             };
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            let uid = cred.uid.as_raw();
+            let uid = cred.uid;
             let id = self.next_id;
             self.next_id += 1;
             if !self.make_room(uid) {
@@ -745,8 +668,7 @@ impl Worker {
                 // is turned away at once.
                 self.refuse(uid, "no room for another connection");
                 let refusal = Refusal::TooManyConnections(MAX_CONNECTIONS_PER_UID);
-                let _ =
-                    (&stream).write(&message::encode_reply(&Reply::Refused(refusal.to_string())));
+                let _ = (&stream).write(&wire::encode_reply(&Reply::Refused(refusal.to_string())));
                 continue;
             }
             self.conns.push(Conn {
@@ -754,7 +676,7 @@ impl Worker {
                 stream,
                 endpoint,
                 uid,
-                pid: cred.pid.as_raw_nonzero().get() as u32,
+                pid: cred.pid,
                 phase: Phase::Reading {
                     buf: Vec::with_capacity(256),
                 },
@@ -799,8 +721,8 @@ impl Worker {
         if matches!(victim.phase, Phase::Reading { .. }) {
             // Best effort: a client that reads learns why.
             let refusal = Refusal::TooManyConnections(MAX_CONNECTIONS_PER_UID);
-            let _ = (&victim.stream)
-                .write(&message::encode_reply(&Reply::Refused(refusal.to_string())));
+            let _ =
+                (&victim.stream).write(&wire::encode_reply(&Reply::Refused(refusal.to_string())));
         }
         true
     }
@@ -810,8 +732,8 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::control::client;
-    use crate::control::message::TriggerOutcome;
     use crate::control::runtime_dir::open_checked;
+    use crate::control::wire::TriggerOutcome;
 
     /// A server in a fresh runtime directory, and its trigger socket's path.
     struct Fixture {
@@ -888,7 +810,7 @@ mod tests {
         s.write_all(b"\x00\x01garbage\n").expect("write");
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).expect("read");
-        assert!(matches!(message::decode_reply(&buf), Ok(Reply::Refused(_))));
+        assert!(matches!(wire::decode_reply(&buf), Ok(Reply::Refused(_))));
         let r = client::request(&tpath, me, &Request::Query {}, client::deadline()).expect("reply");
         assert!(matches!(r, Reply::Refused(_)));
         assert_eq!(server.refused(), 2);
@@ -974,7 +896,7 @@ mod tests {
             server,
             tpath,
         } = Fixture::new();
-        let req = message::encode_request(&Request::Trigger {
+        let req = wire::encode_request(&Request::Trigger {
             names: vec!["t".into()],
             producer: "p".into(),
         });
@@ -997,7 +919,7 @@ mod tests {
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).expect("read");
         assert!(
-            matches!(message::decode_reply(&buf), Ok(Reply::Refused(m)) if m.contains("too many connections")),
+            matches!(wire::decode_reply(&buf), Ok(Reply::Refused(m)) if m.contains("too many connections")),
             "{}",
             String::from_utf8_lossy(&buf)
         );

@@ -40,8 +40,10 @@ pub struct Outcome {
     /// Bytes `max_file_size_bytes` left out of the file.
     pub cut_bytes: u64,
     /// Every producer (SDK app) that connected, and what it did.
-    pub producers: Vec<crate::ipc::host::ProducerReport>,
+    pub producers: Vec<crate::producer::host::ProducerReport>,
     /// Every uid that hit a producer quota or whose closed producers were
     /// folded into one line.
-    pub quotas: Vec<crate::ipc::quota::UidReport>,
+    pub quotas: Vec<crate::producer::quota::UidReport>,
+    /// What each trigger rule did.
+    pub rules: Vec<super::rules::RuleReport>,
 }

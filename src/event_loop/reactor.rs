@@ -1,7 +1,7 @@
-//! The loop's one blocking wait: `poll(2)` on the descriptors that bring
-//! events (signals, the control server, …) with the nearest timer as the
-//! timeout. Timers are the session's, keyed by [`Timer`], in time since the
-//! session's origin.
+//! Time for the loop: a session's [`Timers`], keyed by [`Timer`] in time
+//! since the session's origin, and the one blocking [`wait`] of a host:
+//! `poll(2)` on the descriptors that bring events with the nearest
+//! deadline as the timeout.
 
 use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
@@ -12,15 +12,15 @@ use rustix::time::Timespec;
 
 use crate::session::Timer;
 
-/// Timers and the wait.
+/// One session's timers.
 #[derive(Debug)]
-pub struct Reactor {
+pub struct Timers {
     origin: Instant,
     timers: BTreeMap<Timer, Duration>,
 }
 
-impl Reactor {
-    /// A reactor whose time origin is now.
+impl Timers {
+    /// Timers whose time origin is now.
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
@@ -42,6 +42,11 @@ impl Reactor {
         self.timers.remove(&timer);
     }
 
+    /// When the nearest timer is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.timers.values().min().map(|at| self.origin + *at)
+    }
+
     /// Removes and returns the timers that are due, earliest first.
     pub fn due(&mut self) -> Vec<Timer> {
         let now = self.now();
@@ -57,37 +62,42 @@ impl Reactor {
         }
         due.into_iter().map(|(_, t)| t).collect()
     }
-
-    /// Blocks until one of `fds` is readable, the nearest timer is due, or
-    /// `at_most` has passed; returns which of `fds` are readable.
-    pub fn wait(&self, fds: &[BorrowedFd<'_>], at_most: Duration) -> Vec<bool> {
-        let now = self.now();
-        let mut timeout = at_most;
-        if let Some(next) = self.timers.values().min() {
-            timeout = timeout.min(next.saturating_sub(now));
-        }
-        let ts = Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: timeout.subsec_nanos() as i64,
-        };
-        let mut pfds: Vec<PollFd<'_>> = fds
-            .iter()
-            .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
-            .collect();
-        if pfds.is_empty() {
-            std::thread::sleep(timeout);
-            return Vec::new();
-        }
-        // EINTR (a signal) is a wake-up like any other.
-        let _ = poll(&mut pfds, Some(&ts));
-        pfds.iter().map(|p| !p.revents().is_empty()).collect()
-    }
 }
 
-impl Default for Reactor {
+impl Default for Timers {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Blocks until one of `fds` is readable or `deadline` (none: no limit)
+/// has come; returns which of `fds` are readable. A signal (EINTR) is a
+/// wake-up like any other.
+pub fn wait(fds: &[BorrowedFd<'_>], deadline: Option<Instant>) -> Vec<bool> {
+    let flags: Vec<(BorrowedFd<'_>, PollFlags)> =
+        fds.iter().map(|fd| (*fd, PollFlags::IN)).collect();
+    wait_for(&flags, deadline)
+        .into_iter()
+        .map(|r| !r.is_empty())
+        .collect()
+}
+
+/// [`wait`] with each descriptor's own interest (readable, writable); what
+/// each one is ready for (with `HUP` and `ERR`).
+pub fn wait_for(fds: &[(BorrowedFd<'_>, PollFlags)], deadline: Option<Instant>) -> Vec<PollFlags> {
+    let timeout = deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        }
+    });
+    let mut pfds: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|(fd, flags)| PollFd::from_borrowed_fd(*fd, *flags))
+        .collect();
+    let _ = poll(&mut pfds, timeout.as_ref());
+    pfds.iter().map(PollFd::revents).collect()
 }
 
 #[cfg(test)]
@@ -96,27 +106,26 @@ mod tests {
 
     #[test]
     fn due_timers_come_out_earliest_first_and_once() {
-        let mut r = Reactor::new();
+        let mut r = Timers::new();
         r.set(Timer::Stats, Duration::ZERO);
         r.set(Timer::WritePass, Duration::from_nanos(1));
         r.set(Timer::Stop, Duration::from_secs(3600));
+        assert!(r.next_due().is_some_and(|d| d <= Instant::now()));
         std::thread::sleep(Duration::from_millis(1));
         assert_eq!(r.due(), vec![Timer::Stats, Timer::WritePass]);
         assert!(r.due().is_empty());
         r.cancel(Timer::Stop);
-        // Nothing left: the wait is bounded by `at_most` alone.
-        let t = Instant::now();
-        r.wait(&[], Duration::from_millis(5));
-        assert!(t.elapsed() >= Duration::from_millis(5));
+        assert_eq!(r.next_due(), None);
     }
 
     #[test]
-    fn a_readable_descriptor_ends_the_wait() {
-        let r = Reactor::new();
+    fn a_wait_ends_at_its_deadline_or_a_readable_descriptor() {
+        let t = Instant::now();
+        assert!(wait(&[], Some(t + Duration::from_millis(5))).is_empty());
+        assert!(t.elapsed() >= Duration::from_millis(5));
         let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
         std::io::Write::write_all(&mut &b, b"x").expect("write");
         use std::os::fd::AsFd;
-        let ready = r.wait(&[a.as_fd()], Duration::from_secs(60));
-        assert_eq!(ready, vec![true]);
+        assert_eq!(wait(&[a.as_fd()], None), vec![true]);
     }
 }

@@ -5,16 +5,21 @@
 
 use std::sync::Mutex;
 
+use super::super::SessionBuffer;
 use super::*;
 use crate::ringbuf::{BufferParams, FillPolicy, WriterId};
 use crate::session::Timeline;
+use crate::session::{Session, Timer};
+use crate::sources::DataSource;
 use crate::sources::SourceError;
+use crate::storage::OpenOptions as SinkOpenOptions;
 use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
 use crate::storage::segment::{SegmentIdentity, SegmentWriter};
 use crate::storage::write_pass::PassFailure;
 use crate::storage::{FileSink, IoChoice, SinkError, SinkKind, WriteList};
 use crate::trace::service::SystemInfo;
+use crate::trace::service_log::ServiceLog;
 
 /// What a fake was asked to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,7 +161,7 @@ const FULL_DISK: SinkError = SinkError::Write {
 /// A loop over `sources`, `buffers` real buffers and a fake sink, with
 /// what they were asked and what the sink holds.
 struct Fixture {
-    l: Loop,
+    l: Runner,
     journal: Journal,
     file: Arc<Mutex<Vec<u8>>>,
 }
@@ -211,17 +216,17 @@ impl Fixture {
             control: None,
             history: None,
             producers: None,
-            quota_view: crate::ipc::host::QuotaView::All,
-            on_snapshot: None,
+            quota_view: crate::producer::host::QuotaView::All,
+            snapshots_to_host: false,
+            rules: None,
             config_label: "test".into(),
             status_line: false,
             snapshot_dir: None,
         };
-        Self {
-            l: Loop::new(rec, None),
-            journal,
-            file,
-        }
+        let mut l = Runner::new(rec);
+        // Each test begins the session itself, where it needs it.
+        l.queue.clear();
+        Self { l, journal, file }
     }
 
     /// The sink now fails every call.
@@ -280,16 +285,18 @@ fn a_stop_flushes_the_sources_stops_them_then_writes_and_syncs() {
 }
 
 #[test]
-fn before_its_sources_start_the_loop_sleeps_until_something_happens() {
+fn a_session_with_nothing_due_asks_for_no_wake_up() {
     let mut f = Fixture::new(Timeline::plain(), &["a"], 1);
-    assert_eq!(f.l.longest_sleep(), BEFORE_START);
+    assert_eq!(f.l.next_due(), None, "no timer, no source work");
     f.l.execute(Action::StartSources);
     assert_eq!(f.journal.take(), vec![Op::Start("a")]);
     assert_eq!(
-        f.l.longest_sleep(),
-        SOURCE_CHECK,
-        "failures come from their threads"
+        f.l.next_due(),
+        None,
+        "a source with nothing due wakes nothing"
     );
+    f.l.execute(Action::SetTimer(Timer::Stats, Duration::from_secs(10)));
+    assert!(f.l.next_due().is_some(), "a timer is a wake-up");
 }
 
 #[test]
@@ -412,10 +419,11 @@ fn sync_output_syncs_and_writes_nothing() {
     f.l.execute(Action::SyncOutput);
     assert_eq!(f.journal.take(), vec![Op::Sync]);
     assert!(f.buffered(0) > 0);
-    // A failed sync is a warning: the session is ending anyway.
+    assert_eq!(f.events(), vec![Event::OutputSynced]);
+    // A failed sync is the session's to hear: it fails the session.
     f.break_sink();
     f.l.execute(Action::SyncOutput);
-    assert!(f.l.warnings.iter().any(|w| w.starts_with("fdatasync")));
+    assert!(matches!(f.events()[..], [Event::OutputFailed(_)]));
 }
 
 #[test]
@@ -502,7 +510,7 @@ fn a_source_that_cannot_start_fails_the_start_and_the_rest_wait() {
     let ev = f.events();
     assert!(
         matches!(&ev[..], [Event::SourceFailed(s)]
-            if s.source == "a" && s.phase == SourcePhase::Starting && s.cause == "start refused"),
+            if s.source == "a" && s.phase == SourcePhase::Starting && s.cause.cause_text() == "start refused"),
         "{ev:?}"
     );
 }
@@ -629,6 +637,7 @@ fn a_clone_trigger_snapshots_each_buffer_as_the_config_says() {
             draw: 0.5,
             matches_last_24h: 0,
         }],
+        at_ns: None,
     }));
     f.l.settle();
     // The snapshot's flush, then the snapshot; the session's own output

@@ -9,28 +9,43 @@
 //! Every request is checked: registrations only before `Seal`; names plain
 //! (no `/`, not `..`) and starting with a prefix registered for that
 //! directory, so a compromised recorder cannot use it to write elsewhere.
+//! Beyond making a new file, it acts only on files it made itself for this
+//! session (or that the session registered as made before the drop), by
+//! identity: renames, removals and hooks name such a file, and only while
+//! the name still leads to it. A rename goes only to the name the file was
+//! made for (`X.partial` to `X`, `.X.tmp` to `X`).
+//!
+//! If the recorder's end closes before it said it was done (`Teardown`),
+//! the recorder died while recording: what its buffers held is saved to its
+//! trace file first ([`super::rescue`]), the kernel's ftrace leftover with
+//! it, and only then is tracefs undone. An unprivileged session's keeper
+//! runs this same loop without root, for the save alone.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::message::{self, MessageError, Operation, Refusal, Reply, Request};
+use super::rescue::Rescue;
+use super::wire::{self, MessageError, Operation, Refusal, Reply, Request};
 use crate::sources::ftrace::remote::FtraceRequest;
 use crate::sources::ftrace::tracefs::{Tracefs, TracefsTeardown};
 use crate::sources::ftrace::{
-    FtraceOptions, FtraceSource, VecOutput, default_buffer_size_kb, mem_total_kb,
+    FtraceOptions, FtraceSource, Leftover, VecOutput, default_buffer_size_kb, mem_total_kb,
 };
-use crate::storage::create::{self, CreateError, OutputDir};
+use crate::storage::create::{self, CreateError, FileId, OutputDir};
 use crate::storage::segment::hook::{HookJob, HookRunner};
+use crate::trace::salvage::SavedBy;
 
 /// A directory the recorder may have files made in.
 struct Registered {
     dir: OutputDir,
     prefixes: Vec<String>,
+    /// The files of this session there, by name: the ones it made (or was
+    /// told of before the seal), and what each is.
+    made: HashMap<String, FileId>,
 }
 
-#[derive(Default)]
 struct State {
     dirs: Vec<Registered>,
     /// Sockets to remove at the end: (directory, name).
@@ -38,10 +53,20 @@ struct State {
     /// The session's name lock: (directory, name, the pid it holds).
     name_locks: Vec<(OwnedFd, String, String)>,
     teardowns: Vec<TracefsTeardown>,
-    hooks: Option<(HookRunner, PathBuf)>,
+    /// The hook runner and the registered directory it runs on.
+    hooks: Option<(HookRunner, u32)>,
     sealed: bool,
     /// `recorder serve`'s broker: the instances it prepared for sessions.
     served: Option<ServedInstances>,
+    /// A session's broker: the recorder's pid, whose tracefs instances and
+    /// kprobes are swept at the end even if it died before registering them.
+    recorder: Option<u32>,
+    /// What is saved if the recorder dies.
+    rescue: Rescue,
+    /// The recorder said it is done: nothing is to be saved.
+    done: bool,
+    /// Who this is, for the save's attributes.
+    by: SavedBy,
 }
 
 /// Instances a uid's sessions may hold at once.
@@ -51,11 +76,18 @@ pub const MAX_INSTANCES: usize = 16;
 /// Kernel buffer memory a uid's instances may hold, all CPUs (KiB).
 pub const MAX_BUFFER_KB_PER_UID: u64 = 256 * 1024;
 
-/// Tracefs instances prepared for `recorder serve`'s sessions.
+/// Served sessions that may be registered for saving at once: the most
+/// `--max-sessions` allows.
+pub const MAX_SAVED_SESSIONS: usize = u16::MAX as usize;
+
+/// Tracefs instances prepared for `recorder serve`'s sessions, and what
+/// is saved of each recording session if the service dies.
 #[derive(Default)]
 struct ServedInstances {
     live: HashMap<u64, ServedInstance>,
     next: u64,
+    /// By the service's session id, until that session says it is done.
+    saves: HashMap<u64, Rescue>,
 }
 
 struct ServedInstance {
@@ -77,17 +109,33 @@ fn refused(why: Refusal) -> Answer {
     (Reply::Refused(why), None)
 }
 
+impl State {
+    fn new(served: Option<ServedInstances>, by: SavedBy) -> State {
+        State {
+            dirs: Vec::new(),
+            leftovers: Vec::new(),
+            name_locks: Vec::new(),
+            teardowns: Vec::new(),
+            hooks: None,
+            sealed: false,
+            served,
+            recorder: None,
+            rescue: Rescue::default(),
+            done: false,
+            by,
+        }
+    }
+}
+
 /// Serves requests on `sock` until the other end closes, then cleans up.
 /// Runs in the forked child; returns when it is time to exit.
 /// `prepares_ftrace`: `recorder serve`'s broker, which prepares tracefs
-/// instances for sessions on request.
-pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
-    let mut st = State {
-        served: prepares_ftrace.then(ServedInstances::default),
-        ..State::default()
-    };
+/// instances for sessions on request. `by`: the root broker, or an
+/// unprivileged session's keeper.
+pub fn serve(sock: OwnedFd, prepares_ftrace: bool, by: SavedBy) {
+    let mut st = State::new(prepares_ftrace.then(ServedInstances::default), by);
     loop {
-        let (req, fd) = match message::recv::<Request>(sock.as_fd()) {
+        let (req, fd) = match wire::recv::<Request>(sock.as_fd()) {
             Ok(r) => r,
             Err(MessageError::Closed) => break,
             Err(e) => {
@@ -95,7 +143,7 @@ pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
                 // is the only one that can send here.
                 log::warn!("broker: {e}");
                 let why = Refusal::Unreadable(e.to_string());
-                if message::send(sock.as_fd(), &Reply::Refused(why), None).is_err() {
+                if wire::send(sock.as_fd(), &Reply::Refused(why), None).is_err() {
                     break;
                 }
                 continue;
@@ -108,7 +156,7 @@ pub fn serve(sock: OwnedFd, prepares_ftrace: bool) {
             continue;
         }
         let (reply, out) = st.handle(req, fd);
-        let sent = message::send(sock.as_fd(), &reply, out.as_ref().map(AsFd::as_fd));
+        let sent = wire::send(sock.as_fd(), &reply, out.as_ref().map(AsFd::as_fd));
         if sent.is_err() {
             break;
         }
@@ -127,14 +175,27 @@ impl State {
                 | Request::RegisterNameLock { .. }
                 | Request::RegisterTeardown { .. }
                 | Request::RegisterHook { .. }
+                | Request::RegisterRecorder { .. }
+                | Request::RegisterRing { .. }
+                | Request::RegisterSaveTo { .. }
+                | Request::RegisterSaveToSegments { .. }
+                | Request::RegisterRingFiles { .. }
+                | Request::RegisterDrain { .. }
         );
         if registration && self.sealed {
             return refused(Refusal::Sealed);
         }
         match req {
-            Request::RegisterDir { prefixes } => self.register_dir(prefixes, fd),
+            Request::RegisterDir { prefixes, files } => self.register_dir(prefixes, files, fd),
             Request::RegisterLeftover { name } => self.register_leftover(name, fd),
             Request::RegisterNameLock { name } => self.register_name_lock(name, fd),
+            Request::RegisterRecorder { pid } => {
+                // A session's broker only: `recorder serve`'s sweeps its own.
+                if self.served.is_none() {
+                    self.recorder = Some(pid);
+                }
+                done()
+            }
             Request::RegisterTeardown { teardown } => {
                 self.teardowns.push(teardown);
                 done()
@@ -144,6 +205,54 @@ impl State {
                 dir,
                 timeout_ms,
             } => self.register_hook(command, dir, timeout_ms),
+            Request::RegisterRing { index } => match fd {
+                Some(fd) => {
+                    if self.rescue.add_ring(index, fd) {
+                        done()
+                    } else {
+                        refused(Refusal::TooManyRings(super::rescue::MAX_RINGS))
+                    }
+                }
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::RegisterSaveTo { label, pid } => match fd {
+                Some(fd) => {
+                    self.rescue.save_to(fd, label, pid);
+                    done()
+                }
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::RegisterSaveToSegments {
+                dir,
+                stem,
+                ext,
+                pid,
+            } => match fd {
+                Some(fd) => {
+                    let names = crate::storage::segment::names::SegmentNames { dir, stem, ext };
+                    let name = names.partial_name(0);
+                    if create::check_name(&name).is_err() {
+                        return refused(Refusal::NotPlainName(name));
+                    }
+                    self.rescue.save_to_segments(fd, names, pid);
+                    done()
+                }
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::RegisterRingFiles { names } => match fd {
+                Some(fd) => match names.iter().find(|n| create::check_name(n).is_err()) {
+                    Some(bad) => refused(Refusal::NotPlainName(bad.clone())),
+                    None => {
+                        self.rescue.ring_files(fd, names);
+                        done()
+                    }
+                },
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::RegisterDrain { leftover } => {
+                self.rescue.add_drain(leftover);
+                done()
+            }
             Request::Seal => {
                 self.sealed = true;
                 done()
@@ -160,14 +269,51 @@ impl State {
             Request::FinishHooks { grace_ms } => self.finish_hooks(grace_ms),
             Request::PrepareFtrace { .. } => refused(Refusal::NotHere),
             Request::ReleaseFtrace { key } => self.release_ftrace(key),
+            Request::SaveServedRing { session, index } => match fd {
+                Some(fd) => self.save_served(session, |r| {
+                    r.add_ring(index, fd)
+                        .then_some(())
+                        .ok_or(Refusal::TooManyRings(super::rescue::MAX_RINGS))
+                }),
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::SaveServedTo { session, label } => match fd {
+                Some(fd) => {
+                    // The service is this broker's parent: the pid whose
+                    // death the save reports.
+                    let pid = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+                    let pid = u32::try_from(pid).unwrap_or(0);
+                    self.save_served(session, |r| {
+                        r.save_to(fd, label, pid);
+                        Ok(())
+                    })
+                }
+                None => refused(Refusal::NoDescriptor),
+            },
+            Request::SaveServedDrain { session, leftover } => {
+                self.save_served_drain(session, leftover)
+            }
+            Request::ServedSaved { session } => match &mut self.served {
+                Some(s) => {
+                    s.saves.remove(&session);
+                    done()
+                }
+                None => refused(Refusal::NotServing),
+            },
             Request::Teardown => {
+                self.done = true;
                 self.tear_down(true);
                 done()
             }
         }
     }
 
-    fn register_dir(&mut self, prefixes: Vec<String>, fd: Option<OwnedFd>) -> Answer {
+    fn register_dir(
+        &mut self,
+        prefixes: Vec<String>,
+        files: Vec<String>,
+        fd: Option<OwnedFd>,
+    ) -> Answer {
         let Some(fd) = fd else {
             return refused(Refusal::NoDescriptor);
         };
@@ -179,7 +325,25 @@ impl State {
             Ok(d) => d,
             Err(e) => return refused(Refusal::system(Operation::RegisterDir(path), &e)),
         };
-        self.dirs.push(Registered { dir, prefixes });
+        let mut reg = Registered {
+            dir,
+            prefixes,
+            made: HashMap::new(),
+        };
+        // The session's files made before the drop, as they are now (the
+        // session is still root and trusted until the seal).
+        for name in files {
+            if let Err(why) = reg.check_form(&name) {
+                return refused(why);
+            }
+            match regular_id(&reg.dir, &name) {
+                Some(id) => {
+                    reg.made.insert(name, id);
+                }
+                None => return refused(Refusal::NotAFile { name }),
+            }
+        }
+        self.dirs.push(reg);
         (Reply::Registered(self.dirs.len() as u32 - 1), None)
     }
 
@@ -214,8 +378,11 @@ impl State {
         }
     }
 
-    fn register_hook(&mut self, command: String, dir: PathBuf, timeout_ms: u64) -> Answer {
-        match HookRunner::start(command, Duration::from_millis(timeout_ms)) {
+    fn register_hook(&mut self, command: String, dir: u32, timeout_ms: u64) -> Answer {
+        let Some(reg) = self.dirs.get(dir as usize) else {
+            return refused(Refusal::NoDirectory(dir));
+        };
+        match HookRunner::start(command, Duration::from_millis(timeout_ms), reg.dir.clone()) {
             Ok(r) => {
                 self.hooks = Some((r, dir));
                 done()
@@ -224,42 +391,80 @@ impl State {
         }
     }
 
-    fn create(&self, dir: u32, name: &str, replace: bool) -> Answer {
+    fn create(&mut self, dir: u32, name: &str, replace: bool) -> Answer {
         let d = match self.allowed(dir, &[name]) {
             Ok(d) => d,
             Err(why) => return refused(why),
         };
         let r = if replace {
-            d.replace(name)
+            d.dir.replace(name)
         } else {
-            d.create_new(name)
+            d.dir.create_new(name)
         };
         match r {
-            Ok(fd) => (Reply::File, Some(fd)),
+            Ok(fd) => match create::file_id(&fd) {
+                Ok(id) => {
+                    d.made.insert(name.to_string(), id);
+                    (Reply::File, Some(fd))
+                }
+                Err(e) => refused(Refusal::system(Operation::Create(name.into()), &e)),
+            },
             Err(CreateError::Exists { .. }) => (Reply::Exists, None),
             Err(e) => refused(Refusal::system(Operation::Create(name.into()), &e)),
         }
     }
 
-    fn rename(&self, dir: u32, from: &str, to: &str) -> Answer {
-        match self.allowed(dir, &[from, to]).map(|d| d.rename(from, to)) {
-            Err(why) => refused(why),
-            Ok(Err(e)) => {
+    fn rename(&mut self, dir: u32, from: &str, to: &str) -> Answer {
+        let d = match self.allowed(dir, &[from, to]) {
+            Ok(d) => d,
+            Err(why) => return refused(why),
+        };
+        if destination(from).as_deref() != Some(to) {
+            return refused(Refusal::NotItsName {
+                from: from.into(),
+                to: to.into(),
+            });
+        }
+        let Some(id) = d.made_and_there(from) else {
+            return refused(Refusal::NotMade(from.into()));
+        };
+        match d.dir.rename(from, to) {
+            Ok(()) => {
+                d.made.remove(from);
+                d.made.insert(to.to_string(), id);
+                done()
+            }
+            Err(e) => {
                 let op = Operation::Rename {
                     from: from.into(),
                     to: to.into(),
                 };
                 refused(Refusal::system(op, &e))
             }
-            Ok(Ok(())) => done(),
         }
     }
 
-    fn remove(&self, dir: u32, name: &str) -> Answer {
-        match self.allowed(dir, &[name]).map(|d| d.remove(name)) {
-            Err(why) => refused(why),
-            Ok(Err(e)) => refused(Refusal::system(Operation::Remove(name.into()), &e)),
-            Ok(Ok(())) => done(),
+    fn remove(&mut self, dir: u32, name: &str) -> Answer {
+        let d = match self.allowed(dir, &[name]) {
+            Ok(d) => d,
+            Err(why) => return refused(why),
+        };
+        let Some(&id) = d.made.get(name) else {
+            return refused(Refusal::NotMade(name.into()));
+        };
+        match d.dir.remove_if(name, id) {
+            // Removed now, or gone already (a hook moved it).
+            Ok(true) => {
+                d.made.remove(name);
+                done()
+            }
+            Ok(false) if !d.dir.has(name) => {
+                d.made.remove(name);
+                done()
+            }
+            // Another entry holds the name now: not ours to remove.
+            Ok(false) => refused(Refusal::NotMade(name.into())),
+            Err(e) => refused(Refusal::system(Operation::Remove(name.into()), &e)),
         }
     }
 
@@ -267,15 +472,26 @@ impl State {
         let Some((runner, dir)) = &self.hooks else {
             return refused(Refusal::NoHook);
         };
-        if let Some(bad) = [file, sidecar]
-            .into_iter()
-            .find(|n| create::check_name(n).is_err())
-        {
-            return refused(Refusal::NotPlainName(bad.into()));
+        let Some(reg) = self.dirs.get(*dir as usize) else {
+            return refused(Refusal::NoDirectory(*dir));
+        };
+        let mut ids = [(0, 0); 2];
+        for (slot, name) in ids.iter_mut().zip([file, sidecar]) {
+            if let Err(why) = reg.check_form(name) {
+                return refused(why);
+            }
+            // A name this session made, still leading to that file: the
+            // hook (root) never runs on anything else.
+            match reg.made_and_there(name) {
+                Some(id) => *slot = id,
+                None => return refused(Refusal::NotMade(name.into())),
+            }
         }
         runner.submit(HookJob {
-            path: dir.join(file),
-            sidecar: dir.join(sidecar),
+            file: file.into(),
+            file_id: ids[0],
+            sidecar: sidecar.into(),
+            sidecar_id: ids[1],
             index,
         });
         done()
@@ -311,6 +527,46 @@ impl State {
         )
     }
 
+    /// Adds to what is saved of served session `session` (a new entry
+    /// within [`MAX_SAVED_SESSIONS`]).
+    fn save_served(
+        &mut self,
+        session: u64,
+        add: impl FnOnce(&mut Rescue) -> Result<(), Refusal>,
+    ) -> Answer {
+        let Some(s) = &mut self.served else {
+            return refused(Refusal::NotServing);
+        };
+        if !s.saves.contains_key(&session) && s.saves.len() >= MAX_SAVED_SESSIONS {
+            return refused(Refusal::TooManySaved(MAX_SAVED_SESSIONS));
+        }
+        match add(s.saves.entry(session).or_default()) {
+            Ok(()) => done(),
+            Err(why) => refused(why),
+        }
+    }
+
+    /// The leftover of an instance is read into session `session`'s save:
+    /// only an instance this broker made and still holds (the directory is
+    /// compared with its own record, so no other path is ever read).
+    fn save_served_drain(&mut self, session: u64, leftover: Leftover) -> Answer {
+        let Some(s) = &mut self.served else {
+            return refused(Refusal::NotServing);
+        };
+        let ours = s
+            .live
+            .values()
+            .any(|i| i.teardown.remove_dir.as_deref() == Some(leftover.dir.as_path()));
+        if !ours {
+            return refused(Refusal::NotOurs(leftover.dir.display().to_string()));
+        }
+        let Some(r) = s.saves.get_mut(&session) else {
+            return refused(Refusal::NoSaved(session));
+        };
+        r.add_drain(leftover);
+        done()
+    }
+
     fn release_ftrace(&mut self, key: u64) -> Answer {
         match self.served.as_mut().and_then(|s| s.live.remove(&key)) {
             Some(i) => {
@@ -321,20 +577,19 @@ impl State {
         }
     }
 
-    /// The registered directory `id`, when every name is one of its own.
-    fn allowed(&self, id: u32, names: &[&str]) -> Result<&OutputDir, Refusal> {
+    /// The registered directory `id`, when every name is of its form.
+    fn allowed(&mut self, id: u32, names: &[&str]) -> Result<&mut Registered, Refusal> {
         if !self.sealed {
             return Err(Refusal::NotSealed);
         }
-        let reg = self.dirs.get(id as usize).ok_or(Refusal::NoDirectory(id))?;
+        let reg = self
+            .dirs
+            .get_mut(id as usize)
+            .ok_or(Refusal::NoDirectory(id))?;
         for name in names {
-            create::check_name(name).map_err(|_| Refusal::NotPlainName(name.to_string()))?;
-            let body = name.strip_prefix('.').unwrap_or(name);
-            if !reg.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
-                return Err(Refusal::NotOurs(name.to_string()));
-            }
+            reg.check_form(name)?;
         }
-        Ok(&reg.dir)
+        Ok(reg)
     }
 
     /// Prepares an instance for `request` and sends it: the reply, the
@@ -349,11 +604,11 @@ impl State {
             Ok(p) => p,
             Err(e) => {
                 log::info!("broker: ftrace for uid {uid} refused: {e}");
-                return message::send(sock, &Reply::Refused(e), None);
+                return wire::send(sock, &Reply::Refused(e), None);
             }
         };
         let formats = std::mem::take(&mut info.formats);
-        message::send(
+        wire::send(
             sock,
             &Reply::Ftrace {
                 key,
@@ -363,11 +618,11 @@ impl State {
             None,
         )?;
         for (g, n, text) in formats {
-            message::send(sock, &Reply::Format(g, n, text), None)?;
+            wire::send(sock, &Reply::Format(g, n, text), None)?;
         }
-        for chunk in fds.chunks(message::MAX_FDS) {
+        for chunk in fds.chunks(wire::MAX_FDS) {
             let borrowed: Vec<BorrowedFd<'_>> = chunk.iter().map(AsFd::as_fd).collect();
-            message::send_many(sock, &Reply::Fds, &borrowed)?;
+            wire::send_many(sock, &Reply::Fds, &borrowed)?;
         }
         Ok(())
     }
@@ -452,24 +707,114 @@ impl State {
                 i.teardown.run();
             }
         }
+        // What a recorder that died during its set-up made before it could
+        // register it: its instances and kprobes, found by its pid.
+        if let Some(pid) = self.recorder
+            && let Ok(top) = Tracefs::discover()
+        {
+            for what in top.remove_leftovers_of(pid) {
+                log::info!("broker: removed tracefs {what} left by pid {pid}");
+            }
+        }
         for (dir, name) in self.leftovers.drain(..) {
-            // Only a socket: the name is in a directory others may write.
-            let is_socket = rustix::fs::statat(&dir, &name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| {
-                    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
-                });
-            if is_socket {
+            // Only a socket nobody listens on any more: the name is in a
+            // directory others may write (and may be registered before the
+            // session claimed it: another session's live socket stays).
+            if stale_socket(&dir, &name) {
                 let _ = rustix::fs::unlinkat(&dir, &name, rustix::fs::AtFlags::empty());
             }
         }
     }
 
     fn clean_up(&mut self, grace: Duration) {
+        // Died while recording: its buffers, and the kernel's leftover,
+        // before the instance goes.
+        if !self.done {
+            self.rescue.save(self.by);
+        }
+        // The service's sessions that were still recording: each its own
+        // save, every one before any instance goes.
+        if let Some(s) = &mut self.served {
+            for (_, mut r) in s.saves.drain() {
+                r.save(self.by);
+            }
+        }
         self.tear_down(false);
         if let Some((r, _)) = &mut self.hooks {
             r.finish(grace);
         }
     }
+}
+
+impl Registered {
+    /// `name` is plain and starts with a registered prefix (or `.` and one).
+    fn check_form(&self, name: &str) -> Result<(), Refusal> {
+        create::check_name(name).map_err(|_| Refusal::NotPlainName(name.to_string()))?;
+        let body = name.strip_prefix('.').unwrap_or(name);
+        if !self.prefixes.iter().any(|p| body.starts_with(p.as_str())) {
+            return Err(Refusal::NotOurs(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// What `name` is, when this session made it and the name still leads
+    /// to that file.
+    fn made_and_there(&self, name: &str) -> Option<FileId> {
+        let id = *self.made.get(name)?;
+        self.dir.holds(name, id).then_some(id)
+    }
+}
+
+/// The identity of the regular file `name` in `dir` (never through a link).
+fn regular_id(dir: &OutputDir, name: &str) -> Option<FileId> {
+    let st = rustix::fs::statat(dir.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
+        .then_some((st.st_dev, st.st_ino))
+}
+
+/// The one name a file the session made is renamed to: `X.partial` (a
+/// segment being written) and `.X.tmp` or `.X.RANDOM.tmp` (a temporary
+/// name) become `X`.
+fn destination(from: &str) -> Option<String> {
+    if let Some(x) = from.strip_suffix(".partial") {
+        return Some(x.to_string());
+    }
+    let body = from.strip_prefix('.')?.strip_suffix(".tmp")?;
+    match body.rsplit_once('.') {
+        Some((x, r)) if r.len() == 16 && r.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(x.to_string())
+        }
+        _ => Some(body.to_string()),
+    }
+}
+
+/// Whether `name` in `dir` is a socket nobody listens on (a connect is
+/// refused).
+fn stale_socket(dir: &OwnedFd, name: &str) -> bool {
+    use rustix::fs::{AtFlags, FileType};
+    use std::os::fd::AsRawFd;
+    let is_socket = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Socket);
+    if !is_socket {
+        return false;
+    }
+    // Reached through the held directory, never a path others could swap.
+    let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
+    let Ok(addr) = rustix::net::SocketAddrUnix::new(path.as_str()) else {
+        return false;
+    };
+    let Ok(sock) = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        None,
+    ) else {
+        return false;
+    };
+    matches!(
+        rustix::net::connect(&sock, &addr),
+        Err(rustix::io::Errno::CONNREFUSED)
+    )
 }
 
 /// Opens the lock file `name` in `dir` (a regular file, never through a
@@ -544,16 +889,18 @@ mod tests {
     use super::*;
 
     fn registered(dir: &std::path::Path) -> State {
-        let mut st = State::default();
+        let mut st = State::new(None, SavedBy::Broker);
         let fd = rustix::fs::open(
             dir,
             rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
             rustix::fs::Mode::empty(),
         )
         .expect("dir");
+        std::fs::write(dir.join("t-0.partial"), b"made before the drop").expect("write");
         let (r, _) = st.handle(
             Request::RegisterDir {
                 prefixes: vec!["t-".into()],
+                files: vec!["t-0.partial".into()],
             },
             Some(fd),
         );
@@ -562,8 +909,61 @@ mod tests {
     }
 
     #[test]
+    fn served_saves_are_serves_alone_and_drain_only_the_brokers_instances() {
+        let memfd =
+            || rustix::fs::memfd_create("ring", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        let leftover = |dir: &str| Leftover {
+            dir: PathBuf::from(dir),
+            sequence_id: 2,
+            compact_sched: false,
+            mono_raw: false,
+        };
+        // A session's broker has no served sessions to save.
+        let mut own = State::new(None, SavedBy::Broker);
+        let (r, _) = own.handle(
+            Request::SaveServedRing {
+                session: 1,
+                index: 0,
+            },
+            Some(memfd()),
+        );
+        assert!(matches!(r, Reply::Refused(Refusal::NotServing)), "{r:?}");
+
+        let mut st = State::new(Some(ServedInstances::default()), SavedBy::Broker);
+        let (r, _) = st.handle(
+            Request::SaveServedRing {
+                session: 1,
+                index: 0,
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(Refusal::NoDescriptor)), "{r:?}");
+        let (r, _) = st.handle(
+            Request::SaveServedRing {
+                session: 1,
+                index: 0,
+            },
+            Some(memfd()),
+        );
+        assert!(matches!(r, Reply::Done), "{r:?}");
+        // A directory no instance of this broker lives in is never read.
+        let (r, _) = st.handle(
+            Request::SaveServedDrain {
+                session: 1,
+                leftover: leftover("/sys/kernel/tracing"),
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Refused(Refusal::NotOurs(_))), "{r:?}");
+        assert_eq!(st.served.as_ref().map(|s| s.saves.len()), Some(1));
+        let (r, _) = st.handle(Request::ServedSaved { session: 1 }, None);
+        assert!(matches!(r, Reply::Done), "{r:?}");
+        assert_eq!(st.served.as_ref().map(|s| s.saves.len()), Some(0));
+    }
+
+    #[test]
     fn a_sessions_broker_prepares_no_ftrace_and_releases_nothing() {
-        let mut st = State::default();
+        let mut st = State::new(None, SavedBy::Broker);
         let request = FtraceRequest {
             events: vec!["sched/sched_switch".into()],
             ..FtraceRequest::default()
@@ -578,10 +978,7 @@ mod tests {
 
     #[test]
     fn a_bad_request_is_refused_before_tracefs_is_looked_at() {
-        let mut st = State {
-            served: Some(ServedInstances::default()),
-            ..State::default()
-        };
+        let mut st = State::new(Some(ServedInstances::default()), SavedBy::Broker);
         let request = FtraceRequest {
             events: vec!["sched/../../x".into()],
             ..FtraceRequest::default()
@@ -655,9 +1052,104 @@ mod tests {
         let (r, _) = st.handle(
             Request::RegisterDir {
                 prefixes: vec![String::new()],
+                files: Vec::new(),
             },
             Some(fd),
         );
         assert!(matches!(r, Reply::Refused(Refusal::Sealed)), "{r:?}");
+    }
+
+    /// Another user's files of the session's name form, in a directory
+    /// they share: the broker renames, removes and runs hooks only on the
+    /// files it made (or was told of before the seal), while their names
+    /// still lead to them.
+    #[test]
+    fn only_files_the_broker_made_are_renamed_removed_or_hooked() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut st = registered(d.path());
+        let hook_log = d.path().join("hook.log");
+        let (r, _) = st.handle(
+            Request::RegisterHook {
+                command: format!("f() {{ cat \"$1\" >> {}; }}; f", hook_log.display()),
+                dir: 0,
+                timeout_ms: 10_000,
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::Done), "{r:?}");
+        assert!(matches!(st.handle(Request::Seal, None).0, Reply::Done));
+        let theirs = d.path().join("t-9");
+        std::fs::write(&theirs, b"theirs").expect("write");
+        let secret = d.path().join("secret");
+        std::fs::write(&secret, b"secret").expect("write");
+        let call = |st: &mut State, req: Request| st.handle(req, None).0;
+        let remove = |name: &str| Request::Remove {
+            dir: 0,
+            name: name.into(),
+        };
+        let rename = |from: &str, to: &str| Request::Rename {
+            dir: 0,
+            from: from.into(),
+            to: to.into(),
+        };
+        let closed = |file: &str, sidecar: &str| Request::SegmentClosed {
+            file: file.into(),
+            sidecar: sidecar.into(),
+            index: 9,
+        };
+        // Not made here: left alone, whatever the form.
+        assert!(matches!(
+            call(&mut st, remove("t-9")),
+            Reply::Refused(Refusal::NotMade(_))
+        ));
+        assert!(matches!(
+            call(&mut st, closed("t-9", "t-9")),
+            Reply::Refused(Refusal::NotMade(_))
+        ));
+        assert_eq!(std::fs::read(&theirs).expect("kept"), b"theirs");
+        // Made before the drop: renamed only to its own name.
+        assert!(matches!(
+            call(&mut st, rename("t-0.partial", "t-9")),
+            Reply::Refused(Refusal::NotItsName { .. })
+        ));
+        assert!(matches!(
+            call(&mut st, rename("t-0.partial", "t-0")),
+            Reply::Done
+        ));
+        // A sidecar made through a temporary name.
+        let (r, fd) = st.handle(
+            Request::Create {
+                dir: 0,
+                name: ".t-0.json.tmp".into(),
+                replace: false,
+            },
+            None,
+        );
+        assert!(matches!(r, Reply::File) && fd.is_some(), "{r:?}");
+        assert!(matches!(
+            call(&mut st, rename(".t-0.json.tmp", "t-0.json")),
+            Reply::Done
+        ));
+        // Deleted (by the budget) and replanted by someone else: the name
+        // is no longer the file made, so nothing acts on it.
+        std::fs::remove_file(d.path().join("t-0")).expect("rm");
+        std::os::unix::fs::symlink(&secret, d.path().join("t-0")).expect("ln");
+        assert!(matches!(
+            call(&mut st, closed("t-0", "t-0.json")),
+            Reply::Refused(Refusal::NotMade(_))
+        ));
+        assert!(matches!(
+            call(&mut st, remove("t-0")),
+            Reply::Refused(Refusal::NotMade(_))
+        ));
+        assert!(std::fs::symlink_metadata(d.path().join("t-0")).is_ok());
+        // Its own sidecar is still its own: removed.
+        assert!(matches!(call(&mut st, remove("t-0.json")), Reply::Done));
+        assert!(!d.path().join("t-0.json").exists());
+        if let Some((r, _)) = &mut st.hooks {
+            let c = r.finish(Duration::from_secs(5));
+            assert_eq!(c.ran, 0, "{c:?}");
+        }
+        assert!(!hook_log.exists(), "no hook ran");
     }
 }

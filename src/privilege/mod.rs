@@ -13,26 +13,33 @@
 //!  recorder (service user): reads other users' bytes; new files, renames,
 //!     deletions and hooks by request over a SOCK_SEQPACKET pair (fds by
 //!     SCM_RIGHTS); at the end "teardown"; its end closing (exit, crash,
-//!     SIGKILL) makes the broker undo what is left and exit.
+//!     SIGKILL) makes the broker undo what is left and exit — after saving
+//!     the buffers to the trace if it closed without "teardown" ([`rescue`])
 //! ```
 //!
 //! A session started by another user does not drop: it already reads
-//! others' bytes with no more than its own rights.
+//! others' bytes with no more than its own rights. It forks a *keeper*
+//! instead ([`start_keeper`]): the broker's loop, run with the session's
+//! own rights, for one job: if the recorder dies while recording, write
+//! what its buffers held to its trace ([`rescue`]). The root broker does
+//! the same for a root session.
 
 pub mod broker;
-pub mod message;
+pub mod rescue;
 pub mod user;
+pub mod wire;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use self::message::{Reply, Request};
 use self::user::ServiceUser;
+use self::wire::{Reply, Request};
 use crate::sources::ftrace::remote::{FtraceRequest, Prepared, RemoteError, RemoteTracefs};
 use crate::storage::create::{CreateError, Delegate};
 use crate::storage::segment::RemoteHooks;
 use crate::storage::segment::hook::HookCounts;
+use crate::trace::salvage::SavedBy;
 
 /// The split failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,10 +60,10 @@ pub enum BrokerError {
     #[error("broker lock poisoned")]
     Poisoned,
     #[error(transparent)]
-    Message(#[from] message::MessageError),
+    Message(#[from] wire::MessageError),
     /// The broker's reason, as it sent it.
     #[error("{0}")]
-    Refused(#[source] message::Refusal),
+    Refused(#[source] wire::Refusal),
     #[error("unexpected reply {0}")]
     Unexpected(String),
 }
@@ -91,8 +98,8 @@ impl Broker {
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<(Reply, Option<OwnedFd>), BrokerError> {
         let sock = self.sock.lock().map_err(|_| BrokerError::Poisoned)?;
-        message::send(sock.as_fd(), req, fd)?;
-        let (reply, fd) = message::recv::<Reply>(sock.as_fd())?;
+        wire::send(sock.as_fd(), req, fd)?;
+        let (reply, fd) = wire::recv::<Reply>(sock.as_fd())?;
         match reply {
             Reply::Refused(why) => Err(BrokerError::Refused(why)),
             r => Ok((r, fd)),
@@ -115,6 +122,26 @@ impl Broker {
         self.done(&Request::RegisterNameLock { name: name.into() }, Some(dir))
     }
 
+    /// Tells the broker, as early as possible (before anything is set
+    /// up), the recorder's pid and the sockets the session may leave: if it
+    /// dies during its set-up (SIGKILL), the broker still removes its
+    /// tracefs instances, kprobes and whichever of these sockets nobody
+    /// listens on. Before the drop only.
+    pub fn register_early(
+        &self,
+        pid: u32,
+        leftovers: &[(BorrowedFd<'_>, String)],
+    ) -> Result<(), PrivilegeError> {
+        self.done(&Request::RegisterRecorder { pid }, None)?;
+        for (dir, name) in leftovers {
+            self.done(
+                &Request::RegisterLeftover { name: name.clone() },
+                Some(*dir),
+            )?;
+        }
+        Ok(())
+    }
+
     /// A tracefs instance for `request`, charged to `uid`.
     fn prepare_ftrace(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, BrokerError> {
         let sock = self.sock.lock().map_err(|_| BrokerError::Poisoned)?;
@@ -122,10 +149,10 @@ impl Broker {
             uid,
             request: request.clone(),
         };
-        message::send(sock.as_fd(), &req, None)?;
+        wire::send(sock.as_fd(), &req, None)?;
         // The whole answer is read under the lock: the reply, the formats,
         // the descriptors.
-        let recv = || message::recv_many::<Reply>(sock.as_fd());
+        let recv = || wire::recv_many::<Reply>(sock.as_fd());
         let (key, mut info, formats) = match recv()? {
             (Reply::Ftrace { key, info, formats }, _) => (key, info, formats),
             (Reply::Refused(why), _) => return Err(BrokerError::Refused(why)),
@@ -280,6 +307,30 @@ pub fn start(
     fork(user, detached_stderr, false).map(Some)
 }
 
+/// Forks an unprivileged session's keeper: the broker's loop with the
+/// session's own rights, which saves the session's buffers to its trace if
+/// the recorder dies (see [`rescue`]). Call while the process is
+/// single-threaded; register with [`Broker::register`].
+pub fn start_keeper(
+    detached_stderr: Option<Option<BorrowedFd<'_>>>,
+) -> Result<Arc<Broker>, PrivilegeError> {
+    let (mine, theirs) = wire::pair().map_err(PrivilegeError::Start)?;
+    match crate::sys::privdrop::fork_keeper().map_err(PrivilegeError::Start)? {
+        crate::sys::privdrop::Fork::Child => {
+            drop(mine);
+            run_broker(theirs, detached_stderr, false, SavedBy::Keeper)
+        }
+        crate::sys::privdrop::Fork::Parent { child } => {
+            drop(theirs);
+            log::debug!("keeper: pid {child} (saves the buffers if the recorder dies)");
+            Ok(Arc::new(Broker {
+                sock: Mutex::new(mine),
+                pid: child,
+            }))
+        }
+    }
+}
+
 /// `recorder serve`'s broker, forked as root before the service drops to
 /// `user`: besides the teardown it prepares a tracefs instance per served
 /// session on request ([`crate::sources::ftrace::remote`]). Call while the
@@ -293,11 +344,11 @@ fn fork(
     detached_stderr: Option<Option<BorrowedFd<'_>>>,
     prepares_ftrace: bool,
 ) -> Result<Privileges, PrivilegeError> {
-    let (mine, theirs) = message::pair().map_err(PrivilegeError::Start)?;
+    let (mine, theirs) = wire::pair().map_err(PrivilegeError::Start)?;
     match crate::sys::privdrop::fork_broker().map_err(PrivilegeError::Start)? {
         crate::sys::privdrop::Fork::Child => {
             drop(mine);
-            run_broker(theirs, detached_stderr, prepares_ftrace)
+            run_broker(theirs, detached_stderr, prepares_ftrace, SavedBy::Broker)
         }
         crate::sys::privdrop::Fork::Parent { child } => {
             drop(theirs);
@@ -322,6 +373,7 @@ fn run_broker(
     sock: OwnedFd,
     detached_stderr: Option<Option<BorrowedFd<'_>>>,
     prepares_ftrace: bool,
+    by: SavedBy,
 ) -> ! {
     if let Err(e) = crate::sys::privdrop::ignore_stop_signals() {
         log::warn!("broker: {e}");
@@ -345,7 +397,7 @@ fn run_broker(
             None => {}
         }
     }
-    broker::serve(sock, prepares_ftrace);
+    broker::serve(sock, prepares_ftrace, by);
     std::process::exit(0)
 }
 
@@ -353,25 +405,72 @@ fn run_broker(
 #[derive(Default)]
 pub struct Registration<'a> {
     /// Directories files are made in after the drop, with their names'
-    /// prefixes; each gets the id it is to use.
-    pub dirs: Vec<(BorrowedFd<'a>, Vec<String>)>,
+    /// prefixes and the session's files already there; each gets the id it
+    /// is to use.
+    pub dirs: Vec<(BorrowedFd<'a>, Vec<String>, Vec<String>)>,
     /// Sockets to remove at the end: (directory, name).
     pub leftovers: Vec<(BorrowedFd<'a>, String)>,
     pub teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
-    /// The `--on-segment-closed` command and the segments' directory.
-    /// The `--on-segment-closed` command, the segments' directory and the
-    /// command's timeout.
-    pub hook: Option<(String, std::path::PathBuf, Duration)>,
+    /// The `--on-segment-closed` command, the segments' directory (an
+    /// index into `dirs`) and the command's timeout.
+    pub hook: Option<(String, usize, Duration)>,
+    /// Saved if the recorder dies: each shared buffer's file by index, the
+    /// trace file (with its name and the recorder's pid), the ring
+    /// directory and its files, the tracefs recording directories.
+    pub rings: Vec<(u32, BorrowedFd<'a>)>,
+    pub save_to: Option<(BorrowedFd<'a>, String, u32)>,
+    /// Or, for a segmented session, its segments' directory and names.
+    pub save_to_segments: Option<(
+        BorrowedFd<'a>,
+        crate::storage::segment::names::SegmentNames,
+        u32,
+    )>,
+    pub ring_files: Option<(BorrowedFd<'a>, Vec<String>)>,
+    pub drains: Vec<crate::sources::ftrace::Leftover>,
 }
 
 impl Privileges {
     /// Registers what the broker will do, seals, and gives up root for the
     /// whole process. Returns the registered directories' ids, in order.
     pub fn drop_now(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
-        let b = &self.broker;
+        let ids = self.broker.register(reg)?;
+        give_up_root(&self.user)?;
+        Ok(ids)
+    }
+}
+
+impl Broker {
+    /// `recorder serve`: what is saved of served session `session` if the
+    /// service dies while it records — what `reg` says of its buffers'
+    /// files, its trace file and its ftrace leftovers (the rest of `reg` is
+    /// the main job's). Undone by [`Broker::served_saved`].
+    pub fn save_served(&self, session: u64, reg: Registration<'_>) -> Result<(), PrivilegeError> {
+        let Some((to, label, _pid)) = reg.save_to else {
+            return Ok(());
+        };
+        for (index, fd) in reg.rings {
+            self.done(&Request::SaveServedRing { session, index }, Some(fd))?;
+        }
+        self.done(&Request::SaveServedTo { session, label }, Some(to))?;
+        for leftover in reg.drains {
+            self.done(&Request::SaveServedDrain { session, leftover }, None)?;
+        }
+        Ok(())
+    }
+
+    /// Served session `session` is done: nothing of it is saved any more.
+    pub fn served_saved(&self, session: u64) -> Result<(), PrivilegeError> {
+        self.done(&Request::ServedSaved { session }, None)
+    }
+
+    /// Registers what the broker (or keeper) will do, and seals: nothing
+    /// more can be registered. Returns the registered directories' ids, in
+    /// order.
+    pub fn register(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
+        let b = self;
         let mut ids = Vec::with_capacity(reg.dirs.len());
-        for (fd, prefixes) in reg.dirs {
-            match b.call(&Request::RegisterDir { prefixes }, Some(fd)) {
+        for (fd, prefixes, files) in reg.dirs {
+            match b.call(&Request::RegisterDir { prefixes, files }, Some(fd)) {
                 Ok((Reply::Registered(id), _)) => ids.push(id),
                 Ok((r, _)) => {
                     return Err(PrivilegeError::Broker(BrokerError::unexpected(&r)));
@@ -387,6 +486,11 @@ impl Privileges {
         }
         if let Some((command, dir, timeout)) = reg.hook {
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            let Some(&dir) = ids.get(dir) else {
+                return Err(PrivilegeError::Broker(BrokerError::Unexpected(format!(
+                    "the hook's directory {dir} was not registered"
+                ))));
+            };
             b.done(
                 &Request::RegisterHook {
                     command,
@@ -396,8 +500,28 @@ impl Privileges {
                 None,
             )?;
         }
+        for (index, fd) in reg.rings {
+            b.done(&Request::RegisterRing { index }, Some(fd))?;
+        }
+        if let Some((fd, label, pid)) = reg.save_to {
+            b.done(&Request::RegisterSaveTo { label, pid }, Some(fd))?;
+        }
+        if let Some((fd, names, pid)) = reg.save_to_segments {
+            let req = Request::RegisterSaveToSegments {
+                dir: names.dir,
+                stem: names.stem,
+                ext: names.ext,
+                pid,
+            };
+            b.done(&req, Some(fd))?;
+        }
+        if let Some((fd, names)) = reg.ring_files {
+            b.done(&Request::RegisterRingFiles { names }, Some(fd))?;
+        }
+        for leftover in reg.drains {
+            b.done(&Request::RegisterDrain { leftover }, None)?;
+        }
         b.done(&Request::Seal, None)?;
-        give_up_root(&self.user)?;
         Ok(ids)
     }
 }

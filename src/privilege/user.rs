@@ -2,9 +2,16 @@
 //!
 //! `RECORDER_USER` names it (a user name or a uid; `root` keeps root and
 //! does not drop). Otherwise: the `recorder` system user when /etc/passwd
-//! has one, else the first uid of systemd's dynamic-user range
-//! (61184–65519) that neither /etc/passwd nor /etc/group allocates. Never
-//! uid 0 and never 65534 (`nobody`): every other unprivileged process
+//! has one (a package creates it: `useradd --system recorder`), else a uid
+//! of systemd's dynamic-user range (61184–65519) that nothing uses: neither
+//! /etc/passwd nor /etc/group allocates it, systemd has not handed it out
+//! (`/run/systemd/dynamic-uid`), no process runs with it (any of its uids
+//! or gids), no entry of `/tmp`, `/var/tmp`, `/dev/shm` or the runtime
+//! directory belongs to it — and no other session holds it: the session
+//! takes `/run/recorder-uid/N.lock` (flock; one place for every session,
+//! writable by root alone) and holds it for its whole life (the broker,
+//! forked after, keeps it until its clean-up ends).
+//! Never uid 0 and never 65534 (`nobody`): every other unprivileged process
 //! running as that user could then signal or ptrace the recorder.
 
 /// The environment variable that chooses the user.
@@ -32,27 +39,146 @@ pub enum UserError {
         #[source]
         cause: std::num::ParseIntError,
     },
-    #[error("no unallocated uid left in 61184-65519: set RECORDER_USER")]
+    #[error(
+        "no unused uid left in 61184-65519: set RECORDER_USER (or create the recorder system user)"
+    )]
     RangeFull,
 }
 
 /// The user the recorder runs as after the drop.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ServiceUser {
     pub uid: u32,
     pub gid: u32,
     /// How it was chosen, for the log.
     pub why: String,
+    /// The lock that keeps a uid of the dynamic range this session's
+    /// (`/run/recorder-uid/N.lock`, flock'd); held as long as a copy of
+    /// this descriptor is open.
+    pub hold: Option<std::sync::Arc<std::fs::File>>,
 }
 
-/// `Ok(None)`: stay root (`RECORDER_USER=root`).
+impl PartialEq for ServiceUser {
+    fn eq(&self, o: &Self) -> bool {
+        (self.uid, self.gid, &self.why) == (o.uid, o.gid, &o.why)
+    }
+}
+
+impl Eq for ServiceUser {}
+
+/// `Ok(None)`: stay root (`RECORDER_USER=root`). A uid of the dynamic range
+/// comes with its lock held ([`ServiceUser::hold`]).
 pub fn choose() -> Result<Option<ServiceUser>, UserError> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
     let env = std::env::var(ENV).ok().filter(|v| !v.is_empty());
-    choose_from(env.as_deref(), &passwd, &group)
-        .map(|u| u.map(checked))
-        .and_then(|u| u.transpose())
+    let in_use = InUse::now();
+    let mut skip = Vec::new();
+    loop {
+        let chosen = choose_avoiding(env.as_deref(), &passwd, &group, &|id| {
+            skip.contains(&id) || in_use.has(id)
+        })?;
+        let Some(mut u) = chosen.map(checked).transpose()? else {
+            return Ok(None);
+        };
+        if !u.why.starts_with(DYNAMIC_WHY) {
+            return Ok(Some(u));
+        }
+        match hold(u.uid) {
+            Ok(Some(lock)) => {
+                u.hold = Some(std::sync::Arc::new(lock));
+                return Ok(Some(u));
+            }
+            // Another session holds it: the next one.
+            Ok(None) => skip.push(u.uid),
+            Err(e) => {
+                log::warn!("uid {}: cannot hold it for this session ({e})", u.uid);
+                return Ok(Some(u));
+            }
+        }
+    }
+}
+
+/// How a uid of the dynamic range is described.
+const DYNAMIC_WHY: &str = "an unused uid of the dynamic-user range";
+
+/// Where the uids' locks are: one place for the whole machine (whatever
+/// runtime directory a session uses), writable by root alone.
+pub const LOCK_DIR: &str = "/run/recorder-uid";
+
+/// Takes `LOCK_DIR/N.lock`; `None` when another session holds it.
+fn hold(uid: u32) -> std::io::Result<Option<std::fs::File>> {
+    use rustix::fs::{FileType, FlockOperation, Mode, OFlags, flock};
+    let dir = crate::storage::create::OutputDir::create(std::path::Path::new(LOCK_DIR))
+        .map_err(std::io::Error::other)?;
+    let fd = rustix::fs::openat(
+        dir.fd(),
+        format!("{uid}.lock").as_str(),
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let f = std::fs::File::from(fd);
+    match flock(&f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The ids something on the machine uses now: processes' uids and gids,
+/// owners of the entries of the shared temporary directories and the
+/// runtime directory, and the uids systemd handed out.
+#[derive(Default)]
+struct InUse(std::collections::HashSet<u32>);
+
+impl InUse {
+    fn now() -> Self {
+        let mut ids = std::collections::HashSet::new();
+        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(status) = std::fs::read_to_string(p.path().join("status")) else {
+                continue;
+            };
+            for l in status.lines() {
+                if let Some(v) = l.strip_prefix("Uid:").or_else(|| l.strip_prefix("Gid:")) {
+                    ids.extend(v.split_whitespace().filter_map(|n| n.parse::<u32>().ok()));
+                }
+            }
+        }
+        let runtime = crate::control::runtime_dir::candidates();
+        let dirs = ["/tmp", "/var/tmp", "/dev/shm"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .chain(runtime);
+        for d in dirs {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if let Ok(m) = e.metadata() {
+                    use std::os::unix::fs::MetadataExt;
+                    ids.insert(m.uid());
+                    ids.insert(m.gid());
+                }
+            }
+        }
+        // systemd's own dynamic users: one entry per uid it handed out.
+        for e in std::fs::read_dir("/run/systemd/dynamic-uid")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Ok(id) = name.trim_start_matches("direct:").parse::<u32>() {
+                ids.insert(id);
+            }
+        }
+        Self(ids)
+    }
+
+    fn has(&self, id: u32) -> bool {
+        self.0.contains(&id)
+    }
 }
 
 fn checked(u: ServiceUser) -> Result<ServiceUser, UserError> {
@@ -82,6 +208,17 @@ pub fn choose_from(
     passwd: &str,
     group: &str,
 ) -> Result<Option<ServiceUser>, UserError> {
+    choose_avoiding(env, passwd, group, &|_| false)
+}
+
+/// As [`choose_from`], a uid of the dynamic range `used` says is taken
+/// left out.
+fn choose_avoiding(
+    env: Option<&str>,
+    passwd: &str,
+    group: &str,
+    used: &dyn Fn(u32) -> bool,
+) -> Result<Option<ServiceUser>, UserError> {
     let entries = parse(passwd);
     match env {
         Some("root") => Ok(None),
@@ -91,6 +228,7 @@ pub fn choose_from(
                     uid: *uid,
                     gid: *gid,
                     why: format!("{ENV}={v}"),
+                    hold: None,
                 }));
             }
             let uid: u32 = v.parse().map_err(|cause| UserError::Unknown {
@@ -105,6 +243,7 @@ pub fn choose_from(
                 uid,
                 gid,
                 why: format!("{ENV}={v}"),
+                hold: None,
             }))
         }
         None => {
@@ -113,19 +252,24 @@ pub fn choose_from(
                     uid: *uid,
                     gid: *gid,
                     why: format!("the {DEFAULT_NAME} system user"),
+                    hold: None,
                 }));
             }
             let gids: Vec<u32> = parse(group).iter().map(|(_, g, _)| *g).collect();
             DYNAMIC
                 .into_iter()
                 .find(|id| {
-                    *id != NOBODY && !entries.iter().any(|(_, u, _)| u == id) && !gids.contains(id)
+                    *id != NOBODY
+                        && !entries.iter().any(|(_, u, _)| u == id)
+                        && !gids.contains(id)
+                        && !used(*id)
                 })
                 .map(|id| {
                     Some(ServiceUser {
                         uid: id,
                         gid: id,
-                        why: "an unallocated uid of the dynamic-user range".into(),
+                        why: DYNAMIC_WHY.into(),
+                        hold: None,
                     })
                 })
                 .ok_or(UserError::RangeFull)
@@ -180,12 +324,26 @@ mod tests {
     }
 
     #[test]
+    fn uids_in_use_are_left_out() {
+        let used = |id: u32| id == 61186 || id == 61187;
+        let u = choose_avoiding(None, PASSWD, GROUP, &used)
+            .expect("ok")
+            .expect("some");
+        assert_eq!(u.uid, 61188);
+        // A process of this test runs as root: root is in use; a free
+        // dynamic uid is not (unless a process or file of it exists).
+        let now = InUse::now();
+        assert!(now.has(0));
+    }
+
+    #[test]
     fn root_and_nobody_are_refused() {
         assert_eq!(
             checked(ServiceUser {
                 uid: 0,
                 gid: 5,
-                why: String::new()
+                why: String::new(),
+                hold: None,
             }),
             Err(UserError::Root)
         );
@@ -193,7 +351,8 @@ mod tests {
             checked(ServiceUser {
                 uid: 65534,
                 gid: 65534,
-                why: String::new()
+                why: String::new(),
+                hold: None,
             }),
             Err(UserError::Nobody)
         );

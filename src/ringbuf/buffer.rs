@@ -1,10 +1,12 @@
 //! The buffer: one mapping, its chunk table, and the writers' counters.
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::memory::Memory;
-use super::table::{Committed, Live, Pin, Refused, Table};
+use super::layout::{CoreHeader, Layout, Meta, Mirror, PAGE, RingIdentity};
+use super::memory::{Backing, Memory};
+use super::table::{Live, Pin, Refused, Table};
 use super::writer::{MAX_SLOT_HEADER_BYTES, Writer, WriterCounters};
 use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, WriterId};
 
@@ -12,6 +14,8 @@ use super::{BufferParams, BufferStats, FillPolicy, FlushBatch, RingbufError, Wri
 /// between its writers and the flusher.
 pub struct Buffer {
     memory: Memory,
+    /// Where the chunks start in the mapping (after the header and table).
+    data_offset: usize,
     size_bytes: usize,
     chunk_size: usize,
     chunk_count: usize,
@@ -69,8 +73,20 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// Maps and (if asked) prefaults the buffer.
+    /// Maps and (if asked) prefaults the buffer: anonymous memory, with a
+    /// header that names no session.
     pub fn new(params: BufferParams) -> Result<Arc<Buffer>, RingbufError> {
+        Self::create(params, Backing::Anonymous, &RingIdentity::default())
+    }
+
+    /// Maps the buffer on `backing`, writes its header (`identity`: whose
+    /// it is, and the clocks and config a trace of it needs) and, if asked,
+    /// prefaults it. See `layout` for what the mapping holds.
+    pub fn create(
+        params: BufferParams,
+        backing: Backing,
+        identity: &RingIdentity,
+    ) -> Result<Arc<Buffer>, RingbufError> {
         let chunk_size = params.chunk_size;
         if !(BufferParams::MIN_CHUNK_SIZE..=BufferParams::MAX_CHUNK_SIZE).contains(&chunk_size) {
             return Err(RingbufError::ChunkSize { chunk_size });
@@ -85,18 +101,66 @@ impl Buffer {
         if params.region_chunks == 0 {
             return Err(RingbufError::RegionChunks);
         }
-        let memory = Memory::new(params.size_bytes, params.prefault)?;
         // Exactly the capacity asked for; the page-rounding tail is slack.
         let chunk_count = params.size_bytes / chunk_size;
-        if u32::try_from(chunk_count).is_err() {
+        if chunk_count > super::layout::MAX_CHUNKS {
             return Err(too_small);
         }
+        let meta = Meta {
+            clocks: identity.clocks.clone(),
+            config: identity.config.clone(),
+        }
+        .encode();
+        let map_err = |source| RingbufError::Map {
+            size_bytes: params.size_bytes,
+            source,
+        };
+        let layout = Layout::new(chunk_count, chunk_size, meta.len())
+            .ok_or_else(|| map_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        let total = usize::try_from(layout.total)
+            .map_err(|_| map_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        let memory = Memory::new(total, params.prefault, backing)?;
+        let header = CoreHeader {
+            file_len: layout.total,
+            chunk_size: chunk_size as u32,
+            chunk_count: chunk_count as u32,
+            region_chunks: params.region_chunks.min(u32::MAX as usize) as u32,
+            policy: params.policy,
+            index: identity.index,
+            count: identity.count.max(identity.index + 1),
+            meta_a: layout.meta_a,
+            meta_b: layout.meta_b,
+            meta_len: layout.meta_len as u32,
+            live: layout.live,
+            table: layout.table,
+            data: layout.data,
+            uuid: identity.uuid,
+            uid: identity.uid,
+            pid: identity.pid,
+            boot_id: identity.boot_id,
+            created_realtime_ns: identity.created_realtime_ns,
+        }
+        .encode();
+        // SAFETY: M1, M5 — the header copies and the meta areas lie below
+        // the live page and the table, in the mapping just made, which no
+        // writer or batch can reach yet.
+        unsafe {
+            memory.write_at(0, &header);
+            memory.write_at(PAGE, &header);
+            memory.write_at(layout.meta_a as usize, &meta);
+            memory.write_at(layout.meta_b as usize, &meta);
+        }
+        // SAFETY: M1, M5 — the mapping is `layout.total` bytes from its
+        // page-aligned base, lives in the buffer with every copy of the
+        // mirror (the table, the writers' `Arc`), and has `chunk_count`
+        // table entries.
+        let mirror = unsafe { Mirror::new(memory.base_nonnull(), &layout, chunk_count) };
         let usable = chunk_count * chunk_size;
         let max_packet_len =
             (chunk_size - MAX_SLOT_HEADER_BYTES).max(BufferParams::MAX_PACKET_LEN.min(usable / 4));
-        let committed = (0..chunk_count).map(|_| Committed::default()).collect();
         Ok(Arc::new(Buffer {
             memory,
+            data_offset: layout.data as usize,
             size_bytes: params.size_bytes,
             chunk_size,
             chunk_count,
@@ -104,11 +168,17 @@ impl Buffer {
             policy: params.policy,
             max_packet_len,
             live: Live {
-                committed,
+                mirror,
                 generation: AtomicU64::new(0),
             },
             inner: Mutex::new(Inner {
-                table: Table::new(chunk_count, chunk_size, params.region_chunks, params.policy),
+                table: Table::new(
+                    chunk_count,
+                    chunk_size,
+                    params.region_chunks,
+                    params.policy,
+                    mirror,
+                ),
                 writers: Vec::new(),
                 retired: WriterTotals::default(),
             }),
@@ -184,9 +254,23 @@ impl Buffer {
         self.size_bytes
     }
 
-    /// Bytes actually mapped (page-rounded).
+    /// Bytes actually mapped (page-rounded): the chunks, and before them
+    /// the header, the chunk table and the live page (`layout`).
     pub fn mapped_bytes(&self) -> usize {
         self.memory.len()
+    }
+
+    /// The file behind a shared buffer (a memfd or a ring file), which
+    /// another process may be given to read what the buffer held after
+    /// this one is gone; `None` for anonymous memory.
+    pub fn shared_file(&self) -> Option<BorrowedFd<'_>> {
+        self.memory.file()
+    }
+
+    /// Writes what a file-backed buffer holds back to its file, and waits
+    /// (`--ring-sync`); writers keep going meanwhile. A no-op for memory.
+    pub fn sync_to_file(&self) -> std::io::Result<()> {
+        self.memory.sync()
     }
 
     /// Bytes per chunk.
@@ -217,14 +301,16 @@ impl Buffer {
 
     // ---- for writers and batches ----
 
+    /// Where the chunks start.
     #[inline]
     pub(crate) fn base(&self) -> *mut u8 {
-        self.memory.base()
+        // SAFETY: M1 — the chunks lie `data_offset` bytes into the mapping.
+        unsafe { self.memory.base().add(self.data_offset) }
     }
 
     #[inline]
     pub(crate) fn committed(&self, head: usize) -> &AtomicU64 {
-        &self.live.committed[head].0
+        self.live.committed(head)
     }
 
     #[inline]

@@ -1,7 +1,10 @@
 //! The buffer engine: zero-copy, mmap'd, chunked ring buffers.
 //!
-//! One [`Buffer`] is one anonymous mapping of `size_bytes` (rounded up to the
-//! page size), cut into fixed-size chunks. [`Writer`]s encode packets in place
+//! One [`Buffer`] is one mapping of `size_bytes` (rounded up to the page
+//! size) cut into fixed-size chunks, after a header and a chunk table that
+//! describe it ([`layout`]): anonymous memory, a sealed memfd or a file
+//! ([`Backing`]), so that another process can read back what it held
+//! ([`image`]) once this one is gone. [`Writer`]s encode packets in place
 //! into the chunk they own; the flusher takes byte ranges of the mapping
 //! ([`FlushBatch`]) and hands them to the kernel as iovecs. No byte is copied
 //! between the writer's encoder and the file.
@@ -46,7 +49,8 @@
 //!
 //! Chunk metadata (owner, state, read offset, pins) lives out of band in the
 //! chunk table under the buffer's mutex, so chunk bytes are exactly the bytes
-//! of the file. A *region* is one chunk or a span of adjacent chunks; every
+//! of the file; every change to it is mirrored into the mapping's own chunk
+//! table ([`layout`]), never on the writer's per-packet path. A *region* is one chunk or a span of adjacent chunks; every
 //! state change applies to a whole region. States:
 //! free → writing (one writer) → complete → free, where the flusher may read
 //! the committed prefix of a writing region and pin any region it read until
@@ -83,7 +87,7 @@
 //!   the per-packet path takes no lock; the mutex is held only for table
 //!   bookkeeping, never across I/O; a writer that finds no chunk drops.
 //!
-//! Memory safety rests on four more, cited by every `// SAFETY:`:
+//! Memory safety rests on five more, cited by every `// SAFETY:`:
 //! * **M1** The mapping is created once, never moved or unmapped while the
 //!   [`Buffer`] lives; every access is within `[0, chunk_count * chunk_size)`.
 //! * **M2** Only the writer that owns a writing region writes to it, and only
@@ -99,6 +103,12 @@
 //!   one caller is `storage::write_pass`; what it relies on lives there and
 //!   in `storage` (P1, kept by `storage::WriteList` for every sink, not by
 //!   each sink; P2, local to the pass).
+//! * **M5** The live page and the chunk table lie in the mapping, aligned,
+//!   below the chunks, and are accessed only through atomics (see
+//!   [`layout`]): sound even when another process shares the mapping.
+//!
+//! Reading a ring back in place adds **M6** ([`image::SealedMap`]): the
+//! memfd mapped read-only is sealed against every change first.
 //!
 //! # Writers and chunks
 //!
@@ -168,6 +178,8 @@
 
 mod buffer;
 mod flush;
+pub mod image;
+pub mod layout;
 mod memory;
 mod stats;
 mod table;
@@ -175,6 +187,8 @@ mod writer;
 
 pub use buffer::Buffer;
 pub use flush::{FlushBatch, FlushItem};
+pub use layout::RingIdentity;
+pub use memory::Backing;
 pub use stats::BufferStats;
 pub use writer::{MAX_SLOT_HEADER_BYTES, PacketSlot, Writer, slot_header_bytes};
 
@@ -295,8 +309,9 @@ pub enum DiscardReason {
     /// The space a writer could take is pinned by a write pass in flight
     /// (its bytes are being written to the file); it frees as the pass ends.
     Pinned,
-    /// Every chunk not in a pass is held by another writer: more writers
-    /// than the buffer has chunks.
+    /// Every chunk not in a pass is held by another writer, or was taken by
+    /// one for little data (DISCARD, its unread chunks less than half
+    /// filled): more writers than the buffer has chunks, not a full buffer.
     HeldByWriters,
 }
 

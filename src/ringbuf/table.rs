@@ -1,27 +1,36 @@
 //! The chunk table: who owns which chunk, what of it was read, what is
 //! pinned. Pure bookkeeping under the buffer's mutex; it never touches chunk
-//! bytes, only the writers' published committed lengths.
+//! bytes, only the writers' published committed lengths. Every change to a
+//! region is mirrored into the mapping's chunk table (`layout::Mirror`), so
+//! that what the buffer holds can be read back by another process after
+//! this one died.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::layout::{Mirror, flags};
 use super::{BufferStats, DiscardReason, FillPolicy, WriterId};
 
 /// What writers and the table share without the mutex.
 pub(crate) struct Live {
-    /// Per head chunk: the writing region's committed `(bytes, packets)`,
-    /// packed by [`pack`]; stored by the owning writer after every packet.
-    pub(crate) committed: Box<[Committed]>,
+    /// The mapping's chunk table: per head chunk, the writing region's
+    /// committed `(bytes, packets)`, packed by [`pack`], stored by the
+    /// owning writer after every packet (each word on a cache line of its
+    /// own: two writers storing into neighbouring chunks must not share
+    /// one).
+    pub(crate) mirror: Mirror,
     /// Bumped whenever a chunk may have become available, so that a writer
     /// refused once can fail fast, without the lock, until something changed.
     pub(crate) generation: AtomicU64,
 }
 
-/// One committed word on its own cache line: two writers storing after
-/// every packet into neighbouring chunks must not share a line.
-#[repr(align(64))]
-#[derive(Debug, Default)]
-pub(crate) struct Committed(pub(crate) AtomicU64);
+impl Live {
+    /// The committed word of the region at `head`.
+    #[inline]
+    pub(crate) fn committed(&self, head: usize) -> &AtomicU64 {
+        &self.mirror.desc(head).committed
+    }
+}
 
 /// Packs a committed length and packet count into one word, so that one
 /// Release store publishes both consistently.
@@ -130,6 +139,10 @@ pub(crate) struct Table {
     served: BTreeSet<WriterId>,
     totals: BufferStats,
     generation: u64,
+    /// The mapping's chunk table and live page.
+    mirror: Mirror,
+    /// Regions handed out so far: the next one's acquisition number.
+    orders: u64,
 }
 
 /// A chunk acquisition was refused: the generation at that moment, and why.
@@ -145,6 +158,7 @@ impl Table {
         chunk_size: usize,
         region_chunks: usize,
         policy: FillPolicy,
+        mirror: Mirror,
     ) -> Table {
         Table {
             slots: vec![Slot::Free; chunk_count],
@@ -160,7 +174,23 @@ impl Table {
             served: BTreeSet::new(),
             totals: BufferStats::default(),
             generation: 0,
+            mirror,
+            orders: 0,
         }
+    }
+
+    /// The region at `head`'s flags, as the mapping's table keeps them.
+    fn flag_bits(r: &Region) -> u32 {
+        (if r.loss_pending {
+            flags::LOSS_BEFORE
+        } else {
+            0
+        }) | (if r.cleared { flags::CLEARED } else { 0 })
+    }
+
+    /// The counters, on the mapping's live page.
+    fn mirror_stats(&self) {
+        self.mirror.stats(&self.totals);
     }
 
     fn bump(&mut self, live: &Live) {
@@ -201,7 +231,7 @@ impl Table {
         if r.writing {
             // Acquire pairs with the writer's Release store: the bytes below
             // the length are visible (M2).
-            unpack(live.committed[head].0.load(Ordering::Acquire))
+            unpack(live.committed(head).load(Ordering::Acquire))
         } else {
             (r.used, r.packets)
         }
@@ -222,6 +252,7 @@ impl Table {
                     Some(next) => {
                         if let Some(Slot::Head(n)) = self.slots.get_mut(next) {
                             n.loss_pending = true;
+                            self.mirror.flags(next, Self::flag_bits(n));
                         }
                     }
                     None => seq.loss_tail = true,
@@ -232,6 +263,7 @@ impl Table {
         for s in &mut self.slots[head..end] {
             *s = Slot::Free;
         }
+        self.mirror.free(head);
         self.free_chunks += r.chunks as usize;
     }
 
@@ -293,6 +325,7 @@ impl Table {
         let want = self.region_size(need);
         let Some(found) = self.find(need, want) else {
             self.totals.chunks_discarded += 1;
+            self.mirror_stats();
             return Err(Refused {
                 generation: self.generation,
                 reason: self.refusal_reason(need),
@@ -339,7 +372,10 @@ impl Table {
         self.free_chunks -= k;
         self.writing_chunks += k;
         self.writing_regions += 1;
-        live.committed[start].0.store(pack(0, 0), Ordering::Release);
+        live.committed(start).store(pack(0, 0), Ordering::Release);
+        self.orders += 1;
+        self.mirror
+            .begin_region(start, k, id.0, self.orders, loss_pending);
         if wrapped {
             self.totals.write_wrap_count += 1;
         }
@@ -348,6 +384,7 @@ impl Table {
             self.cursor = 0;
             self.totals.write_wrap_count += 1;
         }
+        self.mirror_stats();
         Ok((start, k))
     }
 
@@ -423,10 +460,13 @@ impl Table {
 
     /// Why `need` chunks could not be had: a write pass pins space that
     /// would do once released; else DISCARD's unread data fills at least as
-    /// many chunks as writers hold (the buffer is full); else writers hold
-    /// the chunks (many writers, little data: "full" would mislead).
+    /// many chunks as writers hold, and fills them (at least half of their
+    /// bytes: the buffer is full); else writers hold the chunks, or took
+    /// them for little data each (many writers, few chunks: "full" would
+    /// mislead, with most of the buffer's bytes unused).
     fn refusal_reason(&self, need: usize) -> DiscardReason {
         let (mut pinned, mut unread, mut held) = (0usize, 0usize, 0usize);
+        let mut unread_bytes = 0u64;
         for slot in &self.slots {
             match slot {
                 Slot::Head(r) if r.writing => held += r.chunks as usize,
@@ -437,14 +477,16 @@ impl Table {
                     }
                     if r.read < r.used {
                         unread += r.chunks as usize;
+                        unread_bytes += u64::from(r.used - r.read);
                     }
                 }
                 _ => {}
             }
         }
+        let filled = unread_bytes.saturating_mul(2) >= (unread * self.chunk_size) as u64;
         if pinned > 0 && pinned + self.free_chunks >= need {
             DiscardReason::Pinned
-        } else if self.policy == FillPolicy::Discard && unread > 0 && unread >= held {
+        } else if self.policy == FillPolicy::Discard && unread > 0 && unread >= held && filled {
             DiscardReason::Full
         } else if pinned > 0 {
             DiscardReason::Pinned
@@ -467,6 +509,7 @@ impl Table {
         r.used = used;
         r.packets = packets;
         let r = *r;
+        self.mirror.complete(head, pack(used, packets));
         self.writing_chunks -= r.chunks as usize;
         self.writing_regions -= 1;
         if used > 0 {
@@ -482,6 +525,7 @@ impl Table {
         if r.pins == 0 && r.read == used {
             self.free_region(head, r.loss_pending);
         }
+        self.mirror_stats();
         self.bump(live);
     }
 
@@ -499,6 +543,7 @@ impl Table {
             slots,
             sequences,
             totals,
+            mirror,
             ..
         } = self;
         for (&id, seq) in sequences.iter_mut() {
@@ -516,6 +561,7 @@ impl Table {
                     pending = true;
                     if !snapshot {
                         r.loss_pending = false;
+                        mirror.flags(h, Self::flag_bits(r));
                     }
                 }
                 let (end, end_packets) = Self::end_of(r, h, live);
@@ -530,6 +576,7 @@ impl Table {
                 let len = (end - r.read) as usize;
                 push_data(&mut taken.items, offset, len);
                 r.pins += 1;
+                mirror.pins(h, r.pins);
                 taken.bytes += len as u64;
                 taken.pins.push(Pin {
                     head: h as u32,
@@ -540,6 +587,7 @@ impl Table {
                     totals.packets_read += u64::from(end_packets - r.read_packets);
                     r.read = end;
                     r.read_packets = end_packets;
+                    mirror.read(h, pack(end, end_packets), Self::flag_bits(r));
                     if !r.writing && !r.cleared {
                         totals.chunks_read += u64::from(r.chunks);
                     }
@@ -550,11 +598,14 @@ impl Table {
                 // Nothing follows the loss yet: keep it where the writer's
                 // next bytes will go, or mark the end of a finished stream.
                 let last_writing = seq.regions.back().and_then(|&h| match slots.get_mut(h) {
-                    Some(Slot::Head(r)) if r.writing => Some(r),
+                    Some(Slot::Head(r)) if r.writing => Some((h, r)),
                     _ => None,
                 });
                 match last_writing {
-                    Some(r) => r.loss_pending |= !snapshot,
+                    Some((h, r)) => {
+                        r.loss_pending |= !snapshot;
+                        mirror.flags(h, Self::flag_bits(r));
+                    }
                     None if seq.writers > 0 => seq.loss_tail |= !snapshot,
                     None => taken.items.push(RawItem::Loss(id)),
                 }
@@ -562,6 +613,7 @@ impl Table {
         }
         if !snapshot {
             sequences.retain(|_, s| s.writers > 0 || !s.regions.is_empty() || s.loss_tail);
+            self.mirror_stats();
             if taken.bytes > 0 {
                 // What was unread is now pinned: a writer refused before
                 // asks again, and is told the new reason.
@@ -580,6 +632,7 @@ impl Table {
             };
             r.pins = r.pins.saturating_sub(1);
             let r = *r;
+            self.mirror.pins(h, r.pins);
             if r.pins == 0 && !r.writing && r.read == r.used {
                 self.free_region(h, r.loss_pending);
             }
@@ -595,6 +648,7 @@ impl Table {
             slots,
             sequences,
             totals,
+            mirror,
             ..
         } = self;
         for seq in sequences.values() {
@@ -613,6 +667,7 @@ impl Table {
                     r.read_packets = end_packets;
                     r.loss_pending = true;
                     r.cleared = true;
+                    mirror.read(h, pack(end, end_packets), Self::flag_bits(r));
                 }
                 if !r.writing && r.pins == 0 {
                     freeable.push((h, r.loss_pending));
@@ -622,6 +677,7 @@ impl Table {
         for (h, lost) in freeable {
             self.free_region(h, lost);
         }
+        self.mirror_stats();
         self.bump(live);
     }
 

@@ -394,7 +394,9 @@ fn params_are_checked() {
     );
     let b = Buffer::new(params(3, 1000, FillPolicy::Discard)).expect("valid");
     assert_eq!(b.size_bytes(), 3000);
-    assert_eq!(b.mapped_bytes(), 4096, "page-rounded");
+    // Two header pages, two meta pages, the live page, one page of chunk
+    // table and one of chunks: page-rounded areas (`layout`).
+    assert_eq!(b.mapped_bytes(), 7 * 4096, "page-rounded areas");
     assert_eq!(b.chunk_count(), 3);
     assert_eq!(b.stats().buffer_size, 3000);
 }
@@ -742,11 +744,11 @@ fn discard_says_full_only_when_unread_data_fills_the_chunks() {
     // hold the chunks, not because the buffer is full.
     let b = buffer(4, 64, FillPolicy::Discard);
     let mut done = b.writer(WriterId(1));
-    done.write_packet(&pkt(1, 10)).expect("a chunk");
+    done.write_packet(&pkt(1, 40)).expect("a chunk");
     drop(done);
     let mut held: Vec<Writer> = (2..5).map(|i| b.writer(WriterId(i))).collect();
     for (i, w) in held.iter_mut().enumerate() {
-        w.write_packet(&pkt(i as u8, 10)).expect("a chunk");
+        w.write_packet(&pkt(i as u8, 40)).expect("a chunk");
     }
     let mut late = b.writer(WriterId(9));
     assert_eq!(
@@ -760,6 +762,26 @@ fn discard_says_full_only_when_unread_data_fills_the_chunks() {
         late.write_packet(&pkt(9, 10)),
         Err(WriteError::Discarded(DiscardReason::Full))
     );
+}
+
+#[test]
+fn many_writers_on_few_chunks_are_not_called_a_full_buffer() {
+    // Eight chunks of 64 B, DISCARD, eight writers done with 12 bytes each:
+    // every chunk is taken, but the buffer holds 96 of its 512 bytes. The
+    // ninth writer is refused because other writers took the chunks.
+    let b = buffer(8, 64, FillPolicy::Discard);
+    for i in 1..=8u32 {
+        let mut w = b.writer(WriterId(i));
+        w.write_packet(&pkt(i as u8, 10)).expect("a chunk");
+    }
+    let mut late = b.writer(WriterId(9));
+    assert_eq!(
+        late.write_packet(&pkt(9, 10)),
+        Err(WriteError::Discarded(DiscardReason::HeldByWriters))
+    );
+    let s = b.stats();
+    assert_eq!(s.discarded_full(), (0, 0));
+    assert_eq!((s.packets_discarded_held, s.bytes_discarded_held), (1, 12));
 }
 
 #[test]

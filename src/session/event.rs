@@ -61,6 +61,9 @@ pub struct TriggerArrival {
     /// The sender's uid, from the socket.
     pub uid: u32,
     pub names: Vec<TriggerName>,
+    /// When what fired them happened (BOOTTIME ns): a rule's matched event,
+    /// written as the `trigger` packet's time; `None`: when they arrived.
+    pub at_ns: Option<u64>,
 }
 
 /// Inputs to the session.
@@ -87,6 +90,9 @@ pub enum Event {
     DrainRequest(RequestId),
     /// A consumer's CloneSession: a flush, then a copy of the buffers.
     CloneRequest(RequestId),
+    /// `recorder rotate`, or a rule's `then rotate`: a write pass, then the
+    /// segment closed and the next opened.
+    RotateRequest(RequestId),
     /// The flush `id` finished; `complete` when every source acknowledged.
     SourcesFlushed {
         id: FlushId,
@@ -104,7 +110,10 @@ pub enum Event {
         cap_reached: bool,
         segment: Option<SegmentFill>,
     },
-    /// A write pass or a rotation failed; the output is poisoned.
+    /// The output's fdatasync ([`Action::SyncOutput`]) succeeded.
+    OutputSynced,
+    /// A write pass, a rotation or the output's sync failed; the output is
+    /// poisoned.
     OutputFailed(OutputError),
     /// A data source failed.
     SourceFailed(SourceFailure),
@@ -119,13 +128,27 @@ pub enum SourcePhase {
     Running,
 }
 
-/// A data source that failed: which, when, and why (as the source says it).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A data source that failed: which, when, and why (the source's error
+/// itself, shared: events are cloned, errors are not).
+#[derive(Clone, Debug)]
 pub struct SourceFailure {
     pub source: String,
     pub phase: SourcePhase,
-    pub cause: String,
+    pub cause: std::sync::Arc<crate::sources::SourceError>,
 }
+
+/// Two failures are the same when they name the same source, phase and
+/// error (the one shared error, or one worded alike).
+impl PartialEq for SourceFailure {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+            && self.phase == other.phase
+            && (std::sync::Arc::ptr_eq(&self.cause, &other.cause)
+                || self.cause.to_string() == other.cause.to_string())
+    }
+}
+
+impl Eq for SourceFailure {}
 
 impl std::fmt::Display for SourceFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,7 +156,7 @@ impl std::fmt::Display for SourceFailure {
             SourcePhase::Starting => "could not start",
             SourcePhase::Running => "failed while recording",
         };
-        write!(f, "{} {when}: {}", self.source, self.cause)
+        write!(f, "{} {when}: {}", self.source, self.cause.cause_text())
     }
 }
 
@@ -163,6 +186,8 @@ pub struct AcceptedTrigger {
     pub stop_delay: Duration,
     /// The snapshot this trigger takes (CLONE_SNAPSHOT).
     pub snapshot: Option<u32>,
+    /// When what fired it happened (see [`TriggerArrival::at_ns`]).
+    pub at_ns: Option<u64>,
 }
 
 /// Why a trigger was not acted on.
@@ -179,6 +204,9 @@ pub enum TriggerRefusal {
     NotRecording,
     /// CLONE_SNAPSHOT: the session's snapshot budget is spent.
     SnapshotBudget,
+    /// CLONE_SNAPSHOT: the sender's uid has taken its share of the budget
+    /// (or the uids other than root and the session's user all of theirs).
+    SnapshotShare,
     /// CLONE_SNAPSHOT: a snapshot is already under way; this trigger adds
     /// nothing to it.
     SnapshotInProgress,
@@ -195,6 +223,7 @@ impl TriggerRefusal {
             TriggerRefusal::AlreadyTriggered => "already_triggered",
             TriggerRefusal::NotRecording => "not_recording",
             TriggerRefusal::SnapshotBudget => "snapshot_budget_spent",
+            TriggerRefusal::SnapshotShare => "snapshot_share_spent",
             TriggerRefusal::SnapshotInProgress => "snapshot_in_progress",
         }
     }
@@ -232,6 +261,27 @@ pub enum Answer {
     Drained,
     /// No clone, and why.
     NotCloned(CloneRefusal),
+    /// The segment was cut, or why not.
+    Rotated(Result<(), RotateRefusal>),
+}
+
+/// Why `recorder rotate` was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotateRefusal {
+    /// The output is one file, not segments.
+    NotSegmented,
+    /// Not recording (yet, or any more), or nothing written yet.
+    NotRecording,
+}
+
+impl RotateRefusal {
+    /// The reason as the control protocol spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RotateRefusal::NotSegmented => "not_segmented",
+            RotateRefusal::NotRecording => "not_recording",
+        }
+    }
 }
 
 /// Why a consumer's clone was refused.
@@ -339,7 +389,8 @@ pub enum Action {
         pass: Pass,
         sync: bool,
     },
-    /// fdatasync the output (a stop that writes no final pass).
+    /// fdatasync the output (a stop that writes no final pass); answer
+    /// with [`Event::OutputSynced`] or [`Event::OutputFailed`].
     SyncOutput,
     /// Close the segment being written and open the next; answer a failure
     /// with [`Event::OutputFailed`].

@@ -35,16 +35,16 @@ mod tests;
 mod timeline;
 
 pub use event::{
-    AcceptedTrigger, Action, Answer, CloneRefusal, Event, FlushId, Pass, RequestId, SegmentFill,
-    SourceFailure, SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival, TriggerName,
-    TriggerRefusal,
+    AcceptedTrigger, Action, Answer, CloneRefusal, Event, FlushId, Pass, RequestId, RotateRefusal,
+    SegmentFill, SourceFailure, SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival,
+    TriggerName, TriggerRefusal,
 };
 pub use timeline::{
     CloneRule, FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline,
     TimelineError, TriggerMode, TriggerRule, anchored,
 };
 
-use crate::storage::segment::policy::rotation_due;
+use crate::storage::segment::policy::{RotateReason, rotation_due};
 use crate::storage::write_pass::Take;
 
 /// How long producers' start acks are awaited before the session notes the
@@ -84,6 +84,8 @@ enum StopPhase {
     Flushing(FlushId),
     StoppingSources,
     FinalPass,
+    /// No final pass: the output's fdatasync, whose failure is the exit's.
+    FinalSync,
 }
 
 /// The lifecycle state machine.
@@ -105,6 +107,8 @@ pub struct Session {
     snapshot_pending: Option<u32>,
     /// Triggers refused by the snapshot budget or a snapshot under way.
     snapshots_refused: u64,
+    /// Snapshots taken by each uid other than root and the session's user.
+    snapshots_by_uid: BTreeMap<u32, u32>,
     /// The trigger whose delayed stop is pending.
     stop_trigger_name: Option<String>,
     flushes: BTreeMap<FlushId, FlushPurpose>,
@@ -112,6 +116,8 @@ pub struct Session {
     flush_counts: FlushCounts,
     /// Drain requests waiting for their write pass.
     drains: Vec<RequestId>,
+    /// Rotation requests waiting for their write pass.
+    rotations: Vec<RequestId>,
 }
 
 /// The flushes asked of the data sources so far, as `trace_stats` reports
@@ -140,11 +146,13 @@ impl Session {
             snapshots: 0,
             snapshot_pending: None,
             snapshots_refused: 0,
+            snapshots_by_uid: BTreeMap::new(),
             stop_trigger_name: None,
             flushes: BTreeMap::new(),
             next_flush: 0,
             flush_counts: FlushCounts::default(),
             drains: Vec::new(),
+            rotations: Vec::new(),
         }
     }
 
@@ -268,6 +276,23 @@ impl Session {
                     vec![Action::Reply(req, Answer::Drained)]
                 }
             }
+            Event::RotateRequest(req) => {
+                if self.timeline.rotation.is_none() {
+                    vec![Action::Reply(
+                        req,
+                        Answer::Rotated(Err(RotateRefusal::NotSegmented)),
+                    )]
+                } else if self.state != State::Recording || self.waiting_for_trigger() {
+                    vec![Action::Reply(
+                        req,
+                        Answer::Rotated(Err(RotateRefusal::NotRecording)),
+                    )]
+                } else {
+                    // The segment closes with everything recorded so far.
+                    self.rotations.push(req);
+                    vec![self.periodic_pass()]
+                }
+            }
             Event::SourcesFlushed { id, complete } => {
                 let mut out = vec![Action::CancelTimer(Timer::FlushDeadline(id))];
                 out.extend(self.flushed(id, complete, now));
@@ -299,13 +324,18 @@ impl Session {
                 out.extend(match self.phase {
                     Some(StopPhase::FinalPass) => self.finish(),
                     None if cap_reached => self.stop(StopReason::SizeCap, true, now),
+                    None if !self.rotations.is_empty() => self.rotate_requested(),
                     None => self.rotate_if_due(segment),
                     _ => Vec::new(),
                 });
                 out
             }
+            Event::OutputSynced => match self.phase {
+                Some(StopPhase::FinalSync) => self.finish(),
+                _ => Vec::new(),
+            },
             Event::OutputFailed(e) => match self.phase {
-                Some(StopPhase::FinalPass) => {
+                Some(StopPhase::FinalPass | StopPhase::FinalSync) => {
                     self.stop_reason = Some(StopReason::OutputFailed(e));
                     self.finish()
                 }
@@ -576,11 +606,12 @@ impl Session {
             producer,
             uid,
             names,
+            at_ns,
         } = arrival;
         let mut out = Vec::new();
         let mut outcomes = Vec::with_capacity(names.len());
         for t in names {
-            let res = self.trigger(&t, &producer, uid, now, &mut out);
+            let res = self.trigger(&t, &producer, uid, at_ns, now, &mut out);
             outcomes.push((t.name, res));
         }
         if let Some(req) = request {
@@ -595,6 +626,7 @@ impl Session {
         t: &TriggerName,
         producer: &str,
         uid: u32,
+        at_ns: Option<u64>,
         now: Duration,
         out: &mut Vec<Action>,
     ) -> Result<(), TriggerRefusal> {
@@ -625,6 +657,7 @@ impl Session {
             uid,
             stop_delay,
             snapshot: None,
+            at_ns,
         };
         match self.timeline.mode {
             TriggerMode::StartTracing => {
@@ -660,9 +693,21 @@ impl Session {
                     self.snapshots_refused += 1;
                     return Err(TriggerRefusal::SnapshotInProgress);
                 }
-                if !self.timeline.snapshot_budget.allows(self.snapshots) {
+                let budget = self.timeline.snapshot_budget;
+                if !budget.allows(self.snapshots) {
                     self.snapshots_refused += 1;
                     return Err(TriggerRefusal::SnapshotBudget);
+                }
+                // A fair share per uid: one uid's flood takes its share, not
+                // the budget; root and the session's user keep a reserve.
+                if !budget.privileged(uid) {
+                    let by_others: u32 = self.snapshots_by_uid.values().sum();
+                    let mine = self.snapshots_by_uid.get(&uid).copied().unwrap_or(0);
+                    if by_others >= budget.total() - budget.reserved() || mine >= budget.share() {
+                        self.snapshots_refused += 1;
+                        return Err(TriggerRefusal::SnapshotShare);
+                    }
+                    *self.snapshots_by_uid.entry(uid).or_default() += 1;
                 }
                 self.triggered = true;
                 let n = self.snapshots;
@@ -696,6 +741,26 @@ impl Session {
         }
     }
 
+    /// The requested rotations: the pass just written closes the segment.
+    fn rotate_requested(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.state == State::Recording {
+            out.push(Action::Rotate(RotateReason::Requested));
+            out.push(Action::ClearIncrementalState);
+        }
+        let answer = if self.state == State::Recording {
+            Ok(())
+        } else {
+            Err(RotateRefusal::NotRecording)
+        };
+        out.extend(
+            self.rotations
+                .drain(..)
+                .map(|req| Action::Reply(req, Answer::Rotated(answer))),
+        );
+        out
+    }
+
     /// Begins the stop sequence (once).
     fn stop(&mut self, reason: StopReason, skip_flush: bool, now: Duration) -> Vec<Action> {
         if matches!(self.state, State::Stopping | State::Finished) {
@@ -705,6 +770,12 @@ impl Session {
         self.stop_reason = Some(reason);
         // Flushes still under way no longer lead anywhere.
         let mut out = vec![Action::AnnounceStop];
+        // The stop's final pass ends the segment: no rotation follows.
+        out.extend(
+            self.rotations
+                .drain(..)
+                .map(|req| Action::Reply(req, Answer::Rotated(Err(RotateRefusal::NotRecording)))),
+        );
         let cut_short = std::mem::take(&mut self.flushes);
         self.flush_counts.failed += cut_short.len() as u64;
         for (id, purpose) in cut_short {
@@ -766,7 +837,11 @@ impl Session {
             return out;
         }
         if !matches!(reason, StopReason::OutputFailed(_)) {
+            // What was written must reach the disk; a failure there fails
+            // the session (ARCHITECTURE.md §5.2).
+            self.phase = Some(StopPhase::FinalSync);
             out.push(Action::SyncOutput);
+            return out;
         }
         out.extend(self.finish());
         out

@@ -44,6 +44,7 @@ fn trig(name: &str) -> Event {
             draw: 0.5,
             matches_last_24h: 0,
         }],
+        at_ns: None,
     })
 }
 
@@ -102,6 +103,8 @@ fn finish_stop(s: &mut Session, first: Vec<Action>, now: u64) -> Vec<Action> {
                 cap_reached: false,
                 segment: None,
             }
+        } else if last.contains(&Action::SyncOutput) {
+            Event::OutputSynced
         } else {
             break;
         };
@@ -400,10 +403,43 @@ fn size_cap_stops_without_flush_or_final_pass() {
             Action::CancelTimer(Timer::StopDeadline),
             Action::Service(ServiceEvent::TracingDisabled),
             Action::SyncOutput,
+        ]
+    );
+    // The end waits for the sync.
+    assert_eq!(
+        s.on_event(Event::OutputSynced, ms(102)),
+        vec![
             Action::CloseOutput { failed: false },
             Action::Exit(StopReason::SizeCap),
         ]
     );
+}
+
+#[test]
+fn a_failed_sync_at_a_stop_without_a_final_pass_fails_the_session() {
+    let mut t = timeline(TriggerMode::None, vec![]);
+    t.write_period = Some(ms(100));
+    let mut s = begun(t);
+    let a = s.on_event(
+        Event::PassWritten {
+            cap_reached: true,
+            segment: None,
+        },
+        ms(100),
+    );
+    assert!(a.contains(&Action::StopSources));
+    let a = s.on_event(Event::SourcesStopped, ms(101));
+    assert!(a.contains(&Action::SyncOutput));
+    let e = failed(SinkError::Sync(rustix::io::Errno::IO));
+    let a = s.on_event(Event::OutputFailed(e.clone()), ms(102));
+    assert_eq!(
+        a,
+        vec![
+            Action::CloseOutput { failed: true },
+            Action::Exit(StopReason::OutputFailed(e.clone())),
+        ]
+    );
+    assert!(StopReason::OutputFailed(e).is_failure());
 }
 
 #[test]
@@ -472,7 +508,10 @@ fn source_failure_stops_with_a_flush() {
     let gone = SourceFailure {
         source: "linux.ftrace".into(),
         phase: SourcePhase::Running,
-        cause: "tracefs went away".into(),
+        cause: std::sync::Arc::new(crate::sources::SourceError::Failed {
+            source_name: "linux.ftrace".into(),
+            cause: "tracefs went away".into(),
+        }),
     };
     assert_eq!(
         gone.to_string(),
@@ -661,6 +700,7 @@ fn clone_triggers_in_a_burst_make_one_snapshot_and_the_budget_bounds_them_all() 
         max_count: 3,
         max_bytes: 10 << 20,
         bytes_each: 4 << 20,
+        owner_uid: 0,
     };
     let mut s = begun(t);
     let mut written = 0;
@@ -695,6 +735,96 @@ fn clone_triggers_in_a_burst_make_one_snapshot_and_the_budget_bounds_them_all() 
     assert_eq!(s.snapshots_refused(), 298);
 }
 
+/// A snapshot trigger from `uid`, its outcome; a snapshot it starts is
+/// written at once (its flush completes), so the next may start.
+fn snap_from(s: &mut Session, uid: u32, now: u64) -> Result<(), TriggerRefusal> {
+    let a = s.on_event(
+        Event::Triggers(TriggerArrival {
+            request: Some(RequestId(9)),
+            producer: "p".into(),
+            uid,
+            at_ns: None,
+            names: vec![TriggerName {
+                name: "snap".into(),
+                draw: 0.5,
+                matches_last_24h: 0,
+            }],
+        }),
+        ms(now),
+    );
+    let res = a
+        .iter()
+        .find_map(|a| match a {
+            Action::Reply(RequestId(9), Answer::Triggers(o)) => Some(o[0].1),
+            _ => None,
+        })
+        .expect("a reply");
+    if let Some(id) = flush_id(&a) {
+        s.on_event(Event::SourcesFlushed { id, complete: true }, ms(now));
+    }
+    res
+}
+
+#[test]
+fn one_uids_flood_takes_its_share_of_the_snapshot_budget_not_all_of_it() {
+    let mut t = timeline(TriggerMode::CloneSnapshot, vec![rule("snap", 0)]);
+    t.snapshot_budget = crate::session::SnapshotBudget {
+        max_count: 16,
+        max_bytes: 4 << 30,
+        bytes_each: 1 << 20,
+        owner_uid: 500,
+    };
+    let b = t.snapshot_budget;
+    assert_eq!((b.total(), b.reserved(), b.share()), (16, 4, 3));
+    let mut s = begun(t);
+    let mut now = 0;
+    let mut tally = |s: &mut Session, uid: u32, n: u32| {
+        let mut ok = 0;
+        let mut refused = Vec::new();
+        for _ in 0..n {
+            now += 10;
+            match snap_from(s, uid, now) {
+                Ok(()) => ok += 1,
+                Err(e) => refused.push(e),
+            }
+        }
+        (ok, refused)
+    };
+    // 200 triggers of one uid: its share, the rest refused as such.
+    let (ok, refused) = tally(&mut s, 65534, 200);
+    assert_eq!(ok, 3);
+    assert!(refused.iter().all(|r| *r == TriggerRefusal::SnapshotShare));
+    assert_eq!(
+        TriggerRefusal::SnapshotShare.as_str(),
+        "snapshot_share_spent"
+    );
+    // Three more uids take theirs; a fifth finds the others' part spent.
+    for uid in [65533, 65532, 65531] {
+        assert_eq!(tally(&mut s, uid, 10).0, 3, "uid {uid}");
+    }
+    assert_eq!(tally(&mut s, 65530, 10).0, 0);
+    // Root and the session's user still have the reserve: 4 left in all.
+    assert_eq!(tally(&mut s, 0, 2).0, 2);
+    assert_eq!(tally(&mut s, 500, 5).0, 2);
+    assert_eq!(
+        snap_from(&mut s, 0, 100_000),
+        Err(TriggerRefusal::SnapshotBudget)
+    );
+    // A small budget: one snapshot for others, one kept.
+    let small = crate::session::SnapshotBudget {
+        max_count: 16,
+        max_bytes: 2 << 20,
+        bytes_each: 1 << 20,
+        owner_uid: 500,
+    };
+    assert_eq!((small.total(), small.reserved(), small.share()), (2, 1, 1));
+    let one = crate::session::SnapshotBudget {
+        max_bytes: 1 << 20,
+        ..small
+    };
+    assert_eq!((one.total(), one.reserved(), one.share()), (1, 1, 0));
+}
+
 #[test]
 fn one_request_gets_one_reply_with_every_outcome_in_order() {
     let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("b", 1000)]));
@@ -712,6 +842,7 @@ fn one_request_gets_one_reply_with_every_outcome_in_order() {
             producer: "app".into(),
             uid: 1000,
             names,
+            at_ns: None,
         }),
         ms(0),
     );
@@ -736,6 +867,7 @@ fn one_request_gets_one_reply_with_every_outcome_in_order() {
         uid: 1000,
         stop_delay: ms(1000),
         snapshot: None,
+        at_ns: None,
     })));
 }
 
@@ -757,6 +889,7 @@ fn rule_filters() {
                     draw,
                     matches_last_24h: n,
                 }],
+                at_ns: None,
             }),
             ms(0),
         );
@@ -1109,5 +1242,75 @@ fn a_consumers_clone_flushes_then_copies_and_is_refused_when_it_cannot() {
     assert!(a.contains(&Action::Reply(
         RequestId(3),
         Answer::NotCloned(CloneRefusal::NotRecording)
+    )));
+}
+
+#[test]
+fn a_rotation_on_request_writes_what_is_recorded_then_cuts() {
+    use crate::storage::segment::policy::RotateReason;
+    let mut s = begun(rotating(TriggerMode::None, vec![]));
+    assert_eq!(
+        s.on_event(Event::RotateRequest(RequestId(7)), ms(100)),
+        vec![Action::WritePass {
+            pass: Pass::Periodic,
+            sync: false
+        }]
+    );
+    // The next pass closes the segment, however little it holds.
+    assert_eq!(
+        s.on_event(pass(10, 0), ms(110)),
+        vec![
+            Action::Rotate(RotateReason::Requested),
+            Action::ClearIncrementalState,
+            Action::Reply(RequestId(7), Answer::Rotated(Ok(())))
+        ]
+    );
+    assert!(s.on_event(pass(20, 0), ms(120)).is_empty());
+    // A stop answers a rotation still waiting for its pass.
+    s.on_event(Event::RotateRequest(RequestId(8)), ms(130));
+    let a = s.on_event(Event::Signal, ms(140));
+    assert!(a.contains(&Action::Reply(
+        RequestId(8),
+        Answer::Rotated(Err(RotateRefusal::NotRecording))
+    )));
+    // One file is not cut.
+    let mut one = begun(timeline(TriggerMode::None, vec![]));
+    assert_eq!(
+        one.on_event(Event::RotateRequest(RequestId(1)), ms(0)),
+        vec![Action::Reply(
+            RequestId(1),
+            Answer::Rotated(Err(RotateRefusal::NotSegmented))
+        )]
+    );
+}
+
+#[test]
+fn a_rules_firing_carries_its_events_time_into_the_trigger() {
+    let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("crash", 0)]));
+    let a = s.on_event(
+        Event::Triggers(TriggerArrival {
+            request: Some(RequestId(2)),
+            producer: "recorder".into(),
+            uid: 0,
+            names: vec![TriggerName {
+                name: "crash".into(),
+                draw: 0.5,
+                matches_last_24h: 0,
+            }],
+            at_ns: Some(12_345),
+        }),
+        ms(50),
+    );
+    assert!(a.contains(&Action::AcceptTrigger(AcceptedTrigger {
+        name: "crash".into(),
+        producer: "recorder".into(),
+        uid: 0,
+        stop_delay: ms(0),
+        snapshot: None,
+        at_ns: Some(12_345),
+    })));
+    assert!(a.contains(&Action::Reply(
+        RequestId(2),
+        Answer::Triggers(vec![("crash".into(), Ok(()))])
     )));
 }

@@ -106,6 +106,11 @@ pub struct SnapshotBudget {
     pub max_bytes: u64,
     /// The most one snapshot can hold: every buffer full.
     pub bytes_each: u64,
+    /// The session's user. Its triggers and root's always find room: a
+    /// quarter of the budget ([`SnapshotBudget::reserved`]) is theirs alone,
+    /// and every other uid may take at most its share of the rest
+    /// ([`SnapshotBudget::share`]).
+    pub owner_uid: u32,
 }
 
 /// Snapshots a session writes at most unless told otherwise.
@@ -118,6 +123,34 @@ impl SnapshotBudget {
     pub fn allows(&self, taken: u32) -> bool {
         taken < self.max_count
             && u64::from(taken + 1).saturating_mul(self.bytes_each) <= self.max_bytes
+    }
+
+    /// Snapshots the budget holds in all, by count and by bytes.
+    pub fn total(&self) -> u32 {
+        match self.max_bytes.checked_div(self.bytes_each) {
+            Some(fit) => self.max_count.min(u32::try_from(fit).unwrap_or(u32::MAX)),
+            None => self.max_count,
+        }
+    }
+
+    /// Snapshots kept for root and the session's user alone: a quarter of
+    /// all, rounded up.
+    pub fn reserved(&self) -> u32 {
+        self.total().div_ceil(4)
+    }
+
+    /// Snapshots every other uid may take, at most: a quarter of what is
+    /// not reserved (at least one while anything is left to others).
+    pub fn share(&self) -> u32 {
+        match self.total() - self.reserved() {
+            0 => 0,
+            others => (others / 4).max(1),
+        }
+    }
+
+    /// Whether `uid` is one whose triggers always find room.
+    pub fn privileged(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.owner_uid
     }
 }
 
@@ -181,6 +214,7 @@ impl Timeline {
                 max_count: DEFAULT_MAX_SNAPSHOTS,
                 max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
                 bytes_each: spec.buffers.iter().map(|b| b.size.bytes()).sum(),
+                owner_uid: 0,
             },
             sync_each_pass: spec.file.as_ref().is_some_and(|f| f.fdatasync_each_pass),
             clone: spec
@@ -192,6 +226,13 @@ impl Timeline {
                 })
                 .collect(),
         })
+    }
+
+    /// The session's user, whose snapshot triggers (like root's) always
+    /// find room in the budget.
+    pub fn with_snapshot_owner(mut self, uid: u32) -> Timeline {
+        self.snapshot_budget.owner_uid = uid;
+        self
     }
 
     /// `--max-disk` for the snapshots of a session that does not rotate.
@@ -241,6 +282,7 @@ impl Timeline {
                 max_count: DEFAULT_MAX_SNAPSHOTS,
                 max_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
                 bytes_each: 0,
+                owner_uid: 0,
             },
             sync_each_pass: false,
             clone: Vec::new(),

@@ -9,10 +9,7 @@
 //! (0: as fast as possible), `message_size`, `seed`,
 //! `send_batch_on_register` (write the whole batch at once at start).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{DataSource, SourceError};
 use crate::clock::boottime_ns;
@@ -33,22 +30,18 @@ pub struct TestOptions {
     pub send_batch_on_register: bool,
 }
 
-/// Counters shared with the writing thread.
-#[derive(Debug, Default)]
-pub struct TestProgress {
-    pub written: AtomicU64,
-    pub dropped: AtomicU64,
-    pub done: AtomicBool,
-}
-
-/// The running source.
+/// The source of one session: its writer and where it is in its sequence.
+/// The event loop runs it when [`DataSource::next_due`] says: a paced
+/// source writes the packets whose time has come, at most one run per
+/// [`PACED_STEP`]; an unpaced one writes [`UNPACED_BATCH`] packets per run
+/// and is due again at once, so the loop serves everything else between
+/// its batches.
 pub struct ForTesting {
     name: String,
     opts: TestOptions,
     writer: Option<Writer>,
-    stop: Arc<AtomicBool>,
-    progress: Arc<TestProgress>,
-    thread: Option<JoinHandle<()>>,
+    /// Set by `start`, with when it started on the loop's clock.
+    pacer: Option<(Pacer, Instant)>,
 }
 
 impl ForTesting {
@@ -57,15 +50,8 @@ impl ForTesting {
             name: name.to_string(),
             opts,
             writer: Some(writer),
-            stop: Arc::new(AtomicBool::new(false)),
-            progress: Arc::new(TestProgress::default()),
-            thread: None,
+            pacer: None,
         }
-    }
-
-    /// Live counters.
-    pub fn progress(&self) -> Arc<TestProgress> {
-        self.progress.clone()
     }
 }
 
@@ -122,30 +108,12 @@ pub fn max_packet_len(filler_len: usize) -> usize {
     11 + 6 + 7 + 11 + 6 + 1 + 5 + filler_len + 2
 }
 
-/// Time as the writing thread sees it: the boot clock and a sleep, so a
-/// test can run the pacing on a clock of its own.
-trait Timing {
-    /// BOOTTIME nanoseconds.
-    fn now_ns(&mut self) -> u64;
-    fn sleep(&mut self, d: Duration);
-}
-
-/// The real boot clock.
-struct BootClock;
-
-impl Timing for BootClock {
-    fn now_ns(&mut self) -> u64 {
-        boottime_ns()
-    }
-    fn sleep(&mut self, d: Duration) {
-        std::thread::sleep(d);
-    }
-}
-
-/// Longest sleep between checks for stop.
-const MAX_SLEEP: Duration = Duration::from_millis(50);
-/// Unpaced, stop and progress are checked once per this many packets.
-const UNPACED_BATCH: u64 = 256;
+/// A paced source runs at most this often: the packets due meanwhile are
+/// written together (each stamped when written), so a rate of thousands
+/// per second costs a thousand wake-ups, not one per packet.
+pub const PACED_STEP: Duration = Duration::from_millis(1);
+/// Unpaced, one run writes at most this many packets.
+pub const UNPACED_BATCH: u64 = 1024;
 
 /// When packet `n` is due, in nanoseconds after the first: `n / rate`
 /// seconds, so packets leave at a steady rate from the start, not in bursts.
@@ -154,73 +122,93 @@ fn due_ns(n: u64, rate: u32) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-fn run(
-    mut writer: Writer,
-    opts: TestOptions,
-    stop: Arc<AtomicBool>,
-    progress: Arc<TestProgress>,
-    clock: &mut impl Timing,
-) {
-    let seq = writer.id().0;
-    let filler: Vec<u8> = (0..opts.message_size)
-        .map(|i| b'a' + (i % 26) as u8)
-        .collect();
-    let max_len = max_packet_len(filler.len());
-    let mut values = SeqValues::new(opts.seed);
-    let unlimited = opts.message_count == 0;
-    let rate = if opts.send_batch_on_register {
-        0
-    } else {
-        opts.max_messages_per_second
-    };
-    let started = clock.now_ns();
-    let mut n: u64 = 0;
-    let mut ts = started;
-    let mut dropped = 0u64;
-    while unlimited || n < opts.message_count {
-        if rate > 0 {
-            // Paced: every packet waits for its time (and checks for stop,
-            // which costs nothing next to the wait).
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let now = clock.now_ns();
-            let due = started.saturating_add(due_ns(n, rate));
-            if due > now {
-                progress.written.store(n, Ordering::Relaxed);
-                progress.dropped.store(dropped, Ordering::Relaxed);
-                clock.sleep(Duration::from_nanos(due - now).min(MAX_SLEEP));
-                continue;
-            }
-            ts = ts.max(now);
-        } else if n.is_multiple_of(UNPACED_BATCH) {
-            // As fast as possible: check for stop and publish progress once
-            // per batch, not per packet.
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            progress.written.store(n, Ordering::Relaxed);
-            progress.dropped.store(dropped, Ordering::Relaxed);
-            ts = ts.max(clock.now_ns());
+/// Where the sequence is: the next packet's number and timestamp, the
+/// values and filler, the time of the first packet.
+struct Pacer {
+    started_ns: u64,
+    n: u64,
+    ts: u64,
+    dropped: u64,
+    values: SeqValues,
+    filler: Vec<u8>,
+    /// Packets per second; 0: as fast as the loop lets it.
+    rate: u32,
+    /// When the next run is due, in boot-clock ns; `None` once done.
+    next_ns: Option<u64>,
+}
+
+impl Pacer {
+    fn new(opts: &TestOptions, now_ns: u64) -> Self {
+        Self {
+            started_ns: now_ns,
+            n: 0,
+            ts: now_ns,
+            dropped: 0,
+            values: SeqValues::new(opts.seed),
+            filler: (0..opts.message_size)
+                .map(|i| b'a' + (i % 26) as u8)
+                .collect(),
+            rate: if opts.send_batch_on_register {
+                0
+            } else {
+                opts.max_messages_per_second
+            },
+            next_ns: Some(now_ns),
         }
-        let is_last = !unlimited && n + 1 == opts.message_count;
-        let value = values.next();
-        match writer.begin_packet(max_len) {
-            Ok(mut slot) => {
-                match encode_test_packet(slot.buf(), seq, ts, n, value, &filler, is_last) {
-                    Some(len) => slot.commit(len),
-                    None => dropped += 1,
-                }
-            }
-            Err(_) => dropped += 1,
-        }
-        ts += 1;
-        n += 1;
     }
-    writer.flush();
-    progress.written.store(n, Ordering::Relaxed);
-    progress.dropped.store(dropped, Ordering::Relaxed);
-    progress.done.store(true, Ordering::Release);
+
+    /// Writes what is due at `now_ns` into `writer`: paced, every packet
+    /// whose time has come; unpaced, one batch. Sets the next run.
+    fn run(&mut self, opts: &TestOptions, writer: &mut Writer, now_ns: u64) {
+        let unlimited = opts.message_count == 0;
+        let limit = if unlimited {
+            u64::MAX
+        } else {
+            opts.message_count
+        };
+        let until = if self.rate > 0 {
+            // Packets 0..=k are due, k = the last whose time has come.
+            let elapsed = now_ns.saturating_sub(self.started_ns);
+            let k = u128::from(elapsed) * u128::from(self.rate) / 1_000_000_000;
+            u64::try_from(k).unwrap_or(u64::MAX).saturating_add(1)
+        } else {
+            self.n.saturating_add(UNPACED_BATCH)
+        }
+        .min(limit);
+        let seq = writer.id().0;
+        let max_len = max_packet_len(self.filler.len());
+        self.ts = self.ts.max(now_ns);
+        while self.n < until {
+            let is_last = !unlimited && self.n + 1 == opts.message_count;
+            let value = self.values.next();
+            match writer.begin_packet(max_len) {
+                Ok(mut slot) => match encode_test_packet(
+                    slot.buf(),
+                    seq,
+                    self.ts,
+                    self.n,
+                    value,
+                    &self.filler,
+                    is_last,
+                ) {
+                    Some(len) => slot.commit(len),
+                    None => self.dropped += 1,
+                },
+                Err(_) => self.dropped += 1,
+            }
+            self.ts += 1;
+            self.n += 1;
+        }
+        self.next_ns = if self.n >= limit {
+            writer.flush();
+            None
+        } else if self.rate > 0 {
+            let due = self.started_ns.saturating_add(due_ns(self.n, self.rate));
+            Some(due.max(now_ns + PACED_STEP.as_nanos() as u64))
+        } else {
+            Some(now_ns)
+        };
+    }
 }
 
 impl DataSource for ForTesting {
@@ -229,18 +217,28 @@ impl DataSource for ForTesting {
     }
 
     fn start(&mut self) -> Result<(), SourceError> {
-        let Some(writer) = self.writer.take() else {
+        if self.writer.is_none() || self.pacer.is_some() {
             return Ok(());
-        };
-        let (opts, stop, progress) = (self.opts.clone(), self.stop.clone(), self.progress.clone());
-        let t = std::thread::Builder::new()
-            .name("recorder-for_testing".into())
-            .spawn(move || run(writer, opts, stop, progress, &mut BootClock))
-            .map_err(|e| SourceError::Failed {
-                source_name: self.name.clone(),
-                cause: Box::new(e),
-            })?;
-        self.thread = Some(t);
+        }
+        let now = Instant::now();
+        self.pacer = Some((Pacer::new(&self.opts, boottime_ns()), now));
+        self.run(now, false)
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.writer.as_ref()?;
+        let (p, origin) = self.pacer.as_ref()?;
+        // On the loop's clock, from the pacer's own: the boot clock's
+        // reading now would always lie a little ahead of `now`.
+        Some(*origin + Duration::from_nanos(p.next_ns?.saturating_sub(p.started_ns)))
+    }
+
+    fn run(&mut self, now: Instant, _woken: bool) -> Result<(), SourceError> {
+        if self.next_due().is_some_and(|due| due <= now)
+            && let (Some((p, _)), Some(w)) = (&mut self.pacer, &mut self.writer)
+        {
+            p.run(&self.opts, w, boottime_ns());
+        }
         Ok(())
     }
 
@@ -250,20 +248,13 @@ impl DataSource for ForTesting {
     }
 
     fn stop(&mut self) -> Result<(), SourceError> {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().map_err(|_| SourceError::Failed {
-                source_name: self.name.clone(),
-                cause: "writer thread panicked".into(),
-            })?;
-        }
-        // Never started: drop the writer so its (empty) chunk is released.
+        // Dropping the writer commits what it holds; nothing more is due.
         self.writer = None;
         Ok(())
     }
 
     fn packets_dropped(&self) -> u64 {
-        self.progress.dropped.load(Ordering::Relaxed)
+        self.pacer.as_ref().map_or(0, |(p, _)| p.dropped)
     }
 }
 
@@ -275,42 +266,24 @@ mod tests {
     use perfetto_protos::trace_packet::TracePacket;
     use protobuf::Message;
 
-    /// A clock that moves only when slept on, plus a little per reading (the
-    /// time a packet takes to write).
-    struct FakeClock {
-        now_ns: u64,
-        slept: Duration,
-    }
-
-    impl Timing for FakeClock {
-        fn now_ns(&mut self) -> u64 {
-            self.now_ns += 1_000;
-            self.now_ns
-        }
-        fn sleep(&mut self, d: Duration) {
-            self.slept += d;
-            self.now_ns += d.as_nanos() as u64;
-        }
-    }
-
-    /// Runs the source on the fake clock; the (timestamp, counter) of each
-    /// packet, decoded by Perfetto's own protos, and the time slept.
+    /// Runs the source on a clock of its own: each run happens when the
+    /// last one said, plus 1 µs of work per packet. The (timestamp,
+    /// counter) of each packet, decoded by Perfetto's own protos, and the
+    /// time the runs waited in all.
     fn record(opts: TestOptions) -> (Vec<(u64, u64)>, Duration) {
         let b = Buffer::new(BufferParams::new(1 << 20, FillPolicy::Discard)).expect("buffer");
-        let mut clock = FakeClock {
-            now_ns: 1_000_000_000,
-            slept: Duration::ZERO,
-        };
-        let progress = Arc::new(TestProgress::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        run(
-            b.writer(WriterId(2)),
-            opts,
-            stop,
-            progress.clone(),
-            &mut clock,
-        );
-        assert!(progress.done.load(Ordering::Acquire));
+        let mut w = b.writer(WriterId(2));
+        let mut now = 1_000_000_000u64;
+        let mut p = Pacer::new(&opts, now);
+        let mut waited = 0u64;
+        while let Some(at) = p.next_ns {
+            waited += at.saturating_sub(now);
+            now = now.max(at);
+            let before = p.n;
+            p.run(&opts, &mut w, now);
+            now += (p.n - before) * 1_000;
+        }
+        drop(w);
         let batch = b.take_flush();
         let mut out = Vec::new();
         for item in batch.items() {
@@ -321,7 +294,7 @@ mod tests {
                 }
             }
         }
-        (out, clock.slept)
+        (out, Duration::from_nanos(waited))
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! `linux.ftrace` as a session's data source: the ftrace recorder writing
 //! straight into its ring-buffer writer, telling process_stats the pids it
-//! saw, and reporting its reader thread's failures to the session.
+//! saw; the event loop drives its drains.
 
-use std::sync::PoisonError;
-use std::time::Duration;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
@@ -152,6 +152,19 @@ impl DataSource for FtraceDataSource {
         self.inner.flush().map_err(|e| self.failed(e))
     }
 
+    fn next_due(&self) -> Option<Instant> {
+        self.inner.next_due()
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.inner.watched()
+    }
+
+    fn run(&mut self, now: Instant, woken: bool) -> Result<(), SourceError> {
+        self.inner.on_due(now, woken);
+        Ok(())
+    }
+
     fn clear_incremental_state(&mut self) {
         if self.started
             && let Err(e) = self.inner.clear_incremental_state()
@@ -162,6 +175,10 @@ impl DataSource for FtraceDataSource {
 
     fn hand_over_teardown(&mut self) -> Option<crate::sources::ftrace::tracefs::TracefsTeardown> {
         self.inner.hand_over_teardown()
+    }
+
+    fn leftover(&self) -> Option<crate::sources::ftrace::Leftover> {
+        self.inner.leftover()
     }
 
     fn upstream_loss(&self) -> Option<UpstreamLoss> {
@@ -196,6 +213,17 @@ impl DataSource for FtraceDataSource {
             );
         }
         self.loss = kernel_loss(&self.name, &summary);
+        if let Some((kb, why)) = &summary.subbuf_refused {
+            // Not a loss: the kernel's own sub-buffers cost more per event.
+            let note = format!(
+                "{}: the kernel refused {kb} KiB sub-buffers ({why}): recorded with its own size",
+                self.name
+            );
+            self.loss = Some(match self.loss.take() {
+                Some(l) => format!("{l}; {note}"),
+                None => note,
+            });
+        }
         // Dropping the writer commits what it holds.
         drop(self.inner.take_output());
         self.release();
@@ -214,11 +242,7 @@ impl Drop for FtraceDataSource {
 
 /// The callback that tells process_stats the pids ftrace saw.
 fn pid_sink(pids: PidRoute) -> super::ftrace::PidSink {
-    Box::new(move |seen: &[i32]| {
-        if let Some(h) = pids.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-            h.on_pids_seen(seen);
-        }
-    })
+    Box::new(move |seen: &[i32]| pids.push(seen))
 }
 
 /// What to change when the kernel loses events before they are read.

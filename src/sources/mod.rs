@@ -3,12 +3,17 @@
 //! Every built-in source appears under the producer name
 //! [`PRODUCER_NAME`], so configs that filter on it work, and writes on its
 //! own sequence (`trusted_packet_sequence_id` ≥ 2) through its own
-//! [`crate::ringbuf::Writer`]. Sources run their own threads: a write pass
-//! reads what they committed without their cooperation, so `flush` only has
-//! to push out data a source still holds back (ftrace's kernel buffers).
+//! [`crate::ringbuf::Writer`]. Sources have no threads of their own: the
+//! event loop that hosts the session drives them ([`DataSource::next_due`],
+//! [`DataSource::fds`], [`DataSource::run`]), so a service of a hundred
+//! sessions runs on the threads of one. A write pass reads what they
+//! committed without their cooperation, so `flush` only has to push out
+//! data a source still holds back (ftrace's kernel buffers).
 
-use std::time::Duration;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
 
+pub mod counter_watch;
 pub mod for_testing;
 pub mod ftrace;
 pub mod ftrace_source;
@@ -17,6 +22,7 @@ pub mod polled;
 pub mod poller;
 pub mod process_stats;
 pub mod procfs;
+pub mod rules;
 pub mod sys_stats;
 
 /// The producer name of the built-in sources (Perfetto's probes daemon).
@@ -81,9 +87,23 @@ pub trait DataSource: Send {
     /// the next packets stand on their own (`incremental_state_config`, and
     /// the start of each output segment).
     fn clear_incremental_state(&mut self) {}
-    /// A failure raised on the source's own thread since the last call.
-    fn take_failure(&mut self) -> Option<String> {
+    /// When the loop owes the source its next [`run`](DataSource::run): a
+    /// sample, a batch of test packets, a drain of the kernel's buffers.
+    /// `None`: nothing is due (not started, stopped, or driven only by its
+    /// descriptors).
+    fn next_due(&self) -> Option<Instant> {
         None
+    }
+    /// Descriptors whose readiness (to read) means work for
+    /// [`run`](DataSource::run): ftrace's per-CPU pipes at the watermark.
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+    /// Does what is due by `now`; `woken` when one of its
+    /// [`fds`](DataSource::fds) was ready. A failure here fails the
+    /// session as a source failing while it runs.
+    fn run(&mut self, _now: Instant, _woken: bool) -> Result<(), SourceError> {
+        Ok(())
     }
     /// Packets the source could not store (buffer full), for the summary.
     fn packets_dropped(&self) -> u64 {
@@ -104,6 +124,12 @@ pub trait DataSource: Send {
     /// privileged broker before this process gives up root; the source will
     /// not undo them itself.
     fn hand_over_teardown(&mut self) -> Option<crate::sources::ftrace::tracefs::TracefsTeardown> {
+        None
+    }
+
+    /// For ftrace: what reading the kernel's leftover needs if the recorder
+    /// dies, once prepared (the broker reads it before the teardown).
+    fn leftover(&self) -> Option<crate::sources::ftrace::Leftover> {
         None
     }
 }

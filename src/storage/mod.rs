@@ -39,6 +39,43 @@
 //! flight, under its own `unsafe` and invariant (U1): it reports only the
 //! prefix below its lowest request in flight.
 
+/// The [`FileSink`] methods of a sink writing a file at an offset of its
+/// own, from its fields `fd`, `offset`, `poisoned`, `direct` and
+/// `direct_capable`: the io_uring and `pwritev` sinks answer them alike
+/// (each names `sync_or_poison` in its module).
+macro_rules! positioned_file_methods {
+    () => {
+        fn file(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+            Some(std::os::fd::AsFd::as_fd(&self.fd))
+        }
+
+        fn sync_data(&mut self) -> Result<(), SinkError> {
+            sync_or_poison(&self.fd, &mut self.poisoned)
+        }
+
+        fn bytes_written(&self) -> u64 {
+            self.offset
+        }
+
+        fn direct_alignment(&self) -> Option<usize> {
+            self.direct
+        }
+
+        fn end_direct(&mut self) -> Result<(), SinkError> {
+            super::clear_direct(&self.fd, &mut self.direct)
+        }
+
+        fn direct_capability(&self) -> Option<usize> {
+            self.direct_capable
+        }
+
+        fn resume_direct(&mut self) -> Result<(), SinkError> {
+            super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
+        }
+    };
+}
+
+mod backlog_sink;
 mod batch;
 pub mod create;
 mod cut;
@@ -53,10 +90,12 @@ mod uring_sink;
 
 use std::io::IoSlice;
 
+pub use backlog_sink::{BacklogError, BacklogSink};
 pub use batch::IOV_MAX;
 pub use cut::{Cut, cut_at_packet_boundary};
 pub use output::{
-    IoChoice, OpenOptions, OutputPath, io_uring_available, open_in, open_output, sink_for_fd,
+    IoChoice, OpenOptions, OutputPath, io_uring_available, open_in, open_numbered, open_output,
+    sink_for_fd,
 };
 pub use pwritev_sink::PwritevSink;
 pub use stream_sink::StreamSink;
@@ -107,6 +146,12 @@ pub enum SinkError {
     /// The io_uring ring itself failed (submission or completion wait).
     #[error("io_uring failed: {0}")]
     Ring(rustix::io::Errno),
+    /// A stream's reader took too little: `held` bytes would have waited
+    /// for it, past the sink's bound ([`BacklogSink`]).
+    #[error(
+        "the reader of the output took too little: {held} bytes would wait for it (at offset {offset})"
+    )]
+    Blocked { held: u64, offset: u64 },
 }
 
 impl SinkError {
@@ -116,7 +161,7 @@ impl SinkError {
             SinkError::Write { errno, .. } | SinkError::Sync(errno) | SinkError::Ring(errno) => {
                 Some(errno.raw_os_error())
             }
-            SinkError::NoProgress { .. } => None,
+            SinkError::NoProgress { .. } | SinkError::Blocked { .. } => None,
         }
     }
 
@@ -369,6 +414,16 @@ pub trait FileSink: Send {
     /// Bytes in the file as far as the sink knows (after a failure, what the
     /// file holds).
     fn bytes_written(&self) -> u64;
+    /// A stream sink holding bytes its reader has not taken yet
+    /// ([`BacklogSink`]): the descriptor to wait on for room.
+    fn pending_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// Writes out what the sink holds as far as its reader takes it;
+    /// returns the bytes still held.
+    fn drain_pending(&mut self) -> Result<u64, SinkError> {
+        Ok(0)
+    }
     /// The file takes only `O_DIRECT` writes of whole blocks of this many
     /// bytes: the caller lays its passes out with [`direct::AlignedPass`].
     fn direct_alignment(&self) -> Option<usize> {
@@ -391,6 +446,11 @@ pub trait FileSink: Send {
     /// file never took it.
     fn resume_direct(&mut self) -> Result<(), SinkError> {
         Ok(())
+    }
+    /// The regular file written at offsets, for a process that is to finish
+    /// it if this one dies (`privilege::rescue`); `None` for a stream.
+    fn file(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
     }
 }
 
@@ -507,6 +567,10 @@ pub enum OutputError {
     Pass(#[from] write_pass::PassError),
     #[error(transparent)]
     Segment(std::sync::Arc<segment::SegmentError>),
+    /// The output failed outside a pass: a stream writing out what its
+    /// reader had not taken ([`BacklogSink`]), or the last fdatasync.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
 }
 
 impl From<segment::SegmentError> for OutputError {
@@ -520,6 +584,7 @@ impl PartialEq for OutputError {
         match (self, other) {
             (OutputError::Pass(a), OutputError::Pass(b)) => a == b,
             (OutputError::Segment(a), OutputError::Segment(b)) => std::sync::Arc::ptr_eq(a, b),
+            (OutputError::Sink(a), OutputError::Sink(b)) => a == b,
             _ => false,
         }
     }

@@ -53,6 +53,13 @@ pub fn open_output(path: OutputPath, opts: OpenOptions) -> Result<Box<dyn FileSi
     match path {
         OutputPath::Stdout => open_stdout(),
         OutputPath::File(path) => {
+            if let Some(n) = create::descriptor_path(&path) {
+                log::info!(
+                    "trace output {} is descriptor {n}: written through it",
+                    path.display()
+                );
+                return open_descriptor(n, &path);
+            }
             if let Some(fd) = create::open_stream(&path)? {
                 log::info!("trace output {} is a stream: plain writes", path.display());
                 return Ok(Box::new(StreamSink::new(fd, false)));
@@ -108,6 +115,51 @@ pub fn open_in(
         dir.replace(name)?
     };
     sink_for(fd, &dir.join(name), opts)
+}
+
+/// Names tried for one numbered file before giving up.
+const MAX_TAKEN_NAMES: u32 = 64;
+
+/// A new file `BASE.K` in `dir` for the first `K` from `from` whose name
+/// can take a file: an entry another user put there that a new file cannot
+/// replace (a directory) is skipped with a warning, never written into.
+/// Returns `K` and the sink.
+pub fn open_numbered(
+    dir: &OutputDir,
+    base: &str,
+    from: u32,
+    opts: OpenOptions,
+) -> Result<(u32, Box<dyn FileSink>), StorageError> {
+    let is_dir = |name: &str| {
+        rustix::fs::statat(dir.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+    };
+    let mut k = from;
+    loop {
+        let name = format!("{base}.{k}");
+        let taken = is_dir(&name);
+        if !taken {
+            match open_in(dir, &name, opts) {
+                Ok(sink) => return Ok((k, sink)),
+                // Made a directory meanwhile: the next name.
+                Err(_) if is_dir(&name) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        log::warn!(
+            "{} is a directory someone put there: the next name is used",
+            dir.join(&name).display()
+        );
+        k += 1;
+        if k - from >= MAX_TAKEN_NAMES {
+            return Err(StorageError::Open {
+                path: dir.join(&name),
+                source: std::io::Error::other(format!(
+                    "{MAX_TAKEN_NAMES} names in a row were taken by directories"
+                )),
+            });
+        }
+    }
 }
 
 /// The sink for a new file `fd` (named `path` in messages).
@@ -187,7 +239,25 @@ fn open_stdout() -> Result<Box<dyn FileSink>, StorageError> {
         .as_fd()
         .try_clone_to_owned()
         .map_err(StorageError::Stdout)?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| StorageError::Stdout(e.into()))?;
+    stream_of(fd).map_err(StorageError::Stdout)
+}
+
+/// A sink writing through this process's descriptor `n` (a copy of it),
+/// as `-o -` writes through stdout.
+fn open_descriptor(n: i32, path: &std::path::Path) -> Result<Box<dyn FileSink>, StorageError> {
+    let open = |e: std::io::Error| StorageError::Open {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let fd = crate::sys::fd::dup_numbered(n).map_err(open)?;
+    stream_of(fd).map_err(open)
+}
+
+fn stream_of(fd: OwnedFd) -> std::io::Result<Box<dyn FileSink>> {
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+        return Err(std::io::Error::other("it is a directory"));
+    }
     let regular = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
     Ok(Box::new(StreamSink::new(fd, regular)))
 }

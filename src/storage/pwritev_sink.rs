@@ -139,32 +139,10 @@ impl FileSink for PwritevSink {
         SinkKind::Pwritev
     }
 
+    positioned_file_methods!();
+
     fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
         pwritev_all(&self.fd, &mut self.poisoned, &mut self.offset, list)
-    }
-
-    fn sync_data(&mut self) -> Result<(), SinkError> {
-        sync_or_poison(&self.fd, &mut self.poisoned)
-    }
-
-    fn bytes_written(&self) -> u64 {
-        self.offset
-    }
-
-    fn direct_alignment(&self) -> Option<usize> {
-        self.direct
-    }
-
-    fn end_direct(&mut self) -> Result<(), SinkError> {
-        super::clear_direct(&self.fd, &mut self.direct)
-    }
-
-    fn direct_capability(&self) -> Option<usize> {
-        self.direct_capable
-    }
-
-    fn resume_direct(&mut self) -> Result<(), SinkError> {
-        super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
     }
 }
 

@@ -159,6 +159,8 @@ impl FileSink for UringSink {
         SinkKind::IoUring
     }
 
+    positioned_file_methods!();
+
     fn write_list(&mut self, list: &mut WriteList<'_, '_>) -> Result<u64, SinkError> {
         if let Some(e) = self.poisoned {
             return Err(e);
@@ -283,30 +285,6 @@ impl FileSink for UringSink {
                 ))
             }
         }
-    }
-
-    fn sync_data(&mut self) -> Result<(), SinkError> {
-        sync_or_poison(&self.fd, &mut self.poisoned)
-    }
-
-    fn bytes_written(&self) -> u64 {
-        self.offset
-    }
-
-    fn direct_alignment(&self) -> Option<usize> {
-        self.direct
-    }
-
-    fn end_direct(&mut self) -> Result<(), SinkError> {
-        super::clear_direct(&self.fd, &mut self.direct)
-    }
-
-    fn direct_capability(&self) -> Option<usize> {
-        self.direct_capable
-    }
-
-    fn resume_direct(&mut self) -> Result<(), SinkError> {
-        super::set_direct(&self.fd, &mut self.direct, self.direct_capable)
     }
 }
 

@@ -487,6 +487,31 @@ fn write_kept(
     Ok((bytes, padding))
 }
 
+/// Writes `records` (whole `0x0A <len> <packet>` records, each slice ending
+/// at a packet boundary) as a file's last write, with no ring behind it,
+/// and syncs: laid out in blocks where the file takes `O_DIRECT` (storage
+/// direct; the last run unpadded, through the page cache), else through the
+/// page cache. For the save of a dead recorder's rings, read in place.
+/// Returns the bytes written.
+pub fn write_last(sink: &mut dyn FileSink, records: &[IoSlice<'_>]) -> Result<u64, PassFailure> {
+    let padding = settle_direct(sink, total_len(records), true, None)?;
+    let direct = sink.direct_alignment().map(|align| Layout {
+        align,
+        pad_last: false,
+        max_bounce: MAX_BOUNCE_BYTES,
+    });
+    // Nothing to let go of: the caller keeps its memory until this returns.
+    let mut nothing = Unpin {
+        batches: &[],
+        spans: Vec::new(),
+        next: 0,
+        floor: 0,
+    };
+    let (bytes, _) = write_kept(sink, records, direct, &mut nothing)?;
+    sink.sync_data()?;
+    Ok(padding + bytes)
+}
+
 fn total_len(iov: &[IoSlice<'_>]) -> u64 {
     iov.iter().map(|s| s.len() as u64).sum()
 }

@@ -2,16 +2,16 @@
 //! up root for good in the process that reads other users' bytes.
 //!
 //! Invariants:
-//! - P1 `fork_broker` is called before the process has started any thread
+//! - PD1 `fork_broker` is called before the process has started any thread
 //!   of its own (checked through /proc/self/task), so the child's single
 //!   thread owns every lock it may take.
-//! - P2 `setgroups`, `setresgid` and `setresuid` go through the C library,
+//! - PD2 `setgroups`, `setresgid` and `setresuid` go through the C library,
 //!   which applies them to every thread of the process (glibc's set*id
 //!   broadcast), not only to the calling one.
-//! - P3 `signal(SIG_IGN)` installs no handler code, so nothing runs in
+//! - PD3 `signal(SIG_IGN)` installs no handler code, so nothing runs in
 //!   signal context.
-//! - P4 The parent sets `no_new_privs` right after the fork, while it is
-//!   still its only thread (P1): every thread it starts later inherits it,
+//! - PD4 The parent sets `no_new_privs` right after the fork, while it is
+//!   still its only thread (PD1): every thread it starts later inherits it,
 //!   so after the drop no thread can regain privileges through execve. The
 //!   broker, forked before, keeps it clear for the hooks it runs.
 
@@ -28,22 +28,35 @@ pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count())
 }
 
-/// Forks; refused when the process already has other threads (P1).
+/// Forks the broker; refused when the process already has other threads
+/// (PD1). The parent sets `no_new_privs` (PD4).
 pub fn fork_broker() -> io::Result<Fork> {
+    fork_process(true)
+}
+
+/// Forks an unprivileged session's keeper, as the broker is forked (PD1),
+/// but leaves `no_new_privs` as it was: the session keeps its rights.
+pub fn fork_keeper() -> io::Result<Fork> {
+    fork_process(false)
+}
+
+fn fork_process(no_new_privs: bool) -> io::Result<Fork> {
     if thread_count() > 1 {
         return Err(io::Error::other(
             "the process already runs threads: cannot fork the broker safely",
         ));
     }
-    // SAFETY: P1 — no other thread exists, so the child cannot inherit a
+    // SAFETY: PD1 — no other thread exists, so the child cannot inherit a
     // lock held by a thread that does not exist in it.
     let pid = unsafe { libc::fork() };
     match pid {
         p if p < 0 => Err(io::Error::last_os_error()),
         0 => Ok(Fork::Child),
         p => {
-            // P4: before the parent starts any thread.
-            rustix::thread::set_no_new_privs(true)?;
+            // PD4: before the parent starts any thread.
+            if no_new_privs {
+                rustix::thread::set_no_new_privs(true)?;
+            }
             Ok(Fork::Parent { child: p as u32 })
         }
     }
@@ -96,7 +109,7 @@ fn status_problem(status: &str) -> Option<String> {
 /// group), and SIGPIPE.
 pub fn ignore_stop_signals() -> io::Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
-        // SAFETY: P3 — SIG_IGN is not a handler; no code runs on delivery.
+        // SAFETY: PD3 — SIG_IGN is not a handler; no code runs on delivery.
         let old = unsafe { libc::signal(sig, libc::SIG_IGN) };
         if old == libc::SIG_ERR {
             return Err(io::Error::last_os_error());
@@ -106,20 +119,20 @@ pub fn ignore_stop_signals() -> io::Result<()> {
 }
 
 /// Gives up root for the whole process: no supplementary groups, `gid` and
-/// `uid` as real, effective and saved ids (P2). The kernel clears the
+/// `uid` as real, effective and saved ids (PD2). The kernel clears the
 /// permitted, effective and ambient capabilities of every thread as their
 /// uids all leave 0.
 pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: P2 — a null list of length 0 is what setgroups(2) documents
+    // SAFETY: PD2 — a null list of length 0 is what setgroups(2) documents
     // for "no supplementary groups"; no memory is read.
     if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: P2 — plain integers, applied process-wide by the C library.
+    // SAFETY: PD2 — plain integers, applied process-wide by the C library.
     if unsafe { libc::setresgid(gid, gid, gid) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: P2 — as above.
+    // SAFETY: PD2 — as above.
     if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
         return Err(io::Error::last_os_error());
     }

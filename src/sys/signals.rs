@@ -4,10 +4,10 @@
 //! final write to a slow reader of `-o -`, say).
 //!
 //! Invariants:
-//! - S1 The handler only touches an `AtomicUsize` and, from the third signal
+//! - SG1 The handler only touches an `AtomicUsize` and, from the third signal
 //!   on, calls `signal_hook::low_level::emulate_default_handler`; both are
 //!   async-signal-safe. It allocates nothing and takes no lock.
-//! - S2 The counter outlives every registration: the handler owns an `Arc`
+//! - SG2 The counter outlives every registration: the handler owns an `Arc`
 //!   of it, and the registrations are removed in `Drop` before the pipe
 //!   closes.
 
@@ -44,7 +44,7 @@ impl Signals {
                     let _ = signal_hook::low_level::emulate_default_handler(sig);
                 }
             };
-            // SAFETY: S1 — the closure is async-signal-safe; S2 — it owns
+            // SAFETY: SG1 — the closure is async-signal-safe; SG2 — it owns
             // what it touches.
             ids.push(unsafe { signal_hook::low_level::register(sig, count) }?);
             ids.push(signal_hook::low_level::pipe::register(
@@ -77,7 +77,7 @@ impl Signals {
 
 impl Drop for Signals {
     fn drop(&mut self) {
-        // S2: unregister before the pipe's write ends close.
+        // SG2: unregister before the pipe's write ends close.
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }

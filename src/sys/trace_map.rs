@@ -13,10 +13,10 @@
 //! ```
 //!
 //! Invariants:
-//! - T1 Both mappings stay valid for reads of their whole length while the
+//! - TM1 Both mappings stay valid for reads of their whole length while the
 //!   [`TraceMap`] lives: the kernel pins a mapped ring buffer (it refuses to
 //!   resize it) and the mappings are only unmapped in `Drop`.
-//! - T2 Between two GET_READER calls the reader sub-buffer is outside the
+//! - TM2 Between two GET_READER calls the reader sub-buffer is outside the
 //!   writer's ring: the kernel writes none of its data below the `read`
 //!   offset the last call reported (those events were committed before it
 //!   returned); only the header's commit word and bytes past `read` may
@@ -24,12 +24,12 @@
 //!   its commit page). A `&[u8]` is made only over that committed range, and
 //!   it borrows the [`TraceMap`], so it ends before the next GET_READER,
 //!   which takes `&mut self`.
-//! - T3 Everything else (the meta page, the header, bytes past `read`) is
+//! - TM3 Everything else (the meta page, the header, bytes past `read`) is
 //!   read with volatile reads of plain integers; no reference to it is made.
-//! - T4 The sizes and ids the kernel reports are checked against the
+//! - TM4 The sizes and ids the kernel reports are checked against the
 //!   mapping before any address is formed from them.
 //!
-//! T2 assumes no other reader consumes this buffer meanwhile; the recorder
+//! TM2 assumes no other reader consumes this buffer meanwhile; the recorder
 //! reads its own instance, whose files only root can open. A concurrent
 //! root reader could make the kernel reuse the sub-buffer, so the bytes
 //! could change under the slice: they are only ever read as bytes, and the
@@ -99,8 +99,8 @@ pub struct TraceMap {
     reader: Option<Reader>,
 }
 
-// SAFETY: T1 — the mappings belong to this value alone and are valid from
-// any thread; all access follows T2/T3 (`&mut self` for the ioctl).
+// SAFETY: TM1 — the mappings belong to this value alone and are valid from
+// any thread; all access follows TM2/TM3 (`&mut self` for the ioctl).
 unsafe impl Send for TraceMap {}
 
 fn sys_page_size() -> usize {
@@ -111,11 +111,11 @@ fn sys_page_size() -> usize {
 /// byte by byte (the trailing count after a page's data is only 4-aligned).
 ///
 /// # Safety
-/// `p..p+n` is inside a live mapping (T1, T4).
+/// `p..p+n` is inside a live mapping (TM1, TM4).
 unsafe fn read_word(p: *const u8, n: usize) -> u64 {
     let mut b = [0u8; 8];
     for (i, slot) in b.iter_mut().enumerate().take(n.min(8)) {
-        // SAFETY: the caller's range covers `p + i` (T1, T4); T3 — volatile,
+        // SAFETY: the caller's range covers `p + i` (TM1, TM4); TM3 — volatile,
         // as the kernel may write it meanwhile.
         *slot = unsafe { std::ptr::read_volatile(p.add(i)) };
     }
@@ -141,7 +141,7 @@ impl TraceMap {
             .try_clone_to_owned()
             .map_err(TraceMapError::Ioctl)?;
         let page = sys_page_size();
-        // SAFETY: T1 — a fresh shared read-only mapping of one page at
+        // SAFETY: TM1 — a fresh shared read-only mapping of one page at
         // offset 0; the kernel gives the meta page there or fails.
         let meta = unsafe {
             mmap(
@@ -184,7 +184,7 @@ impl TraceMap {
         let data_len = subbuf_size
             .checked_mul(nr_subbufs as usize)
             .ok_or_else(|| TraceMapError::Meta("ring size overflows".into()))?;
-        // SAFETY: T1 — a fresh shared read-only mapping of the sub-buffers,
+        // SAFETY: TM1 — a fresh shared read-only mapping of the sub-buffers,
         // which the kernel places right after the meta page.
         let data = unsafe {
             mmap(
@@ -202,7 +202,7 @@ impl TraceMap {
         for (addr, len) in [(meta.as_ptr(), page), (this.data.as_ptr(), data_len)] {
             // Not into children: the kernel counts each mapping of the ring,
             // and a child has no use for it. Advisory; a refusal is harmless.
-            // SAFETY: T1 — the range is one of the two mappings just made.
+            // SAFETY: TM1 — the range is one of the two mappings just made.
             let _ =
                 unsafe { rustix::mm::madvise(addr.cast(), len, rustix::mm::Advice::LinuxDontFork) };
         }
@@ -214,13 +214,13 @@ impl TraceMap {
 
     fn meta_u32(&self, off: usize) -> u32 {
         debug_assert!(off + 4 <= META_STRUCT_MIN as usize);
-        // SAFETY: T1/T4 — `off + 4 <= 64 <= meta_len` (one page).
+        // SAFETY: TM1/TM4 — `off + 4 <= 64 <= meta_len` (one page).
         unsafe { read_word(self.meta.as_ptr().add(off), 4) as u32 }
     }
 
     fn meta_u64(&self, off: usize) -> u64 {
         debug_assert!(off + 8 <= META_STRUCT_MIN as usize);
-        // SAFETY: T1/T4 — `off + 8 <= 64 <= meta_len` (one page).
+        // SAFETY: TM1/TM4 — `off + 8 <= 64 <= meta_len` (one page).
         unsafe { read_word(self.meta.as_ptr().add(off), 8) }
     }
 
@@ -261,7 +261,7 @@ impl TraceMap {
                 self.nr_subbufs
             )));
         }
-        // T4: never past the sub-buffer.
+        // TM4: never past the sub-buffer.
         let read = read.min(self.subbuf_size - SUBBUF_DATA_OFFSET);
         let r = Reader { id, read };
         self.reader = Some(r);
@@ -271,7 +271,7 @@ impl TraceMap {
     /// The reader sub-buffer the last successful GET_READER reported.
     pub fn reader(&self) -> Option<ReaderView<'_>> {
         let r = self.reader?;
-        // SAFETY: T4 — `id < nr_subbufs`, so the sub-buffer lies inside the
+        // SAFETY: TM4 — `id < nr_subbufs`, so the sub-buffer lies inside the
         // data mapping of `nr_subbufs * subbuf_size` bytes.
         let base = unsafe { self.data.as_ptr().add(r.id as usize * self.subbuf_size) };
         Some(ReaderView {
@@ -286,7 +286,7 @@ impl TraceMap {
 impl Drop for TraceMap {
     fn drop(&mut self) {
         if self.data_len > 0 {
-            // SAFETY: T1 — mapped in `new` with this length, unmapped once;
+            // SAFETY: TM1 — mapped in `new` with this length, unmapped once;
             // no view outlives `self`.
             let _ = unsafe { munmap(self.data.as_ptr().cast(), self.data_len) };
         }
@@ -306,16 +306,16 @@ pub struct ReaderView<'m> {
 }
 
 impl<'m> ReaderView<'m> {
-    /// The committed data the kernel counted as read (T2): stable bytes.
+    /// The committed data the kernel counted as read (TM2): stable bytes.
     pub fn data(&self) -> &'m [u8] {
-        // SAFETY: T1 — inside the mapping (T4: `SUBBUF_DATA_OFFSET + read
-        // <= size`); T2 — the kernel does not write these bytes while the
+        // SAFETY: TM1 — inside the mapping (TM4: `SUBBUF_DATA_OFFSET + read
+        // <= size`); TM2 — the kernel does not write these bytes while the
         // view (a borrow of the map) lives.
         unsafe { std::slice::from_raw_parts(self.base.add(SUBBUF_DATA_OFFSET), self.read) }
     }
 
     /// A header or trailing word (4 or 8 bytes) at `off` from the
-    /// sub-buffer's start, read volatile (T3); `None` outside it.
+    /// sub-buffer's start, read volatile (TM3); `None` outside it.
     pub fn word(&self, off: usize, size: usize) -> Option<u64> {
         let end = off.checked_add(size)?;
         if end > self.size {
@@ -324,7 +324,7 @@ impl<'m> ReaderView<'m> {
         if size != 4 && size != 8 {
             return None;
         }
-        // SAFETY: T1/T4 — `off + size <= subbuf_size`; T3 — volatile.
+        // SAFETY: TM1/TM4 — `off + size <= subbuf_size`; TM3 — volatile.
         Some(unsafe { read_word(self.base.add(off), size) })
     }
 

@@ -317,9 +317,11 @@ pub fn report(bytes: &[u8]) -> InspectReport {
 /// Inspects a trace file of any size, streaming it.
 pub fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
     let name = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|source| reader::ReadError::Io {
+    // A segment's name in a shared directory may hold anything: a regular
+    // file only, never a FIFO waited on, never another user's link.
+    let (file, _) = super::untrusted::open_regular(path).map_err(|e| reader::ReadError::Io {
         path: name.clone(),
-        source,
+        source: e.into(),
     })?;
     let mut r = InspectReport::default();
     let end = reader::scan_reader(file, &name, |fr| r.add(fr))?;

@@ -134,7 +134,7 @@ pub(crate) fn segment_name(file_name: &str) -> Option<(&str, u64, &str)> {
 
 /// The sha256 of a file, hex; None when it cannot be read.
 pub(crate) fn sha256_file(path: &Path) -> Option<String> {
-    let mut f = std::fs::File::open(path).ok()?;
+    let (mut f, _) = super::untrusted::open_regular(path).ok()?;
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h).ok()?;
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
@@ -146,7 +146,7 @@ fn seen(index: u64, path: &Path, names: &SegmentNames) -> SegmentSeen {
         index,
         path: path.to_path_buf(),
         partial,
-        bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+        bytes: super::untrusted::open_regular(path).map_or(0, |(_, size)| size),
         packets: 0,
         uncompressed_bytes: 0,
         first_timestamp: None,
@@ -172,7 +172,10 @@ fn seen(index: u64, path: &Path, names: &SegmentNames) -> SegmentSeen {
         }
     }
     let car_path = names.sidecar(index);
-    if !partial && let Ok(car) = Sidecar::read(&car_path) {
+    if !partial
+        && let Ok(bytes) = super::untrusted::read_at_most(&car_path, 1 << 20)
+        && let Ok(car) = Sidecar::parse(&car_path, &bytes)
+    {
         s.sidecar = true;
         s.sidecar_lost_bytes = Some(car.loss.bytes_overwritten + car.loss.bytes_discarded);
         s.sidecar_lost_events_upstream = Some(car.loss.events_lost_upstream);

@@ -4,6 +4,8 @@ pub mod encoder;
 pub mod inspect;
 pub mod inspect_set;
 pub mod reader;
+pub mod salvage;
 pub mod service;
 pub mod service_log;
 pub mod store;
+pub mod untrusted;

@@ -152,7 +152,13 @@ pub fn kind_name(field: u32) -> std::borrow::Cow<'static, str> {
 
 /// The name of a TracingServiceEvent field (ARCHITECTURE.md §7.8).
 pub fn service_event_name(field: u32) -> std::borrow::Cow<'static, str> {
-    name_in(tracing_service_event::NAMES, field)
+    match tracing_service_event::RECORDER_NAMES
+        .iter()
+        .find(|(n, _)| *n == field)
+    {
+        Some((_, name)) => (*name).into(),
+        None => name_in(tracing_service_event::NAMES, field),
+    }
 }
 
 /// TraceStats.BufferStats field names (ARCHITECTURE.md §7.6).

@@ -263,6 +263,9 @@ pub enum ServiceEvent {
     TracingDisabled = tse::TRACING_DISABLED,
     FlushStarted = tse::FLUSH_STARTED,
     CloneStarted = tse::CLONE_STARTED,
+    /// The recorder's own: the recording process died, and another one
+    /// wrote what its buffers held.
+    RecorderDied = tse::RECORDER_DIED,
 }
 
 /// One `service_event` packet.
@@ -441,6 +444,9 @@ pub struct TraceStatsRecord {
     /// (`recorder.quota.uid.<uid>.<limit>`): TraceStats counts producers but
     /// has no per-uid field, so they go beside it (see [`stats_packets`]).
     pub quota_hits: Vec<(String, i64)>,
+    /// What each trigger rule did (`recorder.rule.<name>.<figure>`), beside
+    /// the quota hits in the same `trace_attributes` packet.
+    pub rule_counts: Vec<(String, i64)>,
 }
 
 impl TraceStatsRecord {
@@ -471,10 +477,11 @@ impl TraceStatsRecord {
 /// the per-uid quota hits when there are any.
 pub fn stats_packets(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<Vec<u8>> {
     let mut out = vec![trace_stats(uid, ts_ns, s)];
-    if !s.quota_hits.is_empty() {
+    if !s.quota_hits.is_empty() || !s.rule_counts.is_empty() {
         let attrs: Vec<(&str, AttributeValue)> = s
             .quota_hits
             .iter()
+            .chain(&s.rule_counts)
             .map(|(k, v)| (k.as_str(), AttributeValue::Long(*v)))
             .collect();
         out.push(trace_attributes(uid, ts_ns, &attrs));

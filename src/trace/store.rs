@@ -208,7 +208,8 @@ pub fn scan(root: &Path) -> Result<StoreReport, StoreError> {
         };
         let trace = dir.join(trace_name);
         let sidecar = dir.join(format!("{trace_name}{SIDECAR_SUFFIX}"));
-        if !trace.is_file() && !sidecar.is_file() {
+        let regular = |p: &PathBuf| super::untrusted::is_regular(p);
+        if !regular(&trace) && !regular(&sidecar) {
             // Gone, both (a budget deleted them): nothing to describe.
             return Err(StoreError::Read {
                 path: trace,
@@ -216,8 +217,8 @@ pub fn scan(root: &Path) -> Result<StoreReport, StoreError> {
             });
         }
         let files = Files {
-            trace: trace.is_file().then_some(trace),
-            sidecar: sidecar.is_file().then_some(sidecar),
+            trace: regular(&trace).then_some(trace.clone()),
+            sidecar: regular(&sidecar).then_some(sidecar.clone()),
         };
         let key = (dir.to_path_buf(), stem.to_string(), ext.to_string());
         groups.entry(key).or_default().insert(index, files);
@@ -242,7 +243,11 @@ fn walk(dir: &Path, groups: &mut Groups) -> Result<(), StoreError> {
             continue;
         };
         if kind.is_dir() {
-            walk(&entry.path(), groups)?;
+            // A hook's own directory of links (`.recorder-hook.*`), or any
+            // hidden one: not part of the store.
+            if !entry.file_name().to_string_lossy().starts_with('.') {
+                walk(&entry.path(), groups)?;
+            }
             continue;
         }
         if !kind.is_file() {
@@ -300,11 +305,14 @@ fn path_part(s: &str) -> String {
 }
 
 fn read_sidecar(path: &Path) -> Result<Sidecar, SidecarProblem> {
-    let len = std::fs::metadata(path).map_err(SidecarProblem::Stat)?.len();
+    let (_, len) =
+        super::untrusted::open_regular(path).map_err(|e| SidecarProblem::Stat(e.into()))?;
     if len > MAX_SIDECAR_BYTES {
         return Err(SidecarProblem::TooLarge(len));
     }
-    Sidecar::read(path).map_err(SidecarProblem::Read)
+    let bytes = super::untrusted::read_at_most(path, MAX_SIDECAR_BYTES)
+        .map_err(|e| SidecarProblem::Stat(e.into()))?;
+    Sidecar::parse(path, &bytes).map_err(SidecarProblem::Read)
 }
 
 fn rows_of(root: &Path, groups: &Groups) -> Vec<Row> {
@@ -373,7 +381,7 @@ fn row(root: &Path, index: u64, file: &str, path: &Path, files: &Files) -> Row {
             Some("the sidecar is here, the segment is not".into()),
         )
     } else {
-        let size = std::fs::metadata(path).map_or(0, |m| m.len());
+        let size = super::untrusted::open_regular(path).map_or(0, |(_, size)| size);
         if size != car.bytes {
             (
                 Status::Corrupt,

@@ -193,6 +193,13 @@ pub mod tracing_service_event {
     pub const FLUSH_STARTED: u32 = 9;
     pub const CLONE_STARTED: u32 = 10;
     pub const BUFFER_CLONED: u32 = 11;
+    /// The recorder's own event, far above Perfetto's numbers so readers
+    /// that do not know it skip it: the recording process died and another
+    /// process wrote what its buffers held (`trace::salvage`).
+    pub const RECORDER_DIED: u32 = 1001;
+
+    /// The recorder's own events by name.
+    pub const RECORDER_NAMES: &[(u32, &str)] = &[(RECORDER_DIED, "recorder_died")];
 
     /// The events by name (for `inspect`).
     pub const NAMES: &[(u32, &str)] = &[
@@ -631,6 +638,9 @@ mod tests {
                 se.field_by_number(*n).map(|f| f.name().to_string()),
                 Some(name.to_string())
             );
+        }
+        for (n, _) in tracing_service_event::RECORDER_NAMES {
+            assert!(se.field_by_number(*n).is_none(), "{n} is Perfetto's");
         }
     }
 }

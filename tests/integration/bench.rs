@@ -2,9 +2,8 @@
 //! trace decodes with the independent decoder, and what the file holds
 //! agrees with the retained / overwritten / discarded the JSON reports.
 
+use crate::harness::*;
 use std::process::Command;
-
-use crate::common::{decode, gaps, recorder_bin, test_counters};
 
 #[test]
 fn bench_sweep_json_agrees_with_the_files() {

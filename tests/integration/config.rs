@@ -7,11 +7,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::harness::*;
 use perfetto_protos::trace_config::TraceConfig as PTraceConfig;
 use protobuf::Message as _;
 use recorder::config::{self, LoadOptions, ServiceFields, SourceKind, TriggerMode};
-
-use crate::common;
 
 fn cfg_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -27,9 +26,9 @@ fn cfg_files(dir: &Path) -> Vec<PathBuf> {
 /// Every test config at hand: the bundled ones, the tests' own and, where
 /// present, Perfetto's.
 fn all_cfg_files() -> Vec<PathBuf> {
-    let mut files = cfg_files(&common::repo_root().join("configs"));
-    files.extend(cfg_files(&common::own_test_configs()));
-    if let Some(dir) = common::perfetto_test_configs() {
+    let mut files = cfg_files(&repo_root().join("configs"));
+    files.extend(cfg_files(&own_test_configs()));
+    if let Some(dir) = need::found(need::perfetto_test_configs()) {
         files.extend(cfg_files(&dir));
     }
     files
@@ -39,7 +38,7 @@ fn all_cfg_files() -> Vec<PathBuf> {
 /// naming the field.
 #[test]
 fn own_test_configs_load_or_are_refused_precisely() {
-    let files = cfg_files(&common::own_test_configs());
+    let files = cfg_files(&own_test_configs());
     assert!(files.len() >= 8, "{files:?}");
     for path in &files {
         let name = path
@@ -119,9 +118,7 @@ fn python_encode(files: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
 /// where that parser can read the file.
 #[test]
 fn perfetto_test_configs_load_or_are_refused_precisely() {
-    let Some(dir) = common::perfetto_test_configs() else {
-        return;
-    };
+    let dir = require!(need::perfetto_test_configs());
     let files = cfg_files(&dir);
     assert_eq!(files.len(), 25, "the Perfetto test suite has 25 configs");
     let mut compared = 0;
@@ -169,8 +166,8 @@ fn perfetto_test_configs_load_or_are_refused_precisely() {
 /// Perfetto's), for the tests' own configs and Perfetto's where present.
 #[test]
 fn test_configs_match_python_text_format() {
-    let mut files = cfg_files(&common::own_test_configs());
-    if let Some(dir) = common::perfetto_test_configs() {
+    let mut files = cfg_files(&own_test_configs());
+    if let Some(dir) = need::found(need::perfetto_test_configs()) {
         files.extend(cfg_files(&dir));
     }
     let encodings = match python_encode(&files) {
@@ -211,7 +208,7 @@ fn text_binary_round_trips_are_stable() {
 
 #[test]
 fn bundled_configs_load() {
-    let dir = common::repo_root().join("configs");
+    let dir = repo_root().join("configs");
     let files = cfg_files(&dir);
     let names: Vec<String> = files
         .iter()
@@ -452,7 +449,7 @@ fn unknown_fields_reach_the_data_source_untouched() {
     let dir = tempfile::tempdir().expect("tempdir");
     let f = dir.path().join("x.pb");
     std::fs::write(&f, &tc).expect("write");
-    let out = Command::new(common::recorder_bin())
+    let out = Command::new(recorder_bin())
         .args(["config", "check"])
         .arg(&f)
         .output()
@@ -572,7 +569,7 @@ fn service_rules_with_defaults_and_warnings() {
         Some(5000)
     );
     let snap = config::load_spec(
-        &common::own_test_configs().join("snapshot.cfg"),
+        &own_test_configs().join("snapshot.cfg"),
         LoadOptions::default(),
     )
     .expect("valid");
@@ -583,7 +580,7 @@ fn service_rules_with_defaults_and_warnings() {
 }
 
 fn run(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
-    let mut child = Command::new(common::recorder_bin())
+    let mut child = Command::new(recorder_bin())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -609,7 +606,7 @@ fn run(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
 
 #[test]
 fn cli_convert_check_and_exit_codes() {
-    let lt = common::repo_root().join("configs/long_trace.cfg");
+    let lt = repo_root().join("configs/long_trace.cfg");
     let lt = lt.to_str().expect("utf-8 path");
     let (code, bin, err) = run(&["config", "convert", lt, "--to", "binary"], None);
     assert_eq!(code, 0, "{err}");
@@ -632,7 +629,7 @@ fn cli_convert_check_and_exit_codes() {
         err.contains("<stdin>:1:11: error: unknown field 'sizekb'"),
         "{err}"
     );
-    let bad = common::own_test_configs().join("bad_trigger_timeout.cfg");
+    let bad = own_test_configs().join("bad_trigger_timeout.cfg");
     let (code, _, err) = run(&["config", "check", bad.to_str().expect("utf-8")], None);
     assert_eq!(code, 2);
     assert!(err.contains("trigger_timeout_ms"), "{err}");
@@ -951,14 +948,14 @@ for path in sys.argv[1:]:
 /// are checked exactly.
 #[test]
 fn explain_accounts_for_every_field_by_path() {
-    let peer_dir = common::perfetto_test_configs();
-    let mut files = cfg_files(&common::repo_root().join("configs"));
-    files.extend(cfg_files(&common::own_test_configs()));
+    let peer_dir = need::found(need::perfetto_test_configs());
+    let mut files = cfg_files(&repo_root().join("configs"));
+    files.extend(cfg_files(&own_test_configs()));
     if let Some(dir) = &peer_dir {
         files.extend(cfg_files(dir));
     }
     let run = |path: &std::path::Path| {
-        let out = Command::new(common::recorder_bin())
+        let out = Command::new(recorder_bin())
             .args(["-q", "config", "check", "--explain"])
             .arg(path)
             .output()
@@ -1001,8 +998,8 @@ fn explain_accounts_for_every_field_by_path() {
         explained.insert(path.clone(), lines);
     }
     // All but the two refused of the tests' own, and 23 of Perfetto's 25.
-    let own = cfg_files(&common::own_test_configs()).len() - 2;
-    let bundled = cfg_files(&common::repo_root().join("configs")).len();
+    let own = cfg_files(&own_test_configs()).len() - 2;
+    let bundled = cfg_files(&repo_root().join("configs")).len();
     let want = bundled + own + if peer_dir.is_some() { 23 } else { 0 };
     assert_eq!(explained.len(), want, "configs explained");
 
@@ -1014,7 +1011,7 @@ fn explain_accounts_for_every_field_by_path() {
             .map(|(_, rest)| rest.clone())
             .unwrap_or_else(|| panic!("{}: no {p}", path.display()))
     };
-    let own = |file: &str| common::own_test_configs().join(file);
+    let own = |file: &str| own_test_configs().join(file);
     assert_eq!(
         entry(&own("periodic_file.cfg"), "flush_period_ms"),
         "20000: ignored (with write_into_file it counts only with write_flush_mode WRITE_FLUSH_DISABLED, as in Perfetto)"
@@ -1065,7 +1062,7 @@ fn explain_accounts_for_every_field_by_path() {
             "{…}: applied (passed as written to the producer of \"android.power\")"
         );
     }
-    let bundled_long = common::repo_root().join("configs/long_trace.cfg");
+    let bundled_long = repo_root().join("configs/long_trace.cfg");
     assert_eq!(entry(&bundled_long, "buffers[0].size_kb"), "65536: applied");
 
     // Against Python's reading of the same files: each listed path is a
@@ -1079,7 +1076,7 @@ fn explain_accounts_for_every_field_by_path() {
         .stderr(Stdio::null())
         .status();
     if !probe.is_ok_and(|s| s.success()) {
-        assert!(!common::kernel_required(), "python oracle missing under CI");
+        assert!(!kernel_required(), "python oracle missing under CI");
         eprintln!("python oracle skipped: no perfetto/protobuf modules");
         return;
     }
@@ -1143,7 +1140,7 @@ output_path: "{}""#,
     )
     .expect("cfg");
     let run = |extra: &[&str]| {
-        Command::new(common::recorder_bin())
+        Command::new(recorder_bin())
             .arg("--config")
             .arg(&cfg)
             .args(extra)
@@ -1278,7 +1275,7 @@ fn config_errors_escape_control_bytes_and_stay_small() {
                 continue;
             }
             let t0 = std::time::Instant::now();
-            let out = Command::new(common::recorder_bin())
+            let out = Command::new(recorder_bin())
                 .args(&args)
                 .stdin(std::process::Stdio::null())
                 .output()
@@ -1337,7 +1334,7 @@ fn a_config_of_regular_expressions_checks_in_seconds() {
         (&costly, Some(2), "exceeds size limit"),
     ] {
         let t0 = std::time::Instant::now();
-        let out = Command::new(common::recorder_bin())
+        let out = Command::new(recorder_bin())
             .args(["config", "check"])
             .arg(cfg)
             .stdin(Stdio::null())
@@ -1368,7 +1365,7 @@ fn config_check_warns_when_writers_outnumber_the_chunks() {
     }
     let cfg = d.path().join("many.cfg");
     std::fs::write(&cfg, &text).expect("write");
-    let out = Command::new(common::recorder_bin())
+    let out = Command::new(recorder_bin())
         .args(["config", "check"])
         .arg(&cfg)
         .stdin(Stdio::null())
@@ -1387,7 +1384,7 @@ fn config_check_warns_when_writers_outnumber_the_chunks() {
     // Within the chunks: no warning.
     let few = text.lines().take(101).collect::<Vec<_>>().join("\n");
     std::fs::write(&cfg, few).expect("write");
-    let out = Command::new(common::recorder_bin())
+    let out = Command::new(recorder_bin())
         .args(["config", "check"])
         .arg(&cfg)
         .stdin(Stdio::null())

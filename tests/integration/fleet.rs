@@ -12,9 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+use crate::harness::*;
 use serde_json::Value;
-
-use crate::common::*;
 
 const HOSTS: [&str; 2] = ["fleet-a", "fleet-b"];
 
@@ -36,7 +35,7 @@ const RUNNABLE: &str = "select max(dur) as wait from thread_state \
                         where state in ('R', 'R+') and dur > 0";
 
 /// Why the recipe cannot run here, if it cannot.
-fn missing_parts() -> Option<String> {
+fn missing_parts() -> Option<need::Missing> {
     let runs = |program: &str, args: &[&str]| {
         Command::new(program)
             .args(args)
@@ -45,21 +44,27 @@ fn missing_parts() -> Option<String> {
             .status()
             .is_ok_and(|s| s.success())
     };
-    need_root()
+    need::root()
         .or_else(|| {
             (!Path::new("/sys/kernel/tracing/events/sched/sched_switch").exists())
-                .then(|| "no tracefs".into())
+                .then(|| need::Missing::kernel("no tracefs"))
         })
-        .or_else(|| (!runs("unshare", &["--uts", "true"])).then(|| "unshare --uts fails".into()))
         .or_else(|| {
-            (!runs("rclone", &["version"])).then(|| "no rclone (apt-get install rclone)".into())
+            (!runs("unshare", &["--uts", "true"]))
+                .then(|| need::Missing::kernel("unshare --uts fails"))
+        })
+        .or_else(|| {
+            (!runs("rclone", &["version"]))
+                .then(|| need::Missing::kernel("no rclone (apt-get install rclone)"))
         })
         .or_else(|| {
             (!runs(
                 "python3",
                 &["-c", "import pandas, perfetto.batch_trace_processor.api"],
             ))
-            .then(|| "no Python perfetto and pandas (pip install perfetto pandas)".into())
+            .then(|| {
+                need::Missing::kernel("no Python perfetto and pandas (pip install perfetto pandas)")
+            })
         })
 }
 
@@ -180,11 +185,7 @@ fn rows(out: &Output) -> Vec<Value> {
 fn two_hosts_ship_into_one_store_and_answer_one_question() {
     // Trace processor is a peer the repository cannot carry; the rest is
     // the machine's.
-    if skip_unless(missing_parts())
-        || crate::common::skip_unless_peer(crate::trace_processor::unavailable())
-    {
-        return;
-    }
+    require!(missing_parts(), need::trace_processor());
     let fleet = Fleet::new();
     let script = repo_root().join("scripts/ship_segment.sh");
     let ship = format!("{} {}", script.display(), fleet.dest());
@@ -345,7 +346,7 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
         .arg(&fleet.store)
         .arg(&index_file)
         .args(["--from", &from.to_string(), "--json", "--trace-processor"])
-        .arg(crate::trace_processor::query_program())
+        .arg(trace_processor::query_program())
         .output()
         .expect("python3 runs");
     assert!(answer.status.success(), "{}", text(&answer.stderr));
@@ -363,7 +364,7 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
             HOSTS[0],
             "--trace-processor",
         ])
-        .arg(crate::trace_processor::query_program())
+        .arg(trace_processor::query_program())
         .output()
         .expect("python3 runs");
     assert!(table_a.status.success(), "{}", text(&table_a.stderr));
@@ -392,7 +393,7 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
         // The same question of each segment alone, in trace processor.
         let mut longest = 0;
         for p in paths {
-            let tp = crate::trace_processor::open(&fleet.store.join(p)).expect("tp");
+            let tp = trace_processor::open(&fleet.store.join(p)).expect("tp");
             longest = longest.max(tp.query(RUNNABLE).scalar().opt_int().unwrap_or(0));
         }
         assert!(longest > 0, "{host}: threads waited runnable under load");
@@ -411,10 +412,8 @@ fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if skip_unless((!rclone).then(|| "no rclone (apt-get install rclone)".into())) {
-        return;
-    }
-    let run = crate::recording::Run::new(&crate::recording::test_config(
+    require!(need::present(rclone, "no rclone (apt-get install rclone)"));
+    let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
         "write_into_file: true file_write_period_ms: 100 duration_ms: 1500",
@@ -447,8 +446,8 @@ fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
                 let path = r["path"].as_str().expect("path");
                 shipped.insert(path.rsplit('/').next().expect("file").to_string());
             }
-            // Deleted before its command ran: the command failed, shipping
-            // nothing, and the store names the gap.
+            // Deleted before its command's turn: not run, and the store
+            // names the gap.
             Some("missing") => {
                 assert!(
                     r["problem"].as_str().is_some_and(|p| p.contains("neither")),
@@ -469,10 +468,8 @@ fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
 #[test]
 fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
     use std::os::unix::fs::PermissionsExt;
-    if skip_unless(crate::hardening::attacker_missing()) {
-        return;
-    }
-    let run = crate::recording::Run::new(&crate::recording::test_config(
+    require!(need::attacker());
+    let run = Run::new(&test_config(
         1024,
         "RING_BUFFER",
         "write_into_file: true file_write_period_ms: 100 duration_ms: 300",
@@ -509,10 +506,7 @@ fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
         s = fleet.store.display(),
         g = good.display()
     );
-    let planted = crate::hardening::as_nobody("sh")
-        .args(["-c", &plant])
-        .output()
-        .expect("sh");
+    let planted = as_nobody("sh").args(["-c", &plant]).output().expect("sh");
     assert!(planted.status.success(), "{}", text(&planted.stderr));
     assert!(
         std::fs::read_to_string(fleet.store.join("evil/trace-000003.pftrace.json"))
@@ -524,7 +518,7 @@ fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
     for args in [&["inspect"][..], &["index"][..]] {
         let mut c = fleet.command(recorder_bin());
         c.args(args).arg(&fleet.store);
-        let o = crate::hardening::output_within(
+        let o = output_within_named(
             &mut c,
             std::time::Duration::from_secs(20),
             "checking a planted store",
@@ -576,10 +570,8 @@ fn after_a_crash_the_sidecars_say_what_is_left_to_ship() {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if skip_unless((!rclone).then(|| "no rclone (apt-get install rclone)".into())) {
-        return;
-    }
-    let run = crate::recording::Run::new(&crate::recording::test_config(
+    require!(need::present(rclone, "no rclone (apt-get install rclone)"));
+    let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
         "write_into_file: true file_write_period_ms: 100 duration_ms: 20000",
@@ -598,13 +590,11 @@ fn after_a_crash_the_sidecars_say_what_is_left_to_ship() {
         .stderr(Stdio::null())
         .spawn()
         .expect("runs");
-    let t0 = std::time::Instant::now();
-    while !(out.is_dir() && closed_segments(&out).len() >= 3)
-        && t0.elapsed() < std::time::Duration::from_secs(15)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    crate::recording::signal(&child, rustix::process::Signal::KILL);
+    // Three closed segments, or whatever there is after 15 s.
+    poll(std::time::Duration::from_secs(15), || {
+        (out.is_dir() && closed_segments(&out).len() >= 3).then_some(())
+    });
+    signal(&child, rustix::process::Signal::KILL);
     let _ = child.wait();
     let closed = closed_segments(&out);
     assert!(closed.len() >= 3, "{closed:?}");

@@ -13,20 +13,13 @@ use recorder::config::spec::{ByteSize, FtraceSpec};
 use recorder::sources::ftrace::format::PageLayout;
 use recorder::sources::ftrace::reader::open_map;
 use recorder::sources::ftrace::tracefs::Tracefs;
-use recorder::sources::ftrace::{
-    FtraceOptions, FtraceSource, FtraceSummary, ReadMode, SubbufSize, VecOutput,
-};
+use recorder::sources::ftrace::{FtraceOptions, FtraceSource, FtraceSummary, ReadMode, VecOutput};
 use rustix::thread::{CpuSet, sched_setaffinity};
 
-use crate::common;
-use crate::ftrace::{KERNEL, bundles, decode, events, kernel_missing, ping_pong_recording};
+use crate::harness::ftrace::{KERNEL, bundles, decode, events};
+use crate::harness::*;
 
 const SEQ: u32 = 9;
-
-#[test]
-fn real_kernel_ping_pong_recording_mmap() {
-    ping_pong_recording(ReadMode::Mmap, SubbufSize::Auto);
-}
 
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) {
@@ -131,9 +124,7 @@ fn marker_load(inst: &Tracefs, flush: &mut dyn FnMut()) -> BTreeMap<u32, Vec<Str
 
 #[test]
 fn real_kernel_mmap_and_read_decode_the_same_markers() {
-    if common::skip_unless(kernel_missing()) {
-        return;
-    }
+    require!(need::kernel_tracing());
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let mut seen = Vec::new();
     for mode in [ReadMode::Mmap, ReadMode::Read] {
@@ -175,9 +166,7 @@ fn real_kernel_mmap_and_read_decode_the_same_markers() {
 
 #[test]
 fn real_kernel_mmap_reports_an_overrun_like_read() {
-    if common::skip_unless(kernel_missing()) {
-        return;
-    }
+    require!(need::kernel_tracing());
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     const N: usize = 20_000;
     for mode in [ReadMode::Mmap, ReadMode::Read] {
@@ -283,9 +272,7 @@ fn a_file_the_kernel_cannot_map_falls_back_to_read() {
 /// match the mapped sub-buffers is refused rather than misread.
 #[test]
 fn real_kernel_auto_maps_and_a_foreign_layout_is_refused() {
-    if common::skip_unless(kernel_missing()) {
-        return;
-    }
+    require!(need::kernel_tracing());
     let _one_at_a_time = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let (_, summary) = record_prints(
         ReadMode::Auto,

@@ -3,10 +3,9 @@
 //! one layer never name each other both ways. References are `crate::NAME`
 //! paths and `use crate::{…}` lists in code (comments and doc links aside).
 
+use crate::harness::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-
-use crate::common::repo_root;
 
 /// Every top-level module and its layer, as the crate docs list them.
 const LAYERS: &[(&str, u8)] = &[
@@ -21,10 +20,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 2),
     ("sources", 2),
     ("control", 2),
-    ("ipc", 2),
+    ("producer", 2),
     ("privilege", 2),
     ("storage", 1),
     ("trace", 1),
+    ("transport", 1),
     ("ringbuf", 0),
     ("sys", 0),
     ("clock", 0),
@@ -189,4 +189,108 @@ fn the_scan_sees_through_comments_and_use_lists() {
     );
     let names: Vec<String> = named_modules(&code).into_iter().collect();
     assert_eq!(names, ["c", "d", "e", "h"]);
+}
+
+/// The invariant names a `// SAFETY:` comment cites (`M1`, `PV2`, …): the
+/// comment runs from `SAFETY:` to the last `//` line after it.
+fn cited_invariants(text: &str) -> BTreeSet<String> {
+    let mut cited = BTreeSet::new();
+    let mut in_safety = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("//") && t.contains("SAFETY:") {
+            in_safety = true;
+        } else if !t.starts_with("//") {
+            in_safety = false;
+        }
+        if in_safety {
+            cited.extend(invariant_names(t));
+        }
+    }
+    cited
+}
+
+/// Words of the form one to three capitals then digits (`S1`, `NW2`).
+fn invariant_names(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| {
+            let letters = w.chars().take_while(char::is_ascii_uppercase).count();
+            (1..=3).contains(&letters)
+                && w.len() > letters
+                && w[letters..].chars().all(|c| c.is_ascii_digit())
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every invariant ARCHITECTURE.md defines, with how many times: a
+/// definition is bold, alone (`**M1**`), a range (`**C1–C3**`) or opening
+/// a titled line (`**PR1 Buffer ids are the service's.**`).
+fn defined_invariants(doc: &str) -> BTreeMap<String, usize> {
+    let mut defined = BTreeMap::new();
+    for bold in doc.split("**").skip(1).step_by(2) {
+        let head = bold.split(' ').next().unwrap_or("");
+        let names: Vec<String> = match head.split_once('–') {
+            Some((a, b)) => {
+                let (pa, na) = split_name(a);
+                let (pb, nb) = split_name(b);
+                match (na, nb) {
+                    (Some(na), Some(nb)) if pa == pb && !pa.is_empty() => {
+                        (na..=nb).map(|n| format!("{pa}{n}")).collect()
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            None => invariant_names(head)
+                .into_iter()
+                .filter(|n| n == head)
+                .collect(),
+        };
+        for n in names {
+            *defined.entry(n).or_insert(0) += 1;
+        }
+    }
+    defined
+}
+
+fn split_name(name: &str) -> (&str, Option<u32>) {
+    let letters = name.chars().take_while(char::is_ascii_uppercase).count();
+    (&name[..letters], name[letters..].parse().ok())
+}
+
+#[test]
+fn every_invariant_a_safety_comment_cites_is_defined_once() {
+    let doc = std::fs::read_to_string(repo_root().join("ARCHITECTURE.md")).expect("doc");
+    let defined = defined_invariants(&doc);
+    let twice: Vec<_> = defined.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "defined more than once: {twice:?}");
+    let mut files = Vec::new();
+    rust_files(&repo_root().join("src"), &mut files);
+    let mut missing = Vec::new();
+    let mut cited_any = 0;
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("readable");
+        for name in cited_invariants(&text) {
+            cited_any += 1;
+            if !defined.contains_key(&name) {
+                missing.push(format!("{name} in {}", f.display()));
+            }
+        }
+    }
+    assert!(cited_any > 20, "the scan finds the SAFETY citations");
+    assert!(
+        missing.is_empty(),
+        "cited in a SAFETY comment, not defined in ARCHITECTURE.md §5: {missing:?}"
+    );
+}
+
+#[test]
+fn invariant_definitions_and_citations_are_read_as_written() {
+    let defined =
+        defined_invariants("- **C1–C3** x\n- **M5** (`a`)\n- **PR1 Title.** y **bold words**");
+    let names: Vec<&str> = defined.keys().map(String::as_str).collect();
+    assert_eq!(names, ["C1", "C2", "C3", "M5", "PR1"]);
+    let cited = cited_invariants("// SAFETY: M1 — x\n// and (TM4, U2).\nlet a = 1; // R9\n");
+    let cited: Vec<&str> = cited.iter().map(String::as_str).collect();
+    assert_eq!(cited, ["M1", "TM4", "U2"]);
 }

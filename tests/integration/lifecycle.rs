@@ -3,13 +3,10 @@
 //! (`builtin_data_sources.snapshot_interval_ms`), and the third signal that
 //! ends a session blocked in its final write.
 
+use crate::harness::*;
 use std::io::Read;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
-
-use crate::common::*;
-use crate::recording::{Run, service_events, signal, test_config};
-use crate::triggers::{finish, recorder, runtime, spawn, wait_listening};
+use std::time::Duration;
 
 fn count(events: &[String], what: &str) -> usize {
     events.iter().filter(|e| e.contains(what)).count()
@@ -29,7 +26,7 @@ fn deferred_start_records_only_after_recorder_start() {
     let q = recorder(&run, &["query", "--json"]);
     let text = String::from_utf8_lossy(&q.stdout);
     assert!(text.contains("deferred"), "query says deferred: {text}");
-    // Nothing starts by itself: the duration has not begun.
+    // Nothing starts by itself: time passes and the duration has not begun.
     std::thread::sleep(Duration::from_millis(1200));
     let before_start = recorder::clock::boottime_ns();
     let out = recorder(&run, &["start", &pid.to_string()]);
@@ -109,7 +106,7 @@ fn flush_period_ms_flushes_while_recording() {
         assert_eq!(p["last_flushes"]["succeeded"].as_u64(), Some(requested));
         assert_eq!(p["last_flushes"]["failed"].as_u64(), Some(0));
     }
-    if let Some(tp) = crate::trace_processor::check(&run.out) {
+    if let Some(tp) = trace_processor::check(&run.out) {
         assert_eq!(tp.stat("traced_flushes_requested", None), requested as i64);
         assert_eq!(tp.stat("traced_flushes_succeeded", None), requested as i64);
         assert_eq!(tp.stat("traced_flushes_failed", None), 0);
@@ -156,29 +153,25 @@ fn a_third_signal_ends_a_session_blocked_in_its_final_write() {
         .spawn()
         .expect("recorder starts");
     wait_listening(&runtime(&run), child.id());
-    std::thread::sleep(Duration::from_millis(800));
+    // Far more buffered than the pipe holds.
+    wait_recorded(&run, child.id(), 8 << 20);
     use rustix::process::Signal;
     signal(&child, Signal::INT);
-    // The stop flushes, stops the source and starts writing: let it block.
+    // The stop flushes, stops the source and starts writing: let it block
+    // (nothing outside shows it: the loop answers no query while it writes).
     std::thread::sleep(Duration::from_millis(800));
     assert!(
         child.try_wait().expect("wait").is_none(),
         "blocked in write"
     );
     signal(&child, Signal::INT);
+    // Two signals, not one pending signal that takes both.
     std::thread::sleep(Duration::from_millis(100));
     signal(&child, Signal::INT);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            panic!("the third signal did not end the session");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = poll_exit(&mut child, Duration::from_secs(10)).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("the third signal did not end the session")
+    });
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
     // What reached the pipe is a valid prefix of a trace.

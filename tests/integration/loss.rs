@@ -3,10 +3,8 @@
 //! inspect`, the trace's own `trace_stats` and Perfetto's trace processor
 //! report the same loss. (Kernel overruns: `ftrace::kernel_loss_is_reported_in_the_summary`.)
 
+use crate::harness::*;
 use std::collections::BTreeMap;
-
-use crate::common::*;
-use crate::recording::{Run, test_config};
 
 /// One lossy run and every view of it.
 struct Lossy {
@@ -102,7 +100,7 @@ impl Lossy {
         ] {
             assert_eq!(ins[name].as_u64(), Some(v), "inspect: buffer {i} {name}");
         }
-        if let Some(tp) = crate::trace_processor::check(&self.run.out) {
+        if let Some(tp) = trace_processor::check(&self.run.out) {
             for (name, v) in [
                 ("traced_buf_bytes_overwritten", b.bytes_overwritten()),
                 ("traced_buf_chunks_overwritten", b.chunks_overwritten()),
@@ -206,7 +204,7 @@ fn discard_while_streaming_agrees_everywhere() {
     );
     // Trace processor warns about write_into_file with DISCARD (data_loss,
     // not an error): `check` expects exactly that row.
-    if let Some(tp) = crate::trace_processor::open(&l.run.out) {
+    if let Some(tp) = trace_processor::open(&l.run.out) {
         assert_eq!(tp.stat("config_write_into_file_discard", Some(0)), 1);
     }
 }
@@ -230,7 +228,7 @@ fn buffer_loss_is_a_data_loss_row_in_trace_processor() {
         ),
     ] {
         let l = record(&config);
-        let want = crate::trace_processor::Expected::of(&l.run.trace());
+        let want = trace_processor::Expected::of(&l.run.trace());
         assert!(
             !want.writer_buffers.is_empty(),
             "trace_stats names each sequence's buffer"
@@ -251,7 +249,7 @@ fn buffer_loss_is_a_data_loss_row_in_trace_processor() {
             .map(|(seq, n)| n - u64::from(firsts.get(seq).copied().unwrap_or(false)))
             .sum();
         assert!(inner > 0, "loss inside the sequences");
-        let Some(tp) = crate::trace_processor::check(&l.run.out) else {
+        let Some(tp) = trace_processor::check(&l.run.out) else {
             return;
         };
         assert_eq!(

@@ -4,12 +4,10 @@
 //! URL's random token (other paths 404 and the server waits on), the bounded
 //! pool of workers and the deadline on slow clients.
 
+use crate::harness::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use crate::common::*;
-use crate::recording::{Run, test_config};
 
 const UI: &str = "https://ui.perfetto.dev";
 
@@ -50,28 +48,6 @@ fn open(run: &Run, args: &[&str]) -> (Child, String) {
         .read_line(&mut line)
         .expect("the link");
     (child, line.trim().to_string())
-}
-
-fn wait_exit(child: &mut Child) -> (std::process::ExitStatus, String) {
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "recorder open did not exit"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err)
-        .expect("stderr");
-    (status, err)
 }
 
 fn agent() -> ureq::Agent {
@@ -174,7 +150,7 @@ fn open_serves_the_trace_once_to_the_ui_and_exits() {
         .read_to_vec()
         .expect("body");
     assert_eq!(got, bytes, "the bytes served are the file's");
-    let (status, err) = wait_exit(&mut child);
+    let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{err}");
     assert!(err.contains("the UI fetched the trace"), "{err}");
     assert!(
@@ -210,7 +186,7 @@ fn open_tokens_differ_and_a_connection_flood_neither_grows_nor_ends_it() {
     let (status, _) = {
         let pid = rustix::process::Pid::from_child(&first);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-        wait_exit(&mut first)
+        wait_exit_stderr(&mut first, Duration::from_secs(20))
     };
     assert!(status.success());
     let first_token = token_of(link.rsplit("url=").next().expect("url"), port).to_string();
@@ -225,26 +201,50 @@ fn open_tokens_differ_and_a_connection_flood_neither_grows_nor_ends_it() {
     for _ in 0..400 {
         idle.push(std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Those beyond the queue are answered 503 (at least 300 of them).
+    let mut answered = vec![false; idle.len()];
+    wait_for(
+        "300 of 400 refused with 503",
+        Duration::from_secs(20),
+        || {
+            for (c, seen) in idle.iter_mut().zip(answered.iter_mut()) {
+                if *seen {
+                    continue;
+                }
+                c.set_read_timeout(Some(Duration::from_millis(1)))
+                    .expect("timeout");
+                let mut buf = [0u8; 64];
+                if let Ok(n) = c.read(&mut buf)
+                    && buf[..n].starts_with(b"HTTP/1.1 503 ")
+                {
+                    *seen = true;
+                }
+            }
+            answered.iter().filter(|s| **s).count() >= 300
+        },
+    );
+    // Answered without a thread each.
     let threads = threads_of(&child);
     assert!(threads <= 12, "{threads} threads for 400 connections");
-    let mut refused = 0;
-    for c in &mut idle {
-        c.set_read_timeout(Some(Duration::from_millis(1)))
-            .expect("timeout");
-        let mut buf = [0u8; 64];
-        if let Ok(n) = c.read(&mut buf)
-            && buf[..n].starts_with(b"HTTP/1.1 503 ")
-        {
-            refused += 1;
-        }
-    }
-    assert!(refused >= 300, "only {refused} of 400 got 503");
 
     // A client that never finishes its head is cut off at the deadline
     // (5 s from its accept), with a 408, once the flood is gone.
     drop(idle);
-    std::thread::sleep(Duration::from_millis(500));
+    // The server has let the flood go: a new request is served again.
+    wait_for(
+        "a request served after the flood",
+        Duration::from_secs(20),
+        || {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            c.write_all(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+                .expect("write");
+            c.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut buf = [0u8; 64];
+            let n = c.read(&mut buf).unwrap_or(0);
+            n > 0 && !buf[..n].starts_with(b"HTTP/1.1 503 ")
+        },
+    );
     let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     slow.write_all(b"GET /").expect("write");
     let t0 = Instant::now();
@@ -266,7 +266,7 @@ fn open_tokens_differ_and_a_connection_flood_neither_grows_nor_ends_it() {
         .read_to_vec()
         .expect("body");
     assert_eq!(got, bytes);
-    let (status, err) = wait_exit(&mut child);
+    let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{err}");
 }
 
@@ -277,7 +277,7 @@ fn open_stops_on_ctrl_c_and_refuses_bad_input() {
     let (mut child, _) = open(&run, &["--port", &port.to_string(), "--no-browser"]);
     let pid = rustix::process::Pid::from_child(&child);
     rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");
-    let (status, err) = wait_exit(&mut child);
+    let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(
         err.contains("stopped before the UI fetched the trace"),
@@ -303,4 +303,70 @@ fn open_stops_on_ctrl_c_and_refuses_bad_input() {
     assert_eq!(out.status.code(), Some(1));
     let out = recorder(&[trace, "--origin", "https://evil.example/path"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Item 17 of round 4: another user (nobody) holding 45 connections open —
+/// all idle, or sending a request head a byte at a time — costs that user's
+/// slots alone: the UI's fetch (by the user running `open`) is served while
+/// they last, and most of nobody's connections get 503 at once.
+#[test]
+fn connections_another_user_holds_do_not_keep_the_ui_out() {
+    require!(need::attacker());
+    let run = trace();
+    let bytes = run.trace();
+    let port = free_port();
+    let (mut child, link) = open(&run, &["--port", &port.to_string()]);
+    let url = link.rsplit("url=").next().expect("url").to_string();
+    let hold = format!(
+        r#"
+import socket, sys, time
+conns = []
+for i in range(45):
+    s = socket.create_connection(("127.0.0.1", {port}))
+    if i % 2:
+        s.send(b"GET /")
+    conns.append(s)
+refused = 0
+for s in conns:
+    s.settimeout(0.2)
+    try:
+        if s.recv(64).startswith(b"HTTP/1.1 503 "):
+            refused += 1
+    except OSError:
+        pass
+print(refused, flush=True)
+time.sleep(30)
+"#
+    );
+    let mut holder = as_nobody(python())
+        .args(["-c", &hold])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the holder's count");
+    let refused: usize = line.trim().parse().expect("a count");
+    assert!(refused >= 30, "only {refused} of 45 got 503");
+    // The UI's fetch while the connections are held.
+    let t0 = Instant::now();
+    let mut r = agent().get(&url).header("Origin", UI).call().expect("get");
+    assert_eq!(r.status(), 200);
+    let got = r
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_vec()
+        .expect("body");
+    assert_eq!(got, bytes);
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "served only after {:?} (a head's deadline is 5 s)",
+        t0.elapsed()
+    );
+    let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
+    assert!(status.success(), "{err}");
+    let _ = holder.kill();
+    let _ = holder.wait();
 }

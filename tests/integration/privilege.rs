@@ -5,39 +5,13 @@
 //! never through a name another user planted. Every kept trace is decoded
 //! and loaded in trace processor.
 
+use crate::harness::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::*;
-use crate::recording::{Run, test_config};
-
-const NOBODY: u32 = 65534;
 const TRACEFS: &str = "/sys/kernel/tracing";
-
-fn tracefs_missing() -> Option<String> {
-    need_root().or_else(|| {
-        Path::new(TRACEFS)
-            .join("instances")
-            .is_dir()
-            .then_some(())
-            .map_or_else(
-                || Some(format!("no tracefs instances at {TRACEFS}")),
-                |()| None,
-            )
-    })
-}
-
-fn setpriv_missing() -> Option<String> {
-    need_root().or_else(|| {
-        let ok = Command::new("setpriv")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        (!ok).then(|| "setpriv missing".to_string())
-    })
-}
 
 /// `name:` lines of /proc/PID/status.
 fn status(pid: u32) -> std::collections::BTreeMap<String, String> {
@@ -61,14 +35,6 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn finish(child: Child) -> String {
     let out = child.wait_with_output().expect("waits");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -82,7 +48,7 @@ fn check_trace(path: &Path) {
     let data = std::fs::read(path).expect("trace");
     assert_eq!(whole_prefix(&data), data.len(), "{}", path.display());
     assert!(!decode(&data).is_empty(), "{}", path.display());
-    crate::trace_processor::check(path);
+    trace_processor::check(path);
 }
 
 const FTRACE: &str = r#"
@@ -96,9 +62,7 @@ duration_ms: 30000
 
 #[test]
 fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
-    if skip_unless(tracefs_missing().or_else(setpriv_missing)) {
-        return;
-    }
+    require!(need::tracefs_instances().or_else(need::setpriv));
     let run = Run::new(FTRACE);
     let sock = run.dir.path().join("producer.sock");
     let mut c = run.command("pwritev");
@@ -120,7 +84,7 @@ fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
         .next()
         .and_then(|u| u.parse().ok())
         .expect("uid");
-    assert!(uid != 0 && uid != NOBODY, "{st:?}");
+    assert!(uid != 0 && uid != NOBODY_UID, "{st:?}");
     for ids in [&st["Uid"], &st["Gid"]] {
         assert!(ids.split_whitespace().all(|i| i != "0"), "{st:?}");
     }
@@ -160,9 +124,7 @@ fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
 /// /proc/PID/task/*/status while the session records.
 #[test]
 fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
-    if skip_unless(tracefs_missing()) {
-        return;
-    }
+    require!(need::tracefs_instances());
     let run = Run::new(FTRACE);
     let sock = run.dir.path().join("producer.sock");
     let mut c = run.command("pwritev");
@@ -229,9 +191,7 @@ fn name_locks(runtime: &Path) -> Vec<PathBuf> {
 /// SIGKILL alike, and the name is free for the next session.
 #[test]
 fn the_name_lock_of_a_dropped_session_is_removed_at_its_end() {
-    if skip_unless(tracefs_missing()) {
-        return;
-    }
+    require!(need::tracefs_instances());
     let run = Run::new(&format!(
         "{FTRACE}unique_session_name: \"privsmall_lock\"\n"
     ));
@@ -271,16 +231,9 @@ fn the_name_lock_of_a_dropped_session_is_removed_at_its_end() {
     }
 }
 
-fn signal(child: &Child, sig: rustix::process::Signal) {
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
-    rustix::process::kill_process(pid, sig).expect("signal");
-}
-
 #[test]
 fn sigkill_of_the_recorder_still_tears_tracefs_down() {
-    if skip_unless(tracefs_missing()) {
-        return;
-    }
+    require!(need::tracefs_instances());
     let run = Run::new(FTRACE);
     let mut c = run.command("pwritev");
     c.stdout(Stdio::null()).stderr(Stdio::null());
@@ -367,9 +320,7 @@ fn segments(dir: &Path) -> std::collections::BTreeMap<u64, (PathBuf, bool)> {
 
 #[test]
 fn a_rotating_session_in_a_root_directory_still_rotates_deletes_and_runs_hooks_as_root() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
@@ -448,8 +399,8 @@ fn plant(dir: &Path, name: &str, what: &str, victim: &Path) {
     let _ = rustix::fs::chownat(
         rustix::fs::CWD,
         &p,
-        Some(rustix::process::Uid::from_raw(NOBODY)),
-        Some(rustix::process::Gid::from_raw(NOBODY)),
+        Some(rustix::process::Uid::from_raw(NOBODY_UID)),
+        Some(rustix::process::Gid::from_raw(NOBODY_UID)),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     );
 }
@@ -475,9 +426,7 @@ fn untouched(v: &Path, before: &std::fs::Metadata) {
 
 #[test]
 fn names_planted_in_a_sticky_directory_are_never_written_through() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
@@ -598,9 +547,7 @@ fn names_planted_in_a_sticky_directory_are_never_written_through() {
 
 #[test]
 fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let run = Run::new(&test_config(
         1024,
         "RING_BUFFER",
@@ -612,8 +559,8 @@ fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     rustix::fs::chown(
         &theirs,
-        Some(rustix::process::Uid::from_raw(NOBODY)),
-        Some(rustix::process::Gid::from_raw(NOBODY)),
+        Some(rustix::process::Uid::from_raw(NOBODY_UID)),
+        Some(rustix::process::Gid::from_raw(NOBODY_UID)),
     )
     .expect("chown");
     let existing = theirs.join("trace.pftrace");
@@ -642,9 +589,7 @@ fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
 
 #[test]
 fn planted_snapshot_and_log_names_are_replaced_not_written_through() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let run = Run::new(
         r#"
 buffers { size_kb: 2048 fill_policy: RING_BUFFER }
@@ -684,6 +629,7 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers 
             .output()
             .expect("trigger");
         assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        // Each trigger its own snapshot, not one under way.
         std::thread::sleep(Duration::from_millis(200));
     }
     wait_for(
@@ -753,9 +699,7 @@ const SERVING_THREADS: &[&str] = &["recorder-control", "ftrace-reader"];
 #[test]
 fn a_flight_recorder_waiting_for_its_trigger_already_runs_unprivileged_and_records_ftrace_after_it()
 {
-    if skip_unless(tracefs_missing()) {
-        return;
-    }
+    require!(need::tracefs_instances());
     let run = Run::new(FLIGHT_FTRACE);
     let mut c = run.command("pwritev");
     c.stdout(Stdio::null()).stderr(Stdio::piped());
@@ -782,7 +726,7 @@ fn a_flight_recorder_waiting_for_its_trigger_already_runs_unprivileged_and_recor
         }
         if query.is_none() && control.exists() {
             query = Some(
-                crate::hardening::recorder_as(&run, None, &["query", "--json"])
+                recorder_as(&run, None, &["query", "--json"])
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null())
                     .spawn()
@@ -816,7 +760,7 @@ fn a_flight_recorder_waiting_for_its_trigger_already_runs_unprivileged_and_recor
     let enabled =
         std::fs::read_to_string(instance.join("events/sched/sched_switch/enable")).expect("enable");
     assert_eq!(enabled.trim(), "1");
-    let t = crate::hardening::recorder_as(&run, None, &["trigger", "go"])
+    let t = recorder_as(&run, None, &["trigger", "go"])
         .output()
         .expect("trigger runs");
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
@@ -844,4 +788,156 @@ fn a_flight_recorder_waiting_for_its_trigger_already_runs_unprivileged_and_recor
         .sum();
     assert!(events > 0, "sched_switch recorded after the trigger");
     check_trace(&run.out);
+}
+
+/// The uid a root session says it will run as (its log's first lines).
+fn chosen_uid(stderr: &str) -> Option<u32> {
+    stderr
+        .split("the session will run as uid ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Item 13: a root session never runs as a uid some process already runs
+/// as (that process could stop or signal it), nor as one another live
+/// session holds: two sessions beside a process of the first free uid of
+/// the dynamic range each get a uid of their own, which that process
+/// cannot signal.
+#[test]
+fn a_session_takes_a_uid_no_process_uses_and_holds_it() {
+    require!(need::setpriv());
+    let cfg = test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 60000",
+        "message_count: 0 message_size: 16 max_messages_per_second: 100",
+    );
+    // Which uid a session takes when nothing is in the way.
+    let probe = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 100",
+        "message_count: 10 message_size: 16",
+    ));
+    let o = probe.run("pwritev");
+    let first = chosen_uid(&String::from_utf8_lossy(&o.stderr)).expect("the log names the uid");
+    if !(61184..=65519).contains(&first) {
+        // A `recorder` system user (or RECORDER_USER) decides instead.
+        return;
+    }
+    let _squatter = Reaped(
+        Command::new("setpriv")
+            .args(["--reuid", &first.to_string(), "--regid", &first.to_string()])
+            .args(["--clear-groups", "sleep", "120"])
+            .spawn()
+            .expect("squatter"),
+    );
+    let runs: Vec<Run> = (0..2).map(|_| Run::new(&cfg)).collect();
+    let mut sessions: Vec<Child> = runs
+        .iter()
+        .map(|r| {
+            r.command("pwritev")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    let mut uids = Vec::new();
+    for s in &sessions {
+        let pid = s.id();
+        wait_for("the drop", Duration::from_secs(20), || dropped(pid));
+        let uid: u32 = status(pid)["Uid"]
+            .split_whitespace()
+            .next()
+            .and_then(|u| u.parse().ok())
+            .expect("uid");
+        uids.push(uid);
+        let kill = Command::new("setpriv")
+            .args(["--reuid", &first.to_string(), "--regid", &first.to_string()])
+            .args(["--clear-groups", "kill", "-STOP", &pid.to_string()])
+            .output()
+            .expect("setpriv");
+        assert!(!kill.status.success(), "uid {first} stopped session {pid}");
+    }
+    assert!(
+        !uids.contains(&first),
+        "{uids:?} beside a process of uid {first}"
+    );
+    assert_ne!(uids[0], uids[1], "two live sessions share a uid");
+    for s in &mut sessions {
+        signal(s, rustix::process::Signal::INT);
+    }
+    for s in sessions {
+        let err = finish(s);
+        assert!(err.contains("gave up root"), "{err}");
+    }
+    for r in &runs {
+        check_trace(&r.out);
+    }
+}
+
+/// A child killed and reaped when dropped (also when a test fails).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Item 12: SIGKILL at any moment of a root ftrace session's set-up (0 to
+/// 300 ms after it starts: before, during and after its tracefs instance,
+/// sockets and drop) leaves neither the instance nor its sockets: the
+/// broker, told the pid and the socket names before anything is set up,
+/// removes what it finds (sockets only when nobody listens on them).
+#[test]
+fn sigkill_during_set_up_leaves_no_tracefs_instance_nor_sockets() {
+    require!(need::tracefs_instances());
+    let run = Run::new(
+        r#"
+buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" target_buffer: 0
+  ftrace_config { ftrace_events: "sched/sched_switch" } } }
+trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: 60000
+  triggers { name: "go" stop_delay_ms: 1000 } }
+"#,
+    );
+    let runtime = run.dir.path().join("run");
+    let producer = run.dir.path().join("producer.sock");
+    let mut caught_mid_way = 0;
+    for delay_ms in [
+        0u64, 10, 20, 30, 40, 50, 60, 70, 80, 100, 120, 150, 200, 300,
+    ] {
+        let mut c = run.command("pwritev");
+        c.arg("--producer-socket")
+            .arg(&producer)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().expect("starts");
+        let pid = child.id();
+        // The kill point is the variable here: a set time after the start.
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
+        if instance.exists() && !dropped(pid) {
+            caught_mid_way += 1;
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("waits");
+        let sockets = [
+            runtime.join(format!("recorder-{pid}.trigger")),
+            runtime.join(format!("recorder-{pid}.control")),
+            producer.clone(),
+        ];
+        wait_for(
+            format!("nothing left {delay_ms} ms in"),
+            Duration::from_secs(15),
+            || !instance.exists() && sockets.iter().all(|s| !s.exists()),
+        );
+    }
+    eprintln!("{caught_mid_way} kills landed between the instance and the drop");
 }

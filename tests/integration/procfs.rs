@@ -5,17 +5,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::harness::*;
 use perfetto_protos::process_tree::ProcessTree;
 use perfetto_protos::sys_stats::SysStats;
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::{Enum, Message};
 use recorder::config::spec::{ProcessStatsSpec, SourceKind, SysStatsSpec};
-use recorder::sources::poller::Poller;
 use recorder::sources::process_stats::ProcessStatsSource;
 use recorder::sources::procfs::HostPaths;
 use recorder::sources::sys_stats::{Group, Schedule, SysStatsError, SysStatsSource};
-
-use crate::common::repo_root;
 
 const SEQ: u32 = 7;
 // The captured workload (tests/fixtures/proc/PIDS).
@@ -709,23 +707,48 @@ fn process_stats_poll_fixture_exact_and_cached() {
 }
 
 #[test]
-fn poller_runs_process_stats_on_the_fixture() {
+fn the_loop_driven_source_runs_process_stats_on_the_fixture() {
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use recorder::sources::DataSource;
+    use recorder::sources::polled::{PidRoute, PolledDataSource};
     let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         poll_period: Some(Duration::from_millis(3_600_000)),
         ..ProcessStatsSpec::default()
     };
-    let poller = Poller::start(
-        "process-stats",
+    let buffer = Buffer::new(BufferParams::new(1 << 20, FillPolicy::Discard)).expect("buffer");
+    let route = PidRoute::default();
+    let mut src = PolledDataSource::new(
+        "linux.process_stats",
         ProcessStatsSource::new(opts, fixture(), SEQ),
-        Vec::new(),
+        buffer.writer(WriterId(SEQ)),
     )
-    .expect("spawn");
-    let handle = poller.handle();
-    assert!(poller.flush(Duration::from_secs(60)));
-    handle.clear_incremental_state();
-    handle.on_pids_seen(&[APP]);
-    let out = poller.stop().expect("stops");
+    .route_pids(route.clone());
+    assert_eq!(src.next_due(), None, "nothing before the start");
+    src.start().expect("start");
+    // The next tick is the next wall-clock multiple of the hour: not now,
+    // and within the period (close to it only just before a whole hour).
+    let next = src.next_due().expect("the next tick");
+    let now = std::time::Instant::now();
+    assert!(
+        next > now && next <= now + Duration::from_secs(3600),
+        "{:?}",
+        next - now
+    );
+    src.flush(Duration::from_secs(60)).expect("flush");
+    src.clear_incremental_state();
+    // A pid ftrace saw makes the source due at once.
+    route.push(&[APP]);
+    let due = src.next_due().expect("due");
+    assert!(due <= std::time::Instant::now());
+    src.run(std::time::Instant::now(), false).expect("run");
+    src.stop().expect("stop");
+    let mut out = Vec::new();
+    for item in buffer.take_flush().items() {
+        if let FlushItem::Data(d) = item {
+            out.extend(recorder::wire::framing::frames(d).map(|f| f.packet.to_vec()));
+        }
+    }
     let pkts = decode(&out);
     // Start dump, then the first poll (stats only: every pid is seen), then
     // after the clear the whole tree again (scan_all_processes_on_start: a
@@ -760,10 +783,7 @@ fn real_proc_tree_has_this_process_and_its_threads() {
                     .is_ok_and(|c| c.trim() == "procfs-probe")
             })
     };
-    let t0 = std::time::Instant::now();
-    while !named() && t0.elapsed() < std::time::Duration::from_secs(5) {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    crate::harness::poll(std::time::Duration::from_secs(5), || named().then_some(()));
     let opts = ProcessStatsSpec {
         scan_all_processes_on_start: true,
         record_thread_names: true,
@@ -851,12 +871,19 @@ fn process_stats_clear_through_the_data_source_trait() {
     };
     let src = ProcessStatsSource::new(spec, fixture(), SEQ);
     let mut ds = PolledDataSource::new("linux.process_stats", src, buffer.writer(WriterId(SEQ)));
+    // The loop's part, without waiting: each run at the time it asks for.
+    let ticks = |ds: &mut PolledDataSource<ProcessStatsSource>| {
+        for _ in 0..2 {
+            let due = ds.next_due().expect("a next tick");
+            ds.run(due, false).expect("tick");
+        }
+    };
     ds.clear_incremental_state(); // before start: nothing to forget
     ds.start().expect("start");
-    std::thread::sleep(Duration::from_millis(250));
+    ticks(&mut ds);
     ds.flush(Duration::from_secs(10)).expect("flush");
     ds.clear_incremental_state();
-    std::thread::sleep(Duration::from_millis(250));
+    ticks(&mut ds);
     ds.flush(Duration::from_secs(10)).expect("flush");
     // Stopping hands the writer's last chunk to the buffer.
     ds.stop().expect("stop");
@@ -985,13 +1012,13 @@ fn fixture_packets_read_the_same_in_trace_processor() {
     src.write_process_stats(&mut out);
     let mut sys = SysStatsSource::new(&all_periods(100), fixture(), SEQ + 2).expect("valid");
     sys.write_tick(&mut out);
-    let Some(tp) = crate::trace_processor::open_packets(dir.path(), "fixture.pftrace", &out) else {
+    let Some(tp) = trace_processor::open_packets(dir.path(), "fixture.pftrace", &out) else {
         return;
     };
     let pkts = decode(&out);
     assert!(tp.assert_no_errors().is_empty());
-    crate::trace_processor::assert_process_view(&tp, &pkts);
-    assert!(crate::trace_processor::assert_sys_stats_view(&tp, &pkts) > 50);
+    trace_processor::assert_process_view(&tp, &pkts);
+    assert!(trace_processor::assert_sys_stats_view(&tp, &pkts) > 50);
     // Spot values straight from the fixture files.
     let one = |sql: &str| tp.query(sql).scalar().int();
     assert_eq!(

@@ -7,36 +7,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::OnceLock;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::*;
-use crate::recording::Run;
-use crate::trace_processor;
-
-/// The SDK app, built once (its own cargo workspace and target dir: it
-/// compiles the C SDK).
-pub(crate) fn sdk_app() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = repo_root();
-        let target = root.join("target/sdk_producer");
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(root.join("tests/sdk_producer/Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &target)
-            .status()
-            .expect("cargo runs");
-        assert!(st.success(), "building the SDK test app failed");
-        target.join("release/sdk_producer")
-    })
-    .clone()
-}
-
-pub(crate) const SEQUENCE_DS: &str = "recorder.test.sequence";
+use crate::harness::*;
 
 /// A recorder session listening on a socket of its own.
 struct Session {
@@ -70,11 +45,39 @@ impl Session {
     }
 
     fn wait_for_socket(&self) {
-        let t = Instant::now();
-        while UnixStream::connect(&self.socket).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(20), "no producer socket");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_socket(&self.socket, Duration::from_secs(20));
+    }
+
+    /// App `name` as the session lists it, once it is listed.
+    fn producer(&self, name: &str) -> Option<serde_json::Value> {
+        let status = session_status(&self.run, self.child.id())?;
+        status["producers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+    }
+
+    /// Waits until `packets` of app `name`'s committed packets reached the
+    /// session.
+    fn wait_for_packets(&self, name: &str, packets: u64) {
+        wait_for(
+            format_args!("{packets} packets of {name} in the session"),
+            Duration::from_secs(20),
+            || {
+                self.producer(name)
+                    .is_some_and(|p| p["packets"].as_u64() >= Some(packets))
+            },
+        )
+    }
+
+    /// Waits until the session has seen app `name` go.
+    fn wait_gone(&self, name: &str) {
+        wait_for(
+            format_args!("{name} gone from the session"),
+            Duration::from_secs(20),
+            || self.producer(name).is_none_or(|p| p["connected"] != true),
+        )
     }
 
     /// An SDK app named `name` (its argv[0], which the SDK reports as its
@@ -86,7 +89,7 @@ impl Session {
     /// SIGINT, then the exit status and stderr.
     fn stop(mut self) -> (Run, String) {
         sigint(&self.child);
-        let out = wait_with_timeout(&mut self.child, Duration::from_secs(30));
+        let out = wait_exit(&mut self.child, Duration::from_secs(30));
         let mut err = String::new();
         if let Some(mut e) = self.child.stderr.take() {
             let _ = e.read_to_string(&mut err);
@@ -102,67 +105,6 @@ fn sigint(child: &Child) {
     }
 }
 
-fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return st;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            panic!("process {} did not exit within {limit:?}", child.id());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-pub(crate) struct App {
-    child: Child,
-    lines: BufReader<ChildStdout>,
-}
-
-impl App {
-    pub(crate) fn spawn(socket: &Path, name: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(sdk_app())
-            .arg0(name)
-            .args(args)
-            .env("PERFETTO_PRODUCER_SOCK_NAME", socket)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("SDK app starts");
-        let lines = BufReader::new(child.stdout.take().expect("stdout"));
-        Self { child, lines }
-    }
-
-    /// The next line the app prints that starts with `prefix`.
-    pub(crate) fn expect(&mut self, prefix: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.lines.read_line(&mut line).expect("read app output");
-            assert!(n > 0, "app ended before printing {prefix:?}");
-            if line.starts_with(prefix) {
-                return line.trim_end().to_string();
-            }
-        }
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub(crate) fn finish(mut self) -> Option<i32> {
-        wait_with_timeout(&mut self.child, Duration::from_secs(60)).code()
-    }
-
-    /// Ends an app that lingers (`--linger-secs`, `--forever`).
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn config(extra: &str) -> String {
     format!(
         "buffers {{ size_kb: 16384 fill_policy: DISCARD }}\n\
@@ -170,21 +112,6 @@ fn config(extra: &str) -> String {
          data_sources {{ config {{ name: \"track_event\" track_event_config {{ enabled_categories: \"*\" }} }} }}\n\
          {extra}"
     )
-}
-
-/// for_testing counters per (sequence, pid), in file order.
-pub(crate) fn counters_by_pid(
-    packets: &[perfetto_protos::trace_packet::TracePacket],
-) -> Vec<(u32, u32, Vec<u64>)> {
-    let mut v: Vec<(u32, u32, Vec<u64>)> = Vec::new();
-    for p in packets.iter().filter(|p| p.has_for_testing()) {
-        let key = (p.trusted_packet_sequence_id(), p.trusted_pid() as u32);
-        match v.iter_mut().find(|(s, pid, _)| (*s, *pid) == key) {
-            Some(e) => e.2.push(p.for_testing().counter()),
-            None => v.push((key.0, key.1, vec![p.for_testing().counter()])),
-        }
-    }
-    v
 }
 
 /// A typed field from the user's own `.proto` (configs/custom, with
@@ -369,7 +296,7 @@ fn producer_filters_pick_which_apps_and_built_in_sources_take_part() {
     beta.expect("never started");
     let alpha_pid = alpha.pid();
     assert_eq!(beta.finish(), Some(3));
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_gone("app_beta");
     let (run, err) = s.stop();
     alpha.finish();
     assert!(
@@ -396,7 +323,8 @@ fn an_app_started_before_the_session_connects_when_the_socket_appears() {
     let run_dir = tempfile::tempdir().expect("tempdir");
     let socket = run_dir.path().join("producer.sock");
     let mut app = App::spawn(&socket, "early_app", &["--packets", "100"]);
-    // The app is waiting (it retries and watches the directory).
+    // The app is waiting (it retries and watches the directory) for a
+    // while before the socket appears: that wait is what is under test.
     std::thread::sleep(Duration::from_millis(300));
     let run = Run::new(&config(""));
     let mut child = run
@@ -409,7 +337,7 @@ fn an_app_started_before_the_session_connects_when_the_socket_appears() {
         .expect("recorder starts");
     app.expect("wrote 100");
     sigint(&child);
-    assert!(wait_with_timeout(&mut child, Duration::from_secs(30)).success());
+    assert!(wait_exit(&mut child, Duration::from_secs(30)).success());
     app.finish();
     let packets = decode(&run.trace());
     let by_pid = counters_by_pid(&packets);
@@ -422,11 +350,11 @@ fn a_producer_killed_mid_run_keeps_what_it_committed() {
     let s = Session::start(&config(""));
     let mut app = s.app("doomed_app", &["--forever"]);
     app.expect("started");
-    std::thread::sleep(Duration::from_millis(500));
+    s.wait_for_packets("doomed_app", 100);
     let mut child = app.child;
     child.kill().expect("SIGKILL");
     let _ = child.wait();
-    std::thread::sleep(Duration::from_millis(200));
+    s.wait_gone("doomed_app");
     let (run, err) = s.stop();
     assert!(err.contains("disconnected"), "{err}");
     let packets = decode(&run.trace());
@@ -503,7 +431,7 @@ fn an_apps_trigger_stops_a_flight_recorder() {
     app.expect("wrote 200");
     app.expect("triggered");
     // The trigger alone ends the session.
-    let st = wait_with_timeout(&mut s.child, Duration::from_secs(30));
+    let st = wait_exit(&mut s.child, Duration::from_secs(30));
     assert!(st.success());
     assert_eq!(app.finish(), Some(0), "the app saw its data source stop");
     let packets = decode(&s.run.trace());
@@ -548,20 +476,16 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
         .expect("stdout")
         .read_to_string(&mut out)
         .expect("read");
-    let st = wait_with_timeout(&mut hostile, Duration::from_secs(30));
+    let st = wait_exit(&mut hostile, Duration::from_secs(30));
     let mut err = String::new();
     let _ = hostile
         .stderr
         .take()
         .map(|mut e| e.read_to_string(&mut err));
-    if err.contains("No module named") {
-        assert!(
-            !kernel_required(),
-            "python perfetto package missing under CI: {err}"
-        );
-        eprintln!("skipped: {err}");
-        return;
-    }
+    require!(need::present(
+        !err.contains("No module named"),
+        &format!("python perfetto package missing: {err}"),
+    ));
     assert!(st.success() && out.contains("done"), "{out}\n{err}");
     app.expect("wrote 1000");
     // `recorder query` names the hostile producer and why its data was lost.
@@ -796,30 +720,24 @@ fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing(
             let _ = slow.stderr.take().map(|mut e| e.read_to_string(&mut err));
             let _ = slow.kill();
             let _ = slow.wait();
-            if err.contains("No module named") {
-                assert!(!kernel_required(), "python perfetto package missing: {err}");
-                eprintln!("skipped: {err}");
-                return;
-            }
+            require!(need::present(
+                !err.contains("No module named"),
+                &format!("python perfetto package missing: {err}"),
+            ));
             panic!("the slow producer was not set up: {err}");
         }
         let mut app = s.app("sdk_app", &["--packets", "50"]);
         // Set up before the start: `recorder query` lists its data sources.
         let runtime = s.run.dir.path().join("run");
-        let t = Instant::now();
-        loop {
-            let q = Command::new(recorder_bin())
-                .arg("query")
-                .env("RECORDER_RUNTIME_DIR", &runtime)
-                .output()
-                .expect("query runs");
+        wait_for_text("track_event", Duration::from_secs(20), || {
+            let q = recorder(&s.run, &["query"]);
             let q = String::from_utf8_lossy(&q.stdout).to_string();
-            if q.contains("producer \"sdk_app\"") && q.contains("track_event") {
-                break;
+            if q.contains("producer \"sdk_app\"") {
+                q
+            } else {
+                String::new()
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "never set up: {q}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        });
         let before_start = recorder::clock::boottime_ns();
         let st = Command::new(recorder_bin())
             .args(["start", &s.child.id().to_string()])
@@ -832,7 +750,7 @@ fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing(
         if ack != "never" {
             assert!(next_line("acked"));
         }
-        std::thread::sleep(Duration::from_millis(300));
+        s.wait_for_packets("sdk_app", 1);
         let stopping = Instant::now();
         let (run, err) = s.stop();
         assert!(
@@ -842,7 +760,7 @@ fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing(
         );
         assert_eq!(app.finish(), Some(0));
         assert!(next_line("stopped"), "{line}");
-        let _ = wait_with_timeout(&mut slow, Duration::from_secs(10));
+        let _ = wait_exit(&mut slow, Duration::from_secs(10));
 
         let packets = decode(&run.trace());
         let by_pid = counters_by_pid(&packets);
@@ -881,16 +799,19 @@ fn each_rotated_segment_resolves_an_apps_interned_names_on_its_own() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder starts");
-    let t = Instant::now();
-    while UnixStream::connect(&socket).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no producer socket");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_socket(&socket, Duration::from_secs(20));
     let mut app = App::spawn(&socket, "rotating_app", &["--forever"]);
     app.expect("started");
-    std::thread::sleep(Duration::from_millis(3500));
+    // Four cuts at least, each after the app wrote.
+    wait_for("five segments", Duration::from_secs(60), || {
+        std::fs::read_dir(&out_dir).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "pftrace"))
+                .count()
+        }) >= 5
+    });
     sigint(&child);
-    let st = wait_with_timeout(&mut child, Duration::from_secs(30));
+    let st = wait_exit(&mut child, Duration::from_secs(30));
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
@@ -955,6 +876,7 @@ fn the_clear_period_makes_an_app_start_its_interned_state_again() {
     ));
     let mut app = s.app("clearing_app", &["--forever"]);
     app.expect("started");
+    // The session runs through several clear periods.
     std::thread::sleep(Duration::from_millis(2000));
     let (run, _) = s.stop();
     app.kill();
@@ -1091,28 +1013,27 @@ fn need_custom_slices() -> Option<String> {
 /// other threads keep the kernel's default, and the app's packets arrive.
 #[test]
 fn the_thread_serving_apps_asks_for_a_short_slice_and_only_it() {
-    if skip_unless(need_custom_slices()) {
-        return;
-    }
+    require!(need_custom_slices());
     let s = Session::start(&config(""));
     let mut app = s.app("sliced_app", &["--forever"]);
     app.expect("started");
     let pid = s.child.id();
-    let t = Instant::now();
-    let mut slices = thread_slices(pid);
-    while !slices.iter().any(|(_, ns)| *ns == 100_000) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no thread with a 0.1 ms slice: {slices:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-        slices = thread_slices(pid);
-    }
+    let slices = wait_until(
+        "a thread with a 0.1 ms slice",
+        Duration::from_secs(10),
+        || {
+            let slices = thread_slices(pid);
+            slices
+                .iter()
+                .any(|(_, ns)| *ns == 100_000)
+                .then_some(slices)
+        },
+    );
     assert!(
         slices.iter().any(|(_, ns)| *ns != 100_000),
         "every thread took the short slice: {slices:?}"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    s.wait_for_packets("sliced_app", 1);
     let mut child = app.child;
     let _ = child.kill();
     let _ = child.wait();

@@ -4,19 +4,11 @@
 //! from the first instruction. The attacker is uid 65534 (`setpriv`), the
 //! recorder root; every trace is decoded by the independent decoders.
 
+use crate::harness::*;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use crate::common::*;
-use crate::hardening::{
-    NOBODY, as_nobody, as_user, attacker_missing, output_within, python, recorder_as, runtime,
-    shared_run, stderr, wait_listening, wait_within,
-};
-use crate::producers::{App, SEQUENCE_DS, counters_by_pid, sdk_app};
-use crate::recording::{Run, test_config};
 
 /// RSS growth an attack may cause, at most.
 const RSS_BOUND_KB: u64 = 64 * 1024;
@@ -138,21 +130,34 @@ fn root_session(run: &Run, apps: bool, nofile: Option<u32>) -> (Child, PathBuf) 
         c.arg("--producer-socket").arg(&socket);
     }
     let child = c.spawn().expect("recorder starts");
-    wait_listening(run, child.id());
+    wait_listening(&runtime(run), child.id());
     if apps {
-        let t = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(20), "no producer socket");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_socket(&socket, Duration::from_secs(20));
     }
     (child, socket)
+}
+
+/// The quota hits of `uid` that session `pid` shows.
+fn quota_hits(run: &Run, pid: u32, uid: u32) -> u64 {
+    session_status(run, pid)
+        .and_then(|s| {
+            s["quotas"]
+                .as_array()?
+                .iter()
+                .find(|q| q["uid"] == uid)
+                .map(|q| {
+                    q["hits"]
+                        .as_array()
+                        .map_or(0, |h| h.iter().filter_map(|h| h[1].as_u64()).sum())
+                })
+        })
+        .unwrap_or(0)
 }
 
 /// `recorder trigger go` as uid 65533: answered within 1 s, accepted.
 fn trigger_within_a_second(run: &Run) -> Duration {
     let t0 = Instant::now();
-    let t = output_within(
+    let t = output_within_named(
         &mut recorder_as(run, Some("65533"), &["trigger", "go"]),
         Duration::from_secs(10),
         "trigger beside the attack",
@@ -173,7 +178,7 @@ fn ended_on_the_trigger(
     run: &Run,
     session: Child,
 ) -> (Vec<perfetto_protos::trace_packet::TracePacket>, String) {
-    let out = wait_within(
+    let out = wait_within_named(
         session,
         Duration::from_secs(30),
         "session after its trigger",
@@ -191,9 +196,7 @@ fn ended_on_the_trigger(
 
 #[test]
 fn a_squatted_producer_path_cannot_touch_a_session_of_built_in_sources() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     let run = Run::new(&test_config(
         1024,
         "RING_BUFFER",
@@ -324,6 +327,7 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
     // Caught from before the config is read; a TERM sent earlier would
     // kill it outright (a busy machine can take longer than any sleep).
     wait_catches(child.id(), rustix::process::Signal::TERM);
+    // The signal lands some way into the set-up, not at its first step.
     std::thread::sleep(Duration::from_millis(100));
     let t0 = Instant::now();
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
@@ -331,7 +335,7 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(config.as_bytes()).expect("config");
     drop(stdin);
-    let out = wait_within(child, Duration::from_secs(20), "signalled while loading");
+    let out = wait_within_named(child, Duration::from_secs(20), "signalled while loading");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         t0.elapsed() < Duration::from_secs(10),
@@ -360,11 +364,12 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
         .spawn()
         .expect("recorder starts");
     wait_catches(child.id(), rustix::process::Signal::TERM);
+    // Blocked opening the FIFO (no reader yet), which nothing outside shows.
     std::thread::sleep(Duration::from_millis(300));
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");
     let data = std::fs::read(&fifo).expect("read the fifo");
-    let out = wait_within(child, Duration::from_secs(20), "signalled while opening");
+    let out = wait_within_named(child, Duration::from_secs(20), "signalled while opening");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("stopped by a signal"),
@@ -382,16 +387,18 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
 /// against the attacker's uid in the summary and the trace.
 #[test]
 fn idle_producer_connections_keep_neither_a_trigger_nor_an_app_out() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     // Built before the attack starts.
     sdk_app();
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, Some(1024));
     let sock = socket.to_str().expect("utf-8");
     let _idle = Flood::start(&["hold", sock, "1500"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for(
+        "uid 65534's connections refused",
+        Duration::from_secs(30),
+        || quota_hits(&run, session.id(), 65534) > 0,
+    );
     let mut app = App::spawn(&socket, "quota_app", &["--packets", "300"]);
     let app_pid = app.pid();
     app.expect("wrote 300");
@@ -421,12 +428,10 @@ fn idle_producer_connections_keep_neither_a_trigger_nor_an_app_out() {
 /// and the session's RSS grows by less than [`RSS_BOUND_KB`].
 #[test]
 fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_recorded(&run, session.id(), 1);
     let before = rss_kb(session.id());
     let mut flood = Flood::start(&[
         "names",
@@ -436,7 +441,8 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
         "100000",
     ]);
     flood.wait_for("done");
-    std::thread::sleep(Duration::from_millis(500));
+    // Caught up with the attack: it answers a query.
+    wait_recorded(&run, session.id(), 1);
     let after = rss_kb(session.id());
     eprintln!("RSS {before} KiB before, {after} KiB after 8 x 1024 names of 100 KB");
     assert!(
@@ -463,18 +469,17 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
 /// every packet.
 #[test]
 fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_own() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     sdk_app();
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
     let sock = socket.to_str().expect("utf-8");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_recorded(&run, session.id(), 1);
     let before = rss_kb(session.id());
     let mut flood = Flood::start(&["patches", sock, "32", SEQUENCE_DS, "40"]);
     flood.wait_for("done");
-    std::thread::sleep(Duration::from_millis(300));
+    // Caught up with the attack: it answers a query.
+    wait_recorded(&run, session.id(), 1);
     let after = rss_kb(session.id());
     eprintln!("RSS {before} KiB before, {after} KiB after 32 producers held 40 MiB each");
     assert!(
@@ -485,20 +490,23 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
     // and its JSON has them by limit key. (Asked again while a loaded
     // machine keeps the session from answering in time.)
     let query = |args: &[&str]| {
-        let mut last = String::new();
-        for _ in 0..5 {
-            let q = output_within(
-                &mut recorder_as(&run, None, args),
-                Duration::from_secs(20),
-                "query during the attack",
-            );
-            if q.status.success() {
-                return q.stdout;
-            }
-            last = format!("{}{}", String::from_utf8_lossy(&q.stdout), stderr(&q));
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        panic!("no answer to {args:?}: {last}");
+        let last = std::cell::RefCell::new(String::new());
+        wait_until(
+            described(|| format!("an answer to {args:?}: {}", last.borrow())),
+            Duration::from_secs(100),
+            || {
+                let q = output_within_named(
+                    &mut recorder_as(&run, None, args),
+                    Duration::from_secs(20),
+                    "query during the attack",
+                );
+                if !q.status.success() {
+                    *last.borrow_mut() =
+                        format!("{}{}", String::from_utf8_lossy(&q.stdout), stderr(&q));
+                }
+                q.status.success().then_some(q.stdout)
+            },
+        )
     };
     let out = query(&["query"]);
     let text = String::from_utf8_lossy(&out);
@@ -551,16 +559,15 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
 /// their uid; RSS and the log stay bounded.
 #[test]
 fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_recorded(&run, session.id(), 1);
     let before = rss_kb(session.id());
     let mut churn = Flood::start(&["churn", socket.to_str().expect("utf-8"), "3000", "1000"]);
     churn.wait_for("done");
-    std::thread::sleep(Duration::from_millis(500));
+    // Caught up with the attack: it answers a query.
+    wait_recorded(&run, session.id(), 1);
     let after = rss_kb(session.id());
     eprintln!("RSS {before} KiB before, {after} KiB after 3000 producers came and went");
     assert!(
@@ -598,9 +605,7 @@ fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
 /// an app beside it records every packet, and RSS and the log stay bounded.
 #[test]
 fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     let secs: u64 = std::env::var("RECORDER_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -624,6 +629,7 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     let mut peak = 0;
     while Instant::now() < end {
         peak = peak.max(rss_kb(session.id()));
+        // The soak lasts its time; RSS is sampled through it.
         std::thread::sleep(Duration::from_millis(250));
     }
     let mut app = App::spawn(&socket, "soak_app", &["--packets", "300"]);
@@ -653,9 +659,7 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
 /// in JSON, while root sees every uid's.
 #[test]
 fn query_shows_a_non_root_caller_its_own_uids_quota_line_only() {
-    if skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::attacker());
     let run = shared_run(&flight(false));
     std::os::unix::fs::chown(run.dir.path(), Some(65534), Some(65534)).expect("chown");
     let session = as_nobody(recorder_bin())
@@ -669,7 +673,7 @@ fn query_shows_a_non_root_caller_its_own_uids_quota_line_only() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder starts as nobody");
-    wait_listening(&run, session.id());
+    wait_listening(&runtime(&run), session.id());
     // A request that is not JSON on the trigger socket, refused and
     // counted against its sender's uid: the owner's and another user's.
     let trigger = runtime(&run).join(format!("recorder-{}.trigger", session.id()));
@@ -690,7 +694,7 @@ fn query_shows_a_non_root_caller_its_own_uids_quota_line_only() {
         );
     }
     let query = |uid: Option<&str>, args: &[&str]| {
-        let q = output_within(
+        let q = output_within_named(
             &mut recorder_as(&run, uid, args),
             Duration::from_secs(20),
             "query",

@@ -2,101 +2,11 @@
 //! the size cap, signals, `--background`, stdout, crashes and a full disk.
 //! Every trace is decoded with the independent decoders.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use crate::common::*;
-
-/// A config and a place to record it.
-pub struct Run {
-    pub dir: tempfile::TempDir,
-    pub config: PathBuf,
-    pub out: PathBuf,
-}
-
-impl Run {
-    pub fn new(config_text: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("test.cfg");
-        std::fs::write(&config, config_text).expect("write config");
-        let out = dir.path().join("trace.pftrace");
-        Self { dir, config, out }
-    }
-
-    pub fn command(&self, io: &str) -> Command {
-        self.command_to(io, &self.out)
-    }
-
-    pub fn command_to(&self, io: &str, out: &Path) -> Command {
-        let mut c = Command::new(recorder_bin());
-        c.arg("--config").arg(&self.config).arg("-o").arg(out);
-        c.env("RECORDER_RUNTIME_DIR", self.dir.path().join("run"));
-        c.env("RECORDER_IO", io);
-        c.stdin(Stdio::null());
-        c
-    }
-
-    pub fn run(&self, io: &str) -> Output {
-        self.command(io).output().expect("recorder runs")
-    }
-
-    pub fn spawn(&self, io: &str) -> Child {
-        self.command(io)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("recorder starts")
-    }
-
-    pub fn trace(&self) -> Vec<u8> {
-        std::fs::read(&self.out).expect("trace file exists")
-    }
-}
-
-/// The io choices to test: io_uring where the kernel allows it, and pwritev.
-pub fn sinks() -> Vec<&'static str> {
-    let mut v = vec!["pwritev"];
-    match recorder::storage::io_uring_available() {
-        Ok(()) => v.push("io_uring"),
-        Err(why) => {
-            skip_unless(Some(format!("io_uring unavailable: {why}")));
-        }
-    }
-    v
-}
-
-pub fn test_config(buffer_kb: u32, policy: &str, extra_top: &str, test_fields: &str) -> String {
-    format!(
-        r#"
-buffers {{ size_kb: {buffer_kb} fill_policy: {policy} }}
-data_sources {{
-  config {{
-    name: "for_testing"
-    target_buffer: 0
-    for_testing {{ {test_fields} }}
-  }}
-}}
-{extra_top}
-"#
-    )
-}
-
-pub fn signal(child: &Child, sig: rustix::process::Signal) {
-    let pid = rustix::process::Pid::from_child(child);
-    rustix::process::kill_process(pid, sig).expect("signal delivered");
-}
-
-fn wait_for_size(path: &Path, at_least: u64, timeout: Duration) -> u64 {
-    let t0 = Instant::now();
-    loop {
-        let n = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        if n >= at_least || t0.elapsed() > timeout {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use crate::harness::*;
 
 fn kinds_in_order(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
     packets
@@ -104,20 +14,6 @@ fn kinds_in_order(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec
         .map(|p| match &p.data {
             Some(d) => format!("{d:?}").split('(').next().unwrap_or("").to_string(),
             None => "none".into(),
-        })
-        .collect()
-}
-
-pub fn service_events(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Vec<String> {
-    packets
-        .iter()
-        .filter(|p| p.has_service_event())
-        .map(|p| {
-            format!("{:?}", p.service_event().event_type)
-                .split('(')
-                .nth(1)
-                .unwrap_or("")
-                .to_string()
         })
         .collect()
 }
@@ -206,7 +102,7 @@ fn check_complete(
         );
         assert_eq!(py["torn_bytes"].as_u64(), Some(0));
     }
-    crate::trace_processor::check(&run.out);
+    trace_processor::check(&run.out);
     packets
 }
 
@@ -243,14 +139,14 @@ fn streaming_writes_between_passes() {
         ));
         let mut child = run.spawn(io);
         let mut sizes = Vec::new();
-        let t0 = Instant::now();
-        while child.try_wait().expect("wait").is_none() && t0.elapsed() < Duration::from_secs(10) {
-            let n = std::fs::metadata(&run.out).map(|m| m.len()).unwrap_or(0);
+        // The file's size at each poll until the session ends.
+        poll(Duration::from_secs(10), || {
+            let n = file_size(&run.out);
             if sizes.last() != Some(&n) {
                 sizes.push(n);
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            child.try_wait().expect("wait")
+        });
         let status = child.wait().expect("exit");
         assert!(status.success());
         let growing: Vec<_> = sizes.iter().filter(|n| **n > 0).collect();
@@ -374,7 +270,7 @@ fn size_cap_stops_on_a_packet_boundary() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
-        crate::trace_processor::check(&run.out);
+        trace_processor::check(&run.out);
     }
 }
 
@@ -392,6 +288,7 @@ fn signal_run(io: &str, signals: &[rustix::process::Signal]) -> Run {
     );
     for s in signals {
         signal(&child, *s);
+        // Each signal on its own, not coalesced with the next.
         std::thread::sleep(Duration::from_millis(5));
     }
     let status = child.wait().expect("exit");
@@ -426,7 +323,7 @@ fn a_second_signal_finalizes_at_once() {
         for c in test_counters(&packets).values() {
             assert_eq!(gaps(c), (0, 0));
         }
-        crate::trace_processor::check(&run.out);
+        trace_processor::check(&run.out);
     }
 }
 
@@ -459,10 +356,9 @@ fn background_then_sigterm() {
     assert!(wait_for_size(&run.out, 1, Duration::from_secs(10)) > 0);
     let p = rustix::process::Pid::from_raw(pid).expect("pid");
     rustix::process::kill_process(p, rustix::process::Signal::TERM).expect("kill");
-    let t0 = Instant::now();
-    while rustix::process::test_kill_process(p).is_ok() && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll(Duration::from_secs(20), || {
+        rustix::process::test_kill_process(p).is_err().then_some(())
+    });
     assert!(
         rustix::process::test_kill_process(p).is_err(),
         "the background recorder exited"
@@ -535,7 +431,7 @@ fn stdout_output_is_a_valid_trace() {
     let counters = test_counters(&packets);
     assert_eq!(counters.values().next().map(|c| c.len()), Some(5000));
     std::fs::write(&run.out, &out.stdout).expect("keep the trace");
-    crate::trace_processor::check(&run.out);
+    trace_processor::check(&run.out);
 }
 
 /// Whether files in `dir` take O_DIRECT (the recorder's own probe).
@@ -559,6 +455,7 @@ fn sigkill_leaves_a_valid_prefix() {
             ));
             let mut child = run.spawn(io);
             wait_for_size(&run.out, 1, Duration::from_secs(10));
+            // The kill point is the variable: a set time into the run.
             std::thread::sleep(Duration::from_millis(delay_ms));
             signal(&child, rustix::process::Signal::KILL);
             child.wait().expect("reaped");
@@ -583,16 +480,14 @@ fn sigkill_leaves_a_valid_prefix() {
             assert_eq!(padded, direct_io_works(run.dir.path()), "{io}");
             // Trace processor reads the prefix as the decoders do: no error,
             // the session's start, the stats of the last pass written.
-            crate::trace_processor::check(&run.out);
+            trace_processor::check(&run.out);
         }
     }
 }
 
 #[test]
 fn full_disk_stops_with_exit_1_and_a_valid_file() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     for io in sinks() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mnt = dir.path().join("small");
@@ -602,9 +497,7 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
             .arg(&mnt)
             .status()
             .is_ok_and(|s| s.success());
-        if skip_unless((!ok).then(|| "cannot mount a tmpfs".to_string())) {
-            return;
-        }
+        require!(need::present(ok, "cannot mount a tmpfs"));
         let run = Run::new(&test_config(
             8192,
             "RING_BUFFER",
@@ -638,7 +531,7 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
         }
         let kept = dir.path().join("kept.pftrace");
         std::fs::write(&kept, &data).expect("keep the trace");
-        crate::trace_processor::check(&kept);
+        trace_processor::check(&kept);
     }
 }
 
@@ -660,12 +553,12 @@ fn bundled_configs_open_cleanly_in_trace_processor() {
             String::from_utf8_lossy(&out.stderr)
         );
         let packets = decode(&run.trace());
-        let Some(tp) = crate::trace_processor::check(&run.out) else {
+        let Some(tp) = trace_processor::check(&run.out) else {
             return;
         };
         if name == "quickstart.cfg" {
-            crate::trace_processor::assert_process_view(&tp, &packets);
-            assert!(crate::trace_processor::assert_sys_stats_view(&tp, &packets) > 0);
+            trace_processor::assert_process_view(&tp, &packets);
+            assert!(trace_processor::assert_sys_stats_view(&tp, &packets) > 0);
             let me = tp.query(&format!(
                 "select hex(cmdline) as c from process where pid = {pid}"
             ));
@@ -725,6 +618,6 @@ fn streaming_sessions_flush_as_often_as_their_trace_config_says() {
             "{extra}: {} flushes in 2 s",
             flushes.len()
         );
-        crate::trace_processor::check(&run.out);
+        trace_processor::check(&run.out);
     }
 }

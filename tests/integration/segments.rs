@@ -8,12 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::harness::*;
 use perfetto_protos::trace_packet::TracePacket;
 use protobuf::Message;
 use sha2::Digest;
-
-use crate::common::*;
-use crate::recording::{Run, test_config};
 
 /// `TracePacket.trace_attributes` (newer than the decoder's schema: read as
 /// an unknown field).
@@ -99,7 +97,7 @@ fn compressed_output_decodes_to_the_packets_of_an_uncompressed_run() {
         assert_eq!(kinds, want_kinds);
         // Perfetto's trace processor decompresses it and reads what the
         // packets inside hold: no error stat, the buffer stats, the session.
-        crate::trace_processor::check(&run.out);
+        trace_processor::check(&run.out);
 
         let (Some(py), Some(py_plain)) = (python_summary(&run.out), python_summary(&plain.out))
         else {
@@ -315,7 +313,7 @@ fn each_segment_is_a_complete_trace_and_together_they_lose_nothing() {
             all.entry(seq).or_default().extend(c);
         }
         // Each segment opens on its own in trace processor.
-        if let Some(tp) = crate::trace_processor::check(path) {
+        if let Some(tp) = trace_processor::check(path) {
             assert!(
                 tp.query("select count(*) from process where pid != 0")
                     .scalar()
@@ -407,6 +405,10 @@ fn max_segments_deletes_the_oldest_never_the_current() {
     );
 }
 
+/// SIGKILL mid-segment: the closed segments keep their sidecars, the open
+/// one stays a valid trace under its `.partial` name, and what the buffers
+/// held unread is saved by the process that outlived the recorder as the
+/// next segment (final name, no sidecar): nothing lost, nothing twice.
 #[test]
 fn sigkill_mid_segment_keeps_closed_segments_and_a_valid_partial() {
     let run = Run::new(&test_config(
@@ -417,49 +419,60 @@ fn sigkill_mid_segment_keeps_closed_segments_and_a_valid_partial() {
     ));
     let dir = run.dir.path().join("killed");
     let mut c = run.command_to("io_uring", &dir.join(""));
+    // stderr stays open while the keeper or broker saves: its end says the
+    // save is done.
     c.args(["--rotate-size", "100K"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().expect("starts");
-    let t0 = Instant::now();
-    while !dir.join("trace-000002.pftrace.json").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no third segment");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(130));
+        .stderr(Stdio::piped());
+    let child = c.spawn().expect("starts");
+    wait_for_path(
+        &dir.join("trace-000002.pftrace.json"),
+        Duration::from_secs(30),
+    );
+    // Mid-segment: the fourth holds data past its head.
+    wait_for_size(
+        &dir.join("trace-000003.pftrace"),
+        32 * 1024,
+        Duration::from_secs(30),
+    );
     let pid = rustix::process::Pid::from_child(&child);
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("killed");
-    child.wait().expect("reaped");
+    let out = child.wait_with_output().expect("reaped");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     let files = segment_files(&dir);
+    let last = *files.keys().last().expect("some");
     let mut counters = Vec::new();
     for (index, (path, partial)) in &files {
         let packets = if *partial {
-            assert_eq!(
-                *index,
-                *files.keys().last().expect("some"),
-                "only the last is open"
-            );
+            assert_eq!(*index, last - 1, "only the one being written is open");
             assert!(sidecar(path).is_none());
             let data = std::fs::read(path).expect("partial");
+            expand(&data).0
+        } else if *index == last {
+            // The save: a whole trace of its own, named as the next
+            // segment, saying the recorder died.
+            assert!(stderr.contains("its buffers were saved"), "{stderr}");
+            assert!(sidecar(path).is_none());
+            let data = std::fs::read(path).expect("saved segment");
+            assert_eq!(whole_prefix(&data), data.len());
+            trace_processor::check(path);
             expand(&data).0
         } else {
             closed_segment(path, *index)
         };
         counters.extend(test_counters(&packets).into_values().flatten());
     }
-    assert!(files.values().filter(|(_, p)| !p).count() >= 3);
+    assert!(files.values().filter(|(_, p)| !p).count() >= 4);
     assert_eq!(
         gaps(&counters),
         (0, 0),
-        "closed + open: everything up to the last pass"
+        "closed + open + saved: everything, once"
     );
 }
 
 #[test]
 fn enospc_while_rotating_stops_cleanly_and_keeps_closed_segments() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
@@ -473,9 +486,7 @@ fn enospc_while_rotating_stops_cleanly_and_keeps_closed_segments() {
         .arg(&mnt)
         .status()
         .is_ok_and(|s| s.success());
-    if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
-        return;
-    }
+    require!(need::present(mounted, "cannot mount a tmpfs"));
     let mut c = run.command_to("pwritev", &mnt.join("segs/"));
     c.args(["--rotate-size", "200K"]);
     let out = c.output().expect("runs");
@@ -543,7 +554,7 @@ fn the_hook_gets_each_path_and_the_settings_file_works() {
     std::fs::write(
         run.config.with_extension("segments.toml"),
         format!(
-            "rotate_period = \"400ms\"\non_segment_closed = \"sh -c 'echo $0 $RECORDER_SEGMENT_INDEX >> {}'\"\n",
+            "rotate_period = \"400ms\"\non_segment_closed = \"sh -c 'echo $0 $RECORDER_SEGMENT_NAME $RECORDER_SEGMENT_INDEX >> {}'\"\n",
             log.display()
         ),
     )
@@ -558,8 +569,29 @@ fn the_hook_gets_each_path_and_the_settings_file_works() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), files.len(), "{text}");
     for (line, (index, (path, _))) in lines.iter().zip(&files) {
-        assert_eq!(*line, format!("{} {index}", path.display()));
+        // $1 is the segment's link in the runner's own directory, under
+        // the segment's name.
+        let name = path.file_name().expect("name").to_string_lossy();
+        let (link, rest) = line.split_once(' ').expect("words");
+        let link = Path::new(link);
+        assert_eq!(link.file_name(), path.file_name(), "{line}");
+        let parent = link.parent().expect("parent");
+        assert_eq!(parent.parent(), Some(dir.as_path()), "{line}");
+        assert!(
+            parent
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".recorder-hook.")),
+            "{line}"
+        );
+        assert_eq!(rest, format!("{name} {index}"));
     }
+    // The links and their directory are gone with the session.
+    let hidden: Vec<_> = std::fs::read_dir(&dir)
+        .expect("ls")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "{hidden:?}");
 }
 
 /// Runs the binary on ftrace config `cfg` into a segment directory with
@@ -572,9 +604,7 @@ fn ftrace_segments(
     during: impl FnOnce(),
 ) -> Option<(tempfile::TempDir, PathBuf, Output)> {
     let tracefs = Path::new("/sys/kernel/tracing/events/sched/sched_switch");
-    if skip_unless(need_root().or_else(|| (!tracefs.exists()).then(|| "no tracefs".into()))) {
-        return None;
-    }
+    require!(need::root().or_else(|| need::present(tracefs.exists(), "no tracefs")));
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg_path = dir.path().join("ftrace.cfg");
     std::fs::write(&cfg_path, cfg).expect("cfg");
@@ -660,7 +690,7 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 3000
             packets.iter().any(|p| p.has_process_tree()),
             "segment {index}"
         );
-        if let Some(tp) = crate::trace_processor::check(path) {
+        if let Some(tp) = trace_processor::check(path) {
             let unnamed = tp.query(
                 "select count(*) from sched join thread using(utid) \
                  where utid != 0 and thread.name is null",
@@ -740,14 +770,13 @@ trigger_config {
         .stderr(Stdio::piped());
     let child = c.spawn().expect("starts");
     // Segments appear before any trigger (the default 5 s pass period).
-    let t0 = Instant::now();
-    while !dir.join("trace-000004.pftrace.json").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no fifth segment");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_path(
+        &dir.join("trace-000004.pftrace.json"),
+        Duration::from_secs(60),
+    );
     let fire = std::process::Command::new(recorder_bin())
         .args(["trigger", "crash"])
-        .env("RECORDER_RUNTIME_DIR", crate::triggers::runtime(&run))
+        .env("RECORDER_RUNTIME_DIR", runtime(&run))
         .output()
         .expect("trigger runs");
     assert!(
@@ -845,7 +874,7 @@ write_into_file: true file_write_period_ms: 200 duration_ms: 2500
             );
         }
         per_segment.push(lost);
-        crate::trace_processor::check(path);
+        trace_processor::check(path);
         for p in packets.iter().filter(|p| p.has_ftrace_stats()) {
             let st = p.ftrace_stats();
             let total: u64 = st
@@ -987,9 +1016,7 @@ fn small_disk(dir: &Path) -> Option<PathBuf> {
         .arg(&mnt)
         .status()
         .is_ok_and(|s| s.success());
-    if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
-        return None;
-    }
+    require!(need::present(mounted, "cannot mount a tmpfs"));
     Some(mnt)
 }
 
@@ -999,10 +1026,8 @@ fn small_disk(dir: &Path) -> Option<PathBuf> {
 /// a sidecar that matches it.
 #[test]
 fn a_full_disk_with_compression_ends_on_a_whole_packet() {
-    if skip_unless(need_root()) {
-        return;
-    }
-    for io in crate::recording::sinks() {
+    require!(need::root());
+    for io in sinks() {
         for segments in [false, true] {
             let run = Run::new(&test_config(
                 16384,
@@ -1063,7 +1088,7 @@ fn a_full_disk_with_compression_ends_on_a_whole_packet() {
                 }
                 let copy = run.dir.path().join("kept.pftrace");
                 std::fs::write(&copy, data).expect("copy");
-                crate::trace_processor::check(&copy);
+                trace_processor::check(&copy);
             }
         }
     }

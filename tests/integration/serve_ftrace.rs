@@ -5,34 +5,21 @@
 //! Perfetto's own `perfetto` client (tracebox v58.2); every trace goes
 //! through the independent decoder and trace processor.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Child;
+use std::time::Duration;
 
-use crate::common::{self, decode, skip_unless};
-use crate::serve::{Serve, sched_switches, tracebox, wait_within};
-use crate::trace_processor;
+use crate::harness::*;
 
-const NOBODY: &str = "65534";
 const TRACEFS: &str = "/sys/kernel/tracing";
+
 /// The broker's limit (src/privilege/broker.rs MAX_INSTANCES_PER_UID).
 const INSTANCES_PER_UID: usize = 4;
-
-/// Skips (with the reason) unless tracebox, root and tracefs are here.
-fn unavailable() -> bool {
-    if common::skip_unless_peer(crate::serve::missing()) {
-        return true;
-    }
-    skip_unless(common::need_root().or_else(|| {
-        (!Path::new(TRACEFS).join("instances").is_dir())
-            .then(|| format!("no tracefs instances at {TRACEFS}"))
-    }))
-}
 
 impl Serve {
     /// The broker: the service's one child. The consumer socket listens
     /// before the broker is forked, so it is waited for.
-    fn broker(&self) -> u32 {
+    pub(crate) fn broker(&self) -> u32 {
         let pid = self.child.as_ref().map_or(0, Child::id);
         let kids = || -> Vec<u32> {
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -60,14 +47,6 @@ fn instances_of(pid: u32) -> Vec<String> {
         .collect()
 }
 
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 const SCHED: &str = r#"
 buffers { size_kb: 8192 }
 duration_ms: 2000
@@ -77,9 +56,7 @@ data_sources { config { name: "linux.ftrace" ftrace_config {
 
 #[test]
 fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
-    if unavailable() {
-        return;
-    }
+    require!(need::tracebox(), need::tracefs_instances());
     let serve = Serve::start();
     let broker = serve.broker();
     // The service lists linux.ftrace among its own data sources.
@@ -115,9 +92,7 @@ fn the_stock_client_records_sched_switch_through_the_builtin_ftrace_of_serve() {
 
 #[test]
 fn one_uids_clients_cannot_make_the_broker_hold_more_than_its_limit_and_sigkill_tears_down() {
-    if unavailable() {
-        return;
-    }
+    require!(need::tracebox(), need::tracefs_instances());
     let serve = Serve::start();
     let broker = serve.broker();
     let long = SCHED
@@ -127,15 +102,11 @@ fn one_uids_clients_cannot_make_the_broker_hold_more_than_its_limit_and_sigkill_
     for i in 0..=INSTANCES_PER_UID {
         clients.push(serve.spawn_client(Some(NOBODY), &format!("n{i}"), &long).0);
     }
-    let t0 = Instant::now();
-    while !serve.log().contains("ftrace instances, the most a uid may") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the limit never reached: {}",
-            serve.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_text(
+        "ftrace instances, the most a uid may",
+        Duration::from_secs(30),
+        || serve.log(),
+    );
     assert_eq!(
         instances_of(broker).len(),
         INSTANCES_PER_UID,
@@ -187,93 +158,6 @@ data_sources { config { name: "linux.sys_stats" target_buffer: 1 sys_stats_confi
 data_sources { config { name: "linux.system_info" target_buffer: 1 } }
 "#;
 
-/// Perfetto's own service (traced + traced_probes, tracebox) on private
-/// sockets in `dir`; killed when dropped.
-struct Traced {
-    procs: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Traced {
-    fn start(dir: &Path) -> Traced {
-        let tb = tracebox().expect("tracebox");
-        let spawn = |applet: &str| {
-            Command::new(&tb)
-                .arg(applet)
-                .env("PERFETTO_CONSUMER_SOCK_NAME", dir.join("consumer.sock"))
-                .env("PERFETTO_PRODUCER_SOCK_NAME", dir.join("producer.sock"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("tracebox")
-        };
-        let mut t = Traced {
-            procs: vec![spawn("traced")],
-            dir: dir.to_path_buf(),
-        };
-        wait_for("traced's sockets", Duration::from_secs(10), || {
-            dir.join("producer.sock").exists() && dir.join("consumer.sock").exists()
-        });
-        t.procs.push(spawn("traced_probes"));
-        wait_for(
-            "traced_probes's data sources",
-            Duration::from_secs(10),
-            || t.query().contains("linux.ftrace"),
-        );
-        t
-    }
-
-    fn query(&self) -> String {
-        let o = Command::new(tracebox().expect("tracebox"))
-            .args(["perfetto", "--query"])
-            .env(
-                "PERFETTO_CONSUMER_SOCK_NAME",
-                self.dir.join("consumer.sock"),
-            )
-            .stdin(Stdio::null())
-            .output()
-            .expect("perfetto --query");
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    fn record(&self, config: &str) -> PathBuf {
-        let cfg = self.dir.join("traced.pbtx");
-        std::fs::write(&cfg, config).expect("config");
-        let out = self.dir.join("traced.pftrace");
-        let client = Command::new(tracebox().expect("tracebox"))
-            .args(["perfetto", "--txt", "-c"])
-            .arg(&cfg)
-            .arg("-o")
-            .arg(&out)
-            .env(
-                "PERFETTO_CONSUMER_SOCK_NAME",
-                self.dir.join("consumer.sock"),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("perfetto");
-        let o = wait_within(client, Duration::from_secs(60));
-        assert!(
-            o.status.success(),
-            "perfetto against traced: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
-    }
-}
-
-impl Drop for Traced {
-    fn drop(&mut self) {
-        for c in self.procs.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// What trace processor makes of a trace, for the comparison: the row count
 /// of each table the config fills, and the names of its counter tracks.
 fn tables(
@@ -308,9 +192,7 @@ fn tables(
 
 #[test]
 fn the_same_config_through_traced_and_through_serve_fills_the_same_tables() {
-    if unavailable() {
-        return;
-    }
+    require!(need::tracebox(), need::tracefs_instances());
     let theirs = {
         let dir = tempfile::tempdir().expect("tempdir");
         let traced = Traced::start(dir.path());

@@ -10,15 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::harness::*;
 use perfetto_protos::trace_packet::TracePacket;
 
-use crate::common::{self, decode, python_summary, skip_unless};
-use crate::hardening::{as_nobody, attacker_missing, python};
-use crate::producers::{SEQUENCE_DS, sdk_app};
-use crate::serve::{Serve, missing, text, wait_within};
-use crate::trace_processor;
-
-const NOBODY_UID: u32 = 65_534;
 /// A local user who is neither root, nor nobody, nor the service user.
 const BYSTANDER_UID: u32 = 65_533;
 /// The attacker's data source, named by one session only.
@@ -142,9 +136,7 @@ fn one_instance(packets: &[(String, u64)], who: &str) -> (String, Vec<u64>) {
 
 #[test]
 fn two_clients_naming_an_apps_data_source_each_get_its_packets_and_only_theirs() {
-    if common::skip_unless_peer(missing()) {
-        return;
-    }
+    require!(need::tracebox());
     let serve = Serve::start();
     let mut app = serve.app();
     let long = format!(
@@ -165,7 +157,6 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
     );
     let (a, a_out) = serve.client("long", &long);
     app.expect("started");
-    std::thread::sleep(Duration::from_millis(500));
     let (b, b_out) = serve.client("short", &short);
     let pb = finished(b, &b_out, &serve);
     let ended = Instant::now();
@@ -216,9 +207,7 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
 
 #[test]
 fn a_producer_cannot_put_chunks_into_another_sessions_buffers() {
-    if common::skip_unless_peer(missing()) || skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::tracebox(), need::attacker());
     let serve = Serve::start();
     let mut app = serve.app();
     // The attacker's session names its data source; the victim's does not.
@@ -241,7 +230,7 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
     let (victim, victim_out) = serve.client("victim", &victim_cfg);
     let (attacker, attacker_out) = serve.client("attacker", &attacker_cfg);
     app.expect("started");
-    let script = common::repo_root().join("tests/attacker/hostile_peer.py");
+    let script = repo_root().join("tests/attacker/hostile_peer.py");
     let socket = serve.path("producer.sock");
     let mut hostile = as_nobody(python())
         .arg(script)
@@ -295,17 +284,11 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
 
 #[test]
 fn an_app_connected_before_any_session_is_served_by_each_and_its_end_ends_its_instances_in_all() {
-    if common::skip_unless_peer(missing()) {
-        return;
-    }
+    require!(need::tracebox());
     let serve = Serve::start();
     // The app connects before any session runs, and stays listed.
     let mut first = serve.app();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !serve.query().contains(SEQUENCE_DS) {
-        assert!(Instant::now() < deadline, "not listed: {}", serve.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_text(SEQUENCE_DS, Duration::from_secs(20), || serve.query());
     let cfg = |kb: u32| {
         format!(
             r#"
@@ -318,6 +301,7 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" }} }}
     let (a, a_out) = serve.client("a", &cfg(4096));
     let (b, b_out) = serve.client("b", &cfg(8192));
     first.expect("started");
+    // The app writes into both sessions a while before it ends.
     std::thread::sleep(Duration::from_millis(1500));
     let first_pid = first.pid();
     drop(first);
@@ -363,9 +347,7 @@ fn quota_rows(trace: &Path, uid: u32) -> (bool, Vec<String>) {
 
 #[test]
 fn a_served_session_shows_the_quota_hits_of_its_own_uid_only_unless_root() {
-    if common::skip_unless_peer(missing()) || skip_unless(attacker_missing()) {
-        return;
-    }
+    require!(need::tracebox(), need::attacker());
     let serve = Serve::start();
     // nobody's session names the attacker's data source; the bystander's
     // and root's name an app's, so that they attach to the producers too.
@@ -381,7 +363,7 @@ data_sources {{ config {{ name: "{ds}" }} }}
     let (own, own_out) = serve.client_as("own", &cfg(FOREIGN_DS), Some(NOBODY_UID));
     let (other, other_out) = serve.client_as("other", &cfg(SEQUENCE_DS), Some(BYSTANDER_UID));
     let (root, root_out) = serve.client("root", &cfg(SEQUENCE_DS));
-    let script = common::repo_root().join("tests/attacker/hostile_peer.py");
+    let script = repo_root().join("tests/attacker/hostile_peer.py");
     let socket = serve.path("producer.sock");
     // nobody commits chunks for buffers not its own: foreign_buffer_chunks.
     let mut hostile = as_nobody(python())
@@ -455,9 +437,7 @@ fn track_event_restarts(packets: &[TracePacket], pid: u32) -> (usize, usize) {
 
 #[test]
 fn a_sessions_clear_period_restarts_only_its_own_instance_of_an_apps_state() {
-    if common::skip_unless_peer(missing()) {
-        return;
-    }
+    require!(need::tracebox());
     let serve = Serve::start();
     let mut app = serve.app();
     let cfg = |extra: &str| {

@@ -10,7 +10,7 @@ use recorder::storage::{
     WriteList, WriteProgress, cut_at_packet_boundary, io_uring_available, open_output,
 };
 
-use crate::common;
+use crate::harness::*;
 
 /// A scratch directory on the work filesystem (not tmpfs).
 fn scratch() -> tempfile::TempDir {
@@ -25,7 +25,7 @@ fn scratch() -> tempfile::TempDir {
 /// reason (or fails under RECORDER_REQUIRE_KERNEL=1) when blocked.
 fn choices() -> Vec<IoChoice> {
     let mut v = vec![IoChoice::Pwritev];
-    if !common::skip_unless(io_uring_available().err().map(|e| format!("io_uring: {e}"))) {
+    if need::met(need::io_uring()) {
         v.push(IoChoice::IoUring);
     }
     v
@@ -204,7 +204,7 @@ fn io_uring_probe_agrees_with_forced_choice() {
         Ok(()) => assert_eq!(r.expect("io_uring sink").kind(), SinkKind::IoUring),
         Err(why) => {
             assert!(matches!(r, Err(StorageError::IoUringUnavailable(_))));
-            common::skip_unless(Some(format!("io_uring: {why}")));
+            need::skip(need::Missing::kernel(format!("io_uring: {why}")));
         }
     }
 }
@@ -322,7 +322,7 @@ fn stdout_sink_streams_to_a_pipe_and_to_a_file() {
 /// file is made.
 #[test]
 fn recorder_io_env_chooses_the_sink_and_refuses_unknown_values() {
-    let run = crate::recording::Run::new(
+    let run = Run::new(
         "buffers { size_kb: 256 } duration_ms: 100 \
          data_sources { config { name: \"for_testing\" for_testing { message_count: 10 } } }",
     );
@@ -331,13 +331,13 @@ fn recorder_io_env_chooses_the_sink_and_refuses_unknown_values() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("trace file: pwritev"), "{stderr}");
     assert_eq!(
-        common::test_counters(&common::decode(&std::fs::read(&run.out).expect("trace")))
+        test_counters(&decode(&std::fs::read(&run.out).expect("trace")))
             .values()
             .map(Vec::len)
             .sum::<usize>(),
         10
     );
-    crate::trace_processor::check(&run.out);
+    trace_processor::check(&run.out);
 
     std::fs::remove_file(&run.out).expect("rm");
     let out = run.command("uring").output().expect("runs");
@@ -412,9 +412,7 @@ fn framed(payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
-    if common::skip_unless(common::need_root()) {
-        return;
-    }
+    require!(need::root());
     // 3 packets a call (30 KB: the io_uring sink's small-write path) and 12
     // (120 KB: through the ring).
     for (io, per_call) in choices()
@@ -422,9 +420,7 @@ fn full_disk_poisons_the_sink_and_keeps_whole_calls() {
         .flat_map(|io| [(io, 3usize), (io, 12)])
     {
         let disk = SmallDisk::mount();
-        if common::skip_unless(disk.is_none().then(|| "cannot mount a tmpfs".to_string())) {
-            return;
-        }
+        require!(disk.is_none().then(|| "cannot mount a tmpfs".to_string()));
         let disk = disk.expect("mounted");
         let path = disk.path();
         let mut sink = open(&path, io);
@@ -602,7 +598,7 @@ fn assert_holds_packets(path: &Path, want: &[Vec<u8>], io: IoChoice) {
     let got = packets_without_padding(&std::fs::read(path).expect("read back"));
     assert_eq!(got.len(), want.len(), "{io:?}");
     assert!(got == want, "{io:?}: packets differ");
-    if let Some(tp) = crate::trace_processor::open(path) {
+    if let Some(tp) = trace_processor::open(path) {
         assert_eq!(tp.assert_no_errors(), vec![], "{io:?}: no data loss either");
     }
 }
@@ -676,17 +672,13 @@ fn direct_sinks_write_scattered_ranges_in_order() {
 /// so it opens as a trace.
 #[test]
 fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
-    if common::skip_unless(common::need_root()) {
-        return;
-    }
+    require!(need::root());
     for (io, per_call) in choices()
         .into_iter()
         .flat_map(|io| [(io, 3usize), (io, 12)])
     {
         let disk = Ext4Disk::mount(4);
-        if common::skip_unless(disk.as_ref().err().map(|e| format!("no loop ext4: {e}"))) {
-            return;
-        }
+        require!(disk.as_ref().err().map(|e| format!("no loop ext4: {e}")));
         let disk = disk.expect("mounted");
         let path = disk.path();
         let mut sink = open_direct(&path, io);
@@ -1020,10 +1012,10 @@ fn a_pass_in_flight_gives_back_what_it_has_written() {
         go.join().expect("the go-ahead thread");
 
         let data = std::fs::read(&path).expect("read back");
-        let packets = common::decode(&data);
-        let counters = common::test_counters(&packets);
+        let packets = decode(&data);
+        let counters = test_counters(&packets);
         assert_eq!(counters.get(&2), Some(&accepted), "{io:?} direct {direct}");
-        if let Some(tp) = crate::trace_processor::open(&path) {
+        if let Some(tp) = trace_processor::open(&path) {
             // The refused packets are marked as lost on sequence 2.
             tp.assert_no_errors();
         }
@@ -1074,17 +1066,13 @@ fn sinks_report_progress_as_requests_complete() {
 fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
     use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
     use recorder::storage::write_pass::{Take, write_pass};
-    if common::skip_unless(common::need_root()) {
-        return;
-    }
+    require!(need::root());
     for (io, direct) in choices()
         .into_iter()
         .flat_map(|io| [(io, false), (io, true)])
     {
         let disk = Ext4Disk::mount(12);
-        if common::skip_unless(disk.as_ref().err().map(|e| format!("no loop ext4: {e}"))) {
-            return;
-        }
+        require!(disk.as_ref().err().map(|e| format!("no loop ext4: {e}")));
         let disk = disk.expect("mounted");
         let path = disk.path();
         let mut sink = if direct {
@@ -1120,13 +1108,11 @@ fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
         let data = std::fs::read(&path).expect("read back");
         assert_eq!(data.len() as u64, in_file, "{io:?} direct {direct}");
         assert_eq!(
-            common::whole_prefix(&data),
+            whole_prefix(&data),
             data.len(),
             "{io:?} direct {direct}: whole packets only"
         );
-        let got = common::test_counters(&common::decode(&data))
-            .remove(&2)
-            .unwrap_or_default();
+        let got = test_counters(&decode(&data)).remove(&2).unwrap_or_default();
         assert!(
             got.len() > 4096,
             "{io:?} direct {direct}: {} kept",

@@ -3,11 +3,10 @@
 //! `activate_triggers`, `query`/`stop`, and who may do what.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::*;
-use crate::recording::Run;
+use crate::harness::*;
 
 fn trigger_config(
     mode: &str,
@@ -30,55 +29,13 @@ trigger_config {{
     )
 }
 
-pub fn runtime(run: &Run) -> std::path::PathBuf {
-    run.dir.path().join("run")
-}
-
-pub fn spawn(run: &Run) -> Child {
-    run.command("auto")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("recorder starts")
-}
-
-/// Waits until the session with `pid` listens in `dir`.
-pub fn wait_listening(dir: &Path, pid: u32) {
-    let sock = dir.join(format!("recorder-{pid}.trigger"));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "session {pid} never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-pub fn recorder(run: &Run, args: &[&str]) -> Output {
-    Command::new(recorder_bin())
-        .args(args)
-        .env("RECORDER_RUNTIME_DIR", runtime(run))
-        .stdin(Stdio::null())
-        .output()
-        .expect("recorder runs")
-}
-
-pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
-    let out = child.wait_with_output().expect("exit");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Trace processor shows the trace's triggers, with the time and producer
 /// the `trigger` packets carry (nothing when it is unavailable).
 fn assert_triggers_in_trace_processor(
     trace: &Path,
     packets: &[perfetto_protos::trace_packet::TracePacket],
 ) {
-    let Some(tp) = crate::trace_processor::check(trace) else {
+    let Some(tp) = trace_processor::check(trace) else {
         return;
     };
     let want: Vec<(String, i64, String)> = packets
@@ -122,6 +79,7 @@ fn start_trigger_starts_recording_then_stops_after_its_delay() {
     let child = spawn(&run);
     let pid = child.id();
     wait_listening(&runtime(&run), pid);
+    // Time passes untriggered: none of it may be recorded.
     std::thread::sleep(Duration::from_millis(300));
     let t = recorder(&run, &["trigger", "go"]);
     assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
@@ -182,7 +140,7 @@ fn stop_trigger_writes_the_ring_and_what_came_after_the_delay() {
         ));
         let child = spawn(&run);
         wait_listening(&runtime(&run), child.id());
-        std::thread::sleep(Duration::from_millis(500));
+        wait_recorded(&run, child.id(), 4096);
         let t = recorder(&run, &["trigger", "stop"]);
         assert!(t.status.success());
         let (status, stderr) = finish(child);
@@ -297,9 +255,10 @@ fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
     ));
     let child = spawn(&run);
     wait_listening(&runtime(&run), child.id());
-    std::thread::sleep(Duration::from_millis(300));
+    wait_recorded(&run, child.id(), 4096);
     assert!(recorder(&run, &["trigger", "snap"]).status.success());
-    std::thread::sleep(Duration::from_millis(300));
+    // The second snapshot holds data the first could not.
+    wait_recorded(&run, child.id(), bytes_recorded(&run, child.id()) + 4096);
     assert!(recorder(&run, &["trigger", "snap"]).status.success());
     assert!(
         recorder(&run, &["stop", &child.id().to_string()])
@@ -323,7 +282,7 @@ fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
         last_counts.push(*c.last().expect("counter"));
         // Trace processor: the snapshot's trigger, and when the clone began.
         assert_triggers_in_trace_processor(&p, &packets);
-        if let Some(tp) = crate::trace_processor::open(&p) {
+        if let Some(tp) = trace_processor::open(&p) {
             let trig = packets
                 .iter()
                 .find(|p| p.has_clone_snapshot_trigger())
@@ -342,7 +301,7 @@ fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
             );
             assert_eq!(
                 tp.metadata("trace_trigger"),
-                Some(crate::trace_processor::Value::Text(
+                Some(trace_processor::Value::Text(
                     trig.clone_snapshot_trigger().trigger_name().to_string()
                 ))
             );
@@ -385,7 +344,7 @@ fn activate_triggers_config_fires_and_exits() {
 
 #[test]
 fn query_lists_the_session_and_stop_stops_it() {
-    let run = Run::new(&crate::recording::test_config(
+    let run = Run::new(&test_config(
         2048,
         "DISCARD",
         "write_into_file: true file_write_period_ms: 100",
@@ -423,7 +382,12 @@ fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
     ));
     let child = spawn(&run);
     wait_listening(&runtime(&run), child.id());
-    std::thread::sleep(Duration::from_millis(800));
+    // The ring has wrapped: its oldest data is gone.
+    wait_for("the ring overwriting", Duration::from_secs(30), || {
+        session_status(&run, child.id())
+            .and_then(|s| s["buffers"][0]["bytes_overwritten"].as_u64())
+            .is_some_and(|n| n > 0)
+    });
     assert!(recorder(&run, &["trigger", "incident"]).status.success());
     let (status, stderr) = finish(child);
     assert!(status.success(), "{stderr}");
@@ -453,7 +417,7 @@ fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
     // buffers) no sequence loss: only the oldest data went, before each
     // sequence's first packet in the file.
     assert_triggers_in_trace_processor(&run.out, &packets);
-    if let Some(tp) = crate::trace_processor::open(&run.out) {
+    if let Some(tp) = trace_processor::open(&run.out) {
         assert_eq!(
             tp.stat("traced_buf_bytes_overwritten", Some(0)),
             b.bytes_overwritten() as i64
@@ -464,13 +428,9 @@ fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
 
 #[test]
 fn an_unprivileged_user_may_trigger_but_not_stop_or_query() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     let setpriv = Command::new("setpriv").arg("--version").output();
-    if skip_unless(setpriv.is_err().then(|| "setpriv missing".to_string())) {
-        return;
-    }
+    require!(setpriv.is_err().then(|| "setpriv missing".to_string()));
     let run = Run::new(&trigger_config(
         "STOP_TRACING",
         r#"triggers { name: "user-event" }"#,
@@ -571,7 +531,8 @@ fn a_trigger_during_stop_is_refused_and_the_file_stays_valid() {
     ));
     let child = spawn(&run);
     wait_listening(&runtime(&run), child.id());
-    std::thread::sleep(Duration::from_millis(300));
+    // Enough buffered that the stop takes a while.
+    wait_recorded(&run, child.id(), 256 * 1024);
     assert!(recorder(&run, &["trigger", "first"]).status.success());
     // The session is now stopping (or gone): a further trigger is not taken.
     let late = recorder(&run, &["trigger", "late"]);
@@ -631,9 +592,7 @@ fn a_long_or_unprintable_trigger_name_is_refused_up_front() {
 /// decodes, and the session goes on and ends well.
 #[test]
 fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
-    if skip_unless(need_root()) {
-        return;
-    }
+    require!(need::root());
     for compress in [false, true] {
         let run = Run::new(&trigger_config(
             "CLONE_SNAPSHOT",
@@ -652,9 +611,7 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
             .arg(&mnt)
             .status()
             .is_ok_and(|s| s.success());
-        if skip_unless((!mounted).then(|| "cannot mount a tmpfs".to_string())) {
-            return;
-        }
+        require!(need::present(mounted, "cannot mount a tmpfs"));
         let out = mnt.join("t.pftrace");
         let mut c = run.command_to("auto", &out);
         if compress {
@@ -666,8 +623,11 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
             .spawn()
             .expect("starts");
         wait_listening(&runtime(&run), child.id());
-        std::thread::sleep(Duration::from_millis(800));
+        // More buffered than the disk holds.
+        wait_recorded(&run, child.id(), 4 << 20);
         let t = recorder(&run, &["trigger", "snap"]);
+        // The snapshot meets the full disk while the session records on:
+        // the stop comes after it, not during it.
         std::thread::sleep(Duration::from_millis(500));
         let stop = recorder(&run, &["stop", &child.id().to_string()]);
         let (status, stderr) = finish(child);
@@ -692,7 +652,7 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
         assert_eq!(gaps(c).0, 0, "compress={compress}");
         let copy = run.dir.path().join("snap.pftrace");
         std::fs::write(&copy, &snap).expect("copy");
-        crate::trace_processor::check(&copy);
+        trace_processor::check(&copy);
     }
 }
 

@@ -19,6 +19,7 @@ use super::event_table::{
 };
 use super::format::{FieldKind, PageLayout, read_int, read_str, read_uint};
 use super::page::{EventIter, PageError, PageHeader, RawEvent, parse_header};
+use super::watch::Watch;
 use crate::sources::output::PacketOutput;
 use crate::trace::encoder::{
     ProtoEncoder, Short, ShortWriter, WINDOW_MAX_LEN, WINDOW_SPAN, Window,
@@ -335,6 +336,8 @@ pub struct BundleEncoder {
     /// Common events go through [`BundleEncoder::run`] (off only to test it
     /// against the general path).
     fast: bool,
+    /// The rules evaluated on the events (`super::watch`).
+    watch: Option<Watch>,
     pub stats: EncodeStats,
 }
 
@@ -521,8 +524,53 @@ impl BundleEncoder {
             pids: Vec::new(),
             pid_cache: Box::new([0; PID_CACHE]),
             fast: true,
+            watch: None,
             stats: EncodeStats::default(),
         }
+    }
+
+    /// Evaluates `watch`'s rules on the events it encodes from now on.
+    pub fn set_watch(&mut self, watch: Watch) {
+        self.watch = Some(watch);
+    }
+
+    /// The rules evaluated, if any.
+    pub fn watch(&self) -> Option<&Watch> {
+        self.watch.as_ref()
+    }
+
+    /// Where a drain starting now cuts the latency rules' events (see
+    /// [`Watch::settle`]); `None` without rules.
+    pub fn watch_cutoff(&self) -> Option<u64> {
+        self.watch.as_ref().map(|w| w.now())
+    }
+
+    /// The end of a drain begun at `cutoff` (`u64::MAX`: the last).
+    pub fn settle_watch(&mut self, cutoff: u64) {
+        if let Some(w) = &mut self.watch {
+            w.settle(cutoff);
+        }
+    }
+
+    /// An event the general path consumed, shown to the rules that watch it
+    /// (not one the thread filter leaves out, as the kernel's would).
+    #[inline]
+    fn watch_event(&mut self, table: &EventTable, cpu: u32, raw: &RawEvent<'_>) {
+        let Some(w) = &mut self.watch else {
+            return;
+        };
+        let Some(entry) = table.event_id(raw.payload).and_then(|id| table.get(id)) else {
+            return;
+        };
+        if entry.watch == 0
+            || self
+                .tids
+                .as_ref()
+                .is_some_and(|t| !Self::tid_kept(t, entry, raw.payload))
+        {
+            return;
+        }
+        w.on_event(entry.watch, cpu, raw.timestamp, raw.payload);
     }
 
     /// Bundles carry `ftrace_clock` (the FtraceClock value) from now on.
@@ -660,7 +708,9 @@ impl BundleEncoder {
                 if self.fast && pending.is_none() && !pc.lost {
                     // The common events in one tight walk; whatever it does not
                     // take is left where it stands for the general path below.
-                    if let Some((n, ts)) = self.run(&mut enc, table, &mut pc, feed.bytes()) {
+                    if let Some((n, ts)) =
+                        self.run(&mut enc, table, &mut pc, feed.bytes(), cursor.cpu)
+                    {
                         wrote += n;
                         last_ts = Some(ts);
                         cursor.last_ts = ts;
@@ -691,11 +741,12 @@ impl BundleEncoder {
                 let raw = ev.raw(feed.bytes());
                 match self.encode_event(&mut enc, table, filter, &raw) {
                     Fit::Written => {
+                        self.watch_event(table, cursor.cpu, &raw);
                         wrote += 1;
                         last_ts = Some(ev.timestamp);
                         cursor.last_ts = ev.timestamp;
                     }
-                    Fit::Skipped => {}
+                    Fit::Skipped => self.watch_event(table, cursor.cpu, &raw),
                     Fit::NoRoom if wrote == 0 && short => {
                         // Retry in a full-size bundle, not drop it.
                         pending = Some(ev);
@@ -704,6 +755,7 @@ impl BundleEncoder {
                         break;
                     }
                     Fit::NoRoom if wrote == 0 => {
+                        self.watch_event(table, cursor.cpu, &raw);
                         self.stats.oversized_events += 1;
                     }
                     Fit::NoRoom => {
@@ -754,6 +806,7 @@ impl BundleEncoder {
         table: &EventTable,
         pc: &mut PageCursor,
         bytes: &[u8],
+        cpu: u32,
     ) -> Option<(usize, u64)> {
         let (pos, end, ts) = pc.walk?;
         if self.tids.is_some() {
@@ -805,6 +858,11 @@ impl BundleEncoder {
                 self.written(entry, rec);
             } else {
                 break;
+            }
+            if entry.watch != 0
+                && let Some(w) = &mut self.watch
+            {
+                w.on_event(entry.watch, cpu, ev.timestamp, rec);
             }
             at = it.position();
             n += 1;

@@ -495,6 +495,9 @@ pub struct EventEntry {
     pub pid_fields: Vec<IntAt>,
     /// `ftrace/print`'s text, subject to the print filter.
     pub print_buf: Option<TextAt>,
+    /// Rules watch it: the index + 1 of its hooks in the encoder's
+    /// `super::watch::Watch` (0: none).
+    pub watch: u16,
 }
 
 /// Event entries by kernel id.
@@ -604,7 +607,25 @@ impl EventTable {
             pid,
             pid_fields,
             print_buf,
+            watch: 0,
         });
+    }
+
+    /// The entry of `group/name`, with its id.
+    pub fn find(&self, group: &str, name: &str) -> Option<(u16, &EventEntry)> {
+        self.by_id.iter().enumerate().find_map(|(id, e)| {
+            e.as_ref()
+                .filter(|e| e.format.group == group && e.format.name == name)
+                .map(|e| (id as u16, e))
+        })
+    }
+
+    /// Marks event `id` as watched by rules: `watch` is the index + 1 of
+    /// its hooks in the watch.
+    pub fn set_watch(&mut self, id: u16, watch: u16) {
+        if let Some(Some(e)) = self.by_id.get_mut(id as usize) {
+            e.watch = watch;
+        }
     }
 
     /// The id of a record, read where `common_type` lives.

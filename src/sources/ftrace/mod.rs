@@ -3,7 +3,7 @@
 //! generic events for the rest).
 //!
 //! ```text
-//!  tracefs (our instance)                reader thread, every drain period
+//!  tracefs (our instance)                reader, every drain period
 //!  per_cpu/cpuN/trace_pipe_raw ──read──► page ──walk──► event ──encode──► PacketOutput
 //!    layouts from events/header_page,     (page.rs)      (event_table.rs,    (bundle per
 //!    header_event, G/N/format (format.rs)                 encode.rs)          run of pages)
@@ -11,7 +11,9 @@
 //!
 //! [`FtraceSource::start`] configures tracefs ([`tracefs::TracefsSession`]
 //! remembers and restores every change), writes the start FtraceStats and
-//! spawns the reader; [`FtraceSource::flush`] drains synchronously;
+//! arms the reader, which its host drives ([`FtraceSource::next_due`],
+//! [`FtraceSource::watched`], [`FtraceSource::on_due`]: no thread of its
+//! own); [`FtraceSource::flush`] drains synchronously;
 //! [`FtraceSource::stop`] drains a last time, writes the end FtraceStats and
 //! puts tracefs back as it was.
 //!
@@ -30,14 +32,14 @@ pub mod remote;
 pub mod stats;
 pub mod subbuf;
 pub mod tracefs;
+pub mod watch;
 
 use std::fs::OpenOptions;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Sender};
-use std::thread::JoinHandle;
+use std::time::Instant;
 
 pub use crate::sources::output::{PacketOutput, VecOutput};
 pub use encode::{PrintFilter, PrintMatch, PrintRule};
@@ -47,7 +49,7 @@ pub use subbuf::SubbufSize;
 use encode::{BundleEncoder, CpuCursor, EncodeStats};
 use event_table::EventTable;
 use format::PageLayout;
-use reader::{Command, CpuPipe, ReaderState};
+use reader::{CpuPipe, ReaderState};
 use stats::{CpuStats, Phase, StatsReport};
 use tracefs::{Tracefs, TracefsError, TracefsSession};
 
@@ -78,6 +80,10 @@ pub struct FtraceOptions {
     pub read_mode: ReadMode,
     /// The kernel's sub-buffer size for the recording's buffers.
     pub subbuf: SubbufSize,
+    /// The session's trigger rules: those on ftrace events are evaluated
+    /// as the events are decoded ([`watch`]); `freeze` ones are armed in
+    /// the kernel.
+    pub rules: Option<crate::sources::rules::RulePlan>,
 }
 
 impl Default for FtraceOptions {
@@ -90,6 +96,7 @@ impl Default for FtraceOptions {
             max_packet_bytes: DEFAULT_MAX_PACKET_BYTES,
             read_mode: ReadMode::default(),
             subbuf: SubbufSize::default(),
+            rules: None,
         }
     }
 }
@@ -132,12 +139,16 @@ pub enum FtraceError {
     State(&'static str),
     #[error("the output has no room for the {0} packet")]
     NoRoom(&'static str),
-    #[error("reader thread: {0}")]
-    Thread(String),
+    /// The pipe splice reads pages through could not be made.
+    #[error("splice pipe")]
+    SplicePipe(#[source] std::io::Error),
     /// The kernel, the system or the privileged side refused a configured
     /// feature.
     #[error("{0}")]
     Refused(#[source] refusal::Refusal),
+    /// A trigger rule does not fit the events recorded.
+    #[error("trigger rule")]
+    Rule(#[source] crate::config::rule::RuleError),
 }
 
 /// Counters of a finished (or running) recording.
@@ -154,6 +165,9 @@ pub struct FtraceSummary {
     pub cpu_stats: Vec<CpuStats>,
     /// CPUs read through the mapped ring buffer (the rest with read(2)).
     pub mapped_cpus: usize,
+    /// The sub-buffer size the recorder chose and the kernel refused (it
+    /// recorded with the kernel's own): what was asked, and why not.
+    pub subbuf_refused: Option<(u32, String)>,
 }
 
 /// The events the kernel's counters say were lost, all CPUs together.
@@ -235,24 +249,6 @@ fn layouts_from(
     Ok((layout, table, failed))
 }
 
-struct Running<O: PacketOutput> {
-    tx: Sender<Command>,
-    /// eventfd the reader polls: written after each command.
-    wake: OwnedFd,
-    handle: JoinHandle<ReaderState<O>>,
-}
-
-impl<O: PacketOutput> Running<O> {
-    fn send(&self, c: Command) -> Result<(), FtraceError> {
-        self.tx
-            .send(c)
-            .map_err(|e| FtraceError::Thread(e.to_string()))?;
-        rustix::io::write(&self.wake, &1u64.to_ne_bytes())
-            .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
-        Ok(())
-    }
-}
-
 /// What [`FtraceSource::prepare`] made ready for [`FtraceSource::arm`].
 struct Prepared {
     /// The events enabled.
@@ -272,7 +268,8 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     layout: Option<PageLayout>,
     output: Option<O>,
     pid_sink: Option<PidSink>,
-    running: Option<Running<O>>,
+    /// Armed: the reader and its schedule.
+    running: Option<ReaderState<O>>,
     summary: FtraceSummary,
     cpus: Vec<u32>,
     buffer_size_kb: u32,
@@ -290,6 +287,8 @@ pub struct FtraceSource<O: PacketOutput + 'static> {
     /// The recording directory's `tracing_on`, opened for writing while
     /// privileged: arming and stopping write through it.
     tracing_on: Option<std::fs::File>,
+    /// The events a `freeze` rule armed the kernel's traceoff on.
+    frozen_at: Vec<(String, String)>,
 }
 
 impl<O: PacketOutput + 'static> FtraceSource<O> {
@@ -320,6 +319,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             stats_files: Vec::new(),
             prepared: None,
             tracing_on: None,
+            frozen_at: Vec::new(),
         }
     }
 
@@ -336,6 +336,18 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// See [`TracefsSession::hand_over`].
     pub fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
         self.session.as_mut()?.hand_over()
+    }
+
+    /// What reading the kernel's leftover of this recording needs, once
+    /// prepared: for the broker, which reads it if the recorder dies
+    /// ([`drain_leftover`]).
+    pub fn leftover(&self) -> Option<Leftover> {
+        Some(Leftover {
+            dir: self.session.as_ref()?.dir().root().to_path_buf(),
+            sequence_id: self.opts.sequence_id,
+            compact_sched: self.opts.spec.compact_sched,
+            mono_raw: self.opts.spec.use_monotonic_raw_clock,
+        })
     }
 
     /// The tracefs directory being recorded in, once started.
@@ -414,7 +426,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         Ok(())
     }
 
-    /// The events to record in `dir`: the configured ones, ftrace/print for
+    /// The events to record in `dir`: the configured ones, the atrace
+    /// categories' kernel events this kernel has and ftrace/print for
     /// atrace, raw_syscalls for `syscall_events`, the kprobes made, with
     /// rss_stat throttled and generic events left out as configured.
     fn select_events(
@@ -424,12 +437,16 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     ) -> Vec<(String, String)> {
         let spec = &self.opts.spec;
         let mut events = spec.events.clone();
+        // As Perfetto's probes: a category's event the kernel lacks is
+        // skipped, not unknown.
+        events.extend(
+            spec.category_events
+                .iter()
+                .filter(|e| !resolve_event(dir, e).is_empty())
+                .cloned(),
+        );
         if !spec.atrace_categories.is_empty() || !spec.atrace_apps.is_empty() {
             // Userspace atrace writes through trace_marker: keep its prints.
-            log::warn!(
-                "atrace_categories/atrace_apps are Android-only; recording ftrace/print for \
-                 userspace atrace markers"
-            );
             if !events.iter().any(|e| e == "ftrace/print" || e == "print") {
                 events.push("ftrace/print".into());
             }
@@ -764,6 +781,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 self.summary.failed_events.push(format!("{g}/{n}"));
             }
         }
+        self.arm_freezes(&mut session);
         self.cpus = session.dir().cpus();
         let pipes = self.open_pipes(session.dir(), &layout)?;
         // Held open: the stats stay readable after the process gives up root.
@@ -784,6 +802,38 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         });
         self.tracing_on = Some(tracing_on);
         Ok(())
+    }
+
+    /// Arms the kernel's own `traceoff` trigger, with the rule's filter, on
+    /// the event of each `freeze` rule: the recording directory's buffers
+    /// stop at the event, with no round trip to user space. Where the
+    /// kernel refuses, one line says so and the rule acts from user space.
+    fn arm_freezes(&mut self, session: &mut TracefsSession) {
+        let Some(plan) = &self.opts.rules else {
+            return;
+        };
+        for (g, n, filter) in watch::Watch::freezes(plan) {
+            let line = match &filter {
+                Some(f) => format!("traceoff:1 if {f}"),
+                None => "traceoff:1".to_string(),
+            };
+            let rel = format!("events/{g}/{n}/trigger");
+            if !session.dir().path(&rel).is_file() {
+                log::warn!(
+                    "freeze: this kernel has no {rel} (event triggers): the rule stops the session from user space only"
+                );
+                continue;
+            }
+            match session.append(&rel, &line, &format!("!{line}")) {
+                Ok(()) => {
+                    log::info!("freeze: armed `{line}` on {g}/{n}");
+                    self.frozen_at.push((g, n));
+                }
+                Err(e) => log::warn!(
+                    "freeze: the kernel refused `{line}` on {g}/{n} ({e}): the rule stops the session from user space only"
+                ),
+            }
+        }
     }
 
     /// The buffer size per CPU, in KiB: as configured (at least the default
@@ -830,6 +880,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
                 return Err(e.into());
             }
             log::info!("ftrace: keeping the kernel's sub-buffer size: {e}");
+            self.summary.subbuf_refused = Some((kb, e.to_string()));
             return Ok(());
         }
         self.subbuf_kb = Some(kb);
@@ -939,7 +990,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
             let (r, w) = rustix::pipe::pipe_with(
                 rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
             )
-            .map_err(|e| FtraceError::Thread(format!("pipe: {e}")))?;
+            .map_err(|e| FtraceError::SplicePipe(e.into()))?;
             let want = reader::SPLICE_PIPE_PAGES * layout.page_size();
             let _ = rustix::pipe::fcntl_setpipe_size(&w, want);
             Some((r, w))
@@ -973,10 +1024,23 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         let Prepared {
             selected,
             pipes,
-            table,
+            mut table,
             layout,
             watermark,
         } = prepared;
+        let watch = match &self.opts.rules {
+            Some(plan) => {
+                // Rules fire on BOOTTIME; events carry the trace clock.
+                let to_boot = if self.opts.spec.use_monotonic_raw_clock {
+                    crate::clock::boottime_ns() as i64
+                        - crate::clock::BuiltinClock::MonotonicRaw.now_ns() as i64
+                } else {
+                    0
+                };
+                watch::Watch::new(plan, &mut table, to_boot).map_err(FtraceError::Rule)?
+            }
+            None => None,
+        };
         let mut output = self.output.take().ok_or(FtraceError::State("no output"))?;
         if let Err(e) = self.write_stats(Phase::StartOfTrace, &mut output) {
             self.output = Some(output);
@@ -994,6 +1058,9 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if !self.opts.spec.tids_to_trace.is_empty() && !self.tid_filter_in_kernel {
             encoder.set_tid_filter(&self.opts.spec.tids_to_trace);
         }
+        if let Some(w) = watch {
+            encoder.set_watch(w);
+        }
         let mut state = ReaderState::new(
             output,
             encoder,
@@ -1005,21 +1072,8 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         );
         state.mode = self.opts.read_mode;
         state.watermark = watermark;
-        let (tx, rx) = mpsc::channel();
-        let period = self.opts.spec.drain_period;
-        let wake = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
-        let thread_wake = wake
-            .try_clone()
-            .map_err(|e| FtraceError::Thread(format!("eventfd: {e}")))?;
-        let handle = std::thread::Builder::new()
-            .name("ftrace-reader".into())
-            .spawn(move || state.run(period, rx, thread_wake))
-            .map_err(|e| FtraceError::Thread(e.to_string()))?;
-        self.running = Some(Running { tx, wake, handle });
+        state.schedule(self.opts.spec.drain_period);
+        self.running = Some(state);
         log::info!(
             "ftrace: recording {} events on {} CPUs, {} KiB per CPU{}",
             selected.len(),
@@ -1068,28 +1122,87 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     pub fn flush(&mut self) -> Result<(), FtraceError> {
         let r = self
             .running
-            .as_ref()
+            .as_mut()
             .ok_or(FtraceError::State("flush before start"))?;
-        let (ack_tx, ack_rx) = mpsc::channel();
-        r.send(Command::Flush(ack_tx))?;
-        ack_rx
-            .recv()
-            .map_err(|e| FtraceError::Thread(e.to_string()))
+        // A flush must deliver everything written so far.
+        r.drain(true);
+        Ok(())
+    }
+
+    /// When the reader next wants [`on_due`](Self::on_due) (none before
+    /// the start or after the stop).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.running.as_ref().map(ReaderState::next_due)
+    }
+
+    /// The CPUs' pipes to wait on: readable once a CPU's buffer passed the
+    /// watermark.
+    pub fn watched(&self) -> Vec<BorrowedFd<'_>> {
+        self.running
+            .as_ref()
+            .map_or_else(Vec::new, ReaderState::watched)
+    }
+
+    /// Drains when the period came, or early when a watched pipe was
+    /// readable (`woken`).
+    pub fn on_due(&mut self, now: Instant, woken: bool) {
+        if let Some(r) = &mut self.running {
+            r.on_due(now, woken);
+        }
+    }
+
+    /// Hosts the reader on this thread until `stop` is set (looked at every
+    /// `check`): what a program that records ftrace alone (a test, a bench)
+    /// does in place of an event loop.
+    pub fn drive_until(
+        &mut self,
+        stop: &std::sync::atomic::AtomicBool,
+        check: std::time::Duration,
+    ) {
+        use rustix::event::{PollFd, PollFlags, poll};
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            let Some(due) = self.next_due() else {
+                return;
+            };
+            let until = due.min(Instant::now() + check);
+            let left = until.saturating_duration_since(Instant::now());
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let woken = {
+                let watched = self.watched();
+                let mut fds: Vec<PollFd<'_>> = watched
+                    .iter()
+                    .map(|f| PollFd::from_borrowed_fd(*f, PollFlags::IN))
+                    .collect();
+                if fds.is_empty() {
+                    std::thread::sleep(left);
+                    false
+                } else {
+                    let _ = poll(&mut fds, Some(&ts));
+                    fds.iter().any(|f| !f.revents().is_empty())
+                }
+            };
+            self.on_due(Instant::now(), woken);
+        }
     }
 
     /// The next bundle written says the sequence's incremental state was
     /// cleared (bundles carry none across each other).
     pub fn clear_incremental_state(&mut self) -> Result<(), FtraceError> {
         self.running
-            .as_ref()
+            .as_mut()
             .ok_or(FtraceError::State("clear before start"))?
-            .send(Command::ClearIncrementalState)
+            .encoder
+            .clear_incremental_state();
+        Ok(())
     }
 
     /// Stops tracing, drains a last time, writes the end FtraceStats and
     /// restores tracefs. The output can then be taken back.
     pub fn stop(&mut self) -> Result<FtraceSummary, FtraceError> {
-        let r = self
+        let mut state = self
             .running
             .take()
             .ok_or(FtraceError::State("stop before start"))?;
@@ -1097,11 +1210,18 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
         if let Err(e) = self.write_tracing_on(false) {
             log::warn!("ftrace: turning tracing off: {e}");
         }
-        let _ = r.send(Command::Stop);
-        let state = r
-            .handle
-            .join()
-            .map_err(|_| FtraceError::Thread("reader panicked".into()))?;
+        state.drain(true);
+        if let Some(w) = state.encoder.watch() {
+            w.note_freeze(
+                state
+                    .pipes
+                    .iter()
+                    .map(|p| p.cursor.last_ts)
+                    .max()
+                    .unwrap_or(0),
+                &self.frozen_at,
+            );
+        }
         let ReaderState {
             mut output,
             encoder,
@@ -1150,6 +1270,71 @@ impl<O: PacketOutput + 'static> Drop for FtraceSource<O> {
             s.restore();
         }
     }
+}
+
+/// A recording directory whose recorder may die with events still in the
+/// kernel's buffers: where it is and how its events were encoded.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Leftover {
+    pub dir: PathBuf,
+    /// The sequence the recording wrote its bundles on.
+    pub sequence_id: u32,
+    pub compact_sched: bool,
+    pub mono_raw: bool,
+}
+
+/// Reads what the kernel still holds in a recording directory whose
+/// recorder died, before the directory is removed: tracing off first, then
+/// every CPU's `trace_pipe_raw` to its end, decoded with the formats of the
+/// events enabled there (`set_event`, and `ftrace/print`), encoded as the
+/// recording did on its sequence. Returns the framed packets. Needs the
+/// rights to open the directory's files (the broker's).
+pub fn drain_leftover(l: &Leftover) -> Result<Vec<u8>, FtraceError> {
+    let dir = Tracefs::at(&l.dir)?;
+    if let Err(e) = dir.write("tracing_on", "0") {
+        log::warn!(
+            "ftrace leftover in {}: turning tracing off: {e}",
+            l.dir.display()
+        );
+    }
+    let mut selected: Vec<(String, String)> = dir
+        .read("set_event")?
+        .lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .map(|(g, n)| (g.to_string(), n.to_string()))
+        .collect();
+    selected.extend(resolve_event(&dir, "ftrace/print"));
+    let (layout, table, _failed) = load_layouts(&dir, &selected, l.compact_sched)?;
+    let opts = FtraceOptions {
+        spec: FtraceSpec {
+            compact_sched: l.compact_sched,
+            use_monotonic_raw_clock: l.mono_raw,
+            ..FtraceSpec::default()
+        },
+        sequence_id: l.sequence_id,
+        read_mode: ReadMode::Read,
+        ..FtraceOptions::default()
+    };
+    let mut src = FtraceSource::detached(opts, VecOutput::new());
+    src.cpus = dir.cpus();
+    let pipes = src.open_pipes(&dir, &layout)?;
+    let mut encoder = BundleEncoder::new(l.sequence_id, src.opts.max_packet_bytes);
+    if l.mono_raw {
+        encoder.set_ftrace_clock(FTRACE_CLOCK_MONO_RAW);
+    }
+    let mut state = ReaderState::new(
+        VecOutput::new(),
+        encoder,
+        pipes,
+        Arc::new(table),
+        PrintFilter::default(),
+        layout,
+        None,
+    );
+    state.mode = ReadMode::Read;
+    state.drain(true);
+    state.output.flush();
+    Ok(std::mem::take(&mut state.output.bytes))
 }
 
 /// `path` opened for writing (a tracefs switch).

@@ -1,12 +1,15 @@
-//! The reader thread: every drain period it reads every CPU's
+//! The reader: every drain period it reads every CPU's
 //! `per_cpu/cpuN/trace_pipe_raw` (non-blocking `read(2)`, a page per call)
 //! until the kernel has nothing more, and encodes the pages as bundles: each
 //! page as it is read, so a bundle runs on across the pages of a drain.
+//! It runs on no thread of its own: whoever hosts the source (the event
+//! loop) calls [`ReaderState::on_due`] when [`ReaderState::next_due`] comes
+//! or a CPU's pipe is readable.
 //!
-//! Between periodic drains the thread sleeps in poll(2) on every CPU's pipe:
-//! with the instance's `buffer_percent` set, the kernel wakes it as soon as
-//! one CPU's buffer is that full, so a burst is drained before it overruns
-//! the buffer instead of at the next period.
+//! Between periodic drains the host waits in poll(2) on every CPU's pipe
+//! ([`ReaderState::watched`]): with the instance's `buffer_percent` set, the
+//! kernel wakes it as soon as one CPU's buffer is that full, so a burst is
+//! drained before it overruns the buffer instead of at the next period.
 //!
 //! Three ways out of the kernel ([`ReadMode`]): the ring buffer mapped into
 //! the process (Linux 6.10+; events are encoded where the kernel wrote
@@ -22,12 +25,9 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
-
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use super::encode::{BundleEncoder, CpuCursor, EncodeStats, PageFeed, PrintFilter, Span};
 use super::event_table::EventTable;
@@ -41,7 +41,7 @@ use crate::sys::trace_map::{SUBBUF_DATA_OFFSET, TraceMap, TraceMapError};
 pub const BATCH_PAGES: usize = 64;
 
 /// Shortest time between two watermark-driven drains: if a kernel reports
-/// the pipes readable at any fill level, the thread still does not spin.
+/// the pipes readable at any fill level, the reader still does not spin.
 pub const MIN_WAKE_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Pages one splice moves (the pipe is sized to hold them).
@@ -324,16 +324,6 @@ impl PageFeed for ReadFeed<'_> {
 /// Callback told the thread ids seen in each drain.
 pub type PidSink = Box<dyn FnMut(&[i32]) + Send>;
 
-/// Requests to the reader thread.
-pub enum Command {
-    /// Drain now, then acknowledge.
-    Flush(Sender<()>),
-    /// Drain a last time and exit.
-    Stop,
-    /// The next bundle starts the sequence's incremental state afresh.
-    ClearIncrementalState,
-}
-
 /// One CPU's raw pipe.
 pub struct CpuPipe {
     pub cpu: u32,
@@ -348,7 +338,7 @@ pub struct CpuPipe {
     pub map: Option<MappedCpu>,
 }
 
-/// Everything the thread owns while it runs; handed back when it exits.
+/// Everything the reader holds while it runs, with its schedule.
 pub struct ReaderState<O: PacketOutput> {
     pub output: O,
     pub encoder: BundleEncoder,
@@ -366,6 +356,11 @@ pub struct ReaderState<O: PacketOutput> {
     pub watermark: bool,
     /// Drains started by the watermark rather than the period.
     pub watermark_drains: u64,
+    period: Duration,
+    /// The next periodic drain.
+    next: Instant,
+    /// Until then the CPUs' pipes are not watched (a watermark drain just ran).
+    quiet_until: Instant,
 }
 
 impl<O: PacketOutput> ReaderState<O> {
@@ -393,7 +388,17 @@ impl<O: PacketOutput> ReaderState<O> {
             non_monotonic: 0,
             watermark: false,
             watermark_drains: 0,
+            period: Duration::from_millis(100),
+            next: Instant::now(),
+            quiet_until: Instant::now(),
         }
+    }
+
+    /// Drains every `period` from now on (the first after one period).
+    pub fn schedule(&mut self, period: Duration) {
+        self.period = period;
+        self.next = Instant::now() + period;
+        self.quiet_until = Instant::now();
     }
 
     /// Fills the staging buffer from CPU `i` with whole pages; returns the
@@ -472,6 +477,8 @@ impl<O: PacketOutput> ReaderState<O> {
     /// partly filled page stays in the kernel until `final_pass`, which
     /// reads it with read(2).
     pub fn drain(&mut self, final_pass: bool) {
+        // Latency rules pair events older than the drain's start (watch.rs).
+        let cutoff = self.encoder.watch_cutoff();
         for i in 0..self.pipes.len() {
             let modes: &[ReadMode] = match (self.mode, final_pass) {
                 (ReadMode::Splice, true) => &[ReadMode::Splice, ReadMode::Read],
@@ -566,6 +573,10 @@ impl<O: PacketOutput> ReaderState<O> {
                 }
             }
         }
+        if let Some(c) = cutoff {
+            self.encoder
+                .settle_watch(if final_pass { u64::MAX } else { c });
+        }
         self.encoder.take_pids(&mut self.pids);
         if !self.pids.is_empty()
             && let Some(sink) = &mut self.pid_sink
@@ -574,71 +585,41 @@ impl<O: PacketOutput> ReaderState<O> {
         }
     }
 
-    /// Waits until `deadline`, a command (the wake fd) or, with a watermark,
-    /// a CPU buffer filled past it. Returns whether a CPU pipe woke it.
-    fn wait(&self, wake: &OwnedFd, deadline: Instant, watch_cpus: bool) -> bool {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ts = Timespec {
-            tv_sec: left.as_secs() as i64,
-            tv_nsec: left.subsec_nanos() as i64,
-        };
-        let mut fds = Vec::with_capacity(1 + self.pipes.len());
-        fds.push(PollFd::new(wake, PollFlags::IN));
-        if watch_cpus {
-            for p in &self.pipes {
-                fds.push(PollFd::new(&p.file, PollFlags::IN));
-            }
-        }
-        match poll(&mut fds, Some(&ts)) {
-            Ok(_) => fds[1..].iter().any(|f| !f.revents().is_empty()),
-            Err(_) => false,
+    /// Whether the CPUs' pipes are watched now: with a watermark, outside
+    /// the quiet spell after a watermark drain.
+    fn watching(&self, now: Instant) -> bool {
+        self.watermark && now >= self.quiet_until
+    }
+
+    /// When the reader next wants [`on_due`](Self::on_due) without a CPU
+    /// waking it: the periodic drain, or the end of a quiet spell (the
+    /// pipes are watched again then).
+    pub fn next_due(&self) -> Instant {
+        if self.watermark && !self.watching(Instant::now()) {
+            self.next.min(self.quiet_until)
+        } else {
+            self.next
         }
     }
 
-    /// The thread body: drain every `period`, early when a CPU buffer passes
-    /// the watermark, and on request, until Stop. Commands arrive on `rx`;
-    /// each is announced by a write to the eventfd `wake`.
-    pub fn run(mut self, period: Duration, rx: Receiver<Command>, wake: OwnedFd) -> Self {
-        let mut next = Instant::now() + period;
-        let mut quiet_until = Instant::now();
-        loop {
-            let now = Instant::now();
-            if now >= next {
-                self.drain(false);
-                next = now + period;
-                continue;
-            }
-            let watch = self.watermark && now >= quiet_until;
-            // Sleep no longer than the quiet spell when the CPUs are not watched.
-            let until = if self.watermark && !watch {
-                next.min(quiet_until)
-            } else {
-                next
-            };
-            if self.wait(&wake, until, watch) {
-                self.watermark_drains += 1;
-                self.drain(false);
-                quiet_until = Instant::now() + MIN_WAKE_INTERVAL;
-            }
-            let mut counter = [0u8; 8];
-            let _ = rustix::io::read(&wake, &mut counter);
-            loop {
-                match rx.try_recv() {
-                    Ok(Command::Flush(ack)) => {
-                        // A flush must deliver everything written so far.
-                        self.drain(true);
-                        let _ = ack.send(());
-                    }
-                    Ok(Command::ClearIncrementalState) => {
-                        self.encoder.clear_incremental_state();
-                    }
-                    Ok(Command::Stop) | Err(TryRecvError::Disconnected) => {
-                        self.drain(true);
-                        return self;
-                    }
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
+    /// The CPUs' pipes to wait on for the watermark (none outside it).
+    pub fn watched(&self) -> Vec<BorrowedFd<'_>> {
+        if !self.watching(Instant::now()) {
+            return Vec::new();
+        }
+        self.pipes.iter().map(|p| p.file.as_fd()).collect()
+    }
+
+    /// The periodic drain when it is due; or, when a watched pipe was
+    /// readable (`woken`), an early drain at the watermark.
+    pub fn on_due(&mut self, now: Instant, woken: bool) {
+        if now >= self.next {
+            self.drain(false);
+            self.next = now + self.period;
+        } else if woken && self.watching(now) {
+            self.watermark_drains += 1;
+            self.drain(false);
+            self.quiet_until = now + MIN_WAKE_INTERVAL;
         }
     }
 }

@@ -60,6 +60,10 @@ pub enum RemoteError {
 pub struct FtraceRequest {
     /// `group/name`, `group/*` or `name`, in the config's grammar.
     pub events: Vec<String>,
+    /// `group/name` of the atrace categories' events: enabled where the
+    /// kernel has them, never unknown.
+    #[serde(default)]
+    pub category_events: Vec<String>,
     /// Per CPU; `None`: the default for the machine.
     pub buffer_size_kb: Option<u32>,
     pub buffer_size_lower_bound: bool,
@@ -105,6 +109,7 @@ impl FtraceRequest {
         }
         Ok(Self {
             events,
+            category_events: spec.category_events.clone(),
             buffer_size_kb: spec
                 .buffer_size
                 .map(|b| u32::try_from(b.kb()).unwrap_or(u32::MAX)),
@@ -123,7 +128,10 @@ impl FtraceRequest {
         if self.events.is_empty() || self.events.len() > MAX_EVENTS {
             return Err(RequestError::EventCount(self.events.len()));
         }
-        for e in &self.events {
+        if self.category_events.len() > MAX_EVENTS {
+            return Err(RequestError::EventCount(self.category_events.len()));
+        }
+        for e in self.events.iter().chain(&self.category_events) {
             if let Some(why) = event_spec_problem(e) {
                 return Err(RequestError::Event(why));
             }
@@ -150,6 +158,7 @@ impl FtraceRequest {
     pub fn to_spec(&self) -> FtraceSpec {
         FtraceSpec {
             events: self.events.clone(),
+            category_events: self.category_events.clone(),
             buffer_size: self.buffer_size_kb.map(|kb| ByteSize(u64::from(kb) * 1024)),
             buffer_size_lower_bound: self.buffer_size_lower_bound,
             use_monotonic_raw_clock: self.use_monotonic_raw_clock,

@@ -79,6 +79,50 @@ impl SubbufSize {
     }
 }
 
+/// What this kernel does with a write of `buffer_subbuf_size_kb`: some
+/// refuse it (EPERM, even on a new instance and for the size it already
+/// has), and the recorder then keeps the kernel's size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settable {
+    /// The kernel takes the write.
+    Yes,
+    /// No `buffer_subbuf_size_kb` (before Linux 6.8).
+    Absent,
+    /// The kernel refuses it: why.
+    Refused(String),
+}
+
+/// Asks the kernel once, on an instance of its own
+/// (`recorder-PID-SUBBUF_PROBE`, removed before returning; named so that a
+/// crash leaves it to the stale-instance sweep), to take its sub-buffer
+/// size back as it is. `None`: it cannot be told (no rights to make an
+/// instance).
+pub fn probe(top: &super::tracefs::Tracefs) -> Option<Settable> {
+    const FILE: &str = "buffer_subbuf_size_kb";
+    if top.read(FILE).is_err() {
+        return Some(Settable::Absent);
+    }
+    let name = format!(
+        "{}{}-{SUBBUF_PROBE}",
+        super::tracefs::INSTANCE_PREFIX,
+        std::process::id()
+    );
+    let inst = top.instance(&name);
+    std::fs::create_dir(inst.root()).ok()?;
+    let answer = inst.read(FILE).map_err(|e| e.to_string()).and_then(|now| {
+        std::fs::write(inst.path(FILE), now.trim())
+            .map_err(|e| format!("writing {FILE} back as it is, on a new instance: {e}"))
+    });
+    let _ = std::fs::remove_dir(inst.root());
+    Some(match answer {
+        Ok(()) => Settable::Yes,
+        Err(why) => Settable::Refused(why),
+    })
+}
+
+/// The number in the probe instance's name (`recorder-PID-N`).
+const SUBBUF_PROBE: u32 = 999_999;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -156,6 +156,47 @@ impl Tracefs {
             .collect()
     }
 
+    /// Removes what a recorder process `pid` made here and may have left
+    /// when it died during its set-up: its instances (`recorder-<pid>`,
+    /// `recorder-<pid>-<n>`, tracing off first) and its kprobes (group
+    /// `recorder_<pid>`). Returns what was removed.
+    pub fn remove_leftovers_of(&self, pid: u32) -> Vec<String> {
+        let mut removed = Vec::new();
+        let own = format!("{INSTANCE_PREFIX}{pid}");
+        for name in list_dirs(&self.path("instances")) {
+            let ours = name == own
+                || name
+                    .strip_prefix(&own)
+                    .and_then(|r| r.strip_prefix('-'))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            if !ours {
+                continue;
+            }
+            let inst = self.instance(&name);
+            if inst.path("tracing_on").exists() {
+                let _ = inst.write("tracing_on", "0");
+            }
+            match fs::remove_dir(inst.root()) {
+                Ok(()) => removed.push(name),
+                Err(e) => log::warn!("tracefs instance {name} not removed: {e}"),
+            }
+        }
+        let group = format!("recorder_{pid}");
+        let kprobes = self.path("kprobe_events");
+        for event in list_dirs(&self.path(&format!("events/{group}"))) {
+            let line = format!("-:{group}/{event}\n");
+            let res = fs::OpenOptions::new()
+                .append(true)
+                .open(&kprobes)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            match res {
+                Ok(()) => removed.push(format!("{group}/{event}")),
+                Err(e) => log::warn!("kprobe {group}/{event} not removed: {e}"),
+            }
+        }
+        removed
+    }
+
     /// Removes `recorder-<pid>` instances whose process is gone (`proc` is
     /// the procfs root). Returns the names removed.
     pub fn remove_stale_instances(&self, proc: &Path) -> Vec<String> {
@@ -226,8 +267,13 @@ enum Undo {
         value: String,
     },
     /// Append `line` to `rel` of the top level (`-:group/name` removes a
-    /// kprobe made by appending its definition).
-    Append { rel: String, line: String },
+    /// kprobe made by appending its definition), or of the recording
+    /// directory (`!traceoff` removes an event trigger).
+    Append {
+        top: bool,
+        rel: String,
+        line: String,
+    },
 }
 
 /// The tracefs directory a recording uses, with everything it changed.
@@ -339,7 +385,27 @@ impl TracefsSession {
     /// Appends `line` to `rel` of the top level (`kprobe_events`); `undo` is
     /// appended at restore.
     pub fn append_top(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
-        let p = self.top.path(rel);
+        self.append_in(true, rel, line, undo)
+    }
+
+    /// Appends `line` to `rel` of the recording directory (an event's
+    /// `trigger`); `undo` is appended at restore.
+    pub fn append(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
+        self.append_in(false, rel, line, undo)
+    }
+
+    fn append_in(
+        &mut self,
+        top: bool,
+        rel: &str,
+        line: &str,
+        undo: &str,
+    ) -> Result<(), TracefsError> {
+        let p = if top {
+            self.top.path(rel)
+        } else {
+            self.dir.path(rel)
+        };
         let mut f = fs::OpenOptions::new()
             .append(true)
             .open(&p)
@@ -347,6 +413,7 @@ impl TracefsSession {
         std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
             .map_err(|e| io_err(&p, e))?;
         self.saved.push(Undo::Append {
+            top,
             rel: rel.to_string(),
             line: undo.to_string(),
         });
@@ -399,8 +466,8 @@ impl TracefsSession {
                     }
                     steps.push(write(if *top { &self.top } else { &self.dir }, rel, value));
                 }
-                Undo::Append { rel, line } => steps.push(TeardownStep {
-                    path: self.top.path(rel),
+                Undo::Append { top, rel, line } => steps.push(TeardownStep {
+                    path: if *top { &self.top } else { &self.dir }.path(rel),
                     value: line.clone(),
                     append: true,
                 }),

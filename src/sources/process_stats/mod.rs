@@ -82,7 +82,7 @@ pub struct ProcessStatsCounters {
 }
 
 /// The `linux.process_stats` source: call its methods from one thread (the
-/// [`crate::sources::poller::Poller`] does).
+/// host's [`crate::sources::poller::Ticker`] does).
 pub struct ProcessStatsSource {
     opts: ProcessStatsSpec,
     poll_ms: u32,

@@ -24,6 +24,7 @@ pub use counters::{
 /// The text parsers, each encoding SysStats fields from one file's text
 /// (public for fuzzing and benchmarks).
 pub use readers::{
+    PSI_CPU_FULL, PSI_CPU_SOME, PSI_IO_FULL, PSI_IO_SOME, PSI_MEMORY_FULL, PSI_MEMORY_SOME,
     encode_buddyinfo, encode_diskstats, encode_meminfo, encode_psi, encode_stat, encode_vmstat,
 };
 

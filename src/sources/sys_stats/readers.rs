@@ -20,12 +20,12 @@ use crate::wire::{
 };
 
 /// PsiSample.PsiResource values.
-const PSI_CPU_SOME: u64 = 1;
-const PSI_CPU_FULL: u64 = 2;
-const PSI_IO_SOME: u64 = 3;
-const PSI_IO_FULL: u64 = 4;
-const PSI_MEMORY_SOME: u64 = 5;
-const PSI_MEMORY_FULL: u64 = 6;
+pub const PSI_CPU_SOME: u64 = 1;
+pub const PSI_CPU_FULL: u64 = 2;
+pub const PSI_IO_SOME: u64 = 3;
+pub const PSI_IO_FULL: u64 = 4;
+pub const PSI_MEMORY_SOME: u64 = 5;
+pub const PSI_MEMORY_FULL: u64 = 6;
 
 /// One file under `/proc`, kept open, with its last reading.
 struct ProcFile {

@@ -98,10 +98,10 @@ enum Hooks {
 }
 
 impl Hooks {
-    fn submit(&self, job: HookJob, file: &str, sidecar: &str) {
+    fn submit(&self, job: HookJob) {
         match self {
+            Hooks::Remote(r) => r.submit(job.index, &job.file, &job.sidecar),
             Hooks::Local(r) => r.submit(job),
-            Hooks::Remote(r) => r.submit(job.index, file, sidecar),
         }
     }
 
@@ -246,26 +246,25 @@ impl SegmentWriter {
         identity: SegmentIdentity,
         buffers: Vec<Arc<Buffer>>,
     ) -> Result<Self, SegmentError> {
-        std::fs::create_dir_all(&names.dir).map_err(|source| SegmentError::Dir {
+        // Walked into and made component by component through checked
+        // descriptors: never `create_dir_all` on a path others may write.
+        let dir = OutputDir::create(&names.dir)?;
+        let entries = dir.entries().map_err(|source| SegmentError::Dir {
             path: names.dir.clone(),
             source,
         })?;
-        let existing = names.existing().map_err(|source| SegmentError::Dir {
-            path: names.dir.clone(),
-            source,
-        })?;
-        if let Some(first) = existing.into_iter().next() {
+        if let Some(first) = names.existing_among(&entries).into_iter().next() {
             return Err(SegmentError::Exists {
                 dir: names.dir.clone(),
                 first,
             });
         }
-        let dir = OutputDir::open(&names.dir)?;
         let hooks = match &policy.on_closed {
             Some(cmd) => Some(Hooks::Local(
                 HookRunner::start(
                     cmd.clone(),
                     policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT),
+                    dir.clone(),
                 )
                 .map_err(SegmentError::Hook)?,
             )),
@@ -445,6 +444,15 @@ impl SegmentWriter {
         r
     }
 
+    /// The files this writer has made that are still there (the segment
+    /// being written): handed to a broker that will act on them later.
+    pub fn files_made(&self) -> Vec<String> {
+        self.current
+            .as_ref()
+            .map(|c| vec![self.names.partial_name(c.index)])
+            .unwrap_or_default()
+    }
+
     /// The `--on-segment-closed` command and its timeout, if any.
     pub fn hook_command(&self) -> Option<(&str, Duration)> {
         let timeout = self.policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT);
@@ -516,6 +524,12 @@ impl SegmentWriter {
             return Err(e.into());
         }
         let bytes = c.sink.bytes_written();
+        // The file written, by identity: what its hook will be handed.
+        let file_id =
+            crate::storage::create::file_id(&c.file).map_err(|source| SegmentError::Close {
+                path: self.names.partial(c.index),
+                source,
+            })?;
         let partial = self.names.partial(c.index);
         let path = self.names.path(c.index);
         let sha256 = if c.hash_stale || failed {
@@ -576,7 +590,7 @@ impl SegmentWriter {
         // sidecar cannot be written (a full disk) stays `.partial`: still a
         // valid trace up to its last whole packet, but not one the set
         // vouches for.
-        let sidecar_bytes = match car.write_atomically(&self.dir, &sidecar_name) {
+        let (sidecar_bytes, sidecar_id) = match car.write_atomically(&self.dir, &sidecar_name) {
             Ok(n) => n,
             Err(source) => {
                 if let Some(s) = self.status.segments.last_mut() {
@@ -622,15 +636,13 @@ impl SegmentWriter {
         self.forget_hook_deletions();
         self.enforce_budget(next);
         if let Some(h) = &self.hooks {
-            h.submit(
-                HookJob {
-                    path,
-                    sidecar: sidecar_path,
-                    index: c.index,
-                },
-                &self.names.file_name(c.index),
-                &sidecar_name,
-            );
+            h.submit(HookJob {
+                file: self.names.file_name(c.index),
+                file_id,
+                sidecar: sidecar_name,
+                sidecar_id,
+                index: c.index,
+            });
         }
         Ok(())
     }
@@ -796,6 +808,14 @@ impl Output {
         match self {
             Output::File(s) => s.as_mut(),
             Output::Segments(w) => w.as_mut(),
+        }
+    }
+
+    /// The sink, to look at.
+    pub fn as_ref_sink(&self) -> &dyn FileSink {
+        match self {
+            Output::File(s) => s.as_ref(),
+            Output::Segments(w) => w.as_ref(),
         }
     }
 

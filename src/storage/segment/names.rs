@@ -97,6 +97,18 @@ impl SegmentNames {
         }
     }
 
+    /// Files of this set among `entries` (a directory's names), as paths,
+    /// sorted.
+    pub fn existing_among(&self, entries: &[String]) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = entries
+            .iter()
+            .filter(|n| self.index_of(n).is_some())
+            .map(|n| self.dir.join(n))
+            .collect();
+        found.sort();
+        found
+    }
+
     /// Files of this set already in the directory (sorted), so a new session
     /// does not mix its segments with an earlier one's.
     pub fn existing(&self) -> std::io::Result<Vec<PathBuf>> {

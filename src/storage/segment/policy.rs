@@ -27,6 +27,8 @@ pub struct RotationPolicy {
 pub enum RotateReason {
     Size,
     Period,
+    /// `recorder rotate`, or a rule's `then rotate`.
+    Requested,
 }
 
 /// A policy that cannot work.
@@ -48,6 +50,8 @@ pub enum PolicyError {
     Zero { what: &'static str },
     #[error("--hook-timeout needs --on-segment-closed (it bounds that command's runs)")]
     TimeoutWithoutHook,
+    #[error(transparent)]
+    Hook(#[from] super::hook::HookCommandError),
 }
 
 impl RotationPolicy {
@@ -75,6 +79,9 @@ impl RotationPolicy {
         }
         if self.hook_timeout.is_some() && self.on_closed.is_none() {
             return Err(PolicyError::TimeoutWithoutHook);
+        }
+        if let Some(cmd) = &self.on_closed {
+            super::hook::shell_line(cmd)?;
         }
         if !self.rotates() {
             for (set, name) in [

@@ -115,21 +115,27 @@ impl Sidecar {
         match r {
             RotateReason::Size => "size",
             RotateReason::Period => "period",
+            RotateReason::Requested => "requested",
         }
     }
 
     /// Writes `self` as `name` in `dir` atomically: a temporary file made
-    /// there, fdatasync, rename. Returns its size.
-    pub fn write_atomically(&self, dir: &OutputDir, name: &str) -> std::io::Result<u64> {
+    /// there, fdatasync, rename. Returns its size and identity.
+    pub fn write_atomically(
+        &self,
+        dir: &OutputDir,
+        name: &str,
+    ) -> std::io::Result<(u64, crate::storage::create::FileId)> {
         let (tmp, fd) = dir.create_temp(name).map_err(std::io::Error::other)?;
         let result = (|| {
+            let id = crate::storage::create::file_id(&fd)?;
             let mut f = std::fs::File::from(fd);
             let mut text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
             text.push(b'\n');
             f.write_all(&text)?;
             f.sync_data()?;
             dir.rename(&tmp, name).map_err(std::io::Error::other)?;
-            Ok(text.len() as u64)
+            Ok((text.len() as u64, id))
         })();
         if result.is_err() {
             let _ = dir.remove(&tmp);
@@ -137,13 +143,21 @@ impl Sidecar {
         result
     }
 
-    /// Reads a sidecar (untrusted: any file in the directory).
+    /// Reads a sidecar the recorder wrote itself (tests, tools on its own
+    /// directory). Readers of shared directories read the bytes with
+    /// `trace::untrusted` and parse them with [`Sidecar::parse`].
     pub fn read(path: &Path) -> Result<Sidecar, SidecarError> {
         let bytes = std::fs::read(path).map_err(|source| SidecarError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_json::from_slice(&bytes).map_err(|source| SidecarError::Parse {
+        Self::parse(path, &bytes)
+    }
+
+    /// A sidecar from its bytes (untrusted: any file in the directory);
+    /// `path` names it in errors.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Sidecar, SidecarError> {
+        serde_json::from_slice(bytes).map_err(|source| SidecarError::Parse {
             path: path.to_path_buf(),
             source,
         })

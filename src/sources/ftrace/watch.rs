@@ -1,0 +1,1163 @@
+//! Rules evaluated where ftrace events are decoded: each filter compiled
+//! against its event's format into a [`Program`] over the raw record (the
+//! offsets `format` read from tracefs), called for the events that have
+//! rules and for no others (`EventEntry::watched`).
+//!
+//! An `event` rule fires as its event is decoded. Latency rules pair two
+//! events of one thread (a wakeup and the switch that puts it on a CPU) or
+//! one key (a span's begin and end), which may come from different CPUs:
+//! the reader drains the CPUs one after the other, so those events are
+//! kept in time order first. At the end of each drain they are sorted
+//! (each CPU's run is already in order) and those older than the drain's
+//! start are paired: every CPU's buffer has been read past that time by
+//! then (a drain reads each CPU until the page the kernel is writing).
+//! The rest wait for the next drain; the last drain pairs everything.
+
+use std::collections::HashMap;
+
+use super::event_table::{EventTable, IntAt, TextAt, comm16};
+use super::format::{EventFormat, FieldKind, parse_event_format};
+use super::tracefs::Tracefs;
+use crate::config::diagnostic::closest;
+use crate::config::rule::filter::{glob_match, kernel_int};
+use crate::config::rule::{
+    Condition, Filter, FilterExpr, FilterOp, FilterValue, Rule, RuleError, Span,
+};
+use crate::sources::rules::{Limiter, RulePlan};
+
+/// Threads (or span keys) awaiting their end at most per rule: beyond, the
+/// oldest half is forgotten (a thread woken and never run is rare).
+const MAX_PENDING: usize = 1 << 16;
+/// Stamps held for ordering at most; beyond, they are paired as they stand.
+const MAX_ORDERED: usize = 1 << 18;
+
+/// Hashes thread ids and span keys: one multiply (the maps are the
+/// recorder's own, keyed by what the kernel recorded).
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_i64(&mut self, v: i64) {
+        self.0 = (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap = HashMap<i64, u64, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A compiled filter.
+#[derive(Clone, Debug)]
+pub struct Program(Node);
+
+#[derive(Clone, Debug)]
+enum Node {
+    /// Every one (an `&&` chain).
+    All(Vec<Node>),
+    /// Any one (an `||` chain).
+    Any(Vec<Node>),
+    Not(Box<Node>),
+    Int {
+        at: IntAt,
+        test: IntTest,
+    },
+    /// The CPU the event was recorded on.
+    Cpu(IntTest),
+    /// `==`/`!=` on a 16-byte name (comms): one 16-byte compare.
+    Comm {
+        at: usize,
+        word: u128,
+        len: usize,
+        equal: bool,
+    },
+    /// `~ "abc*"` on a 16-byte name: its first bytes, masked, compared.
+    CommPrefix {
+        at: usize,
+        word: u128,
+        mask: u128,
+    },
+    Text {
+        at: TextAt,
+        m: Match,
+    },
+}
+
+/// Every integer comparison as one test without branches on the operator:
+/// the value, its sign bit flipped for signed fields (so that unsigned
+/// order is signed order) and masked for `&`, lies in `[lo, lo + span]`,
+/// or (`negate`) does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IntTest {
+    bias: u64,
+    mask: u64,
+    lo: u64,
+    span: u64,
+    negate: bool,
+}
+
+impl IntTest {
+    /// `field OP value` for a field read as `raw` (sign-extended when
+    /// `signed`); `value` fits the field's signedness.
+    fn new(op: FilterOp, value: i128, signed: bool) -> IntTest {
+        const SIGN: u64 = 1 << 63;
+        let bias = if signed { SIGN } else { 0 };
+        let v = (value as i64 as u64) ^ bias;
+        let range = |lo: u64, hi: u64| IntTest {
+            bias,
+            mask: u64::MAX,
+            lo,
+            span: hi - lo,
+            negate: false,
+        };
+        // Empty: nothing is outside the full range.
+        let never = IntTest {
+            negate: true,
+            ..range(0, u64::MAX)
+        };
+        match op {
+            FilterOp::Eq => range(v, v),
+            FilterOp::Ne => IntTest {
+                negate: true,
+                ..range(v, v)
+            },
+            FilterOp::Lt if v == 0 => never,
+            FilterOp::Lt => range(0, v - 1),
+            FilterOp::Le => range(0, v),
+            FilterOp::Gt if v == u64::MAX => never,
+            FilterOp::Gt => range(v + 1, u64::MAX),
+            FilterOp::Ge => range(v, u64::MAX),
+            FilterOp::BitAnd => IntTest {
+                bias: 0,
+                mask: value as i64 as u64,
+                lo: 1,
+                span: u64::MAX - 1,
+                negate: false,
+            },
+            FilterOp::Glob => never,
+        }
+    }
+
+    #[inline(always)]
+    fn test(self, raw: u64) -> bool {
+        (((raw ^ self.bias) & self.mask).wrapping_sub(self.lo) <= self.span) != self.negate
+    }
+}
+
+/// How text is matched, the glob's common shapes taken apart once.
+#[derive(Clone, Debug)]
+enum Match {
+    Equal(Vec<u8>),
+    NotEqual(Vec<u8>),
+    /// `abc*`.
+    Prefix(Vec<u8>),
+    /// `*abc`.
+    Suffix(Vec<u8>),
+    /// `*abc*`.
+    Contains(Vec<u8>),
+    Glob(Vec<u8>),
+}
+
+impl Match {
+    fn of(op: FilterOp, pattern: &[u8]) -> Match {
+        match op {
+            FilterOp::Eq => return Match::Equal(pattern.to_vec()),
+            FilterOp::Ne => return Match::NotEqual(pattern.to_vec()),
+            _ => {}
+        }
+        let lead = pattern.starts_with(b"*");
+        let inner = if lead { &pattern[1..] } else { pattern };
+        let trail = inner.ends_with(b"*");
+        let inner = if trail {
+            &inner[..inner.len() - 1]
+        } else {
+            inner
+        };
+        if inner.iter().any(|c| matches!(c, b'*' | b'?' | b'[')) {
+            return Match::Glob(pattern.to_vec());
+        }
+        match (lead, trail) {
+            (false, false) => Match::Equal(inner.to_vec()),
+            (false, true) => Match::Prefix(inner.to_vec()),
+            (true, false) => Match::Suffix(inner.to_vec()),
+            (true, true) => Match::Contains(inner.to_vec()),
+        }
+    }
+
+    #[inline]
+    fn test(&self, s: &[u8]) -> bool {
+        match self {
+            Match::Equal(p) => s == p.as_slice(),
+            Match::NotEqual(p) => s != p.as_slice(),
+            Match::Prefix(p) => s.starts_with(p),
+            Match::Suffix(p) => s.ends_with(p),
+            Match::Contains(p) => p.is_empty() || s.windows(p.len()).any(|w| w == p.as_slice()),
+            Match::Glob(p) => glob_match(p, s),
+        }
+    }
+}
+
+impl Program {
+    /// Whether the record `rec`, read on `cpu`, passes. The common shapes
+    /// (one comparison, an `&&` or `||` chain of them) are tested in line;
+    /// only nested ones recurse.
+    #[inline]
+    pub fn eval(&self, rec: &[u8], cpu: u32) -> bool {
+        match &self.0 {
+            Node::All(xs) => xs.iter().all(|x| x.test(rec, cpu)),
+            Node::Any(xs) => xs.iter().any(|x| x.test(rec, cpu)),
+            n => n.test(rec, cpu),
+        }
+    }
+}
+
+impl Node {
+    /// A comparison, in line; anything nested, out of line.
+    #[inline(always)]
+    fn test(&self, rec: &[u8], cpu: u32) -> bool {
+        match self {
+            Node::Int { at, test } => at.int(rec).is_some_and(|v| test.test(v as u64)),
+            Node::Comm {
+                at,
+                word,
+                len,
+                equal,
+            } => comm16(rec, *at).is_some_and(|(w, n)| (w == *word && n == *len) == *equal),
+            Node::CommPrefix { at, word, mask } => {
+                comm16(rec, *at).is_some_and(|(w, _)| w & *mask == *word)
+            }
+            Node::Cpu(test) => test.test(u64::from(cpu)),
+            Node::Text { at, m } => at.read(rec).is_some_and(|s| m.test(s)),
+            _ => self.eval(rec, cpu),
+        }
+    }
+
+    #[inline(never)]
+    fn eval(&self, rec: &[u8], cpu: u32) -> bool {
+        match self {
+            Node::All(xs) => xs.iter().all(|x| x.test(rec, cpu)),
+            Node::Any(xs) => xs.iter().any(|x| x.test(rec, cpu)),
+            Node::Not(a) => !a.test(rec, cpu),
+            n => n.test(rec, cpu),
+        }
+    }
+
+    /// `a && b` (or `a || b`), chains flattened.
+    fn join(all: bool, a: Node, b: Node) -> Node {
+        let mut xs = Vec::new();
+        for n in [a, b] {
+            match n {
+                Node::All(v) if all => xs.extend(v),
+                Node::Any(v) if !all => xs.extend(v),
+                n => xs.push(n),
+            }
+        }
+        if all { Node::All(xs) } else { Node::Any(xs) }
+    }
+}
+
+/// One comparison of a flattened filter, self-contained so that an event's
+/// checks lie in one run of memory: what the hot path reads per event is a
+/// few adjacent words, not a chain of pointers.
+#[derive(Clone, Copy, Debug)]
+enum Leaf {
+    Int {
+        at: IntAt,
+        test: IntTest,
+    },
+    Comm {
+        at: usize,
+        word: u128,
+        len: usize,
+        equal: bool,
+    },
+    CommPrefix {
+        at: usize,
+        word: u128,
+        mask: u128,
+    },
+    Cpu(IntTest),
+    /// Text or a nested expression: the tree of this index.
+    Tree(usize),
+}
+
+impl Leaf {
+    fn of(n: Node, trees: &mut Vec<Node>) -> Leaf {
+        match n {
+            Node::Int { at, test } => Leaf::Int { at, test },
+            Node::Comm {
+                at,
+                word,
+                len,
+                equal,
+            } => Leaf::Comm {
+                at,
+                word,
+                len,
+                equal,
+            },
+            Node::CommPrefix { at, word, mask } => Leaf::CommPrefix { at, word, mask },
+            Node::Cpu(t) => Leaf::Cpu(t),
+            n => {
+                trees.push(n);
+                Leaf::Tree(trees.len() - 1)
+            }
+        }
+    }
+
+    /// Tested by kind in order of likelihood, as compare-and-branch: a
+    /// jump table over the kinds mispredicts when events of different
+    /// rules alternate.
+    #[inline(always)]
+    fn test(&self, trees: &[Node], rec: &[u8], cpu: u32) -> bool {
+        if let Leaf::Int { at, test } = *self {
+            return at.int(rec).is_some_and(|v| test.test(v as u64));
+        }
+        if let Leaf::Comm {
+            at,
+            word,
+            len,
+            equal,
+        } = *self
+        {
+            return comm16(rec, at).is_some_and(|(w, n)| (w == word && n == len) == equal);
+        }
+        if let Leaf::CommPrefix { at, word, mask } = *self {
+            return comm16(rec, at).is_some_and(|(w, _)| w & mask == word);
+        }
+        if let Leaf::Cpu(test) = *self {
+            return test.test(u64::from(cpu));
+        }
+        if let Leaf::Tree(i) = *self {
+            return trees.get(i).is_some_and(|t| t.test(rec, cpu));
+        }
+        false
+    }
+}
+
+/// A program as flat leaves: whether all must hold (else any), and them.
+fn flatten(p: Option<Program>, trees: &mut Vec<Node>) -> (bool, Vec<Leaf>) {
+    match p.map(|p| p.0) {
+        None => (true, Vec::new()),
+        Some(Node::All(xs)) => (true, xs.into_iter().map(|x| Leaf::of(x, trees)).collect()),
+        Some(Node::Any(xs)) => (false, xs.into_iter().map(|x| Leaf::of(x, trees)).collect()),
+        Some(n) => (true, vec![Leaf::of(n, trees)]),
+    }
+}
+
+/// The names a filter may use beside an event's fields: the CPU the event
+/// was recorded on.
+const CPU_FIELDS: &[&str] = &["CPU", "cpu", "common_cpu"];
+
+/// Compiles `filter` (of `rule`) against `format`.
+pub fn compile(rule: &Rule, filter: &Filter, format: &EventFormat) -> Result<Program, RuleError> {
+    node(rule, &filter.expr, format).map(Program)
+}
+
+fn node(rule: &Rule, e: &FilterExpr, format: &EventFormat) -> Result<Node, RuleError> {
+    Ok(match e {
+        FilterExpr::And(a, b) => Node::join(true, node(rule, a, format)?, node(rule, b, format)?),
+        FilterExpr::Or(a, b) => Node::join(false, node(rule, a, format)?, node(rule, b, format)?),
+        FilterExpr::Not(a) => Node::Not(Box::new(node(rule, a, format)?)),
+        FilterExpr::Compare(c) => {
+            let event = format!("{}/{}", format.group, format.name);
+            let number = |signed: bool| -> Result<i128, RuleError> {
+                let v = c.value.text();
+                let n = match &c.value {
+                    FilterValue::Word(w) => kernel_int(w),
+                    FilterValue::Text(t) => kernel_int(t),
+                }
+                .ok_or_else(|| {
+                    rule.error(
+                        c.value_span,
+                        format!("{v:?} is not a number, and {} is an integer field", c.field),
+                        Some("numbers: 11, -1, 0x10, 010 (octal)".into()),
+                    )
+                })?;
+                let fits = if signed {
+                    i64::try_from(n).is_ok()
+                } else {
+                    u64::try_from(n).is_ok()
+                };
+                if !fits {
+                    return Err(rule.error(
+                        c.value_span,
+                        format!(
+                            "{v} does not fit {} ({})",
+                            c.field,
+                            if signed {
+                                "signed"
+                            } else {
+                                "unsigned: no minus sign"
+                            }
+                        ),
+                        None,
+                    ));
+                }
+                Ok(n)
+            };
+            let Some(f) = format.field(&c.field) else {
+                if CPU_FIELDS.contains(&c.field.as_str()) {
+                    check_op(rule, c.op, c.op_span, &c.field, false)?;
+                    return Ok(Node::Cpu(IntTest::new(c.op, number(true)?, true)));
+                }
+                let mut names: Vec<&str> = format
+                    .fields
+                    .iter()
+                    .chain(&format.common)
+                    .map(|f| f.name.as_str())
+                    .collect();
+                names.push("CPU");
+                let help = match closest(&c.field, names.iter().copied()) {
+                    Some(n) => format!("did you mean {n}? ({event} has {})", names.join(", ")),
+                    None => format!("{event} has {}", names.join(", ")),
+                };
+                let msg = if matches!(c.field.as_str(), "COMM" | "comm") {
+                    format!(
+                        "{} (the running task's name) is not in the {event} record: the recorder filters on what the record holds",
+                        c.field
+                    )
+                } else {
+                    format!("{event} has no field {}", c.field)
+                };
+                return Err(rule.error(c.field_span, msg, Some(help)));
+            };
+            match f.kind {
+                FieldKind::Int => {
+                    check_op(rule, c.op, c.op_span, &c.field, false)?;
+                    let at = IntAt::of(f).ok_or_else(|| {
+                        rule.error(c.field_span, format!("{} cannot be read", c.field), None)
+                    })?;
+                    Node::Int {
+                        at,
+                        test: IntTest::new(c.op, number(f.signed)?, f.signed),
+                    }
+                }
+                FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString => {
+                    check_op(rule, c.op, c.op_span, &c.field, true)?;
+                    let at = TextAt::of(f).ok_or_else(|| {
+                        rule.error(c.field_span, format!("{} cannot be read", c.field), None)
+                    })?;
+                    let pattern = c.value.text().as_bytes();
+                    match at {
+                        // A name of at most 16 bytes, with no NUL, against
+                        // a comm: compared as one word.
+                        TextAt::Comm16(off)
+                            if c.op != FilterOp::Glob
+                                && pattern.len() <= 16
+                                && !pattern.contains(&0) =>
+                        {
+                            let mut b = [0u8; 16];
+                            b[..pattern.len()].copy_from_slice(pattern);
+                            Node::Comm {
+                                at: off,
+                                word: u128::from_le_bytes(b),
+                                len: pattern.len(),
+                                equal: c.op == FilterOp::Eq,
+                            }
+                        }
+                        TextAt::Comm16(off) => match Match::of(c.op, pattern) {
+                            // A prefix of a comm: the word's first bytes.
+                            Match::Prefix(p) if p.len() <= 16 && !p.contains(&0) => {
+                                let mut b = [0u8; 16];
+                                b[..p.len()].copy_from_slice(&p);
+                                let mut m = [0u8; 16];
+                                m[..p.len()].fill(0xff);
+                                Node::CommPrefix {
+                                    at: off,
+                                    word: u128::from_le_bytes(b),
+                                    mask: u128::from_le_bytes(m),
+                                }
+                            }
+                            m => Node::Text { at, m },
+                        },
+                        _ => Node::Text {
+                            at,
+                            m: Match::of(c.op, pattern),
+                        },
+                    }
+                }
+                FieldKind::Opaque => {
+                    return Err(rule.error(
+                        c.field_span,
+                        format!(
+                            "{} is {} {} bytes: a filter compares integers and text",
+                            c.field,
+                            if f.type_name.is_empty() {
+                                "a field of"
+                            } else {
+                                &f.type_name
+                            },
+                            f.size
+                        ),
+                        None,
+                    ));
+                }
+            }
+        }
+    })
+}
+
+fn check_op(rule: &Rule, op: FilterOp, at: Span, field: &str, text: bool) -> Result<(), RuleError> {
+    if text && !op.for_text() {
+        return Err(rule.error(
+            at,
+            format!("{field} is text: it compares with ==, != or ~ (a glob)"),
+            None,
+        ));
+    }
+    if !text && !op.for_int() {
+        return Err(rule.error(
+            at,
+            format!("{field} is an integer: `~` (a glob) is for text"),
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the format of `group/name` from `tracefs`.
+fn format_of(
+    rule: &Rule,
+    tracefs: &Tracefs,
+    group: &str,
+    name: &str,
+    at: Span,
+) -> Result<EventFormat, RuleError> {
+    let text = tracefs
+        .read(&format!("events/{group}/{name}/format"))
+        .map_err(|_| {
+            let known = tracefs.events_of(group);
+            let help = match closest(name, known.iter().map(String::as_str)) {
+                Some(c) => format!("did you mean {group}/{c}?"),
+                None if known.is_empty() => format!("this kernel has no event group {group}"),
+                None => format!("events/{group}/ holds {} events", known.len()),
+            };
+            rule.error(
+                at,
+                format!("this kernel has no event {group}/{name}"),
+                Some(help),
+            )
+        })?;
+    parse_event_format(group, &text).map_err(|e| {
+        rule.error(
+            at,
+            format!("the kernel's format of {group}/{name} cannot be read: {e}"),
+            None,
+        )
+    })
+}
+
+/// Checks a rule's events and filters against the kernel's formats in
+/// `tracefs` (the same the recording's instance has).
+pub fn check(rule: &Rule, tracefs: &Tracefs) -> Result<(), RuleError> {
+    match &rule.condition {
+        Condition::Event { event, filter } => {
+            let f = format_of(rule, tracefs, &event.group, &event.name, event.span)?;
+            if let Some(filter) = filter {
+                compile(rule, filter, &f)?;
+            }
+        }
+        Condition::SchedLatency { filter, .. } => {
+            format_of(rule, tracefs, "sched", "sched_switch", rule.condition_span)?;
+            let waking = format_of(rule, tracefs, "sched", "sched_waking", rule.condition_span)
+                .or_else(|_| {
+                    format_of(rule, tracefs, "sched", "sched_wakeup", rule.condition_span)
+                })?;
+            if let Some(filter) = filter {
+                compile(rule, filter, &waking)?;
+            }
+        }
+        Condition::Span {
+            begin,
+            begin_filter,
+            end,
+            end_filter,
+            key,
+            ..
+        } => {
+            for (e, filter, field) in [
+                (begin, begin_filter, &key.begin),
+                (end, end_filter, &key.end),
+            ] {
+                let f = format_of(rule, tracefs, &e.group, &e.name, e.span)?;
+                if let Some(filter) = filter {
+                    compile(rule, filter, &f)?;
+                }
+                key_of(rule, &f, field, key.span)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Where a span's key is read.
+#[derive(Clone, Copy, Debug)]
+enum KeyAt {
+    Int(IntAt),
+    Text(TextAt),
+}
+
+impl KeyAt {
+    /// The key of `rec`: the integer, or a hash of the text.
+    fn read(self, rec: &[u8]) -> Option<i64> {
+        match self {
+            KeyAt::Int(at) => at.int(rec),
+            KeyAt::Text(at) => at.read(rec).map(|s| {
+                // FNV-1a: keys only need to tell a few live spans apart.
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for &b in s {
+                    h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                }
+                h as i64
+            }),
+        }
+    }
+}
+
+fn key_of(rule: &Rule, f: &EventFormat, field: &str, at: Span) -> Result<KeyAt, RuleError> {
+    let event = format!("{}/{}", f.group, f.name);
+    let Some(fd) = f.field(field) else {
+        let names: Vec<&str> = f
+            .fields
+            .iter()
+            .chain(&f.common)
+            .map(|f| f.name.as_str())
+            .collect();
+        return Err(rule.error(
+            at,
+            format!("{event} has no field {field} to pair its events by"),
+            Some(match closest(field, names.iter().copied()) {
+                Some(n) => format!("did you mean {n}?"),
+                None => format!("{event} has {}", names.join(", ")),
+            }),
+        ));
+    };
+    IntAt::of(fd)
+        .map(KeyAt::Int)
+        .or_else(|| TextAt::of(fd).map(KeyAt::Text))
+        .ok_or_else(|| rule.error(at, format!("{field} of {event} cannot be a key"), None))
+}
+
+/// What a watched event does.
+#[derive(Clone, Copy, Debug)]
+enum Hook {
+    /// The wakeup of a scheduling-latency rule.
+    Waking(u16),
+    /// The sched_switch of a scheduling-latency rule.
+    Switch(u16),
+    Begin(u16),
+    End(u16),
+}
+
+struct EventRule {
+    rule: usize,
+    /// `common_pid`, for the firing's note.
+    pid: Option<IntAt>,
+    /// `group/name`, to know whether its freeze was armed.
+    event: (String, String),
+    limiter: Limiter,
+    /// `freeze`: the first match's time, once matched.
+    freeze: Option<Option<u64>>,
+}
+
+struct SchedRule {
+    rule: usize,
+    over: u64,
+    filter: Option<Program>,
+    pid: IntAt,
+    next_pid: IntAt,
+    limiter: Limiter,
+    /// Woken threads not yet switched in: tid → wakeup time.
+    woken: Woken,
+}
+
+struct SpanRule {
+    rule: usize,
+    over: u64,
+    begin: (Option<Program>, KeyAt),
+    end: (Option<Program>, KeyAt),
+    limiter: Limiter,
+    /// Open spans: key → begin time.
+    open: KeyMap,
+}
+
+/// An `event` rule's checks on one event: its slot, whether all its
+/// leaves must hold (else any) and where they are in `Watch::leaves`.
+#[derive(Clone, Copy, Debug)]
+struct EventHook {
+    slot: u16,
+    all: bool,
+    leaves: (u32, u32),
+}
+
+/// Threads woken and not yet run, direct-mapped by tid: one store to note
+/// a wakeup, one compare to find it, no hashing. Two pending threads whose
+/// tids share their low 16 bits keep only the later wakeup (a latency of
+/// the other is missed): that takes tens of thousands of threads waiting
+/// at once.
+struct Woken(Vec<(i64, u64)>);
+
+impl Woken {
+    const PLACES: usize = 1 << 16;
+    /// A place's time when it holds no thread.
+    const FREE: u64 = u64::MAX;
+
+    fn new() -> Self {
+        Woken(vec![(0, Self::FREE); Self::PLACES])
+    }
+
+    #[inline]
+    fn place(tid: i64) -> usize {
+        tid as usize & (Self::PLACES - 1)
+    }
+
+    /// A wakeup of `tid` at `ts`: its first since it last ran counts.
+    #[inline]
+    fn wake(&mut self, tid: i64, ts: u64) {
+        if let Some(p) = self.0.get_mut(Self::place(tid))
+            && (p.0 != tid || p.1 == Self::FREE)
+        {
+            *p = (tid, ts);
+        }
+    }
+
+    /// `tid` runs: when it was woken, if it waited.
+    #[inline]
+    fn take(&mut self, tid: i64) -> Option<u64> {
+        let p = self.0.get_mut(Self::place(tid))?;
+        (p.0 == tid && p.1 != Self::FREE).then(|| std::mem::replace(&mut p.1, Self::FREE))
+    }
+}
+
+/// The hooks of one watched event, by kind: its `event` rules' checks as a
+/// run of `Watch::event_hooks`, its latency rules' slots.
+#[derive(Clone, Debug, Default)]
+struct IdHooks {
+    events: (u32, u32),
+    waking: Vec<u16>,
+    switch: Vec<u16>,
+    spans: Vec<Hook>,
+}
+
+/// A latency rule's event, kept for ordering.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    ts: u64,
+    key: i64,
+    hook: Hook,
+}
+
+/// The rules of one ftrace source, compiled against its event table.
+pub struct Watch {
+    plan: RulePlan,
+    /// What each watched event does; the event table holds its index + 1
+    /// (`EventEntry::watch`).
+    hooks: Vec<IdHooks>,
+    /// Hook index by event id, while building.
+    by_id: std::collections::BTreeMap<u16, usize>,
+    /// Every `event` rule's checks, each event's in one run.
+    event_hooks: Vec<EventHook>,
+    leaves: Vec<Leaf>,
+    /// What does not fit a leaf (text, nested expressions).
+    trees: Vec<Node>,
+    events: Vec<EventRule>,
+    sched: Vec<SchedRule>,
+    spans: Vec<SpanRule>,
+    ordered: Vec<Stamp>,
+    /// Added to an event's timestamp to make it BOOTTIME (non-zero with the
+    /// mono_raw trace clock).
+    to_boot: i64,
+}
+
+impl Watch {
+    /// Compiles the rules of `plan` that watch ftrace against `table`,
+    /// marking the events they watch. `None` when none does.
+    pub fn new(
+        plan: &RulePlan,
+        table: &mut EventTable,
+        to_boot: i64,
+    ) -> Result<Option<Watch>, RuleError> {
+        let mut w = Watch {
+            plan: plan.clone(),
+            hooks: Vec::new(),
+            by_id: std::collections::BTreeMap::new(),
+            event_hooks: Vec::new(),
+            leaves: Vec::new(),
+            trees: Vec::new(),
+            events: Vec::new(),
+            sched: Vec::new(),
+            spans: Vec::new(),
+            ordered: Vec::new(),
+            to_boot,
+        };
+        // `event` rules' checks, laid out per event once all are known.
+        let mut pending: Vec<(u16, u16, Option<Program>)> = Vec::new();
+        for (i, rule) in plan.rules.iter().enumerate() {
+            let find = |group: &str, name: &str| {
+                table
+                    .find(group, name)
+                    .map(|(id, e)| (id, e.format.clone()))
+            };
+            let missing = |what: String, at: Span| {
+                rule.error(
+                    at,
+                    format!(
+                        "{what} is not recorded (the kernel lacks it, or it could not be enabled)"
+                    ),
+                    None,
+                )
+            };
+            match &rule.condition {
+                Condition::Event { event, filter } => {
+                    let (id, format) = find(&event.group, &event.name)
+                        .ok_or_else(|| missing(event.path(), event.span))?;
+                    let program = filter
+                        .as_ref()
+                        .map(|f| compile(rule, f, &format))
+                        .transpose()?;
+                    let slot = w.events.len() as u16;
+                    pending.push((id, slot, program));
+                    w.events.push(EventRule {
+                        rule: i,
+                        pid: format.field("common_pid").and_then(IntAt::of),
+                        event: (event.group.clone(), event.name.clone()),
+                        limiter: Limiter::of(rule),
+                        freeze: rule.freeze.map(|_| None),
+                    });
+                }
+                Condition::SchedLatency { over, filter } => {
+                    let (switch_id, switch) = find("sched", "sched_switch")
+                        .ok_or_else(|| missing("sched/sched_switch".into(), rule.condition_span))?;
+                    let (wake_id, wake) = find("sched", "sched_waking")
+                        .or_else(|| find("sched", "sched_wakeup"))
+                        .ok_or_else(|| missing("sched/sched_waking".into(), rule.condition_span))?;
+                    let int = |f: &EventFormat, n: &str| {
+                        f.field(n).and_then(IntAt::of).ok_or_else(|| {
+                            rule.error(
+                                rule.condition_span,
+                                format!("{}/{} has no integer {n}", f.group, f.name),
+                                None,
+                            )
+                        })
+                    };
+                    let slot = w.sched.len() as u16;
+                    w.sched.push(SchedRule {
+                        rule: i,
+                        over: nanos(*over),
+                        filter: filter
+                            .as_ref()
+                            .map(|f| compile(rule, f, &wake))
+                            .transpose()?,
+                        pid: int(&wake, "pid")?,
+                        next_pid: int(&switch, "next_pid")?,
+                        limiter: Limiter::of(rule),
+                        woken: Woken::new(),
+                    });
+                    w.hook(table, wake_id, Some(Hook::Waking(slot)));
+                    w.hook(table, switch_id, Some(Hook::Switch(slot)));
+                }
+                Condition::Span {
+                    begin,
+                    begin_filter,
+                    end,
+                    end_filter,
+                    key,
+                    over,
+                } => {
+                    let (bid, bf) = find(&begin.group, &begin.name)
+                        .ok_or_else(|| missing(begin.path(), begin.span))?;
+                    let (eid, ef) =
+                        find(&end.group, &end.name).ok_or_else(|| missing(end.path(), end.span))?;
+                    let slot = w.spans.len() as u16;
+                    w.spans.push(SpanRule {
+                        rule: i,
+                        over: nanos(*over),
+                        begin: (
+                            begin_filter
+                                .as_ref()
+                                .map(|f| compile(rule, f, &bf))
+                                .transpose()?,
+                            key_of(rule, &bf, &key.begin, key.span)?,
+                        ),
+                        end: (
+                            end_filter
+                                .as_ref()
+                                .map(|f| compile(rule, f, &ef))
+                                .transpose()?,
+                            key_of(rule, &ef, &key.end, key.span)?,
+                        ),
+                        limiter: Limiter::of(rule),
+                        open: KeyMap::default(),
+                    });
+                    w.hook(table, bid, Some(Hook::Begin(slot)));
+                    w.hook(table, eid, Some(Hook::End(slot)));
+                }
+                _ => {}
+            }
+        }
+        pending.sort_by_key(|(id, _, _)| *id);
+        let mut at = 0;
+        while at < pending.len() {
+            let id = pending[at].0;
+            let start = w.event_hooks.len() as u32;
+            while at < pending.len() && pending[at].0 == id {
+                let (_, slot, program) = std::mem::replace(&mut pending[at], (id, 0, None));
+                let (all, leaves) = flatten(program, &mut w.trees);
+                let first = w.leaves.len() as u32;
+                w.leaves.extend(leaves);
+                w.event_hooks.push(EventHook {
+                    slot,
+                    all,
+                    leaves: (first, w.leaves.len() as u32),
+                });
+                at += 1;
+            }
+            let end = w.event_hooks.len() as u32;
+            w.hook(table, id, None);
+            let h = w.by_id[&id];
+            w.hooks[h].events = (start, end);
+        }
+        let watches = !(w.events.is_empty() && w.sched.is_empty() && w.spans.is_empty());
+        Ok(watches.then_some(w))
+    }
+
+    /// Adds `h` (none: only the entry) to event `id`'s hooks, marking the
+    /// event watched in `table`.
+    fn hook(&mut self, table: &mut EventTable, id: u16, h: Option<Hook>) {
+        let i = match self.by_id.get(&id) {
+            Some(&i) => i,
+            None => {
+                self.hooks.push(IdHooks::default());
+                let i = self.hooks.len() - 1;
+                self.by_id.insert(id, i);
+                table.set_watch(id, (i + 1) as u16);
+                i
+            }
+        };
+        let hooks = &mut self.hooks[i];
+        match h {
+            Some(Hook::Waking(s)) => hooks.waking.push(s),
+            Some(Hook::Switch(s)) => hooks.switch.push(s),
+            Some(h @ (Hook::Begin(_) | Hook::End(_))) => hooks.spans.push(h),
+            None => {}
+        }
+    }
+
+    /// Events that `freeze` rules stop the kernel at, with their filters:
+    /// `(group, name, filter)`.
+    pub fn freezes(plan: &RulePlan) -> Vec<(String, String, Option<String>)> {
+        plan.rules
+            .iter()
+            .filter(|r| r.freeze.is_some())
+            .filter_map(|r| match &r.condition {
+                Condition::Event { event, filter } => Some((
+                    event.group.clone(),
+                    event.name.clone(),
+                    filter.as_ref().map(|f| r.filter_text(f).to_string()),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Now on the trace clock: where a drain starting now cuts.
+    pub fn now(&self) -> u64 {
+        crate::clock::boottime_ns().saturating_add_signed(-self.to_boot)
+    }
+
+    fn boot(&self, ts: u64) -> u64 {
+        ts.saturating_add_signed(self.to_boot)
+    }
+
+    /// A watched event (`watch`: its entry's `EventEntry::watch`), at `ts`,
+    /// recorded on `cpu`. Each kind of hook has its own list, and an event's
+    /// checks lie in one run of memory, so what it costs is a few
+    /// predictable branches and adjacent loads.
+    #[inline(never)]
+    pub fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
+        let Watch {
+            hooks,
+            event_hooks,
+            leaves,
+            trees,
+            events,
+            sched,
+            spans,
+            ordered,
+            plan,
+            to_boot,
+            ..
+        } = self;
+        let Some(h) = hooks.get(usize::from(watch).wrapping_sub(1)) else {
+            return;
+        };
+        for &s in &h.switch {
+            if let Some(key) = sched[usize::from(s)].next_pid.int(rec) {
+                ordered.push(Stamp {
+                    ts,
+                    key,
+                    hook: Hook::Switch(s),
+                });
+            }
+        }
+        for &s in &h.waking {
+            let r = &sched[usize::from(s)];
+            if r.filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
+                && let Some(key) = r.pid.int(rec)
+            {
+                ordered.push(Stamp {
+                    ts,
+                    key,
+                    hook: Hook::Waking(s),
+                });
+            }
+        }
+        let (a, b) = (h.events.0 as usize, h.events.1 as usize);
+        for hk in event_hooks.get(a..b).unwrap_or_default() {
+            let ls = leaves
+                .get(hk.leaves.0 as usize..hk.leaves.1 as usize)
+                .unwrap_or_default();
+            let pass = if hk.all {
+                ls.iter().all(|l| l.test(trees, rec, cpu))
+            } else {
+                ls.iter().any(|l| l.test(trees, rec, cpu))
+            };
+            if pass {
+                let r = &mut events[usize::from(hk.slot)];
+                if let Some(None) = r.freeze {
+                    r.freeze = Some(Some(ts));
+                }
+                let pid = r.pid.and_then(|p| p.int(rec)).unwrap_or(0);
+                let boot = ts.saturating_add_signed(*to_boot);
+                plan.matched(r.rule, &mut r.limiter, boot, || {
+                    format!("pid {pid} on cpu {cpu}")
+                });
+            }
+        }
+        for &hook in &h.spans {
+            let (Hook::Begin(s) | Hook::End(s)) = hook else {
+                continue;
+            };
+            let r = &spans[usize::from(s)];
+            let (filter, key) = if matches!(hook, Hook::Begin(_)) {
+                &r.begin
+            } else {
+                &r.end
+            };
+            if filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
+                && let Some(key) = key.read(rec)
+            {
+                ordered.push(Stamp { ts, key, hook });
+            }
+        }
+        if self.ordered.len() >= MAX_ORDERED {
+            // Pair what is held as it stands rather than grow without bound.
+            self.settle(u64::MAX);
+        }
+    }
+
+    /// The end of a drain that began at `cutoff` (trace clock; `u64::MAX`
+    /// for the last): pairs the latency events older than it, in time
+    /// order.
+    pub fn settle(&mut self, cutoff: u64) {
+        if self.ordered.is_empty() {
+            return;
+        }
+        // Stable: each CPU's run is in order already, so this merges runs.
+        self.ordered.sort_by_key(|s| s.ts);
+        let n = self.ordered.partition_point(|s| s.ts < cutoff);
+        let mut held = std::mem::take(&mut self.ordered);
+        for s in held.drain(..n) {
+            self.pair(s);
+        }
+        self.ordered = held;
+    }
+
+    fn pair(&mut self, s: Stamp) {
+        let boot = self.boot(s.ts);
+        match s.hook {
+            Hook::Waking(i) => {
+                let r = &mut self.sched[usize::from(i)];
+                r.woken.wake(s.key, s.ts);
+            }
+            Hook::Switch(i) => {
+                let r = &mut self.sched[usize::from(i)];
+                if let Some(w) = r.woken.take(s.key) {
+                    let waited = s.ts.saturating_sub(w);
+                    if waited > r.over {
+                        let tid = s.key;
+                        self.plan.matched(r.rule, &mut r.limiter, boot, || {
+                            format!(
+                                "tid {tid} waited {:.3} ms from its wakeup to a CPU",
+                                waited as f64 / 1e6
+                            )
+                        });
+                    }
+                }
+            }
+            Hook::Begin(i) => {
+                let r = &mut self.spans[usize::from(i)];
+                if r.open.len() >= MAX_PENDING {
+                    forget_older_half(&mut r.open);
+                }
+                r.open.insert(s.key, s.ts);
+            }
+            Hook::End(i) => {
+                let r = &mut self.spans[usize::from(i)];
+                if let Some(b) = r.open.remove(&s.key) {
+                    let took = s.ts.saturating_sub(b);
+                    if took > r.over {
+                        self.plan.matched(r.rule, &mut r.limiter, boot, || {
+                            format!("a span of {:.3} ms", took as f64 / 1e6)
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the last drain: for each `freeze` rule whose trigger the kernel
+    /// took (`armed`: its events) and that matched, how long after its
+    /// match the last event of any CPU was (`last_ts`, trace clock), in the
+    /// rule's tally.
+    pub fn note_freeze(&self, last_ts: u64, armed: &[(String, String)]) {
+        for r in &self.events {
+            if let Some(Some(at)) = r.freeze
+                && armed.contains(&r.event)
+                && let Some(t) = self.plan.tallies.get(r.rule)
+            {
+                let after = last_ts.saturating_sub(at);
+                t.frozen_after_ns
+                    .store(after, std::sync::atomic::Ordering::Relaxed);
+                log::info!(
+                    "freeze: the kernel's buffers hold events up to {:.1} µs after the match of rule {:?}",
+                    after as f64 / 1e3,
+                    self.plan.rules.get(r.rule).map_or("", |r| r.name.as_str())
+                );
+            }
+        }
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Forgets the older half of `map` (by its time values).
+fn forget_older_half(map: &mut KeyMap) {
+    let mut times: Vec<u64> = map.values().copied().collect();
+    let mid = times.len() / 2;
+    let (_, median, _) = times.select_nth_unstable(mid);
+    let median = *median;
+    map.retain(|_, t| *t >= median);
+}
+
+#[cfg(test)]
+mod tests;

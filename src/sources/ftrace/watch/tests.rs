@@ -1,0 +1,269 @@
+use super::*;
+use crate::config::rule::parse_text;
+use crate::sources::rules::Tally;
+
+fn format(group: &str, name: &str) -> EventFormat {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/ftrace/tree/events")
+        .join(group)
+        .join(name)
+        .join("format");
+    parse_event_format(group, &std::fs::read_to_string(p).expect("fixture format")).expect("parses")
+}
+
+/// A record of `f` with the given fields set (integers or text).
+fn record(f: &EventFormat, set: &[(&str, &str)]) -> Vec<u8> {
+    let size = f
+        .fields
+        .iter()
+        .map(|x| x.offset + x.size)
+        .max()
+        .unwrap_or(8);
+    let mut rec = vec![0u8; size];
+    rec[..2].copy_from_slice(&f.id.to_le_bytes());
+    for (name, value) in set {
+        let field = f.field(name).unwrap_or_else(|| panic!("no {name}"));
+        let at = field.offset;
+        match field.kind {
+            FieldKind::Int => {
+                let v: i64 = value.parse().expect("an integer");
+                rec[at..at + field.size].copy_from_slice(&v.to_le_bytes()[..field.size]);
+            }
+            _ => rec[at..at + value.len()].copy_from_slice(value.as_bytes()),
+        }
+    }
+    rec
+}
+
+fn rule(text: &str) -> Rule {
+    parse_text("r", text).expect("parses").remove(0)
+}
+
+fn program(text: &str, f: &EventFormat) -> Result<Program, String> {
+    let r = rule(text);
+    let Condition::Event {
+        filter: Some(filter),
+        ..
+    } = &r.condition
+    else {
+        panic!("an event rule with a filter")
+    };
+    compile(&r, filter, f).map_err(|e| e.to_string())
+}
+
+#[test]
+fn filters_read_the_raw_record_as_the_kernel_would() {
+    let sw = format("sched", "sched_switch");
+    let rec = record(
+        &sw,
+        &[
+            ("prev_comm", "myapp"),
+            ("prev_pid", "42"),
+            ("prev_state", "2"),
+            ("next_comm", "swapper/1"),
+            ("next_pid", "-1"),
+        ],
+    );
+    for (filter, want) in [
+        (r#"prev_comm == "myapp" && prev_state & 2"#, true),
+        (r#"prev_comm == myapp && prev_state & 1"#, false),
+        (r#"prev_comm ~ "my*""#, true),
+        (r#"next_comm ~ "swapper/*" && next_pid < 0"#, true),
+        (r#"!(prev_pid == 42)"#, false),
+        (r#"prev_pid == 0x2a || prev_pid == 1"#, true),
+        (r#"prev_pid >= 43"#, false),
+        (r#"CPU == 3"#, true),
+        (r#"common_pid == 0 && prev_comm != "other""#, true),
+    ] {
+        let p = program(&format!("x: event sched/sched_switch if {filter}"), &sw)
+            .unwrap_or_else(|e| panic!("{filter}: {e}"));
+        assert_eq!(p.eval(&rec, 3), want, "{filter}");
+    }
+    // A record too short for the field never matches.
+    let p = program("x: event sched/sched_switch if next_pid == 0", &sw).expect("compiles");
+    assert!(!p.eval(&rec[..20], 0));
+}
+
+#[test]
+fn compile_errors_name_the_field_and_suggest() {
+    let sw = format("sched", "sched_switch");
+    let e = program("x: event sched/sched_switch if prev_stat & 2", &sw).expect_err("refused");
+    assert!(
+        e.contains("r:1:32: error: sched/sched_switch has no field prev_stat"),
+        "{e}"
+    );
+    assert!(e.contains("did you mean prev_state?"), "{e}");
+    let e = program("x: event sched/sched_switch if prev_pid ~ \"1*\"", &sw).expect_err("refused");
+    assert!(e.contains("prev_pid is an integer"), "{e}");
+    let e = program("x: event sched/sched_switch if prev_comm > \"a\"", &sw).expect_err("refused");
+    assert!(e.contains("prev_comm is text"), "{e}");
+    let e = program("x: event sched/sched_switch if prev_pid == many", &sw).expect_err("refused");
+    assert!(e.contains("\"many\" is not a number"), "{e}");
+    let e = program("x: event sched/sched_switch if COMM == \"a\"", &sw).expect_err("refused");
+    assert!(e.contains("is not in the sched/sched_switch record"), "{e}");
+}
+
+fn table() -> EventTable {
+    let mut t = EventTable::new();
+    t.insert(format("sched", "sched_switch"), true);
+    t.insert(format("sched", "sched_waking"), true);
+    t
+}
+
+#[test]
+fn event_rules_fire_within_their_bounds() {
+    let plan = RulePlan::new(vec![rule(
+        "x: event sched/sched_switch if prev_state & 2 count 3 rate 1/10ms",
+    )]);
+    let mut t = table();
+    let mut w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let (_, entry) = t.find("sched", "sched_switch").expect("in the table");
+    assert_ne!(entry.watch, 0);
+    let id = entry.watch;
+    assert_eq!(
+        t.find("sched", "sched_waking")
+            .expect("in the table")
+            .1
+            .watch,
+        0
+    );
+    let sw = format("sched", "sched_switch");
+    let hit = record(&sw, &[("prev_state", "2")]);
+    let miss = record(&sw, &[("prev_state", "1")]);
+    for i in 0..1000u64 {
+        w.on_event(id, 0, i * 1_000_000, if i % 2 == 0 { &hit } else { &miss });
+    }
+    let firings = plan.queue.take();
+    assert_eq!(
+        firings
+            .iter()
+            .map(|f| f.ts_ns / 1_000_000)
+            .collect::<Vec<_>>(),
+        [0, 10, 20]
+    );
+    let tally = plan.tallies.get(0).expect("tally");
+    assert_eq!(Tally::load(&tally.matched), 500);
+    assert_eq!(Tally::load(&tally.fired), 3);
+    assert_eq!(Tally::load(&tally.suppressed), 497);
+}
+
+#[test]
+fn scheduling_latency_pairs_events_read_out_of_order() {
+    let plan = RulePlan::new(vec![rule(
+        "slow: latency sched > 50ms if comm == \"sleeper\" rate 10/1s",
+    )]);
+    let mut t = table();
+    let mut w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
+    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    let (sw, wk) = (
+        format("sched", "sched_switch"),
+        format("sched", "sched_waking"),
+    );
+    let ms = 1_000_000u64;
+    // CPU 0 is drained first: its switch (the sleeper running 400 ms after
+    // its wakeup) comes before CPU 1's wakeup in the drain.
+    w.on_event(sw_id, 0, 500 * ms, &record(&sw, &[("next_pid", "77")]));
+    w.on_event(sw_id, 0, 510 * ms, &record(&sw, &[("next_pid", "88")]));
+    w.on_event(
+        wk_id,
+        1,
+        100 * ms,
+        &record(&wk, &[("comm", "sleeper"), ("pid", "77")]),
+    );
+    w.on_event(
+        wk_id,
+        1,
+        505 * ms,
+        &record(&wk, &[("comm", "other"), ("pid", "88")]),
+    );
+    // Another wakeup after the cut, its switch not read yet.
+    w.on_event(
+        wk_id,
+        1,
+        900 * ms,
+        &record(&wk, &[("comm", "sleeper"), ("pid", "77")]),
+    );
+    w.settle(800 * ms);
+    let f = plan.queue.take();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].ts_ns, 500 * ms);
+    assert!(
+        f[0].note.contains("tid 77 waited 400.000 ms"),
+        "{}",
+        f[0].note
+    );
+    // The held wakeup pairs with its switch in the next drain.
+    w.on_event(sw_id, 0, 990 * ms, &record(&sw, &[("next_pid", "77")]));
+    w.settle(u64::MAX);
+    assert_eq!(plan.queue.take().len(), 1);
+}
+
+#[test]
+fn spans_pair_begin_and_end_by_key() {
+    let plan = RulePlan::new(vec![rule(
+        "iter: latency sched/sched_waking if comm ~ \"B*\" to sched/sched_waking if comm ~ \"E*\" by pid > 100ms",
+    )]);
+    let mut t = table();
+    let mut w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    let wk = format("sched", "sched_waking");
+    let ms = 1_000_000u64;
+    let ev = |c: &str, pid: &str| record(&wk, &[("comm", c), ("pid", pid)]);
+    w.on_event(id, 0, 0, &ev("Begin", "1"));
+    w.on_event(id, 0, 10 * ms, &ev("Begin", "2"));
+    w.on_event(id, 0, 50 * ms, &ev("End", "1"));
+    w.on_event(id, 1, 300 * ms, &ev("End", "2"));
+    w.settle(u64::MAX);
+    let f = plan.queue.take();
+    assert_eq!(f.iter().map(|f| f.ts_ns).collect::<Vec<_>>(), [300 * ms]);
+    assert!(f[0].note.contains("290.000 ms"), "{}", f[0].note);
+}
+
+proptest::proptest! {
+    /// The branch-free integer test agrees with the comparison it stands
+    /// for, signed and unsigned, at the edges too.
+    #[test]
+    fn int_tests_compare_as_the_operator_says(
+        raw in proptest::prop_oneof![proptest::prelude::any::<u64>(), 0u64..4, Just(u64::MAX), Just(1u64 << 63), Just((1u64 << 63) - 1)],
+        value in proptest::prop_oneof![proptest::prelude::any::<i64>(), -3i64..4, Just(i64::MIN), Just(i64::MAX)],
+        op in 0usize..7,
+        signed in proptest::prelude::any::<bool>(),
+    ) {
+        use proptest::prelude::*;
+        let op = [FilterOp::Eq, FilterOp::Ne, FilterOp::Lt, FilterOp::Le, FilterOp::Gt, FilterOp::Ge, FilterOp::BitAnd][op];
+        let value = if signed { i128::from(value) } else { i128::from(value as u64) };
+        let want = if signed {
+            let (v, x) = (raw as i64, value as i64);
+            match op {
+                FilterOp::Eq => v == x,
+                FilterOp::Ne => v != x,
+                FilterOp::Lt => v < x,
+                FilterOp::Le => v <= x,
+                FilterOp::Gt => v > x,
+                FilterOp::Ge => v >= x,
+                _ => v & x != 0,
+            }
+        } else {
+            let (v, x) = (raw, value as u64);
+            match op {
+                FilterOp::Eq => v == x,
+                FilterOp::Ne => v != x,
+                FilterOp::Lt => v < x,
+                FilterOp::Le => v <= x,
+                FilterOp::Gt => v > x,
+                FilterOp::Ge => v >= x,
+                _ => v & x != 0,
+            }
+        };
+        prop_assert_eq!(IntTest::new(op, value, signed).test(raw), want);
+    }
+}
+
+use proptest::prelude::Just;

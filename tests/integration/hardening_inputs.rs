@@ -1,0 +1,403 @@
+//! Hardening against hostile inputs and the edges of the output path:
+//! ftrace event names, endless and huge configs, buffers beyond memory, a
+//! full disk, a FIFO, a size cap below the head, text configs of odd bytes,
+//! the background log, and messages that say what happened.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::*;
+
+#[test]
+fn ftrace_event_names_cannot_lead_out_of_tracefs() {
+    require!(need::root());
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory that looks like an event: a format and an enable switch.
+    let evil = dir.path().join("evil");
+    std::fs::create_dir(&evil).expect("mkdir");
+    let format = "name: evil\nID: 1\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\nprint fmt: \"\"\n";
+    std::fs::write(evil.join("format"), format).expect("format");
+    std::fs::write(evil.join("enable"), "0\n").expect("enable");
+    let up = "../".repeat(16);
+    let spec = format!("{up}{}", evil.display().to_string().trim_start_matches('/'));
+    let cfg = format!(
+        r#"buffers {{ size_kb: 1024 }}
+duration_ms: 500
+data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{ ftrace_events: "sched/sched_switch" ftrace_events: "{spec}" }} }} }}
+"#
+    );
+    let cfg_path = dir.path().join("evil.cfg");
+    std::fs::write(&cfg_path, cfg).expect("config");
+    let out = output_within_named(
+        Command::new(recorder_bin())
+            .arg("--config")
+            .arg(&cfg_path)
+            .arg("-o")
+            .arg(dir.path().join("t.pftrace"))
+            .env("RECORDER_RUNTIME_DIR", dir.path().join("run"))
+            .stdin(Stdio::null()),
+        Duration::from_secs(20),
+        "ftrace session",
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("ftrace_events[1]"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(evil.join("enable")).expect("enable"),
+        "0\n",
+        "a file outside tracefs was written"
+    );
+}
+
+#[test]
+fn endless_and_huge_configs_are_refused_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limited = |args: &[&str]| {
+        let mut c = Command::new("prlimit");
+        c.arg("--as=1073741824").arg(recorder_bin()).args(args);
+        c
+    };
+    let check = |mut c: Command, what: &str| {
+        let out = output_within_named(&mut c, Duration::from_secs(30), what);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        err
+    };
+    let err = check(limited(&["config", "check", "/dev/zero"]), "/dev/zero");
+    assert!(err.contains("larger than"), "{err}");
+    let out = dir.path().join("t.pftrace");
+    let err = check(
+        limited(&["--config", "/dev/zero", "-o", out.to_str().expect("utf-8")]),
+        "main job on /dev/zero",
+    );
+    assert!(err.contains("larger than"), "{err}");
+    // Endless stdin.
+    let mut c = limited(&["config", "check", "-"]);
+    c.stdin(
+        Command::new("yes")
+            .arg("buffers { size_kb: 1 }")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("yes")
+            .stdout
+            .take()
+            .expect("pipe"),
+    );
+    let err = check(c, "endless stdin");
+    assert!(
+        err.contains("<stdin>") && err.contains("larger than"),
+        "{err}"
+    );
+    // 10 MB of text with 100k data sources, and one under the size cap
+    // with too many data sources.
+    let one = "data_sources { config { name: \"for_testing\" target_buffer: 0 } }\n";
+    let big = dir.path().join("big.cfg");
+    std::fs::write(
+        &big,
+        format!("buffers {{ size_kb: 1024 }}\n{}", one.repeat(150_000)),
+    )
+    .expect("write");
+    let err = check(
+        limited(&["config", "check", big.to_str().expect("utf-8")]),
+        "10 MB",
+    );
+    assert!(err.contains("larger than"), "{err}");
+    let many = dir.path().join("many.cfg");
+    std::fs::write(
+        &many,
+        format!("buffers {{ size_kb: 1024 }}\n{}", one.repeat(5000)),
+    )
+    .expect("write");
+    let err = check(
+        limited(&["config", "check", many.to_str().expect("utf-8")]),
+        "5000 sources",
+    );
+    assert!(err.contains("5000 data_sources"), "{err}");
+}
+
+#[test]
+fn buffers_beyond_available_memory_are_refused_before_anything_is_mapped() {
+    let run = Run::new(&"buffers { size_kb: 4194303 }\n".repeat(128));
+    let check = Command::new(recorder_bin())
+        .args(["config", "check"])
+        .arg(&run.config)
+        .output()
+        .expect("runs");
+    let err = stderr(&check);
+    assert_eq!(check.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("512.0 GiB") && err.contains("available"),
+        "{err}"
+    );
+    let out = output_within_named(&mut run.command("auto"), Duration::from_secs(20), "session");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// Detaches a mount when dropped (lazily: a closed io_uring releases its
+/// file asynchronously).
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_at_the_stop_time_write_keeps_what_fits_and_says_what_did_not() {
+    require!(need::root());
+    for io in sinks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("small");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        require!(need::present(ok, "cannot mount a tmpfs"));
+        let _mounted = Unmount(mnt.clone());
+        // A ring written only at the end: several MiB for a 1 MiB disk.
+        let run = Run::new(&test_config(
+            8192,
+            "RING_BUFFER",
+            "duration_ms: 1500",
+            "message_count: 0 max_messages_per_second: 50000 message_size: 100",
+        ));
+        let out_path = mnt.join("trace.pftrace");
+        let out = output_within_named(
+            &mut run.command_to(io, &out_path),
+            Duration::from_secs(30),
+            "session",
+        );
+        let data = std::fs::read(&out_path).expect("file");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{io}: {err}");
+        assert!(
+            data.len() > 512 * 1024,
+            "{io}: only {} bytes kept of a 1 MiB disk",
+            data.len()
+        );
+        assert_eq!(whole_prefix(&data), data.len(), "{io}: whole packets only");
+        let packets = decode(&data);
+        let counters = test_counters(&packets);
+        let c = counters.values().next().expect("test data kept");
+        assert_eq!(gaps(c).0, 0, "{io}: a contiguous run");
+        assert!(err.contains("did not reach the file"), "{io}: {err}");
+        assert!(!err.contains("nothing lost"), "{io}: {err}");
+    }
+}
+
+#[test]
+fn fifo_output_is_a_stream_and_the_config_is_never_the_output() {
+    let run = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 700",
+        "message_count: 0 max_messages_per_second: 2000 message_size: 16",
+    ));
+    let fifo = run.dir.path().join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(&fifo).expect("read the fifo"))
+    };
+    let out = output_within_named(
+        &mut run.command_to("auto", &fifo),
+        Duration::from_secs(20),
+        "fifo",
+    );
+    let data = reader.join().expect("reader");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(whole_prefix(&data), data.len());
+    let counters = test_counters(&decode(&data));
+    assert_eq!(gaps(counters.values().next().expect("data")), (0, 0));
+
+    let before = std::fs::read(&run.config).expect("config");
+    let link = run.dir.path().join("link.cfg");
+    std::os::unix::fs::symlink(&run.config, &link).expect("symlink");
+    for out_path in [&run.config, &link] {
+        let out = output_within_named(
+            &mut run.command_to("auto", out_path),
+            Duration::from_secs(10),
+            "-o config",
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("is the config file"), "{err}");
+        assert_eq!(std::fs::read(&run.config).expect("config"), before);
+    }
+    let out = Command::new(recorder_bin())
+        .args(["--config", "-", "-o"])
+        .arg(&run.config)
+        .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"))
+        .stdin(std::fs::File::open(&run.config).expect("open"))
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&run.config).expect("config"), before);
+}
+
+#[test]
+fn a_size_cap_below_the_head_is_refused_at_once_and_a_reached_cap_is_not_called_lossless() {
+    let tiny = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "write_into_file: true max_file_size_bytes: 100",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 8",
+    ));
+    let out = output_within_named(
+        &mut tiny.command("auto"),
+        Duration::from_secs(10),
+        "tiny cap",
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("max_file_size_bytes") && err.contains("head"),
+        "{err}"
+    );
+
+    let capped = Run::new(&test_config(
+        4096,
+        "RING_BUFFER",
+        "write_into_file: true file_write_period_ms: 100 max_file_size_bytes: 65536",
+        "message_count: 0 max_messages_per_second: 100000 message_size: 64",
+    ));
+    let out = output_within_named(&mut capped.command("auto"), Duration::from_secs(20), "cap");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("nothing lost"), "{err}");
+    assert!(
+        err.contains("max_file_size_bytes left the rest out"),
+        "{err}"
+    );
+    let data = capped.trace();
+    assert!(data.len() < 65536);
+    assert_eq!(whole_prefix(&data), data.len());
+    decode(&data);
+}
+
+#[test]
+fn text_configs_are_diagnosed_by_what_their_bytes_are() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&[u8], Option<&str>); 3] = [
+        (b"buffers {\x0c size_kb: 1024 }\x0c\n", None),
+        (
+            b"buffers { size_kb: 1024 }\n\x00duration_ms: 1\n",
+            Some(":2:1: error: a NUL byte"),
+        ),
+        (
+            b"# caf\xe9\nbuffers { size_kb: 1024 }\n",
+            Some(":1:6: error: byte 0xE9 is not UTF-8"),
+        ),
+    ];
+    for (i, (bytes, want)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("c{i}.cfg"));
+        std::fs::write(&p, bytes).expect("write");
+        let out = Command::new(recorder_bin())
+            .args(["config", "check"])
+            .arg(&p)
+            .output()
+            .expect("runs");
+        let err = stderr(&out);
+        match want {
+            None => assert!(out.status.success(), "{i}: {err}"),
+            Some(w) => {
+                assert_eq!(out.status.code(), Some(2), "{i}: {err}");
+                assert!(err.contains(w), "{i}: {err}");
+                assert!(!err.contains("binary"), "{i}: {err}");
+            }
+        }
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+#[test]
+fn background_keeps_its_summary_in_a_log_beside_the_trace() {
+    let run = Run::new(&test_config(
+        1024,
+        "RING_BUFFER",
+        "duration_ms: 800",
+        "message_count: 0 max_messages_per_second: 1000 message_size: 16",
+    ));
+    let out = run.command("auto").arg("-d").output().expect("runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pid: i32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the pid");
+    wait_for(
+        "the background session to end",
+        Duration::from_secs(20),
+        || !pid_alive(pid),
+    );
+    let log_path = PathBuf::from(format!("{}.log", run.out.display()));
+    assert!(
+        stderr(&out).contains(&log_path.display().to_string()),
+        "{}",
+        stderr(&out)
+    );
+    let log = std::fs::read_to_string(&log_path).expect("the log");
+    assert!(log.contains("ended: duration_ms elapsed"), "{log}");
+    assert!(log.contains("nothing lost"), "{log}");
+    decode(&run.trace());
+}
+
+/// Item 16: 1000 `for_testing` sources on a 1 MiB DISCARD buffer fill its
+/// chunks with a few bytes each: the summary says the chunks were taken by
+/// many writers, not that the buffer was full; and `config check` of a
+/// config that only fires triggers says it records nothing and writes no
+/// file.
+#[test]
+fn messages_say_what_happened_many_writers_and_trigger_only_configs() {
+    let mut cfg =
+        String::from("buffers { size_kb: 1024 fill_policy: DISCARD }\nduration_ms: 600\n");
+    for _ in 0..1000 {
+        cfg.push_str("data_sources { config { name: \"for_testing\" target_buffer: 0 for_testing { message_count: 10 message_size: 16 } } }\n");
+    }
+    let run = Run::new(&cfg);
+    let o = output_within_named(
+        &mut run.command("pwritev"),
+        Duration::from_secs(60),
+        "session",
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("the buffer was full"), "{err}");
+    assert!(
+        err.contains("many data sources on few chunks, not a full buffer")
+            && err.contains("use fewer data sources per buffer"),
+        "{err}"
+    );
+    decode(&run.trace());
+    let trig = Run::new("activate_triggers: \"x\"\n");
+    let check = output_within_named(
+        Command::new(recorder_bin())
+            .args(["config", "check"])
+            .arg(&trig.config),
+        Duration::from_secs(10),
+        "config check",
+    );
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{}", stderr(&check));
+    assert!(out.contains("records nothing, writes no file"), "{out}");
+    for wrong in [
+        "records until stopped",
+        "writes the buffers",
+        "producer socket",
+    ] {
+        assert!(!out.contains(wrong), "{wrong}: {out}");
+    }
+}
