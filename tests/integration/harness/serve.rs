@@ -178,6 +178,10 @@ impl Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        // A failing test shows what the service said, whatever it asserted.
+        if std::thread::panicking() {
+            eprintln!("--- serve.log ---\n{}--- end of serve.log ---", self.log());
+        }
         if let Some(mut c) = self.child.take() {
             let _ = rustix::process::kill_process(
                 rustix::process::Pid::from_child(&c),
