@@ -174,13 +174,32 @@ fn a_death_while_idle_writes_nothing() {
     let child = command(&run, None).spawn().expect("starts");
     let pid = child.id();
     wait_listening(&runtime(&run), pid);
-    wait_for("the ring's descriptors", Duration::from_secs(20), || {
-        !ring_fds(pid).is_empty()
-    });
+    // The trigger socket is bound before the broker is told what to save:
+    // wait until it holds the rings and the trace file.
+    wait_for(
+        "the broker holding the rings and the trace file",
+        Duration::from_secs(20),
+        || broker_holds(pid, &run.out),
+    );
     let out = kill_and_collect(child, rustix::process::Signal::KILL);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("nothing to save"), "{stderr}");
     assert_eq!(std::fs::metadata(&run.out).expect("OUT").len(), 0);
+}
+
+/// Whether the root broker of session `pid` (its child) holds the
+/// session's rings and its trace file `out`: what to save is registered.
+fn broker_holds(pid: u32, out: &Path) -> bool {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children.split_whitespace().any(|c| {
+        let c: u32 = c.parse().unwrap_or(0);
+        let holds_out = std::fs::read_dir(format!("/proc/{c}/fd")).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == out))
+        });
+        holds_out && !ring_fds(c).is_empty()
+    })
 }
 
 /// The kinds of session killed at random instants: a flight recorder
