@@ -18,6 +18,11 @@ fi
 if ! python3 -c 'import pandas' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check pandas
 fi
+# fusepy, for the file system whose fdatasync fails (tests/fixtures/failing_sync_fs.py;
+# it needs libfuse2, which .ci/run installs).
+if ! python3 -c 'import fuse' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check fusepy
+fi
 # zstd for the oracle's reading of compressed traces.
 if ! python3 -c 'import zstandard' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zstandard

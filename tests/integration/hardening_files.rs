@@ -127,9 +127,8 @@ impl Planter {
 /// root, while nobody keeps planting links to a root-only secret at every
 /// free name of the set — the names the budget just deleted, the ones about
 /// to be used, temporary names — and tries to move root's files or add to
-/// the hook's directory. For 20 s (long enough for some 130 segments, most
-/// of them deleted under their queued or running command; short enough for
-/// CI). No copy ever holds a byte of the secret: every copy is a whole trace
+/// the hook's directory. For 60 s (some 400 segments, most of them deleted
+/// under their queued or running command). No copy ever holds a byte of the secret: every copy is a whole trace
 /// matching the sidecar copied beside it.
 #[test]
 fn a_planting_user_never_gets_roots_hook_to_read_another_file() {
@@ -137,7 +136,7 @@ fn a_planting_user_never_gets_roots_hook_to_read_another_file() {
     let run = shared_run(&test_config(
         4096,
         "RING_BUFFER",
-        "write_into_file: true file_write_period_ms: 100 duration_ms: 20000",
+        "write_into_file: true file_write_period_ms: 100 duration_ms: 60000",
         "message_count: 0 max_messages_per_second: 2000 message_size: 32",
     ));
     let shared = run.dir.path().join("shared");
@@ -161,7 +160,7 @@ fn a_planting_user_never_gets_roots_hook_to_read_another_file() {
         "segments",
         shared.to_str().expect("utf-8"),
         secret.to_str().expect("utf-8"),
-        "21",
+        "61",
     ]);
     // Its log goes to a file: the planted names make it long, more than a
     // pipe nobody reads while waiting holds.
@@ -174,7 +173,7 @@ fn a_planting_user_never_gets_roots_hook_to_read_another_file() {
         .stdout(Stdio::null())
         .stderr(log);
     let session = c.spawn().expect("starts");
-    let out = wait_within_named(session, Duration::from_secs(90), "the raced session");
+    let out = wait_within_named(session, Duration::from_secs(150), "the raced session");
     let report = planter.finish();
     let err = std::fs::read_to_string(&log_path).expect("log");
     assert!(out.status.success(), "{err}");

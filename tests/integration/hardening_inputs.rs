@@ -3,8 +3,8 @@
 //! full disk, a FIFO, a size cap below the head, text configs of odd bytes,
 //! the background log, and messages that say what happened.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::harness::*;
@@ -186,6 +186,151 @@ fn a_full_disk_at_the_stop_time_write_keeps_what_fits_and_says_what_did_not() {
         assert_eq!(gaps(c).0, 0, "{io}: a contiguous run");
         assert!(err.contains("did not reach the file"), "{io}: {err}");
         assert!(!err.contains("nothing lost"), "{io}: {err}");
+    }
+}
+
+/// A FUSE file system (tests/fixtures/failing_sync_fs.py) over a backing
+/// directory whose fsync and fdatasync fail with EIO, as a network file
+/// system's do when its server loses the data; unmounted (lazily) on drop,
+/// its server killed.
+struct FailingSyncFs {
+    server: Child,
+    backing: PathBuf,
+    mount: PathBuf,
+}
+
+impl FailingSyncFs {
+    fn mount(dir: &Path) -> Result<FailingSyncFs, String> {
+        let backing = dir.join("backing");
+        let mount = dir.join("mnt");
+        for d in [&backing, &mount] {
+            std::fs::create_dir(d).map_err(|e| e.to_string())?;
+        }
+        // Every sync fails from the start: the session's first is at its stop.
+        std::fs::write(backing.join(".fail-sync"), "").map_err(|e| e.to_string())?;
+        let server = Command::new("python3")
+            .arg(repo_root().join("tests/fixtures/failing_sync_fs.py"))
+            .arg(&backing)
+            .arg(&mount)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut fs = FailingSyncFs {
+            server,
+            backing,
+            mount,
+        };
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+                m.lines()
+                    .any(|l| l.split(' ').nth(1) == fs.mount.to_str() && l.contains("fuse"))
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while !mounted() {
+            if let Ok(Some(_)) = fs.server.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = fs.server.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Err(format!("the FUSE server ended: {err}"));
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                return Err("not mounted within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(fs)
+    }
+}
+
+impl Drop for FailingSyncFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// Item 18: a failed fdatasync at the stop is the output failing: exit 1
+/// and the error said, every packet written kept. After a flight
+/// recorder's one pass and a stream's last pass (their syncs), and when
+/// nothing may be written — a flight recorder whose stop trigger never
+/// came — where the stop's only step is the sync of what the file holds.
+#[test]
+fn a_failed_fdatasync_at_the_stop_is_exit_1_and_keeps_what_was_written() {
+    require!(need::root());
+    require!(need::present(
+        Path::new("/dev/fuse").exists(),
+        "no /dev/fuse: cannot mount a file system whose sync fails"
+    ));
+    require!(need::present(
+        Command::new("python3")
+            .args(["-c", "import fuse"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+        "python3's fusepy (and libfuse2) missing: pip install fusepy"
+    ));
+    let fields = "message_count: 0 max_messages_per_second: 5000 message_size: 100";
+    // (kind, top-level fields, whether packets reach the file)
+    let kinds = [
+        ("flight recorder", "duration_ms: 1500", true),
+        (
+            "stream",
+            "write_into_file: true file_write_period_ms: 100 duration_ms: 1500",
+            true,
+        ),
+        (
+            "untriggered flight recorder",
+            "trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 1000 \
+             triggers { name: \"never\" stop_delay_ms: 0 } }",
+            false,
+        ),
+    ];
+    for io in sinks() {
+        for (kind, top, writes) in kinds {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let fs = match FailingSyncFs::mount(dir.path()) {
+                Ok(fs) => fs,
+                Err(e) => {
+                    require!(need::present(false, &format!("FUSE mount: {e}")));
+                    return;
+                }
+            };
+            let run = Run::new(&test_config(2048, "RING_BUFFER", top, fields));
+            let out = output_within_named(
+                &mut run.command_to(io, &fs.mount.join("trace.pftrace")),
+                Duration::from_secs(30),
+                "session",
+            );
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{io}, {kind}: {err}");
+            assert!(
+                err.contains("fdatasync failed: Input/output error"),
+                "{io}, {kind}: {err}"
+            );
+            // What was written is all there, in the backing file.
+            let kept = fs.backing.join("trace.pftrace");
+            let data = std::fs::read(&kept).expect("the backing file");
+            assert_eq!(whole_prefix(&data), data.len(), "{io}, {kind}");
+            if !writes {
+                assert!(data.is_empty(), "{io}, {kind}: {} bytes", data.len());
+                continue;
+            }
+            let packets = decode(&data);
+            let counters = test_counters(&packets);
+            let c = counters.values().next().expect("test data kept");
+            assert!(c.len() > 1000, "{io}, {kind}: {} packets", c.len());
+            assert_eq!(gaps(c).0, 0, "{io}, {kind}: a contiguous run");
+            assert!(packets.iter().any(|p| p.has_trace_stats()), "{io}, {kind}");
+            if let Some(s) = python_summary(&kept) {
+                assert!(s["packets"].as_u64().unwrap_or(0) >= packets.len() as u64);
+            }
+            trace_processor::check(&kept);
+        }
     }
 }
 
