@@ -37,6 +37,15 @@ pub fn render(o: &Outcome, t: &Timeline) -> String {
     trigger_notes(&mut s, o, t);
     // What kept buffered data from the file, if anything did.
     let file_short = match &o.reason {
+        // The buffers were not to be written (Perfetto's semantics): the
+        // failure was the sync of what the file held already.
+        StopReason::OutputFailed(_) if kept_back(o, t) => {
+            let _ = writeln!(
+                s,
+                "  no trigger fired, so the buffers were not to be written; the output failed syncing what it held (see above)"
+            );
+            None
+        }
         StopReason::OutputFailed(_) => {
             Some("not all of it reached the file: the output failed (see above)")
         }
@@ -111,6 +120,15 @@ fn rules(s: &mut String, rules: &[crate::event_loop::rules::RuleReport]) {
     for r in never {
         let _ = writeln!(s, "  rule {:?} never fired: {}", r.name, r.text);
     }
+}
+
+/// Whether the session held its buffers back for a trigger that never
+/// fired: an untriggered START_TRACING or STOP_TRACING session writes
+/// nothing at its end, unless it streams while it waits.
+fn kept_back(o: &Outcome, t: &Timeline) -> bool {
+    !o.triggered
+        && matches!(t.mode, TriggerMode::StopTracing | TriggerMode::StartTracing)
+        && !t.streams_before_trigger()
 }
 
 /// What the trigger mode made of the run: an untriggered session's empty
