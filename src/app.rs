@@ -44,7 +44,7 @@ use crate::transport::socket_path::{self, Opening, SocketPathError};
 
 /// Errors of building a session.
 #[derive(Debug, thiserror::Error)]
-pub enum AppError {
+pub(crate) enum AppError {
     #[error("buffers[{index}]")]
     Buffer {
         index: usize,
@@ -98,7 +98,7 @@ pub enum AppError {
 /// shared with the process that saves them if the recorder dies, or a file
 /// each in `--ring-dir`.
 #[derive(Clone, Debug, Default)]
-pub struct RingOptions {
+pub(crate) struct RingOptions {
     /// `--ring-dir`: one file per buffer in this directory.
     pub dir: Option<PathBuf>,
     /// `--ring-sync`: how often the ring files are written back to disk.
@@ -112,7 +112,7 @@ pub struct RingOptions {
 /// The session's ring files, once made: their directory, held open, and
 /// their names (buffer `i`'s is `names[i]`).
 #[derive(Debug)]
-pub struct RingDir {
+pub(crate) struct RingDir {
     pub dir: OutputDir,
     pub names: Vec<String>,
 }
@@ -120,7 +120,7 @@ pub struct RingDir {
 /// What `build_recording` made besides the recording: the ring files, and
 /// the thread that writes them back every `--ring-sync` period.
 #[derive(Debug, Default)]
-pub struct Rings {
+pub(crate) struct Rings {
     pub dir: Option<RingDir>,
     pub sync: Option<Duration>,
     syncer: Option<RingSync>,
@@ -129,7 +129,7 @@ pub struct Rings {
 impl Rings {
     /// Starts writing the ring files back every `sync` period (from now,
     /// so after the privilege drop: the thread needs no rights).
-    pub fn start_sync(&mut self, buffers: &[SessionBuffer]) {
+    pub(crate) fn start_sync(&mut self, buffers: &[SessionBuffer]) {
         if let (Some(period), Some(_), None) = (self.sync, &self.dir, &self.syncer) {
             let buffers = buffers.iter().map(|b| b.buffer.clone()).collect();
             match RingSync::start(buffers, period) {
@@ -142,7 +142,7 @@ impl Rings {
     /// The session is over: the syncing stops; after a clean end the ring
     /// files go (what they held is in the trace), after a failure they stay
     /// for `recorder recover`, and the caller is told where.
-    pub fn finish(mut self, failed: bool) -> Option<String> {
+    pub(crate) fn finish(mut self, failed: bool) -> Option<String> {
         if let Some(s) = self.syncer.take() {
             s.stop();
         }
@@ -200,7 +200,7 @@ impl RingSync {
 
 /// A `--ring-dir` that cannot take the session's buffers.
 #[derive(Debug, thiserror::Error)]
-pub enum RingDirError {
+pub(crate) enum RingDirError {
     #[error(transparent)]
     Dir(CreateError),
     /// A ring file is there already: an earlier session's (to be
@@ -221,7 +221,7 @@ pub enum RingDirError {
 /// session's `count` buffers take. A name already taken is refused, never
 /// opened: an earlier session's ring (to recover first) or an entry another
 /// user planted (a link, a FIFO) alike.
-pub fn check_ring_dir(dir: &Path, count: usize) -> Result<OutputDir, RingDirError> {
+pub(crate) fn check_ring_dir(dir: &Path, count: usize) -> Result<OutputDir, RingDirError> {
     let od = OutputDir::open(dir).map_err(RingDirError::Dir)?;
     for i in 0..count {
         let name = crate::ringbuf::layout::file_name(i as u32);
@@ -272,7 +272,7 @@ fn taken(dir: &OutputDir, name: &str) -> RingDirError {
 
 /// How to run, from the command line.
 #[derive(Clone, Debug)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     pub output: OutputPath,
     pub no_clobber: bool,
     pub io: IoChoice,
@@ -303,7 +303,7 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 /// producers, the producer socket. Such a session runs unprivileged: it
 /// records `linux.ftrace` itself only on instances `ftrace` (the root
 /// broker) prepares; without it producers (traced_probes) provide it.
-pub struct Served<'a> {
+pub(crate) struct Served<'a> {
     pub output: ServedOutput,
     pub output_label: String,
     /// The service's producer socket, which the session attaches to.
@@ -317,7 +317,7 @@ pub struct Served<'a> {
 }
 
 /// Where a served session writes.
-pub enum ServedOutput {
+pub(crate) enum ServedOutput {
     /// A file (the client's, or the session's in-memory one); its sink is
     /// chosen as for a file the recorder opens (`direct_wanted`).
     File(OwnedFd),
@@ -325,14 +325,9 @@ pub enum ServedOutput {
     Stream(Box<dyn crate::storage::FileSink>),
 }
 
-/// Builds every runtime object of the session.
-pub fn build(spec: &RecorderSpec, opts: &RunOptions) -> Result<Recording, AppError> {
-    build_with(spec, opts, None, &RingOptions::default()).map(|(rec, _)| rec)
-}
-
 /// Builds every runtime object of the session, its buffers where `rings`
 /// says; returns the ring files made, if any.
-pub fn build_recording(
+pub(crate) fn build_recording(
     spec: &RecorderSpec,
     opts: &RunOptions,
     rings: &RingOptions,
@@ -341,7 +336,7 @@ pub fn build_recording(
 }
 
 /// Builds a session of `recorder serve` on what the service hands it.
-pub fn build_served(
+pub(crate) fn build_served(
     spec: &RecorderSpec,
     opts: &RunOptions,
     served: Served<'_>,
@@ -358,7 +353,7 @@ pub fn build_served(
 /// memfds, its trace file, its ftrace instances' leftovers. Nothing when
 /// the session has no file of its own to save to (a stream, or the
 /// in-memory file a client reads back, which dies with the service).
-pub fn save_served_at_death(
+pub(crate) fn save_served_at_death(
     rec: &Recording,
     broker: &crate::privilege::Broker,
     session: u64,
@@ -815,7 +810,7 @@ fn service_log(spec: &RecorderSpec, uid: u32, uuid: (i64, i64), segments: bool) 
 /// the sources' privileged preparation (tracefs), then — for a root
 /// session — the drop to the service user, and only then the control
 /// endpoints served. A failed drop ends the session before it serves.
-pub fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), AppError> {
+pub(crate) fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), AppError> {
     begin_recording(rec, privileges, None, &mut Rings::default())
 }
 
@@ -825,7 +820,7 @@ pub fn begin(rec: &mut Recording, privileges: Option<Privileges>) -> Result<(), 
 /// that keeps its own rights, its `keeper` — is to save if the recorder
 /// dies is registered with it: the shared buffers, the trace file, the ring
 /// files, the tracefs recording directories.
-pub fn begin_recording(
+pub(crate) fn begin_recording(
     rec: &mut Recording,
     privileges: Option<Privileges>,
     keeper: Option<&Arc<crate::privilege::Broker>>,
@@ -1031,7 +1026,7 @@ fn producer_filters(spec: &RecorderSpec) -> Result<Vec<ProducerFilter>, AppError
 /// unless the config names data sources only apps provide or
 /// `--producer-socket` is given (`flag`); `PERFETTO_PRODUCER_SOCK_NAME`
 /// only moves it. `recorder serve` is to pass `serve`.
-pub fn producer_opening(
+pub(crate) fn producer_opening(
     spec: &RecorderSpec,
     flag: Option<&std::path::Path>,
     serve: bool,
@@ -1151,7 +1146,7 @@ fn wanted_sources(
 }
 
 /// The output path made absolute, so it survives `--background`'s chdir.
-pub fn absolute_output(p: &std::path::Path) -> PathBuf {
+pub(crate) fn absolute_output(p: &std::path::Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 

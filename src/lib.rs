@@ -62,11 +62,18 @@
 //! ([`producer::smb`]), each block justified by a numbered invariant in a
 //! `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 
+// A `pub` item must be reachable from outside the crate: what only the
+// crate uses says `pub(crate)`, so the compiler finds what nothing uses.
+#![warn(unreachable_pub)]
+// The docs are built with `--document-private-items` (the modules the
+// binary alone uses are part of the contract), so links to them resolve.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod bytes;
 pub mod clock;
 pub mod protos;
 pub mod ringbuf;
-pub mod sys;
+pub(crate) mod sys;
 pub mod wire;
 
 pub mod storage;
@@ -78,14 +85,14 @@ pub mod control;
 pub mod producer;
 pub mod sources;
 
-pub mod event_loop;
+pub(crate) mod event_loop;
 pub mod privilege;
-pub mod session;
+pub(crate) mod session;
 
-pub mod app;
+pub(crate) mod app;
 pub mod bench;
 pub mod consumer;
-pub mod summary;
+pub(crate) mod summary;
 
 pub mod cli;
 pub mod command;

@@ -10,7 +10,7 @@ use crate::event_loop::{BufferSummary, Outcome};
 use crate::session::{StopReason, Timeline, TriggerMode};
 
 /// The summary for people (several lines, no trailing newline).
-pub fn render(o: &Outcome, t: &Timeline) -> String {
+pub(crate) fn render(o: &Outcome, t: &Timeline) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,

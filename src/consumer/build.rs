@@ -20,7 +20,7 @@ use crate::storage::{IoChoice, OutputPath};
 
 /// Why a reserved session could not be built and begun.
 #[derive(Debug, thiserror::Error)]
-pub enum BuildError {
+pub(super) enum BuildError {
     #[error("in-memory trace file")]
     Memfd(#[source] std::io::Error),
     #[error("the output descriptor")]
@@ -31,13 +31,13 @@ pub enum BuildError {
 
 /// A stream output (a pipe, a socket) holds at most this much the reader
 /// has not taken, or the session's buffers' size if less.
-pub const MAX_STREAM_BACKLOG: u64 = 8 << 20;
+pub(super) const MAX_STREAM_BACKLOG: u64 = 8 << 20;
 
 /// Whether the session needs the producer socket: a data source no
 /// built-in source of a served session provides (linux.ftrace when the
 /// service prepares no tracefs, or asks what the built-in source does not
 /// serve), or triggers (which `trigger_perfetto` sends there).
-pub fn needs_producers(spec: &RecorderSpec, builtin_ftrace: bool) -> bool {
+pub(super) fn needs_producers(spec: &RecorderSpec, builtin_ftrace: bool) -> bool {
     spec.trigger.is_some()
         || spec.data_sources.iter().any(|d| match &d.kind {
             SourceKind::TrackEvent | SourceKind::Other => true,
@@ -48,7 +48,7 @@ pub fn needs_producers(spec: &RecorderSpec, builtin_ftrace: bool) -> bool {
 
 /// Whether the session waits before its sources start (`deferred_start`,
 /// or a START_TRACING trigger).
-pub fn waits_to_start(spec: &RecorderSpec) -> bool {
+pub(super) fn waits_to_start(spec: &RecorderSpec) -> bool {
     spec.deferred_start
         || matches!(
             spec.trigger.as_ref().map(|t| t.mode),
@@ -57,7 +57,7 @@ pub fn waits_to_start(spec: &RecorderSpec) -> bool {
 }
 
 /// What the service hands a session it builds.
-pub struct Parts<'a> {
+pub(super) struct Parts<'a> {
     pub id: u64,
     pub uid: u32,
     /// The client's file (`write_into_file`); none: an in-memory file.
@@ -75,7 +75,7 @@ pub struct Parts<'a> {
 /// A built session: its runner, the in-memory file ReadBuffers reads
 /// (none when it writes into the client's file), and whether the broker
 /// holds what it saves of it at the service's death.
-pub struct Built {
+pub(super) struct Built {
     pub runner: Runner,
     pub file: Option<File>,
     pub saved_at_death: bool,
@@ -83,7 +83,7 @@ pub struct Built {
 
 /// Builds `spec`'s session and prepares its sources (tracefs through the
 /// broker); it begins at its runner's first settle.
-pub fn build(spec: &RecorderSpec, parts: Parts<'_>) -> Result<Built, BuildError> {
+pub(super) fn build(spec: &RecorderSpec, parts: Parts<'_>) -> Result<Built, BuildError> {
     let Parts {
         id,
         uid,

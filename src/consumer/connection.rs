@@ -19,18 +19,18 @@ use crate::protos::IpcFrame;
 use crate::transport::frame::{FrameDecoder, FrameError};
 
 /// How long a client has to take what was sent to it before it is dropped.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes queued for a client above which nothing more is read from it
 /// (its requests wait in the socket) and ReadBuffers waits for room.
-pub const OUT_HIGH_WATER: usize = 1 << 20;
+pub(super) const OUT_HIGH_WATER: usize = 1 << 20;
 /// Bytes read from a client per wake-up, so one cannot hold the loop.
 const READ_BUDGET: usize = 256 * 1024;
 /// Requests in flight (flushes, observers) one connection may hold.
-pub const MAX_IN_FLIGHT: usize = 16;
+pub(super) const MAX_IN_FLIGHT: usize = 16;
 
 /// Why a connection ends.
 #[derive(Debug, thiserror::Error)]
-pub enum Closed {
+pub(super) enum Closed {
     #[error("the client closed it")]
     Eof,
     #[error("{0}")]
@@ -44,7 +44,7 @@ pub enum Closed {
 }
 
 /// One connection.
-pub struct Connection {
+pub(super) struct Connection {
     stream: UnixStream,
     pub uid: u32,
     pub pid: u32,
@@ -71,7 +71,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(stream: UnixStream, uid: u32, pid: u32) -> std::io::Result<Self> {
+    pub(super) fn new(stream: UnixStream, uid: u32, pid: u32) -> std::io::Result<Self> {
         stream.set_nonblocking(true)?;
         Ok(Self {
             stream,
@@ -91,13 +91,13 @@ impl Connection {
         })
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(super) fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
     }
 
     /// What to wait for: requests while its queue has room; room while it
     /// has something queued.
-    pub fn interest(&self) -> PollFlags {
+    pub(super) fn interest(&self) -> PollFlags {
         let mut f = PollFlags::empty();
         if self.out_bytes < OUT_HIGH_WATER {
             f |= PollFlags::IN;
@@ -109,18 +109,18 @@ impl Connection {
     }
 
     /// Whether ReadBuffers may queue more now.
-    pub fn has_room(&self) -> bool {
+    pub(super) fn has_room(&self) -> bool {
         self.out_bytes < OUT_HIGH_WATER
     }
 
     /// When a stalled queue closes the connection.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.stalled_since.map(|t| t + SEND_TIMEOUT)
     }
 
     /// Reads what the client sent (within the budget) and returns the
     /// frames it completed.
-    pub fn receive(&mut self) -> Result<Vec<IpcFrame>, Closed> {
+    pub(super) fn receive(&mut self) -> Result<Vec<IpcFrame>, Closed> {
         let mut frames = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         let mut taken = 0;
@@ -170,7 +170,7 @@ impl Connection {
     }
 
     /// Queues one frame and writes what the client takes now.
-    pub fn send(&mut self, f: &IpcFrame) {
+    pub(super) fn send(&mut self, f: &IpcFrame) {
         match wire::encode(f) {
             Ok(bytes) => {
                 self.out_bytes += bytes.len();
@@ -183,7 +183,7 @@ impl Connection {
     }
 
     /// Writes what is queued as far as the client takes it.
-    pub fn flush(&mut self) -> Result<(), Closed> {
+    pub(super) fn flush(&mut self) -> Result<(), Closed> {
         let mut moved = false;
         while let Some(front) = self.out.front() {
             match self.stream.write(&front[self.out_at..]) {
@@ -215,17 +215,17 @@ impl Connection {
     }
 
     /// A reply frame for request `id`.
-    pub fn reply(&mut self, id: u64, reply: &impl prost::Message, has_more: bool) {
+    pub(super) fn reply(&mut self, id: u64, reply: &impl prost::Message, has_more: bool) {
         self.send(&wire::reply(id, reply, has_more));
     }
 
     /// A failed call: the client runs its failure path.
-    pub fn fail(&mut self, id: u64) {
+    pub(super) fn fail(&mut self, id: u64) {
         self.send(&wire::failure(id));
     }
 
     /// Closes the socket both ways.
-    pub fn shut(&self) {
+    pub(super) fn shut(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

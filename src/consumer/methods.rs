@@ -1,7 +1,7 @@
 //! The ConsumerPort's methods, as the service answers them: a request is
 //! checked, turned into a [`Command`] for the connection's session (with a
 //! ticket naming who waits) or answered from what the service knows; the
-//! session's answer comes back as a [`SessionEvent`] and is written to the
+//! session's answer comes back as a [`SessionEvent`](crate::event_loop::SessionEvent) and is written to the
 //! client then. Nothing waits: a reply that depends on a session is sent
 //! when the session says so.
 
@@ -18,7 +18,7 @@ use crate::protos::{self, IpcFrame};
 use crate::session::Answer;
 
 /// The data sources a served session records itself.
-pub const BUILTIN_SOURCES: [&str; 4] = [
+pub(super) const BUILTIN_SOURCES: [&str; 4] = [
     "for_testing",
     "linux.process_stats",
     "linux.sys_stats",

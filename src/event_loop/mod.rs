@@ -33,14 +33,14 @@ use std::time::Instant;
 mod host;
 mod outcome;
 mod reactor;
-pub mod rules;
+pub(crate) mod rules;
 mod runner;
 mod status_line;
 
-pub use host::{CloneError, Command, Response, SessionEvent, Ticket};
-pub use outcome::{BufferSummary, Outcome};
-pub use reactor::{Timers, wait, wait_for};
-pub use runner::Runner;
+pub(crate) use host::{Command, Response, SessionEvent, Ticket};
+pub(crate) use outcome::{BufferSummary, Outcome};
+pub(crate) use reactor::wait_for;
+pub(crate) use runner::Runner;
 
 use crate::control::history::TriggerHistory;
 use crate::control::server::ControlServer;
@@ -104,7 +104,7 @@ pub struct Recording {
 /// Runs the main job's one session to its end. `signals` were installed
 /// before the session was set up (a signal that came meanwhile stops it at
 /// once); without them the loop installs its own.
-pub fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
+pub(crate) fn run(rec: Recording, signals: Option<Signals>) -> Outcome {
     let signals = signals.or_else(|| match Signals::install() {
         Ok(s) => Some(s),
         Err(e) => {
@@ -184,7 +184,7 @@ fn quota_attributes(reports: &[UidReport]) -> Vec<(String, i64)> {
 }
 
 /// Where per-uid quota figures live in `trace_attributes`.
-pub const QUOTA_KEY_PREFIX: &str = "recorder.quota.uid.";
+pub(crate) const QUOTA_KEY_PREFIX: &str = "recorder.quota.uid.";
 
 /// trace_stats from the buffers' live counters, the flushes so far and what
 /// producers did.

@@ -1,5 +1,5 @@
 //! Time for the loop: a session's [`Timers`], keyed by [`Timer`] in time
-//! since the session's origin, and the one blocking [`wait`] of a host:
+//! since the session's origin, and the one blocking [`wait_for`] of a host:
 //! `poll(2)` on the descriptors that bring events with the nearest
 //! deadline as the timeout.
 
@@ -14,14 +14,14 @@ use crate::session::Timer;
 
 /// One session's timers.
 #[derive(Debug)]
-pub struct Timers {
+pub(crate) struct Timers {
     origin: Instant,
     timers: BTreeMap<Timer, Duration>,
 }
 
 impl Timers {
     /// Timers whose time origin is now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             origin: Instant::now(),
             timers: BTreeMap::new(),
@@ -29,26 +29,26 @@ impl Timers {
     }
 
     /// Time since the origin.
-    pub fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> Duration {
         self.origin.elapsed()
     }
 
     /// Sets (or moves) `timer` to fire at `at` since the origin.
-    pub fn set(&mut self, timer: Timer, at: Duration) {
+    pub(crate) fn set(&mut self, timer: Timer, at: Duration) {
         self.timers.insert(timer, at);
     }
 
-    pub fn cancel(&mut self, timer: Timer) {
+    pub(crate) fn cancel(&mut self, timer: Timer) {
         self.timers.remove(&timer);
     }
 
     /// When the nearest timer is due.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.timers.values().min().map(|at| self.origin + *at)
     }
 
     /// Removes and returns the timers that are due, earliest first.
-    pub fn due(&mut self) -> Vec<Timer> {
+    pub(crate) fn due(&mut self) -> Vec<Timer> {
         let now = self.now();
         let mut due: Vec<(Duration, Timer)> = self
             .timers
@@ -70,21 +70,14 @@ impl Default for Timers {
     }
 }
 
-/// Blocks until one of `fds` is readable or `deadline` (none: no limit)
-/// has come; returns which of `fds` are readable. A signal (EINTR) is a
-/// wake-up like any other.
-pub fn wait(fds: &[BorrowedFd<'_>], deadline: Option<Instant>) -> Vec<bool> {
-    let flags: Vec<(BorrowedFd<'_>, PollFlags)> =
-        fds.iter().map(|fd| (*fd, PollFlags::IN)).collect();
-    wait_for(&flags, deadline)
-        .into_iter()
-        .map(|r| !r.is_empty())
-        .collect()
-}
-
-/// [`wait`] with each descriptor's own interest (readable, writable); what
-/// each one is ready for (with `HUP` and `ERR`).
-pub fn wait_for(fds: &[(BorrowedFd<'_>, PollFlags)], deadline: Option<Instant>) -> Vec<PollFlags> {
+/// Blocks until one of `fds` is ready for its interest (readable,
+/// writable) or `deadline` (none: no limit) has come; returns what each one
+/// is ready for (with `HUP` and `ERR`). A signal (EINTR) is a wake-up like
+/// any other.
+pub(crate) fn wait_for(
+    fds: &[(BorrowedFd<'_>, PollFlags)],
+    deadline: Option<Instant>,
+) -> Vec<PollFlags> {
     let timeout = deadline.map(|d| {
         let left = d.saturating_duration_since(Instant::now());
         Timespec {
@@ -121,11 +114,13 @@ mod tests {
     #[test]
     fn a_wait_ends_at_its_deadline_or_a_readable_descriptor() {
         let t = Instant::now();
-        assert!(wait(&[], Some(t + Duration::from_millis(5))).is_empty());
+        assert!(wait_for(&[], Some(t + Duration::from_millis(5))).is_empty());
         assert!(t.elapsed() >= Duration::from_millis(5));
         let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
         std::io::Write::write_all(&mut &b, b"x").expect("write");
         use std::os::fd::AsFd;
-        assert_eq!(wait(&[a.as_fd()], None), vec![true]);
+        let ready = wait_for(&[(a.as_fd(), PollFlags::IN)], None);
+        assert_eq!(ready.len(), 1);
+        assert!(ready[0].contains(PollFlags::IN));
     }
 }

@@ -12,7 +12,7 @@ use crate::ringbuf::BufferStats;
 use crate::sources::rules::{Firing, Limiter, RulePlan, Tally};
 
 /// How often the rules on the session's state look at it.
-pub const STATE_PERIOD: Duration = Duration::from_millis(100);
+pub(crate) const STATE_PERIOD: Duration = Duration::from_millis(100);
 /// Delays kept per rule for the median.
 const MAX_DELAYS: usize = 1024;
 
@@ -283,7 +283,7 @@ impl RuleBook {
 }
 
 /// Where rule figures live in `trace_attributes`.
-pub const RULE_KEY_PREFIX: &str = "recorder.rule.";
+pub(crate) const RULE_KEY_PREFIX: &str = "recorder.rule.";
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ pub struct StatusFigures<'a> {
 }
 
 /// The status line, when stderr is a terminal.
-pub struct StatusLine {
+pub(super) struct StatusLine {
     bar: indicatif::ProgressBar,
     next: Instant,
     /// Bytes written at the start of the rate window.
@@ -28,7 +28,7 @@ pub struct StatusLine {
 
 impl StatusLine {
     /// A status line, or `None` when stderr is not a terminal.
-    pub fn on_terminal() -> Option<Self> {
+    pub(super) fn on_terminal() -> Option<Self> {
         if !std::io::stderr().is_terminal() {
             return None;
         }
@@ -43,12 +43,12 @@ impl StatusLine {
     }
 
     /// How long until the next redraw.
-    pub fn until_due(&self) -> Duration {
+    pub(super) fn until_due(&self) -> Duration {
         self.next.saturating_duration_since(Instant::now())
     }
 
     /// Redraws if due.
-    pub fn draw_if_due(&mut self, figures: impl FnOnce() -> StatusFigures<'static>) {
+    pub(super) fn draw_if_due(&mut self, figures: impl FnOnce() -> StatusFigures<'static>) {
         let now = Instant::now();
         if now < self.next {
             return;
@@ -88,7 +88,7 @@ impl StatusLine {
     }
 
     /// Clears the line for the summary.
-    pub fn finish(self) {
+    pub(super) fn finish(self) {
         self.bar.finish_and_clear();
     }
 }

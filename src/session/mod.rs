@@ -34,15 +34,15 @@ mod event;
 mod tests;
 mod timeline;
 
-pub use event::{
+pub(crate) use event::{
     AcceptedTrigger, Action, Answer, CloneRefusal, Event, FlushId, Pass, RequestId, RotateRefusal,
     SegmentFill, SourceFailure, SourcePhase, StartRefusal, StopReason, Timer, TriggerArrival,
     TriggerName, TriggerRefusal,
 };
-pub use timeline::{
-    CloneRule, FlushCadence, MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, SnapshotBudget, Timeline,
-    TimelineError, TriggerMode, TriggerRule, anchored,
-};
+pub(crate) use timeline::{FlushCadence, Timeline, TimelineError, TriggerMode, anchored};
+// What the unit tests build timelines from.
+#[cfg(test)]
+pub(crate) use timeline::{CloneRule, SnapshotBudget, TriggerRule};
 
 use crate::storage::segment::policy::{RotateReason, rotation_due};
 use crate::storage::write_pass::Take;
@@ -50,7 +50,7 @@ use crate::storage::write_pass::Take;
 /// How long producers' start acks are awaited before the session notes the
 /// slow ones (Perfetto's `kAllDataSourceStartedTimeout`, not configurable;
 /// ARCHITECTURE.md §9.8). The session records meanwhile: nothing waits on it.
-pub const ALL_STARTED_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const ALL_STARTED_TIMEOUT: Duration = Duration::from_secs(20);
 use crate::trace::service::ServiceEvent;
 
 /// Where the session is.

@@ -114,9 +114,9 @@ pub struct SnapshotBudget {
 }
 
 /// Snapshots a session writes at most unless told otherwise.
-pub const DEFAULT_MAX_SNAPSHOTS: u32 = 16;
+pub(super) const DEFAULT_MAX_SNAPSHOTS: u32 = 16;
 /// Bytes of snapshots a session writes at most unless `--max-disk` says.
-pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
+pub(super) const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
 impl SnapshotBudget {
     /// Whether the snapshot after `taken` ones still fits.
@@ -290,4 +290,4 @@ impl Timeline {
     }
 }
 
-pub use crate::config::pattern::{MAX_DISTINCT_REGEXES, REGEX_SIZE_LIMIT, anchored};
+pub(crate) use crate::config::pattern::anchored;

@@ -14,7 +14,7 @@ pub const IOV_MAX: usize = 1024;
 
 /// A byte position in a list of slices.
 #[derive(Debug, Clone, Copy)]
-pub struct Cursor<'s, 'a> {
+pub(super) struct Cursor<'s, 'a> {
     bufs: &'s [IoSlice<'a>],
     /// Index of the slice holding the next byte.
     idx: usize,
@@ -23,7 +23,7 @@ pub struct Cursor<'s, 'a> {
 }
 
 impl<'s, 'a> Cursor<'s, 'a> {
-    pub fn new(bufs: &'s [IoSlice<'a>]) -> Self {
+    pub(super) fn new(bufs: &'s [IoSlice<'a>]) -> Self {
         let mut c = Cursor {
             bufs,
             idx: 0,
@@ -34,7 +34,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
     }
 
     /// True when every byte has been consumed.
-    pub fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.idx >= self.bufs.len()
     }
 
@@ -47,7 +47,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
 
     /// Fills `out` (cleared first) with the next batch of at most `max_iov`
     /// slices and `max_bytes` bytes, without advancing. Returns its length.
-    pub fn peek_batch<'o>(
+    pub(super) fn peek_batch<'o>(
         &self,
         max_iov: usize,
         max_bytes: usize,
@@ -75,7 +75,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
     }
 
     /// Consumes `n` bytes.
-    pub fn advance(&mut self, mut n: usize) {
+    pub(super) fn advance(&mut self, mut n: usize) {
         while n > 0 && self.idx < self.bufs.len() {
             let left = self.bufs[self.idx].len() - self.off;
             if n < left {
@@ -92,7 +92,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
 }
 
 /// Total bytes of `bufs`.
-pub fn total_len(bufs: &[IoSlice<'_>]) -> u64 {
+pub(super) fn total_len(bufs: &[IoSlice<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
 }
 

@@ -163,7 +163,7 @@ pub fn open_numbered(
 }
 
 /// The sink for a new file `fd` (named `path` in messages).
-pub fn sink_for(
+pub(super) fn sink_for(
     fd: OwnedFd,
     path: &std::path::Path,
     opts: OpenOptions,

@@ -4,17 +4,17 @@
 use std::io::IoSlice;
 
 /// Appends `payload` as one Trace record.
-pub fn frame(payload: &[u8], out: &mut Vec<u8>) {
+pub(super) fn frame(payload: &[u8], out: &mut Vec<u8>) {
     crate::wire::framing::push_record(out, payload);
 }
 
 /// The bytes of `bufs`, joined.
-pub fn flatten(bufs: &[IoSlice<'_>]) -> Vec<u8> {
+pub(super) fn flatten(bufs: &[IoSlice<'_>]) -> Vec<u8> {
     bufs.iter().flat_map(|b| b.iter().copied()).collect()
 }
 
 /// One record per size (filled with `fill(i)`), and where each record ends.
-pub fn records(sizes: &[usize], fill: impl Fn(usize) -> u8) -> (Vec<u8>, Vec<u64>) {
+pub(super) fn records(sizes: &[usize], fill: impl Fn(usize) -> u8) -> (Vec<u8>, Vec<u64>) {
     let mut data = Vec::new();
     let mut ends = Vec::new();
     for (i, s) in sizes.iter().enumerate() {
@@ -25,7 +25,7 @@ pub fn records(sizes: &[usize], fill: impl Fn(usize) -> u8) -> (Vec<u8>, Vec<u64
 }
 
 /// `data` as iovecs cut at `splits` (taken modulo its length, in order).
-pub fn split<'a>(data: &'a [u8], splits: &[usize]) -> Vec<IoSlice<'a>> {
+pub(super) fn split<'a>(data: &'a [u8], splits: &[usize]) -> Vec<IoSlice<'a>> {
     let mut cuts: Vec<usize> = splits.iter().map(|s| s % (data.len() + 1)).collect();
     cuts.sort_unstable();
     let mut bufs = Vec::new();

@@ -49,13 +49,13 @@ use super::{FileSink, SinkError, SinkKind, WRITE_STEP_BYTES, WriteList};
 /// Requests in flight at most (1 MiB writes at depth 8 already match
 /// write(2)'s throughput on this project's test hosts; deeper only holds more
 /// memory pinned).
-pub const QUEUE_DEPTH: usize = 8;
+pub(super) const QUEUE_DEPTH: usize = 8;
 /// Bytes per request at most, so one pass spreads over several requests,
 /// its memory is let go of as they complete, and a short write resubmits
 /// little.
-pub const SQE_MAX_BYTES: usize = WRITE_STEP_BYTES;
+pub(super) const SQE_MAX_BYTES: usize = WRITE_STEP_BYTES;
 /// Passes up to this size are written with one pwritev(2) instead.
-pub const SMALL_WRITE_BYTES: usize = 64 * 1024;
+pub(super) const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
 /// One request's iovecs (raw: they stay in flight across the list's
 /// reports, U1) and where it writes.
@@ -314,7 +314,7 @@ pub enum UringUnavailable {
 
 /// Probes io_uring the way the sink will use it: a real ring setup, a NOP
 /// through it, and WRITEV support.
-pub fn probe() -> Result<(), UringUnavailable> {
+pub(super) fn probe() -> Result<(), UringUnavailable> {
     let mut ring = IoUring::new(QUEUE_DEPTH as u32).map_err(UringUnavailable::Setup)?;
     let mut probe = io_uring::Probe::new();
     if ring.submitter().register_probe(&mut probe).is_ok()

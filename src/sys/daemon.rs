@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
 /// Which side of the fork this is.
-pub enum Forked {
+pub(crate) enum Forked {
     /// The original process; `child` is the detached recorder.
     Parent {
         child: u32,
@@ -23,7 +23,7 @@ pub enum Forked {
 /// Why the background process did not start recording, as the parent
 /// learns it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StartupError {
+pub(crate) enum StartupError {
     /// The child closed the channel without a word (it died, say).
     #[error("the background process exited before it started recording")]
     Vanished,
@@ -33,15 +33,15 @@ pub enum StartupError {
 }
 
 /// The child's channel to the waiting parent.
-pub struct StartupReport(Option<UnixStream>);
+pub(crate) struct StartupReport(Option<UnixStream>);
 
 impl StartupReport {
     /// Tells the parent the session started.
-    pub fn ok(&mut self) {
+    pub(crate) fn ok(&mut self) {
         self.send("ok\n");
     }
     /// Tells the parent why the session could not start.
-    pub fn failed(&mut self, why: &str) {
+    pub(crate) fn failed(&mut self, why: &str) {
         self.send(&format!("error: {why}\n"));
     }
     fn send(&mut self, msg: &str) {
@@ -53,7 +53,7 @@ impl StartupReport {
 
 /// Forks and detaches (see the module docs). Call before any thread starts (D1).
 #[allow(unsafe_code)]
-pub fn fork_detached() -> std::io::Result<Forked> {
+pub(crate) fn fork_detached() -> std::io::Result<Forked> {
     let (mut parent_end, child_end) = UnixStream::pair()?;
     // SAFETY: D1 — no other thread exists yet, so the child cannot inherit a
     // lock held by a thread that does not exist in it.

@@ -12,7 +12,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 /// A copy (close-on-exec, numbered 3 or above) of this process's
 /// descriptor `n`, which stays open and untouched.
-pub fn dup_numbered(n: i32) -> io::Result<OwnedFd> {
+pub(crate) fn dup_numbered(n: i32) -> io::Result<OwnedFd> {
     // SAFETY: FD1 — the call touches no memory; it fails on a number that
     // is not open.
     let copy = unsafe { libc::fcntl(n, libc::F_DUPFD_CLOEXEC, 3) };

@@ -13,7 +13,7 @@
 
 /// Returns the heap's free pages to the kernel, where the C library can;
 /// whether any were returned.
-pub fn return_free_pages() -> bool {
+pub(crate) fn return_free_pages() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: H1.

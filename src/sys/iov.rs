@@ -14,7 +14,7 @@ use std::io::IoSlice;
 /// `IoSlice::as_slice` returns), so sub-slices can be re-wrapped without
 /// copying.
 #[inline]
-pub fn io_slice_bytes<'a>(s: &IoSlice<'a>) -> &'a [u8] {
+pub(crate) fn io_slice_bytes<'a>(s: &IoSlice<'a>) -> &'a [u8] {
     // SAFETY: V1 — the pointer and length come from a `&'a [u8]`.
     unsafe { std::slice::from_raw_parts(s.as_ptr(), s.len()) }
 }
@@ -23,7 +23,7 @@ pub fn io_slice_bytes<'a>(s: &IoSlice<'a>) -> &'a [u8] {
 /// lifetime, without making a slice of the bytes before `off` (those may
 /// have been let go of, V1).
 #[inline]
-pub fn io_slice_from<'a>(s: &IoSlice<'a>, off: usize) -> &'a [u8] {
+pub(crate) fn io_slice_from<'a>(s: &IoSlice<'a>, off: usize) -> &'a [u8] {
     assert!(off <= s.len(), "offset {off} past a {}-byte slice", s.len());
     // SAFETY: V1 — the pointer and length come from a `&'a [u8]`, and
     // `off <= len` keeps the range inside it.

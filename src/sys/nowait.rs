@@ -21,7 +21,7 @@ use rustix::io::Errno;
 /// One `pwritev2(fd, bufs, -1, RWF_NOWAIT)`: the bytes written, `EAGAIN`
 /// when the reader has no room now, `EOPNOTSUPP` where the file cannot be
 /// written that way.
-pub fn write_nowait(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+pub(crate) fn write_nowait(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
     let count = libc::c_int::try_from(bufs.len()).map_err(|_| Errno::INVAL)?;
     // SAFETY: NW1 — `bufs` is a valid iovec array of `count` entries for
     // the call; NW2 — `fd` is open for its duration.

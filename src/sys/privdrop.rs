@@ -18,25 +18,25 @@
 use std::io;
 
 /// Which side of the fork this is.
-pub enum Fork {
+pub(crate) enum Fork {
     Parent { child: u32 },
     Child,
 }
 
 /// How many threads the process has now.
-pub fn thread_count() -> usize {
+pub(crate) fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count())
 }
 
 /// Forks the broker; refused when the process already has other threads
 /// (PD1). The parent sets `no_new_privs` (PD4).
-pub fn fork_broker() -> io::Result<Fork> {
+pub(crate) fn fork_broker() -> io::Result<Fork> {
     fork_process(true)
 }
 
 /// Forks an unprivileged session's keeper, as the broker is forked (PD1),
 /// but leaves `no_new_privs` as it was: the session keeps its rights.
-pub fn fork_keeper() -> io::Result<Fork> {
+pub(crate) fn fork_keeper() -> io::Result<Fork> {
     fork_process(false)
 }
 
@@ -65,7 +65,7 @@ fn fork_process(no_new_privs: bool) -> io::Result<Fork> {
 /// Checks every thread of the process through /proc/self/task: no uid 0
 /// (real, effective, saved or filesystem), no permitted or effective
 /// capability, `no_new_privs` set. The first thread found short, and why.
-pub fn check_every_thread() -> io::Result<()> {
+pub(crate) fn check_every_thread() -> io::Result<()> {
     for task in std::fs::read_dir("/proc/self/task")? {
         let path = task?.path().join("status");
         // A thread that ended meanwhile has nothing left to check.
@@ -107,7 +107,7 @@ fn status_problem(status: &str) -> Option<String> {
 /// Ignores SIGINT, SIGTERM and SIGHUP (the broker acts on its socket's end,
 /// not on the terminal's Ctrl-C or hang-up, which reach the whole process
 /// group), and SIGPIPE.
-pub fn ignore_stop_signals() -> io::Result<()> {
+pub(crate) fn ignore_stop_signals() -> io::Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
         // SAFETY: PD3 — SIG_IGN is not a handler; no code runs on delivery.
         let old = unsafe { libc::signal(sig, libc::SIG_IGN) };
@@ -122,7 +122,7 @@ pub fn ignore_stop_signals() -> io::Result<()> {
 /// `uid` as real, effective and saved ids (PD2). The kernel clears the
 /// permitted, effective and ambient capabilities of every thread as their
 /// uids all leave 0.
-pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
+pub(crate) fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: PD2 — a null list of length 0 is what setgroups(2) documents
     // for "no supplementary groups"; no memory is read.
     if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {

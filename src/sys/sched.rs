@@ -42,7 +42,7 @@ const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 
 /// Errors of asking for a slice.
 #[derive(Debug, thiserror::Error)]
-pub enum SchedError {
+pub(crate) enum SchedError {
     #[error("reading the thread's nice value: {0}")]
     Nice(#[source] std::io::Error),
     #[error("sched_setattr: {0}")]
@@ -51,7 +51,7 @@ pub enum SchedError {
 
 /// Asks the scheduler to give the calling thread slices of `slice` (the
 /// kernel clamps it to 0.1–100 ms), keeping SCHED_OTHER and its nice value.
-pub fn request_slice(slice: Duration) -> Result<(), SchedError> {
+pub(crate) fn request_slice(slice: Duration) -> Result<(), SchedError> {
     let nice = rustix::process::getpriority_process(None)
         .map_err(|e| SchedError::Nice(std::io::Error::from_raw_os_error(e.raw_os_error())))?;
     let attr = SchedAttr {

@@ -49,7 +49,7 @@ const TRACEFS_MAGIC: u64 = 0x7472_6163;
 /// Bytes of the meta page read here (through `read`).
 const META_STRUCT_MIN: u32 = 64;
 /// Where a sub-buffer's data starts: `time_stamp` u64 and `commit` long.
-pub const SUBBUF_DATA_OFFSET: usize = 8 + std::mem::size_of::<libc::c_long>();
+pub(crate) const SUBBUF_DATA_OFFSET: usize = 8 + std::mem::size_of::<libc::c_long>();
 
 /// Why a CPU buffer cannot be read through the mapping.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +70,7 @@ pub enum TraceMapError {
 
 /// The reader sub-buffer as the last GET_READER left it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reader {
+pub(crate) struct Reader {
     /// Sub-buffer id, `< nr_subbufs`.
     pub id: u32,
     /// Bytes of its data the kernel counts as consumed (all it held).
@@ -88,7 +88,7 @@ pub struct MetaCounters {
 }
 
 /// One CPU's mapped ring buffer (meta page and sub-buffers).
-pub struct TraceMap {
+pub(crate) struct TraceMap {
     fd: std::os::fd::OwnedFd,
     meta: NonNull<u8>,
     meta_len: usize,
@@ -128,7 +128,7 @@ unsafe fn read_word(p: *const u8, n: usize) -> u64 {
 
 impl TraceMap {
     /// Maps `file` (an opened `trace_pipe_raw`).
-    pub fn new(file: &File) -> Result<Self, TraceMapError> {
+    pub(crate) fn new(file: &File) -> Result<Self, TraceMapError> {
         let st = rustix::fs::fstatfs(file).map_err(TraceMapError::Statfs)?;
         #[allow(clippy::unnecessary_cast)]
         let f_type = st.f_type as u64;
@@ -225,16 +225,12 @@ impl TraceMap {
     }
 
     /// Bytes of one sub-buffer (header included).
-    pub fn subbuf_size(&self) -> usize {
+    pub(crate) fn subbuf_size(&self) -> usize {
         self.subbuf_size
     }
 
-    pub fn nr_subbufs(&self) -> u32 {
-        self.nr_subbufs
-    }
-
     /// The kernel's counters as of the last GET_READER.
-    pub fn counters(&self) -> MetaCounters {
+    pub(crate) fn counters(&self) -> MetaCounters {
         MetaCounters {
             reader_lost_events: self.meta_u64(16),
             entries: self.meta_u64(40),
@@ -245,7 +241,7 @@ impl TraceMap {
 
     /// GET_READER: swaps in the next sub-buffer once the current one is
     /// read through, and marks everything it holds now as consumed.
-    pub fn get_reader(&mut self) -> Result<Reader, TraceMapError> {
+    pub(crate) fn get_reader(&mut self) -> Result<Reader, TraceMapError> {
         // SAFETY: the request takes no argument; the fd is ours.
         let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), TRACE_MMAP_IOCTL_GET_READER as _) };
         if rc < 0 {
@@ -269,7 +265,7 @@ impl TraceMap {
     }
 
     /// The reader sub-buffer the last successful GET_READER reported.
-    pub fn reader(&self) -> Option<ReaderView<'_>> {
+    pub(crate) fn reader(&self) -> Option<ReaderView<'_>> {
         let r = self.reader?;
         // SAFETY: TM4 — `id < nr_subbufs`, so the sub-buffer lies inside the
         // data mapping of `nr_subbufs * subbuf_size` bytes.
@@ -298,7 +294,7 @@ impl Drop for TraceMap {
 /// A borrowed view of the reader sub-buffer, valid until the next
 /// GET_READER (which needs the map mutably).
 #[derive(Clone, Copy)]
-pub struct ReaderView<'m> {
+pub(crate) struct ReaderView<'m> {
     base: *const u8,
     size: usize,
     read: usize,
@@ -307,7 +303,7 @@ pub struct ReaderView<'m> {
 
 impl<'m> ReaderView<'m> {
     /// The committed data the kernel counted as read (TM2): stable bytes.
-    pub fn data(&self) -> &'m [u8] {
+    pub(crate) fn data(&self) -> &'m [u8] {
         // SAFETY: TM1 — inside the mapping (TM4: `SUBBUF_DATA_OFFSET + read
         // <= size`); TM2 — the kernel does not write these bytes while the
         // view (a borrow of the map) lives.
@@ -316,7 +312,7 @@ impl<'m> ReaderView<'m> {
 
     /// A header or trailing word (4 or 8 bytes) at `off` from the
     /// sub-buffer's start, read volatile (TM3); `None` outside it.
-    pub fn word(&self, off: usize, size: usize) -> Option<u64> {
+    pub(crate) fn word(&self, off: usize, size: usize) -> Option<u64> {
         let end = off.checked_add(size)?;
         if end > self.size {
             return None;
@@ -329,7 +325,7 @@ impl<'m> ReaderView<'m> {
     }
 
     /// Bytes of the whole sub-buffer.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 }

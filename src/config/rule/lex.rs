@@ -6,7 +6,7 @@ use super::{RuleError, RuleSource, Span};
 
 /// What a token is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Tok {
+pub(super) enum Tok {
     /// A run of characters that are neither blank, quotes nor operators:
     /// names, events (`sched/sched_switch`), numbers with units (`50ms`).
     Word,
@@ -18,7 +18,7 @@ pub enum Tok {
 
 /// One token and where it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Token {
+pub(super) struct Token {
     pub tok: Tok,
     pub span: Span,
 }
@@ -40,7 +40,7 @@ fn ends_word(c: char) -> bool {
 
 /// The tokens of `src.text[span]`. Control characters and bytes outside
 /// printable ASCII (but in quoted strings) are refused at the byte.
-pub fn tokens(src: &RuleSource, span: Span) -> Result<Vec<Token>, RuleError> {
+pub(super) fn tokens(src: &RuleSource, span: Span) -> Result<Vec<Token>, RuleError> {
     let text = &src.text;
     let end = span.start + span.len;
     let mut out = Vec::new();

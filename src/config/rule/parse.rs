@@ -45,7 +45,7 @@ struct Parser<'s> {
 }
 
 /// Parses the rule at `span` of `src`.
-pub fn rule(src: &Arc<RuleSource>, span: Span) -> Result<Rule, RuleError> {
+pub(super) fn rule(src: &Arc<RuleSource>, span: Span) -> Result<Rule, RuleError> {
     let toks = lex::tokens(src, span)?;
     let mut p = Parser {
         src,

@@ -262,7 +262,7 @@ struct Prepared {
 /// The linux.ftrace data source.
 pub struct FtraceSource<O: PacketOutput + 'static> {
     opts: FtraceOptions,
-    /// None when prepared elsewhere ([`FtraceSource::from_prepared`]).
+    /// None when prepared elsewhere ([`FtraceSource::detached`]).
     top: Option<Tracefs>,
     session: Option<TracefsSession>,
     layout: Option<PageLayout>,
