@@ -324,7 +324,9 @@ pub enum MessageError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("malformed message: {0}")]
-    Malformed(String),
+    Json(#[from] serde_json::Error),
+    #[error("{0} descriptors in one message (at most {MAX_FDS})")]
+    TooManyFds(usize),
     #[error("message of {0} bytes is over the limit")]
     TooLarge(usize),
 }
@@ -344,15 +346,12 @@ pub fn send_many<T: Serialize>(
     msg: &T,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), MessageError> {
-    let bytes = serde_json::to_vec(msg).map_err(|e| MessageError::Malformed(e.to_string()))?;
+    let bytes = serde_json::to_vec(msg)?;
     if bytes.len() > MAX_MESSAGE {
         return Err(MessageError::TooLarge(bytes.len()));
     }
     if fds.len() > MAX_FDS {
-        return Err(MessageError::Malformed(format!(
-            "{} descriptors in one message",
-            fds.len()
-        )));
+        return Err(MessageError::TooManyFds(fds.len()));
     }
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -417,8 +416,7 @@ pub fn recv_many<T: for<'de> Deserialize<'de>>(
     if r.bytes > MAX_MESSAGE || r.flags.contains(rustix::net::ReturnFlags::TRUNC) {
         return Err(MessageError::TooLarge(r.bytes));
     }
-    let msg = serde_json::from_slice(&buf[..r.bytes])
-        .map_err(|e| MessageError::Malformed(e.to_string()))?;
+    let msg = serde_json::from_slice(&buf[..r.bytes])?;
     Ok((msg, fds))
 }
 
@@ -521,7 +519,7 @@ mod tests {
         rustix::net::send(&a, b"{\"Nope\":1}", SendFlags::empty()).expect("send");
         assert!(matches!(
             recv::<Request>(b.as_fd()),
-            Err(MessageError::Malformed(_))
+            Err(MessageError::Json(_))
         ));
     }
 }
