@@ -851,18 +851,10 @@ fn give_up_root(rec: &mut Recording, p: &Privileges, rings: &mut Rings) -> Resul
         .control
         .as_ref()
         .and_then(|_| crate::control::runtime_dir::for_server().ok());
-    let producer_dir = rec.producers.as_ref().and_then(|h| {
-        let (dir, name) = crate::storage::create::split(h.path()).ok()?;
-        let fd = rustix::fs::open(
-            &dir,
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .ok()?;
-        Some((fd, name))
-    });
+    let producer_dir = rec
+        .producers
+        .as_ref()
+        .and_then(|h| crate::storage::create::open_parent(h.path()));
     if let Some(h) = &mut rec.history
         && let Err(e) = h.hold_open()
     {

@@ -316,19 +316,7 @@ fn early_registration(b: &crate::privilege::Broker, spec: &RecorderSpec, args: &
     let pid = std::process::id();
     let runtime = runtime_dir::for_server().ok();
     let producer = match app::producer_opening(spec, args.producer_socket.as_deref(), false) {
-        Ok(crate::transport::socket_path::Opening::Open { path, .. }) => {
-            create::split(&path).ok().and_then(|(dir, name)| {
-                let fd = rustix::fs::open(
-                    &dir,
-                    rustix::fs::OFlags::RDONLY
-                        | rustix::fs::OFlags::DIRECTORY
-                        | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )
-                .ok()?;
-                Some((fd, name))
-            })
-        }
+        Ok(crate::transport::socket_path::Opening::Open { path, .. }) => create::open_parent(&path),
         _ => None,
     };
     let mut leftovers: Vec<(std::os::fd::BorrowedFd<'_>, String)> = Vec::new();

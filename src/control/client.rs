@@ -545,13 +545,17 @@ pub fn stop(pid: u32) -> Result<Stopped, ControlError> {
 /// Asks every session the caller may stop (its own; all of them for root)
 /// to stop, at once.
 pub fn stop_all() -> Vec<(u32, Result<Stopped, ControlError>)> {
+    let deadline = deadline();
+    each_session(&my_sessions(), |s| stop_one(s, deadline))
+}
+
+/// The sessions the caller owns (every one for root).
+fn my_sessions() -> Vec<SessionEndpoint> {
     let me = rustix::process::geteuid().as_raw();
-    let mine: Vec<SessionEndpoint> = sessions()
+    sessions()
         .into_iter()
         .filter(|s| me == 0 || s.owner_uid == me)
-        .collect();
-    let deadline = deadline();
-    each_session(&mine, |s| stop_one(s, deadline))
+        .collect()
 }
 
 /// Asks `deferred_start` session `pid` to start recording.
@@ -608,13 +612,8 @@ fn rotate_one(s: &SessionEndpoint, deadline: Instant) -> Result<(), ControlError
 /// Asks every session the caller may rotate (its own; all of them for
 /// root) to rotate, at once.
 pub fn rotate_all() -> Vec<(u32, Result<(), ControlError>)> {
-    let me = rustix::process::geteuid().as_raw();
-    let mine: Vec<SessionEndpoint> = sessions()
-        .into_iter()
-        .filter(|s| me == 0 || s.owner_uid == me)
-        .collect();
     let deadline = deadline();
-    each_session(&mine, |s| rotate_one(s, deadline))
+    each_session(&my_sessions(), |s| rotate_one(s, deadline))
 }
 
 /// The runtime directories searched, for messages.

@@ -814,6 +814,19 @@ pub fn split(file: &Path) -> Result<(PathBuf, String), CreateError> {
     Ok((dir, name))
 }
 
+/// The directory `file` is in, opened (read-only, close-on-exec), and its
+/// name there: what the broker is handed to act on that name later.
+pub fn open_parent(file: &Path) -> Option<(OwnedFd, String)> {
+    let (dir, name) = split(file).ok()?;
+    let fd = rustix::fs::open(
+        &dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    Some((fd, name))
+}
+
 /// A plain name inside a directory: no `/`, not `.` or `..`, not empty, no NUL.
 pub fn check_name(name: &str) -> Result<(), CreateError> {
     if name.is_empty()
