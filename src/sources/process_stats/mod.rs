@@ -328,18 +328,28 @@ impl ProcessStatsSource {
         namespaced
     }
 
+    /// The split packets' plan at `ts`: the first one carries the cleared
+    /// incremental state, if a clear is pending.
+    fn plan(&mut self, ts: u64, payload_field: u32, end_field: u32) -> PacketPlan {
+        PacketPlan {
+            timestamp_ns: ts,
+            sequence_id: self.sequence_id,
+            payload_field,
+            end_field,
+            incremental_state_cleared: std::mem::take(&mut self.did_clear),
+            soft_limit: self.soft_limit,
+        }
+    }
+
     fn emit_tree(&mut self, ts: u64, out: &mut dyn PacketOutput) {
         if self.tree.is_empty() {
             return;
         }
-        let plan = PacketPlan {
-            timestamp_ns: ts,
-            sequence_id: self.sequence_id,
-            payload_field: trace_packet::PROCESS_TREE,
-            end_field: process_tree::COLLECTION_END_TIMESTAMP,
-            incremental_state_cleared: std::mem::take(&mut self.did_clear),
-            soft_limit: self.soft_limit,
-        };
+        let plan = self.plan(
+            ts,
+            trace_packet::PROCESS_TREE,
+            process_tree::COLLECTION_END_TIMESTAMP,
+        );
         let tree = std::mem::take(&mut self.tree);
         let outcome = write_split(&mut self.packet, &plan, &tree, out, encode_tree_entry);
         for e in &tree {
@@ -447,14 +457,11 @@ impl ProcessStatsSource {
         if self.stats.is_empty() {
             return;
         }
-        let plan = PacketPlan {
-            timestamp_ns: ts,
-            sequence_id: self.sequence_id,
-            payload_field: trace_packet::PROCESS_STATS,
-            end_field: process_stats::COLLECTION_END_TIMESTAMP,
-            incremental_state_cleared: std::mem::take(&mut self.did_clear),
-            soft_limit: self.soft_limit,
-        };
+        let plan = self.plan(
+            ts,
+            trace_packet::PROCESS_STATS,
+            process_stats::COLLECTION_END_TIMESTAMP,
+        );
         let stats = std::mem::take(&mut self.stats);
         let outcome = write_split(&mut self.packet, &plan, &stats, out, encode_stats_record);
         self.counters.stats_packets += outcome.packets as u64;
