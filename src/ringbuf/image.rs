@@ -593,8 +593,7 @@ impl RingImage {
                             emit,
                             &mut out,
                         )?;
-                        self.count_invalid(held.map(|last| pos - last));
-                        self.damage.bytes_unframed += to - pos;
+                        self.left_unframed(pos, to, held);
                         return Ok(out);
                     }
                     // All but the last record checked go on; the window
@@ -627,8 +626,7 @@ impl RingImage {
                         self.damage.truncated = true;
                         let held =
                             run.all_but_last(&Window { buf, wstart, base }, emit, &mut out)?;
-                        self.count_invalid(held.map(|last| pos - last));
-                        self.damage.bytes_unframed += to - pos;
+                        self.left_unframed(pos, to, held);
                         return Ok(out);
                     }
                 }
@@ -642,8 +640,7 @@ impl RingImage {
                         emit,
                         &mut out,
                     )?;
-                    self.count_invalid(held.map(|last| pos - last));
-                    self.damage.bytes_unframed += to - pos;
+                    self.left_unframed(pos, to, held);
                     return Ok(out);
                 }
             }
@@ -666,6 +663,13 @@ impl RingImage {
     }
 
     /// One record of `bytes` left out as invalid, if any.
+    /// The walk stops at `pos` short of `to`: the record held since `last`
+    /// (if any) is invalid, the rest of the region unframed.
+    fn left_unframed(&mut self, pos: u64, to: u64, last: Option<u64>) {
+        self.count_invalid(last.map(|last| pos - last));
+        self.damage.bytes_unframed += to - pos;
+    }
+
     fn count_invalid(&mut self, bytes: Option<u64>) {
         if let Some(b) = bytes {
             self.damage.packets_invalid += 1;

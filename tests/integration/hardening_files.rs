@@ -68,9 +68,7 @@ fn a_runtime_directory_another_user_made_is_refused_with_the_fix() {
     let run = Run::new(&flight_config("", ""));
     std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let theirs = shared.join("recorder");
     assert!(
         as_nobody("mkdir")
@@ -139,12 +137,8 @@ fn a_planting_user_never_gets_roots_hook_to_read_another_file() {
         "write_into_file: true file_write_period_ms: 100 duration_ms: 60000",
         "message_count: 0 max_messages_per_second: 2000 message_size: 32",
     ));
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let private = run.dir.path().join("private");
-    std::fs::create_dir(&private).expect("mkdir");
-    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
+    let private = dir_with_mode(&run.dir.path().join("private"), 0o700);
     let secret = private.join("secret");
     let secret_text = "SECRET-4c1f9 root only\n";
     std::fs::write(&secret, secret_text).expect("secret");
@@ -302,9 +296,7 @@ fn directories_another_user_made_on_the_way_are_refused() {
         "write_into_file: true file_write_period_ms: 100 duration_ms: 300",
         "message_count: 0 max_messages_per_second: 100 message_size: 8",
     ));
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let root_only = run.dir.path().join("root-only");
     std::fs::create_dir(&root_only).expect("mkdir");
     let plant = format!(
@@ -464,9 +456,7 @@ fn inspect_and_index_read_only_regular_files_never_planted_links() {
         "write_into_file: true file_write_period_ms: 100 duration_ms: 700",
         "message_count: 0 max_messages_per_second: 1000 message_size: 16",
     ));
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let o = output_within_named(
         run.command_to("pwritev", &shared.join(""))
             .args(["--rotate-period", "200ms"]),
@@ -545,9 +535,7 @@ fn refusals_over_the_runtime_directory_leave_the_output_untouched() {
     let run = shared_run(&flight_config("", ""));
     let keep = b"fifteen bytes!\n";
     // Root, with another user's sticky directory as its runtime directory.
-    let theirs = run.dir.path().join("theirs");
-    std::fs::create_dir(&theirs).expect("mkdir");
-    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let theirs = dir_with_mode(&run.dir.path().join("theirs"), 0o1777);
     rustix::fs::chown(
         &theirs,
         Some(rustix::process::Uid::from_raw(65534)),
@@ -691,9 +679,7 @@ data_sources { config { name: "for_testing" target_buffer: 0
 trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 60000 triggers { name: "snap" } }
 "#,
     );
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let out = shared.join("snap.pftrace");
     let plant = format!(
         "mkdir {o}.0 && mkdir {o}.1 && touch {o}.1/x",

@@ -228,19 +228,26 @@ impl FailingSyncFs {
                     .any(|l| l.split(' ').nth(1) == fs.mount.to_str() && l.contains("fuse"))
             })
         };
-        let t0 = std::time::Instant::now();
-        while !mounted() {
-            if let Ok(Some(_)) = fs.server.try_wait() {
+        // Mounted, or the server gave up (its error is the reason).
+        let up = poll(Duration::from_secs(20), || {
+            if mounted() {
+                return Some(Ok(()));
+            }
+            match fs.server.try_wait() {
+                Ok(Some(_)) => Some(Err(())),
+                _ => None,
+            }
+        });
+        match up {
+            Some(Ok(())) => {}
+            Some(Err(())) => {
                 let mut err = String::new();
                 if let Some(mut e) = fs.server.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
                 return Err(format!("the FUSE server ended: {err}"));
             }
-            if t0.elapsed() > Duration::from_secs(20) {
-                return Err("not mounted within 20 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            None => return Err("not mounted within 20 s".into()),
         }
         Ok(fs)
     }

@@ -327,9 +327,7 @@ fn a_rotating_session_in_a_root_directory_still_rotates_deletes_and_runs_hooks_a
         &format!("{STREAMING} duration_ms: 2500"),
         "message_count: 0 message_size: 200 max_messages_per_second: 8000",
     ));
-    let dir = run.dir.path().join("ring");
-    std::fs::create_dir(&dir).expect("mkdir");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dir = dir_with_mode(&run.dir.path().join("ring"), 0o755);
     let hook_log = run.dir.path().join("hook.log");
     let hook = run.dir.path().join("hook.sh");
     std::fs::write(
@@ -435,9 +433,7 @@ fn names_planted_in_a_sticky_directory_are_never_written_through() {
     ));
     let safe = run.dir.path().join("safe");
     std::fs::create_dir(&safe).expect("mkdir");
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
     let victims: Vec<(PathBuf, std::fs::Metadata)> =
@@ -554,9 +550,7 @@ fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
         "duration_ms: 300",
         "message_count: 100 message_size: 64",
     ));
-    let theirs = run.dir.path().join("theirs");
-    std::fs::create_dir(&theirs).expect("mkdir");
-    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let theirs = dir_with_mode(&run.dir.path().join("theirs"), 0o755);
     rustix::fs::chown(
         &theirs,
         Some(rustix::process::Uid::from_raw(NOBODY_UID)),
@@ -565,9 +559,7 @@ fn a_directory_another_user_owns_is_refused_before_anything_is_opened() {
     .expect("chown");
     let existing = theirs.join("trace.pftrace");
     std::fs::write(&existing, b"earlier\n").expect("write");
-    let open = run.dir.path().join("open");
-    std::fs::create_dir(&open).expect("mkdir");
-    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let open = dir_with_mode(&run.dir.path().join("open"), 0o777);
     for (out, rotate, fix) in [
         (existing.clone(), false, "belongs to uid 65534"),
         (theirs.join("segs/"), true, "belongs to uid 65534"),
@@ -600,9 +592,7 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers 
     );
     std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let safe = run.dir.path().join("safe");
     std::fs::create_dir(&safe).expect("mkdir");
     let victims: Vec<(PathBuf, std::fs::Metadata)> =

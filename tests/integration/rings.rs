@@ -297,9 +297,7 @@ fn links_and_fifos_planted_at_the_ring_names_in_a_sticky_directory_are_refused()
     let run = Run::new(&flight_recorder_config(256));
     std::fs::set_permissions(run.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
-    let shared = run.dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("mkdir");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let shared = dir_with_mode(&run.dir.path().join("shared"), 0o1777);
     let victim = run.dir.path().join("victim");
     std::fs::write(&victim, b"precious\n").expect("victim");
     let before = std::fs::metadata(&victim).expect("meta");

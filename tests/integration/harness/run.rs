@@ -127,6 +127,14 @@ pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
     )
 }
 
+/// Makes directory `path` with `mode` (not narrowed by the umask) and
+/// returns it.
+pub fn dir_with_mode(path: &Path, mode: u32) -> PathBuf {
+    std::fs::create_dir(path).expect("mkdir");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path.to_path_buf()
+}
+
 /// A session shared with other users: its directory is searchable by all and
 /// its runtime directory exists, root-owned and sticky (as `/run/recorder`).
 pub fn shared_run(config: &str) -> Run {
