@@ -267,3 +267,88 @@ proptest::proptest! {
 }
 
 use proptest::prelude::Just;
+
+/// The model of a latency rule: every event in time order, a thread's
+/// first wakeup since it last ran paired with its next switch-in.
+fn latency_matches(events: &[(u64, bool, i64)], over: u64) -> u64 {
+    let mut sorted = events.to_vec();
+    sorted.sort_by_key(|e| e.0);
+    let mut woken = HashMap::new();
+    let mut matched = 0;
+    for (ts, wake, tid) in sorted {
+        if wake {
+            woken.entry(tid).or_insert(ts);
+        } else if let Some(w) = woken.remove(&tid)
+            && ts - w > over
+        {
+            matched += 1;
+        }
+    }
+    matched
+}
+
+proptest::proptest! {
+    /// However the CPUs' events are spread over drains (each drain reads
+    /// every CPU at least up to its start, CPU after CPU), the per-CPU
+    /// runs merged at each drain's end pair as one time-ordered stream.
+    #[test]
+    fn latency_pairs_as_if_every_event_came_in_time_order(
+        events in proptest::collection::vec((0u32..4, proptest::bool::ANY, 1i64..6, 1u64..30), 1..200),
+        drains in proptest::collection::vec((1u64..400, proptest::collection::vec(0u64..60, 4)), 1..8),
+    ) {
+        let ms = 1_000_000u64;
+        let plan = RulePlan::new(vec![rule("slow: latency sched > 20ms")]);
+        let mut t = table();
+        let mut w = Watch::new(&plan, &mut t, 0).expect("compiles").expect("watches");
+        let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
+        let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
+        let (sw, wk) = (format("sched", "sched_switch"), format("sched", "sched_waking"));
+        // Unique, increasing times; each CPU's events in its order.
+        let mut ts = 0;
+        let timed: Vec<(u32, u64, bool, i64)> = events
+            .iter()
+            .map(|&(cpu, wake, tid, dt)| {
+                ts += dt * ms;
+                (cpu, ts, wake, tid)
+            })
+            .collect();
+        let mut fed = [0usize; 4];
+        let mut cutoff = 0;
+        for (step, reads) in &drains {
+            cutoff += step * ms;
+            for cpu in 0..4u32 {
+                // This CPU is read past the drain's start, by `reads`.
+                let limit = cutoff + reads[cpu as usize] * ms;
+                let mine: Vec<_> = timed.iter().filter(|e| e.0 == cpu).collect();
+                let at = &mut fed[cpu as usize];
+                while let Some(e) = mine.get(*at).filter(|e| e.1 < limit) {
+                    let pid = e.3.to_string();
+                    let rec = if e.2 {
+                        record(&wk, &[("pid", &pid)])
+                    } else {
+                        record(&sw, &[("next_pid", &pid)])
+                    };
+                    w.on_event(if e.2 { wk_id } else { sw_id }, cpu, e.1, &rec);
+                    *at += 1;
+                }
+            }
+            w.settle(cutoff);
+        }
+        for cpu in 0..4u32 {
+            let mine: Vec<_> = timed.iter().filter(|e| e.0 == cpu).collect();
+            for e in &mine[fed[cpu as usize]..] {
+                let pid = e.3.to_string();
+                let rec = if e.2 {
+                    record(&wk, &[("pid", &pid)])
+                } else {
+                    record(&sw, &[("next_pid", &pid)])
+                };
+                w.on_event(if e.2 { wk_id } else { sw_id }, cpu, e.1, &rec);
+            }
+        }
+        w.settle(u64::MAX);
+        let model: Vec<(u64, bool, i64)> = timed.iter().map(|e| (e.1, e.2, e.3)).collect();
+        let matched = plan.tallies.get(0).expect("a tally").matched.load(std::sync::atomic::Ordering::Relaxed);
+        proptest::prop_assert_eq!(matched, latency_matches(&model, 20 * ms));
+    }
+}
