@@ -28,6 +28,7 @@ use crate::session::{
     AcceptedTrigger, Action, Answer, Event, FlushId, Pass, RequestId, SegmentFill, SourceFailure,
     SourcePhase, State, StopReason, TriggerArrival, TriggerName,
 };
+use crate::sources::DataSource;
 use crate::storage::segment::Output;
 use crate::storage::segment::policy::RotateReason;
 use crate::storage::write_pass::{PassReport, PassStage, Take, write_pass_staged};
@@ -87,6 +88,33 @@ enum Waiting {
     },
     /// A firing of the session's rule of this index.
     Rule(usize),
+}
+
+/// Runs every source whose work is due, or whose descriptor was ready
+/// (`ready` from `at` on, in the sources' order; empty: only time is
+/// known); a failure is queued for the session to decide on.
+fn run_due(
+    sources: &mut [Box<dyn DataSource>],
+    queue: &mut VecDeque<Event>,
+    ready: &[bool],
+    mut at: usize,
+) {
+    let now = Instant::now();
+    for s in sources {
+        let n = s.fds().len();
+        let woken = ready.get(at..at + n).is_some_and(|r| r.iter().any(|b| *b));
+        at += n;
+        if !woken && s.next_due().is_none_or(|due| due > now) {
+            continue;
+        }
+        if let Err(e) = s.run(now, woken) {
+            queue.push_back(Event::SourceFailed(SourceFailure {
+                source: s.name().to_string(),
+                phase: SourcePhase::Running,
+                cause: std::sync::Arc::new(e),
+            }));
+        }
+    }
 }
 
 impl Runner {
@@ -312,25 +340,10 @@ impl Runner {
     /// Runs every source whose work is due, or whose descriptor was ready;
     /// a failure is the session's to decide on.
     fn run_sources(&mut self, ready: &[bool]) {
-        let now = Instant::now();
         // The sources' descriptors follow the control and producer ones.
-        let mut at = self.rec.control.is_some() as usize
+        let at = self.rec.control.is_some() as usize
             + self.rec.producers.as_ref().map_or(0, |p| p.fds().len());
-        for s in &mut self.rec.sources {
-            let n = s.fds().len();
-            let woken = ready.get(at..at + n).is_some_and(|r| r.iter().any(|b| *b));
-            at += n;
-            if !woken && s.next_due().is_none_or(|due| due > now) {
-                continue;
-            }
-            if let Err(e) = s.run(now, woken) {
-                self.queue.push_back(Event::SourceFailed(SourceFailure {
-                    source: s.name().to_string(),
-                    phase: SourcePhase::Running,
-                    cause: std::sync::Arc::new(e),
-                }));
-            }
-        }
+        run_due(&mut self.rec.sources, &mut self.queue, ready, at);
     }
 
     fn take_control_requests(&mut self) {
@@ -669,11 +682,16 @@ impl Runner {
                 trace_stats(buffers, flushes, producers, control, view, rules)
             })
         };
+        // While the pass waits on the disk the sources' due work goes on:
+        // a slow disk must not leave the kernel's buffers unread.
+        let (sources, queue) = (&mut self.rec.sources, &mut self.queue);
+        let mut idle = || run_due(sources, queue, &[], 0);
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: matches!(self.rec.sink, Output::Segments(_)),
             last,
             max_bounce: None,
+            idle: Some(&mut idle),
         };
         let r = write_pass_staged(
             self.rec.sink.as_sink(),
@@ -926,11 +944,14 @@ impl Runner {
             ));
             t
         };
+        let (sources, queue) = (&mut self.rec.sources, &mut self.queue);
+        let mut idle = || run_due(sources, queue, &[], 0);
         let stage = PassStage {
             compress: self.rec.compress.as_mut(),
             count_packets: false,
             last: true,
             max_bounce: None,
+            idle: Some(&mut idle),
         };
         write_pass_staged(sink, &head, &plan, tail, None, true, stage)
     }

@@ -214,6 +214,11 @@ pub trait WriteProgress {
     /// the sink's [`WriteList`], which is what calls this). Called with
     /// `done` growing, never twice with the same value.
     fn written(&mut self, done: u64) -> u64;
+    /// The write is waiting on the file (its requests in flight, or between
+    /// two of its syscalls): the caller's chance to do its other due work,
+    /// such as draining the kernel's trace buffers, so that a slow disk does
+    /// not stall it. What the write holds stays pinned meanwhile.
+    fn idle(&mut self) {}
 }
 
 /// Progress nobody listens to: the caller keeps all of its memory.
@@ -317,6 +322,11 @@ impl<'l, 'a> WriteList<'l, 'a> {
         self.cursor
             .peek_batch(max_iov, max_bytes, &mut self.scratch);
         &self.scratch
+    }
+
+    /// The sink waits on the file: see [`WriteProgress::idle`].
+    pub fn idle(&mut self) {
+        self.progress.idle();
     }
 
     /// The next `n` bytes at the cursor are on their way to the file

@@ -123,6 +123,7 @@ pub(super) fn pwritev_all(
                 pos += n as u64;
                 list.advance(n);
                 list.written(pos - start);
+                list.idle();
                 continue;
             }
             Err(Errno::INTR) => continue,

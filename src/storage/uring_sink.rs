@@ -39,7 +39,7 @@
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use io_uring::{IoUring, opcode, types};
+use io_uring::{IoUring, opcode, squeue, types};
 use rustix::io::Errno;
 
 use super::batch::IOV_MAX;
@@ -78,6 +78,10 @@ pub struct UringSink {
     direct: Option<usize>,
     /// The block size when the file took `O_DIRECT` at open, on or not now.
     direct_capable: Option<usize>,
+    /// Requests go to the kernel's workers (`IOSQE_ASYNC`): a submission
+    /// blocked until its write was done, as on FUSE and some network file
+    /// systems, which write in the submitter's context.
+    punt: bool,
 }
 
 fn errno_of(e: &std::io::Error) -> Errno {
@@ -90,6 +94,7 @@ impl UringSink {
     pub fn new(fd: OwnedFd, offset: u64) -> std::io::Result<Self> {
         let ring = IoUring::builder().build(QUEUE_DEPTH as u32)?;
         let registered = ring.submitter().register_files(&[fd.as_raw_fd()]).is_ok();
+        let punt = writes_when_submitted(&fd);
         Ok(UringSink {
             ring,
             fd,
@@ -98,6 +103,7 @@ impl UringSink {
             poisoned: None,
             direct: None,
             direct_capable: None,
+            punt,
         })
     }
 
@@ -111,8 +117,31 @@ impl UringSink {
     }
 }
 
+/// Whether `fd`'s file system is one known to write a request in the
+/// context that submits it (FUSE, network file systems): its requests go
+/// to the kernel's workers from the start. Any other is found out by the
+/// first submission that blocks ([`submit_and_wait_idle`]).
+fn writes_when_submitted(fd: &OwnedFd) -> bool {
+    const FUSE: i64 = 0x6573_5546;
+    const NFS: i64 = 0x6969;
+    const SMB: i64 = 0x517b;
+    const CIFS: i64 = 0xff53_4d42;
+    const SMB2: i64 = 0xfe53_4d42;
+    const V9FS: i64 = 0x0102_1997;
+    const CEPH: i64 = 0x00c3_6400;
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::fstatfs(fd)
+        .is_ok_and(|fs| [FUSE, NFS, SMB, CIFS, SMB2, V9FS, CEPH].contains(&(fs.f_type as i64)))
+}
+
 /// Queues `slot`'s request (submitted by the next `submit_and_wait`).
-fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot, index: usize) {
+fn push(
+    ring: &mut IoUring,
+    (registered, punt): (bool, bool),
+    fd: &OwnedFd,
+    slot: &Slot,
+    index: usize,
+) {
     let iov = slot.iov.as_ptr();
     // IOV_MAX bounds a slot's length, so it fits a u32.
     let n = slot.iov.len() as u32;
@@ -121,7 +150,14 @@ fn push(ring: &mut IoUring, registered: bool, fd: &OwnedFd, slot: &Slot, index: 
     } else {
         opcode::Writev::new(types::Fd(fd.as_raw_fd()), iov, n)
     };
-    let entry = op.offset(slot.offset).build().user_data(index as u64);
+    let flags = if punt {
+        squeue::Flags::ASYNC
+    } else {
+        squeue::Flags::empty()
+    };
+    let entry = (op.offset(slot.offset).build())
+        .flags(flags)
+        .user_data(index as u64);
     // SAFETY: U1 keeps the iovec array and the data alive until this request
     // completes; U2 keeps the fd open.
     let pushed = unsafe { ring.submission().push(&entry) };
@@ -152,6 +188,49 @@ fn advance_raw(iov: &mut Vec<libc::iovec>, mut n: usize) {
         whole += 1;
     }
     iov.drain(..whole);
+}
+
+/// How long a pass waits on its requests before the caller's idle work
+/// ([`WriteList::idle`]): well under a drain period, so a disk that takes
+/// seconds does not keep the kernel's trace buffers from being read.
+const IDLE_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Submits what is queued and waits for a completion; while none comes
+/// within [`IDLE_TICK`], lets the list's caller do its due work. Without
+/// timed waits (IORING_FEAT_EXT_ARG, Linux 5.11) it just waits. A call
+/// that took well over a tick blocked in the submission itself: `punt` is
+/// set, so that later requests go to the kernel's workers.
+fn submit_and_wait_idle(
+    ring: &mut IoUring,
+    list: &mut WriteList<'_, '_>,
+    punt: &mut bool,
+) -> std::io::Result<()> {
+    if !ring.params().is_feature_ext_arg() {
+        return ring.submit_and_wait(1).map(drop);
+    }
+    let tick = types::Timespec::from(IDLE_TICK);
+    let args = types::SubmitArgs::new().timespec(&tick);
+    loop {
+        let queued = !ring.submission().is_empty();
+        let t = std::time::Instant::now();
+        match ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+            Err(e) => return Err(e),
+        }
+        if queued && !*punt && t.elapsed() > 5 * IDLE_TICK {
+            *punt = true;
+            log::info!(
+                "trace file: a write was done while it was submitted ({:?}); \
+                 later ones go to the kernel's io_uring workers",
+                t.elapsed()
+            );
+        }
+        if !ring.completion().is_empty() {
+            return Ok(());
+        }
+        list.idle();
+    }
 }
 
 impl FileSink for UringSink {
@@ -199,15 +278,21 @@ impl FileSink for UringSink {
                     slot.offset = next;
                     slot.busy = true;
                     next += slot.len as u64;
-                    push(&mut self.ring, self.registered, &self.fd, slot, i);
+                    push(
+                        &mut self.ring,
+                        (self.registered, self.punt),
+                        &self.fd,
+                        slot,
+                        i,
+                    );
                     in_flight += 1;
                 }
             }
             if in_flight == 0 {
                 break;
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
+            match submit_and_wait_idle(&mut self.ring, list, &mut self.punt) {
+                Ok(()) => {}
                 Err(e) if matches!(errno_of(&e), Errno::INTR | Errno::AGAIN | Errno::BUSY) => {}
                 Err(e) => {
                     let err = SinkError::Ring(errno_of(&e));
@@ -256,7 +341,13 @@ impl FileSink for UringSink {
                     slots[i].busy = false;
                     in_flight -= 1;
                 } else {
-                    push(&mut self.ring, self.registered, &self.fd, &slots[i], i);
+                    push(
+                        &mut self.ring,
+                        (self.registered, self.punt),
+                        &self.fd,
+                        &slots[i],
+                        i,
+                    );
                 }
             }
             if failure.is_none() {

@@ -92,7 +92,7 @@ pub enum Take {
 }
 
 /// What happens between the ring and the sink.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct PassStage<'a> {
     /// Compress the pass (ARCHITECTURE.md §7.9).
     pub compress: Option<&'a mut ZstdStage>,
@@ -105,6 +105,20 @@ pub struct PassStage<'a> {
     /// Most bytes an `O_DIRECT` layout copies at once; `None`:
     /// [`MAX_BOUNCE_BYTES`] (a seam for tests of the grouping).
     pub max_bounce: Option<usize>,
+    /// Called while the pass waits on the file ([`WriteProgress::idle`]).
+    pub idle: Option<&'a mut dyn FnMut()>,
+}
+
+impl std::fmt::Debug for PassStage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassStage")
+            .field("compress", &self.compress.is_some())
+            .field("count_packets", &self.count_packets)
+            .field("last", &self.last)
+            .field("max_bounce", &self.max_bounce)
+            .field("idle", &self.idle.is_some())
+            .finish()
+    }
 }
 
 /// What made a pass fail.
@@ -158,7 +172,7 @@ pub fn write_pass_staged(
     tail: impl FnOnce(bool) -> Vec<Vec<u8>>,
     max_file_size: Option<u64>,
     sync: bool,
-    stage: PassStage<'_>,
+    mut stage: PassStage<'_>,
 ) -> Result<PassReport, PassError> {
     let started = Instant::now();
     let before = sink.bytes_written();
@@ -200,6 +214,7 @@ pub fn write_pass_staged(
         spans: list.spans,
         next: 0,
         floor: 0,
+        idle: stage.idle.take(),
     };
     let mut w = Written::default();
     let to = Target {
@@ -313,7 +328,7 @@ struct Written {
 fn write_records(
     to: Target<'_>,
     iov: &[IoSlice<'_>],
-    unpin: &mut Unpin<'_>,
+    unpin: &mut Unpin<'_, '_>,
     stage: PassStage<'_>,
     w: &mut Written,
 ) -> Result<u64, PassFailure> {
@@ -369,6 +384,11 @@ fn write_records(
         spans: Vec::new(),
         next: 0,
         floor: 0,
+        idle: if compressed.is_some() {
+            unpin.idle.take()
+        } else {
+            None
+        },
     };
     let progress = if compressed.is_some() {
         &mut frames
@@ -457,7 +477,7 @@ fn write_kept(
     sink: &mut dyn FileSink,
     kept: &[IoSlice<'_>],
     direct: Option<Layout>,
-    progress: &mut Unpin<'_>,
+    progress: &mut Unpin<'_, '_>,
 ) -> Result<(u64, u64), PassFailure> {
     let Some(l) = direct else {
         return Ok((sink.write_all_reporting(kept, progress)?, 0));
@@ -506,6 +526,7 @@ pub fn write_last(sink: &mut dyn FileSink, records: &[IoSlice<'_>]) -> Result<u6
         spans: Vec::new(),
         next: 0,
         floor: 0,
+        idle: None,
     };
     let (bytes, _) = write_kept(sink, records, direct, &mut nothing)?;
     sink.sync_data()?;
@@ -530,7 +551,7 @@ struct Span {
 
 /// Lets go of the ring regions whose bytes are in the file, as the sink
 /// reports them (see the module docs).
-struct Unpin<'b> {
+struct Unpin<'b, 'i> {
     batches: &'b [FlushBatch],
     /// The batches' data ranges, in list order.
     spans: Vec<Span>,
@@ -538,9 +559,11 @@ struct Unpin<'b> {
     next: usize,
     /// Where the last region let go of ends in the list.
     floor: u64,
+    /// The caller's work while the pass waits on the file.
+    idle: Option<&'i mut dyn FnMut()>,
 }
 
-impl Unpin<'_> {
+impl Unpin<'_, '_> {
     /// The first `done` bytes of the list are in the file: unpins the
     /// regions within them. Returns the floor: where the last region let go
     /// of ends in the list, a packet boundary (0 while none is).
@@ -595,26 +618,36 @@ impl Unpin<'_> {
     }
 }
 
-impl WriteProgress for Unpin<'_> {
+impl WriteProgress for Unpin<'_, '_> {
     fn written(&mut self, done: u64) -> u64 {
         self.through(done)
+    }
+
+    fn idle(&mut self) {
+        if let Some(f) = &mut self.idle {
+            f();
+        }
     }
 }
 
 /// Progress through an `O_DIRECT` layout of the list's slices from
 /// position `in_at` on: its positions mapped to the list's and back (a
 /// floor below the group is 0 in it).
-struct Aligned<'l, 'a, 'u, 'b> {
+struct Aligned<'l, 'a, 'u, 'b, 'i> {
     layout: &'l AlignedPass<'a>,
-    unpin: &'u mut Unpin<'b>,
+    unpin: &'u mut Unpin<'b, 'i>,
     in_at: u64,
 }
 
-impl WriteProgress for Aligned<'_, '_, '_, '_> {
+impl WriteProgress for Aligned<'_, '_, '_, '_, '_> {
     fn written(&mut self, done: u64) -> u64 {
         let floor = self
             .unpin
             .through(self.in_at + self.layout.input_done(done));
         self.layout.output_of(floor.saturating_sub(self.in_at))
+    }
+
+    fn idle(&mut self) {
+        WriteProgress::idle(self.unpin);
     }
 }

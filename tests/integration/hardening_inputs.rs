@@ -189,10 +189,26 @@ fn a_full_disk_at_the_stop_time_write_keeps_what_fits_and_says_what_did_not() {
     }
 }
 
+/// What the FUSE fixture needs: /dev/fuse, fusepy and libfuse2.
+fn fuse_fixture() -> Option<need::Missing> {
+    if !Path::new("/dev/fuse").exists() {
+        return need::present(false, "no /dev/fuse: cannot mount the FUSE fixture");
+    }
+    need::present(
+        Command::new("python3")
+            .args(["-c", "import fuse"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+        "python3's fusepy (and libfuse2) missing: pip install fusepy",
+    )
+}
+
 /// A FUSE file system (tests/fixtures/failing_sync_fs.py) over a backing
 /// directory whose fsync and fdatasync fail with EIO, as a network file
-/// system's do when its server loses the data; unmounted (lazily) on drop,
-/// its server killed.
+/// system's do when its server loses the data, or whose writes take their
+/// time, as the marks made in the backing directory say; unmounted
+/// (lazily) on drop, its server killed.
 struct FailingSyncFs {
     server: Child,
     backing: PathBuf,
@@ -200,14 +216,18 @@ struct FailingSyncFs {
 }
 
 impl FailingSyncFs {
-    fn mount(dir: &Path) -> Result<FailingSyncFs, String> {
+    /// Mounted with `marks` (name, contents) in the backing directory from
+    /// the start: `.fail-sync` (every sync fails), `.slow-write` (ms a
+    /// write waits per new 64 KiB).
+    fn mount(dir: &Path, marks: &[(&str, &str)]) -> Result<FailingSyncFs, String> {
         let backing = dir.join("backing");
         let mount = dir.join("mnt");
         for d in [&backing, &mount] {
             std::fs::create_dir(d).map_err(|e| e.to_string())?;
         }
-        // Every sync fails from the start: the session's first is at its stop.
-        std::fs::write(backing.join(".fail-sync"), "").map_err(|e| e.to_string())?;
+        for (name, text) in marks {
+            std::fs::write(backing.join(name), text).map_err(|e| e.to_string())?;
+        }
         let server = Command::new("python3")
             .arg(repo_root().join("tests/fixtures/failing_sync_fs.py"))
             .arg(&backing)
@@ -269,18 +289,7 @@ impl Drop for FailingSyncFs {
 #[test]
 fn a_failed_fdatasync_at_the_stop_is_exit_1_and_keeps_what_was_written() {
     require!(need::root());
-    require!(need::present(
-        Path::new("/dev/fuse").exists(),
-        "no /dev/fuse: cannot mount a file system whose sync fails"
-    ));
-    require!(need::present(
-        Command::new("python3")
-            .args(["-c", "import fuse"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-        "python3's fusepy (and libfuse2) missing: pip install fusepy"
-    ));
+    require!(fuse_fixture());
     let fields = "message_count: 0 max_messages_per_second: 5000 message_size: 100";
     // (kind, top-level fields, whether packets reach the file)
     let kinds = [
@@ -300,7 +309,9 @@ fn a_failed_fdatasync_at_the_stop_is_exit_1_and_keeps_what_was_written() {
     for io in sinks() {
         for (kind, top, writes) in kinds {
             let dir = tempfile::tempdir().expect("tempdir");
-            let fs = match FailingSyncFs::mount(dir.path()) {
+            // Every sync fails from the start: the session's first is at
+            // its stop.
+            let fs = match FailingSyncFs::mount(dir.path(), &[(".fail-sync", "")]) {
                 Ok(fs) => fs,
                 Err(e) => {
                     require!(need::present(false, &format!("FUSE mount: {e}")));
@@ -556,5 +567,95 @@ fn messages_say_what_happened_many_writers_and_trigger_only_configs() {
         "producer socket",
     ] {
         assert!(!out.contains(wrong), "{wrong}: {out}");
+    }
+}
+
+/// A disk that takes its time does not stall the recording: while a write
+/// pass waits on its requests, the sources' due work goes on. The FUSE
+/// fixture's writes wait 40 ms per new 64 KiB, so a half-second pass of
+/// about a megabyte takes most of a second; a 100 ms meminfo poll keeps its
+/// pace through it all the same. (The io_uring sink: a pwritev(2) is one
+/// blocking call, between whose steps alone the sources can run.)
+#[test]
+fn a_slow_disk_does_not_stall_the_sources() {
+    require!(need::root());
+    require!(need::io_uring());
+    require!(fuse_fixture());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = match FailingSyncFs::mount(dir.path(), &[(".slow-write", "40")]) {
+        Ok(fs) => fs,
+        Err(e) => {
+            require!(need::present(false, &format!("FUSE mount: {e}")));
+            return;
+        }
+    };
+    let run = Run::new(
+        r#"
+buffers { size_kb: 32768 fill_policy: RING_BUFFER }
+data_sources { config { name: "for_testing" target_buffer: 0
+  for_testing { message_count: 0 max_messages_per_second: 20000 message_size: 100 } } }
+data_sources { config { name: "linux.sys_stats"
+  sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
+write_into_file: true
+file_write_period_ms: 500
+duration_ms: 4000
+"#,
+    );
+    let out = output_within_named(
+        run.command_to("io_uring", &fs.mount.join("t.pftrace"))
+            .env("RUST_LOG", "info,recorder::event_loop::runner=debug"),
+        Duration::from_secs(60),
+        "session",
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    // The disk was slow: a pass took most of a second (`pass N: B bytes in D`).
+    let slowest = err
+        .lines()
+        .filter_map(|l| {
+            l.split_once("] pass ")?
+                .1
+                .split_once(" in ")?
+                .1
+                .parse_duration()
+        })
+        .max()
+        .unwrap_or_default();
+    assert!(
+        slowest >= Duration::from_millis(400),
+        "passes were not slow: {err}"
+    );
+    // The meminfo polls kept their pace: no two more than 300 ms apart.
+    let data = std::fs::read(fs.backing.join("t.pftrace")).expect("the backing file");
+    assert_eq!(whole_prefix(&data), data.len());
+    let mut polls: Vec<u64> = decode(&data)
+        .iter()
+        .filter(|p| p.has_sys_stats())
+        .map(|p| p.timestamp())
+        .collect();
+    polls.sort_unstable();
+    assert!(polls.len() >= 20, "{} meminfo polls", polls.len());
+    let gap = polls.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    assert!(
+        gap < 300_000_000,
+        "a {:.0} ms gap between meminfo polls while passes took up to {slowest:?}",
+        gap as f64 / 1e6
+    );
+}
+
+/// A `Duration`'s Debug text (`680.5ms`, `1.2s`, `95µs`) read back.
+trait ParseDuration {
+    fn parse_duration(&self) -> Option<Duration>;
+}
+
+impl ParseDuration for str {
+    fn parse_duration(&self) -> Option<Duration> {
+        let t = self.trim();
+        let (num, scale) = [("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+            .iter()
+            .find_map(|(unit, scale)| Some((t.strip_suffix(unit)?, *scale)))?;
+        num.parse::<f64>()
+            .ok()
+            .map(|v| Duration::from_secs_f64(v * scale))
     }
 }

@@ -614,7 +614,13 @@ impl<O: PacketOutput> ReaderState<O> {
     /// readable (`woken`), an early drain at the watermark.
     pub fn on_due(&mut self, now: Instant, woken: bool) {
         if now >= self.next {
+            let late = now.saturating_duration_since(self.next);
+            let t = Instant::now();
             self.drain(false);
+            let took = t.elapsed();
+            if late > self.period / 2 || took > self.period / 2 {
+                log::debug!("ftrace drain: {late:?} late, took {took:?}");
+            }
             self.next = now + self.period;
         } else if woken && self.watching(now) {
             self.watermark_drains += 1;
