@@ -145,16 +145,18 @@ pub enum ConfigError {
     Text {
         /// The positioned error.
         error: TextError,
-        /// `FILE:LINE:COL: error: …`, the line and a caret.
+        /// `FILE:LINE:COL: error: …`, the line and a caret: text, as it
+        /// quotes the user's config (`error` is its typed form).
         rendered: String,
     },
     /// A binary config did not decode.
-    #[error("{origin}: not a valid binary TraceConfig: {message}{hint}")]
+    #[error("{origin}: not a valid binary TraceConfig: {source}{hint}")]
     Binary {
         /// File name.
         origin: String,
         /// The decoder's complaint.
-        message: String,
+        #[source]
+        source: prost::DecodeError,
         /// A hint when the bytes look like text.
         hint: &'static str,
     },
@@ -417,7 +419,7 @@ pub fn load_binary_in(
     let message =
         DynamicMessage::decode(schema.trace_config(), bytes).map_err(|e| ConfigError::Binary {
             origin: origin.to_string(),
-            message: e.to_string(),
+            source: e,
             hint: if starts_like_text(bytes) {
                 " (it starts like text: if it is, --txt shows where it goes wrong)"
             } else {
