@@ -59,6 +59,7 @@ static POOL: Mutex<Option<DescriptorPool>> = Mutex::new(None);
 /// Our schema, for reflection: decoded on first use and kept for the next
 /// (a handle: cloning it is cheap).
 pub fn pool() -> DescriptorPool {
+    // Poison is harmless: the pool holds a whole handle or none.
     let mut kept = POOL.lock().unwrap_or_else(PoisonError::into_inner);
     kept.get_or_insert_with(|| {
         DescriptorPool::decode(crate::protos::DESCRIPTOR_SET)
@@ -71,6 +72,7 @@ pub fn pool() -> DescriptorPool {
 /// none of it. Its memory is freed once the last handle is dropped; a later
 /// [`pool`] decodes it again.
 pub fn release_pool() {
+    // As in `pool`: a whole handle or none, whatever a panic left.
     POOL.lock().unwrap_or_else(PoisonError::into_inner).take();
 }
 
