@@ -211,9 +211,20 @@ pub(crate) enum RingDirError {
     )]
     Taken {
         path: PathBuf,
-        what: String,
+        what: RingOccupant,
         advice: &'static str,
     },
+}
+
+/// What holds a ring file's name.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RingOccupant {
+    /// An entry as `stat` sees it: its kind and owner.
+    #[error("{kind} of uid {uid}")]
+    Entry { kind: &'static str, uid: u32 },
+    /// An entry `stat` refused to look at.
+    #[error("unexaminable: {0}")]
+    Unexaminable(#[source] rustix::io::Errno),
 }
 
 /// Checks `dir` for a session's ring files: a directory files may be made
@@ -248,7 +259,10 @@ fn taken(dir: &OutputDir, name: &str) -> RingDirError {
             };
             let ours =
                 st.st_uid == me && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
-            let what = format!("{kind} of uid {}", st.st_uid);
+            let what = RingOccupant::Entry {
+                kind,
+                uid: st.st_uid,
+            };
             if ours {
                 (
                     what,
@@ -261,7 +275,7 @@ fn taken(dir: &OutputDir, name: &str) -> RingDirError {
                 )
             }
         }
-        Err(e) => (format!("unexaminable: {e}"), "give another --ring-dir"),
+        Err(e) => (RingOccupant::Unexaminable(e), "give another --ring-dir"),
     };
     RingDirError::Taken {
         path: dir.join(name),

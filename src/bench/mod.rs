@@ -81,7 +81,9 @@ pub use sweep::{OutputPlan, StopAt, Sweep, from_spec};
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("{0}")]
-    Usage(String),
+    Usage(&'static str),
+    #[error("{0} needs at least one value")]
+    NoValue(&'static str),
     #[error("buffer {index}: {source}")]
     Buffer {
         index: usize,

@@ -98,7 +98,7 @@ impl Sweep {
     pub fn configs(&self) -> Result<(Vec<BenchConfig>, Vec<String>), BenchError> {
         let mut warnings = Vec::new();
         if self.writers == 0 {
-            return Err(BenchError::Usage("--writers must be at least 1".into()));
+            return Err(BenchError::Usage("--writers must be at least 1"));
         }
         for (name, empty) in [
             ("--packet-size", self.packet_sizes.is_empty()),
@@ -107,9 +107,7 @@ impl Sweep {
             ("--write-period-ms", self.write_period_ms.is_empty()),
         ] {
             if empty {
-                return Err(BenchError::Usage(format!(
-                    "{name} needs at least one value"
-                )));
+                return Err(BenchError::NoValue(name));
             }
         }
         let chunks: Vec<Option<u64>> = if self.chunk_kb.is_empty() {
@@ -215,7 +213,7 @@ pub fn from_spec(
     }
     if writers.is_empty() {
         return Err(BenchError::Usage(
-            "the config has no for_testing data source to drive".into(),
+            "the config has no for_testing data source to drive",
         ));
     }
     if let Some(w) = writers.iter().find(|w| w.buffer >= buffers.len()) {
@@ -233,7 +231,7 @@ pub fn from_spec(
     }
     if duration.is_none() && writers.iter().any(|w| w.packets.is_none()) {
         return Err(BenchError::Usage(
-            "a for_testing source without message_count needs duration_ms in the config or --duration/--packets".into(),
+            "a for_testing source without message_count needs duration_ms in the config or --duration/--packets",
         ));
     }
     let write_period = spec.file.as_ref().map_or(

@@ -14,18 +14,22 @@ pub fn is_plain_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
+/// An `ftrace_events` entry that is not `GROUP/NAME`, `GROUP/*` or `NAME`:
+/// the entry as the config (or the peer) wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error(
+    "{0:?} is not an event: GROUP/NAME, GROUP/* or NAME, each of letters, digits, '_', '-' and '.'"
+)]
+pub struct NotAnEvent(pub String);
+
 /// Why an `ftrace_events` entry (`GROUP/NAME`, `GROUP/*` or `NAME`) is not
 /// one, if it is not.
-pub fn event_spec_problem(spec: &str) -> Option<String> {
+pub fn event_spec_problem(spec: &str) -> Option<NotAnEvent> {
     let ok = match spec.split_once('/') {
         Some((g, n)) => is_plain_name(g) && (n == "*" || is_plain_name(n)),
         None => is_plain_name(spec),
     };
-    (!ok).then(|| {
-        format!(
-            "{spec:?} is not an event: GROUP/NAME, GROUP/* or NAME, each of letters, digits, '_', '-' and '.'"
-        )
-    })
+    (!ok).then(|| NotAnEvent(spec.to_string()))
 }
 
 #[cfg(test)]

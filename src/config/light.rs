@@ -107,8 +107,8 @@ pub enum LightError {
         nearest: Option<String>,
     },
     /// A word with a `/` that is not an event's name.
-    #[error("{0}")]
-    BadEvent(String),
+    #[error(transparent)]
+    BadEvent(#[from] super::event_name::NotAnEvent),
     /// An event this kernel does not have.
     #[error(
         "this kernel has no ftrace event {word:?}{}",

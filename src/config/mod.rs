@@ -59,6 +59,7 @@ static POOL: Mutex<Option<DescriptorPool>> = Mutex::new(None);
 /// Our schema, for reflection: decoded on first use and kept for the next
 /// (a handle: cloning it is cheap).
 pub fn pool() -> DescriptorPool {
+    // Poison is harmless: the pool holds a whole handle or none.
     let mut kept = POOL.lock().unwrap_or_else(PoisonError::into_inner);
     kept.get_or_insert_with(|| {
         DescriptorPool::decode(crate::protos::DESCRIPTOR_SET)
@@ -71,6 +72,7 @@ pub fn pool() -> DescriptorPool {
 /// none of it. Its memory is freed once the last handle is dropped; a later
 /// [`pool`] decodes it again.
 pub fn release_pool() {
+    // As in `pool`: a whole handle or none, whatever a panic left.
     POOL.lock().unwrap_or_else(PoisonError::into_inner).take();
 }
 
@@ -145,16 +147,18 @@ pub enum ConfigError {
     Text {
         /// The positioned error.
         error: TextError,
-        /// `FILE:LINE:COL: error: …`, the line and a caret.
+        /// `FILE:LINE:COL: error: …`, the line and a caret: text, as it
+        /// quotes the user's config (`error` is its typed form).
         rendered: String,
     },
     /// A binary config did not decode.
-    #[error("{origin}: not a valid binary TraceConfig: {message}{hint}")]
+    #[error("{origin}: not a valid binary TraceConfig: {source}{hint}")]
     Binary {
         /// File name.
         origin: String,
         /// The decoder's complaint.
-        message: String,
+        #[source]
+        source: prost::DecodeError,
         /// A hint when the bytes look like text.
         hint: &'static str,
     },
@@ -417,7 +421,7 @@ pub fn load_binary_in(
     let message =
         DynamicMessage::decode(schema.trace_config(), bytes).map_err(|e| ConfigError::Binary {
             origin: origin.to_string(),
-            message: e.to_string(),
+            source: e,
             hint: if starts_like_text(bytes) {
                 " (it starts like text: if it is, --txt shows where it goes wrong)"
             } else {

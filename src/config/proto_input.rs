@@ -94,6 +94,8 @@ impl Default for Budget {
 impl Budget {
     /// The files read so far.
     pub fn files(&self) -> Vec<InputFile> {
+        // A list pushed to one whole entry at a time: whatever a panicking
+        // holder left is valid.
         self.1
             .lock()
             .map(|v| v.clone())
@@ -108,6 +110,7 @@ impl Budget {
                 ino: m.ino(),
                 path: path.to_path_buf(),
             };
+            // As in `files`: each holder pushes one whole entry at most.
             let mut v = self.1.lock().unwrap_or_else(|p| p.into_inner());
             if !v.contains(&file) {
                 v.push(file);

@@ -61,8 +61,27 @@ pub enum SchemaError {
     #[error("{rendered}")]
     Proto {
         /// `PATH:LINE:COL: error: …` with the line and a caret, or
-        /// `PATH: error: …` when the compiler gives no position.
+        /// `PATH: error: …` when the compiler gives no position: text, as
+        /// it is the compiler's error drawn over the user's own file.
         rendered: String,
+        /// The compiler's error itself; not `source()`, as `rendered`
+        /// already words it.
+        compiler: Box<protox::Error>,
+    },
+    /// A `.proto` file or descriptor set could not be read (or all of them
+    /// together are too large).
+    #[error("{path}: error: {source}")]
+    Input {
+        /// The file, or the flags when the files together are refused.
+        path: String,
+        #[source]
+        source: proto_input::InputError,
+    },
+    /// A `--proto-path` that is no directory.
+    #[error("{path}: error: --proto-path names no directory")]
+    NoIncludeDir {
+        /// The directory given.
+        path: String,
     },
     /// A descriptor set could not be read or decoded.
     #[error("{path}: not a FileDescriptorSet (as `protoc --descriptor_set_out` writes): {why}")]
@@ -70,7 +89,8 @@ pub enum SchemaError {
         /// The file.
         path: String,
         /// What went wrong.
-        why: String,
+        #[source]
+        why: SetProblem,
     },
     /// A file of a descriptor set redefines part of our schema under a name
     /// we cannot map to one of our files.
@@ -83,6 +103,20 @@ pub enum SchemaError {
         /// The file in it.
         file: String,
     },
+}
+
+/// Why a descriptor set is not one.
+#[derive(Debug, Error)]
+pub enum SetProblem {
+    #[error(transparent)]
+    Input(#[from] proto_input::InputError),
+    #[error(transparent)]
+    Decode(#[from] prost::DecodeError),
+    #[error("it holds no files")]
+    Empty,
+    /// The set's own text, escaped.
+    #[error("dependency {0:?} is not a plain relative name")]
+    Dependency(String),
 }
 
 /// A descriptor pool with our schema and possibly the user's extensions.
@@ -126,28 +160,22 @@ impl Schema {
                         .map(|m| m.len())
                         .map_err(|e| proto_input::InputError::io(&e))
                 })
-                .map_err(|e| SchemaError::Proto {
-                    rendered: plain(&f.display().to_string(), &e.to_string(), None),
+                .map_err(|source| SchemaError::Input {
+                    path: f.display().to_string(),
+                    source,
                 })?;
             named = named.saturating_add(size);
         }
         if named > proto_input::MAX_PROTO_INPUT_BYTES {
-            return Err(SchemaError::Proto {
-                rendered: plain(
-                    "--proto/--descriptor-set",
-                    &proto_input::InputError::TooLarge.to_string(),
-                    None,
-                ),
+            return Err(SchemaError::Input {
+                path: "--proto/--descriptor-set".into(),
+                source: proto_input::InputError::TooLarge,
             });
         }
         for d in &user.include_paths {
             if !d.is_dir() {
-                return Err(SchemaError::Proto {
-                    rendered: plain(
-                        &d.display().to_string(),
-                        "--proto-path names no directory",
-                        None,
-                    ),
+                return Err(SchemaError::NoIncludeDir {
+                    path: d.display().to_string(),
                 });
             }
         }
@@ -185,7 +213,7 @@ impl Schema {
         let mut compiler = protox::Compiler::with_file_resolver(resolver);
         let failed = |c: &protox::Compiler, e: protox::Error| {
             let at = placed(c, &e, &parsed);
-            proto_error(&e, &includes, at)
+            proto_error(e, &includes, at)
         };
         for name in &set_names {
             if let Err(e) = compiler.open_file(name) {
@@ -238,29 +266,27 @@ fn read_descriptor_set(
     budget: &Budget,
 ) -> Result<Vec<FileDescriptorProto>, SchemaError> {
     let shown = path.display().to_string();
-    let bad = |why: String| SchemaError::DescriptorSet {
+    let bad = |why: SetProblem| SchemaError::DescriptorSet {
         path: shown.clone(),
         why,
     };
-    let bytes = proto_input::read_regular(path, budget).map_err(|e| bad(e.to_string()))?;
+    let bytes = proto_input::read_regular(path, budget).map_err(|e| bad(e.into()))?;
     // prost's decoder stops at 100 levels of nesting itself; the walk
     // below holds the set to the same bound as .proto text.
-    let set = FileDescriptorSet::decode(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
+    let set = FileDescriptorSet::decode(bytes.as_slice()).map_err(|e| bad(e.into()))?;
     drop(bytes);
     if set.file.is_empty() {
-        return Err(bad("it holds no files".into()));
+        return Err(bad(SetProblem::Empty));
     }
     if set
         .file
         .iter()
         .any(|f| proto_input::nesting_depth(f) > MAX_PROTO_NESTING)
     {
-        return Err(bad(proto_input::InputError::TooDeep.to_string()));
+        return Err(bad(proto_input::InputError::TooDeep.into()));
     }
     for f in &set.file {
-        budget
-            .take_declarations(f)
-            .map_err(|e| bad(e.to_string()))?;
+        budget.take_declarations(f).map_err(|e| bad(e.into()))?;
     }
     // A dependency is a file of this set, of ours, or one found inside an
     // include path: a name that climbs out (`../../etc/shadow`) is refused
@@ -270,10 +296,7 @@ fn read_descriptor_set(
             d.is_empty() || d.starts_with('/') || d.split('/').any(|c| c == ".." || c == ".")
         })
     {
-        return Err(bad(format!(
-            "dependency {:?} is not a plain relative name",
-            dep.escape_debug().to_string()
-        )));
+        return Err(bad(SetProblem::Dependency(dep.escape_debug().to_string())));
     }
     let mut renamed: Vec<(String, String)> = Vec::new();
     let mut kept = Vec::new();
@@ -360,7 +383,7 @@ fn placed(
 }
 
 fn proto_error(
-    e: &protox::Error,
+    e: protox::Error,
     includes: &[PathBuf],
     at: Option<(String, usize, usize)>,
 ) -> SchemaError {
@@ -419,7 +442,10 @@ fn proto_error(
         (Some(n), None, _) => plain(n, &message, help.as_deref()),
         (None, None, _) => plain("--proto", &message, help.as_deref()),
     };
-    SchemaError::Proto { rendered }
+    SchemaError::Proto {
+        rendered,
+        compiler: Box::new(e),
+    }
 }
 
 fn plain(origin: &str, message: &str, help: Option<&str>) -> String {

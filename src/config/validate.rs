@@ -834,7 +834,7 @@ fn ftrace_names(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) {
     let at = |field: &str| format!("{base}.{field}");
     for (i, e) in f.ftrace_events.iter().enumerate() {
         if let Some(why) = super::event_name::event_spec_problem(e) {
-            cx.err(at(&format!("ftrace_events[{i}]")), why);
+            cx.err(at(&format!("ftrace_events[{i}]")), why.to_string());
         }
     }
     if let Some(inst) = f.instance_name.as_deref()

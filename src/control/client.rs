@@ -25,7 +25,7 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use super::ControlError;
 use super::runtime_dir::{self, RuntimeDir};
 use super::server::{self, endpoint_names};
-use super::wire::{self, BadReply, Reply, Request, SessionStatus, TriggerOutcome};
+use super::wire::{self, BadReply, InvalidReply, Reply, Request, SessionStatus, TriggerOutcome};
 
 /// The most one client command waits, for all sessions together. Longer
 /// than the server's own reply deadline, so a busy session's refusal
@@ -446,7 +446,7 @@ pub type TriggerResults = Vec<(u32, Result<TriggerAnswer, NoAnswer>)>;
 pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults, ControlError> {
     let all = sessions();
     if all.is_empty() {
-        return Err(ControlError::NoSessions(dirs_text()));
+        return Err(ControlError::NoSessions(runtime_dir::candidates()));
     }
     let req = Request::Trigger {
         names: names.to_vec(),
@@ -462,7 +462,7 @@ pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults,
                 } else {
                     Err(NoAnswer::Control(ControlError::BadReply {
                         pid: s.pid,
-                        source: BadReply::Invalid("outcomes for names that were not sent".into()),
+                        source: BadReply::Invalid(InvalidReply::UnaskedOutcomes),
                     }))
                 }
             }
@@ -523,7 +523,7 @@ fn stop_one(s: &SessionEndpoint, deadline: Instant) -> Result<Stopped, ControlEr
         }),
         Ok(_) => Err(ControlError::BadReply {
             pid,
-            source: BadReply::Invalid("unexpected reply to a stop request".into()),
+            source: BadReply::Invalid(InvalidReply::Unexpected("stop")),
         }),
         Err(e @ (ControlError::Impostor { .. } | ControlError::BadReply { .. })) => Err(e),
         Err(_) if gone() => Ok(Stopped::Exited),
@@ -534,10 +534,7 @@ fn stop_one(s: &SessionEndpoint, deadline: Instant) -> Result<Stopped, ControlEr
 /// Asks session `pid` to stop gracefully.
 pub fn stop(pid: u32) -> Result<Stopped, ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
-        return Err(ControlError::Session {
-            pid,
-            msg: "no such running session".into(),
-        });
+        return Err(ControlError::NoSuchSession(pid));
     };
     stop_one(&s, deadline())
 }
@@ -561,10 +558,7 @@ fn my_sessions() -> Vec<SessionEndpoint> {
 /// Asks `deferred_start` session `pid` to start recording.
 pub fn start(pid: u32) -> Result<(), ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
-        return Err(ControlError::Session {
-            pid,
-            msg: "no such running session".into(),
-        });
+        return Err(ControlError::NoSuchSession(pid));
     };
     match ask(&s, &s.control, &Request::Start {}, deadline())? {
         Reply::Started => Ok(()),
@@ -578,7 +572,7 @@ pub fn start(pid: u32) -> Result<(), ControlError> {
         }),
         _ => Err(ControlError::BadReply {
             pid,
-            source: BadReply::Invalid("unexpected reply to a start request".into()),
+            source: BadReply::Invalid(InvalidReply::Unexpected("start")),
         }),
     }
 }
@@ -586,10 +580,7 @@ pub fn start(pid: u32) -> Result<(), ControlError> {
 /// Asks segmented session `pid` to close its segment and open the next.
 pub fn rotate(pid: u32) -> Result<(), ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
-        return Err(ControlError::Session {
-            pid,
-            msg: "no such running session".into(),
-        });
+        return Err(ControlError::NoSuchSession(pid));
     };
     rotate_one(&s, deadline())
 }
@@ -604,7 +595,7 @@ fn rotate_one(s: &SessionEndpoint, deadline: Instant) -> Result<(), ControlError
         }),
         _ => Err(ControlError::BadReply {
             pid,
-            source: BadReply::Invalid("unexpected reply to a rotate request".into()),
+            source: BadReply::Invalid(InvalidReply::Unexpected("rotate")),
         }),
     }
 }
@@ -618,8 +609,12 @@ pub fn rotate_all() -> Vec<(u32, Result<(), ControlError>)> {
 
 /// The runtime directories searched, for messages.
 pub fn dirs_text() -> String {
-    runtime_dir::candidates()
-        .iter()
+    dirs_text_of(&runtime_dir::candidates())
+}
+
+/// `dirs` for a message: `A or B`.
+pub fn dirs_text_of(dirs: &[PathBuf]) -> String {
+    dirs.iter()
         .map(|d| d.display().to_string())
         .collect::<Vec<_>>()
         .join(" or ")

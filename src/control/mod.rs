@@ -49,7 +49,7 @@ pub enum ControlError {
         source: crate::storage::create::CreateError,
     },
     #[error("no usable runtime directory: {0}")]
-    NoRuntimeDir(String),
+    NoRuntimeDir(runtime_dir::Tried),
     #[error("{path}: {source}")]
     RuntimeFile {
         path: String,
@@ -66,14 +66,17 @@ pub enum ControlError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no running recorder session in {0}")]
-    NoSessions(String),
+    #[error("no running recorder session in {}", client::dirs_text_of(.0))]
+    NoSessions(Vec<std::path::PathBuf>),
     #[error(
         "session {pid} closed the connection {attempts} times before reading the request (it is busy, or has as many connections from your uid as it takes): try again"
     )]
     Closed { pid: u32, attempts: u32 },
+    /// The session's own words (a refusal it sent).
     #[error("session {pid}: {msg}")]
     Session { pid: u32, msg: String },
+    #[error("session {0}: no such running session")]
+    NoSuchSession(u32),
     #[error("bad reply from session {pid}: {source}")]
     BadReply {
         pid: u32,

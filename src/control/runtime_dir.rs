@@ -52,7 +52,21 @@ pub enum OwnFileError {
     #[error(
         "{name} in the runtime directory is {what}, not a file this user created: refusing to use it (remove it)"
     )]
-    Foreign { name: String, what: String },
+    Foreign { name: String, what: Occupant },
+}
+
+/// What holds a name in the runtime directory that is not ours.
+#[derive(Debug, thiserror::Error)]
+pub enum Occupant {
+    /// An entry as `stat` sees it: its kind and owner.
+    #[error("{kind} owned by uid {uid}")]
+    Entry { kind: &'static str, uid: u32 },
+    /// An entry `stat` refused to look at.
+    #[error("an entry that cannot be examined ({0})")]
+    Unexaminable(#[source] Errno),
+    /// An entry swapped under the name while it was being opened.
+    #[error("replaced again and again while it was being opened")]
+    Churning,
 }
 
 impl RuntimeDir {
@@ -143,7 +157,7 @@ impl RuntimeDir {
         }
         Err(OwnFileError::Foreign {
             name: name.into(),
-            what: "replaced again and again while it was being opened".into(),
+            what: Occupant::Churning,
         })
     }
 
@@ -181,7 +195,7 @@ impl RuntimeDir {
     }
 }
 
-fn describe_stat(st: &rustix::fs::Stat) -> String {
+fn describe_stat(st: &rustix::fs::Stat) -> Occupant {
     let kind = match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile if st.st_nlink != 1 => "a file with other hard links",
         FileType::RegularFile => "a file",
@@ -192,13 +206,16 @@ fn describe_stat(st: &rustix::fs::Stat) -> String {
         FileType::CharacterDevice | FileType::BlockDevice => "a device",
         FileType::Unknown => "an unknown kind of file",
     };
-    format!("{kind} owned by uid {}", st.st_uid)
+    Occupant::Entry {
+        kind,
+        uid: st.st_uid,
+    }
 }
 
-fn describe_entry(dir: &OwnedFd, name: &str) -> String {
+fn describe_entry(dir: &OwnedFd, name: &str) -> Occupant {
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => describe_stat(&st),
-        Err(e) => format!("an entry that cannot be examined ({e})"),
+        Err(e) => Occupant::Unexaminable(e),
     }
 }
 
@@ -352,6 +369,22 @@ pub fn open_for_client(dir: &Path) -> Option<(RuntimeDir, bool)> {
     ))
 }
 
+/// Why each runtime directory candidate was passed over.
+#[derive(Debug)]
+pub struct Tried(pub Vec<ControlError>);
+
+impl std::fmt::Display for Tried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The directory a new session listens in, checked (and created if needed).
 pub fn for_server() -> Result<RuntimeDir, ControlError> {
     let mut errors = Vec::new();
@@ -367,10 +400,10 @@ pub fn for_server() -> Result<RuntimeDir, ControlError> {
                     ..
                 }),
             ) => return Err(e),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
-    Err(ControlError::NoRuntimeDir(errors.join("; ")))
+    Err(ControlError::NoRuntimeDir(Tried(errors)))
 }
 
 #[cfg(test)]

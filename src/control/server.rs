@@ -426,7 +426,7 @@ impl Worker {
         let ids: Vec<u64> = self.conns.iter().map(|c| c.id).collect();
         for id in ids {
             if !matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Writing { .. })) {
-                self.refuse_with(id, &Refusal::Busy("the session is ending".into()));
+                self.refuse_with(id, &Refusal::Busy("the session is ending"));
             }
         }
         let until = Instant::now() + FINAL_WRITE_GRACE;
@@ -519,9 +519,10 @@ impl Worker {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break None,
                         Err(e) => {
-                            break Some(Err(Refusal::Malformed(format!(
-                                "reading the request: {e}"
-                            ))));
+                            break Some(Err(Refusal::Unread(
+                                rustix::io::Errno::from_io_error(&e)
+                                    .unwrap_or(rustix::io::Errno::IO),
+                            )));
                         }
                     }
                 };
@@ -607,10 +608,10 @@ impl Worker {
                 }
             }
             Err(TrySendError::Full(_)) => {
-                self.refuse_with(id, &Refusal::Busy("too many requests queued".into()))
+                self.refuse_with(id, &Refusal::Busy("too many requests queued"))
             }
             Err(TrySendError::Disconnected(_)) => {
-                self.refuse_with(id, &Refusal::Busy("the session is shutting down".into()))
+                self.refuse_with(id, &Refusal::Busy("the session is shutting down"))
             }
         }
     }

@@ -59,7 +59,13 @@ pub enum Refusal {
     #[error("request larger than {MAX_REQUEST_BYTES} bytes")]
     TooLarge,
     #[error("request is not one JSON line: {0}")]
-    Malformed(String),
+    Malformed(#[source] JsonError),
+    #[error("request is not one JSON line: more than one line")]
+    NotOneLine,
+    /// The request could not be read: the errno (an `io::Error` is neither
+    /// `Clone` nor `Eq`, which a refusal is).
+    #[error("request is not one JSON line: reading the request: {}", std::io::Error::from(*.0))]
+    Unread(rustix::io::Errno),
     #[error("invalid name {0:?}: 1 to {MAX_NAME_BYTES} printable, non-space ASCII characters")]
     BadName(String),
     #[error("no trigger names given, or more than {MAX_TRIGGER_NAMES}")]
@@ -73,7 +79,7 @@ pub enum Refusal {
     #[error("too many connections from your uid (at most {0} at once): the oldest was dropped")]
     TooManyConnections(usize),
     #[error("busy: {0}")]
-    Busy(String),
+    Busy(&'static str),
     #[error("the connection closed without a request")]
     Empty,
 }
@@ -89,10 +95,10 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
     }
     let line = untrusted.strip_suffix(b"\n").unwrap_or(untrusted);
     if line.contains(&b'\n') {
-        return Err(Refusal::Malformed("more than one line".into()));
+        return Err(Refusal::NotOneLine);
     }
     let req: Request =
-        serde_json::from_slice(line).map_err(|e| Refusal::Malformed(e.to_string()))?;
+        serde_json::from_slice(line).map_err(|e| Refusal::Malformed(JsonError::from(e)))?;
     match &req {
         Request::Trigger { names, producer } => {
             if names.is_empty() || names.len() > MAX_TRIGGER_NAMES {
@@ -308,16 +314,73 @@ pub enum BadReply {
     #[error("more than one line")]
     NotOneLine,
     #[error("not a reply: {0}")]
-    Malformed(String),
+    Malformed(#[source] JsonError),
     #[error("{0}")]
-    Invalid(String),
+    Invalid(InvalidReply),
 }
 
-fn check_text(what: &str, s: &str) -> Result<(), BadReply> {
+/// A reply that decoded but breaks a bound or names what was not asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidReply {
+    #[error("{0} longer than {MAX_REPLY_TEXT_BYTES} bytes")]
+    TextTooLong(&'static str),
+    #[error("{0} trigger outcomes; a request has at most {MAX_TRIGGER_NAMES}")]
+    TooManyOutcomes(usize),
+    /// The name as the session sent it.
+    #[error("outcome for an invalid trigger name {0:?}")]
+    BadName(String),
+    /// The reason as the session sent it.
+    #[error("invalid reason {0:?}")]
+    BadReason(String),
+    #[error("{0} buffers; a session has at most {MAX_REPLY_BUFFERS}")]
+    TooManyBuffers(usize),
+    #[error(
+        "quota figures of {0} uids; a status has at most {MAX_QUOTA_UIDS_SHOWN}, of at most {MAX_QUOTA_LIMITS} limits each"
+    )]
+    TooManyQuotas(usize),
+    #[error("{0} rules; a session has at most {MAX_RULES_SHOWN}")]
+    TooManyRules(usize),
+    #[error("outcomes for names that were not sent")]
+    UnaskedOutcomes,
+    /// The name of the request asked.
+    #[error("unexpected reply to a {0} request")]
+    Unexpected(&'static str),
+}
+
+/// serde_json's error, shared so that the errors holding it stay `Clone`;
+/// two are equal when worded alike.
+#[derive(Clone, Debug)]
+pub struct JsonError(std::sync::Arc<serde_json::Error>);
+
+impl From<serde_json::Error> for JsonError {
+    fn from(e: serde_json::Error) -> Self {
+        JsonError(std::sync::Arc::new(e))
+    }
+}
+
+impl PartialEq for JsonError {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for JsonError {}
+
+impl std::fmt::Display for JsonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for JsonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+fn check_text(what: &'static str, s: &str) -> Result<(), BadReply> {
     if s.len() > MAX_REPLY_TEXT_BYTES {
-        return Err(BadReply::Invalid(format!(
-            "{what} longer than {MAX_REPLY_TEXT_BYTES} bytes"
-        )));
+        return Err(BadReply::Invalid(InvalidReply::TextTooLong(what)));
     }
     Ok(())
 }
@@ -327,22 +390,18 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
     match r {
         Reply::Triggers(outcomes) => {
             if outcomes.len() > MAX_TRIGGER_NAMES {
-                return Err(BadReply::Invalid(format!(
-                    "{} trigger outcomes; a request has at most {MAX_TRIGGER_NAMES}",
-                    outcomes.len()
+                return Err(BadReply::Invalid(InvalidReply::TooManyOutcomes(
+                    outcomes.len(),
                 )));
             }
             for o in outcomes {
                 if !valid_name(&o.name) {
-                    return Err(BadReply::Invalid(format!(
-                        "outcome for an invalid trigger name {:?}",
-                        o.name
-                    )));
+                    return Err(BadReply::Invalid(InvalidReply::BadName(o.name.clone())));
                 }
                 if let Some(why) = &o.reason
                     && !valid_name(why)
                 {
-                    return Err(BadReply::Invalid(format!("invalid reason {why:?}")));
+                    return Err(BadReply::Invalid(InvalidReply::BadReason(why.clone())));
                 }
             }
         }
@@ -355,9 +414,8 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
                 check_text(what, s)?;
             }
             if st.buffers.len() > MAX_REPLY_BUFFERS {
-                return Err(BadReply::Invalid(format!(
-                    "{} buffers; a session has at most {MAX_REPLY_BUFFERS}",
-                    st.buffers.len()
+                return Err(BadReply::Invalid(InvalidReply::TooManyBuffers(
+                    st.buffers.len(),
                 )));
             }
             for b in &st.buffers {
@@ -366,9 +424,8 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
             if st.quotas.len() > MAX_QUOTA_UIDS_SHOWN
                 || st.quotas.iter().any(|q| q.hits.len() > MAX_QUOTA_LIMITS)
             {
-                return Err(BadReply::Invalid(format!(
-                    "quota figures of {} uids; a status has at most {MAX_QUOTA_UIDS_SHOWN}, of at most {MAX_QUOTA_LIMITS} limits each",
-                    st.quotas.len()
+                return Err(BadReply::Invalid(InvalidReply::TooManyQuotas(
+                    st.quotas.len(),
                 )));
             }
             for q in &st.quotas {
@@ -377,9 +434,8 @@ fn check_reply(r: &Reply) -> Result<(), BadReply> {
                 }
             }
             if st.rules.len() > MAX_RULES_SHOWN {
-                return Err(BadReply::Invalid(format!(
-                    "{} rules; a session has at most {MAX_RULES_SHOWN}",
-                    st.rules.len()
+                return Err(BadReply::Invalid(InvalidReply::TooManyRules(
+                    st.rules.len(),
                 )));
             }
             for r in &st.rules {
@@ -407,7 +463,7 @@ pub fn decode_reply(untrusted: &[u8]) -> Result<Reply, BadReply> {
         return Err(BadReply::Truncated);
     }
     let reply: Reply =
-        serde_json::from_slice(line).map_err(|e| BadReply::Malformed(e.to_string()))?;
+        serde_json::from_slice(line).map_err(|e| BadReply::Malformed(JsonError::from(e)))?;
     check_reply(&reply)?;
     Ok(reply)
 }

@@ -64,13 +64,16 @@ pub enum BrokerError {
     /// The broker's reason, as it sent it.
     #[error("{0}")]
     Refused(#[source] wire::Refusal),
-    #[error("unexpected reply {0}")]
-    Unexpected(String),
+    #[error("unexpected reply {0:?}")]
+    Unexpected(Box<Reply>),
+    /// The hook names a directory index that was never registered.
+    #[error("unexpected reply the hook's directory {0} was not registered")]
+    HookDir(usize),
 }
 
 impl BrokerError {
-    fn unexpected(r: &Reply) -> Self {
-        Self::Unexpected(format!("{r:?}"))
+    fn unexpected(r: Reply) -> Self {
+        Self::Unexpected(Box::new(r))
     }
 }
 
@@ -156,19 +159,19 @@ impl Broker {
         let (key, mut info, formats) = match recv()? {
             (Reply::Ftrace { key, info, formats }, _) => (key, info, formats),
             (Reply::Refused(why), _) => return Err(BrokerError::Refused(why)),
-            (r, _) => return Err(BrokerError::unexpected(&r)),
+            (r, _) => return Err(BrokerError::unexpected(r)),
         };
         for _ in 0..formats {
             match recv()? {
                 (Reply::Format(g, n, text), _) => info.formats.push((g, n, text)),
-                (r, _) => return Err(BrokerError::unexpected(&r)),
+                (r, _) => return Err(BrokerError::unexpected(r)),
             }
         }
         let mut fds = Vec::with_capacity(info.fd_count());
         while fds.len() < info.fd_count() {
             match recv()? {
                 (Reply::Fds, got) if !got.is_empty() => fds.extend(got),
-                (r, _) => return Err(BrokerError::unexpected(&r)),
+                (r, _) => return Err(BrokerError::unexpected(r)),
             }
         }
         Ok(Prepared { key, info, fds })
@@ -210,7 +213,7 @@ impl Delegate for Broker {
         match self.call(&req, None) {
             Ok((Reply::File, Some(fd))) => Ok(fd),
             Ok((Reply::Exists, _)) => Err(CreateError::Exists { path: name.into() }),
-            Ok((r, _)) => Err(CreateError::Broker(Box::new(BrokerError::unexpected(&r)))),
+            Ok((r, _)) => Err(CreateError::Broker(Box::new(BrokerError::unexpected(r)))),
             Err(e) => Err(CreateError::Broker(Box::new(e))),
         }
     }
@@ -473,7 +476,7 @@ impl Broker {
             match b.call(&Request::RegisterDir { prefixes, files }, Some(fd)) {
                 Ok((Reply::Registered(id), _)) => ids.push(id),
                 Ok((r, _)) => {
-                    return Err(PrivilegeError::Broker(BrokerError::unexpected(&r)));
+                    return Err(PrivilegeError::Broker(BrokerError::unexpected(r)));
                 }
                 Err(e) => return Err(PrivilegeError::Broker(e)),
             }
@@ -487,9 +490,7 @@ impl Broker {
         if let Some((command, dir, timeout)) = reg.hook {
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             let Some(&dir) = ids.get(dir) else {
-                return Err(PrivilegeError::Broker(BrokerError::Unexpected(format!(
-                    "the hook's directory {dir} was not registered"
-                ))));
+                return Err(PrivilegeError::Broker(BrokerError::HookDir(dir)));
             };
             b.done(
                 &Request::RegisterHook {

@@ -321,7 +321,7 @@ fn whole_prefix(fd: &OwnedFd) -> std::io::Result<u64> {
     let file = std::fs::File::from(fd.try_clone()?);
     let reader = ReadFrom { file: &file, at: 0 };
     let end = crate::trace::reader::scan_reader(reader, "the trace", |_| {})
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        .map_err(std::io::Error::other)?;
     Ok(match (&end.corruption, &end.torn_tail) {
         (Some(c), _) => c.offset(),
         (None, Some(t)) => t.offset,

@@ -209,6 +209,8 @@ pub enum Refusal {
     NotSealed,
     #[error("this request is not answered here")]
     NotHere,
+    /// serde's complaint in words: a refusal crosses the process boundary
+    /// as text.
     #[error("a request the broker could not read: {0}")]
     Unreadable(String),
     #[error("no directory descriptor came with the request")]
@@ -256,6 +258,8 @@ pub enum Refusal {
     System {
         op: Operation,
         errno: Option<i32>,
+        /// Text, as the refusal crosses the process boundary; `errno` is
+        /// its typed part.
         detail: String,
     },
 }

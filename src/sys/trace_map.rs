@@ -64,8 +64,31 @@ pub enum TraceMapError {
     Mmap(#[source] rustix::io::Errno),
     #[error("TRACE_MMAP_IOCTL_GET_READER: {0}")]
     Ioctl(#[source] std::io::Error),
-    #[error("unexpected meta page: {0}")]
-    Meta(String),
+    #[error("unexpected meta page: null mapping")]
+    NullMapping,
+    #[error(
+        "unexpected meta page: meta_page_size {meta_page_size}, struct {struct_len} bytes, {nr_subbufs} sub-buffers of {subbuf_size} bytes"
+    )]
+    Geometry {
+        meta_page_size: u32,
+        struct_len: u32,
+        nr_subbufs: u32,
+        subbuf_size: usize,
+    },
+    #[error("unexpected meta page: ring size overflows")]
+    Overflow,
+    #[error("unexpected meta page: reader id {id} of {nr_subbufs} sub-buffers")]
+    ReaderId { id: u32, nr_subbufs: u32 },
+    /// The mapped sub-buffers are not laid out as `header_page` says.
+    #[error(
+        "unexpected meta page: sub-buffers of {mapped} bytes, data at {data_at}; header_page says {page} and {data_offset}"
+    )]
+    Layout {
+        mapped: usize,
+        data_at: usize,
+        page: usize,
+        data_offset: usize,
+    },
 }
 
 /// The reader sub-buffer as the last GET_READER left it.
@@ -154,8 +177,7 @@ impl TraceMap {
             )
         }
         .map_err(TraceMapError::Mmap)?;
-        let meta = NonNull::new(meta.cast::<u8>())
-            .ok_or_else(|| TraceMapError::Meta("null mapping".into()))?;
+        let meta = NonNull::new(meta.cast::<u8>()).ok_or(TraceMapError::NullMapping)?;
         let mut this = TraceMap {
             fd,
             meta,
@@ -176,14 +198,16 @@ impl TraceMap {
             || subbuf_size <= SUBBUF_DATA_OFFSET
             || nr_subbufs < 2
         {
-            return Err(TraceMapError::Meta(format!(
-                "meta_page_size {meta_page_size}, struct {struct_len} bytes, \
-                 {nr_subbufs} sub-buffers of {subbuf_size} bytes"
-            )));
+            return Err(TraceMapError::Geometry {
+                meta_page_size,
+                struct_len,
+                nr_subbufs,
+                subbuf_size,
+            });
         }
         let data_len = subbuf_size
             .checked_mul(nr_subbufs as usize)
-            .ok_or_else(|| TraceMapError::Meta("ring size overflows".into()))?;
+            .ok_or(TraceMapError::Overflow)?;
         // SAFETY: TM1 — a fresh shared read-only mapping of the sub-buffers,
         // which the kernel places right after the meta page.
         let data = unsafe {
@@ -197,8 +221,7 @@ impl TraceMap {
             )
         }
         .map_err(TraceMapError::Mmap)?;
-        this.data = NonNull::new(data.cast::<u8>())
-            .ok_or_else(|| TraceMapError::Meta("null mapping".into()))?;
+        this.data = NonNull::new(data.cast::<u8>()).ok_or(TraceMapError::NullMapping)?;
         for (addr, len) in [(meta.as_ptr(), page), (this.data.as_ptr(), data_len)] {
             // Not into children: the kernel counts each mapping of the ring,
             // and a child has no use for it. Advisory; a refusal is harmless.
@@ -252,10 +275,10 @@ impl TraceMap {
         let read = self.meta_u32(28) as usize;
         if id >= self.nr_subbufs {
             self.reader = None;
-            return Err(TraceMapError::Meta(format!(
-                "reader id {id} of {} sub-buffers",
-                self.nr_subbufs
-            )));
+            return Err(TraceMapError::ReaderId {
+                id,
+                nr_subbufs: self.nr_subbufs,
+            });
         }
         // TM4: never past the sub-buffer.
         let read = read.min(self.subbuf_size - SUBBUF_DATA_OFFSET);

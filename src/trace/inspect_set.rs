@@ -91,7 +91,12 @@ pub enum SetError {
 pub enum SetFault {
     /// The segment is not a valid trace (as its report tells).
     #[error("segment {index}: {error}")]
-    Segment { index: u64, error: String },
+    Segment {
+        index: u64,
+        /// The report's words: a [`SegmentSeen`] keeps its error as text,
+        /// as it is printed as JSON.
+        error: String,
+    },
     #[error("segment {0}: size or sha256 differs from its sidecar")]
     SidecarMismatch(u64),
     #[error("packets repeated across the cut between segments {before} and {after}")]

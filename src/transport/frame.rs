@@ -35,8 +35,18 @@ const IDLE_CAPACITY: usize = 4096;
 pub enum FrameError {
     #[error("frame length {len_untrusted} over the {MAX_PAYLOAD_BYTES}-byte limit")]
     TooLarge { len_untrusted: u32 },
-    #[error("frame of {len} bytes is not an IPCFrame: {reason}")]
-    Garbage { len: usize, reason: String },
+    #[error("frame of {len} bytes is not an IPCFrame: {source}")]
+    Garbage {
+        len: usize,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("frame of {len} bytes is not an IPCFrame: {source}")]
+    Unencodable {
+        len: usize,
+        #[source]
+        source: prost::EncodeError,
+    },
 }
 
 /// Cuts a byte stream into frames.
@@ -90,10 +100,9 @@ impl FrameDecoder {
             if len == 0 {
                 continue;
             }
-            return decoded.map(Some).map_err(|e| FrameError::Garbage {
-                len,
-                reason: e.to_string(),
-            });
+            return decoded
+                .map(Some)
+                .map_err(|source| FrameError::Garbage { len, source });
         }
     }
 }
@@ -109,10 +118,9 @@ pub fn encode_frame(frame: &IpcFrame) -> Result<Vec<u8>, FrameError> {
     }
     let mut out = Vec::with_capacity(HEADER_BYTES + len);
     out.extend_from_slice(&(len as u32).to_le_bytes());
-    frame.encode(&mut out).map_err(|e| FrameError::Garbage {
-        len,
-        reason: e.to_string(),
-    })?;
+    frame
+        .encode(&mut out)
+        .map_err(|source| FrameError::Unencodable { len, source })?;
     Ok(out)
 }
 

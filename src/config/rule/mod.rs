@@ -116,16 +116,28 @@ impl RuleSource {
 pub enum RuleError {
     /// At a place in a rule: rendered with its line and a caret.
     #[error("{rendered}")]
-    At { error: TextError, rendered: String },
+    At {
+        error: TextError,
+        /// Text: the user's rule quoted under a caret (`error` is its typed
+        /// form).
+        rendered: String,
+    },
     #[error("{origin}: cannot read: {source}")]
     Io {
         origin: String,
         #[source]
         source: std::io::Error,
     },
-    /// Too many rules, or too large a file.
-    #[error("{origin}: {what}")]
-    Limit { origin: String, what: String },
+    /// Too many rules (`counted`: given on the command line, or in all).
+    #[error("{origin}: {count} rules {counted}; a session takes at most {MAX_RULES}")]
+    TooMany {
+        origin: &'static str,
+        count: usize,
+        counted: &'static str,
+    },
+    /// Too large a rules file.
+    #[error("{origin}: larger than {MAX_RULES_FILE_BYTES} bytes: is this the right file?")]
+    TooLarge { origin: String },
 }
 
 /// Every error found in a set of rules.
@@ -371,12 +383,10 @@ pub fn read(args: &[String], files: &[std::path::PathBuf]) -> Result<Vec<Rule>, 
     let mut rules = Vec::new();
     let mut errors = Vec::new();
     if args.len() > MAX_RULES {
-        return Err(RuleErrors(vec![RuleError::Limit {
-            origin: "--trigger-rule".into(),
-            what: format!(
-                "{} rules given; a session takes at most {MAX_RULES}",
-                args.len()
-            ),
+        return Err(RuleErrors(vec![RuleError::TooMany {
+            origin: "--trigger-rule",
+            count: args.len(),
+            counted: "given",
         }]));
     }
     for (i, a) in args.iter().enumerate() {
@@ -393,12 +403,10 @@ pub fn read(args: &[String], files: &[std::path::PathBuf]) -> Result<Vec<Rule>, 
         }
     }
     if errors.is_empty() && rules.len() > MAX_RULES {
-        errors.push(RuleError::Limit {
-            origin: "rules".into(),
-            what: format!(
-                "{} rules in all; a session takes at most {MAX_RULES}",
-                rules.len()
-            ),
+        errors.push(RuleError::TooMany {
+            origin: "rules",
+            count: rules.len(),
+            counted: "in all",
         });
     }
     if errors.is_empty() {
@@ -433,10 +441,7 @@ fn read_file(path: &std::path::Path) -> Result<Arc<RuleSource>, RuleError> {
         .read_to_end(&mut bytes)
         .map_err(io)?;
     if bytes.len() > MAX_RULES_FILE_BYTES {
-        return Err(RuleError::Limit {
-            origin,
-            what: format!("larger than {MAX_RULES_FILE_BYTES} bytes: is this the right file?"),
-        });
+        return Err(RuleError::TooLarge { origin });
     }
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,

@@ -17,8 +17,12 @@ pub enum FormatError {
     BadField { line: usize, text: String },
     #[error("missing `{0}`")]
     Missing(&'static str),
-    #[error("unsupported layout: {0}")]
-    Unsupported(String),
+    #[error("unsupported layout: {what} of {size} bytes")]
+    Size { what: &'static str, size: usize },
+    #[error("unsupported layout: page data before its header")]
+    DataBeforeHeader,
+    #[error("unsupported layout: header_event lacks `{0}`")]
+    HeaderEventLacks(&'static str),
 }
 
 /// Where the page header fields live (from `events/header_page`).
@@ -188,21 +192,19 @@ pub fn parse_header_page(text: &str) -> Result<PageLayout, FormatError> {
     let commit = get("commit")?;
     let data = get("data")?;
     if ts.size != 8 {
-        return Err(FormatError::Unsupported(format!(
-            "page timestamp of {} bytes",
-            ts.size
-        )));
+        return Err(FormatError::Size {
+            what: "page timestamp",
+            size: ts.size,
+        });
     }
     if !matches!(commit.size, 4 | 8) {
-        return Err(FormatError::Unsupported(format!(
-            "page commit of {} bytes",
-            commit.size
-        )));
+        return Err(FormatError::Size {
+            what: "page commit",
+            size: commit.size,
+        });
     }
     if data.offset < commit.offset + commit.size || data.size == 0 {
-        return Err(FormatError::Unsupported(
-            "page data before its header".into(),
-        ));
+        return Err(FormatError::DataBeforeHeader);
     }
     Ok(PageLayout {
         timestamp_offset: ts.offset,
@@ -226,9 +228,7 @@ pub fn check_header_event(text: &str) -> Result<(), FormatError> {
         ("data max type_len == 28", "data max type_len == 28"),
     ] {
         if !squash.contains(needle) {
-            return Err(FormatError::Unsupported(format!(
-                "header_event lacks `{what}`"
-            )));
+            return Err(FormatError::HeaderEventLacks(what));
         }
     }
     // Older kernels name the absolute stamp differently or lack it; 31 is
@@ -257,10 +257,10 @@ pub fn parse_event_format(group: &str, text: &str) -> Result<EventFormat, Format
         .find(|f| f.name == "common_type")
         .ok_or(FormatError::Missing("common_type"))?;
     if !matches!(ct.size, 1 | 2 | 4) {
-        return Err(FormatError::Unsupported(format!(
-            "common_type of {} bytes",
-            ct.size
-        )));
+        return Err(FormatError::Size {
+            what: "common_type",
+            size: ct.size,
+        });
     }
     Ok(EventFormat {
         group: group.to_string(),

@@ -128,13 +128,12 @@ pub fn open_map(
     let mapped = TraceMap::new(file).and_then(|map| {
         // The walker reads the layout header_page gave; it must be the mapped one.
         if layout.data_offset != SUBBUF_DATA_OFFSET || layout.page_size() != map.subbuf_size() {
-            return Err(TraceMapError::Meta(format!(
-                "sub-buffers of {} bytes, data at {}; header_page says {} and {}",
-                map.subbuf_size(),
-                SUBBUF_DATA_OFFSET,
-                layout.page_size(),
-                layout.data_offset
-            )));
+            return Err(TraceMapError::Layout {
+                mapped: map.subbuf_size(),
+                data_at: SUBBUF_DATA_OFFSET,
+                page: layout.page_size(),
+                data_offset: layout.data_offset,
+            });
         }
         Ok(map)
     });

@@ -31,9 +31,9 @@ pub const MAX_BUFFER_KB: u32 = 64 * 1024;
 pub enum RequestError {
     #[error("1 to {MAX_EVENTS} events, not {0}")]
     EventCount(usize),
-    /// The event grammar's own reason.
-    #[error("{0}")]
-    Event(String),
+    /// An entry the event grammar refuses.
+    #[error(transparent)]
+    Event(#[from] crate::config::event_name::NotAnEvent),
     #[error("at most {MAX_OPTIONS} tracefs options")]
     TooManyOptions,
     #[error("tracefs option {0:?} is not a plain name")]
@@ -77,8 +77,10 @@ pub struct FtraceRequest {
 
 /// A config a served session cannot record, and why.
 #[derive(Debug, thiserror::Error)]
-#[error("linux.ftrace under recorder serve: {0}")]
-pub struct Unsupported(pub String);
+#[error(
+    "linux.ftrace under recorder serve: {0} is not served (record it with `recorder --config`, or run `recorder serve --no-builtin-ftrace` with traced_probes)"
+)]
+pub struct Unsupported(pub &'static str);
 
 impl FtraceRequest {
     /// The request for `spec`; fields that need more than an instance with
@@ -96,10 +98,7 @@ impl FtraceRequest {
             ("preserve_ftrace_buffer", spec.preserve_ftrace_buffer),
         ];
         if let Some((field, _)) = refused.iter().find(|(_, set)| *set) {
-            return Err(Unsupported(format!(
-                "{field} is not served (record it with `recorder --config`, or run \
-                 `recorder serve --no-builtin-ftrace` with traced_probes)"
-            )));
+            return Err(Unsupported(field));
         }
         let mut events = spec.events.clone();
         if (!spec.atrace_categories.is_empty() || !spec.atrace_apps.is_empty())
