@@ -355,13 +355,7 @@ fn fifo_output_is_a_stream_and_the_config_is_never_the_output() {
         "message_count: 0 max_messages_per_second: 2000 message_size: 16",
     ));
     let fifo = run.dir.path().join("fifo");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
+    mkfifo(&fifo);
     let reader = {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::read(&fifo).expect("read the fifo"))

@@ -43,11 +43,8 @@ fn open(run: &Run, args: &[&str]) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder open starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the link");
-    (child, line.trim().to_string())
+    let link = first_line(&mut child);
+    (child, link)
 }
 
 fn agent() -> ureq::Agent {
