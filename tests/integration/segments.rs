@@ -480,13 +480,7 @@ fn enospc_while_rotating_stops_cleanly_and_keeps_closed_segments() {
         "message_count: 0 message_size: 100 max_messages_per_second: 20000",
     ));
     let mnt = run.dir.path().join("small");
-    std::fs::create_dir(&mnt).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(mounted, "cannot mount a tmpfs"));
+    require!(need::small_tmpfs(&mnt, "1m"));
     let mut c = run.command_to("pwritev", &mnt.join("segs/"));
     c.args(["--rotate-size", "200K"]);
     let out = c.output().expect("runs");
@@ -1010,13 +1004,7 @@ esac
 /// A 1 MiB tmpfs at `dir/small`, or None (skipped) when it cannot be mounted.
 fn small_disk(dir: &Path) -> Option<PathBuf> {
     let mnt = dir.join("small");
-    std::fs::create_dir(&mnt).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(mounted, "cannot mount a tmpfs"));
+    require!(need::small_tmpfs(&mnt, "1m"));
     Some(mnt)
 }
 

@@ -603,15 +603,9 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
             8192,
         ));
         let mnt = run.dir.path().join("small");
-        std::fs::create_dir(&mnt).expect("mkdir");
         // The test data compresses about 40 times: a smaller disk then.
-        let size = if compress { "size=64k" } else { "size=1m" };
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", size, "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        require!(need::present(mounted, "cannot mount a tmpfs"));
+        let size = if compress { "64k" } else { "1m" };
+        require!(need::small_tmpfs(&mnt, size));
         let out = mnt.join("t.pftrace");
         let mut c = run.command_to("auto", &out);
         if compress {
