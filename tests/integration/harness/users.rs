@@ -94,3 +94,14 @@ pub fn plant(path: &Path, what: &str, victim: &Path) {
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     );
 }
+
+/// Runs shell `script` as nobody (planting what another user would) and
+/// checks it succeeded, saying its stderr if not.
+pub fn plant_as_nobody(script: &str) {
+    let planted = as_nobody("sh").args(["-c", script]).output().expect("sh");
+    assert!(
+        planted.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&planted.stderr)
+    );
+}
