@@ -60,17 +60,26 @@ file_write_period_ms: 200
 duration_ms: 30000
 "#;
 
+/// `run`'s session with a producer socket in its directory, so that it
+/// keeps a socket holder; returns it and the socket's path.
+fn spawn_with_producer_socket(run: &Run) -> (Child, PathBuf) {
+    let sock = run.dir.path().join("producer.sock");
+    let child = run
+        .command("pwritev")
+        .arg("--producer-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    (child, sock)
+}
+
 #[test]
 fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
     require!(need::tracefs_instances().or_else(need::setpriv));
     let run = Run::new(FTRACE);
-    let sock = run.dir.path().join("producer.sock");
-    let mut c = run.command("pwritev");
-    c.arg("--producer-socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = c.spawn().expect("starts");
+    let (child, sock) = spawn_with_producer_socket(&run);
     let pid = child.id();
     let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
     wait_for("the drop", Duration::from_secs(20), || {
@@ -126,13 +135,7 @@ fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
 fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
     require!(need::tracefs_instances());
     let run = Run::new(FTRACE);
-    let sock = run.dir.path().join("producer.sock");
-    let mut c = run.command("pwritev");
-    c.arg("--producer-socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = c.spawn().expect("starts");
+    let (child, _) = spawn_with_producer_socket(&run);
     let pid = child.id();
     wait_for("the drop", Duration::from_secs(20), || dropped(pid));
     // A write pass after the drop: every thread of the session is running.
