@@ -24,8 +24,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use recorder::ringbuf::{Backing, Buffer, BufferParams, FillPolicy, RingIdentity, WriterId};
+use criterion::measurement::WallTime;
+use criterion::{
+    BatchSize, BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main,
+};
+use recorder::ringbuf::{
+    Backing, Buffer, BufferParams, FillPolicy, RingIdentity, Writer, WriterId,
+};
 
 const REGION: usize = 64 << 20;
 /// Packets per timed iteration.
@@ -34,6 +39,32 @@ const N: usize = 10_000;
 fn ring(size: usize, chunk_size: usize, policy: FillPolicy) -> Arc<Buffer> {
     Buffer::new(BufferParams::new(size, policy).with_chunk_size(chunk_size))
         .expect("valid bench buffer")
+}
+
+/// A ring of the default chunk size over [`REGION`].
+fn default_ring() -> Arc<Buffer> {
+    ring(
+        REGION,
+        BufferParams::DEFAULT_CHUNK_SIZE,
+        FillPolicy::RingBuffer,
+    )
+}
+
+/// Benchmarks `n` writes of `payload` through `w` as `name`.
+fn bench_writes(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: impl Into<String>,
+    w: &mut Writer,
+    payload: &[u8],
+    n: usize,
+) {
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            for _ in 0..n {
+                let _ = w.write_packet(black_box(payload));
+            }
+        })
+    });
 }
 
 /// `0x0A <varint len> payload`.
@@ -78,19 +109,9 @@ fn small(c: &mut Criterion) {
     {
         let mut g = c.benchmark_group("small");
         g.throughput(Throughput::Elements(N as u64));
-        let buffer = ring(
-            REGION,
-            BufferParams::DEFAULT_CHUNK_SIZE,
-            FillPolicy::RingBuffer,
-        );
+        let buffer = default_ring();
         let mut w = buffer.writer(WriterId(2));
-        g.bench_function("ringbuf_write_packet", |b| {
-            b.iter(|| {
-                for _ in 0..N {
-                    let _ = w.write_packet(black_box(&payload));
-                }
-            })
-        });
+        bench_writes(&mut g, "ringbuf_write_packet", &mut w, &payload, N);
         g.bench_function("ringbuf_begin_packet", |b| {
             b.iter(|| {
                 for _ in 0..N {
@@ -132,13 +153,13 @@ fn chunk_size(c: &mut Criterion) {
     for cs in [4096usize, 16 << 10, 64 << 10, 256 << 10] {
         let buffer = ring(REGION, cs, FillPolicy::RingBuffer);
         let mut w = buffer.writer(WriterId(2));
-        g.bench_function(format!("write_64B/{}KiB", cs >> 10), |b| {
-            b.iter(|| {
-                for _ in 0..N {
-                    let _ = w.write_packet(black_box(&payload));
-                }
-            })
-        });
+        bench_writes(
+            &mut g,
+            format!("write_64B/{}KiB", cs >> 10),
+            &mut w,
+            &payload,
+            N,
+        );
     }
     g.finish();
 }
@@ -150,19 +171,9 @@ fn large(c: &mut Criterion) {
         let name = format!("large_{}KiB", len >> 10);
         let mut g = c.benchmark_group(&name);
         g.throughput(Throughput::Bytes((n * len) as u64));
-        let buffer = ring(
-            REGION,
-            BufferParams::DEFAULT_CHUNK_SIZE,
-            FillPolicy::RingBuffer,
-        );
+        let buffer = default_ring();
         let mut w = buffer.writer(WriterId(2));
-        g.bench_function("ringbuf_write_packet", |b| {
-            b.iter(|| {
-                for _ in 0..n {
-                    let _ = w.write_packet(black_box(&payload));
-                }
-            })
-        });
+        bench_writes(&mut g, "ringbuf_write_packet", &mut w, &payload, n);
         drop(w);
         drop(buffer);
         let mut dst = vec![1u8; REGION];
@@ -187,11 +198,7 @@ fn writers(c: &mut Criterion) {
     let mut g = c.benchmark_group("writers");
     let per_thread = 200_000usize;
     for threads in [1usize, 2] {
-        let buffer = ring(
-            REGION,
-            BufferParams::DEFAULT_CHUNK_SIZE,
-            FillPolicy::RingBuffer,
-        );
+        let buffer = default_ring();
         g.throughput(Throughput::Elements((threads * per_thread) as u64));
         g.bench_function(format!("write_64B/{threads}"), |b| {
             b.iter_custom(|iters| {
@@ -233,13 +240,7 @@ fn full(c: &mut Criterion) {
     for _ in 0..(4 << 20) / 66 {
         let _ = w.write_packet(&payload);
     }
-    g.bench_function("ring_overwrite_64B", |b| {
-        b.iter(|| {
-            for _ in 0..N {
-                let _ = w.write_packet(black_box(&payload));
-            }
-        })
-    });
+    bench_writes(&mut g, "ring_overwrite_64B", &mut w, &payload, N);
     assert!(buffer.stats().chunks_overwritten > 0);
     let buffer = ring(
         1 << 20,
@@ -248,13 +249,7 @@ fn full(c: &mut Criterion) {
     );
     let mut w = buffer.writer(WriterId(2));
     while w.write_packet(&payload).is_ok() {}
-    g.bench_function("discard_drop_64B", |b| {
-        b.iter(|| {
-            for _ in 0..N {
-                let _ = w.write_packet(black_box(&payload));
-            }
-        })
-    });
+    bench_writes(&mut g, "discard_drop_64B", &mut w, &payload, N);
     assert!(buffer.stats().packets_discarded > 0);
     g.finish();
 }
@@ -295,11 +290,7 @@ fn rss_kib() -> Option<u64> {
 
 fn prefault(c: &mut Criterion) {
     if let Some(before) = rss_kib() {
-        let b = ring(
-            REGION,
-            BufferParams::DEFAULT_CHUNK_SIZE,
-            FillPolicy::RingBuffer,
-        );
+        let b = default_ring();
         let after = rss_kib().unwrap_or(0);
         println!(
             "prefault: RSS grew by {} KiB for a {} KiB buffer",
@@ -311,15 +302,7 @@ fn prefault(c: &mut Criterion) {
     let mut g = c.benchmark_group("prefault");
     g.sample_size(10);
     g.throughput(Throughput::Bytes(REGION as u64));
-    g.bench_function("map_prefault_64MiB", |b| {
-        b.iter(|| {
-            ring(
-                REGION,
-                BufferParams::DEFAULT_CHUNK_SIZE,
-                FillPolicy::RingBuffer,
-            )
-        })
-    });
+    g.bench_function("map_prefault_64MiB", |b| b.iter(default_ring));
     // Shared memory: sized and allocated, prefaulted, then collapsed into
     // huge pages (what a buffer saved at death costs to set up).
     g.bench_function("map_prefault_64MiB_memfd", |b| {
@@ -413,13 +396,7 @@ fn backing(c: &mut Criterion) {
         g.throughput(Throughput::Elements(N as u64));
         for (name, buffer) in backings(shm.as_ref().map(|d| d.path()), &len.to_string()) {
             let mut w = buffer.writer(WriterId(2));
-            g.bench_function(format!("write_{len}B/{name}"), |b| {
-                b.iter(|| {
-                    for _ in 0..N {
-                        let _ = w.write_packet(black_box(&payload));
-                    }
-                })
-            });
+            bench_writes(&mut g, format!("write_{len}B/{name}"), &mut w, &payload, N);
         }
     }
     g.finish();

@@ -30,7 +30,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use recorder::ringbuf::{
-    Buffer, BufferParams, FillPolicy, FlushBatch, FlushItem, WriteError, Writer, WriterId,
+    Buffer, BufferParams, FillPolicy, FlushBatch, FlushItem, PacketSlot, WriteError, Writer,
+    WriterId,
 };
 
 /// Writer sequences the model drives.
@@ -269,6 +270,15 @@ pub fn frames(data: &[u8]) -> Vec<(&[u8], usize)> {
     out
 }
 
+/// Writes payload `p` at the start of `slot` and commits that much,
+/// unless `commit` is false (the slot is dropped unwritten).
+fn fill_slot(mut slot: PacketSlot<'_>, p: &[u8], commit: bool) {
+    slot.buf()[..p.len()].copy_from_slice(p);
+    if commit {
+        slot.commit(p.len());
+    }
+}
+
 impl Model {
     fn new(setup: Setup) -> Model {
         let params = BufferParams {
@@ -336,6 +346,25 @@ impl Model {
         (needs, k, must)
     }
 
+    /// A granted slot dropped uncommitted writes nothing, but a region may
+    /// have been acquired for it (`needs`, `k`); true when it was dropped.
+    fn dropped_uncommitted(
+        &mut self,
+        w: usize,
+        r: &Result<(), WriteError>,
+        commit: bool,
+        needs: bool,
+        k: usize,
+    ) -> bool {
+        if r.is_err() || commit {
+            return false;
+        }
+        if needs {
+            self.seqs[w].region = Some(self.granted(w, k, 0));
+        }
+        true
+    }
+
     fn writer(&mut self, w: usize) -> &mut Writer {
         let buffer = &self.buffer;
         self.seqs[w]
@@ -372,19 +401,12 @@ impl Model {
                     slot.buf().len() == max_len,
                     "slot buffer has the reserved length"
                 );
-                slot.buf()[..len].copy_from_slice(&p);
-                if commit {
-                    slot.commit(len);
-                }
+                fill_slot(slot, &p, commit);
                 Ok(())
             }
             Err(e) => Err(e),
         };
-        if r.is_ok() && !commit {
-            // Nothing written, but a region may have been acquired.
-            if needs {
-                self.seqs[w].region = Some(self.granted(w, k, 0));
-            }
+        if self.dropped_uncommitted(w, &r, commit, needs, k) {
             return;
         }
         self.account(w, r, too_big, needs, must, k, seq, framed, header + len);
@@ -436,18 +458,12 @@ impl Model {
         let r = match wr.begin_packet_at_least(min_len, max_len) {
             Ok(mut slot) => {
                 assert_eq!(slot.buf().len(), granted, "begin_packet_at_least's length");
-                slot.buf()[..len].copy_from_slice(&p);
-                if commit {
-                    slot.commit(len);
-                }
+                fill_slot(slot, &p, commit);
                 Ok(())
             }
             Err(e) => Err(e),
         };
-        if r.is_ok() && !commit {
-            if needs {
-                self.seqs[w].region = Some(self.granted(w, k, 0));
-            }
+        if self.dropped_uncommitted(w, &r, commit, needs, k) {
             return;
         }
         let stored = slot_header(granted) + len;

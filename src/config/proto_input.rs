@@ -428,14 +428,7 @@ mod tests {
     fn a_fifo_is_refused_at_once_and_the_budget_is_shared() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fifo = dir.path().join("fifo");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
+        crate::trace::untrusted::tests::make_fifo(&fifo);
         let budget = Budget::default();
         assert_eq!(read_regular(&fifo, &budget), Err(InputError::NotRegular));
         assert_eq!(

@@ -697,6 +697,19 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// The radix an unsigned integer literal is written in and its digits:
+/// `0x`/`0X` hex, a leading `0` octal, else decimal (C's rules, which
+/// both protobuf's text format and the kernel's filters follow).
+pub(crate) fn radix_and_digits(body: &str) -> (u32, &str) {
+    if let Some(h) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+        (16, h)
+    } else if body.len() > 1 && body.starts_with('0') {
+        (8, &body[1..])
+    } else {
+        (10, body)
+    }
+}
+
 /// Parses an integer as configs write it: optional sign, decimal, `0x` hex or
 /// leading-`0` octal, with `_` allowed between digits.
 pub fn parse_int(text: &str) -> Option<i128> {
@@ -705,14 +718,7 @@ pub fn parse_int(text: &str) -> Option<i128> {
         b'+' => (false, &text[1..]),
         _ => (false, text),
     };
-    let (radix, digits) =
-        if let Some(h) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
-            (16, h)
-        } else if body.len() > 1 && body.starts_with('0') {
-            (8, &body[1..])
-        } else {
-            (10, body)
-        };
+    let (radix, digits) = radix_and_digits(body);
     if digits.is_empty()
         || digits.starts_with('_')
         || digits.ends_with('_')

@@ -825,14 +825,10 @@ mod tests {
 
     #[test]
     fn idle_and_slow_connections_do_not_delay_a_trigger() {
-        let Fixture {
-            _tmp: _t,
-            dir: _,
-            me,
-            uid: _,
-            server,
-            tpath,
-        } = Fixture::new();
+        let f = Fixture::new();
+        let (me, server) = (f.me, &f.server);
+        // The client thread takes its own path.
+        let tpath = f.tpath.clone();
         // Idle connections and one that dribbles: more than one uid may hold.
         let mut idle: Vec<UnixStream> = (0..40)
             .map(|_| UnixStream::connect(&tpath).expect("connect"))
@@ -851,7 +847,7 @@ mod tests {
             };
             client::request(&tpath, me, &req, client::deadline())
         });
-        let incoming = serve_one(&server);
+        let incoming = serve_one(server);
         incoming.answer(Reply::Triggers(vec![TriggerOutcome {
             name: "t".into(),
             accepted: true,
@@ -868,11 +864,10 @@ mod tests {
     fn a_request_the_busy_loop_has_not_answered_is_reported_queued_and_kept() {
         let Fixture {
             _tmp: _t,
-            dir: _,
             me,
-            uid: _,
             server,
             tpath,
+            ..
         } = Fixture::new();
         let req = Request::Trigger {
             names: vec!["t".into()],

@@ -473,11 +473,7 @@ pub fn decode_reply(untrusted: &[u8]) -> Result<Reply, BadReply> {
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+        crate::transport::log_budget::push_escaped(&mut out, c, c.is_control());
     }
     out
 }

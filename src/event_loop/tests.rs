@@ -13,9 +13,7 @@ use crate::session::{Session, Timer};
 use crate::sources::DataSource;
 use crate::sources::SourceError;
 use crate::storage::OpenOptions as SinkOpenOptions;
-use crate::storage::segment::names::SegmentNames;
 use crate::storage::segment::policy::RotationPolicy;
-use crate::storage::segment::{SegmentIdentity, SegmentWriter};
 use crate::storage::write_pass::PassFailure;
 use crate::storage::{FileSink, IoChoice, SinkError, SinkKind, WriteList};
 use crate::trace::service::SystemInfo;
@@ -537,26 +535,14 @@ fn clearing_incremental_state_reaches_every_source() {
 fn rotation_closes_the_segment_and_opens_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut f = Fixture::new(Timeline::plain(), &[], 1);
-    let w = SegmentWriter::create(
-        SegmentNames::from_output(&dir.path().join("t.pftrace")),
+    let w = crate::storage::segment::tests::test_writer(
+        &dir.path().join("t.pftrace"),
         RotationPolicy {
             size: Some(1 << 20),
             ..RotationPolicy::default()
         },
-        SinkOpenOptions {
-            no_clobber: true,
-            io: IoChoice::Pwritev,
-            direct: false,
-        },
-        SegmentIdentity {
-            host: "host".into(),
-            boot_id: "boot".into(),
-            session_uuid: (1, 2),
-            compression: "none".into(),
-        },
         vec![f.l.rec.buffers[0].buffer.clone()],
-    )
-    .expect("segments");
+    );
     f.l.rec.sink = Output::Segments(Box::new(w));
     f.put(0, b"in segment zero");
     f.l.execute(Action::WritePass {

@@ -552,6 +552,12 @@ impl RingImage {
                 None => &buf[..wlen],
             };
             let avail = &data[(pos - wstart) as usize..wlen];
+            // Where the records checked so far are, for handing them on.
+            let window = Window {
+                buf: data,
+                wstart,
+                base,
+            };
             match step(avail, pos) {
                 Step::Frame(f) => {
                     let len = f.record_len();
@@ -559,15 +565,7 @@ impl RingImage {
                         run.push(pos);
                     } else {
                         // Damage: this record, and the one before it.
-                        let held = run.all_but_last(
-                            &Window {
-                                buf: data,
-                                wstart,
-                                base,
-                            },
-                            emit,
-                            &mut out,
-                        )?;
+                        let held = run.all_but_last(&window, emit, &mut out)?;
                         self.count_invalid(held.map(|last| pos - last));
                         self.count_invalid(Some(len));
                     }
@@ -584,29 +582,13 @@ impl RingImage {
                         || need > max_record
                         || avail.len() as u64 >= need
                     {
-                        let held = run.all_but_last(
-                            &Window {
-                                buf: data,
-                                wstart,
-                                base,
-                            },
-                            emit,
-                            &mut out,
-                        )?;
+                        let held = run.all_but_last(&window, emit, &mut out)?;
                         self.left_unframed(pos, to, held);
                         return Ok(out);
                     }
                     // All but the last record checked go on; the window
                     // starts again at that one, so it is still at hand.
-                    let from = match run.all_but_last(
-                        &Window {
-                            buf: data,
-                            wstart,
-                            base,
-                        },
-                        emit,
-                        &mut out,
-                    )? {
+                    let from = match run.all_but_last(&window, emit, &mut out)? {
                         Some(last) => {
                             run.push(last);
                             last
@@ -631,15 +613,7 @@ impl RingImage {
                     }
                 }
                 Step::Corrupt(_) => {
-                    let held = run.all_but_last(
-                        &Window {
-                            buf: data,
-                            wstart,
-                            base,
-                        },
-                        emit,
-                        &mut out,
-                    )?;
+                    let held = run.all_but_last(&window, emit, &mut out)?;
                     self.left_unframed(pos, to, held);
                     return Ok(out);
                 }

@@ -532,6 +532,24 @@ impl Table {
     /// Everything committed and not yet read, grouped by writer (ascending
     /// id), each writer's data in write order, with loss markers in place.
     /// `snapshot`: leave read offsets and loss flags as they are.
+    /// The parts reading the table changes, borrowed apart so that
+    /// walking the sequences can update the slots, totals and mirror.
+    fn read_parts(
+        &mut self,
+    ) -> (
+        &mut Vec<Slot>,
+        &mut BTreeMap<WriterId, Sequence>,
+        &mut BufferStats,
+        &mut Mirror,
+    ) {
+        (
+            &mut self.slots,
+            &mut self.sequences,
+            &mut self.totals,
+            &mut self.mirror,
+        )
+    }
+
     pub(crate) fn take(&mut self, live: &Live, snapshot: bool) -> Taken {
         let mut taken = Taken {
             items: Vec::new(),
@@ -539,13 +557,7 @@ impl Table {
             bytes: 0,
         };
         let chunk_size = self.chunk_size;
-        let Table {
-            slots,
-            sequences,
-            totals,
-            mirror,
-            ..
-        } = self;
+        let (slots, sequences, totals, mirror) = self.read_parts();
         for (&id, seq) in sequences.iter_mut() {
             // A tail loss comes after every region listed.
             let mut pending = false;
@@ -644,13 +656,7 @@ impl Table {
     /// gets a loss marker before its next bytes.
     pub(crate) fn clear(&mut self, live: &Live) {
         let mut freeable = Vec::new();
-        let Table {
-            slots,
-            sequences,
-            totals,
-            mirror,
-            ..
-        } = self;
+        let (slots, sequences, totals, mirror) = self.read_parts();
         for seq in sequences.values() {
             for &h in &seq.regions {
                 let Some(Slot::Head(r)) = slots.get_mut(h) else {

@@ -8,6 +8,26 @@ fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 
+/// The last write pass of a stop, synced.
+const FINAL_PASS: Action = Action::WritePass {
+    pass: Pass::Final,
+    sync: true,
+};
+
+/// A write pass on the periodic timer, not synced.
+const PERIODIC_PASS: Action = Action::WritePass {
+    pass: Pass::Periodic,
+    sync: false,
+};
+
+/// A pass written outside any segment, which reached the size cap or not.
+fn written(cap_reached: bool) -> Event {
+    Event::PassWritten {
+        cap_reached,
+        segment: None,
+    }
+}
+
 fn rule(name: &str, delay_ms: u64) -> TriggerRule {
     TriggerRule {
         name: name.into(),
@@ -95,14 +115,8 @@ fn finish_stop(s: &mut Session, first: Vec<Action>, now: u64) -> Vec<Action> {
             Event::SourcesFlushed { id, complete: true }
         } else if last.contains(&Action::StopSources) {
             Event::SourcesStopped
-        } else if last.contains(&Action::WritePass {
-            pass: Pass::Final,
-            sync: true,
-        }) {
-            Event::PassWritten {
-                cap_reached: false,
-                segment: None,
-            }
+        } else if last.contains(&FINAL_PASS) {
+            written(false)
         } else if last.contains(&Action::SyncOutput) {
             Event::OutputSynced
         } else {
@@ -167,19 +181,10 @@ fn plain_session_runs_the_whole_stop_sequence_in_order() {
             Action::CancelTimer(Timer::StopDeadline),
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
-            Action::WritePass {
-                pass: Pass::Final,
-                sync: true,
-            },
+            FINAL_PASS,
         ]
     );
-    let a = s.on_event(
-        Event::PassWritten {
-            cap_reached: false,
-            segment: None,
-        },
-        ms(2030),
-    );
+    let a = s.on_event(written(false), ms(2030));
     assert_eq!(
         a,
         vec![
@@ -237,13 +242,7 @@ fn periodic_work_aligns_to_wall_clock_multiples() {
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(1900));
     assert_eq!(
         a,
-        vec![
-            Action::SetTimer(Timer::WritePass, ms(2655)),
-            Action::WritePass {
-                pass: Pass::Periodic,
-                sync: false,
-            }
-        ]
+        vec![Action::SetTimer(Timer::WritePass, ms(2655)), PERIODIC_PASS]
     );
     let a = s.on_event(Event::TimerFired(Timer::Stats), ms(7655));
     assert_eq!(
@@ -290,10 +289,7 @@ fn flush_before_each_write_pass_then_the_pass() {
     t.flush = FlushCadence::BeforeEachWritePass;
     let mut s = begun(t);
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(10_000));
-    assert!(!a.contains(&Action::WritePass {
-        pass: Pass::Periodic,
-        sync: false,
-    }));
+    assert!(!a.contains(&PERIODIC_PASS));
     let id = flush_id(&a).expect("flushes first");
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(10_005));
     assert_eq!(
@@ -302,26 +298,14 @@ fn flush_before_each_write_pass_then_the_pass() {
             Action::CancelTimer(Timer::FlushDeadline(id)),
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::AllDataSourcesFlushed),
-            Action::WritePass {
-                pass: Pass::Periodic,
-                sync: false,
-            },
+            PERIODIC_PASS,
         ]
     );
     // A flush that times out still leads to the pass, after the scrape.
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(20_000));
     let id = flush_id(&a).expect("flushes first");
     let a = s.on_event(Event::TimerFired(Timer::FlushDeadline(id)), ms(25_000));
-    assert_eq!(
-        a,
-        vec![
-            Action::ScrapeProducers,
-            Action::WritePass {
-                pass: Pass::Periodic,
-                sync: false,
-            }
-        ]
-    );
+    assert_eq!(a, vec![Action::ScrapeProducers, PERIODIC_PASS]);
 }
 
 #[test]
@@ -343,17 +327,8 @@ fn second_signal_skips_the_flush_and_a_third_changes_nothing() {
     let a = s.on_event(Event::SourcesFlushed { id, complete: true }, ms(400));
     assert_eq!(a, vec![Action::CancelTimer(Timer::FlushDeadline(id))]);
     let a = s.on_event(Event::SourcesStopped, ms(500));
-    assert!(a.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
-    let a = s.on_event(
-        Event::PassWritten {
-            cap_reached: false,
-            segment: None,
-        },
-        ms(600),
-    );
+    assert!(a.contains(&FINAL_PASS));
+    let a = s.on_event(written(false), ms(600));
     assert_eq!(exit_reason(&a), Some(StopReason::Signal));
 }
 
@@ -372,10 +347,7 @@ fn slow_sources_are_bounded_by_their_timeouts() {
         vec![
             Action::ScrapeProducers,
             Action::Service(ServiceEvent::TracingDisabled),
-            Action::WritePass {
-                pass: Pass::Final,
-                sync: true,
-            }
+            FINAL_PASS
         ]
     );
     // Sources that stop after the deadline change nothing.
@@ -387,13 +359,7 @@ fn size_cap_stops_without_flush_or_final_pass() {
     let mut t = timeline(TriggerMode::None, vec![]);
     t.write_period = Some(ms(100));
     let mut s = begun(t);
-    let a = s.on_event(
-        Event::PassWritten {
-            cap_reached: true,
-            segment: None,
-        },
-        ms(100),
-    );
+    let a = s.on_event(written(true), ms(100));
     assert!(flush_id(&a).is_none());
     assert!(a.contains(&Action::StopSources));
     let a = s.on_event(Event::SourcesStopped, ms(101));
@@ -420,13 +386,7 @@ fn a_failed_sync_at_a_stop_without_a_final_pass_fails_the_session() {
     let mut t = timeline(TriggerMode::None, vec![]);
     t.write_period = Some(ms(100));
     let mut s = begun(t);
-    let a = s.on_event(
-        Event::PassWritten {
-            cap_reached: true,
-            segment: None,
-        },
-        ms(100),
-    );
+    let a = s.on_event(written(true), ms(100));
     assert!(a.contains(&Action::StopSources));
     let a = s.on_event(Event::SourcesStopped, ms(101));
     assert!(a.contains(&Action::SyncOutput));
@@ -452,10 +412,7 @@ fn output_failure_stops_without_touching_the_output_again() {
     let a = s.on_event(Event::OutputFailed(e.clone()), ms(100));
     let all = finish_stop(&mut s, a, 100);
     assert!(!all.contains(&Action::SyncOutput));
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
     assert!(all.contains(&Action::CloseOutput { failed: true }));
     assert_eq!(exit_reason(&all), Some(StopReason::OutputFailed(e.clone())));
     assert!(StopReason::OutputFailed(e).is_failure());
@@ -519,10 +476,7 @@ fn source_failure_stops_with_a_flush() {
     );
     let a = s.on_event(Event::SourceFailed(gone.clone()), ms(5));
     let all = finish_stop(&mut s, a, 5);
-    assert!(all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(all.contains(&FINAL_PASS));
     let r = exit_reason(&all).expect("exits");
     assert_eq!(r, StopReason::SourceFailed(gone));
     assert!(r.is_failure());
@@ -554,10 +508,7 @@ fn start_trigger_starts_then_stops_after_delay() {
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(800));
     let all = finish_stop(&mut s, a, 800);
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("go".into())));
-    assert!(all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(all.contains(&FINAL_PASS));
 }
 
 #[test]
@@ -566,10 +517,7 @@ fn start_trigger_timeout_writes_nothing() {
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     assert!(flush_id(&a).is_none(), "nothing to flush: {a:?}");
     let all = finish_stop(&mut s, a, 60_000);
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
     assert!(all.contains(&Action::SyncOutput));
     assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
     // A trigger after the timeout is refused.
@@ -600,10 +548,7 @@ fn stop_trigger_first_one_wins_and_timeout_is_then_ignored() {
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(2100));
     let all = finish_stop(&mut s, a, 2100);
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("b".into())));
-    assert!(all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(all.contains(&FINAL_PASS));
 }
 
 #[test]
@@ -622,10 +567,7 @@ fn stop_trigger_timeout_without_trigger_writes_nothing() {
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);
     assert_eq!(exit_reason(&all), Some(StopReason::TriggerTimeout));
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
 }
 
 #[test]
@@ -633,10 +575,7 @@ fn stop_before_any_trigger_writes_nothing() {
     let mut s = begun(timeline(TriggerMode::StopTracing, vec![rule("a", 0)]));
     let a = s.on_event(Event::Signal, ms(10));
     let all = finish_stop(&mut s, a, 10);
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
     assert!(all.contains(&Action::SyncOutput));
     assert_eq!(exit_reason(&all), Some(StopReason::Signal));
 }
@@ -687,10 +626,7 @@ fn clone_snapshots_are_numbered_prepared_flushed_then_written() {
     let all = finish_stop(&mut s, a, 60_000);
     assert_eq!(exit_reason(&all), Some(StopReason::CloneTimeout));
     // The clone session's own output stays empty.
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
 }
 
 #[test]
@@ -938,10 +874,7 @@ fn deferred_session_stopped_before_start_writes_nothing() {
     let a = s.on_event(Event::Signal, ms(10));
     assert!(flush_id(&a).is_none());
     let all = finish_stop(&mut s, a, 10);
-    assert!(!all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(!all.contains(&FINAL_PASS));
     assert_eq!(exit_reason(&all), Some(StopReason::Signal));
     let a = s.on_event(Event::StartRequest(RequestId(1)), ms(20));
     assert_eq!(
@@ -1036,28 +969,19 @@ fn an_on_disk_flight_recorder_streams_before_its_trigger_and_keeps_it_all() {
     let mut s = begun(t);
     assert!(!s.waiting_for_trigger(), "segments count from the start");
     let a = s.on_event(Event::TimerFired(Timer::WritePass), ms(5000));
-    assert!(a.contains(&Action::WritePass {
-        pass: Pass::Periodic,
-        sync: false,
-    }));
+    assert!(a.contains(&PERIODIC_PASS));
     let (res, _) = outcome(&mut s, "crash", 6000);
     assert_eq!(res, Ok(()));
     let a = s.on_event(Event::TimerFired(Timer::Stop), ms(6100));
     let all = finish_stop(&mut s, a, 6100);
-    assert!(all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(all.contains(&FINAL_PASS));
     assert_eq!(exit_reason(&all), Some(StopReason::Trigger("crash".into())));
 
     // No trigger before the timeout: what was written stays, with a final pass.
     let mut s = begun(rotating(TriggerMode::StopTracing, vec![rule("crash", 0)]));
     let a = s.on_event(Event::TimerFired(Timer::TriggerTimeout), ms(60_000));
     let all = finish_stop(&mut s, a, 60_000);
-    assert!(all.contains(&Action::WritePass {
-        pass: Pass::Final,
-        sync: true,
-    }));
+    assert!(all.contains(&FINAL_PASS));
     assert!(all.contains(&Action::CloseOutput { failed: false }));
 }
 
@@ -1124,10 +1048,7 @@ fn the_session_says_when_a_pass_syncs() {
         // The final pass reaches the disk whatever the config says.
         let a = s.on_event(Event::Signal, ms(1500));
         let all = finish_stop(&mut s, a, 1500);
-        assert!(all.contains(&Action::WritePass {
-            pass: Pass::Final,
-            sync: true,
-        }));
+        assert!(all.contains(&FINAL_PASS));
     }
 }
 
@@ -1175,20 +1096,8 @@ fn a_consumers_flush_is_answered_when_it_ends_or_is_cut_short() {
 fn a_drain_writes_a_pass_and_is_answered_by_it() {
     let mut s = begun(timeline(TriggerMode::None, vec![]));
     let a = s.on_event(Event::DrainRequest(RequestId(1)), ms(100));
-    assert_eq!(
-        a,
-        vec![Action::WritePass {
-            pass: Pass::Periodic,
-            sync: false,
-        }]
-    );
-    let a = s.on_event(
-        Event::PassWritten {
-            cap_reached: false,
-            segment: None,
-        },
-        ms(120),
-    );
+    assert_eq!(a, vec![PERIODIC_PASS]);
+    let a = s.on_event(written(false), ms(120));
     assert_eq!(a, vec![Action::Reply(RequestId(1), Answer::Drained)]);
     // One whose pass the stop overtook is answered at the end.
     s.on_event(Event::DrainRequest(RequestId(2)), ms(200));
@@ -1251,10 +1160,7 @@ fn a_rotation_on_request_writes_what_is_recorded_then_cuts() {
     let mut s = begun(rotating(TriggerMode::None, vec![]));
     assert_eq!(
         s.on_event(Event::RotateRequest(RequestId(7)), ms(100)),
-        vec![Action::WritePass {
-            pass: Pass::Periodic,
-            sync: false
-        }]
+        vec![PERIODIC_PASS]
     );
     // The next pass closes the segment, however little it holds.
     assert_eq!(

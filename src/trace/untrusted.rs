@@ -98,8 +98,20 @@ pub fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A FIFO at `path`, only its owner's.
+    pub(crate) fn make_fifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+    }
 
     #[test]
     fn only_regular_files_never_blocking() {
@@ -109,14 +121,7 @@ mod tests {
         let (_, size) = open_regular(&f).expect("regular");
         assert_eq!(size, 3);
         let fifo = d.path().join("p");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
+        make_fifo(&fifo);
         assert!(matches!(
             open_regular(&fifo),
             Err(UntrustedError::NotRegular("a FIFO"))

@@ -66,13 +66,19 @@ pub fn for_log(text: &str) -> String {
             out.push_str(&format!("… ({} bytes)", text.len()));
             break;
         }
-        if c.is_control() || c == '"' || c == '\\' {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+        push_escaped(&mut out, c, c.is_control() || c == '"' || c == '\\');
     }
     out
+}
+
+/// Pushes `c` to `out`, escaped as Rust writes it (`\n`, `\u{1b}`) when
+/// `escape`.
+pub fn push_escaped(out: &mut String, c: char, escape: bool) {
+    if escape {
+        out.extend(c.escape_default());
+    } else {
+        out.push(c);
+    }
 }
 
 #[cfg(test)]

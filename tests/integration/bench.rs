@@ -180,6 +180,12 @@ impl SequenceView {
     }
 }
 
+/// [`bench_json`] with RING_BUFFER then DISCARD, each in a 64 KiB buffer.
+fn both_policies_in_64k(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> {
+    let policies = ["--policy", "ring,discard", "--buffer-kb", "64"];
+    bench_json(&[&policies[..], args].concat(), out)
+}
+
 fn bench_json(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> {
     let run = Command::new(recorder_bin())
         .args(["-q", "bench", "--json"])
@@ -205,12 +211,8 @@ fn bench_json(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> {
 #[test]
 fn ring_keeps_the_newest_and_discard_the_oldest() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lines = bench_json(
+    let lines = both_policies_in_64k(
         &[
-            "--policy",
-            "ring,discard",
-            "--buffer-kb",
-            "64",
             "--packet-size",
             "64",
             "--packets",
@@ -269,12 +271,8 @@ fn ring_keeps_the_newest_and_discard_the_oldest() {
 #[test]
 fn streaming_passes_keep_marked_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lines = bench_json(
+    let lines = both_policies_in_64k(
         &[
-            "--policy",
-            "ring,discard",
-            "--buffer-kb",
-            "64",
             "--packet-size",
             "1024",
             "--max-rate",

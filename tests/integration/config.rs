@@ -78,16 +78,21 @@ for path in sys.argv[1:]:
     sys.stdout.buffer.write(struct.pack("<Q", len(b)) + b)
 "#;
 
-/// Python's text_format encoding of each file, or why it is unavailable.
-fn python_encode(files: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
-    let probe = Command::new("python3")
+/// Python with the `perfetto` and `protobuf` modules the oracles use.
+fn python_reads_perfetto_protos() -> bool {
+    Command::new("python3")
         .args([
             "-c",
             "import google.protobuf, perfetto.protos.perfetto.trace.perfetto_trace_pb2",
         ])
         .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|s| s.success()) {
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Python's text_format encoding of each file, or why it is unavailable.
+fn python_encode(files: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
+    if !python_reads_perfetto_protos() {
         return Err("python3 with `perfetto` and `protobuf` (pip install perfetto protobuf) is not available".into());
     }
     let out = Command::new("python3")
@@ -794,25 +799,15 @@ mod generated {
                 proptest::collection::vec(("[a-z-]{1,10}", any::<u32>(), 0.0f64..1.0), 0..3),
             )),
         )
-            .prop_map(
-                |(
-                    buffers,
-                    duration_ms,
-                    write_into_file,
-                    max_file_size_bytes,
-                    events,
-                    session_name,
-                    trigger,
-                )| Gen {
-                    buffers,
-                    duration_ms,
-                    write_into_file,
-                    max_file_size_bytes,
-                    events,
-                    session_name,
-                    trigger,
-                },
-            )
+            .prop_map(|t| Gen {
+                buffers: t.0,
+                duration_ms: t.1,
+                write_into_file: t.2,
+                max_file_size_bytes: t.3,
+                events: t.4,
+                session_name: t.5,
+                trigger: t.6,
+            })
     }
 
     proptest! {
@@ -1068,14 +1063,7 @@ fn explain_accounts_for_every_field_by_path() {
     // Against Python's reading of the same files: each listed path is a
     // field the file sets, and each field it sets is listed (or inside a
     // message listed whole).
-    let probe = Command::new("python3")
-        .args([
-            "-c",
-            "import google.protobuf, perfetto.protos.perfetto.trace.perfetto_trace_pb2",
-        ])
-        .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|s| s.success()) {
+    if !python_reads_perfetto_protos() {
         assert!(!kernel_required(), "python oracle missing under CI");
         eprintln!("python oracle skipped: no perfetto/protobuf modules");
         return;
@@ -1365,12 +1353,15 @@ fn config_check_warns_when_writers_outnumber_the_chunks() {
     }
     let cfg = d.path().join("many.cfg");
     std::fs::write(&cfg, &text).expect("write");
-    let out = Command::new(recorder_bin())
-        .args(["config", "check"])
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .output()
-        .expect("runs");
+    let check = || {
+        Command::new(recorder_bin())
+            .args(["config", "check"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs")
+    };
+    let out = check();
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -1384,11 +1375,6 @@ fn config_check_warns_when_writers_outnumber_the_chunks() {
     // Within the chunks: no warning.
     let few = text.lines().take(101).collect::<Vec<_>>().join("\n");
     std::fs::write(&cfg, few).expect("write");
-    let out = Command::new(recorder_bin())
-        .args(["config", "check"])
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .output()
-        .expect("runs");
+    let out = check();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("each holds at least"));
 }

@@ -728,13 +728,7 @@ fn descriptor_set(name: &str, depth: usize, deps: &[&str]) -> Vec<u8> {
 fn a_fifo_or_a_directory_as_proto_is_refused_at_once() {
     let (d, cfg) = scratch();
     let fifo = d.path().join("f.proto");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
+    mkfifo(&fifo);
     let fifo = fifo.display().to_string();
     for args in [
         vec!["--proto", fifo.as_str()],

@@ -19,16 +19,9 @@ const HOSTS: [&str; 2] = ["fleet-a", "fleet-b"];
 
 /// Scheduling for ~4 s in segments of ~1 s: at least three closed segments
 /// each, with a second to spare for a loaded machine's late rotations.
-const CONFIG: &str = r#"
-buffers { size_kb: 16384 fill_policy: RING_BUFFER }
-data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
-  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
-  ftrace_events: "task/task_newtask" ftrace_events: "task/task_rename"
-  compact_sched { enabled: true } drain_period_ms: 100 } } }
-data_sources { config { name: "linux.process_stats" target_buffer: 0
-  process_stats_config { scan_all_processes_on_start: true } } }
-write_into_file: true file_write_period_ms: 200 duration_ms: 4300
-"#;
+fn config() -> String {
+    crate::harness::ftrace::sched_stream_config(4300)
+}
 
 /// The longest runnable wait of one trace, as the script asks it.
 const RUNNABLE: &str = "select max(dur) as wait from thread_state \
@@ -53,10 +46,7 @@ fn missing_parts() -> Option<need::Missing> {
             (!runs("unshare", &["--uts", "true"]))
                 .then(|| need::Missing::kernel("unshare --uts fails"))
         })
-        .or_else(|| {
-            (!runs("rclone", &["version"]))
-                .then(|| need::Missing::kernel("no rclone (apt-get install rclone)"))
-        })
+        .or_else(rclone)
         .or_else(|| {
             (!runs(
                 "python3",
@@ -109,7 +99,7 @@ impl Fleet {
         // A named remote, as a user's S3 bucket would be; here a local one.
         let rclone_conf = dir.path().join("rclone.conf");
         std::fs::write(&rclone_conf, "[fleet]\ntype = local\n").expect("rclone.conf");
-        std::fs::write(dir.path().join("fleet.cfg"), CONFIG).expect("cfg");
+        std::fs::write(dir.path().join("fleet.cfg"), config()).expect("cfg");
         Fleet {
             dir,
             store,
@@ -179,6 +169,14 @@ fn rows(out: &Output) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
+}
+
+/// rclone, which `scripts/ship_segment.sh` ships with.
+fn rclone() -> Option<need::Missing> {
+    need::present(
+        need::runs("rclone", &["version"]),
+        "no rclone (apt-get install rclone)",
+    )
 }
 
 #[test]
@@ -407,12 +405,7 @@ fn two_hosts_ship_into_one_store_and_answer_one_question() {
 
 #[test]
 fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
-    let rclone = Command::new("rclone")
-        .arg("version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(rclone, "no rclone (apt-get install rclone)"));
+    require!(rclone());
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",
@@ -506,8 +499,7 @@ fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
         s = fleet.store.display(),
         g = good.display()
     );
-    let planted = as_nobody("sh").args(["-c", &plant]).output().expect("sh");
-    assert!(planted.status.success(), "{}", text(&planted.stderr));
+    plant_as_nobody(&plant);
     assert!(
         std::fs::read_to_string(fleet.store.join("evil/trace-000003.pftrace.json"))
             .expect("planted")
@@ -565,12 +557,7 @@ fn a_user_who_can_write_to_the_store_cannot_hang_or_fool_its_check() {
 
 #[test]
 fn after_a_crash_the_sidecars_say_what_is_left_to_ship() {
-    let rclone = Command::new("rclone")
-        .arg("version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(rclone, "no rclone (apt-get install rclone)"));
+    require!(rclone());
     let run = Run::new(&test_config(
         16384,
         "RING_BUFFER",

@@ -26,6 +26,22 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// What one flush of `buffer` hands the file, which must have lost
+/// nothing.
+fn flushed_without_loss(buffer: &Arc<recorder::ringbuf::Buffer>) -> Vec<u8> {
+    use recorder::ringbuf::FlushItem;
+    let batch = buffer.take_flush();
+    let mut file = Vec::new();
+    for item in batch.items() {
+        match item {
+            FlushItem::Data(d) => file.extend_from_slice(d),
+            FlushItem::Loss { .. } => panic!("nothing was lost"),
+        }
+    }
+    batch.release();
+    file
+}
+
 #[test]
 fn fixture_formats_parse_with_kernel_offsets() {
     let t = Tracefs::at(fixtures().join("tree")).expect("fixture tree");
@@ -424,14 +440,8 @@ fn bundles_split_when_a_packet_is_full_and_nothing_is_lost() {
     let mut out = VecOutput::new();
     let mut enc = BundleEncoder::new(SEQ, 16 * 1024);
     let mut cur = CpuCursor::default();
-    enc.encode_pages(
-        &mut out,
-        &table,
-        &PrintFilter::default(),
-        &l,
-        &mut cur,
-        &pages,
-    );
+    let no_filter = PrintFilter::default();
+    enc.encode_pages(&mut out, &table, &no_filter, &l, &mut cur, &pages);
     let total: usize = pages
         .chunks_exact(l.page_size())
         .map(|p| recorder::sources::ftrace::encode::count_page_events(p, &l).expect("clean"))
@@ -512,7 +522,7 @@ fn record_drains(
 /// to every event.
 #[test]
 fn bundles_fill_the_ring_chunks_with_little_padding() {
-    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
     use recorder::sources::ftrace::encode::MIN_BUNDLE_BYTES;
 
     let params = BufferParams {
@@ -562,15 +572,7 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
         before.unused_chunk_bytes
     );
     drop(writer);
-    let batch = buffer.take_flush();
-    let mut file = Vec::new();
-    for item in batch.items() {
-        match item {
-            FlushItem::Data(d) => file.extend_from_slice(d),
-            FlushItem::Loss { .. } => panic!("nothing was lost"),
-        }
-    }
-    batch.release();
+    let file = flushed_without_loss(&buffer);
     let p = decode(&file);
     assert_eq!(p.len() as u64, enc.stats.bundles);
     assert_eq!(events(&p).len(), total, "every event once");
@@ -583,7 +585,7 @@ fn bundles_fill_the_ring_chunks_with_little_padding() {
 /// page's loss mark.
 #[test]
 fn an_event_too_big_for_a_short_bundle_gets_a_full_one() {
-    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, FlushItem, WriterId};
+    use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
     use recorder::sources::ftrace::encode::MIN_BUNDLE_BYTES;
 
     let (l, _) = fixture_table(false);
@@ -630,15 +632,7 @@ fn an_event_too_big_for_a_short_bundle_gets_a_full_one() {
     drop(writer);
     let s = buffer.stats();
     assert_eq!(s.chunks_written, 2, "the bundle went to a chunk of its own");
-    let batch = buffer.take_flush();
-    let mut file = Vec::new();
-    for item in batch.items() {
-        match item {
-            FlushItem::Data(d) => file.extend_from_slice(d),
-            FlushItem::Loss { .. } => panic!("nothing was lost"),
-        }
-    }
-    batch.release();
+    let file = flushed_without_loss(&buffer);
     let p = decode(&file[filler_framed..]);
     let b = bundles(&p);
     assert_eq!(b.len(), 1);

@@ -304,13 +304,7 @@ fn directories_another_user_made_on_the_way_are_refused() {
         s = shared.display(),
         r = root_only.display()
     );
-    assert!(
-        as_nobody("sh")
-            .args(["-c", &plant])
-            .status()
-            .expect("plant")
-            .success()
-    );
+    plant_as_nobody(&plant);
     for (out, says, theirs) in [
         (
             shared.join("a/b/"),
@@ -480,8 +474,7 @@ fn inspect_and_index_read_only_regular_files_never_planted_links() {
         b = last + 2,
         c = last + 3,
     );
-    let planted = as_nobody("sh").args(["-c", &plant]).output().expect("sh");
-    assert!(planted.status.success(), "{}", stderr(&planted));
+    plant_as_nobody(&plant);
     for args in [&["inspect"][..], &["inspect", "--json"], &["index"]] {
         let mut c = Command::new(recorder_bin());
         c.args(args).arg(&shared).stdin(Stdio::null());
@@ -636,13 +629,7 @@ fn a_directory_planted_at_the_name_lock_does_not_stop_a_root_session() {
         } else {
             format!("mkdir {}", lock.display())
         };
-        assert!(
-            as_nobody("sh")
-                .args(["-c", &plant])
-                .status()
-                .expect("plant")
-                .success()
-        );
+        plant_as_nobody(&plant);
         let session = run.spawn("auto");
         wait_listening(&runtime(&run), session.id());
         let t = output_within_named(
@@ -685,13 +672,7 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 60000 triggers
         "mkdir {o}.0 && mkdir {o}.1 && touch {o}.1/x",
         o = out.display()
     );
-    assert!(
-        as_nobody("sh")
-            .args(["-c", &plant])
-            .status()
-            .expect("plant")
-            .success()
-    );
+    plant_as_nobody(&plant);
     let session = run
         .command_to("auto", &out)
         .stdout(Stdio::null())

@@ -150,13 +150,7 @@ fn a_full_disk_at_the_stop_time_write_keeps_what_fits_and_says_what_did_not() {
     for io in sinks() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mnt = dir.path().join("small");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        require!(need::present(ok, "cannot mount a tmpfs"));
+        require!(need::small_tmpfs(&mnt, "1m"));
         let _mounted = Unmount(mnt.clone());
         // A ring written only at the end: several MiB for a 1 MiB disk.
         let run = Run::new(&test_config(
@@ -366,13 +360,7 @@ fn fifo_output_is_a_stream_and_the_config_is_never_the_output() {
         "message_count: 0 max_messages_per_second: 2000 message_size: 16",
     ));
     let fifo = run.dir.path().join("fifo");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
+    mkfifo(&fifo);
     let reader = {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::read(&fifo).expect("read the fifo"))

@@ -43,11 +43,17 @@ fn open(run: &Run, args: &[&str]) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("recorder open starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the link");
-    (child, line.trim().to_string())
+    let link = first_line(&mut child);
+    (child, link)
+}
+
+/// The whole body of `r` (a trace: up to 64 MiB).
+fn body(r: &mut ureq::http::Response<ureq::Body>) -> Vec<u8> {
+    r.body_mut()
+        .with_config()
+        .limit(64 * 1024 * 1024)
+        .read_to_vec()
+        .expect("body")
 }
 
 fn agent() -> ureq::Agent {
@@ -143,12 +149,7 @@ fn open_serves_the_trace_once_to_the_ui_and_exits() {
         Some(UI)
     );
     assert_eq!(header(&r, "cache-control").as_deref(), Some("no-cache"));
-    let got = r
-        .body_mut()
-        .with_config()
-        .limit(64 * 1024 * 1024)
-        .read_to_vec()
-        .expect("body");
+    let got = body(&mut r);
     assert_eq!(got, bytes, "the bytes served are the file's");
     let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{err}");
@@ -259,12 +260,7 @@ fn open_tokens_differ_and_a_connection_flood_neither_grows_nor_ends_it() {
     // The UI still gets the trace.
     let mut r = agent().get(&url).header("Origin", UI).call().expect("get");
     assert_eq!(r.status(), 200);
-    let got = r
-        .body_mut()
-        .with_config()
-        .limit(64 * 1024 * 1024)
-        .read_to_vec()
-        .expect("body");
+    let got = body(&mut r);
     assert_eq!(got, bytes);
     let (status, err) = wait_exit_stderr(&mut child, Duration::from_secs(20));
     assert!(status.success(), "{err}");
@@ -353,12 +349,7 @@ time.sleep(30)
     let t0 = Instant::now();
     let mut r = agent().get(&url).header("Origin", UI).call().expect("get");
     assert_eq!(r.status(), 200);
-    let got = r
-        .body_mut()
-        .with_config()
-        .limit(64 * 1024 * 1024)
-        .read_to_vec()
-        .expect("body");
+    let got = body(&mut r);
     assert_eq!(got, bytes);
     assert!(
         t0.elapsed() < Duration::from_secs(4),

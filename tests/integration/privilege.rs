@@ -60,17 +60,26 @@ file_write_period_ms: 200
 duration_ms: 30000
 "#;
 
+/// `run`'s session with a producer socket in its directory, so that it
+/// keeps a socket holder; returns it and the socket's path.
+fn spawn_with_producer_socket(run: &Run) -> (Child, PathBuf) {
+    let sock = run.dir.path().join("producer.sock");
+    let child = run
+        .command("pwritev")
+        .arg("--producer-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    (child, sock)
+}
+
 #[test]
 fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
     require!(need::tracefs_instances().or_else(need::setpriv));
     let run = Run::new(FTRACE);
-    let sock = run.dir.path().join("producer.sock");
-    let mut c = run.command("pwritev");
-    c.arg("--producer-socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = c.spawn().expect("starts");
+    let (child, sock) = spawn_with_producer_socket(&run);
     let pid = child.id();
     let instance = Path::new(TRACEFS).join(format!("instances/recorder-{pid}"));
     wait_for("the drop", Duration::from_secs(20), || {
@@ -126,13 +135,7 @@ fn the_socket_holder_runs_as_a_service_user_with_no_capabilities() {
 fn every_thread_of_a_dropped_session_carries_no_new_privs_and_no_capability() {
     require!(need::tracefs_instances());
     let run = Run::new(FTRACE);
-    let sock = run.dir.path().join("producer.sock");
-    let mut c = run.command("pwritev");
-    c.arg("--producer-socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = c.spawn().expect("starts");
+    let (child, _) = spawn_with_producer_socket(&run);
     let pid = child.id();
     wait_for("the drop", Duration::from_secs(20), || dropped(pid));
     // A write pass after the drop: every thread of the session is running.
@@ -377,32 +380,6 @@ fn a_rotating_session_in_a_root_directory_still_rotates_deletes_and_runs_hooks_a
     );
 }
 
-/// An entry planted by another user (uid 65534), pointing at or linked to
-/// `victim`.
-fn plant(dir: &Path, name: &str, what: &str, victim: &Path) {
-    let p = dir.join(name);
-    match what {
-        "symlink" => std::os::unix::fs::symlink(victim, &p).expect("symlink"),
-        "hardlink" => std::fs::hard_link(victim, &p).expect("link"),
-        "fifo" => rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &p,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o666),
-            0,
-        )
-        .expect("mkfifo"),
-        _ => unreachable!(),
-    }
-    let _ = rustix::fs::chownat(
-        rustix::fs::CWD,
-        &p,
-        Some(rustix::process::Uid::from_raw(NOBODY_UID)),
-        Some(rustix::process::Gid::from_raw(NOBODY_UID)),
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    );
-}
-
 fn victim(dir: &Path, name: &str) -> (PathBuf, std::fs::Metadata) {
     let v = dir.join(name);
     std::fs::write(&v, b"precious\n").expect("victim");
@@ -447,13 +424,13 @@ fn names_planted_in_a_sticky_directory_are_never_written_through() {
         "message_count: 100 message_size: 64",
     ));
     let out = shared.join("single.pftrace");
-    plant(&shared, "single.pftrace", "symlink", &victims[0].0);
+    plant(&shared.join("single.pftrace"), "symlink", &victims[0].0);
     let o = single.command_to("pwritev", &out).output().expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(std::fs::symlink_metadata(&out).expect("meta").is_file());
     check_trace(&out);
     // With --no-clobber the planted name is an error, and nothing is opened.
-    plant(&shared, "nc.pftrace", "fifo", &victims[0].0);
+    plant(&shared.join("nc.pftrace"), "fifo", &victims[0].0);
     let mut c = single.command_to("pwritev", &shared.join("nc.pftrace"));
     c.arg("--no-clobber");
     let o = c.output().expect("runs");
@@ -476,43 +453,19 @@ fn names_planted_in_a_sticky_directory_are_never_written_through() {
     });
     let base = segments(&shared).keys().last().copied().unwrap_or(1) + 3;
     let n = |i: u64| format!("trace-{i:06}.pftrace");
-    plant(
-        &shared,
-        &format!("{}.partial", n(base)),
-        "symlink",
-        &victims[1].0,
-    );
-    plant(
-        &shared,
-        &format!("{}.partial", n(base + 1)),
-        "fifo",
-        &victims[2].0,
-    );
-    plant(
-        &shared,
-        &format!("{}.partial", n(base + 2)),
-        "hardlink",
-        &victims[3].0,
-    );
-    plant(&shared, &n(base + 3), "symlink", &victims[4].0);
-    plant(
-        &shared,
-        &format!("{}.json", n(base + 3)),
-        "hardlink",
-        &victims[5].0,
-    );
-    plant(
-        &shared,
-        &format!(".{}.json.tmp", n(base + 4)),
-        "symlink",
-        &victims[6].0,
-    );
-    plant(
-        &shared,
-        &format!("{}.json.tmp", n(base + 4)),
-        "fifo",
-        &victims[7].0,
-    );
+    // Each name gets its own victim, so an entry written through shows.
+    let planted = [
+        (format!("{}.partial", n(base)), "symlink"),
+        (format!("{}.partial", n(base + 1)), "fifo"),
+        (format!("{}.partial", n(base + 2)), "hardlink"),
+        (n(base + 3), "symlink"),
+        (format!("{}.json", n(base + 3)), "hardlink"),
+        (format!(".{}.json.tmp", n(base + 4)), "symlink"),
+        (format!("{}.json.tmp", n(base + 4)), "fifo"),
+    ];
+    for ((name, what), (victim, _)) in planted.iter().zip(&victims[1..]) {
+        plant(&shared.join(name), what, victim);
+    }
     let stderr = finish(child);
     for (v, meta) in &victims {
         untouched(v, meta);
@@ -597,9 +550,9 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 3000 triggers 
     std::fs::create_dir(&safe).expect("mkdir");
     let victims: Vec<(PathBuf, std::fs::Metadata)> =
         (0..3).map(|i| victim(&safe, &format!("v{i}"))).collect();
-    plant(&shared, "snap.pftrace.0", "symlink", &victims[0].0);
-    plant(&shared, "snap.pftrace.1", "hardlink", &victims[1].0);
-    plant(&shared, "snap.pftrace.log", "symlink", &victims[2].0);
+    plant(&shared.join("snap.pftrace.0"), "symlink", &victims[0].0);
+    plant(&shared.join("snap.pftrace.1"), "hardlink", &victims[1].0);
+    plant(&shared.join("snap.pftrace.log"), "symlink", &victims[2].0);
     let out = shared.join("snap.pftrace");
     let o = run
         .command_to("pwritev", &out)

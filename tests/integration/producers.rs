@@ -86,6 +86,16 @@ impl Session {
         App::spawn(&self.socket, name, args)
     }
 
+    /// What `recorder query` says of the session.
+    fn query(&self) -> String {
+        let q = Command::new(recorder_bin())
+            .arg("query")
+            .env("RECORDER_RUNTIME_DIR", self.run.dir.path().join("run"))
+            .output()
+            .expect("query runs");
+        String::from_utf8_lossy(&q.stdout).into_owned()
+    }
+
     /// SIGINT, then the exit status and stderr.
     fn stop(mut self) -> (Run, String) {
         sigint(&self.child);
@@ -182,12 +192,7 @@ fn an_sdk_app_records_complete_and_in_order_by_the_socket_path_alone() {
     app.expect(&format!("wrote {N}"));
     let pid = app.pid();
     // `recorder query` lists the app beside the buffers.
-    let q = Command::new(recorder_bin())
-        .arg("query")
-        .env("RECORDER_RUNTIME_DIR", s.run.dir.path().join("run"))
-        .output()
-        .expect("query runs");
-    let q = String::from_utf8_lossy(&q.stdout);
+    let q = s.query();
     assert!(
         q.contains("producer \"sdk_app\"") && q.contains("producer socket:"),
         "{q}"
@@ -489,12 +494,7 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
     assert!(st.success() && out.contains("done"), "{out}\n{err}");
     app.expect("wrote 1000");
     // `recorder query` names the hostile producer and why its data was lost.
-    let q = Command::new(recorder_bin())
-        .arg("query")
-        .env("RECORDER_RUNTIME_DIR", s.run.dir.path().join("run"))
-        .output()
-        .expect("query runs");
-    let q = String::from_utf8_lossy(&q.stdout);
+    let q = s.query();
     assert!(
         q.contains(&format!("producer \"hostile\" (pid {hostile_pid}"))
             && q.contains("ABI violations")
@@ -570,18 +570,6 @@ fn flushes_reach_an_app_and_its_acks_complete_them() {
     assert!(flushed >= 2, "{flushed} complete flushes noted");
     let by_pid = counters_by_pid(&packets);
     assert_eq!(by_pid[0].2, (0..100).collect::<Vec<_>>());
-}
-
-/// The stats a trace ends with.
-fn last_trace_stats(
-    packets: &[perfetto_protos::trace_packet::TracePacket],
-) -> perfetto_protos::trace_stats::TraceStats {
-    packets
-        .iter()
-        .rfind(|p| p.has_trace_stats())
-        .expect("trace_stats")
-        .trace_stats()
-        .clone()
 }
 
 /// Counters, `work` slices and their Python and trace processor views for

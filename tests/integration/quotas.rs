@@ -75,6 +75,36 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Runs `attack` (which returns what keeps it going) against `session`
+/// and checks the session's RSS grew by less than [`RSS_BOUND_KB`];
+/// `what` names the attack in the log.
+fn rss_bounded_across<T>(run: &Run, session: &Child, what: &str, attack: impl FnOnce() -> T) -> T {
+    wait_recorded(run, session.id(), 1);
+    let before = rss_kb(session.id());
+    let going = attack();
+    // Caught up with the attack: it answers a query.
+    wait_recorded(run, session.id(), 1);
+    let after = rss_kb(session.id());
+    eprintln!("RSS {before} KiB before, {after} KiB after {what}");
+    assert!(
+        after.saturating_sub(before) < RSS_BOUND_KB,
+        "RSS grew from {before} to {after} KiB"
+    );
+    going
+}
+
+/// What `recorder config check CONFIG` says with the environment's
+/// producer socket at `socket`.
+fn config_check_with_socket(config: &Path, socket: &Path) -> String {
+    let check = Command::new(recorder_bin())
+        .args(["config", "check"])
+        .arg(config)
+        .env("PERFETTO_PRODUCER_SOCK_NAME", socket)
+        .output()
+        .expect("config check");
+    String::from_utf8_lossy(&check.stdout).into_owned()
+}
+
 /// The `recorder.quota.uid.<uid>.<limit>` attribute of a trace, read by the
 /// Python oracle.
 fn quota_attribute(trace: &Path, uid: u32, limit: &str) -> Option<i64> {
@@ -231,10 +261,7 @@ fn a_squatted_producer_path_cannot_touch_a_session_of_built_in_sources() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("holder");
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("holder ready");
+    first_line(&mut holder);
     for path in [&file, &sock] {
         let out = run
             .command("pwritev")
@@ -250,25 +277,13 @@ fn a_squatted_producer_path_cannot_touch_a_session_of_built_in_sources() {
             !test_counters(&decode(&data)).is_empty(),
             "test data recorded"
         );
-        let check = Command::new(recorder_bin())
-            .args(["config", "check"])
-            .arg(&run.config)
-            .env("PERFETTO_PRODUCER_SOCK_NAME", path)
-            .output()
-            .expect("config check");
-        let said = String::from_utf8_lossy(&check.stdout);
+        let said = config_check_with_socket(&run.config, path);
         assert!(said.contains("producer socket: stays closed"), "{said}");
     }
     assert_eq!(std::fs::read_to_string(&file).expect("file"), "mine\n");
     // A config that needs apps does claim the path, and says why it cannot.
     let apps = Run::new(&flight(true));
-    let check = Command::new(recorder_bin())
-        .args(["config", "check"])
-        .arg(&apps.config)
-        .env("PERFETTO_PRODUCER_SOCK_NAME", &file)
-        .output()
-        .expect("config check");
-    let said = String::from_utf8_lossy(&check.stdout);
+    let said = config_check_with_socket(&apps.config, &file);
     assert!(
         said.contains(&format!("producer socket: opens at {}", file.display()))
             && said.contains(SEQUENCE_DS),
@@ -279,13 +294,7 @@ fn a_squatted_producer_path_cannot_touch_a_session_of_built_in_sources() {
         "buffers { size_kb: 1024 }\n\
          data_sources { config { name: \"linux.process_stats\" } producer_name_filter: \"an_app\" }\n",
     );
-    let check = Command::new(recorder_bin())
-        .args(["config", "check"])
-        .arg(&filtered.config)
-        .env("PERFETTO_PRODUCER_SOCK_NAME", &file)
-        .output()
-        .expect("config check");
-    let said = String::from_utf8_lossy(&check.stdout);
+    let said = config_check_with_socket(&filtered.config, &file);
     assert!(said.contains("producer socket: opens at"), "{said}");
     let out = apps
         .command("pwritev")
@@ -350,13 +359,7 @@ fn a_signal_during_set_up_stops_the_session_with_a_valid_trace() {
     // While opening the output.
     let run = Run::new(&config);
     let fifo = run.dir.path().join("fifo");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
+    mkfifo(&fifo);
     let child = run
         .command_to("pwritev", &fifo)
         .stdout(Stdio::piped())
@@ -406,13 +409,7 @@ fn idle_producer_connections_keep_neither_a_trigger_nor_an_app_out() {
     eprintln!("trigger beside 1500 idle connections: {took:?}");
     let (packets, err) = ended_on_the_trigger(&run, session);
     app.finish();
-    let by_pid = counters_by_pid(&packets);
-    let ours: Vec<_> = by_pid
-        .iter()
-        .filter(|(_, pid, _)| *pid == app_pid)
-        .collect();
-    assert_eq!(ours.len(), 1, "{by_pid:?}");
-    assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
+    assert_app_recorded_all(&packets, app_pid, 300);
     assert!(
         err.contains("producers of uid 65534:") && err.contains("connections refused"),
         "{err}"
@@ -431,24 +428,17 @@ fn huge_data_source_names_cost_their_producer_not_the_sessions_memory() {
     require!(need::attacker());
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
-    wait_recorded(&run, session.id(), 1);
-    let before = rss_kb(session.id());
-    let mut flood = Flood::start(&[
-        "names",
-        socket.to_str().expect("utf-8"),
-        "8",
-        "1024",
-        "100000",
-    ]);
-    flood.wait_for("done");
-    // Caught up with the attack: it answers a query.
-    wait_recorded(&run, session.id(), 1);
-    let after = rss_kb(session.id());
-    eprintln!("RSS {before} KiB before, {after} KiB after 8 x 1024 names of 100 KB");
-    assert!(
-        after.saturating_sub(before) < RSS_BOUND_KB,
-        "RSS grew from {before} to {after} KiB"
-    );
+    let flood = rss_bounded_across(&run, &session, "8 x 1024 names of 100 KB", || {
+        let mut flood = Flood::start(&[
+            "names",
+            socket.to_str().expect("utf-8"),
+            "8",
+            "1024",
+            "100000",
+        ]);
+        flood.wait_for("done");
+        flood
+    });
     trigger_within_a_second(&run);
     drop(flood);
     let (_, err) = ended_on_the_trigger(&run, session);
@@ -474,18 +464,11 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
     let sock = socket.to_str().expect("utf-8");
-    wait_recorded(&run, session.id(), 1);
-    let before = rss_kb(session.id());
-    let mut flood = Flood::start(&["patches", sock, "32", SEQUENCE_DS, "40"]);
-    flood.wait_for("done");
-    // Caught up with the attack: it answers a query.
-    wait_recorded(&run, session.id(), 1);
-    let after = rss_kb(session.id());
-    eprintln!("RSS {before} KiB before, {after} KiB after 32 producers held 40 MiB each");
-    assert!(
-        after.saturating_sub(before) < RSS_BOUND_KB,
-        "RSS grew from {before} to {after} KiB"
-    );
+    let flood = rss_bounded_across(&run, &session, "32 producers held 40 MiB each", || {
+        let mut flood = Flood::start(&["patches", sock, "32", SEQUENCE_DS, "40"]);
+        flood.wait_for("done");
+        flood
+    });
     // The live figures: `recorder query` words them as the summary does,
     // and its JSON has them by limit key. (Asked again while a loaded
     // machine keeps the session from answering in time.)
@@ -536,13 +519,7 @@ fn producers_that_never_send_their_patches_hold_one_uids_bytes_not_each_their_ow
     let (packets, err) = ended_on_the_trigger(&run, session);
     drop(flood);
     app.finish();
-    let by_pid = counters_by_pid(&packets);
-    let ours: Vec<_> = by_pid
-        .iter()
-        .filter(|(_, pid, _)| *pid == app_pid)
-        .collect();
-    assert_eq!(ours.len(), 1, "{by_pid:?}");
-    assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
+    assert_app_recorded_all(&packets, app_pid, 300);
     assert!(
         err.contains("producers of uid 65534:") && err.contains("bytes held for patches"),
         "{err}"
@@ -562,18 +539,11 @@ fn producers_that_come_and_go_leave_memory_and_the_log_bounded() {
     require!(need::attacker());
     let run = shared_run(&flight(true));
     let (session, socket) = root_session(&run, true, None);
-    wait_recorded(&run, session.id(), 1);
-    let before = rss_kb(session.id());
-    let mut churn = Flood::start(&["churn", socket.to_str().expect("utf-8"), "3000", "1000"]);
-    churn.wait_for("done");
-    // Caught up with the attack: it answers a query.
-    wait_recorded(&run, session.id(), 1);
-    let after = rss_kb(session.id());
-    eprintln!("RSS {before} KiB before, {after} KiB after 3000 producers came and went");
-    assert!(
-        after.saturating_sub(before) < RSS_BOUND_KB,
-        "RSS grew from {before} to {after} KiB"
-    );
+    let _churn = rss_bounded_across(&run, &session, "3000 producers came and went", || {
+        let mut flood = Flood::start(&["churn", socket.to_str().expect("utf-8"), "3000", "1000"]);
+        flood.wait_for("done");
+        flood
+    });
     trigger_within_a_second(&run);
     let (packets, err) = ended_on_the_trigger(&run, session);
     assert!(err.len() < LOG_BOUND, "{} bytes of log", err.len());
@@ -643,13 +613,7 @@ fn a_hostile_soak_leaves_the_trigger_and_the_apps_their_way() {
     );
     let (packets, err) = ended_on_the_trigger(&run, session);
     app.finish();
-    let by_pid = counters_by_pid(&packets);
-    let ours: Vec<_> = by_pid
-        .iter()
-        .filter(|(_, pid, _)| *pid == app_pid)
-        .collect();
-    assert_eq!(ours.len(), 1, "{by_pid:?}");
-    assert_eq!(ours[0].2, (0..300).collect::<Vec<_>>());
+    assert_app_recorded_all(&packets, app_pid, 300);
     assert!(err.len() < LOG_BOUND, "{} bytes of log", err.len());
 }
 

@@ -266,12 +266,27 @@ fn size_cap_stops_on_a_packet_boundary() {
             "the cap was reached, not an early stop"
         );
         assert_eq!(whole_prefix(&data), data.len(), "ends on a whole packet");
-        let packets = decode(&data);
-        for c in test_counters(&packets).values() {
-            assert_eq!(gaps(c), (0, 0));
-        }
+        assert_gap_free(&data);
         trace_processor::check(&run.out);
     }
+}
+
+/// No test counter of `data` has a gap.
+fn assert_gap_free(data: &[u8]) {
+    for c in test_counters(&decode(data)).values() {
+        assert_eq!(gaps(c), (0, 0));
+    }
+}
+
+/// Runs `c` to its end and checks it exited 0.
+fn succeeded(c: &mut Command) -> std::process::Output {
+    let out = c.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 fn signal_run(io: &str, signals: &[rustix::process::Signal]) -> Run {
@@ -319,10 +334,7 @@ fn a_second_signal_finalizes_at_once() {
         let run = signal_run(io, &[Signal::INT, Signal::INT]);
         let data = run.trace();
         assert_eq!(whole_prefix(&data), data.len());
-        let packets = decode(&data);
-        for c in test_counters(&packets).values() {
-            assert_eq!(gaps(c), (0, 0));
-        }
+        assert_gap_free(&data);
         trace_processor::check(&run.out);
     }
 }
@@ -344,12 +356,7 @@ fn background_then_sigterm() {
         .arg("trace.pftrace")
         .arg("--background")
         .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
-    let out = c.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(&mut c);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.ends_with('\n'), "{stdout:?}");
     let pid: i32 = stdout.trim().parse().expect("stdout is the pid");
@@ -420,12 +427,7 @@ fn stdout_output_is_a_valid_trace() {
         .arg("-o")
         .arg("-")
         .env("RECORDER_RUNTIME_DIR", run.dir.path().join("run"));
-    let out = c.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(&mut c);
     assert_eq!(whole_prefix(&out.stdout), out.stdout.len());
     let packets = decode(&out.stdout);
     let counters = test_counters(&packets);
@@ -491,13 +493,7 @@ fn full_disk_stops_with_exit_1_and_a_valid_file() {
     for io in sinks() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mnt = dir.path().join("small");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        require!(need::present(ok, "cannot mount a tmpfs"));
+        require!(need::small_tmpfs(&mnt, "1m"));
         let run = Run::new(&test_config(
             8192,
             "RING_BUFFER",

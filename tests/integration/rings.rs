@@ -266,31 +266,6 @@ fn a_ring_dir_holding_an_earlier_sessions_ring_is_refused_untouched() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-/// An entry planted by uid 65534 at `path`: a symlink or a hard link to
-/// `victim`, or a FIFO.
-fn plant(path: &Path, what: &str, victim: &Path) {
-    match what {
-        "symlink" => std::os::unix::fs::symlink(victim, path).expect("symlink"),
-        "hardlink" => std::fs::hard_link(victim, path).expect("link"),
-        "fifo" => rustix::fs::mknodat(
-            rustix::fs::CWD,
-            path,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o666),
-            0,
-        )
-        .expect("mkfifo"),
-        _ => unreachable!(),
-    }
-    let _ = rustix::fs::chownat(
-        rustix::fs::CWD,
-        path,
-        Some(rustix::process::Uid::from_raw(NOBODY_UID)),
-        Some(rustix::process::Gid::from_raw(NOBODY_UID)),
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    );
-}
-
 #[test]
 fn links_and_fifos_planted_at_the_ring_names_in_a_sticky_directory_are_refused() {
     require!(need::root());

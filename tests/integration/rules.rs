@@ -604,21 +604,25 @@ trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 600000 trigger
     );
 }
 
+/// `text` as `c.cfg` in a new temporary directory.
+fn config_in_tempdir(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.cfg");
+    std::fs::write(&cfg, text).expect("config");
+    (dir, cfg)
+}
+
 /// Hostile rules: each refused with a clear error and exit 2, before
 /// anything starts (the output is left as it was, no session listens).
 #[test]
 fn hostile_rules_are_refused_before_anything_starts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("c.cfg");
-    std::fs::write(
-        &cfg,
+    let (dir, cfg) = config_in_tempdir(
         r#"
 buffers { size_kb: 1024 }
 data_sources { config { name: "for_testing" for_testing { message_count: 10 } } }
 trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 10000 triggers { name: "crash" } }
 "#,
-    )
-    .expect("config");
+    );
     let out = dir.path().join("keep.pftrace");
     std::fs::write(&out, b"what was recorded before").expect("out");
     let many = dir.path().join("many.rules");
@@ -710,17 +714,13 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 10000 triggers {
 /// `config check` and `--explain` say what each rule will do.
 #[test]
 fn config_check_prints_the_rules() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("c.cfg");
-    std::fs::write(
-        &cfg,
+    let (dir, cfg) = config_in_tempdir(
         r#"
 buffers { size_kb: 1024 }
 data_sources { config { name: "linux.sys_stats" sys_stats_config { meminfo_period_ms: 500 } } }
 trigger_config { trigger_mode: CLONE_SNAPSHOT trigger_timeout_ms: 10000 triggers { name: "low" stop_delay_ms: 100 } }
 "#,
-    )
-    .expect("config");
+    );
     let rules = dir.path().join("r.rules");
     std::fs::write(
         &rules,

@@ -52,6 +52,16 @@ fn ok(out: &Output) -> String {
 const SEEDED: &str =
     "message_count: 6000 message_size: 300 seed: 42 max_messages_per_second: 12000";
 
+/// Counters `c` of a segment are gap-free and carry on from the last
+/// counter of the segment before (`prev_last`), which becomes theirs.
+fn assert_continues(prev_last: &mut Option<u64>, c: &[u64]) {
+    assert_eq!(gaps(c).0, 0);
+    if let Some(p) = *prev_last {
+        assert_eq!(c[0], p + 1, "consecutive segments continue");
+    }
+    *prev_last = c.last().copied();
+}
+
 #[test]
 fn compressed_output_decodes_to_the_packets_of_an_uncompressed_run() {
     let top = "write_into_file: true file_write_period_ms: 100 duration_ms: 1200";
@@ -387,11 +397,7 @@ fn max_segments_deletes_the_oldest_never_the_current() {
             assert_eq!(*index, last, "only the newest segment may lack data");
             continue;
         };
-        assert_eq!(gaps(&c).0, 0);
-        if let Some(p) = prev_last {
-            assert_eq!(c[0], p + 1, "consecutive segments continue");
-        }
-        prev_last = c.last().copied();
+        assert_continues(&mut prev_last, &c);
     }
     let json_count = std::fs::read_dir(&dir)
         .expect("dir")
@@ -480,13 +486,7 @@ fn enospc_while_rotating_stops_cleanly_and_keeps_closed_segments() {
         "message_count: 0 message_size: 100 max_messages_per_second: 20000",
     ));
     let mnt = run.dir.path().join("small");
-    std::fs::create_dir(&mnt).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(mounted, "cannot mount a tmpfs"));
+    require!(need::small_tmpfs(&mnt, "1m"));
     let mut c = run.command_to("pwritev", &mnt.join("segs/"));
     c.args(["--rotate-size", "200K"]);
     let out = c.output().expect("runs");
@@ -627,16 +627,7 @@ fn ftrace_segments(
 #[test]
 fn ftrace_segments_each_resolve_their_threads() {
     let Some((_dir, out_dir, out)) = ftrace_segments(
-        r#"
-buffers { size_kb: 16384 fill_policy: RING_BUFFER }
-data_sources { config { name: "linux.ftrace" target_buffer: 0 ftrace_config {
-  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
-  ftrace_events: "task/task_newtask" ftrace_events: "task/task_rename"
-  compact_sched { enabled: true } drain_period_ms: 100 } } }
-data_sources { config { name: "linux.process_stats" target_buffer: 0
-  process_stats_config { scan_all_processes_on_start: true } } }
-write_into_file: true file_write_period_ms: 200 duration_ms: 3000
-"#,
+        &crate::harness::ftrace::sched_stream_config(3000),
         &["--compress", "--rotate-period", "700ms"],
         || {},
     ) else {
@@ -803,11 +794,7 @@ trigger_config {
             .into_values()
             .next()
             .expect("counters");
-        assert_eq!(gaps(&c).0, 0);
-        if let Some(p) = prev_last {
-            assert_eq!(c[0], p + 1, "consecutive segments continue");
-        }
-        prev_last = c.last().copied();
+        assert_continues(&mut prev_last, &c);
     }
     assert_eq!(triggers, 1, "the trigger is in the newest segments");
 }
@@ -1010,13 +997,7 @@ esac
 /// A 1 MiB tmpfs at `dir/small`, or None (skipped) when it cannot be mounted.
 fn small_disk(dir: &Path) -> Option<PathBuf> {
     let mnt = dir.join("small");
-    std::fs::create_dir(&mnt).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    require!(need::present(mounted, "cannot mount a tmpfs"));
+    require!(need::small_tmpfs(&mnt, "1m"));
     Some(mnt)
 }
 

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::serve::{SERVICE_UID, kinds};
@@ -23,6 +23,13 @@ data_sources { config { name: "linux.sys_stats"
                      stat_period_ms: 100 stat_counters: STAT_CPU_TIMES } } }
 data_sources { config { name: "for_testing" for_testing { message_count: 200 message_size: 64 } } }
 "#;
+
+/// A client session of `sources` meant to last two minutes, so that
+/// only what the test does ends it.
+fn spawn_long(serve: &Serve, sources: &str) -> (Child, PathBuf) {
+    let config = format!("buffers {{ size_kb: 1024 }}\nduration_ms: 120000\n{sources}");
+    serve.spawn_client(None, "long", &config)
+}
 
 #[test]
 fn the_stock_client_records_a_ring_buffer_session_through_serve() {
@@ -219,12 +226,9 @@ fn ctrl_c_on_the_client_ends_the_session_with_its_data() {
     require!(need::tracebox());
     let serve = Serve::start();
     let started = Instant::now();
-    let (child, out) = serve.spawn_client(
-        None,
-        "long",
+    let (child, out) = spawn_long(
+        &serve,
         r#"
-buffers { size_kb: 1024 }
-duration_ms: 120000
 data_sources { config { name: "for_testing" for_testing { message_count: 50 message_size: 16 } } }
 data_sources { config { name: "linux.sys_stats"
   sys_stats_config { meminfo_period_ms: 100 meminfo_counters: MEMINFO_MEM_FREE } } }
@@ -407,7 +411,8 @@ fn garbage_and_floods_on_the_consumer_socket_cost_their_sender_only() {
 fn an_sdk_apps_packets_reach_the_clients_session() {
     const N: u64 = 500;
     require!(need::tracebox());
-    let app_bin = sdk_app();
+    // Built before the service starts.
+    sdk_app();
     let serve = Serve::start();
     let (client, out) = serve.spawn_client(
         None,
@@ -419,26 +424,13 @@ data_sources { config { name: "recorder.test.sequence" } }
 data_sources { config { name: "for_testing" for_testing { message_count: 10 } } }
 "#,
     );
-    let mut app = Command::new(app_bin)
-        .args(["--packets", &N.to_string(), "--shmem-kb", "4096"])
-        .env("PERFETTO_PRODUCER_SOCK_NAME", serve.path("producer.sock"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("SDK app");
-    let app_pid = app.id();
-    let mut lines = std::io::BufReader::new(app.stdout.take().expect("stdout"));
-    let mut wrote = false;
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut lines, &mut line).unwrap_or(0) > 0 {
-        if line.starts_with(&format!("wrote {N}")) {
-            wrote = true;
-            break;
-        }
-        line.clear();
-    }
-    assert!(wrote, "the app did not write: {}", serve.log());
+    let mut app = App::spawn(
+        &serve.path("producer.sock"),
+        "sdk_producer",
+        &["--packets", &N.to_string(), "--shmem-kb", "4096"],
+    );
+    let app_pid = app.pid();
+    app.expect(&format!("wrote {N}"));
     // While the session runs, --query lists the app and its data source.
     let q = output_within(
         &mut serve.perfetto(None, &["--query"]),
@@ -447,8 +439,7 @@ data_sources { config { name: "for_testing" for_testing { message_count: 10 } } 
     assert!(text(&q).contains("recorder.test.sequence"), "{}", text(&q));
     let o = wait_within(client, Duration::from_secs(60));
     assert!(o.status.success(), "{}", text(&o));
-    let _ = app.kill();
-    let _ = app.wait();
+    app.kill();
     let packets = decode(&std::fs::read(&out).expect("trace"));
     let from_app: Vec<u64> = packets
         .iter()
@@ -698,12 +689,9 @@ data_sources { config { name: "for_testing" for_testing { message_count: 30 } } 
 fn sigterm_to_the_service_ends_running_sessions_with_their_data() {
     require!(need::tracebox());
     let mut serve = Serve::start();
-    let (child, out) = serve.spawn_client(
-        None,
-        "long",
+    let (child, out) = spawn_long(
+        &serve,
         r#"
-buffers { size_kb: 1024 }
-duration_ms: 120000
 data_sources { config { name: "for_testing" for_testing { message_count: 40 } } }
 "#,
     );

@@ -134,6 +134,32 @@ fn one_instance(packets: &[(String, u64)], who: &str) -> (String, Vec<u64>) {
     (mark, counters)
 }
 
+/// The hostile peer, as nobody and a producer of FOREIGN_DS on `serve`'s
+/// producer socket, commits a chunk for every buffer id 1..=`last` but its
+/// own; returns once it says it got them through.
+fn foreign_chunks_get_through(serve: &Serve, last: &str) {
+    let script = repo_root().join("tests/attacker/hostile_peer.py");
+    let socket = serve.path("producer.sock");
+    let mut hostile = as_nobody(python())
+        .arg(script)
+        .args(["foreign", &socket.to_string_lossy(), FOREIGN_DS, "1", last])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("attacker starts");
+    let mut said = String::new();
+    let mut lines = BufReader::new(hostile.stdout.take().expect("stdout"));
+    while lines.read_line(&mut said).unwrap_or(0) > 0 && !said.ends_with("done\n") {}
+    let _ = hostile.kill();
+    let o = hostile.wait_with_output().expect("attacker");
+    assert!(
+        said.contains("done"),
+        "the attacker did not get through: {said}{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        serve.log()
+    );
+}
+
 #[test]
 fn two_clients_naming_an_apps_data_source_each_get_its_packets_and_only_theirs() {
     require!(need::tracebox());
@@ -185,16 +211,8 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
         !pb.iter()
             .any(|p| p.has_for_testing() && p.trusted_pid() as u32 != app.pid())
     );
-    let last_stats = |packets: &[TracePacket]| {
-        packets
-            .iter()
-            .rfind(|p| p.has_trace_stats())
-            .expect("trace_stats")
-            .trace_stats()
-            .clone()
-    };
-    assert_eq!(last_stats(&pa).buffer_stats.len(), 1);
-    let sb = last_stats(&pb);
+    assert_eq!(last_trace_stats(&pa).buffer_stats.len(), 1);
+    let sb = last_trace_stats(&pb);
     assert_eq!(sb.buffer_stats.len(), 2);
     assert!(
         sb.buffer_stats[1].bytes_written() > sb.buffer_stats[0].bytes_written(),
@@ -230,26 +248,7 @@ data_sources {{ config {{ name: "{SEQUENCE_DS}" target_buffer: 1 }} }}
     let (victim, victim_out) = serve.client("victim", &victim_cfg);
     let (attacker, attacker_out) = serve.client("attacker", &attacker_cfg);
     app.expect("started");
-    let script = repo_root().join("tests/attacker/hostile_peer.py");
-    let socket = serve.path("producer.sock");
-    let mut hostile = as_nobody(python())
-        .arg(script)
-        .args(["foreign", &socket.to_string_lossy(), FOREIGN_DS, "1", "64"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("attacker starts");
-    let mut said = String::new();
-    let mut lines = BufReader::new(hostile.stdout.take().expect("stdout"));
-    while lines.read_line(&mut said).unwrap_or(0) > 0 && !said.ends_with("done\n") {}
-    let _ = hostile.kill();
-    let o = hostile.wait_with_output().expect("attacker");
-    assert!(
-        said.contains("done"),
-        "the attacker did not get through: {said}{}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        serve.log()
-    );
+    foreign_chunks_get_through(&serve, "64");
     let pv = finished(victim, &victim_out, &serve);
     let pa = finished(attacker, &attacker_out, &serve);
 
@@ -363,27 +362,8 @@ data_sources {{ config {{ name: "{ds}" }} }}
     let (own, own_out) = serve.client_as("own", &cfg(FOREIGN_DS), Some(NOBODY_UID));
     let (other, other_out) = serve.client_as("other", &cfg(SEQUENCE_DS), Some(BYSTANDER_UID));
     let (root, root_out) = serve.client("root", &cfg(SEQUENCE_DS));
-    let script = repo_root().join("tests/attacker/hostile_peer.py");
-    let socket = serve.path("producer.sock");
     // nobody commits chunks for buffers not its own: foreign_buffer_chunks.
-    let mut hostile = as_nobody(python())
-        .arg(script)
-        .args(["foreign", &socket.to_string_lossy(), FOREIGN_DS, "1", "8"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("attacker starts");
-    let mut said = String::new();
-    let mut lines = BufReader::new(hostile.stdout.take().expect("stdout"));
-    while lines.read_line(&mut said).unwrap_or(0) > 0 && !said.ends_with("done\n") {}
-    let _ = hostile.kill();
-    let o = hostile.wait_with_output().expect("attacker");
-    assert!(
-        said.contains("done"),
-        "the attacker did not get through: {said}{}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        serve.log()
-    );
+    foreign_chunks_get_through(&serve, "8");
     for (client, out) in [(own, &own_out), (other, &other_out), (root, &root_out)] {
         finished(client, out, &serve);
     }

@@ -594,6 +594,19 @@ fn for_testing_packet(len: usize, seed: u64) -> Vec<u8> {
 
 /// The file at `path` holds exactly the packets `want`, in order, padding
 /// aside, and opens in trace processor with no error or data-loss stat.
+/// Syncs and closes `sink`, then checks its file as
+/// [`assert_holds_packets`] does.
+fn assert_synced_holds_packets(
+    mut sink: Box<dyn FileSink>,
+    path: &Path,
+    want: &[Vec<u8>],
+    io: IoChoice,
+) {
+    sink.sync_data().expect("fdatasync");
+    drop(sink);
+    assert_holds_packets(path, want, io);
+}
+
 fn assert_holds_packets(path: &Path, want: &[Vec<u8>], io: IoChoice) {
     let got = packets_without_padding(&std::fs::read(path).expect("read back"));
     assert_eq!(got.len(), want.len(), "{io:?}");
@@ -660,9 +673,7 @@ fn direct_sinks_write_scattered_ranges_in_order() {
             assert_eq!(n % 4096, 0, "{io:?}: whole blocks");
             assert_eq!(sink.bytes_written() % 4096, 0);
         }
-        sink.sync_data().expect("fdatasync");
-        drop(sink);
-        assert_holds_packets(&path, &want, io);
+        assert_synced_holds_packets(sink, &path, &want, io);
     }
 }
 
@@ -690,14 +701,12 @@ fn direct_full_disk_poisons_the_sink_and_keeps_whole_packets() {
                 .map(|k| framed(&pattern(10_000 + k * 7, i * 100 + k as u64)))
                 .collect();
             let bufs: Vec<IoSlice<'_>> = packets.iter().map(|p| IoSlice::new(p)).collect();
-            match write_aligned(sink.as_mut(), &bufs) {
-                Ok(_) => written.extend(packets.iter().map(|p| p[3..].to_vec())),
-                Err(e) => {
-                    err = Some(e);
-                    failed_call = packets;
-                    break;
-                }
+            if let Err(e) = write_aligned(sink.as_mut(), &bufs) {
+                err = Some(e);
+                failed_call = packets;
+                break;
             }
+            written.extend(packets.iter().map(|p| p[3..].to_vec()));
         }
         let e = err.expect("a 4 MiB disk fills up");
         assert!(e.is_disk_full(), "{io:?} {per_call}: {e}");
@@ -857,6 +866,23 @@ fn direct_a_pass_beyond_its_bounce_limit_goes_in_groups() {
 
 /// A `for_testing` packet of sequence 2 with `counter`, about 1000 bytes,
 /// encoded by the independent encoder.
+/// One write pass of all `buffer` holds, with no head, tail or size cap.
+fn consume_pass(
+    sink: &mut dyn FileSink,
+    buffer: &std::sync::Arc<recorder::ringbuf::Buffer>,
+    sync: bool,
+) -> Result<recorder::storage::write_pass::PassReport, recorder::storage::write_pass::PassError> {
+    use recorder::storage::write_pass::{Take, write_pass};
+    write_pass(
+        sink,
+        &[],
+        &[(buffer.clone(), Take::Consume)],
+        |_| Vec::new(),
+        None,
+        sync,
+    )
+}
+
 fn counter_packet(counter: u64) -> Vec<u8> {
     use protobuf::Message;
     let mut p = perfetto_protos::trace_packet::TracePacket::new();
@@ -999,15 +1025,7 @@ fn a_pass_in_flight_gives_back_what_it_has_written() {
                 go_tx.send(()).expect("the sink waits");
             }
         });
-        write_pass(
-            &mut sink,
-            &[],
-            &[(buffer.clone(), Take::Consume)],
-            |_| Vec::new(),
-            None,
-            true,
-        )
-        .expect("the second pass");
+        consume_pass(&mut sink, &buffer, true).expect("the second pass");
         drop(sink);
         go.join().expect("the go-ahead thread");
 
@@ -1065,7 +1083,6 @@ fn sinks_report_progress_as_requests_complete() {
 #[test]
 fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
     use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
-    use recorder::storage::write_pass::{Take, write_pass};
     require!(need::root());
     for (io, direct) in choices()
         .into_iter()
@@ -1090,14 +1107,7 @@ fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
                 counter += 1;
             }
             w.flush();
-            match write_pass(
-                sink.as_mut(),
-                &[],
-                &[(buffer.clone(), Take::Consume)],
-                |_| Vec::new(),
-                None,
-                false,
-            ) {
+            match consume_pass(sink.as_mut(), &buffer, false) {
                 Ok(_) => assert!(counter < 1_000_000, "{io:?}: a 12 MiB disk fills up"),
                 Err(e) => break e,
             }
@@ -1135,7 +1145,6 @@ fn a_full_disk_mid_pass_keeps_whole_packets_after_letting_go() {
 fn direct_small_passes_go_through_the_page_cache_unpadded() {
     use recorder::ringbuf::{Buffer, BufferParams, FillPolicy, WriterId};
     use recorder::storage::direct::{DIRECT_ALIGN, MIN_DIRECT_PASS};
-    use recorder::storage::write_pass::{Take, write_pass};
     for io in choices() {
         let dir = scratch();
         let path = dir.path().join("mixed.pftrace");
@@ -1154,15 +1163,7 @@ fn direct_small_passes_go_through_the_page_cache_unpadded() {
                 want.push(body);
             }
             let before = sink.bytes_written();
-            let r = write_pass(
-                sink.as_mut(),
-                &[],
-                &[(buffer.clone(), Take::Consume)],
-                |_| Vec::new(),
-                None,
-                false,
-            )
-            .expect("pass");
+            let r = consume_pass(sink.as_mut(), &buffer, false).expect("pass");
             assert_eq!(r.input_bytes, bytes, "{io:?} pass {pass}: data only");
             if bytes < MIN_DIRECT_PASS {
                 assert_eq!(sink.direct_alignment(), None, "{io:?} pass {pass}");
@@ -1188,8 +1189,6 @@ fn direct_small_passes_go_through_the_page_cache_unpadded() {
                 );
             }
         }
-        sink.sync_data().expect("fdatasync");
-        drop(sink);
-        assert_holds_packets(&path, &want, io);
+        assert_synced_holds_packets(sink, &path, &want, io);
     }
 }

@@ -3,7 +3,7 @@
 //! `activate_triggers`, `query`/`stop`, and who may do what.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::*;
@@ -65,6 +65,24 @@ fn trigger_packets(packets: &[perfetto_protos::trace_packet::TracePacket]) -> Ve
         .filter(|p| p.has_trigger())
         .map(|p| (p.trigger().trigger_name().to_string(), p.timestamp()))
         .collect()
+}
+
+/// The session of `run`, spawned, once its control socket listens.
+fn listening(run: &Run) -> Child {
+    let child = spawn(run);
+    wait_listening(&runtime(run), child.id());
+    child
+}
+
+/// `recorder stop` ends the session of `run`, which exits 0.
+fn stopped_cleanly(run: &Run, child: Child) {
+    assert!(
+        recorder(run, &["stop", &child.id().to_string()])
+            .status
+            .success()
+    );
+    let (status, stderr) = finish(child);
+    assert!(status.success(), "{stderr}");
 }
 
 #[test]
@@ -138,8 +156,7 @@ fn stop_trigger_writes_the_ring_and_what_came_after_the_delay() {
             "message_count: 0 max_messages_per_second: 5000 message_size: 8",
             8192,
         ));
-        let child = spawn(&run);
-        wait_listening(&runtime(&run), child.id());
+        let child = listening(&run);
         wait_recorded(&run, child.id(), 4096);
         let t = recorder(&run, &["trigger", "stop"]);
         assert!(t.status.success());
@@ -176,8 +193,7 @@ fn unlisted_trigger_is_refused_with_exit_1_and_first_stop_trigger_wins() {
         "message_count: 0 max_messages_per_second: 1000 message_size: 8",
         1024,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     let t = recorder(&run, &["trigger", "nope"]);
     assert_eq!(t.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&t.stderr).contains("not_listed"));
@@ -217,8 +233,7 @@ fn max_per_24_h_survives_a_restart_and_skip_probability_applies() {
         1024,
     );
     let run = Run::new(&cfg);
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     let skipped = recorder(&run, &["trigger", "never"]);
     assert_eq!(skipped.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&skipped.stderr).contains("skipped"));
@@ -253,20 +268,13 @@ fn clone_snapshot_writes_numbered_snapshots_while_recording_goes_on() {
         "message_count: 0 max_messages_per_second: 5000 message_size: 8",
         4096,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     wait_recorded(&run, child.id(), 4096);
     assert!(recorder(&run, &["trigger", "snap"]).status.success());
     // The second snapshot holds data the first could not.
     wait_recorded(&run, child.id(), bytes_recorded(&run, child.id()) + 4096);
     assert!(recorder(&run, &["trigger", "snap"]).status.success());
-    assert!(
-        recorder(&run, &["stop", &child.id().to_string()])
-            .status
-            .success()
-    );
-    let (status, stderr) = finish(child);
-    assert!(status.success(), "{stderr}");
+    stopped_cleanly(&run, child);
     let mut last_counts = Vec::new();
     for n in 0..2 {
         let p = std::path::PathBuf::from(format!("{}.{n}", run.out.display()));
@@ -327,8 +335,7 @@ fn activate_triggers_config_fires_and_exits() {
         "message_count: 0 max_messages_per_second: 1000 message_size: 8",
         1024,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     let act = run.dir.path().join("activate.cfg");
     std::fs::write(&act, "activate_triggers: \"from-config\"\n").expect("write");
     let out = recorder(&run, &["--config", act.to_str().expect("utf-8")]);
@@ -380,8 +387,7 @@ fn flight_recorder_keeps_the_newest_data_contiguous_up_to_the_trigger() {
         "message_count: 0 message_size: 100",
         256,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     // The ring has wrapped: its oldest data is gone.
     wait_for("the ring overwriting", Duration::from_secs(30), || {
         session_status(&run, child.id())
@@ -529,8 +535,7 @@ fn a_trigger_during_stop_is_refused_and_the_file_stays_valid() {
         "message_count: 0 max_messages_per_second: 20000 message_size: 64",
         16384,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     // Enough buffered that the stop takes a while.
     wait_recorded(&run, child.id(), 256 * 1024);
     assert!(recorder(&run, &["trigger", "first"]).status.success());
@@ -603,15 +608,9 @@ fn a_snapshot_on_a_full_disk_ends_on_a_whole_packet() {
             8192,
         ));
         let mnt = run.dir.path().join("small");
-        std::fs::create_dir(&mnt).expect("mkdir");
         // The test data compresses about 40 times: a smaller disk then.
-        let size = if compress { "size=64k" } else { "size=1m" };
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", size, "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        require!(need::present(mounted, "cannot mount a tmpfs"));
+        let size = if compress { "64k" } else { "1m" };
+        require!(need::small_tmpfs(&mnt, size));
         let out = mnt.join("t.pftrace");
         let mut c = run.command_to("auto", &out);
         if compress {
@@ -668,8 +667,7 @@ fn triggers_under_load_never_end_in_a_bare_broken_pipe() {
         "message_count: 0 max_messages_per_second: 2000 message_size: 8",
         1024,
     ));
-    let child = spawn(&run);
-    wait_listening(&runtime(&run), child.id());
+    let child = listening(&run);
     let rt = runtime(&run);
     let senders: Vec<std::thread::JoinHandle<Vec<String>>> = (0..16)
         .map(|_| {
@@ -693,13 +691,7 @@ fn triggers_under_load_never_end_in_a_bare_broken_pipe() {
     for s in senders {
         outputs.extend(s.join().expect("sender"));
     }
-    assert!(
-        recorder(&run, &["stop", &child.id().to_string()])
-            .status
-            .success()
-    );
-    let (status, stderr) = finish(child);
-    assert!(status.success(), "{stderr}");
+    stopped_cleanly(&run, child);
     assert_eq!(outputs.len(), 400);
     for err in &outputs {
         assert!(

@@ -133,14 +133,7 @@ pub fn kernel_int(s: &str) -> Option<i128> {
         Some(b) => (true, b),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
-    let (radix, digits) =
-        if let Some(h) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
-            (16, h)
-        } else if body.len() > 1 && body.starts_with('0') {
-            (8, &body[1..])
-        } else {
-            (10, body)
-        };
+    let (radix, digits) = crate::config::text::radix_and_digits(body);
     if digits.is_empty() || digits.len() > 24 {
         return None;
     }

@@ -176,6 +176,21 @@ impl<'p> EventIter<'p> {
     }
 
     /// The next record, `Ok(None)` at the span's end.
+    /// The data event whose payload is `start..next`, `delta` after the
+    /// one before; the walk goes on after it.
+    fn event(&mut self, delta: u64, start: usize, next: usize) -> Result<RawEvent<'p>, PageError> {
+        if next > self.end {
+            return Err(PageError::InvalidDataLength);
+        }
+        self.ts = self.ts.wrapping_add(delta);
+        self.pos = next;
+        Ok(RawEvent {
+            timestamp: self.ts,
+            offset: start,
+            payload: &self.page[start..next],
+        })
+    }
+
     pub fn step(&mut self) -> Result<Option<RawEvent<'p>>, PageError> {
         loop {
             if self.pos >= self.end {
@@ -218,32 +233,12 @@ impl<'p> EventIter<'p> {
                     if len <= 4 {
                         return Err(PageError::ZeroDataLength);
                     }
-                    let start = body + 4;
                     let next = body.checked_add(len).ok_or(PageError::InvalidDataLength)?;
-                    if next > self.end {
-                        return Err(PageError::InvalidDataLength);
-                    }
-                    self.ts = self.ts.wrapping_add(delta);
-                    self.pos = next;
-                    return Ok(Some(RawEvent {
-                        timestamp: self.ts,
-                        offset: start,
-                        payload: &self.page[start..next],
-                    }));
+                    return self.event(delta, body + 4, next).map(Some);
                 }
                 n => {
                     debug_assert!(n <= TYPE_DATA_MAX);
-                    let next = body + 4 * n as usize;
-                    if next > self.end {
-                        return Err(PageError::InvalidDataLength);
-                    }
-                    self.ts = self.ts.wrapping_add(delta);
-                    self.pos = next;
-                    return Ok(Some(RawEvent {
-                        timestamp: self.ts,
-                        offset: body,
-                        payload: &self.page[body..next],
-                    }));
+                    return self.event(delta, body, body + 4 * n as usize).map(Some);
                 }
             }
         }

@@ -48,27 +48,9 @@ fn cache_ttl_ticks(spec: &ProcessStatsSpec) -> u32 {
     }
 }
 
-/// The last written counters of one process (`None`: not written yet).
-#[derive(Clone, Copy, Debug, Default)]
-struct CachedCounters {
-    vm_size_kb: Option<u64>,
-    vm_rss_kb: Option<u64>,
-    rss_anon_kb: Option<u64>,
-    rss_file_kb: Option<u64>,
-    rss_shmem_kb: Option<u64>,
-    vm_swap_kb: Option<u64>,
-    vm_locked_kb: Option<u64>,
-    vm_hwm_kb: Option<u64>,
-    oom_score_adj: Option<i64>,
-    runtime_user_ns: Option<u64>,
-    runtime_kernel_ns: Option<u64>,
-    smr_rss_kb: Option<u64>,
-    smr_pss_kb: Option<u64>,
-    smr_pss_anon_kb: Option<u64>,
-    smr_pss_file_kb: Option<u64>,
-    smr_pss_shmem_kb: Option<u64>,
-    smr_swap_pss_kb: Option<u64>,
-}
+/// The last written counters of one process (`None`: not written yet):
+/// the fields of a record that wrote them all (its `pid` is not used).
+type CachedCounters = StatsRecord;
 
 /// Counters of what the source wrote and skipped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -158,16 +140,24 @@ impl ProcessStatsSource {
         p
     }
 
+    /// The pids under `/proc`; `None` (said in the log) when it cannot be
+    /// listed.
+    fn list_pids(&self) -> Option<Vec<i32>> {
+        match procfs::numeric_dirs(&self.paths.proc_root) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!("listing {}: {e}", self.paths.proc_root.display());
+                None
+            }
+        }
+    }
+
     /// Writes every process and thread under `/proc` (the start dump).
     pub fn write_all_processes(&mut self, out: &mut dyn PacketOutput) {
         let ts = crate::clock::boottime_ns();
         self.tree.clear();
-        let pids = match procfs::numeric_dirs(&self.paths.proc_root) {
-            Ok(p) => p,
-            Err(e) => {
-                log::warn!("listing {}: {e}", self.paths.proc_root.display());
-                return;
-            }
+        let Some(pids) = self.list_pids() else {
+            return;
         };
         let mut status = std::mem::take(&mut self.status);
         for pid in pids {
@@ -369,12 +359,8 @@ impl ProcessStatsSource {
     pub fn write_process_stats(&mut self, out: &mut dyn PacketOutput) {
         let ts = crate::clock::boottime_ns();
         self.stats.clear();
-        let pids = match procfs::numeric_dirs(&self.paths.proc_root) {
-            Ok(p) => p,
-            Err(e) => {
-                log::warn!("listing {}: {e}", self.paths.proc_root.display());
-                return;
-            }
+        let Some(pids) = self.list_pids() else {
+            return;
         };
         let mut live = Vec::with_capacity(pids.len());
         let mut status = std::mem::take(&mut self.status);

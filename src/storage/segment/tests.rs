@@ -14,8 +14,18 @@ fn record(payload: &[u8]) -> Vec<u8> {
 
 fn writer(dir: &std::path::Path, policy: RotationPolicy) -> SegmentWriter {
     let buffer = Buffer::new(BufferParams::new(1 << 16, FillPolicy::RingBuffer)).expect("buffer");
+    test_writer(&dir.join("t.pftrace"), policy, vec![Arc::clone(&buffer)])
+}
+
+/// Segments named after `out` of `buffers`, by pwritev, with a fixed
+/// identity: what tests here and the event loop's record into.
+pub(crate) fn test_writer(
+    out: &std::path::Path,
+    policy: RotationPolicy,
+    buffers: Vec<Arc<Buffer>>,
+) -> SegmentWriter {
     SegmentWriter::create(
-        SegmentNames::from_output(&dir.join("t.pftrace")),
+        SegmentNames::from_output(out),
         policy,
         OpenOptions {
             no_clobber: true,
@@ -28,7 +38,7 @@ fn writer(dir: &std::path::Path, policy: RotationPolicy) -> SegmentWriter {
             session_uuid: (1, 2),
             compression: "none".into(),
         },
-        vec![Arc::clone(&buffer)],
+        buffers,
     )
     .expect("creates")
 }

@@ -93,3 +93,16 @@ pub fn counters_by_pid(
     }
     v
 }
+
+/// The app `pid` recorded on one sequence, every counter from 0 to
+/// `packets` in order.
+pub fn assert_app_recorded_all(
+    packets: &[perfetto_protos::trace_packet::TracePacket],
+    pid: u32,
+    count: u64,
+) {
+    let by_pid = counters_by_pid(packets);
+    let ours: Vec<_> = by_pid.iter().filter(|(_, p, _)| *p == pid).collect();
+    assert_eq!(ours.len(), 1, "{by_pid:?}");
+    assert_eq!(ours[0].2, (0..count).collect::<Vec<_>>());
+}

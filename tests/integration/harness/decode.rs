@@ -143,3 +143,13 @@ pub fn is_padding(p: &TracePacket) -> bool {
             .iter()
             .all(|(f, _)| f == recorder::storage::packets::PADDING_FIELD)
 }
+
+/// The stats a trace ends with.
+pub fn last_trace_stats(packets: &[TracePacket]) -> perfetto_protos::trace_stats::TraceStats {
+    packets
+        .iter()
+        .rfind(|p| p.has_trace_stats())
+        .expect("trace_stats")
+        .trace_stats()
+        .clone()
+}

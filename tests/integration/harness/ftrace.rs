@@ -22,6 +22,23 @@ use recorder::sources::ftrace::{
 
 pub const SEQ: u32 = 7;
 
+/// Compact scheduling and task events with a process scan, streamed every
+/// 200 ms for `duration_ms`: what segment tests cut and resolve threads in.
+pub fn sched_stream_config(duration_ms: u32) -> String {
+    format!(
+        r#"
+buffers {{ size_kb: 16384 fill_policy: RING_BUFFER }}
+data_sources {{ config {{ name: "linux.ftrace" target_buffer: 0 ftrace_config {{
+  ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+  ftrace_events: "task/task_newtask" ftrace_events: "task/task_rename"
+  compact_sched {{ enabled: true }} drain_period_ms: 100 }} }} }}
+data_sources {{ config {{ name: "linux.process_stats" target_buffer: 0
+  process_stats_config {{ scan_all_processes_on_start: true }} }} }}
+write_into_file: true file_write_period_ms: 200 duration_ms: {duration_ms}
+"#
+    )
+}
+
 pub fn fixtures() -> PathBuf {
     super::repo_root().join("tests/fixtures/ftrace")
 }

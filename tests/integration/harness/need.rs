@@ -230,3 +230,16 @@ pub fn met(need: Option<Missing>) -> bool {
 pub fn found<T>(need: Result<T, Missing>) -> Option<T> {
     need.map_err(skip).ok()
 }
+
+/// A new directory `mnt` with a tmpfs of `size` (mount's `size=`) mounted
+/// on it: the small disk the full-disk tests fill. Unmounting is the
+/// test's.
+pub fn small_tmpfs(mnt: &Path, size: &str) -> Option<Missing> {
+    std::fs::create_dir(mnt).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    present(mounted, "cannot mount a tmpfs")
+}

@@ -253,3 +253,20 @@ pub fn wait_recorded(run: &Run, pid: u32, bytes: u64) {
         || bytes_recorded(run, pid) >= bytes,
     )
 }
+
+/// Makes a FIFO at `path` with mkfifo(1).
+pub fn mkfifo(path: &Path) {
+    let st = Command::new("mkfifo").arg(path).status().expect("mkfifo");
+    assert!(st.success(), "mkfifo {}", path.display());
+}
+
+/// The first line `child` writes to its piped stdout, trimmed; what it
+/// writes next stays unread.
+pub fn first_line(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("a first line");
+    line.trim().to_string()
+}

@@ -68,3 +68,40 @@ impl Drop for Attacker {
         let _ = self.0.wait();
     }
 }
+
+/// An entry planted by uid 65534 at `path`: a symlink or a hard link to
+/// `victim`, or a FIFO. Owned by nobody where the filesystem allows it,
+/// as another user's would be.
+pub fn plant(path: &Path, what: &str, victim: &Path) {
+    match what {
+        "symlink" => std::os::unix::fs::symlink(victim, path).expect("symlink"),
+        "hardlink" => std::fs::hard_link(victim, path).expect("link"),
+        "fifo" => rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            0,
+        )
+        .expect("mkfifo"),
+        _ => unreachable!(),
+    }
+    let _ = rustix::fs::chownat(
+        rustix::fs::CWD,
+        path,
+        Some(rustix::process::Uid::from_raw(NOBODY_UID)),
+        Some(rustix::process::Gid::from_raw(NOBODY_UID)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    );
+}
+
+/// Runs shell `script` as nobody (planting what another user would) and
+/// checks it succeeded, saying its stderr if not.
+pub fn plant_as_nobody(script: &str) {
+    let planted = as_nobody("sh").args(["-c", script]).output().expect("sh");
+    assert!(
+        planted.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&planted.stderr)
+    );
+}
