@@ -11,13 +11,15 @@ use std::time::Duration;
 use super::repo_root;
 use super::wait::wait_exit;
 
-/// The SDK app, built once (its own cargo workspace and target dir: it
-/// compiles the C SDK).
+/// The SDK app, built once (its own cargo workspace, in `sdk_producer`
+/// under the build's target dir: it compiles the C SDK).
 pub fn sdk_app() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let root = repo_root();
-        let target = root.join("target/sdk_producer");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root.join("target"), |d| root.join(d))
+            .join("sdk_producer");
         let st = Command::new(env!("CARGO"))
             .args(["build", "--release", "--quiet", "--manifest-path"])
             .arg(root.join("tests/sdk_producer/Cargo.toml"))
