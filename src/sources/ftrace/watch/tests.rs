@@ -312,16 +312,23 @@ proptest::proptest! {
                 (cpu, ts, wake, tid)
             })
             .collect();
-        let mut fed = [0usize; 4];
+        // Each drain: where it cuts, and how far it reads each CPU (past the
+        // cut, by `reads`); the last reads everything and pairs all.
         let mut cutoff = 0;
-        for (step, reads) in &drains {
-            cutoff += step * ms;
+        let mut plan_of_drains: Vec<(u64, Vec<u64>)> = drains
+            .iter()
+            .map(|(step, reads)| {
+                cutoff += step * ms;
+                (cutoff, reads.iter().map(|r| cutoff + r * ms).collect())
+            })
+            .collect();
+        plan_of_drains.push((u64::MAX, vec![u64::MAX; 4]));
+        let mut fed = [0usize; 4];
+        for (cut, limits) in &plan_of_drains {
             for cpu in 0..4u32 {
-                // This CPU is read past the drain's start, by `reads`.
-                let limit = cutoff + reads[cpu as usize] * ms;
                 let mine: Vec<_> = timed.iter().filter(|e| e.0 == cpu).collect();
                 let at = &mut fed[cpu as usize];
-                while let Some(e) = mine.get(*at).filter(|e| e.1 < limit) {
+                while let Some(e) = mine.get(*at).filter(|e| e.1 < limits[cpu as usize]) {
                     let pid = e.3.to_string();
                     let rec = if e.2 {
                         record(&wk, &[("pid", &pid)])
@@ -332,21 +339,8 @@ proptest::proptest! {
                     *at += 1;
                 }
             }
-            w.settle(cutoff);
+            w.settle(*cut);
         }
-        for cpu in 0..4u32 {
-            let mine: Vec<_> = timed.iter().filter(|e| e.0 == cpu).collect();
-            for e in &mine[fed[cpu as usize]..] {
-                let pid = e.3.to_string();
-                let rec = if e.2 {
-                    record(&wk, &[("pid", &pid)])
-                } else {
-                    record(&sw, &[("next_pid", &pid)])
-                };
-                w.on_event(if e.2 { wk_id } else { sw_id }, cpu, e.1, &rec);
-            }
-        }
-        w.settle(u64::MAX);
         let model: Vec<(u64, bool, i64)> = timed.iter().map(|e| (e.1, e.2, e.3)).collect();
         let matched = plan.tallies.get(0).expect("a tally").matched.load(std::sync::atomic::Ordering::Relaxed);
         proptest::prop_assert_eq!(matched, latency_matches(&model, 20 * ms));
