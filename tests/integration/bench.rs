@@ -340,13 +340,18 @@ fn global_flags_before_or_after_the_subcommand() {
 /// Writers start together: with two writers and room for both, each keeps
 /// packets in every run (a writer spawned late used to find the buffer
 /// taken); a run this short says so in its warnings, and its rates are per
-/// the writers' own time, not the last pass.
+/// the writers' own time, not the last pass. Paced so that the buffer fills
+/// in about 300 ms: unpaced it fills in a few, and a thread the scheduler
+/// keeps waiting that long on a loaded machine finds it full, whatever the
+/// buffer does.
 #[test]
 fn writers_start_together_and_short_runs_warn() {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..5 {
         let lines = bench_json(
             &[
+                "--rate",
+                "50000",
                 "--writers",
                 "2",
                 "--policy",
