@@ -9,9 +9,9 @@ use crate::config::{LoadOptions, UserProtos};
 
 /// The port `recorder open` serves on: the Perfetto UI may fetch from
 /// 127.0.0.1:9001 only (its content security policy).
-pub const OPEN_DEFAULT_PORT: u16 = 9001;
+pub(crate) const OPEN_DEFAULT_PORT: u16 = 9001;
 /// The public Perfetto UI, where `recorder open` points by default.
-pub const OPEN_DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
+pub(crate) const OPEN_DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
 
 const AFTER_HELP: &str = "\
 Exit codes:

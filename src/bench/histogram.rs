@@ -76,7 +76,7 @@ pub struct Percentiles {
 }
 
 /// Formats nanoseconds for people: `850ns`, `12.3us`, `4.56ms`, `1.20s`.
-pub fn format_ns(ns: u64) -> String {
+pub(crate) fn format_ns(ns: u64) -> String {
     let f = ns as f64;
     if ns < 1_000 {
         format!("{ns}ns")

@@ -14,7 +14,7 @@ use super::workload::WriterOutcome;
 use crate::ringbuf::{Buffer, BufferStats, FillPolicy};
 
 /// `ring` or `discard`.
-pub fn policy_name(p: FillPolicy) -> &'static str {
+pub(crate) fn policy_name(p: FillPolicy) -> &'static str {
     match p {
         FillPolicy::RingBuffer => "ring",
         FillPolicy::Discard => "discard",
@@ -271,10 +271,10 @@ impl Verification {
 
 /// Runs shorter than this are flagged: start-up, the first region
 /// hand-overs and the last pass weigh on their rates.
-pub const SHORT_RUN: Duration = Duration::from_secs(1);
+pub(crate) const SHORT_RUN: Duration = Duration::from_secs(1);
 
 /// Warnings for a run too short to trust its rates.
-pub fn short_run_warnings(
+pub(crate) fn short_run_warnings(
     elapsed: Duration,
     write_period: Duration,
     passes: &PassSummary,

@@ -1,18 +1,18 @@
 //! The commands (layer 5, beside `cli`): each takes parsed arguments, calls
 //! the library, prints for people and returns an [`ExitCode`].
 
-pub mod bench;
-pub mod completions;
-pub mod config;
-pub mod control;
+pub(crate) mod bench;
+pub(crate) mod completions;
+pub(crate) mod config;
+pub(crate) mod control;
 mod exit;
-pub mod index;
-pub mod inspect;
+pub(crate) mod index;
+pub(crate) mod inspect;
 pub mod man_pages;
-pub mod open;
-pub mod record;
-pub mod recover;
-pub mod serve;
+pub(crate) mod open;
+pub(crate) mod record;
+pub(crate) mod recover;
+pub(crate) mod serve;
 
 pub use exit::ExitCode;
 

@@ -21,21 +21,21 @@
 //! of Perfetto's test producer, `android.perfetto.FakeProducer`.
 
 pub mod categories;
-pub mod diagnostic;
-pub mod event_name;
-pub mod fields;
-pub mod light;
-pub mod pattern;
-pub mod plan;
-pub mod proto_input;
+pub(crate) mod diagnostic;
+pub(crate) mod event_name;
+pub(crate) mod fields;
+pub(crate) mod light;
+pub(crate) mod pattern;
+pub(crate) mod plan;
+pub(crate) mod proto_input;
 pub mod raw;
-pub mod resources;
+pub(crate) mod resources;
 pub mod rule;
-pub mod schema;
-pub mod segments;
+pub(crate) mod schema;
+pub(crate) mod segments;
 pub mod spec;
-pub mod text;
-pub mod token;
+pub(crate) mod text;
+pub(crate) mod token;
 pub mod validate;
 
 use std::io::Read;

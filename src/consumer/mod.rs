@@ -38,9 +38,9 @@ mod build;
 mod connection;
 mod methods;
 mod readback;
-pub mod service;
-pub mod sessions;
-pub mod wire;
+pub(crate) mod service;
+pub(crate) mod sessions;
+pub(crate) mod wire;
 
 use std::path::PathBuf;
 

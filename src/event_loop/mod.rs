@@ -59,14 +59,14 @@ use crate::trace::service_log::ServiceLog;
 use status_line::StatusLine;
 
 /// One buffer of the session, as the loop needs it.
-pub struct SessionBuffer {
+pub(crate) struct SessionBuffer {
     pub buffer: Arc<Buffer>,
     /// `RING_BUFFER` or `DISCARD`, for people.
     pub policy: &'static str,
 }
 
 /// Everything a running session is made of; built by `app`.
-pub struct Recording {
+pub(crate) struct Recording {
     pub session: Session,
     pub buffers: Vec<SessionBuffer>,
     pub sources: Vec<Box<dyn DataSource>>,

@@ -10,14 +10,14 @@ use crate::storage::segment::SegmentsStatus;
 
 /// One buffer's figures at the end.
 #[derive(Clone, Debug)]
-pub struct BufferSummary {
+pub(crate) struct BufferSummary {
     pub policy: &'static str,
     pub stats: BufferStats,
 }
 
 /// How the session ended and what it wrote.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub reason: StopReason,
     pub output_label: String,
     pub bytes_written: u64,

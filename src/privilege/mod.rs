@@ -24,10 +24,10 @@
 //! what its buffers held to its trace ([`rescue`]). The root broker does
 //! the same for a root session.
 
-pub mod broker;
+pub(crate) mod broker;
 pub mod rescue;
-pub mod user;
-pub mod wire;
+pub(crate) mod user;
+pub(crate) mod wire;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};

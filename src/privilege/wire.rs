@@ -5,7 +5,7 @@
 
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
 use rustix::net::{
@@ -20,15 +20,15 @@ use crate::sources::ftrace::tracefs::TracefsTeardown;
 use crate::storage::segment::hook::HookCounts;
 
 /// The largest datagram either side sends or accepts.
-pub const MAX_MESSAGE: usize = 64 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors one datagram carries at most.
-pub const MAX_FDS: usize = 64;
+pub(crate) const MAX_FDS: usize = 64;
 
 /// What the unprivileged process asks. The `Register*` requests and
 /// `Seal` are accepted only before the drop; after `Seal`, only the
 /// operations on what was registered.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Request {
+pub(crate) enum Request {
     /// With a directory descriptor: files may be made there whose names
     /// start with one of `prefixes` (or `.` and a prefix: temporary names).
     /// `files`: the session's files already there (made before the drop);
@@ -336,7 +336,7 @@ pub enum MessageError {
 }
 
 /// Sends `msg` (with `fd`) as one datagram.
-pub fn send<T: Serialize>(
+pub(crate) fn send<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
@@ -345,7 +345,7 @@ pub fn send<T: Serialize>(
 }
 
 /// Sends `msg` with up to [`MAX_FDS`] descriptors as one datagram.
-pub fn send_many<T: Serialize>(
+pub(crate) fn send_many<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fds: &[BorrowedFd<'_>],
@@ -381,7 +381,7 @@ pub fn send_many<T: Serialize>(
 
 /// Receives one datagram: the message and the descriptor beside it, if
 /// any (any further one is closed).
-pub fn recv<T: for<'de> Deserialize<'de>>(
+pub(crate) fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<(T, Option<OwnedFd>), MessageError> {
     let (msg, fds) = recv_many(sock)?;
@@ -389,7 +389,7 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
 }
 
 /// Receives one datagram with the descriptors beside it.
-pub fn recv_many<T: for<'de> Deserialize<'de>>(
+pub(crate) fn recv_many<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<(T, Vec<OwnedFd>), MessageError> {
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
@@ -425,7 +425,7 @@ pub fn recv_many<T: for<'de> Deserialize<'de>>(
 }
 
 /// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).
-pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::SEQPACKET,
@@ -433,11 +433,6 @@ pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
         None,
     )
     .map_err(Into::into)
-}
-
-/// `fd` borrowed, for [`send`].
-pub fn borrow(fd: &impl AsFd) -> BorrowedFd<'_> {
-    fd.as_fd()
 }
 
 #[cfg(test)]

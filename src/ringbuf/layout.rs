@@ -91,25 +91,25 @@ pub fn index_of_file(name: &str) -> Option<u32> {
 }
 
 /// Chunk-table entry states ([`Desc::state`]).
-pub mod state {
+pub(crate) mod state {
     /// Nobody's: its bytes are stale.
-    pub const FREE: u32 = 0;
+    pub(crate) const FREE: u32 = 0;
     /// A later chunk of a region; the region is described at its head.
-    pub const MEMBER: u32 = 1;
+    pub(crate) const MEMBER: u32 = 1;
     /// A region's head, its writer still writing: the committed word says
     /// how far.
-    pub const WRITING: u32 = 2;
+    pub(crate) const WRITING: u32 = 2;
     /// A region's head, complete: `used` says how far.
-    pub const COMPLETE: u32 = 3;
+    pub(crate) const COMPLETE: u32 = 3;
 }
 
 /// [`Desc::flags`] bits.
-pub mod flags {
+pub(crate) mod flags {
     /// The writer lost data right before this region's unread bytes: a
     /// loss marker goes before them.
-    pub const LOSS_BEFORE: u32 = 1;
+    pub(crate) const LOSS_BEFORE: u32 = 1;
     /// Some of it was dropped by a clear.
-    pub const CLEARED: u32 = 2;
+    pub(crate) const CLEARED: u32 = 2;
 }
 
 /// One chunk-table entry, 64 bytes on a cache line of its own (two writers

@@ -11,7 +11,7 @@ use crate::storage::write_pass::Take;
 
 /// How triggers drive the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TriggerMode {
+pub(crate) enum TriggerMode {
     None,
     StartTracing,
     StopTracing,
@@ -20,7 +20,7 @@ pub enum TriggerMode {
 
 /// One trigger the config lists.
 #[derive(Clone, Debug)]
-pub struct TriggerRule {
+pub(crate) struct TriggerRule {
     pub name: String,
     /// Pattern on the sending producer's name, compiled with [`anchored`].
     pub producer_regex: Option<regex::Regex>,
@@ -32,7 +32,7 @@ pub struct TriggerRule {
 
 /// When data sources are asked to flush while the session records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlushCadence {
+pub(crate) enum FlushCadence {
     /// Only at stop (and before snapshots).
     AtStop,
     /// Every period, aligned to wall-clock multiples.
@@ -43,7 +43,7 @@ pub enum FlushCadence {
 
 /// The timing rules of one session.
 #[derive(Clone, Debug)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     /// `duration_ms`; `None` for "until stopped".
     pub duration: Option<Duration>,
     pub mode: TriggerMode,
@@ -77,7 +77,7 @@ pub struct Timeline {
 /// What a CLONE_SNAPSHOT snapshot does to one buffer
 /// (`transfer_on_clone`, `clear_before_clone`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CloneRule {
+pub(crate) struct CloneRule {
     /// The snapshot consumes the buffer's data instead of copying it.
     pub transfer: bool,
     /// The buffer is emptied when the snapshot begins, before its flush.
@@ -86,7 +86,7 @@ pub struct CloneRule {
 
 impl CloneRule {
     /// How the snapshot's pass takes this buffer's data.
-    pub fn take(self) -> Take {
+    pub(crate) fn take(self) -> Take {
         if self.transfer {
             Take::Consume
         } else {
@@ -99,7 +99,7 @@ impl CloneRule {
 /// refused (and counted), so that any local user who may send triggers
 /// cannot fill the disk or keep the ring pinned by snapshots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnapshotBudget {
+pub(crate) struct SnapshotBudget {
     /// Snapshots in all.
     pub max_count: u32,
     /// Bytes in all, counting each snapshot at its largest (`bytes_each`).
@@ -120,13 +120,13 @@ pub(super) const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
 impl SnapshotBudget {
     /// Whether the snapshot after `taken` ones still fits.
-    pub fn allows(&self, taken: u32) -> bool {
+    pub(crate) fn allows(&self, taken: u32) -> bool {
         taken < self.max_count
             && u64::from(taken + 1).saturating_mul(self.bytes_each) <= self.max_bytes
     }
 
     /// Snapshots the budget holds in all, by count and by bytes.
-    pub fn total(&self) -> u32 {
+    pub(crate) fn total(&self) -> u32 {
         match self.max_bytes.checked_div(self.bytes_each) {
             Some(fit) => self.max_count.min(u32::try_from(fit).unwrap_or(u32::MAX)),
             None => self.max_count,
@@ -135,13 +135,13 @@ impl SnapshotBudget {
 
     /// Snapshots kept for root and the session's user alone: a quarter of
     /// all, rounded up.
-    pub fn reserved(&self) -> u32 {
+    pub(crate) fn reserved(&self) -> u32 {
         self.total().div_ceil(4)
     }
 
     /// Snapshots every other uid may take, at most: a quarter of what is
     /// not reserved (at least one while anything is left to others).
-    pub fn share(&self) -> u32 {
+    pub(crate) fn share(&self) -> u32 {
         match self.total() - self.reserved() {
             0 => 0,
             others => (others / 4).max(1),
@@ -149,7 +149,7 @@ impl SnapshotBudget {
     }
 
     /// Whether `uid` is one whose triggers always find room.
-    pub fn privileged(&self, uid: u32) -> bool {
+    pub(crate) fn privileged(&self, uid: u32) -> bool {
         uid == 0 || uid == self.owner_uid
     }
 }
@@ -157,7 +157,7 @@ impl SnapshotBudget {
 /// A trigger's `producer_name_regex` does not compile.
 #[derive(Debug, thiserror::Error)]
 #[error("trigger_config.triggers[{index}].producer_name_regex: {source}")]
-pub struct TimelineError {
+pub(crate) struct TimelineError {
     pub index: usize,
     #[source]
     pub source: regex::Error,
@@ -165,7 +165,7 @@ pub struct TimelineError {
 
 impl Timeline {
     /// The timeline a validated spec asks for.
-    pub fn from_spec(spec: &RecorderSpec) -> Result<Timeline, TimelineError> {
+    pub(crate) fn from_spec(spec: &RecorderSpec) -> Result<Timeline, TimelineError> {
         let (mode, trigger_timeout, rules) = match &spec.trigger {
             None => (TriggerMode::None, Duration::ZERO, Vec::new()),
             Some(plan) => {
@@ -230,13 +230,13 @@ impl Timeline {
 
     /// The session's user, whose snapshot triggers (like root's) always
     /// find room in the budget.
-    pub fn with_snapshot_owner(mut self, uid: u32) -> Timeline {
+    pub(crate) fn with_snapshot_owner(mut self, uid: u32) -> Timeline {
         self.snapshot_budget.owner_uid = uid;
         self
     }
 
     /// `--max-disk` for the snapshots of a session that does not rotate.
-    pub fn with_snapshot_disk(mut self, max_disk: Option<u64>) -> Timeline {
+    pub(crate) fn with_snapshot_disk(mut self, max_disk: Option<u64>) -> Timeline {
         if let Some(d) = max_disk {
             self.snapshot_budget.max_bytes = d;
         }
@@ -247,7 +247,7 @@ impl Timeline {
     /// `write_into_file` is written every 5 s (its default period), so a
     /// STOP_TRACING flight recorder becomes an on-disk one whose disk budget
     /// keeps the newest segments until the trigger.
-    pub fn with_rotation(mut self, policy: RotationPolicy) -> Timeline {
+    pub(crate) fn with_rotation(mut self, policy: RotationPolicy) -> Timeline {
         if policy.rotates() {
             self.write_period
                 .get_or_insert(Duration::from_millis(u64::from(DEFAULT_WRITE_PERIOD_MS)));
@@ -258,13 +258,14 @@ impl Timeline {
 
     /// Whether the data counts before a trigger: a STOP_TRACING session
     /// writing segments streams from the start.
-    pub fn streams_before_trigger(&self) -> bool {
+    pub(crate) fn streams_before_trigger(&self) -> bool {
         self.mode == TriggerMode::StopTracing && self.rotation.is_some()
     }
 
     /// A timeline with no triggers, no streaming and default cadences: the
     /// base that tests and benches adjust.
-    pub fn plain() -> Timeline {
+    #[cfg(test)]
+    pub(crate) fn plain() -> Timeline {
         Timeline {
             duration: None,
             mode: TriggerMode::None,

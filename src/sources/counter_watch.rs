@@ -27,7 +27,7 @@ const MAX_NAMES: usize = 1 << 16;
 
 /// What a counter rule reads, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CounterKey {
+pub(crate) enum CounterKey {
     /// A `MeminfoCounters` number (values in KiB).
     Meminfo(u64),
     /// A `VmstatCounters` number.
@@ -44,7 +44,7 @@ fn is_process(k: &CounterKey) -> bool {
 }
 
 /// The key a counter names, or a refusal pointing at it.
-pub fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
+pub(crate) fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
     let table = |t: &'static [(&'static str, u32)], what: &str| {
         t.iter()
             .find(|(k, _)| *k == c.key)
@@ -91,7 +91,11 @@ pub fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
 
 /// Checks a counter rule against the counters the config samples: a
 /// meminfo or vmstat counter left out of its list is never recorded.
-pub fn check_listed(rule: &Rule, c: &CounterRef, spec: &RecorderSpec) -> Result<(), RuleError> {
+pub(crate) fn check_listed(
+    rule: &Rule,
+    c: &CounterRef,
+    spec: &RecorderSpec,
+) -> Result<(), RuleError> {
     let key = resolve(rule, c)?;
     let (meminfo, n, list) = match key {
         CounterKey::Meminfo(n) => (true, n, "meminfo_counters"),
@@ -372,7 +376,7 @@ impl CounterWatch {
 
 /// A stats source's output with its counter rules looking on: each packet
 /// goes on to `out`, then to the watch.
-pub struct Tap<'a> {
+pub(crate) struct Tap<'a> {
     pub out: &'a mut dyn PacketOutput,
     pub watch: &'a mut CounterWatch,
 }

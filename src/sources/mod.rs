@@ -13,11 +13,11 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-pub mod counter_watch;
+pub(crate) mod counter_watch;
 pub mod for_testing;
 pub mod ftrace;
-pub mod ftrace_source;
-pub mod output;
+pub(crate) mod ftrace_source;
+pub(crate) mod output;
 pub mod polled;
 pub mod poller;
 pub mod process_stats;

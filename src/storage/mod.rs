@@ -77,7 +77,7 @@ macro_rules! positioned_file_methods {
 
 mod backlog_sink;
 mod batch;
-pub mod create;
+pub(crate) mod create;
 mod cut;
 pub mod direct;
 mod output;
@@ -564,8 +564,8 @@ mod tests {
         assert_eq!(progress.0, vec![20]);
     }
 }
-pub mod compress;
-pub mod segment;
+pub(crate) mod compress;
+pub(crate) mod segment;
 pub mod write_pass;
 
 /// Why the output failed: a write pass (a write, a sync, compression), or

@@ -18,7 +18,7 @@ use crate::storage::segment::sidecar::Sidecar;
 
 /// One segment of the set.
 #[derive(Debug, Clone, Serialize)]
-pub struct SegmentSeen {
+pub(crate) struct SegmentSeen {
     pub index: u64,
     pub path: PathBuf,
     /// Still under its `.partial` name (being written, or the session died).
@@ -48,7 +48,7 @@ pub struct SegmentSeen {
 
 /// Something between two neighbouring segments.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Cut {
+pub(crate) struct Cut {
     /// The segments on either side.
     pub before: u64,
     pub after: u64,
@@ -63,7 +63,7 @@ pub struct Cut {
 
 /// The whole set.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct SetReport {
+pub(crate) struct SetReport {
     pub dir: PathBuf,
     pub name: String,
     pub segments: Vec<SegmentSeen>,
@@ -75,7 +75,7 @@ pub struct SetReport {
 
 /// Inspecting a directory failed.
 #[derive(Debug, thiserror::Error)]
-pub enum SetError {
+pub(crate) enum SetError {
     #[error("cannot read {dir}: {source}")]
     Read {
         dir: PathBuf,
@@ -88,7 +88,7 @@ pub enum SetError {
 
 /// Why a set of segments fails inspection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SetFault {
+pub(crate) enum SetFault {
     /// The segment is not a valid trace (as its report tells).
     #[error("segment {index}: {error}")]
     Segment {
@@ -216,7 +216,7 @@ fn absorb(s: &mut SegmentSeen, r: &InspectReport) {
 
 /// Inspects every segment of the set in `dir` (the largest set, when the
 /// directory holds several names).
-pub fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
+pub(crate) fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
     let sets = sets_in(dir)?;
     let Some(((stem, ext), mut files)) = sets.into_iter().max_by_key(|(_, v)| v.len()) else {
         return Err(SetError::Empty(dir.to_path_buf()));
@@ -271,7 +271,7 @@ pub fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
 impl SetReport {
     /// `Ok` when every segment is a valid trace matching its sidecar and no
     /// counter repeats across a cut.
-    pub fn verdict(&self) -> Result<(), SetFault> {
+    pub(crate) fn verdict(&self) -> Result<(), SetFault> {
         for s in &self.segments {
             if let Some(e) = &s.error {
                 return Err(SetFault::Segment {

@@ -163,21 +163,21 @@ impl SalvageReport {
 }
 
 /// `trace_attributes` keys of a salvaged trace.
-pub mod attr {
-    pub const BY: &str = "recorder.salvage.by";
-    pub const PID: &str = "recorder.salvage.pid";
-    pub const SIGNAL: &str = "recorder.salvage.signal";
-    pub const PACKETS: &str = "recorder.salvage.packets";
-    pub const REGIONS_OPEN: &str = "recorder.salvage.regions_open";
-    pub const REGIONS_IN_FLIGHT: &str = "recorder.salvage.regions_in_flight";
-    pub const ENTRIES_MID_UPDATE: &str = "recorder.salvage.entries_mid_update";
-    pub const DAMAGED: &str = "recorder.salvage.damaged";
-    pub const BYTES_UNFRAMED: &str = "recorder.salvage.bytes_unframed";
-    pub const PACKETS_INVALID: &str = "recorder.salvage.packets_invalid";
-    pub const BYTES_INVALID: &str = "recorder.salvage.bytes_invalid";
-    pub const ENTRIES_INVALID: &str = "recorder.salvage.entries_invalid";
-    pub const REGIONS_OVERLAPPING: &str = "recorder.salvage.regions_overlapping";
-    pub const BUFFERS_MISSING: &str = "recorder.salvage.buffers_missing";
+pub(crate) mod attr {
+    pub(crate) const BY: &str = "recorder.salvage.by";
+    pub(crate) const PID: &str = "recorder.salvage.pid";
+    pub(crate) const SIGNAL: &str = "recorder.salvage.signal";
+    pub(crate) const PACKETS: &str = "recorder.salvage.packets";
+    pub(crate) const REGIONS_OPEN: &str = "recorder.salvage.regions_open";
+    pub(crate) const REGIONS_IN_FLIGHT: &str = "recorder.salvage.regions_in_flight";
+    pub(crate) const ENTRIES_MID_UPDATE: &str = "recorder.salvage.entries_mid_update";
+    pub(crate) const DAMAGED: &str = "recorder.salvage.damaged";
+    pub(crate) const BYTES_UNFRAMED: &str = "recorder.salvage.bytes_unframed";
+    pub(crate) const PACKETS_INVALID: &str = "recorder.salvage.packets_invalid";
+    pub(crate) const BYTES_INVALID: &str = "recorder.salvage.bytes_invalid";
+    pub(crate) const ENTRIES_INVALID: &str = "recorder.salvage.entries_invalid";
+    pub(crate) const REGIONS_OVERLAPPING: &str = "recorder.salvage.regions_overlapping";
+    pub(crate) const BUFFERS_MISSING: &str = "recorder.salvage.buffers_missing";
 }
 
 /// Writes the trace of `rings` (one session's, any order) to `out`. Writes

@@ -17,9 +17,9 @@
 use super::Span;
 
 /// Nesting of `(` and `!` at most.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Comparisons in one filter at most.
-pub const MAX_COMPARES: usize = 64;
+pub(crate) const MAX_COMPARES: usize = 64;
 
 /// A filter and where it is in its rule.
 #[derive(Clone, Debug, PartialEq)]
@@ -128,7 +128,7 @@ impl FilterValue {
 
 /// A number as the kernel reads one (`kstrtoll` with base 0): decimal,
 /// `0x` hex, a leading `0` octal, an optional sign. `None` when it is not.
-pub fn kernel_int(s: &str) -> Option<i128> {
+pub(crate) fn kernel_int(s: &str) -> Option<i128> {
     let (neg, body) = match s.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -144,7 +144,7 @@ pub fn kernel_int(s: &str) -> Option<i128> {
 /// Whether `text` matches the glob `pattern` (`*` any run, `?` one byte,
 /// `[abc]`/`[a-z]`/`[!a]` a class), byte by byte as the kernel's
 /// `glob_match`.
-pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     // Where to resume after the last `*`: its pattern position and the
     // text position it has eaten up to.

@@ -24,8 +24,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub mod check;
-pub mod filter;
+pub(crate) mod check;
+pub(crate) mod filter;
 mod lex;
 mod parse;
 

@@ -21,9 +21,9 @@ pub struct SegmentNames {
 }
 
 /// The suffix of a segment still being written.
-pub const PARTIAL_SUFFIX: &str = ".partial";
+pub(crate) const PARTIAL_SUFFIX: &str = ".partial";
 /// The suffix of a segment's sidecar.
-pub const SIDECAR_SUFFIX: &str = ".json";
+pub(crate) const SIDECAR_SUFFIX: &str = ".json";
 
 impl SegmentNames {
     /// Names from `-o`: a directory (existing, or given with a trailing `/`)
