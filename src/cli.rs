@@ -29,7 +29,7 @@ detected unless --txt is given.";
 // arguments there, which refused `recorder -q bench`; the main job's own
 // arguments are refused beside a subcommand by `MainArgs::given` instead.
 #[command(name = "recorder", version, after_help = AFTER_HELP)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// A subcommand; without one, the main job runs (`--config`).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -46,7 +46,7 @@ pub struct Cli {
 
 /// Arguments of the main job: record a trace as the config says.
 #[derive(Debug, Clone, Args)]
-pub struct MainArgs {
+pub(crate) struct MainArgs {
     /// The TraceConfig, text or binary; `-` reads stdin.
     #[arg(short = 'c', long, value_name = "FILE|-")]
     pub config: Option<PathBuf>,
@@ -136,7 +136,7 @@ pub struct MainArgs {
 /// Trigger rules: when the recorder fires one of the config's triggers
 /// itself (docs/rules.md).
 #[derive(Debug, Clone, Default, Args)]
-pub struct RuleArgs {
+pub(crate) struct RuleArgs {
     /// Fire a trigger of the config when RULE holds: 'NAME: event GROUP/EVENT [if FILTER]',
     /// 'NAME: latency sched > 50ms', 'NAME: counter meminfo.MemAvailable < 200M', 'NAME: loss', … (repeatable).
     #[arg(long = "trigger-rule", value_name = "RULE")]
@@ -147,7 +147,7 @@ pub struct RuleArgs {
 }
 
 impl RuleArgs {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.trigger_rule.is_empty() && self.trigger_rules.is_empty()
     }
 }
@@ -157,7 +157,7 @@ const LIGHT: &str = "Light mode (no config: Perfetto's `-t 10s -b 32mb sched fre
 
 impl MainArgs {
     /// Whether light mode was asked for: a light-mode flag or a word.
-    pub fn light(&self) -> bool {
+    pub(crate) fn light(&self) -> bool {
         self.time_ms.is_some()
             || self.buffer_kb.is_some()
             || self.max_file_size_kb.is_some()
@@ -165,7 +165,7 @@ impl MainArgs {
     }
 
     /// What light mode is asked to build.
-    pub fn light_request(&self) -> crate::config::light::LightRequest {
+    pub(crate) fn light_request(&self) -> crate::config::light::LightRequest {
         crate::config::light::LightRequest {
             time_ms: self.time_ms,
             buffer_kb: self.buffer_kb,
@@ -176,7 +176,7 @@ impl MainArgs {
 
     /// The first main-job argument given, if any (they mean nothing beside a
     /// subcommand).
-    pub fn given(&self) -> Option<&'static str> {
+    pub(crate) fn given(&self) -> Option<&'static str> {
         [
             (self.config.is_some(), "--config"),
             (self.out.is_some(), "--out"),
@@ -212,7 +212,7 @@ impl MainArgs {
 
 impl Cli {
     /// Parses `args`, refusing main-job arguments beside a subcommand.
-    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    pub(crate) fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
@@ -230,7 +230,7 @@ impl Cli {
 
 /// Subcommands. Room is left for `inspect`, `trigger`, `query`, `stop`, `bench`.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Check or convert a config.
     Config(ConfigArgs),
     /// Make a trace of what a dead session's buffers held, from its ring
@@ -344,7 +344,7 @@ pub enum Command {
 
 /// `recorder config …`.
 #[derive(Debug, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// What to do.
     #[command(subcommand)]
     pub action: ConfigAction,
@@ -352,7 +352,7 @@ pub struct ConfigArgs {
 
 /// How to read a config file.
 #[derive(Debug, Clone, Args)]
-pub struct FormArgs {
+pub(crate) struct FormArgs {
     /// Parse as text (no detection).
     #[arg(long, conflicts_with = "txt_lossy")]
     pub txt: bool,
@@ -367,7 +367,7 @@ pub struct FormArgs {
 /// Where the config's custom fields (extensions of DataSourceConfig, in the
 /// user's own `.proto` files) are declared.
 #[derive(Debug, Clone, Default, Args)]
-pub struct ProtoArgs {
+pub(crate) struct ProtoArgs {
     /// Compile FILE, your .proto extending DataSourceConfig, for the config's custom fields (repeatable).
     #[arg(long = "proto", value_name = "FILE")]
     pub files: Vec<PathBuf>,
@@ -381,7 +381,7 @@ pub struct ProtoArgs {
 
 impl ProtoArgs {
     /// What `config::Schema::load` takes.
-    pub fn user_protos(&self) -> UserProtos {
+    pub(crate) fn user_protos(&self) -> UserProtos {
         UserProtos {
             files: self.files.clone(),
             include_paths: self.include_paths.clone(),
@@ -392,7 +392,7 @@ impl ProtoArgs {
 
 impl FormArgs {
     /// How `config::load_path` should read the file.
-    pub fn options(&self) -> LoadOptions {
+    pub(crate) fn options(&self) -> LoadOptions {
         LoadOptions {
             force_text: self.txt,
             lossy: self.txt_lossy,
@@ -402,7 +402,7 @@ impl FormArgs {
 
 /// Output form of `config convert`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TargetForm {
+pub(crate) enum TargetForm {
     /// Protobuf binary (what `protoc --encode` makes).
     Binary,
     /// Protobuf text format.
@@ -411,7 +411,7 @@ pub enum TargetForm {
 
 /// `recorder config` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum ConfigAction {
+pub(crate) enum ConfigAction {
     /// Validate a config and print the plan: buffers, sources, timeline, warnings.
     Check {
         /// The config; `-` reads stdin.
@@ -596,7 +596,7 @@ mod tests {
 
 /// A fill policy on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
+pub(crate) enum PolicyArg {
     /// RING_BUFFER: overwrite the oldest unflushed data.
     Ring,
     /// DISCARD: drop new data while full.
@@ -605,7 +605,7 @@ pub enum PolicyArg {
 
 /// The sink for the trace files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IoArg {
+pub(crate) enum IoArg {
     /// io_uring when the kernel allows it, else pwritev.
     Auto,
     IoUring,
@@ -614,7 +614,7 @@ pub enum IoArg {
 
 /// `recorder bench` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Take buffers, write period and for_testing sources from this TraceConfig.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["writers", "packet_size", "policy", "buffer_kb", "chunk_kb", "write_period_ms", "rate", "max_rate"])]
     pub config: Option<PathBuf>,
@@ -688,7 +688,7 @@ pub struct BenchArgs {
 
 /// `recorder serve` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Where consumers (the `perfetto` client) connect; else
     /// PERFETTO_CONSUMER_SOCK_NAME, else /run/perfetto/traced-consumer.sock
     /// where /run/perfetto exists, else /tmp/perfetto-consumer.

@@ -84,7 +84,7 @@ pub(crate) const DISKSTAT_PERIOD_MS: u64 = 1000;
 
 /// What the command line asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LightRequest {
+pub(crate) struct LightRequest {
     /// `-t` in milliseconds (`None`: [`DEFAULT_TIME_MS`]; 0: no duration).
     pub time_ms: Option<u64>,
     /// `-b` in KiB (`None`: [`DEFAULT_BUFFER_KB`]).

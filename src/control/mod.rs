@@ -29,7 +29,7 @@ pub mod wire;
 
 /// Errors of the control plane.
 #[derive(Debug, thiserror::Error)]
-pub enum ControlError {
+pub(crate) enum ControlError {
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,

@@ -46,7 +46,7 @@ pub(crate) struct RuntimeDir {
 
 /// Why a file in the runtime directory is not ours to use.
 #[derive(Debug, thiserror::Error)]
-pub enum OwnFileError {
+pub(crate) enum OwnFileError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(
@@ -57,7 +57,7 @@ pub enum OwnFileError {
 
 /// What holds a name in the runtime directory that is not ours.
 #[derive(Debug, thiserror::Error)]
-pub enum Occupant {
+pub(crate) enum Occupant {
     /// An entry as `stat` sees it: its kind and owner.
     #[error("{kind} owned by uid {uid}")]
     Entry { kind: &'static str, uid: u32 },
@@ -225,7 +225,7 @@ fn describe_entry(dir: &OwnedFd, name: &str) -> Occupant {
 
 /// Why a runtime directory is not used, explained with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UnsafeRuntimeDir {
+pub(crate) enum UnsafeRuntimeDir {
     #[error("it is a symbolic link or not a directory: remove it (rm {}) or set {ENV}", .0.display())]
     LinkOrNotDirectory(PathBuf),
     #[error("{}", explain(.path, *.me, .problem))]
@@ -375,7 +375,7 @@ pub(crate) fn open_for_client(dir: &Path) -> Option<(RuntimeDir, bool)> {
 
 /// Why each runtime directory candidate was passed over.
 #[derive(Debug)]
-pub struct Tried(pub Vec<ControlError>);
+pub(crate) struct Tried(pub Vec<ControlError>);
 
 impl std::fmt::Display for Tried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

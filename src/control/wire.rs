@@ -12,19 +12,19 @@
 use serde::{Deserialize, Serialize};
 
 /// Longest request accepted, newline included.
-pub const MAX_REQUEST_BYTES: usize = 4096;
+pub(crate) const MAX_REQUEST_BYTES: usize = 4096;
 /// Most trigger names in one request.
 pub const MAX_TRIGGER_NAMES: usize = 64;
 /// Longest trigger (or producer) name.
-pub const MAX_NAME_BYTES: usize = 256;
+pub(crate) const MAX_NAME_BYTES: usize = 256;
 /// Longest reply a client reads, newline included.
 pub const MAX_REPLY_BYTES: usize = 256 * 1024;
 /// Longest text in a reply (a path, a state, a refusal).
 pub const MAX_REPLY_TEXT_BYTES: usize = 8192;
 /// Most buffers in a status reply (as many as a config may have).
-pub const MAX_REPLY_BUFFERS: usize = 128;
+pub(crate) const MAX_REPLY_BUFFERS: usize = 128;
 /// Limits one uid's quota figures name at most in a status.
-pub const MAX_QUOTA_LIMITS: usize = 32;
+pub(crate) const MAX_QUOTA_LIMITS: usize = 32;
 
 /// Which socket a request arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub enum Refusal {
     Empty,
 }
 
-pub fn valid_name(s: &str) -> bool {
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_NAME_BYTES && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
@@ -192,9 +192,9 @@ pub struct SessionStatus {
 }
 
 /// Rules a status lists at most (as many as a session may have).
-pub const MAX_RULES_SHOWN: usize = 256;
+pub(crate) const MAX_RULES_SHOWN: usize = 256;
 /// Characters of a rule's text a status shows at most.
-pub const MAX_RULE_TEXT_SHOWN: usize = 160;
+pub(crate) const MAX_RULE_TEXT_SHOWN: usize = 160;
 
 /// One trigger rule of a live session.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,10 +210,10 @@ pub struct RuleStatus {
 }
 
 /// Producers a status lists at most (the reply stays small).
-pub const MAX_PRODUCERS_SHOWN: usize = 64;
+pub(crate) const MAX_PRODUCERS_SHOWN: usize = 64;
 /// Uids a status lists quota figures of at most: the ones with the most
 /// hits (the reply stays small).
-pub const MAX_QUOTA_UIDS_SHOWN: usize = 64;
+pub(crate) const MAX_QUOTA_UIDS_SHOWN: usize = 64;
 
 /// One uid's quota figures in a live session, as the summary shows them
 /// (`producer::quota`).
@@ -470,7 +470,7 @@ pub fn decode_reply(untrusted: &[u8]) -> Result<Reply, BadReply> {
 
 /// `s` with control characters escaped, for a terminal: text from another
 /// user's session must not drive it.
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         crate::transport::log_budget::push_escaped(&mut out, c, c.is_control());

@@ -24,7 +24,7 @@ const NOBODY: u32 = 65534;
 
 /// No service user could be chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UserError {
+pub(crate) enum UserError {
     #[error("{ENV}: uid/gid 0 is root; say {ENV}=root to keep root")]
     Root,
     #[error(
@@ -47,7 +47,7 @@ pub enum UserError {
 
 /// The user the recorder runs as after the drop.
 #[derive(Debug, Clone)]
-pub struct ServiceUser {
+pub(crate) struct ServiceUser {
     pub uid: u32,
     pub gid: u32,
     /// How it was chosen, for the log.

@@ -170,7 +170,7 @@ pub(crate) enum Request {
 
 /// The broker's answer.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Reply {
+pub(crate) enum Reply {
     Done,
     Registered(u32),
     /// A descriptor comes with it.
@@ -202,7 +202,7 @@ pub enum Reply {
 /// sends one) from a limit of `recorder serve`'s ftrace instances and from
 /// an operation the system refused (with its errno), and words each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("registrations are closed")]
     Sealed,
     #[error("not sealed yet")]
@@ -267,7 +267,7 @@ pub enum Refusal {
 impl Refusal {
     /// `op` failed with `e`: its errno is the first OS error of its
     /// chain of causes.
-    pub fn system(op: Operation, e: &(dyn std::error::Error + 'static)) -> Self {
+    pub(crate) fn system(op: Operation, e: &(dyn std::error::Error + 'static)) -> Self {
         let mut errno = None;
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(c) = cause {
@@ -293,7 +293,8 @@ impl Refusal {
 
     /// A limit of `recorder serve`'s ftrace instances (the request may
     /// succeed once other sessions end), not a fault.
-    pub fn is_limit(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_limit(&self) -> bool {
         matches!(
             self,
             Refusal::UidInstances { .. } | Refusal::Instances(_) | Refusal::UidMemory { .. }
@@ -303,7 +304,7 @@ impl Refusal {
 
 /// What the broker tried when the system refused it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum Operation {
+pub(crate) enum Operation {
     #[error("registering the directory {0}")]
     RegisterDir(PathBuf),
     #[error("reading the name lock {0:?}")]
@@ -322,7 +323,7 @@ pub enum Operation {
 
 /// A message that could not be sent or read.
 #[derive(Debug, thiserror::Error)]
-pub enum MessageError {
+pub(crate) enum MessageError {
     #[error("the other end is gone")]
     Closed,
     #[error("{0}")]

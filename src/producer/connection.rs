@@ -39,10 +39,10 @@ use crate::transport::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 
 /// The only service: ProducerPort, id 1 (never 0: clients read 0 as "not
 /// connected").
-pub const SERVICE_NAME: &str = "ProducerPort";
+pub(crate) const SERVICE_NAME: &str = "ProducerPort";
 const SERVICE_ID: u32 = 1;
 /// Methods in declaration order: id = index + 1.
-pub const METHODS: [&str; 12] = [
+pub(crate) const METHODS: [&str; 12] = [
     "InitializeConnection",
     "RegisterDataSource",
     "UnregisterDataSource",
@@ -1003,7 +1003,7 @@ fn decode<T: Message + Default>(args: &[u8]) -> Result<T, Refused> {
 
 /// A producer's text (its name, SDK version, a data source's name) as a
 /// log line shows it: escaped, so a newline cannot forge a line, and cut.
-pub fn short(name: &str) -> String {
+pub(crate) fn short(name: &str) -> String {
     crate::transport::log_budget::for_log(name)
 }
 

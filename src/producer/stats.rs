@@ -95,7 +95,7 @@ impl ProducerStats {
 
 /// The producers of a session in all.
 #[derive(Clone, Debug, Default)]
-pub struct ProducerTotals {
+pub(crate) struct ProducerTotals {
     /// What producers wrote into each buffer (by index).
     pub per_buffer: Vec<ProducerStats>,
     /// Everything, including what no buffer can be charged with.

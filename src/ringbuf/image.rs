@@ -34,7 +34,7 @@ use crate::wire::framing::{Step, step};
 use crate::wire::trace_packet as tp;
 
 /// Bytes read at once from a region.
-pub const WINDOW: usize = 4 << 20;
+pub(crate) const WINDOW: usize = 4 << 20;
 /// Table entries read at once.
 const TABLE_BLOCK: usize = 1024;
 
@@ -90,7 +90,7 @@ impl ReadAt for InMemory<'_> {
 ///   against writes fails while any writable mapping of it exists), so a
 ///   shared slice of it stays what it was for as long as it lives; it is
 ///   unmapped only when the `SealedMap` is dropped, which no slice outlives.
-pub struct SealedMap {
+pub(crate) struct SealedMap {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
@@ -104,7 +104,7 @@ impl SealedMap {
     /// Seals `fd` against writes and maps it read-only; `None` where that
     /// cannot be done (not a sealable memfd, not sealed against resizing, a
     /// writable mapping of it still alive somewhere): read it instead.
-    pub fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<SealedMap> {
+    pub(crate) fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<SealedMap> {
         use rustix::fs::SealFlags;
         let seals = rustix::fs::fcntl_get_seals(fd).ok()?;
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {

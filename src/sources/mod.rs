@@ -26,7 +26,7 @@ pub mod rules;
 pub mod sys_stats;
 
 /// The producer name of the built-in sources (Perfetto's probes daemon).
-pub const PRODUCER_NAME: &str = "perfetto.traced_probes";
+pub(crate) const PRODUCER_NAME: &str = "perfetto.traced_probes";
 
 /// Errors of data sources.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use crate::sources::ftrace::tracefs::Tracefs;
 
 /// Firings waiting for the runner at most; more are counted and dropped
 /// (each rule's own limits keep far below it).
-pub const MAX_QUEUED: usize = 4096;
+pub(crate) const MAX_QUEUED: usize = 4096;
 
 /// One firing: the rule (its index in the session's rules) and when what
 /// it matched happened (BOOTTIME ns).
@@ -200,7 +200,7 @@ impl RulePlan {
 /// Checks what the config cannot: each filter against its event's format
 /// as the kernel publishes it in `tracefs` (when it can be read: as root),
 /// each counter against what its source reads. Every refusal is returned.
-pub fn check(
+pub(crate) fn check(
     rules: &[Rule],
     spec: &crate::config::RecorderSpec,
     tracefs: Option<&Tracefs>,

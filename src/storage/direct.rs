@@ -73,7 +73,7 @@ pub const MIN_DIRECT_PASS: u64 = 256 * 1024;
 /// `align` (a block more when the gap is too short for a packet); empty
 /// when it is already there. Written through the page cache before
 /// `O_DIRECT` is turned back on.
-pub fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
+pub(crate) fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
     let align = align as u64;
     let mut gap = (align - len % align) % align;
     if gap == 0 {
@@ -154,7 +154,7 @@ pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
 /// [`enable`] for a file opened elsewhere (the descriptor a `recorder
 /// serve` client passed): only an empty regular file (on a file system
 /// that keeps it on a disk, as for every file).
-pub fn enable_passed(fd: &OwnedFd) -> Result<usize, DirectError> {
+pub(crate) fn enable_passed(fd: &OwnedFd) -> Result<usize, DirectError> {
     let st = rustix::fs::fstat(fd).map_err(DirectError::Stat)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(DirectError::NotRegular);

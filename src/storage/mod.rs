@@ -223,7 +223,7 @@ pub trait WriteProgress {
 
 /// Progress nobody listens to: the caller keeps all of its memory.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoProgress;
+pub(crate) struct NoProgress;
 
 impl WriteProgress for NoProgress {
     fn written(&mut self, _done: u64) -> u64 {
@@ -389,7 +389,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
 /// Bytes a positioned sink hands the kernel per request (an io_uring SQE, a
 /// pwritev(2) call) at most: the step in which a pass's memory is let go of
 /// as it is written ([`WriteProgress`]), and what a short write resubmits.
-pub const WRITE_STEP_BYTES: usize = 4 << 20;
+pub(crate) const WRITE_STEP_BYTES: usize = 4 << 20;
 
 /// Where trace bytes go. Implementations never copy the data: the kernel
 /// reads the caller's memory (the ring buffer's mmap) directly.
@@ -572,7 +572,7 @@ pub mod write_pass;
 /// closing and opening segments. Cheap to clone, so the session can carry it
 /// as its stop reason.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum OutputError {
+pub(crate) enum OutputError {
     #[error(transparent)]
     Pass(#[from] write_pass::PassError),
     #[error(transparent)]

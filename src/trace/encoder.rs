@@ -16,9 +16,9 @@
 use crate::wire::{PackedKey, WireType, key, varint};
 
 /// Bytes reserved for the length of a nested message.
-pub const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
+pub(crate) const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
 /// Largest length a 4-byte redundant varint can hold.
-pub const MAX_NESTED_LEN: usize = varint::REDUNDANT4_MAX as usize;
+pub(crate) const MAX_NESTED_LEN: usize = varint::REDUNDANT4_MAX as usize;
 
 /// The encoder ran out of room (or a nested message outgrew 2^28 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -325,11 +325,11 @@ impl<'a> ProtoEncoder<'a> {
 }
 
 /// Bytes a [`Window`] may take: every message in it has a one-byte length.
-pub const WINDOW_MAX_LEN: usize = 127;
+pub(crate) const WINDOW_MAX_LEN: usize = 127;
 /// The window's span, the room [`ProtoEncoder::window`] needs: its limit
 /// plus the widest single write (16 bytes of text), so that no write needs
 /// a check of its own.
-pub const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
+pub(crate) const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
 
 /// Room for one small message, checked once ([`ProtoEncoder::window`]): a
 /// caller that knows its message takes at most [`WINDOW_MAX_LEN`] bytes
@@ -392,7 +392,7 @@ impl Window<'_> {
 /// The writes of a message whose nested parts have one-byte lengths (a
 /// typed ftrace event), by the checked [`ProtoEncoder`] or by a [`Window`]:
 /// code written once against it emits the same bytes through either.
-pub trait ShortWriter {
+pub(crate) trait ShortWriter {
     /// Writes only bounded fields: at most 16 bytes of text each (a
     /// [`Window`]); callers keep longer text for the checked encoder.
     const BOUNDED: bool;

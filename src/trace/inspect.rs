@@ -105,7 +105,7 @@ pub struct CompressedSeen {
 
 /// Decompressed output accepted from one compressed packet (ours hold at
 /// most 500 KiB; Perfetto's about 1 MiB); more is treated as corruption.
-pub const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
 
 /// Everything `inspect` says about a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -315,7 +315,7 @@ pub fn report(bytes: &[u8]) -> InspectReport {
 }
 
 /// Inspects a trace file of any size, streaming it.
-pub fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
+pub(crate) fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
     let name = path.display().to_string();
     // A segment's name in a shared directory may hold anything: a regular
     // file only, never a FIFO waited on, never another user's link.

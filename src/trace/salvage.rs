@@ -196,7 +196,7 @@ pub fn salvage(
 /// [`salvage`], with `extra`: framed packets of the session's own making
 /// that go after the buffers' data (the kernel's ftrace leftover, read by
 /// the broker), counted in [`SalvageReport::extra_packets`].
-pub fn salvage_with(
+pub(crate) fn salvage_with(
     rings: &mut [Ring<'_>],
     missing: u32,
     extra: &[Vec<u8>],
@@ -209,13 +209,13 @@ pub fn salvage_with(
 /// Where a salvaged trace goes, piece by piece: the recorder's own packets
 /// (and loss markers) as bytes, the rings' records as runs read from (or
 /// in place in) ring `ring` at byte `at` of its file.
-pub trait SalvageSink {
+pub(crate) trait SalvageSink {
     fn packets(&mut self, bytes: &[u8]) -> io::Result<()>;
     fn records(&mut self, ring: usize, at: u64, bytes: &[u8]) -> io::Result<()>;
 }
 
 /// Writes every piece as it comes.
-pub struct Streamed<'a>(pub &'a mut dyn Write);
+pub(crate) struct Streamed<'a>(pub &'a mut dyn Write);
 
 impl SalvageSink for Streamed<'_> {
     fn packets(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -229,7 +229,7 @@ impl SalvageSink for Streamed<'_> {
 
 /// One piece of a gathered trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Owned(Vec<u8>),
     /// `len` bytes at `at` in the file of ring `ring` (its position in the
     /// slice [`salvage_into`] sorted).
@@ -244,7 +244,7 @@ pub enum Piece {
 /// takes the rings' records in place (from a read-only mapping, straight
 /// to the disk).
 #[derive(Debug, Default)]
-pub struct Gathered {
+pub(crate) struct Gathered {
     pub pieces: Vec<Piece>,
 }
 
@@ -266,7 +266,7 @@ impl SalvageSink for Gathered {
 
 /// [`salvage_with`] into any [`SalvageSink`]; `rings` are left sorted by
 /// buffer index, as the pieces name them.
-pub fn salvage_into(
+pub(crate) fn salvage_into(
     rings: &mut [Ring<'_>],
     missing: u32,
     extra: &[Vec<u8>],

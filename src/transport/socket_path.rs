@@ -35,7 +35,7 @@ pub(crate) const TMP_SOCKET: &str = "/tmp/perfetto-producer";
 
 /// Errors of claiming the socket path.
 #[derive(Debug, thiserror::Error)]
-pub enum SocketPathError {
+pub(crate) enum SocketPathError {
     #[error(
         "{path} is held by a live listener (Perfetto's traced or another recorder): stop it, \
          or listen elsewhere with --producer-socket PATH (and point the apps there with \

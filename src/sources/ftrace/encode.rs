@@ -396,14 +396,14 @@ pub trait PageFeed {
 }
 
 /// Whole pages back to back in one buffer (what read(2) fills).
-pub struct PagesFeed<'a> {
+pub(crate) struct PagesFeed<'a> {
     pages: &'a [u8],
     layout: PageLayout,
     next: usize,
 }
 
 impl<'a> PagesFeed<'a> {
-    pub fn new(pages: &'a [u8], layout: &PageLayout) -> Self {
+    pub(crate) fn new(pages: &'a [u8], layout: &PageLayout) -> Self {
         Self {
             pages,
             layout: *layout,

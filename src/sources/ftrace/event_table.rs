@@ -21,7 +21,7 @@ use crate::wire::{PackedKey, WireType, varint};
 
 /// How a kernel field is written into its typed proto message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProtoKind {
+pub(crate) enum ProtoKind {
     /// `int32`/`int64`: sign-extended.
     Int,
     /// `uint32`/`uint64`.
@@ -221,7 +221,7 @@ const TYPED: &[TypedSpec] = &[
 const PID_FIELDS: &[&str] = &["pid", "prev_pid", "next_pid", "parent_pid", "child_pid"];
 
 /// Whether Perfetto has a typed message for `group/name`.
-pub fn is_typed(group: &str, name: &str) -> bool {
+pub(crate) fn is_typed(group: &str, name: &str) -> bool {
     TYPED.iter().any(|t| t.0 == group && t.1 == name)
 }
 
@@ -350,7 +350,7 @@ impl TextAt {
 /// The 16 bytes at `at` as one word with the bytes from the first NUL on
 /// cleared, and the count before it (≤ 16).
 #[inline(always)]
-pub fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
+pub(crate) fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
     const LO: u128 = u128::from_le_bytes([1; 16]);
     const HI: u128 = u128::from_le_bytes([0x80; 16]);
     let v = u128::from_le_bytes(*rec.get(at..)?.first_chunk::<16>()?);

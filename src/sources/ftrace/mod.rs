@@ -58,7 +58,7 @@ use crate::config::spec::FtraceSpec;
 /// Largest bundle packet.
 pub const DEFAULT_MAX_PACKET_BYTES: usize = 32 * 1024;
 /// `FtraceClock` MONO_RAW (FtraceEventBundle.ftrace_clock).
-pub const FTRACE_CLOCK_MONO_RAW: u32 = 4;
+pub(crate) const FTRACE_CLOCK_MONO_RAW: u32 = 4;
 
 /// The clock `trace_clock` shows selected (`[boot] local` → `boot`).
 fn restorable_clock(text: &str) -> String {
@@ -104,7 +104,7 @@ impl Default for FtraceOptions {
 /// The per-CPU buffer when none is configured: enough for two 100 ms drains
 /// at the highest rates measured here (67 MB/s over 2 CPUs), more on big
 /// machines as Perfetto does.
-pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
+pub(crate) fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
     if mem_total_kb >= 7 * 1024 * 1024 {
         8192
     } else {
@@ -113,7 +113,7 @@ pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
 }
 
 /// The machine's memory (KiB) as `proc`/meminfo says; 0 when unreadable.
-pub fn mem_total_kb(proc: &std::path::Path) -> u64 {
+pub(crate) fn mem_total_kb(proc: &std::path::Path) -> u64 {
     std::fs::read_to_string(proc.join("meminfo"))
         .ok()
         .and_then(|t| {
@@ -171,7 +171,7 @@ pub struct FtraceSummary {
 }
 
 /// The events the kernel's counters say were lost, all CPUs together.
-pub fn events_lost(cpus: &[CpuStats]) -> u64 {
+pub(crate) fn events_lost(cpus: &[CpuStats]) -> u64 {
     cpus.iter().map(|c| c.overrun + c.dropped_events).sum()
 }
 
@@ -1289,7 +1289,7 @@ pub struct Leftover {
 /// events enabled there (`set_event`, and `ftrace/print`), encoded as the
 /// recording did on its sequence. Returns the framed packets. Needs the
 /// rights to open the directory's files (the broker's).
-pub fn drain_leftover(l: &Leftover) -> Result<Vec<u8>, FtraceError> {
+pub(crate) fn drain_leftover(l: &Leftover) -> Result<Vec<u8>, FtraceError> {
     let dir = Tracefs::at(&l.dir)?;
     if let Err(e) = dir.write("tracing_on", "0") {
         log::warn!(

@@ -104,7 +104,7 @@ pub fn parse_header(page: &[u8], layout: &PageLayout) -> Result<PageHeader, Page
 /// The header from a page's two words, for pages not held as one slice
 /// (a mapped sub-buffer): `room` is the data bytes the page holds and
 /// `stored_count` reads the `long` at that offset after the data start.
-pub fn header_from_words(
+pub(crate) fn header_from_words(
     timestamp: u64,
     commit: u64,
     room: usize,

@@ -28,7 +28,7 @@ pub(crate) const MAX_BUFFER_KB: u32 = 64 * 1024;
 
 /// Why a request fails the privileged side's check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     #[error("1 to {MAX_EVENTS} events, not {0}")]
     EventCount(usize),
     /// An entry the event grammar refuses.

@@ -54,7 +54,7 @@ type KeyMap = HashMap<i64, u64, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// A compiled filter.
 #[derive(Clone, Debug)]
-pub struct Program(Node);
+pub(crate) struct Program(Node);
 
 #[derive(Clone, Debug)]
 enum Node {
@@ -207,7 +207,7 @@ impl Program {
     /// (one comparison, an `&&` or `||` chain of them) are tested in line;
     /// only nested ones recurse.
     #[inline]
-    pub fn eval(&self, rec: &[u8], cpu: u32) -> bool {
+    pub(crate) fn eval(&self, rec: &[u8], cpu: u32) -> bool {
         match &self.0 {
             Node::All(xs) => xs.iter().all(|x| x.test(rec, cpu)),
             Node::Any(xs) => xs.iter().any(|x| x.test(rec, cpu)),
@@ -355,7 +355,11 @@ fn flatten(p: Option<Program>, trees: &mut Vec<Node>) -> (bool, Vec<Leaf>) {
 const CPU_FIELDS: &[&str] = &["CPU", "cpu", "common_cpu"];
 
 /// Compiles `filter` (of `rule`) against `format`.
-pub fn compile(rule: &Rule, filter: &Filter, format: &EventFormat) -> Result<Program, RuleError> {
+pub(crate) fn compile(
+    rule: &Rule,
+    filter: &Filter,
+    format: &EventFormat,
+) -> Result<Program, RuleError> {
     node(rule, &filter.expr, format).map(Program)
 }
 
@@ -555,7 +559,7 @@ fn format_of(
 
 /// Checks a rule's events and filters against the kernel's formats in
 /// `tracefs` (the same the recording's instance has).
-pub fn check(rule: &Rule, tracefs: &Tracefs) -> Result<(), RuleError> {
+pub(crate) fn check(rule: &Rule, tracefs: &Tracefs) -> Result<(), RuleError> {
     match &rule.condition {
         Condition::Event { event, filter } => {
             let f = format_of(rule, tracefs, &event.group, &event.name, event.span)?;

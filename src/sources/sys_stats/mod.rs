@@ -1,7 +1,7 @@
 //! `linux.sys_stats`: system counters from `/proc` and `/sys` at their
 //! configured periods, one SysStats TracePacket per tick.
 //!
-//! Period rules (Perfetto's): a period under [`MIN_PERIOD_MS`] is raised to
+//! Period rules (Perfetto's): a period under 10 ms is raised to
 //! it; the tick is the smallest non-zero period; every period must be a
 //! multiple of the tick, else nothing is scheduled ([`SysStatsError`]).
 //! Ticks fall on wall-clock multiples of the tick period (the poller aligns
@@ -35,12 +35,6 @@ use crate::trace::encoder::ProtoEncoder;
 use crate::wire::{sys_stats, trace_packet};
 use readers::Readers;
 
-/// The data source's name, as configs select it.
-pub const DATA_SOURCE_NAME: &str = "linux.sys_stats";
-/// As in traced_probes, sys_stats keeps no incremental state.
-pub const HANDLES_INCREMENTAL_STATE: bool = false;
-/// Periods below this are raised to it.
-pub const MIN_PERIOD_MS: u32 = 10;
 /// First size of the packet buffer; it doubles when a tick needs more.
 const INITIAL_PACKET_BYTES: usize = 64 * 1024;
 /// A tick larger than this is not written (counted).
@@ -145,7 +139,7 @@ pub struct Schedule {
 
 impl Schedule {
     /// The tick and each group's share of it; `Ok(None)` when no period is
-    /// set. Periods are as validated (at least [`MIN_PERIOD_MS`]).
+    /// set. Periods are as validated (at least 10 ms).
     pub fn from_spec(o: &SysStatsSpec) -> Result<Option<Schedule>, SysStatsError> {
         let mut periods = [0u32; Group::ALL.len()];
         for (i, g) in Group::ALL.iter().enumerate() {

@@ -46,7 +46,7 @@ pub(crate) const HOOK_GRACE: Duration = Duration::from_secs(10);
 
 /// Segmented output failed.
 #[derive(Debug, thiserror::Error)]
-pub enum SegmentError {
+pub(crate) enum SegmentError {
     #[error(
         "{dir} already holds segments of this name ({first}, …): move them or choose another output"
     )]
