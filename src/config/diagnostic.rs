@@ -35,7 +35,7 @@ impl TextError {
     }
 
     /// 1-based line and column (in characters) of the error in `src`.
-    pub fn line_col(&self, src: &str) -> (usize, usize) {
+    pub(crate) fn line_col(&self, src: &str) -> (usize, usize) {
         let at = self.offset.min(src.len());
         let before = &src[..floor_char_boundary(src, at)];
         let line = before.matches('\n').count() + 1;

@@ -90,7 +90,8 @@ pub struct Counter {
 impl Counter {
     /// The `/proc/vmstat` key of a vmstat counter: its name without `VMSTAT_`,
     /// in lower case.
-    pub fn vmstat_key(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn vmstat_key(&self) -> String {
         self.name.trim_start_matches("VMSTAT_").to_ascii_lowercase()
     }
 }
@@ -586,7 +587,7 @@ pub struct CustomField {
 
 impl RecorderSpec {
     /// The data sources that write into `buffer`.
-    pub fn sources_of(&self, buffer: BufferId) -> impl Iterator<Item = &DataSourceSpec> {
+    pub(crate) fn sources_of(&self, buffer: BufferId) -> impl Iterator<Item = &DataSourceSpec> {
         self.data_sources
             .iter()
             .filter(move |d| d.target_buffer == buffer)

@@ -123,7 +123,7 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
 impl Request {
     /// Whether only the session's owner or root may make this request (on
     /// the control socket); anyone may fire triggers.
-    pub fn owner_only(&self) -> bool {
+    pub(crate) fn owner_only(&self) -> bool {
         match self {
             Request::Trigger { .. } => false,
             Request::Query {} | Request::Stop {} | Request::Start {} | Request::Rotate {} => true,

@@ -278,7 +278,7 @@ impl Connection {
 
     /// Ends the sequences whose buffer `gone` names (a session detached):
     /// what they held is lost, and they no longer hold its rings.
-    pub fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
+    pub(crate) fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
         let lent = self.lend();
         let keys: Vec<(u16, u32)> = self
             .sequences
@@ -814,7 +814,7 @@ impl Connection {
     }
 
     /// Bytes of the shared memory buffer it was given (0 before).
-    pub fn shared_memory(&self) -> usize {
+    pub(crate) fn shared_memory(&self) -> usize {
         self.smb.as_ref().map_or(0, |s| s.size())
     }
 
@@ -823,7 +823,7 @@ impl Connection {
     /// than asked when needed, and not at all when even
     /// [`MIN_SHARED_MEMORY`] does not fit — a hit, and no instance);
     /// [`Connection::start_instance`] starts it. Whether it was set up.
-    pub fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
+    pub(crate) fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
         if self.smb.is_none() {
             let (page, mut size) = smb::sizes(self.hints.0, self.hints.1);
             if size > room {
@@ -870,7 +870,7 @@ impl Connection {
     }
 
     /// Starts instance `id` (set up before); whether a start ack is due.
-    pub fn start_instance(&mut self, id: u64) -> bool {
+    pub(crate) fn start_instance(&mut self, id: u64) -> bool {
         let Some(i) = self.instances.get_mut(&id) else {
             return false;
         };
@@ -891,7 +891,7 @@ impl Connection {
     }
 
     /// Sends StopDataSource; whether an ack is due.
-    pub fn stop_instance(&mut self, id: u64) -> bool {
+    pub(crate) fn stop_instance(&mut self, id: u64) -> bool {
         let Some(i) = self.instances.get_mut(&id) else {
             return false;
         };

@@ -171,7 +171,7 @@ impl Limit {
 
     /// The limit of a key (a status from another build may name one this
     /// build does not know: `None`).
-    pub fn from_key(key: &str) -> Option<Limit> {
+    pub(crate) fn from_key(key: &str) -> Option<Limit> {
         Limit::ALL.into_iter().find(|l| l.key() == key)
     }
 
@@ -209,7 +209,7 @@ impl Hits {
         self.0[l as usize]
     }
 
-    pub fn merge(&mut self, other: &Hits) {
+    pub(crate) fn merge(&mut self, other: &Hits) {
         for l in Limit::ALL {
             self.add(l, other.get(l));
         }
@@ -308,7 +308,7 @@ impl Holds {
 
     /// Gives one sequence back (its session detached while the connection
     /// stays, as under `recorder serve`).
-    pub fn give_sequence(&mut self) {
+    pub(crate) fn give_sequence(&mut self) {
         if self.sequences > 0 {
             self.sequences -= 1;
             self.uid.sequences.fetch_sub(1, Ordering::Relaxed);
@@ -373,7 +373,7 @@ impl Quotas {
     }
 
     /// The connections allowed in all.
-    pub fn max_connections(&self) -> usize {
+    pub(crate) fn max_connections(&self) -> usize {
         self.max_connections
     }
 
@@ -431,12 +431,12 @@ impl Quotas {
     }
 
     /// Shared memory `uid`'s producers may still be given.
-    pub fn shared_memory_room(&mut self, uid: u32) -> usize {
+    pub(crate) fn shared_memory_room(&mut self, uid: u32) -> usize {
         MAX_SHARED_MEMORY_PER_UID.saturating_sub(self.account(uid).shared_memory)
     }
 
     /// `uid`'s producers now hold `bytes` more (`grew`) or fewer.
-    pub fn shared_memory(&mut self, uid: u32, bytes: usize, grew: bool) {
+    pub(crate) fn shared_memory(&mut self, uid: u32, bytes: usize, grew: bool) {
         let a = self.account(uid);
         a.shared_memory = if grew {
             a.shared_memory.saturating_add(bytes)
@@ -520,7 +520,7 @@ impl Quotas {
     }
 
     /// What the folded producers did, in all.
-    pub fn closed_stats(&self) -> (u64, ProducerStats) {
+    pub(crate) fn closed_stats(&self) -> (u64, ProducerStats) {
         let mut all = ProducerStats::default();
         let mut n = 0;
         for a in self.accounts.values() {

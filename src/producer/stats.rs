@@ -68,7 +68,7 @@ impl ProducerStats {
     }
 
     /// Adds what changed from `before` to `after` (counters only grow).
-    pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
+    pub(crate) fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
         macro_rules! each {
             ($($f:ident),*) => {
                 $(self.$f += after.$f.saturating_sub(before.$f);)*

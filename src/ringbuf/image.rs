@@ -266,7 +266,7 @@ pub struct Damage {
 impl Damage {
     /// Something was left out because it was damaged (not merely because
     /// a writer or a pass was busy with it when the process died).
-    pub fn is_damaged(&self) -> bool {
+    pub(crate) fn is_damaged(&self) -> bool {
         self.header_copy_damaged
             || self.meta_damaged
             || self.stats_unreadable
@@ -506,7 +506,7 @@ impl RingImage {
 
     /// The longest record a region may hold: what the engine takes (a
     /// chunk, or 1 MiB) with its header.
-    pub fn max_record(&self) -> usize {
+    pub(crate) fn max_record(&self) -> usize {
         (self.header.chunk_size as usize).max(super::BufferParams::MAX_PACKET_LEN)
             + super::MAX_SLOT_HEADER_BYTES
     }
@@ -524,7 +524,7 @@ impl RingImage {
     /// began inside it, where no check can see it (inside a string, say).
     /// Broken framing ends the region there, its rest counted. `buf` is
     /// reused between calls.
-    pub fn read_region(
+    pub(crate) fn read_region(
         &mut self,
         src: &dyn ReadAt,
         r: &RegionView,

@@ -498,7 +498,7 @@ const META_HEAD: usize = 24;
 
 impl Meta {
     /// Bytes the encoded meta takes.
-    pub fn encoded_len(clocks: usize, config: usize) -> usize {
+    pub(crate) fn encoded_len(clocks: usize, config: usize) -> usize {
         META_HEAD + clocks.min(MAX_CLOCKS) * 16 + 4 + config.min(MAX_CONFIG)
     }
 

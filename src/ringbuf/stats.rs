@@ -75,7 +75,7 @@ pub struct BufferStats {
 impl BufferStats {
     /// Packets and framed bytes discarded because DISCARD's buffer was full
     /// of unread data (the rest of the discards have their own reasons).
-    pub fn discarded_full(&self) -> (u64, u64) {
+    pub(crate) fn discarded_full(&self) -> (u64, u64) {
         (
             self.packets_discarded
                 .saturating_sub(self.packets_discarded_pinned + self.packets_discarded_held),

@@ -138,7 +138,7 @@ struct CounterRule {
 }
 
 /// The counter rules of one stats source.
-pub struct CounterWatch {
+pub(crate) struct CounterWatch {
     plan: RulePlan,
     rules: Vec<CounterRule>,
     /// Process names by pid (command base name), from process trees.
@@ -148,7 +148,7 @@ pub struct CounterWatch {
 impl CounterWatch {
     /// The counter rules `plan` has for a source of process stats
     /// (`processes`) or of system stats; `None` when there are none.
-    pub fn new(plan: &RulePlan, processes: bool) -> Option<CounterWatch> {
+    pub(crate) fn new(plan: &RulePlan, processes: bool) -> Option<CounterWatch> {
         let rules: Vec<CounterRule> = plan
             .rules
             .iter()
@@ -183,7 +183,7 @@ impl CounterWatch {
     }
 
     /// One packet the source wrote.
-    pub fn on_packet(&mut self, packet: &[u8]) {
+    pub(crate) fn on_packet(&mut self, packet: &[u8]) {
         let mut ts = 0;
         let mut body = None;
         for f in fields(packet).flatten() {

@@ -48,7 +48,7 @@ pub enum SourceError {
 impl SourceError {
     /// What went wrong, without the source's name (which `Display` leads
     /// with).
-    pub fn cause_text(&self) -> String {
+    pub(crate) fn cause_text(&self) -> String {
         match self {
             SourceError::Failed { cause, .. } => cause.to_string(),
             SourceError::FlushTimeout { timeout, .. } => {

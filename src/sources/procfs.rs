@@ -42,7 +42,7 @@ impl HostPaths {
     }
 
     /// Nanoseconds per `USER_HZ` tick.
-    pub fn ns_per_tick(&self) -> u64 {
+    pub(crate) fn ns_per_tick(&self) -> u64 {
         1_000_000_000 / self.user_hz
     }
 }

@@ -70,7 +70,7 @@ impl Compressed {
     /// For the first `written` bytes of [`slices`](Self::slices) (a prefix
     /// of whole records, as a cap keeps): the input bytes they hold and how
     /// many records they are.
-    pub fn input_of_prefix(&self, written: u64) -> (u64, u64) {
+    pub(crate) fn input_of_prefix(&self, written: u64) -> (u64, u64) {
         let (mut at, mut input, mut n) = (0u64, 0u64, 0u64);
         for ((head, frame), i) in self.records.iter().zip(&self.inputs) {
             at += (head.len() + frame.len()) as u64;
@@ -84,7 +84,7 @@ impl Compressed {
     }
 
     /// The TracePackets inside the first `written` bytes of whole records.
-    pub fn packets_of_prefix(&self, written: u64) -> u64 {
+    pub(crate) fn packets_of_prefix(&self, written: u64) -> u64 {
         let (mut at, mut n) = (0u64, 0u64);
         for ((head, frame), p) in self.records.iter().zip(&self.packets) {
             at += (head.len() + frame.len()) as u64;

@@ -66,7 +66,7 @@ pub enum CreateError {
 
 /// A file operation done by someone else (the broker) on a registered
 /// directory, after this process gave up the rights to do it itself.
-pub trait Delegate: Send + Sync + std::fmt::Debug {
+pub(crate) trait Delegate: Send + Sync + std::fmt::Debug {
     fn create(&self, dir: u32, name: &str, replace: bool) -> Result<OwnedFd, CreateError>;
     fn rename(&self, dir: u32, from: &str, to: &str) -> Result<(), CreateError>;
     fn remove(&self, dir: u32, name: &str) -> Result<(), CreateError>;
@@ -136,7 +136,7 @@ impl OutputDir {
 
     /// A directory already open (passed by another process), checked as
     /// [`OutputDir::open`] checks the directory itself.
-    pub fn from_fd(path: &Path, fd: OwnedFd) -> Result<Self, CreateError> {
+    pub(crate) fn from_fd(path: &Path, fd: OwnedFd) -> Result<Self, CreateError> {
         let me = rustix::process::geteuid().as_raw();
         check_dir(path, &fd, me).map_err(|why| CreateError::Refused {
             path: path.to_path_buf(),
@@ -151,14 +151,14 @@ impl OutputDir {
     }
 
     /// The directory holding `file` and the file's name in it.
-    pub fn of_file(file: &Path) -> Result<(Self, String), CreateError> {
+    pub(crate) fn of_file(file: &Path) -> Result<(Self, String), CreateError> {
         let (dir, name) = split(file)?;
         Ok((Self::open(&dir)?, name))
     }
 
     /// From now on, creations, renames and removals go to `delegate` under
     /// the id it registered this directory as.
-    pub fn delegate_to(&mut self, delegate: Arc<dyn Delegate>, id: u32) {
+    pub(crate) fn delegate_to(&mut self, delegate: Arc<dyn Delegate>, id: u32) {
         self.delegate = Some((delegate, id));
     }
 
@@ -222,7 +222,7 @@ impl OutputDir {
 
     /// A new file under a temporary name for `name` (`.NAME.tmp`, or with a
     /// random part when another entry holds that name).
-    pub fn create_temp(&self, name: &str) -> Result<(String, OwnedFd), CreateError> {
+    pub(crate) fn create_temp(&self, name: &str) -> Result<(String, OwnedFd), CreateError> {
         check_name(name)?;
         let mut tmp = format!(".{name}.tmp");
         for _ in 0..8 {
@@ -281,12 +281,6 @@ impl OutputDir {
         rustix::fs::fsync(&*self.fd).map_err(Into::into)
     }
 
-    /// The size of `name` (0 when it cannot be examined).
-    pub fn size_of(&self, name: &str) -> u64 {
-        rustix::fs::statat(&*self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_or(0, |st| st.st_size as u64)
-    }
-
     /// The names of the directory's entries (not `.` or `..`), read
     /// through the descriptor.
     pub fn entries(&self) -> std::io::Result<Vec<String>> {
@@ -320,14 +314,14 @@ impl OutputDir {
     /// `name` opened for reading when it is the regular file `id` (never
     /// through a link, never blocking on a FIFO); `None` when it is gone
     /// or anything else.
-    pub fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
+    pub(crate) fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
         open_if(self.fd(), name, id)
     }
 
     /// Removes `name` while it is the file `id`; false when it is not (gone,
     /// or another entry: left alone). Done here, not by a delegate: for the
     /// process that made the file (a hook runner, the broker).
-    pub fn remove_if(&self, name: &str, id: FileId) -> std::io::Result<bool> {
+    pub(crate) fn remove_if(&self, name: &str, id: FileId) -> std::io::Result<bool> {
         if !self.holds(name, id) {
             return Ok(false);
         }
@@ -342,7 +336,7 @@ impl OutputDir {
 
     /// Whether the directory's path still leads to this directory (the
     /// path others are given, a hook's, is this one).
-    pub fn path_leads_here(&self) -> bool {
+    pub(crate) fn path_leads_here(&self) -> bool {
         let here = rustix::fs::fstat(&*self.fd).map(|st| (st.st_dev, st.st_ino));
         let there = rustix::fs::stat(&self.path).map(|st| (st.st_dev, st.st_ino));
         matches!((here, there), (Ok(a), Ok(b)) if a == b)
@@ -350,7 +344,7 @@ impl OutputDir {
 
     /// A new directory of this user's alone (mode 0700) in this one, named
     /// `.BASE.RANDOM`: where a hook's links are made.
-    pub fn make_private_dir(&self, base: &str) -> std::io::Result<PrivateDir> {
+    pub(crate) fn make_private_dir(&self, base: &str) -> std::io::Result<PrivateDir> {
         let me = rustix::process::geteuid().as_raw();
         for _ in 0..8 {
             let name = format!(".{base}.{:016x}", rand::random::<u64>());
@@ -386,20 +380,20 @@ impl OutputDir {
 /// nobody else can add, swap or remove its entries, so a path through it
 /// keeps leading to what was linked there.
 #[derive(Debug)]
-pub struct PrivateDir {
+pub(crate) struct PrivateDir {
     parent: OutputDir,
     name: String,
     fd: OwnedFd,
 }
 
 impl PrivateDir {
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.parent.join(&self.name)
     }
 
     /// Links the entry `name` of `from` (itself, never what a symbolic
     /// link there points to) here under the same name.
-    pub fn link_from(&self, from: &OutputDir, name: &str) -> rustix::io::Result<()> {
+    pub(crate) fn link_from(&self, from: &OutputDir, name: &str) -> rustix::io::Result<()> {
         check_name(name).map_err(|_| Errno::INVAL)?;
         let link = || rustix::fs::linkat(from.fd(), name, &self.fd, name, AtFlags::empty());
         match link() {
@@ -412,22 +406,22 @@ impl PrivateDir {
     }
 
     /// Whether `name` here is the file `id`.
-    pub fn holds(&self, name: &str, id: FileId) -> bool {
+    pub(crate) fn holds(&self, name: &str, id: FileId) -> bool {
         holds(self.fd.as_fd(), name, id)
     }
 
     /// As [`OutputDir::open_if`], here.
-    pub fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
+    pub(crate) fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
         open_if(self.fd.as_fd(), name, id)
     }
 
     /// Removes the entry `name` here, if any.
-    pub fn unlink(&self, name: &str) {
+    pub(crate) fn unlink(&self, name: &str) {
         let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
     }
 
     /// Removes the directory (when empty: what a command left there stays).
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         if let Err(e) =
             rustix::fs::unlinkat(self.parent.fd(), self.name.as_str(), AtFlags::REMOVEDIR)
         {

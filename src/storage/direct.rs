@@ -383,7 +383,7 @@ impl<'a> AlignedPass<'a> {
 
     /// The last run, left unpadded (see [`Self::new`]) and not a whole number
     /// of blocks: to be written without `O_DIRECT`.
-    pub fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
+    pub(crate) fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
         match self.segs.last().map(|s| &s.seg) {
             Some(s @ Seg::Bounce(r)) if !r.len().is_multiple_of(self.align) => self.slice(s),
             _ => None,
@@ -391,12 +391,13 @@ impl<'a> AlignedPass<'a> {
     }
 
     /// Bytes of padding packets added.
-    pub fn padding_bytes(&self) -> u64 {
+    pub(crate) fn padding_bytes(&self) -> u64 {
         self.padding
     }
 
     /// Bytes written straight from the caller's memory.
-    pub fn direct_bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn direct_bytes(&self) -> u64 {
         self.segs
             .iter()
             .map(|s| match &s.seg {
@@ -411,7 +412,7 @@ impl<'a> AlignedPass<'a> {
     /// position, copied or not (copies count only once written, so that
     /// [`Self::output_of`] of anything at or below it is at or below
     /// `out_done`).
-    pub fn input_done(&self, out_done: u64) -> u64 {
+    pub(crate) fn input_done(&self, out_done: u64) -> u64 {
         let k = self
             .segs
             .partition_point(|s| s.out_start + s.out_len <= out_done);
@@ -424,7 +425,7 @@ impl<'a> AlignedPass<'a> {
     /// Where position `in_pos` of the caller's slices lies in the layout (a
     /// packet boundary there maps to one here: the bytes are the same, the
     /// padding follows a run's last packet).
-    pub fn output_of(&self, in_pos: u64) -> u64 {
+    pub(crate) fn output_of(&self, in_pos: u64) -> u64 {
         let k = self
             .segs
             .partition_point(|s| s.in_start + s.in_len < in_pos);

@@ -310,7 +310,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
     }
 
     /// Every byte has been handed out.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.cursor.is_done()
     }
 
@@ -371,7 +371,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
     /// the list that end within its first `n` bytes (`n` at most what was
     /// handed out), walked from the floor, a packet boundary: what a failed
     /// write keeps. Nothing below the floor is read (P1).
-    pub fn whole_packets_within(&self, n: u64) -> u64 {
+    pub(crate) fn whole_packets_within(&self, n: u64) -> u64 {
         let n = n.min(self.pos);
         if n <= self.floor {
             return n;

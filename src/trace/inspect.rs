@@ -291,7 +291,7 @@ impl InspectReport {
     }
 
     /// `Ok` for a valid trace (a torn tail allowed); the error otherwise.
-    pub fn verdict(&self) -> Result<(), InspectError> {
+    pub(crate) fn verdict(&self) -> Result<(), InspectError> {
         if let Some(c) = &self.corruption {
             return Err(InspectError::Corrupt(c.clone()));
         }

@@ -75,7 +75,8 @@ pub struct Field<'a> {
 }
 
 impl Field<'_> {
-    pub fn wire_type(&self) -> WireType {
+    #[cfg(test)]
+    pub(crate) fn wire_type(&self) -> WireType {
         match self.value {
             Value::Varint(_) => WireType::Varint,
             Value::Fixed64(_) => WireType::Fixed64,

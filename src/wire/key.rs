@@ -26,7 +26,7 @@ pub enum WireType {
 
 impl WireType {
     /// The wire type of a key's low three bits (`None` for 6 and 7).
-    pub const fn from_bits(bits: u8) -> Option<WireType> {
+    pub(crate) const fn from_bits(bits: u8) -> Option<WireType> {
         Some(match bits {
             0 => WireType::Varint,
             1 => WireType::Fixed64,

@@ -39,12 +39,14 @@ pub enum FilterExpr {
 
 impl FilterExpr {
     /// Every comparison, left to right.
-    pub fn compares(&self) -> Vec<&Compare> {
+    #[cfg(test)]
+    pub(crate) fn compares(&self) -> Vec<&Compare> {
         let mut out = Vec::new();
         self.walk(&mut out);
         out
     }
 
+    #[cfg(test)]
     fn walk<'a>(&'a self, out: &mut Vec<&'a Compare>) {
         match self {
             FilterExpr::And(a, b) | FilterExpr::Or(a, b) => {
@@ -84,7 +86,7 @@ pub enum FilterOp {
 }
 
 impl FilterOp {
-    pub fn from_op(op: &str) -> Option<Self> {
+    pub(crate) fn from_op(op: &str) -> Option<Self> {
         Some(match op {
             "==" => FilterOp::Eq,
             "!=" => FilterOp::Ne,
@@ -99,12 +101,12 @@ impl FilterOp {
     }
 
     /// Whether text fields take it.
-    pub fn for_text(self) -> bool {
+    pub(crate) fn for_text(self) -> bool {
         matches!(self, FilterOp::Eq | FilterOp::Ne | FilterOp::Glob)
     }
 
     /// Whether integer fields take it.
-    pub fn for_int(self) -> bool {
+    pub(crate) fn for_int(self) -> bool {
         self != FilterOp::Glob
     }
 }

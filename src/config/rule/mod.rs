@@ -371,7 +371,7 @@ impl Rule {
     }
 
     /// A filter's text, as the kernel takes it.
-    pub fn filter_text(&self, f: &Filter) -> &str {
+    pub(crate) fn filter_text(&self, f: &Filter) -> &str {
         self.source.slice(f.span)
     }
 }

@@ -270,7 +270,7 @@ impl IntAt {
 
     /// The raw little-endian value (no sign extension).
     #[inline(always)]
-    pub fn uint(self, rec: &[u8]) -> Option<u64> {
+    pub(crate) fn uint(self, rec: &[u8]) -> Option<u64> {
         // Branch-free for any width; only a record shorter than 8 bytes
         // takes the byte-wise read.
         match self.word(rec) {

@@ -334,14 +334,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     }
 
     /// See [`TracefsSession::hand_over`].
-    pub fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
+    pub(crate) fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
         self.session.as_mut()?.hand_over()
     }
 
     /// What reading the kernel's leftover of this recording needs, once
     /// prepared: for the broker, which reads it if the recorder dies
     /// ([`drain_leftover`]).
-    pub fn leftover(&self) -> Option<Leftover> {
+    pub(crate) fn leftover(&self) -> Option<Leftover> {
         Some(Leftover {
             dir: self.session.as_ref()?.dir().root().to_path_buf(),
             sequence_id: self.opts.sequence_id,
@@ -598,7 +598,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// After [`prepare`](Self::prepare), on the privileged side: hands the
     /// prepared instance over — what decoding needs, its descriptors (see
     /// [`remote::PreparedInfo`]) and its teardown — and keeps nothing of it.
-    pub fn export(
+    pub(crate) fn export(
         &mut self,
     ) -> Result<(remote::PreparedInfo, Vec<OwnedFd>, tracefs::TracefsTeardown), FtraceError> {
         let prepared = self
@@ -656,7 +656,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Takes an instance prepared elsewhere ([`export`](Self::export)), ready
     /// to [`arm`](Self::arm); the teardown stays with whoever prepared it.
-    pub fn adopt(
+    pub(crate) fn adopt(
         &mut self,
         info: remote::PreparedInfo,
         fds: Vec<OwnedFd>,
@@ -738,7 +738,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// meanwhile: the kernel checks a tracefs file's permission when it is
     /// opened, not when it is written. On error everything changed is put
     /// back.
-    pub fn prepare(&mut self) -> Result<(), FtraceError> {
+    pub(crate) fn prepare(&mut self) -> Result<(), FtraceError> {
         if self.prepared.is_some() || self.running.is_some() || self.output.is_none() {
             return Err(FtraceError::State("prepare twice"));
         }
@@ -1014,7 +1014,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// Writes the start FtraceStats, turns tracing on through the
     /// descriptor [`prepare`](Self::prepare) opened, and starts the reader.
     /// Needs no privileges.
-    pub fn arm(&mut self) -> Result<(), FtraceError> {
+    pub(crate) fn arm(&mut self) -> Result<(), FtraceError> {
         if self.running.is_some() {
             return Err(FtraceError::State("start twice"));
         }
@@ -1109,7 +1109,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// Events the kernel lost before they were read (overruns and dropped
     /// events, all CPUs) since tracing started: its counters now while
     /// running, those at the end after the stop.
-    pub fn kernel_lost(&self) -> u64 {
+    pub(crate) fn kernel_lost(&self) -> u64 {
         let now = if self.running.is_some() {
             events_lost(&self.cpu_stats())
         } else {
@@ -1145,7 +1145,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Drains when the period came, or early when a watched pipe was
     /// readable (`woken`).
-    pub fn on_due(&mut self, now: Instant, woken: bool) {
+    pub(crate) fn on_due(&mut self, now: Instant, woken: bool) {
         if let Some(r) = &mut self.running {
             r.on_due(now, woken);
         }
@@ -1247,7 +1247,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Closes every tracefs file held (an instance with a file open cannot
     /// be removed).
-    pub fn close_files(&mut self) {
+    pub(crate) fn close_files(&mut self) {
         self.prepared = None;
         self.stats_files.clear();
         self.tracing_on = None;

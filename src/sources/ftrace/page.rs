@@ -56,7 +56,7 @@ pub enum PageError {
 
 impl PageError {
     /// Perfetto's `FtraceParseStatus` number for this error.
-    pub fn parse_status(self) -> u32 {
+    pub(crate) fn parse_status(self) -> u32 {
         self as u32
     }
 }
@@ -154,7 +154,7 @@ impl<'p> EventIter<'p> {
 
     /// Walks `bytes[pos..end]`, events of one page whose running timestamp
     /// at `pos` is `ts` (a page's data, or the rest of it after a pause).
-    pub fn span(bytes: &'p [u8], pos: usize, end: usize, ts: u64) -> Self {
+    pub(crate) fn span(bytes: &'p [u8], pos: usize, end: usize, ts: u64) -> Self {
         let end = end.min(bytes.len());
         Self {
             page: bytes,

@@ -87,7 +87,7 @@ impl ReadMode {
 
     /// The mode [`READ_MODE_ENV`] names (`Read` when unset); a value it
     /// does not know is an error naming the ones it does.
-    pub fn from_env() -> Result<Self, UnknownReadMode> {
+    pub(crate) fn from_env() -> Result<Self, UnknownReadMode> {
         match std::env::var(READ_MODE_ENV) {
             Err(_) => Ok(Self::default()),
             Ok(v) => Self::parse(&v).ok_or(UnknownReadMode(v)),

@@ -174,7 +174,7 @@ impl FtraceRequest {
 /// descriptors come in the order `tracing_on`, each CPU's
 /// `trace_pipe_raw`, each CPU's `stats`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct PreparedInfo {
+pub(crate) struct PreparedInfo {
     pub cpus: Vec<u32>,
     pub header_page: String,
     pub header_event: String,
@@ -188,7 +188,7 @@ pub struct PreparedInfo {
 
 impl PreparedInfo {
     /// How many descriptors come with it.
-    pub fn fd_count(&self) -> usize {
+    pub(crate) fn fd_count(&self) -> usize {
         1 + 2 * self.cpus.len()
     }
 }

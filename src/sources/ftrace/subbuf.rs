@@ -57,7 +57,7 @@ impl SubbufSize {
     }
 
     /// The size [`SUBBUF_ENV`] asks for (`Auto` when unset).
-    pub fn from_env() -> Result<Self, BadSubbufSize> {
+    pub(crate) fn from_env() -> Result<Self, BadSubbufSize> {
         match std::env::var(SUBBUF_ENV) {
             Err(_) => Ok(Self::Auto),
             Ok(v) => Self::parse(&v).ok_or(BadSubbufSize(v)),

@@ -160,7 +160,7 @@ impl Tracefs {
     /// when it died during its set-up: its instances (`recorder-<pid>`,
     /// `recorder-<pid>-<n>`, tracing off first) and its kprobes (group
     /// `recorder_<pid>`). Returns what was removed.
-    pub fn remove_leftovers_of(&self, pid: u32) -> Vec<String> {
+    pub(crate) fn remove_leftovers_of(&self, pid: u32) -> Vec<String> {
         let mut removed = Vec::new();
         let own = format!("{INSTANCE_PREFIX}{pid}");
         for name in list_dirs(&self.path("instances")) {

@@ -956,7 +956,7 @@ impl Watch {
 
     /// Events that `freeze` rules stop the kernel at, with their filters:
     /// `(group, name, filter)`.
-    pub fn freezes(plan: &RulePlan) -> Vec<(String, String, Option<String>)> {
+    pub(crate) fn freezes(plan: &RulePlan) -> Vec<(String, String, Option<String>)> {
         plan.rules
             .iter()
             .filter(|r| r.freeze.is_some())
@@ -985,7 +985,7 @@ impl Watch {
     /// checks lie in one run of memory, so what it costs is a few
     /// predictable branches and adjacent loads.
     #[inline(never)]
-    pub fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
+    pub(crate) fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
         let Watch {
             hooks,
             event_hooks,
@@ -1131,7 +1131,7 @@ impl Watch {
     /// took (`armed`: its events) and that matched, how long after its
     /// match the last event of any CPU was (`last_ts`, trace clock), in the
     /// rule's tally.
-    pub fn note_freeze(&self, last_ts: u64, armed: &[(String, String)]) {
+    pub(crate) fn note_freeze(&self, last_ts: u64, armed: &[(String, String)]) {
         for r in &self.events {
             if let Some(Some(at)) = r.freeze
                 && armed.contains(&r.event)

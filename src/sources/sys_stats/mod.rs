@@ -74,7 +74,7 @@ impl Group {
     ];
 
     /// The config field that sets this group's period.
-    pub fn period_field(self) -> &'static str {
+    pub(crate) fn period_field(self) -> &'static str {
         match self {
             Group::Meminfo => "meminfo_period_ms",
             Group::Vmstat => "vmstat_period_ms",
@@ -110,7 +110,7 @@ impl Group {
     }
 
     /// Groups this build reads; others only take part in the tick rules.
-    pub fn is_supported(self) -> bool {
+    pub(crate) fn is_supported(self) -> bool {
         !matches!(self, Group::Gpufreq | Group::Slab)
     }
 }
@@ -169,7 +169,7 @@ impl Schedule {
     }
 
     /// Whether `g` is read on tick number `tick` (0-based).
-    pub fn is_due(&self, g: Group, tick: u64) -> bool {
+    pub(crate) fn is_due(&self, g: Group, tick: u64) -> bool {
         let n = self.every(g);
         n != 0 && tick.is_multiple_of(u64::from(n))
     }
@@ -216,11 +216,6 @@ impl SysStatsSource {
 
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
-    }
-
-    /// Ticks whose packet exceeded the maximum size and were not written.
-    pub fn oversized_ticks(&self) -> u64 {
-        self.oversized_ticks
     }
 
     /// Reads what is due on the next tick and writes its packet.

@@ -180,7 +180,7 @@ pub struct SegmentsStatus {
 
 impl SegmentsStatus {
     /// Bytes written over all segments, before and after compression.
-    pub fn totals(&self) -> (u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64) {
         self.segments
             .iter()
             .fold((0, 0), |(u, c), s| (u + s.uncompressed_bytes, c + s.bytes))
