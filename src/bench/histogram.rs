@@ -69,10 +69,10 @@ impl LatencyHistogram {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Percentiles {
     pub count: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
+    pub(crate) p50_ns: u64,
+    pub(crate) p99_ns: u64,
+    pub(crate) p999_ns: u64,
+    pub(crate) max_ns: u64,
 }
 
 /// Formats nanoseconds for people: `850ns`, `12.3us`, `4.56ms`, `1.20s`.

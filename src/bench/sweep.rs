@@ -39,14 +39,14 @@ pub enum OutputPlan {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
     pub writers: usize,
-    pub packet_sizes: Vec<usize>,
+    pub(crate) packet_sizes: Vec<usize>,
     pub policies: Vec<FillPolicy>,
     pub buffer_kb: Vec<u64>,
     /// Empty: the engine's default chunk size for each buffer size.
-    pub chunk_kb: Vec<u64>,
-    pub write_period_ms: Vec<u64>,
+    pub(crate) chunk_kb: Vec<u64>,
+    pub(crate) write_period_ms: Vec<u64>,
     /// Total offered rate; `None` is as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     pub stop: StopAt,
     pub output: OutputPlan,
     pub io: IoChoice,

@@ -7,19 +7,19 @@ use serde::Serialize;
 /// CPU time used by the whole process so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct CpuTimes {
-    pub user_s: f64,
-    pub sys_s: f64,
+    pub(crate) user_s: f64,
+    pub(crate) sys_s: f64,
 }
 
 /// CPU seconds spent in one configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct CpuUsage {
     /// User time (clock-tick resolution, usually 10 ms).
-    pub user_s: f64,
+    pub(crate) user_s: f64,
     /// System time (clock-tick resolution).
-    pub sys_s: f64,
+    pub(crate) sys_s: f64,
     /// User + system from the process CPU clock (nanosecond resolution).
-    pub total_s: f64,
+    pub(crate) total_s: f64,
 }
 
 /// Parses utime and stime (fields 14 and 15, in clock ticks) from the text

@@ -34,7 +34,7 @@ pub struct WriterPlan {
     /// Bytes of the TestEvent `str` filler.
     pub filler_len: usize,
     /// Packets per second, or as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     /// Packets to offer, or until stopped.
     pub packets: Option<u64>,
     pub seed: u32,
@@ -45,7 +45,7 @@ pub struct WriterPlan {
 pub(crate) struct WriterProgress {
     pub offered: AtomicU64,
     /// Framed bytes offered (accepted or not).
-    pub offered_bytes: AtomicU64,
+    pub(crate) offered_bytes: AtomicU64,
     pub done: AtomicBool,
 }
 
@@ -60,12 +60,12 @@ pub struct WriterOutcome {
     pub first_accepted: Option<u64>,
     pub last_accepted: Option<u64>,
     pub dropped: u64,
-    pub offered_bytes: u64,
-    pub accepted_bytes: u64,
+    pub(crate) offered_bytes: u64,
+    pub(crate) accepted_bytes: u64,
     pub write: LatencyHistogram,
-    pub acquire: LatencyHistogram,
+    pub(crate) acquire: LatencyHistogram,
     /// Acquisitions that found no chunk (the packet was dropped).
-    pub acquire_failures: u64,
+    pub(crate) acquire_failures: u64,
     /// From the common start to the last packet offered.
     pub elapsed: Duration,
     /// When the last packet was offered.

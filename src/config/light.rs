@@ -86,11 +86,11 @@ pub(crate) const DISKSTAT_PERIOD_MS: u64 = 1000;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LightRequest {
     /// `-t` in milliseconds (`None`: [`DEFAULT_TIME_MS`]; 0: no duration).
-    pub time_ms: Option<u64>,
+    pub(crate) time_ms: Option<u64>,
     /// `-b` in KiB (`None`: [`DEFAULT_BUFFER_KB`]).
     pub buffer_kb: Option<u64>,
     /// `-s` in KiB: stream to the file and stop at this size.
-    pub max_file_size_kb: Option<u64>,
+    pub(crate) max_file_size_kb: Option<u64>,
     /// Events (`GROUP/NAME`, `GROUP/*`) and categories, in order.
     pub words: Vec<String>,
 }

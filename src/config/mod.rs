@@ -97,7 +97,7 @@ pub enum ConfigForm {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Parse as text even if the bytes do not look like text (`--txt`).
-    pub force_text: bool,
+    pub(crate) force_text: bool,
     /// Skip unknown text fields instead of failing (`--txt-lossy`; implies text).
     pub lossy: bool,
 }

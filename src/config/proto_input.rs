@@ -77,7 +77,7 @@ pub(crate) struct Budget(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputFile {
     pub dev: u64,
-    pub ino: u64,
+    pub(crate) ino: u64,
     pub path: PathBuf,
 }
 

@@ -64,11 +64,11 @@ pub(crate) const MAX_BUFFER_BYTES: u64 = 2 << 30;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Limits {
     pub sessions: usize,
-    pub sessions_per_uid: usize,
+    pub(crate) sessions_per_uid: usize,
     pub connections: usize,
     pub connections_per_uid: usize,
     pub buffer_bytes: u64,
-    pub buffer_bytes_per_uid: u64,
+    pub(crate) buffer_bytes_per_uid: u64,
 }
 
 impl Default for Limits {

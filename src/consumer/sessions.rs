@@ -52,16 +52,16 @@ pub(crate) enum Holder {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Entry {
     pub uid: u32,
-    pub unique_name: Option<String>,
+    pub(crate) unique_name: Option<String>,
     pub buffer_kb: Vec<u32>,
     /// Bytes charged to the uid: its buffers, and a stream output's
     /// backlog bound.
-    pub charged_bytes: u64,
+    pub(crate) charged_bytes: u64,
     pub duration_ms: u32,
     pub data_sources: u32,
-    pub start_realtime_ns: i64,
+    pub(crate) start_realtime_ns: i64,
     /// Its flush and stop timeouts: how long a stop may take.
-    pub stop_budget: Duration,
+    pub(crate) stop_budget: Duration,
 }
 
 /// One hosted session.
@@ -73,14 +73,14 @@ pub(crate) struct Hosted {
     pub holder: Holder,
     /// The held EnableTracing reply: the connection and request to tell of
     /// the end.
-    pub end_to: Option<(ConnId, u64)>,
+    pub(crate) end_to: Option<(ConnId, u64)>,
     /// `None` while it runs; then its error (`None`: it ended well).
     pub ended: Option<Option<String>>,
     /// The in-memory trace file ReadBuffers reads; none when the data went
     /// to the client's own file.
     pub file: Option<File>,
     /// Where the last ReadBuffers ended.
-    pub readback: Option<Readback>,
+    pub(crate) readback: Option<Readback>,
     /// The TraceConfig as the consumer sent it (Attach returns it).
     pub config: Vec<u8>,
     /// `all_data_sources_started` came.
@@ -89,10 +89,10 @@ pub(crate) struct Hosted {
     /// has not ended by then.
     pub deadline: Option<Instant>,
     /// Its buffers' figures at its end.
-    pub final_buffers: Vec<BufferSummary>,
+    pub(crate) final_buffers: Vec<BufferSummary>,
     /// The broker holds what it saves of this session if the service
     /// dies: told when it ends.
-    pub saved_at_death: bool,
+    pub(crate) saved_at_death: bool,
 }
 
 impl Hosted {

@@ -48,7 +48,7 @@ pub(crate) struct SessionEndpoint {
     pub trigger: PathBuf,
     pub control: PathBuf,
     /// Owner of the trigger socket file.
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
     /// The directory, when stale entries may be removed from it.
     cleanup: Option<RuntimeDir>,
 }

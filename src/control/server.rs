@@ -64,7 +64,7 @@ struct ReplyTo {
 #[derive(Debug)]
 pub(crate) struct Incoming {
     pub request: Request,
-    pub peer_uid: u32,
+    pub(crate) peer_uid: u32,
     reply: ReplyTo,
 }
 

@@ -154,11 +154,11 @@ pub struct BufferStatus {
     pub index: u32,
     pub policy: String,
     pub size_bytes: u64,
-    pub buffered_bytes: u64,
+    pub(crate) buffered_bytes: u64,
     pub bytes_written: u64,
     pub bytes_overwritten: u64,
     pub bytes_discarded: u64,
-    pub packets_lost: u64,
+    pub(crate) packets_lost: u64,
 }
 
 /// A live session's status, as `recorder query` shows it.
@@ -170,16 +170,16 @@ pub struct SessionStatus {
     pub output: String,
     /// `waiting for trigger`, `recording`, `stopping`.
     pub state: String,
-    pub elapsed_ms: u64,
+    pub(crate) elapsed_ms: u64,
     pub bytes_written: u64,
     pub buffers: Vec<BufferStatus>,
-    pub control_requests_refused: u64,
+    pub(crate) control_requests_refused: u64,
     /// Segmented output: the segments so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<Box<crate::storage::segment::SegmentsStatus>>,
     /// Where Perfetto SDK apps connect, when the session listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub producer_socket: Option<String>,
+    pub(crate) producer_socket: Option<String>,
     /// The apps that connected (at most [`MAX_PRODUCERS_SHOWN`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub producers: Vec<ProducerStatus>,
@@ -203,7 +203,7 @@ pub struct RuleStatus {
     /// The rule as written (cut to [`MAX_RULE_TEXT_SHOWN`] characters).
     pub text: String,
     pub matched: u64,
-    pub suppressed: u64,
+    pub(crate) suppressed: u64,
     pub fired: u64,
     /// Firings the session acted on.
     pub accepted: u64,
@@ -226,9 +226,9 @@ pub struct UidQuotaStatus {
     #[serde(default)]
     pub closed_producers: u64,
     #[serde(default)]
-    pub closed_packets: u64,
+    pub(crate) closed_packets: u64,
     #[serde(default)]
-    pub closed_bytes: u64,
+    pub(crate) closed_bytes: u64,
 }
 
 impl UidQuotaStatus {
@@ -277,7 +277,7 @@ pub struct ProducerStatus {
     pub losses: Vec<(String, u64)>,
     /// Chunks read by scraping before their commit.
     #[serde(default)]
-    pub chunks_scraped: u64,
+    pub(crate) chunks_scraped: u64,
 }
 
 /// A reply to a client.

@@ -38,12 +38,12 @@ struct StateRule {
 pub(crate) struct StateView<'a> {
     pub buffers: &'a [BufferStats],
     /// Events the sources lost upstream of the buffers (the kernel's).
-    pub upstream_lost: u64,
+    pub(crate) upstream_lost: u64,
     /// Segments the disk budget deleted.
-    pub segments_deleted: u64,
+    pub(crate) segments_deleted: u64,
     /// Bytes in the output so far, and `max_file_size_bytes`.
     pub written: u64,
-    pub max_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
 }
 
 /// One rule's figures.
@@ -52,19 +52,19 @@ pub(crate) struct RuleReport {
     pub name: String,
     pub text: String,
     pub matched: u64,
-    pub suppressed: u64,
+    pub(crate) suppressed: u64,
     pub fired: u64,
     /// Firings the session acted on.
     pub accepted: u64,
     pub refused: u64,
     /// From the matched event to the runner, over the firings: median and
     /// most (ns).
-    pub delay_median_ns: Option<u64>,
-    pub delay_max_ns: Option<u64>,
+    pub(crate) delay_median_ns: Option<u64>,
+    pub(crate) delay_max_ns: Option<u64>,
     /// `freeze`: the last event in the kernel's buffers after the match (ns).
-    pub frozen_after_ns: Option<u64>,
+    pub(crate) frozen_after_ns: Option<u64>,
     /// Why the session refused the last refused firing.
-    pub last_refusal: Option<String>,
+    pub(crate) last_refusal: Option<String>,
 }
 
 /// A session's rules at its runner.

@@ -405,7 +405,7 @@ pub(crate) struct Registration<'a> {
     pub dirs: Vec<(BorrowedFd<'a>, Vec<String>, Vec<String>)>,
     /// Sockets to remove at the end: (directory, name).
     pub leftovers: Vec<(BorrowedFd<'a>, String)>,
-    pub teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
+    pub(crate) teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
     /// The `--on-segment-closed` command, the segments' directory (an
     /// index into `dirs`) and the command's timeout.
     pub hook: Option<(String, usize, Duration)>,
@@ -413,14 +413,14 @@ pub(crate) struct Registration<'a> {
     /// trace file (with its name and the recorder's pid), the ring
     /// directory and its files, the tracefs recording directories.
     pub rings: Vec<(u32, BorrowedFd<'a>)>,
-    pub save_to: Option<(BorrowedFd<'a>, String, u32)>,
+    pub(crate) save_to: Option<(BorrowedFd<'a>, String, u32)>,
     /// Or, for a segmented session, its segments' directory and names.
-    pub save_to_segments: Option<(
+    pub(crate) save_to_segments: Option<(
         BorrowedFd<'a>,
         crate::storage::segment::names::SegmentNames,
         u32,
     )>,
-    pub ring_files: Option<(BorrowedFd<'a>, Vec<String>)>,
+    pub(crate) ring_files: Option<(BorrowedFd<'a>, Vec<String>)>,
     pub drains: Vec<crate::sources::ftrace::Leftover>,
 }
 

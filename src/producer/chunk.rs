@@ -29,8 +29,8 @@ const MAX_LEN_BYTES: usize = 4;
 /// The header of a chunk, untrusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ChunkHeader {
-    pub chunk_id: u32,
-    pub writer_id: u16,
+    pub(crate) chunk_id: u32,
+    pub(crate) writer_id: u16,
     pub count: u16,
     pub flags: u8,
 }

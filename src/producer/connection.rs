@@ -68,8 +68,8 @@ pub struct Registered {
     pub name: String,
     pub id: u64,
     pub will_notify_on_start: bool,
-    pub will_notify_on_stop: bool,
-    pub no_flush: bool,
+    pub(crate) will_notify_on_stop: bool,
+    pub(crate) no_flush: bool,
 }
 
 /// A data source instance started on this producer.
@@ -78,18 +78,18 @@ pub struct Instance {
     /// The attached session it belongs to.
     pub session: u64,
     /// Index into that session's config data sources.
-    pub wanted: usize,
+    pub(crate) wanted: usize,
     pub name: String,
     /// Global buffer id (index + 1).
     pub buffer: u32,
-    pub no_flush: bool,
+    pub(crate) no_flush: bool,
     pub will_notify_on_start: bool,
-    pub will_notify_on_stop: bool,
+    pub(crate) will_notify_on_stop: bool,
     /// The DataSourceConfig it was set up with (StartDataSource repeats it).
     pub config: Vec<u8>,
     /// StartDataSource was sent.
     pub started: bool,
-    pub started_ack: bool,
+    pub(crate) started_ack: bool,
     pub stopping: bool,
 }
 

@@ -237,7 +237,7 @@ pub struct UidReport {
     /// Closed producers folded here (past [`MAX_CLOSED_KEPT`]).
     pub closed_producers: u64,
     /// What they did in all.
-    pub closed_stats: ProducerStats,
+    pub(crate) closed_stats: ProducerStats,
 }
 
 /// What one uid's producers hold now, shared by their connections' [`Holds`].

@@ -227,7 +227,7 @@ pub struct RegionView {
     pub open: bool,
     /// The writer lost data right before these bytes: a loss marker goes
     /// first.
-    pub loss_before: bool,
+    pub(crate) loss_before: bool,
 }
 
 /// What was left out of a ring, and why; every count is also what the
@@ -235,32 +235,32 @@ pub struct RegionView {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Damage {
     /// The first header copy was damaged (the second was used).
-    pub header_copy_damaged: bool,
+    pub(crate) header_copy_damaged: bool,
     /// Both meta copies were damaged: no config, no clock snapshot.
-    pub meta_damaged: bool,
+    pub(crate) meta_damaged: bool,
     /// The counters were caught mid-update or damaged.
-    pub stats_unreadable: bool,
+    pub(crate) stats_unreadable: bool,
     /// The file is shorter than its header says.
     pub truncated: bool,
     /// Table entries the process was rewriting when it died.
-    pub entries_mid_update: u64,
+    pub(crate) entries_mid_update: u64,
     /// Table entries that cannot be (out of range, impossible lengths).
-    pub entries_invalid: u64,
+    pub(crate) entries_invalid: u64,
     /// Region heads inside another region.
-    pub regions_overlapping: u64,
+    pub(crate) regions_overlapping: u64,
     /// Regions a writer held when the process died (a packet it had begun
     /// and not committed is left out of each).
-    pub regions_open: u64,
+    pub(crate) regions_open: u64,
     /// Regions a write pass held (its bytes were on their way to the file).
-    pub regions_in_flight: u64,
+    pub(crate) regions_in_flight: u64,
     /// Regions (or their ends) past the end of a truncated file.
-    pub regions_beyond_end: u64,
+    pub(crate) regions_beyond_end: u64,
     /// Records whose framing broke, and the bytes after them in their
     /// region.
-    pub bytes_unframed: u64,
+    pub(crate) bytes_unframed: u64,
     /// Whole records that are not packets of their region's writer.
-    pub packets_invalid: u64,
-    pub bytes_invalid: u64,
+    pub(crate) packets_invalid: u64,
+    pub(crate) bytes_invalid: u64,
 }
 
 impl Damage {
@@ -328,8 +328,6 @@ pub struct RingImage {
     /// data left).
     pub writers: Vec<u32>,
     pub damage: Damage,
-    /// The file's size when it was read.
-    pub file_len: u64,
 }
 
 impl RingImage {
@@ -370,7 +368,6 @@ impl RingImage {
             regions: Vec::new(),
             writers: Vec::new(),
             damage,
-            file_len,
         };
         image.read_table(src)?;
         Ok(image)

@@ -137,7 +137,7 @@ pub(crate) struct Desc {
     /// [`flags`] bits.
     pub flags: AtomicU32,
     /// Unreleased batches holding the region.
-    pub pins: AtomicU32,
+    pub(crate) pins: AtomicU32,
     _reserved: AtomicU64,
 }
 
@@ -244,10 +244,10 @@ pub struct RingIdentity {
 /// Where each area lies, for a buffer's sizes and meta length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
-    pub meta_a: u64,
-    pub meta_b: u64,
+    pub(crate) meta_a: u64,
+    pub(crate) meta_b: u64,
     /// Bytes reserved for each meta copy (page-rounded).
-    pub meta_len: u64,
+    pub(crate) meta_len: u64,
     pub live: u64,
     pub table: u64,
     pub data: u64,
@@ -288,16 +288,16 @@ impl Layout {
 /// The core header, as written and read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoreHeader {
-    pub file_len: u64,
+    pub(crate) file_len: u64,
     pub chunk_size: u32,
     pub chunk_count: u32,
     pub region_chunks: u32,
     pub policy: FillPolicy,
     pub index: u32,
     pub count: u32,
-    pub meta_a: u64,
-    pub meta_b: u64,
-    pub meta_len: u32,
+    pub(crate) meta_a: u64,
+    pub(crate) meta_b: u64,
+    pub(crate) meta_len: u32,
     pub live: u64,
     pub table: u64,
     pub data: u64,

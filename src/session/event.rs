@@ -45,10 +45,10 @@ pub(crate) enum Timer {
 pub(crate) struct TriggerName {
     pub name: String,
     /// A uniform random number in [0, 1) for `skip_probability`.
-    pub draw: f64,
+    pub(crate) draw: f64,
     /// How many times this name was accepted in the last 24 hours
     /// (machine-wide), for `max_per_24_h`.
-    pub matches_last_24h: u32,
+    pub(crate) matches_last_24h: u32,
 }
 
 /// Triggers from one sender.
@@ -63,7 +63,7 @@ pub(crate) struct TriggerArrival {
     pub names: Vec<TriggerName>,
     /// When what fired them happened (BOOTTIME ns): a rule's matched event,
     /// written as the `trigger` packet's time; `None`: when they arrived.
-    pub at_ns: Option<u64>,
+    pub(crate) at_ns: Option<u64>,
 }
 
 /// Inputs to the session.
@@ -165,7 +165,7 @@ impl std::fmt::Display for SourceFailure {
 pub(crate) struct SegmentFill {
     pub bytes: u64,
     /// Time since it was opened.
-    pub age: Duration,
+    pub(crate) age: Duration,
 }
 
 /// Which write pass.
@@ -183,11 +183,11 @@ pub(crate) struct AcceptedTrigger {
     pub name: String,
     pub producer: String,
     pub uid: u32,
-    pub stop_delay: Duration,
+    pub(crate) stop_delay: Duration,
     /// The snapshot this trigger takes (CLONE_SNAPSHOT).
     pub snapshot: Option<u32>,
     /// When what fired it happened (see [`TriggerArrival::at_ns`]).
-    pub at_ns: Option<u64>,
+    pub(crate) at_ns: Option<u64>,
 }
 
 /// Why a trigger was not acted on.

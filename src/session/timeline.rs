@@ -23,10 +23,10 @@ pub(crate) enum TriggerMode {
 pub(crate) struct TriggerRule {
     pub name: String,
     /// Pattern on the sending producer's name, compiled with [`anchored`].
-    pub producer_regex: Option<regex::Regex>,
-    pub stop_delay: Duration,
+    pub(crate) producer_regex: Option<regex::Regex>,
+    pub(crate) stop_delay: Duration,
     /// 0: unlimited.
-    pub max_per_24h: u32,
+    pub(crate) max_per_24h: u32,
     pub skip_probability: f64,
 }
 
@@ -47,29 +47,29 @@ pub(crate) struct Timeline {
     /// `duration_ms`; `None` for "until stopped".
     pub duration: Option<Duration>,
     pub mode: TriggerMode,
-    pub trigger_timeout: Duration,
+    pub(crate) trigger_timeout: Duration,
     pub rules: Vec<TriggerRule>,
     /// The write period when streaming (`write_into_file`).
     pub write_period: Option<Duration>,
     /// How often the trace gets `trace_stats`, the sync marker and a clock
     /// snapshot (`builtin_data_sources.snapshot_interval_ms`, default 10 s).
-    pub stats_period: Duration,
+    pub(crate) stats_period: Duration,
     pub flush: FlushCadence,
     /// Bound on one flush of the data sources (`flush_timeout_ms`).
-    pub flush_timeout: Duration,
+    pub(crate) flush_timeout: Duration,
     /// Bound on the data sources' stop (`data_source_stop_timeout_ms`).
-    pub stop_timeout: Duration,
+    pub(crate) stop_timeout: Duration,
     /// `incremental_state_config.clear_period_ms`.
-    pub clear_period: Option<Duration>,
+    pub(crate) clear_period: Option<Duration>,
     /// `deferred_start`: configured, but records only after `recorder start`.
     pub deferred_start: bool,
     /// Segmented output: when to cut (`--rotate-size`, `--rotate-period`).
     pub rotation: Option<RotationPolicy>,
     /// How many CLONE_SNAPSHOT snapshots the session may write.
-    pub snapshot_budget: SnapshotBudget,
+    pub(crate) snapshot_budget: SnapshotBudget,
     /// fdatasync after every write pass (`fdatasync_each_pass`); the final
     /// pass always syncs.
-    pub sync_each_pass: bool,
+    pub(crate) sync_each_pass: bool,
     /// What a snapshot does to each buffer, in the config's order.
     pub clone: Vec<CloneRule>,
 }
@@ -79,9 +79,9 @@ pub(crate) struct Timeline {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CloneRule {
     /// The snapshot consumes the buffer's data instead of copying it.
-    pub transfer: bool,
+    pub(crate) transfer: bool,
     /// The buffer is emptied when the snapshot begins, before its flush.
-    pub clear_first: bool,
+    pub(crate) clear_first: bool,
 }
 
 impl CloneRule {
@@ -101,16 +101,16 @@ impl CloneRule {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SnapshotBudget {
     /// Snapshots in all.
-    pub max_count: u32,
+    pub(crate) max_count: u32,
     /// Bytes in all, counting each snapshot at its largest (`bytes_each`).
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
     /// The most one snapshot can hold: every buffer full.
-    pub bytes_each: u64,
+    pub(crate) bytes_each: u64,
     /// The session's user. Its triggers and root's always find room: a
     /// quarter of the budget ([`SnapshotBudget::reserved`]) is theirs alone,
     /// and every other uid may take at most its share of the rest
     /// ([`SnapshotBudget::share`]).
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
 }
 
 /// Snapshots a session writes at most unless told otherwise.

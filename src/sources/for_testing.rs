@@ -24,7 +24,7 @@ pub(crate) struct TestOptions {
     pub max_messages_per_second: u32,
     pub message_size: u32,
     pub seed: u32,
-    pub send_batch_on_register: bool,
+    pub(crate) send_batch_on_register: bool,
 }
 
 /// The source of one session: its writer and where it is in its sequence.

@@ -16,9 +16,9 @@ pub struct HostPaths {
     /// procfs root, normally `/proc`.
     pub proc_root: PathBuf,
     /// sysfs root, normally `/sys`.
-    pub sys_root: PathBuf,
+    pub(crate) sys_root: PathBuf,
     /// `USER_HZ`: the unit of the tick counts in `/proc/stat`.
-    pub user_hz: u64,
+    pub(crate) user_hz: u64,
 }
 
 impl Default for HostPaths {

@@ -76,9 +76,9 @@ pub struct PassReport {
     /// stage asked for the count (segments do, for their sidecars).
     pub packets: u64,
     /// The cap was reached: the session must stop.
-    pub cap_reached: bool,
+    pub(crate) cap_reached: bool,
     /// Bytes the cap left out of this pass (records not written).
-    pub cut_bytes: u64,
+    pub(crate) cut_bytes: u64,
     pub duration: Duration,
 }
 
@@ -143,7 +143,7 @@ pub struct PassError {
     /// Bytes of this pass kept in the file (whole packets).
     pub kept_bytes: u64,
     /// Bytes of this pass that are not in the file.
-    pub unwritten_bytes: u64,
+    pub(crate) unwritten_bytes: u64,
 }
 
 /// Runs one pass over `buffers` (each with how to take its data) into

@@ -26,19 +26,19 @@ pub(crate) struct SegmentSeen {
     pub bytes: u64,
     pub packets: u64,
     /// Bytes of the packets, decompressed (equal to `bytes` when uncompressed).
-    pub uncompressed_bytes: u64,
-    pub first_timestamp: Option<u64>,
-    pub last_timestamp: Option<u64>,
+    pub(crate) uncompressed_bytes: u64,
+    pub(crate) first_timestamp: Option<u64>,
+    pub(crate) last_timestamp: Option<u64>,
     /// Packets marked `previous_packet_dropped` in it.
-    pub packets_after_loss: u64,
+    pub(crate) packets_after_loss: u64,
     /// The sidecar's account of loss (bytes), and why.
-    pub sidecar_lost_bytes: Option<u64>,
+    pub(crate) sidecar_lost_bytes: Option<u64>,
     /// Events its sources lost before their buffers, per the sidecar.
-    pub sidecar_lost_events_upstream: Option<u64>,
-    pub sidecar_loss_why: Vec<String>,
+    pub(crate) sidecar_lost_events_upstream: Option<u64>,
+    pub(crate) sidecar_loss_why: Vec<String>,
     /// Whether it has a sidecar, and whether size and sha256 match it.
     pub sidecar: bool,
-    pub sidecar_matches: Option<bool>,
+    pub(crate) sidecar_matches: Option<bool>,
     /// Its own problem, if it is not a valid trace.
     pub error: Option<String>,
     /// `for_testing` counters per sequence: (first, last).
@@ -55,7 +55,7 @@ pub(crate) struct Cut {
     /// Segments missing between them (deleted by a budget, or lost).
     pub missing_segments: u64,
     /// ns from the last timestamped packet of one to the first of the next.
-    pub time_gap_ns: Option<i64>,
+    pub(crate) time_gap_ns: Option<i64>,
     /// for_testing counters skipped (`missing`) or repeated at the cut, per sequence.
     pub counters_missing: u64,
     pub counters_repeated: u64,
@@ -69,7 +69,7 @@ pub(crate) struct SetReport {
     pub segments: Vec<SegmentSeen>,
     pub cuts: Vec<Cut>,
     pub bytes: u64,
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     pub packets: u64,
 }
 

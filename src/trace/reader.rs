@@ -217,7 +217,7 @@ impl BundleInfo {
 pub(crate) struct FtraceStatsInfo {
     /// 1 start of trace, 2 end of trace.
     pub phase: u64,
-    pub lost_per_cpu: Vec<(u64, u64)>,
+    pub(crate) lost_per_cpu: Vec<(u64, u64)>,
 }
 
 impl FtraceStatsInfo {
@@ -298,13 +298,13 @@ pub(crate) struct PacketInfo {
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
     /// `for_testing.counter` (0, 1, 2, … per sequence).
-    pub for_testing_counter: Option<u64>,
+    pub(crate) for_testing_counter: Option<u64>,
     /// The TracingServiceEvent fields set, in order.
     pub service_events: Vec<u32>,
     /// Decoded when the packet is a `trace_stats` one.
     pub trace_stats: Option<TraceStatsInfo>,
     /// Decoded when the packet is an ftrace bundle.
-    pub ftrace_bundle: Option<BundleInfo>,
+    pub(crate) ftrace_bundle: Option<BundleInfo>,
     /// Decoded when the packet is an `ftrace_stats` one.
     pub ftrace_stats: Option<FtraceStatsInfo>,
 }

@@ -94,7 +94,7 @@ pub struct SalvageReport {
     pub bytes: u64,
     pub loss_markers: u64,
     /// Packets written after the buffers' (the kernel's ftrace leftover).
-    pub extra_packets: u64,
+    pub(crate) extra_packets: u64,
     /// Buffers read.
     pub buffers: usize,
     /// Everything every buffer left out.

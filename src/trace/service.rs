@@ -138,15 +138,15 @@ pub(crate) fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeVa
 /// What `system_info` reports.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SystemInfo {
-    pub sysname: String,
+    pub(crate) sysname: String,
     pub version: String,
     pub release: String,
     pub machine: String,
-    pub tracing_service_version: String,
+    pub(crate) tracing_service_version: String,
     pub page_size: u32,
-    pub num_cpus: u32,
-    pub timezone_off_mins: i32,
-    pub system_ram_bytes: u64,
+    pub(crate) num_cpus: u32,
+    pub(crate) timezone_off_mins: i32,
+    pub(crate) system_ram_bytes: u64,
 }
 
 impl SystemInfo {
@@ -318,7 +318,7 @@ pub(crate) struct TriggerRecord {
     pub producer: String,
     pub uid: u32,
     pub stop_delay_ms: u64,
-    pub boot_ns: u64,
+    pub(crate) boot_ns: u64,
 }
 
 /// A `trigger` packet (or `clone_snapshot_trigger` in a snapshot).
@@ -367,11 +367,11 @@ pub(crate) struct BufferStatsRecord {
     /// far above Perfetto's (`RECORDER_BUFFER_STATS_FIELDS`), so readers
     /// that do not know them skip them.
     pub packets_discarded_pinned: u64,
-    pub bytes_discarded_pinned: u64,
+    pub(crate) bytes_discarded_pinned: u64,
     pub packets_discarded_held: u64,
-    pub bytes_discarded_held: u64,
+    pub(crate) bytes_discarded_held: u64,
     /// Producers' chunk patches applied and not applicable.
-    pub patches_succeeded: u64,
+    pub(crate) patches_succeeded: u64,
     pub patches_failed: u64,
     /// Breaches of the shared-memory ABI by producers writing here.
     pub abi_violations: u64,
@@ -421,17 +421,17 @@ pub(crate) struct WriterStatsRecord {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct TraceStatsRecord {
     pub buffers: Vec<BufferStatsRecord>,
-    pub producers_connected: u32,
+    pub(crate) producers_connected: u32,
     pub producers_seen: u64,
-    pub data_sources_registered: u32,
-    pub data_sources_seen: u64,
+    pub(crate) data_sources_registered: u32,
+    pub(crate) data_sources_seen: u64,
     pub tracing_sessions: u32,
-    pub total_buffers: u32,
+    pub(crate) total_buffers: u32,
     pub flushes_requested: u64,
     pub flushes_succeeded: u64,
     pub flushes_failed: u64,
     /// 0 unspecified, 1 succeeded, 2 failed.
-    pub final_flush_outcome: u32,
+    pub(crate) final_flush_outcome: u32,
     /// One entry per packet sequence that wrote into a buffer.
     pub writers: Vec<WriterStatsRecord>,
     /// Producers' chunks refused (service-wide, as Perfetto counts them).
@@ -446,7 +446,7 @@ pub(crate) struct TraceStatsRecord {
     pub quota_hits: Vec<(String, i64)>,
     /// What each trigger rule did (`recorder.rule.<name>.<figure>`), beside
     /// the quota hits in the same `trace_attributes` packet.
-    pub rule_counts: Vec<(String, i64)>,
+    pub(crate) rule_counts: Vec<(String, i64)>,
 }
 
 impl TraceStatsRecord {

@@ -44,13 +44,13 @@ pub(crate) struct ServiceLog {
     sync_due: bool,
     stats_due: bool,
     /// Leave out trace_config and triggers (`disable_trace_config`).
-    pub disable_trace_config: bool,
+    pub(crate) disable_trace_config: bool,
     /// Leave out system_info (`disable_system_info`).
-    pub disable_system_info: bool,
+    pub(crate) disable_system_info: bool,
     /// Leave out service events (`disable_service_events`).
-    pub disable_service_events: bool,
+    pub(crate) disable_service_events: bool,
     /// Leave out clock snapshots (`disable_clock_snapshotting`).
-    pub disable_clock_snapshotting: bool,
+    pub(crate) disable_clock_snapshotting: bool,
     segment: Option<SegmentHead>,
 }
 

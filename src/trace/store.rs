@@ -109,18 +109,18 @@ pub(crate) struct Row {
     pub trace_uuid: Option<String>,
     pub index: u64,
     /// BOOTTIME ns of that boot (comparable within one boot only).
-    pub first_timestamp_ns: Option<u64>,
-    pub last_timestamp_ns: Option<u64>,
+    pub(crate) first_timestamp_ns: Option<u64>,
+    pub(crate) last_timestamp_ns: Option<u64>,
     /// The same instants on the wall clock (ns since the epoch).
     pub first_realtime_ns: Option<u64>,
     pub last_realtime_ns: Option<u64>,
     pub packets: Option<u64>,
     pub bytes: Option<u64>,
-    pub uncompressed_bytes: Option<u64>,
+    pub(crate) uncompressed_bytes: Option<u64>,
     pub compression: Option<String>,
     /// Bytes lost in the recorder's buffers and events lost before them.
-    pub lost_bytes: Option<u64>,
-    pub lost_events_upstream: Option<u64>,
+    pub(crate) lost_bytes: Option<u64>,
+    pub(crate) lost_events_upstream: Option<u64>,
     pub closed_by: Option<String>,
     pub sha256: Option<String>,
     /// The segment file, relative to the store (where it should be, when missing).

@@ -30,7 +30,7 @@ pub struct Frame<'a> {
     /// Offset of the record's tag byte.
     pub offset: u64,
     /// Bytes of tag + length varint.
-    pub header_len: usize,
+    pub(crate) header_len: usize,
     /// The TracePacket bytes.
     pub packet: &'a [u8],
 }

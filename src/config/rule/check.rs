@@ -17,7 +17,7 @@ pub(crate) struct RuleContext {
     /// The output is cut into segments (`--rotate-size`, `--rotate-period`).
     pub segmented: bool,
     /// Segments are deleted by a budget (`--max-disk`, `--max-segments`).
-    pub segment_budget: bool,
+    pub(crate) segment_budget: bool,
 }
 
 /// Checks every rule; all refusals are returned.

@@ -25,7 +25,7 @@ pub(crate) const MAX_COMPARES: usize = 64;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Filter {
     pub expr: FilterExpr,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// A filter's expression tree.
@@ -63,11 +63,11 @@ impl FilterExpr {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Compare {
     pub field: String,
-    pub field_span: Span,
+    pub(crate) field_span: Span,
     pub op: FilterOp,
-    pub op_span: Span,
+    pub(crate) op_span: Span,
     pub value: FilterValue,
-    pub value_span: Span,
+    pub(crate) value_span: Span,
 }
 
 /// A comparison's operator.

@@ -182,7 +182,7 @@ impl Rate {
 pub struct EventRef {
     pub group: String,
     pub name: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 impl EventRef {
@@ -215,7 +215,7 @@ pub struct CounterRef {
     /// The counter within its source: a meminfo or vmstat key, a PSI
     /// `resource.some|full`, a process field.
     pub key: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// How a value is compared with a threshold.
@@ -252,7 +252,7 @@ impl CounterOp {
 pub struct SpanKey {
     pub begin: String,
     pub end: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// When a rule fires.
@@ -340,12 +340,12 @@ pub enum RuleAction {
 pub struct Rule {
     pub source: Arc<RuleSource>,
     /// The whole rule in its source.
-    pub span: Span,
+    pub(crate) span: Span,
     pub name: String,
-    pub name_span: Span,
+    pub(crate) name_span: Span,
     pub condition: Condition,
     /// Where the condition is written.
-    pub condition_span: Span,
+    pub(crate) condition_span: Span,
     pub action: RuleAction,
     /// Firings in the session at most.
     pub count: u32,

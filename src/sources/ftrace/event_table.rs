@@ -424,7 +424,7 @@ pub struct WakingPlan {
     pub target_cpu: IntAt,
     pub prio: IntAt,
     pub comm: TextAt,
-    pub common_flags: Option<IntAt>,
+    pub(crate) common_flags: Option<IntAt>,
 }
 
 /// sched_wakeup and sched_waking as their typed messages, straight-line:
@@ -492,9 +492,9 @@ pub struct EventEntry {
     pub pid: Option<IntAt>,
     /// Integer fields naming threads (for process_stats), in
     /// `PID_FIELDS` order; the thread filter checks them too.
-    pub pid_fields: Vec<IntAt>,
+    pub(crate) pid_fields: Vec<IntAt>,
     /// `ftrace/print`'s text, subject to the print filter.
-    pub print_buf: Option<TextAt>,
+    pub(crate) print_buf: Option<TextAt>,
     /// Rules watch it: the index + 1 of its hooks in the encoder's
     /// `super::watch::Watch` (0: none).
     pub watch: u16,

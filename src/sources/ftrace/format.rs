@@ -63,7 +63,7 @@ pub enum FieldKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: String,
-    pub type_name: String,
+    pub(crate) type_name: String,
     pub offset: usize,
     pub size: usize,
     pub signed: bool,

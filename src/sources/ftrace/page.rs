@@ -70,7 +70,7 @@ pub struct PageHeader {
     /// The kernel dropped events before this page (ring overwritten).
     pub missed_events: bool,
     /// How many, when the kernel stored the count.
-    pub missed_count: Option<u64>,
+    pub(crate) missed_count: Option<u64>,
 }
 
 /// One data record of a page.

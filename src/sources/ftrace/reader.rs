@@ -105,7 +105,7 @@ pub struct MappedCpu {
     /// The running timestamp at `consumed`; unknown when a walk was cut
     /// short (the rest of that sub-buffer is then skipped).
     ts: Option<u64>,
-    pub ioctl_errors: u64,
+    pub(crate) ioctl_errors: u64,
 }
 
 impl MappedCpu {
@@ -329,10 +329,10 @@ pub(crate) struct CpuPipe {
     pub file: File,
     /// Bytes read from it so far.
     pub bytes_read: u64,
-    pub read_errors: u64,
-    pub cursor: CpuCursor,
+    pub(crate) read_errors: u64,
+    pub(crate) cursor: CpuCursor,
     /// (read end, write end) of the pipe splice moves pages through.
-    pub splice_pipe: Option<(OwnedFd, OwnedFd)>,
+    pub(crate) splice_pipe: Option<(OwnedFd, OwnedFd)>,
     /// The mapped ring buffer, when read through the mapping.
     pub map: Option<MappedCpu>,
 }
@@ -345,7 +345,7 @@ pub(crate) struct ReaderState<O: PacketOutput> {
     pub table: Arc<EventTable>,
     pub filter: PrintFilter,
     pub layout: PageLayout,
-    pub pid_sink: Option<PidSink>,
+    pub(crate) pid_sink: Option<PidSink>,
     pub mode: ReadMode,
     staging: Vec<u8>,
     pids: Vec<i32>,

@@ -177,7 +177,7 @@ impl FtraceRequest {
 pub(crate) struct PreparedInfo {
     pub cpus: Vec<u32>,
     pub header_page: String,
-    pub header_event: String,
+    pub(crate) header_event: String,
     /// (group, name, format text) of each enabled event.
     pub formats: Vec<(String, String, String)>,
     pub unknown_events: Vec<String>,
@@ -198,7 +198,7 @@ pub(crate) struct Prepared {
     /// The privileged side's name for it (for the release).
     pub key: u64,
     pub info: PreparedInfo,
-    pub fds: Vec<OwnedFd>,
+    pub(crate) fds: Vec<OwnedFd>,
 }
 
 /// The privileged side, as a served session's ftrace source sees it.

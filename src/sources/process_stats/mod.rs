@@ -52,11 +52,11 @@ type CachedCounters = StatsRecord;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessStatsCounters {
     pub tree_packets: u64,
-    pub stats_packets: u64,
-    pub processes_written: u64,
-    pub threads_written: u64,
+    pub(crate) stats_packets: u64,
+    pub(crate) processes_written: u64,
+    pub(crate) threads_written: u64,
     /// Entries too large for any packet.
-    pub entries_dropped: u64,
+    pub(crate) entries_dropped: u64,
 }
 
 /// The `linux.process_stats` source: call its methods from one thread (the

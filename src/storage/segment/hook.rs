@@ -124,9 +124,9 @@ pub(crate) fn shell_line(command: &str) -> Result<String, HookCommandError> {
 #[derive(Debug, Clone)]
 pub(crate) struct HookJob {
     pub file: String,
-    pub file_id: FileId,
+    pub(crate) file_id: FileId,
     pub sidecar: String,
-    pub sidecar_id: FileId,
+    pub(crate) sidecar_id: FileId,
     pub index: u64,
 }
 
@@ -141,7 +141,7 @@ pub struct HookCounts {
     pub failed: u64,
     /// Of the failed, the ones killed at their timeout.
     #[serde(default)]
-    pub timed_out: u64,
+    pub(crate) timed_out: u64,
     /// Not run: the queue was full, the session ended first, or the
     /// segment was gone before its turn.
     pub skipped: u64,

@@ -155,13 +155,13 @@ pub struct SegmentRecord {
     pub index: u64,
     pub path: PathBuf,
     pub bytes: u64,
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     pub packets: u64,
     /// Still on disk (false once the budget deleted it).
     pub kept: bool,
     /// `size`, `period`, `end`, `write_failed`; empty while open.
     pub closed_by: String,
-    pub lost_bytes: u64,
+    pub(crate) lost_bytes: u64,
 }
 
 /// The segments of the session so far.
@@ -172,7 +172,7 @@ pub struct SegmentsStatus {
     pub segments: Vec<SegmentRecord>,
     /// Closed segments the budget deleted.
     pub deleted: u64,
-    pub bytes_on_disk: u64,
+    pub(crate) bytes_on_disk: u64,
     pub hook: Option<HookCounts>,
     /// Errors met while closing or deleting that did not stop the session.
     pub warnings: Vec<String>,

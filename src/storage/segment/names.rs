@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentNames {
     pub dir: PathBuf,
-    pub stem: String,
+    pub(crate) stem: String,
     pub ext: String,
 }
 

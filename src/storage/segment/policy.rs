@@ -11,11 +11,11 @@ pub(crate) struct RotationPolicy {
     /// Cut after the first write pass once a segment is this old.
     pub period: Option<Duration>,
     /// Keep at most this many segments on disk, the one being written included.
-    pub max_segments: Option<u32>,
+    pub(crate) max_segments: Option<u32>,
     /// Keep closed segments and the one being written within this many bytes.
-    pub max_disk: Option<u64>,
+    pub(crate) max_disk: Option<u64>,
     /// A shell command run with each closed segment's path.
-    pub on_closed: Option<String>,
+    pub(crate) on_closed: Option<String>,
     /// How long each run of `on_closed` may take (default
     /// [`super::hook::DEFAULT_TIMEOUT`]).
     pub hook_timeout: Option<Duration>,

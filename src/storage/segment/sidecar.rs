@@ -87,8 +87,8 @@ pub(crate) struct Sidecar {
     /// BOOTTIME ns when the segment was opened and when its last write pass
     /// ended (its service packets carry these times; data read in its first
     /// pass may be up to one write period older).
-    pub first_timestamp_ns: u64,
-    pub last_timestamp_ns: u64,
+    pub(crate) first_timestamp_ns: u64,
+    pub(crate) last_timestamp_ns: u64,
     /// The same two instants on the wall clock (REALTIME ns since the
     /// epoch, read with BOOTTIME when the segment closed), so segments of
     /// different machines can be placed on one time line. Absent in
@@ -102,7 +102,7 @@ pub(crate) struct Sidecar {
     /// Bytes of the file.
     pub bytes: u64,
     /// Bytes of its packets before compression (equal to `bytes` without).
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     /// `zstd` with its level, or `none`.
     pub compression: String,
     pub loss: SegmentLoss,
