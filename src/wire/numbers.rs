@@ -13,24 +13,24 @@ pub(crate) mod trace {
 pub mod trace_packet {
     /// Reserved by Perfetto (a retired field that will not be reused): the
     /// recorder's padding packets put their filler bytes here.
-    pub const PADDING: u32 = 55;
+    pub(crate) const PADDING: u32 = 55;
     // Fields outside the `data` oneof.
     pub const TRUSTED_UID: u32 = 3;
-    pub const TIMESTAMP: u32 = 8;
+    pub(crate) const TIMESTAMP: u32 = 8;
     pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
-    pub const INTERNED_DATA: u32 = 12;
-    pub const SEQUENCE_FLAGS: u32 = 13;
-    pub const INCREMENTAL_STATE_CLEARED: u32 = 41;
+    pub(crate) const INTERNED_DATA: u32 = 12;
+    pub(crate) const SEQUENCE_FLAGS: u32 = 13;
+    pub(crate) const INCREMENTAL_STATE_CLEARED: u32 = 41;
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
-    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
-    pub const TRACE_PACKET_DEFAULTS: u32 = 59;
+    pub(crate) const TIMESTAMP_CLOCK_ID: u32 = 58;
+    pub(crate) const TRACE_PACKET_DEFAULTS: u32 = 59;
     pub const TRUSTED_PID: u32 = 79;
-    pub const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
+    pub(crate) const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
     pub const MACHINE_ID: u32 = 98;
 
     /// Fields only the service may write (ARCHITECTURE.md §7.3): a producer packet
     /// that sets one is dropped and counted.
-    pub const SERVICE_ONLY: &[u32] = &[
+    pub(crate) const SERVICE_ONLY: &[u32] = &[
         TRUSTED_UID,
         TRUSTED_PACKET_SEQUENCE_ID,
         TRACE_CONFIG,
@@ -46,7 +46,7 @@ pub mod trace_packet {
     ];
 
     /// Every field outside the `data` oneof.
-    pub const NON_DATA: &[u32] = &[
+    pub(crate) const NON_DATA: &[u32] = &[
         TRUSTED_UID,
         TIMESTAMP,
         TRUSTED_PACKET_SEQUENCE_ID,
@@ -62,41 +62,41 @@ pub mod trace_packet {
     ];
 
     // Members of the `data` oneof.
-    pub const FTRACE_EVENTS: u32 = 1;
-    pub const PROCESS_TREE: u32 = 2;
-    pub const INODE_FILE_MAP: u32 = 4;
-    pub const CHROME_EVENTS: u32 = 5;
-    pub const CLOCK_SNAPSHOT: u32 = 6;
-    pub const SYS_STATS: u32 = 7;
-    pub const PROCESS_STATS: u32 = 9;
-    pub const TRACK_EVENT: u32 = 11;
-    pub const TRACE_CONFIG: u32 = 33;
-    pub const FTRACE_STATS: u32 = 34;
-    pub const TRACE_STATS: u32 = 35;
-    pub const SYNCHRONIZATION_MARKER: u32 = 36;
-    pub const PROFILE_PACKET: u32 = 37;
-    pub const PROCESS_DESCRIPTOR: u32 = 43;
-    pub const THREAD_DESCRIPTOR: u32 = 44;
-    pub const SYSTEM_INFO: u32 = 45;
-    pub const TRIGGER: u32 = 46;
-    pub const PACKAGES_LIST: u32 = 47;
-    pub const PERFETTO_METATRACE: u32 = 49;
-    pub const COMPRESSED_PACKETS: u32 = 50;
-    pub const TRACK_DESCRIPTOR: u32 = 60;
-    pub const SERVICE_EVENT: u32 = 69;
-    pub const EXTENSION_DESCRIPTOR: u32 = 72;
-    pub const TRACE_UUID: u32 = 89;
-    pub const REMOTE_CLOCK_SYNC: u32 = 107;
-    pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
-    pub const TRACE_PROVENANCE: u32 = 124;
-    pub const PROTOVMS: u32 = 125;
-    pub const TRACE_ATTRIBUTES: u32 = 126;
-    pub const ZSTD_COMPRESSED_PACKETS: u32 = 133;
-    pub const CONCURRENT_SESSION_EVENT: u32 = 134;
+    pub(crate) const FTRACE_EVENTS: u32 = 1;
+    pub(crate) const PROCESS_TREE: u32 = 2;
+    pub(crate) const INODE_FILE_MAP: u32 = 4;
+    pub(crate) const CHROME_EVENTS: u32 = 5;
+    pub(crate) const CLOCK_SNAPSHOT: u32 = 6;
+    pub(crate) const SYS_STATS: u32 = 7;
+    pub(crate) const PROCESS_STATS: u32 = 9;
+    pub(crate) const TRACK_EVENT: u32 = 11;
+    pub(crate) const TRACE_CONFIG: u32 = 33;
+    pub(crate) const FTRACE_STATS: u32 = 34;
+    pub(crate) const TRACE_STATS: u32 = 35;
+    pub(crate) const SYNCHRONIZATION_MARKER: u32 = 36;
+    pub(crate) const PROFILE_PACKET: u32 = 37;
+    pub(crate) const PROCESS_DESCRIPTOR: u32 = 43;
+    pub(crate) const THREAD_DESCRIPTOR: u32 = 44;
+    pub(crate) const SYSTEM_INFO: u32 = 45;
+    pub(crate) const TRIGGER: u32 = 46;
+    pub(crate) const PACKAGES_LIST: u32 = 47;
+    pub(crate) const PERFETTO_METATRACE: u32 = 49;
+    pub(crate) const COMPRESSED_PACKETS: u32 = 50;
+    pub(crate) const TRACK_DESCRIPTOR: u32 = 60;
+    pub(crate) const SERVICE_EVENT: u32 = 69;
+    pub(crate) const EXTENSION_DESCRIPTOR: u32 = 72;
+    pub(crate) const TRACE_UUID: u32 = 89;
+    pub(crate) const REMOTE_CLOCK_SYNC: u32 = 107;
+    pub(crate) const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
+    pub(crate) const TRACE_PROVENANCE: u32 = 124;
+    pub(crate) const PROTOVMS: u32 = 125;
+    pub(crate) const TRACE_ATTRIBUTES: u32 = 126;
+    pub(crate) const ZSTD_COMPRESSED_PACKETS: u32 = 133;
+    pub(crate) const CONCURRENT_SESSION_EVENT: u32 = 134;
     pub const FOR_TESTING: u32 = 900;
 
     /// The `data` members by name (for `inspect`).
-    pub const DATA_NAMES: &[(u32, &str)] = &[
+    pub(crate) const DATA_NAMES: &[(u32, &str)] = &[
         (FTRACE_EVENTS, "ftrace_events"),
         (PROCESS_TREE, "process_tree"),
         (INODE_FILE_MAP, "inode_file_map"),
@@ -182,27 +182,27 @@ pub(crate) mod utsname {
 
 /// `TracingServiceEvent` (ARCHITECTURE.md §7.8): a oneof, one field per event.
 pub mod tracing_service_event {
-    pub const ALL_DATA_SOURCES_STARTED: u32 = 1;
-    pub const TRACING_STARTED: u32 = 2;
-    pub const ALL_DATA_SOURCES_FLUSHED: u32 = 3;
-    pub const READ_TRACING_BUFFERS_COMPLETED: u32 = 4;
-    pub const TRACING_DISABLED: u32 = 5;
-    pub const SEIZED_FOR_BUGREPORT: u32 = 6;
-    pub const SLOW_STARTING_DATA_SOURCES: u32 = 7;
-    pub const LAST_FLUSH_SLOW_DATA_SOURCES: u32 = 8;
-    pub const FLUSH_STARTED: u32 = 9;
-    pub const CLONE_STARTED: u32 = 10;
-    pub const BUFFER_CLONED: u32 = 11;
+    pub(crate) const ALL_DATA_SOURCES_STARTED: u32 = 1;
+    pub(crate) const TRACING_STARTED: u32 = 2;
+    pub(crate) const ALL_DATA_SOURCES_FLUSHED: u32 = 3;
+    pub(crate) const READ_TRACING_BUFFERS_COMPLETED: u32 = 4;
+    pub(crate) const TRACING_DISABLED: u32 = 5;
+    pub(crate) const SEIZED_FOR_BUGREPORT: u32 = 6;
+    pub(crate) const SLOW_STARTING_DATA_SOURCES: u32 = 7;
+    pub(crate) const LAST_FLUSH_SLOW_DATA_SOURCES: u32 = 8;
+    pub(crate) const FLUSH_STARTED: u32 = 9;
+    pub(crate) const CLONE_STARTED: u32 = 10;
+    pub(crate) const BUFFER_CLONED: u32 = 11;
     /// The recorder's own event, far above Perfetto's numbers so readers
     /// that do not know it skip it: the recording process died and another
     /// process wrote what its buffers held (`trace::salvage`).
     pub const RECORDER_DIED: u32 = 1001;
 
     /// The recorder's own events by name.
-    pub const RECORDER_NAMES: &[(u32, &str)] = &[(RECORDER_DIED, "recorder_died")];
+    pub(crate) const RECORDER_NAMES: &[(u32, &str)] = &[(RECORDER_DIED, "recorder_died")];
 
     /// The events by name (for `inspect`).
-    pub const NAMES: &[(u32, &str)] = &[
+    pub(crate) const NAMES: &[(u32, &str)] = &[
         (ALL_DATA_SOURCES_STARTED, "all_data_sources_started"),
         (TRACING_STARTED, "tracing_started"),
         (ALL_DATA_SOURCES_FLUSHED, "all_data_sources_flushed"),
