@@ -291,19 +291,19 @@ pub(crate) struct RunOptions {
     pub no_clobber: bool,
     pub io: IoChoice,
     /// The config's path (or `stdin`), for `recorder query`.
-    pub config_label: String,
+    pub(crate) config_label: String,
     /// Draw a live status line when stderr is a terminal.
-    pub status_line: bool,
+    pub(crate) status_line: bool,
     /// Replaces the config's compression (`--compress`).
     pub compression: Option<spec::Compression>,
     /// Segmented output; inactive unless it rotates.
     pub rotation: RotationPolicy,
     /// O_DIRECT may be used where it applies (`RECORDER_DIRECT_IO=off`
     /// says no).
-    pub direct_io: bool,
+    pub(crate) direct_io: bool,
     /// Where SDK apps connect (`--producer-socket`); else the environment's
     /// or the default path.
-    pub producer_socket: Option<PathBuf>,
+    pub(crate) producer_socket: Option<PathBuf>,
     /// The trigger rules the recorder fires itself (`--trigger-rule`),
     /// checked against the config already.
     pub rules: Vec<crate::config::rule::Rule>,
@@ -319,7 +319,7 @@ const FIRST_SOURCE_SEQUENCE: u32 = 2;
 /// broker) prepares; without it producers (traced_probes) provide it.
 pub(crate) struct Served<'a> {
     pub output: ServedOutput,
-    pub output_label: String,
+    pub(crate) output_label: String,
     /// The service's producer socket, which the session attaches to.
     pub producers: Option<&'a ProducerService>,
     /// The consumer's uid, written as the trace's trusted uid.
@@ -327,7 +327,7 @@ pub(crate) struct Served<'a> {
     pub ftrace: Option<Arc<dyn RemoteTracefs>>,
     /// Buffers on memfds, so that the service's broker can save them if
     /// the service dies ([`save_served_at_death`]).
-    pub shared_rings: bool,
+    pub(crate) shared_rings: bool,
 }
 
 /// Where a served session writes.

@@ -9,9 +9,9 @@ use crate::config::{LoadOptions, UserProtos};
 
 /// The port `recorder open` serves on: the Perfetto UI may fetch from
 /// 127.0.0.1:9001 only (its content security policy).
-pub const OPEN_DEFAULT_PORT: u16 = 9001;
+pub(crate) const OPEN_DEFAULT_PORT: u16 = 9001;
 /// The public Perfetto UI, where `recorder open` points by default.
-pub const OPEN_DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
+pub(crate) const OPEN_DEFAULT_ORIGIN: &str = "https://ui.perfetto.dev";
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -29,7 +29,7 @@ detected unless --txt is given.";
 // arguments there, which refused `recorder -q bench`; the main job's own
 // arguments are refused beside a subcommand by `MainArgs::given` instead.
 #[command(name = "recorder", version, after_help = AFTER_HELP)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// A subcommand; without one, the main job runs (`--config`).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -38,7 +38,7 @@ pub struct Cli {
     pub main: MainArgs,
     /// More logging (-v debug, -vv trace). RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count, global = true)]
-    pub verbose: u8,
+    pub(crate) verbose: u8,
     /// Less logging (-q warnings only, -qq errors only).
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub quiet: u8,
@@ -46,7 +46,7 @@ pub struct Cli {
 
 /// Arguments of the main job: record a trace as the config says.
 #[derive(Debug, Clone, Args)]
-pub struct MainArgs {
+pub(crate) struct MainArgs {
     /// The TraceConfig, text or binary; `-` reads stdin.
     #[arg(short = 'c', long, value_name = "FILE|-")]
     pub config: Option<PathBuf>,
@@ -58,7 +58,7 @@ pub struct MainArgs {
     pub txt: bool,
     /// Parse as text and skip unknown fields, listing them in one warning.
     #[arg(long)]
-    pub txt_lossy: bool,
+    pub(crate) txt_lossy: bool,
     /// The user's own config fields.
     #[command(flatten)]
     pub protos: ProtoArgs,
@@ -80,20 +80,20 @@ pub struct MainArgs {
     pub rotate_period: Option<std::time::Duration>,
     /// Keep only the newest N segments (the one being written included).
     #[arg(long, value_name = "N")]
-    pub max_segments: Option<u32>,
+    pub(crate) max_segments: Option<u32>,
     /// Keep the segments within BYTES of disk (deleting the oldest closed ones).
     #[arg(long, value_name = "BYTES", value_parser = crate::storage::segment::policy::parse_size)]
-    pub max_disk: Option<u64>,
+    pub(crate) max_disk: Option<u64>,
     /// Run CMD with each closed segment's path as its last argument (in the background).
     #[arg(long, value_name = "CMD")]
-    pub on_segment_closed: Option<String>,
+    pub(crate) on_segment_closed: Option<String>,
     /// Kill an --on-segment-closed command's process group after DURATION (default 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::storage::segment::policy::parse_duration)]
     pub hook_timeout: Option<std::time::Duration>,
     /// Record for DURATION (ms, s, m, h; default 10s; 0: until stopped).
     #[arg(short = 't', long = "time", value_name = "DURATION", conflicts_with = "config",
           value_parser = crate::config::light::parse_time_ms, help_heading = LIGHT)]
-    pub time_ms: Option<u64>,
+    pub(crate) time_ms: Option<u64>,
     /// One ring buffer of SIZE (kb, mb, gb; default 32mb).
     #[arg(short = 'b', long = "buffer", value_name = "SIZE", conflicts_with = "config",
           value_parser = crate::config::light::parse_size_kb, help_heading = LIGHT)]
@@ -101,33 +101,33 @@ pub struct MainArgs {
     /// Stream to the file while recording, and stop when it reaches SIZE (kb, mb, gb).
     #[arg(short = 's', long = "size", value_name = "SIZE", conflicts_with = "config",
           value_parser = crate::config::light::parse_size_kb, help_heading = LIGHT)]
-    pub max_file_size_kb: Option<u64>,
+    pub(crate) max_file_size_kb: Option<u64>,
     /// ftrace events (GROUP/NAME, GROUP/*) and categories (sched, freq, idle, irq, disk, …).
     #[arg(value_name = "EVENT|CATEGORY", conflicts_with = "config", help_heading = LIGHT,
           value_hint = clap::ValueHint::Other)]
     pub events: Vec<String>,
     /// Print the config (the one built, or --config's) and its plan, as `config check` does; record nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Let Perfetto SDK apps connect, at PATH. Without it the producer socket
     /// opens only when the config names a data source no built-in source
     /// provides, where apps look by default (/run/perfetto/traced-producer.sock
     /// or /tmp/perfetto-producer; PERFETTO_PRODUCER_SOCK_NAME moves it but
     /// never opens it).
     #[arg(long, value_name = "PATH")]
-    pub producer_socket: Option<PathBuf>,
+    pub(crate) producer_socket: Option<PathBuf>,
     /// Keep each buffer in a file in DIR (a tmpfs, or a disk to outlive a
     /// machine crash): if every process of the session is gone, `recorder
     /// recover DIR -o OUT` makes a trace of what they held. DIR must exist,
     /// be yours or root's (sticky if others may write it) and hold no ring
     /// files; they are removed when the session ends.
     #[arg(long, value_name = "DIR")]
-    pub ring_dir: Option<PathBuf>,
+    pub(crate) ring_dir: Option<PathBuf>,
     /// With --ring-dir: write the ring files back to disk every PERIOD
     /// (msync), so that a machine crash loses at most that much.
     #[arg(long, value_name = "PERIOD", requires = "ring_dir",
           value_parser = crate::storage::segment::policy::parse_duration)]
-    pub ring_sync: Option<std::time::Duration>,
+    pub(crate) ring_sync: Option<std::time::Duration>,
     /// The trigger rules the recorder fires itself.
     #[command(flatten)]
     pub rules: RuleArgs,
@@ -136,18 +136,18 @@ pub struct MainArgs {
 /// Trigger rules: when the recorder fires one of the config's triggers
 /// itself (docs/rules.md).
 #[derive(Debug, Clone, Default, Args)]
-pub struct RuleArgs {
+pub(crate) struct RuleArgs {
     /// Fire a trigger of the config when RULE holds: 'NAME: event GROUP/EVENT [if FILTER]',
     /// 'NAME: latency sched > 50ms', 'NAME: counter meminfo.MemAvailable < 200M', 'NAME: loss', … (repeatable).
     #[arg(long = "trigger-rule", value_name = "RULE")]
-    pub trigger_rule: Vec<String>,
+    pub(crate) trigger_rule: Vec<String>,
     /// Read rules from FILE, one a line (# comments) (repeatable).
     #[arg(long = "trigger-rules", value_name = "FILE")]
-    pub trigger_rules: Vec<PathBuf>,
+    pub(crate) trigger_rules: Vec<PathBuf>,
 }
 
 impl RuleArgs {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.trigger_rule.is_empty() && self.trigger_rules.is_empty()
     }
 }
@@ -157,7 +157,7 @@ const LIGHT: &str = "Light mode (no config: Perfetto's `-t 10s -b 32mb sched fre
 
 impl MainArgs {
     /// Whether light mode was asked for: a light-mode flag or a word.
-    pub fn light(&self) -> bool {
+    pub(crate) fn light(&self) -> bool {
         self.time_ms.is_some()
             || self.buffer_kb.is_some()
             || self.max_file_size_kb.is_some()
@@ -165,7 +165,7 @@ impl MainArgs {
     }
 
     /// What light mode is asked to build.
-    pub fn light_request(&self) -> crate::config::light::LightRequest {
+    pub(crate) fn light_request(&self) -> crate::config::light::LightRequest {
         crate::config::light::LightRequest {
             time_ms: self.time_ms,
             buffer_kb: self.buffer_kb,
@@ -176,7 +176,7 @@ impl MainArgs {
 
     /// The first main-job argument given, if any (they mean nothing beside a
     /// subcommand).
-    pub fn given(&self) -> Option<&'static str> {
+    pub(crate) fn given(&self) -> Option<&'static str> {
         [
             (self.config.is_some(), "--config"),
             (self.out.is_some(), "--out"),
@@ -212,7 +212,7 @@ impl MainArgs {
 
 impl Cli {
     /// Parses `args`, refusing main-job arguments beside a subcommand.
-    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    pub(crate) fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
@@ -230,7 +230,7 @@ impl Cli {
 
 /// Subcommands. Room is left for `inspect`, `trigger`, `query`, `stop`, `bench`.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Check or convert a config.
     Config(ConfigArgs),
     /// Make a trace of what a dead session's buffers held, from its ring
@@ -344,7 +344,7 @@ pub enum Command {
 
 /// `recorder config …`.
 #[derive(Debug, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// What to do.
     #[command(subcommand)]
     pub action: ConfigAction,
@@ -352,13 +352,13 @@ pub struct ConfigArgs {
 
 /// How to read a config file.
 #[derive(Debug, Clone, Args)]
-pub struct FormArgs {
+pub(crate) struct FormArgs {
     /// Parse as text (no detection).
     #[arg(long, conflicts_with = "txt_lossy")]
     pub txt: bool,
     /// Parse as text and skip unknown fields.
     #[arg(long)]
-    pub txt_lossy: bool,
+    pub(crate) txt_lossy: bool,
     /// The user's own config fields.
     #[command(flatten)]
     pub protos: ProtoArgs,
@@ -367,7 +367,7 @@ pub struct FormArgs {
 /// Where the config's custom fields (extensions of DataSourceConfig, in the
 /// user's own `.proto` files) are declared.
 #[derive(Debug, Clone, Default, Args)]
-pub struct ProtoArgs {
+pub(crate) struct ProtoArgs {
     /// Compile FILE, your .proto extending DataSourceConfig, for the config's custom fields (repeatable).
     #[arg(long = "proto", value_name = "FILE")]
     pub files: Vec<PathBuf>,
@@ -381,7 +381,7 @@ pub struct ProtoArgs {
 
 impl ProtoArgs {
     /// What `config::Schema::load` takes.
-    pub fn user_protos(&self) -> UserProtos {
+    pub(crate) fn user_protos(&self) -> UserProtos {
         UserProtos {
             files: self.files.clone(),
             include_paths: self.include_paths.clone(),
@@ -392,7 +392,7 @@ impl ProtoArgs {
 
 impl FormArgs {
     /// How `config::load_path` should read the file.
-    pub fn options(&self) -> LoadOptions {
+    pub(crate) fn options(&self) -> LoadOptions {
         LoadOptions {
             force_text: self.txt,
             lossy: self.txt_lossy,
@@ -402,7 +402,7 @@ impl FormArgs {
 
 /// Output form of `config convert`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TargetForm {
+pub(crate) enum TargetForm {
     /// Protobuf binary (what `protoc --encode` makes).
     Binary,
     /// Protobuf text format.
@@ -411,7 +411,7 @@ pub enum TargetForm {
 
 /// `recorder config` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum ConfigAction {
+pub(crate) enum ConfigAction {
     /// Validate a config and print the plan: buffers, sources, timeline, warnings.
     Check {
         /// The config; `-` reads stdin.
@@ -596,7 +596,7 @@ mod tests {
 
 /// A fill policy on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
+pub(crate) enum PolicyArg {
     /// RING_BUFFER: overwrite the oldest unflushed data.
     Ring,
     /// DISCARD: drop new data while full.
@@ -605,7 +605,7 @@ pub enum PolicyArg {
 
 /// The sink for the trace files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IoArg {
+pub(crate) enum IoArg {
     /// io_uring when the kernel allows it, else pwritev.
     Auto,
     IoUring,
@@ -614,7 +614,7 @@ pub enum IoArg {
 
 /// `recorder bench` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Take buffers, write period and for_testing sources from this TraceConfig.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["writers", "packet_size", "policy", "buffer_kb", "chunk_kb", "write_period_ms", "rate", "max_rate"])]
     pub config: Option<PathBuf>,
@@ -628,7 +628,7 @@ pub struct BenchArgs {
         default_value = "64",
         value_name = "B[,B…]"
     )]
-    pub packet_size: Vec<usize>,
+    pub(crate) packet_size: Vec<usize>,
     /// Fill policies (comma list).
     #[arg(
         long,
@@ -648,7 +648,7 @@ pub struct BenchArgs {
     pub buffer_kb: Vec<u64>,
     /// Chunk sizes in KiB (comma list; default: the engine's choice per size).
     #[arg(long, value_delimiter = ',', value_name = "KB[,…]")]
-    pub chunk_kb: Vec<u64>,
+    pub(crate) chunk_kb: Vec<u64>,
     /// Write periods in ms (comma list; under 100 is raised to 100 as when recording).
     #[arg(
         long,
@@ -656,13 +656,13 @@ pub struct BenchArgs {
         default_value = "1000",
         value_name = "MS[,…]"
     )]
-    pub write_period_ms: Vec<u64>,
+    pub(crate) write_period_ms: Vec<u64>,
     /// Offered packets per second, over all writers.
     #[arg(long, value_name = "PPS", conflicts_with = "max_rate")]
     pub rate: Option<f64>,
     /// Offer as fast as the writers can (the default).
     #[arg(long)]
-    pub max_rate: bool,
+    pub(crate) max_rate: bool,
     /// Seconds per configuration (default 3).
     #[arg(long, value_name = "S", conflicts_with = "packets")]
     pub duration: Option<f64>,
@@ -674,7 +674,7 @@ pub struct BenchArgs {
     pub output: Option<PathBuf>,
     /// Run the passes without writing a file (no disk cost; nothing verified).
     #[arg(long)]
-    pub no_output: bool,
+    pub(crate) no_output: bool,
     /// The sink to use.
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoArg,
@@ -688,17 +688,17 @@ pub struct BenchArgs {
 
 /// `recorder serve` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Where consumers (the `perfetto` client) connect; else
     /// PERFETTO_CONSUMER_SOCK_NAME, else /run/perfetto/traced-consumer.sock
     /// where /run/perfetto exists, else /tmp/perfetto-consumer.
     #[arg(long, value_name = "PATH")]
-    pub consumer_socket: Option<PathBuf>,
+    pub(crate) consumer_socket: Option<PathBuf>,
     /// Where producers (SDK apps, traced_probes) connect; else
     /// PERFETTO_PRODUCER_SOCK_NAME, else /run/perfetto/traced-producer.sock
     /// where /run/perfetto exists, else /tmp/perfetto-producer.
     #[arg(long, value_name = "PATH")]
-    pub producer_socket: Option<PathBuf>,
+    pub(crate) producer_socket: Option<PathBuf>,
     /// The unprivileged user (name or uid) the service becomes when started
     /// as root; else RECORDER_USER, the `recorder` system user, or an
     /// unused uid of systemd's dynamic range, held while it runs. Never root nor nobody.
@@ -708,13 +708,13 @@ pub struct ServeArgs {
     /// of recording it with the built-in source, whose tracefs instances a
     /// root broker prepares (only when started as root).
     #[arg(long)]
-    pub no_builtin_ftrace: bool,
+    pub(crate) no_builtin_ftrace: bool,
     /// Tracing sessions the service hosts at once, in all (default 15, as
     /// Perfetto's traced).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
-    pub max_sessions: Option<u16>,
+    pub(crate) max_sessions: Option<u16>,
     /// Tracing sessions one uid may run at once (default 5, as Perfetto's
     /// traced); at most --max-sessions.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
-    pub max_sessions_per_uid: Option<u16>,
+    pub(crate) max_sessions_per_uid: Option<u16>,
 }

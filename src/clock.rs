@@ -6,7 +6,7 @@ use rustix::time::{ClockId, clock_gettime};
 /// Perfetto's BuiltinClock ids (ARCHITECTURE.md §7.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
-pub enum BuiltinClock {
+pub(crate) enum BuiltinClock {
     Realtime = 1,
     RealtimeCoarse = 2,
     Monotonic = 3,
@@ -17,7 +17,7 @@ pub enum BuiltinClock {
 
 impl BuiltinClock {
     /// The order in which Perfetto's service reads clocks for a snapshot.
-    pub const SNAPSHOT_ORDER: [BuiltinClock; 6] = [
+    pub(crate) const SNAPSHOT_ORDER: [BuiltinClock; 6] = [
         BuiltinClock::Boottime,
         BuiltinClock::RealtimeCoarse,
         BuiltinClock::MonotonicCoarse,
@@ -38,7 +38,7 @@ impl BuiltinClock {
     }
 
     /// Reads this clock in nanoseconds.
-    pub fn now_ns(self) -> u64 {
+    pub(crate) fn now_ns(self) -> u64 {
         let ts = clock_gettime(self.clock_id());
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
@@ -52,24 +52,24 @@ pub fn boottime_ns() -> u64 {
 
 /// REALTIME in milliseconds since the epoch: used to align periodic work to
 /// wall-clock multiples of its period, as Perfetto's service does.
-pub fn realtime_ms() -> u64 {
+pub(crate) fn realtime_ms() -> u64 {
     BuiltinClock::Realtime.now_ns() / 1_000_000
 }
 
 /// Milliseconds from now until the next wall-clock multiple of `period_ms`
 /// (`period − now % period`; a full period when exactly on a multiple).
-pub fn ms_to_next_multiple(period_ms: u64) -> u64 {
+pub(crate) fn ms_to_next_multiple(period_ms: u64) -> u64 {
     let period = period_ms.max(1);
     period - realtime_ms() % period
 }
 
 /// One reading of every snapshot clock, taken back to back.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClockReadings(pub Vec<(BuiltinClock, u64)>);
+pub(crate) struct ClockReadings(pub Vec<(BuiltinClock, u64)>);
 
 impl BuiltinClock {
     /// The clock with Perfetto's id `id`, if it is a snapshot clock.
-    pub fn from_id(id: u32) -> Option<BuiltinClock> {
+    pub(crate) fn from_id(id: u32) -> Option<BuiltinClock> {
         Self::SNAPSHOT_ORDER.into_iter().find(|c| *c as u32 == id)
     }
 }
@@ -77,7 +77,7 @@ impl BuiltinClock {
 /// Which boot BOOTTIME counts from: `/proc/sys/kernel/random/boot_id` as
 /// 16 bytes (all zero when it cannot be read). Timestamps of another boot
 /// cannot be related to this one's clocks.
-pub fn boot_id() -> [u8; 16] {
+pub(crate) fn boot_id() -> [u8; 16] {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .ok()
         .and_then(|t| parse_uuid(t.trim()))
@@ -99,7 +99,7 @@ fn parse_uuid(text: &str) -> Option<[u8; 16]> {
 }
 
 /// Reads every clock in [`BuiltinClock::SNAPSHOT_ORDER`].
-pub fn snapshot() -> ClockReadings {
+pub(crate) fn snapshot() -> ClockReadings {
     ClockReadings(
         BuiltinClock::SNAPSHOT_ORDER
             .iter()

@@ -94,5 +94,5 @@ pub mod bench;
 pub mod consumer;
 pub(crate) mod summary;
 
-pub mod cli;
+pub(crate) mod cli;
 pub mod command;

@@ -29,18 +29,18 @@ impl LatencyHistogram {
 
     /// Records one value; 0 is raised to 1 ns and values past an hour are
     /// clamped, so recording never fails.
-    pub fn record_ns(&mut self, ns: u64) {
+    pub(crate) fn record_ns(&mut self, ns: u64) {
         self.hist.saturating_record(ns.max(1));
     }
 
     /// Records `value` `count` times (one timed batch standing for its packets).
-    pub fn record_n_ns(&mut self, ns: u64, count: u64) {
+    pub(crate) fn record_n_ns(&mut self, ns: u64, count: u64) {
         // The clamp keeps the value in bounds, so this cannot fail.
         let _ = self.hist.record_n(ns.clamp(1, MAX_NS), count);
     }
 
     /// Adds every value of `other`.
-    pub fn merge(&mut self, other: &LatencyHistogram) {
+    pub(crate) fn merge(&mut self, other: &LatencyHistogram) {
         // Same bounds on both sides, so this cannot fail.
         let _ = self.hist.add(&other.hist);
     }
@@ -50,7 +50,7 @@ impl LatencyHistogram {
     }
 
     /// p50, p99, p99.9 and max (all 0 when empty).
-    pub fn percentiles(&self) -> Percentiles {
+    pub(crate) fn percentiles(&self) -> Percentiles {
         if self.hist.is_empty() {
             return Percentiles::default();
         }
@@ -69,14 +69,14 @@ impl LatencyHistogram {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Percentiles {
     pub count: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
+    pub(crate) p50_ns: u64,
+    pub(crate) p99_ns: u64,
+    pub(crate) p999_ns: u64,
+    pub(crate) max_ns: u64,
 }
 
 /// Formats nanoseconds for people: `850ns`, `12.3us`, `4.56ms`, `1.20s`.
-pub fn format_ns(ns: u64) -> String {
+pub(crate) fn format_ns(ns: u64) -> String {
     let f = ns as f64;
     if ns < 1_000 {
         format!("{ns}ns")

@@ -63,13 +63,13 @@
 //! chunk padding; `lossless_rate_pps` is the rate this buffer holds without
 //! loss over the longest such window.
 
-pub mod histogram;
-pub mod plot;
-pub mod report;
-pub mod run;
-pub mod sweep;
-pub mod table;
-pub mod usage;
+pub(crate) mod histogram;
+pub(crate) mod plot;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod sweep;
+pub(crate) mod table;
+pub(crate) mod usage;
 pub mod verify;
 pub mod workload;
 

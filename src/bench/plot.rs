@@ -86,7 +86,7 @@ fn panel(out: &mut String, y0: f64, title: &str, values: &[(String, f64)], max: 
 }
 
 /// The SVG document for `reports`.
-pub fn svg(reports: &[ConfigReport]) -> String {
+pub(crate) fn svg(reports: &[ConfigReport]) -> String {
     let height = TOP + 2.0 * PANEL + 2.0 * GAP + 20.0;
     let mut out = String::new();
     let _ = writeln!(

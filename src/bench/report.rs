@@ -14,7 +14,7 @@ use super::workload::WriterOutcome;
 use crate::ringbuf::{Buffer, BufferStats, FillPolicy};
 
 /// `ring` or `discard`.
-pub fn policy_name(p: FillPolicy) -> &'static str {
+pub(crate) fn policy_name(p: FillPolicy) -> &'static str {
     match p {
         FillPolicy::RingBuffer => "ring",
         FillPolicy::Discard => "discard",
@@ -27,9 +27,9 @@ pub struct BufferReport {
     pub index: usize,
     pub policy: &'static str,
     pub size_kb: u64,
-    pub chunk_kb: f64,
-    pub packets_offered: u64,
-    pub bytes_offered: u64,
+    pub(crate) chunk_kb: f64,
+    pub(crate) packets_offered: u64,
+    pub(crate) bytes_offered: u64,
     pub packets_written: u64,
     pub bytes_written: u64,
     pub packets_overwritten: u64,
@@ -39,18 +39,18 @@ pub struct BufferReport {
     pub packets_refused: u64,
     /// Packets and framed bytes that reached the file.
     pub packets_retained: u64,
-    pub bytes_retained: u64,
+    pub(crate) bytes_retained: u64,
     pub retained_pct: f64,
     /// Buffer bytes used per accepted packet (framing and chunk padding included).
-    pub buffer_bytes_per_packet: f64,
+    pub(crate) buffer_bytes_per_packet: f64,
     /// Largest offered amount between one pass taking data and the next
     /// releasing it: what the buffer had to hold at once.
-    pub peak_window_bytes: u64,
-    pub peak_window_ms: f64,
+    pub(crate) peak_window_bytes: u64,
+    pub(crate) peak_window_ms: f64,
     /// Smallest `size_kb` that would have kept everything of this run.
     pub min_size_kb: u64,
     /// Rate this size sustains without loss at the measured pass cadence.
-    pub lossless_rate_pps: f64,
+    pub(crate) lossless_rate_pps: f64,
     /// R3 held at the end.
     pub balanced: bool,
 }
@@ -114,11 +114,11 @@ pub struct PassSummary {
     pub count: u64,
     /// Pass durations.
     pub duration: Percentiles,
-    pub bytes_mean: u64,
-    pub bytes_max: u64,
-    pub longest_ms: f64,
+    pub(crate) bytes_mean: u64,
+    pub(crate) bytes_max: u64,
+    pub(crate) longest_ms: f64,
     /// Every pass's duration, summed.
-    pub total_ms: f64,
+    pub(crate) total_ms: f64,
     /// The last pass, after the writers stopped (outside `elapsed_s`).
     pub final_ms: f64,
 }
@@ -129,13 +129,13 @@ pub struct Verification {
     /// Decoded, in order, and every count agreed.
     pub ok: bool,
     pub checked: bool,
-    pub packets_in_file: u64,
+    pub(crate) packets_in_file: u64,
     /// Test packets found, summed over sequences.
-    pub test_packets: u64,
+    pub(crate) test_packets: u64,
     /// Offered minus found, summed over sequences.
-    pub lost_in_file: u64,
+    pub(crate) lost_in_file: u64,
     /// Overwritten + discarded + refused, from the counters.
-    pub lost_counted: u64,
+    pub(crate) lost_counted: u64,
     /// Write passes that took data while the writers wrote (0: the file is
     /// what the buffer held at the end).
     pub streaming_passes: u64,
@@ -271,10 +271,10 @@ impl Verification {
 
 /// Runs shorter than this are flagged: start-up, the first region
 /// hand-overs and the last pass weigh on their rates.
-pub const SHORT_RUN: Duration = Duration::from_secs(1);
+pub(crate) const SHORT_RUN: Duration = Duration::from_secs(1);
 
 /// Warnings for a run too short to trust its rates.
-pub fn short_run_warnings(
+pub(crate) fn short_run_warnings(
     elapsed: Duration,
     write_period: Duration,
     passes: &PassSummary,
@@ -304,14 +304,14 @@ pub struct ConfigReport {
     pub index: usize,
     pub writers: usize,
     /// The swept packet size (TracePacket bytes, framing excluded).
-    pub packet_size: Option<usize>,
+    pub(crate) packet_size: Option<usize>,
     /// Policy, size and chunk of the first buffer (the swept one).
     pub policy: &'static str,
     pub buffer_kb: u64,
-    pub chunk_kb: f64,
-    pub write_period_ms: u64,
+    pub(crate) chunk_kb: f64,
+    pub(crate) write_period_ms: u64,
     /// Offered rate asked for; null: as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     /// `io_uring`, `pwritev`, or `none` (`--no-output`).
     pub sink: &'static str,
     /// The kept trace, if any.
@@ -324,30 +324,30 @@ pub struct ConfigReport {
     /// What makes the figures less than representative (a short run).
     pub warnings: Vec<String>,
     pub offered_packets: u64,
-    pub accepted_packets: u64,
-    pub offered_pps: f64,
-    pub accepted_pps: f64,
+    pub(crate) accepted_packets: u64,
+    pub(crate) offered_pps: f64,
+    pub(crate) accepted_pps: f64,
     /// Framed bytes (what the file would receive), 10^6 per MB.
-    pub offered_mbps: f64,
-    pub accepted_mbps: f64,
-    pub bytes_offered: u64,
+    pub(crate) offered_mbps: f64,
+    pub(crate) accepted_mbps: f64,
+    pub(crate) bytes_offered: u64,
     pub bytes_written: u64,
     pub bytes_overwritten: u64,
     pub bytes_discarded: u64,
-    pub bytes_retained: u64,
+    pub(crate) bytes_retained: u64,
     pub packets_overwritten: u64,
     pub packets_discarded: u64,
     pub packets_refused: u64,
     pub packets_retained: u64,
     pub retained_pct: f64,
     /// Mean time per packet, from batches of 64.
-    pub write_latency: Percentiles,
+    pub(crate) write_latency: Percentiles,
     /// `begin_packet` calls that took a new chunk.
-    pub acquire_latency: Percentiles,
-    pub acquire_failures: u64,
+    pub(crate) acquire_latency: Percentiles,
+    pub(crate) acquire_failures: u64,
     pub passes: PassSummary,
     pub cpu: CpuUsage,
-    pub peak_rss_kb: u64,
+    pub(crate) peak_rss_kb: u64,
     pub buffers: Vec<BufferReport>,
     pub verify: Verification,
 }

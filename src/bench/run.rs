@@ -58,9 +58,9 @@ pub struct BenchConfig {
     pub buffers: Vec<BufferSetup>,
     pub writers: Vec<WriterPlan>,
     /// The swept packet size (for the report), if one was swept.
-    pub packet_size: Option<usize>,
+    pub(crate) packet_size: Option<usize>,
     /// Total offered rate (for the report); `None` is as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     pub write_period: Duration,
     /// Stop after this long; `None`: when every writer has offered its count.
     pub duration: Option<Duration>,

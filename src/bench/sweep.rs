@@ -13,7 +13,7 @@ use crate::ringbuf::FillPolicy;
 use crate::storage::IoChoice;
 
 /// First sequence id of the bench writers (1 is the recorder's own).
-pub const FIRST_SEQUENCE: u32 = 2;
+pub(crate) const FIRST_SEQUENCE: u32 = 2;
 
 /// When a configuration ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,14 +39,14 @@ pub enum OutputPlan {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
     pub writers: usize,
-    pub packet_sizes: Vec<usize>,
+    pub(crate) packet_sizes: Vec<usize>,
     pub policies: Vec<FillPolicy>,
     pub buffer_kb: Vec<u64>,
     /// Empty: the engine's default chunk size for each buffer size.
-    pub chunk_kb: Vec<u64>,
-    pub write_period_ms: Vec<u64>,
+    pub(crate) chunk_kb: Vec<u64>,
+    pub(crate) write_period_ms: Vec<u64>,
     /// Total offered rate; `None` is as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     pub stop: StopAt,
     pub output: OutputPlan,
     pub io: IoChoice,
@@ -54,13 +54,13 @@ pub struct Sweep {
 
 /// The write period the recorder itself would use (the config's rule:
 /// [`write_period_ms`]), with a warning when changed.
-pub fn effective_write_period_ms(ms: u64) -> (u64, Option<String>) {
+pub(crate) fn effective_write_period_ms(ms: u64) -> (u64, Option<String>) {
     let (v, how) = write_period_ms(ms.min(u64::from(u32::MAX)) as u32);
     (u64::from(v), how.map(|h| format!("write period: {h}")))
 }
 
 /// `trace.pftrace` → `trace.3.pftrace` (a sweep keeps one file per configuration).
-pub fn numbered_path(path: &Path, index: usize, count: usize) -> PathBuf {
+pub(crate) fn numbered_path(path: &Path, index: usize, count: usize) -> PathBuf {
     if count <= 1 {
         return path.to_path_buf();
     }

@@ -6,7 +6,7 @@ use super::report::ConfigReport;
 /// A text table: a header row, then rows; text columns are left-aligned,
 /// numeric ones right-aligned, two spaces apart.
 #[derive(Clone, Debug, Default)]
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
 }
@@ -18,7 +18,7 @@ fn numeric(cell: &str) -> bool {
 }
 
 impl Table {
-    pub fn new(headers: &[&str]) -> Self {
+    pub(crate) fn new(headers: &[&str]) -> Self {
         Self {
             headers: headers.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
@@ -26,11 +26,11 @@ impl Table {
     }
 
     /// Adds a row (missing cells are blank, extra ones ignored).
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let n = self.headers.len();
         let cell = |r: &Vec<String>, i: usize| r.get(i).cloned().unwrap_or_default();
         let mut width: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
@@ -73,7 +73,7 @@ impl Table {
 }
 
 /// `1234567` → `1.23M`; `999` → `999`.
-pub fn si(v: f64) -> String {
+pub(crate) fn si(v: f64) -> String {
     let a = v.abs();
     if a >= 1e9 {
         format!("{:.2}G", v / 1e9)
@@ -87,7 +87,7 @@ pub fn si(v: f64) -> String {
 }
 
 /// The sweep as a table.
-pub fn sweep_table(reports: &[ConfigReport]) -> String {
+pub(crate) fn sweep_table(reports: &[ConfigReport]) -> String {
     let mut t = Table::new(&[
         "#",
         "policy",

@@ -6,25 +6,25 @@ use serde::Serialize;
 
 /// CPU time used by the whole process so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct CpuTimes {
-    pub user_s: f64,
-    pub sys_s: f64,
+pub(crate) struct CpuTimes {
+    pub(crate) user_s: f64,
+    pub(crate) sys_s: f64,
 }
 
 /// CPU seconds spent in one configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct CpuUsage {
     /// User time (clock-tick resolution, usually 10 ms).
-    pub user_s: f64,
+    pub(crate) user_s: f64,
     /// System time (clock-tick resolution).
-    pub sys_s: f64,
+    pub(crate) sys_s: f64,
     /// User + system from the process CPU clock (nanosecond resolution).
-    pub total_s: f64,
+    pub(crate) total_s: f64,
 }
 
 /// Parses utime and stime (fields 14 and 15, in clock ticks) from the text
 /// of `/proc/PID/stat`; the command name may hold spaces and parentheses.
-pub fn parse_stat_times(stat: &str, ticks_per_s: u64) -> Option<CpuTimes> {
+pub(crate) fn parse_stat_times(stat: &str, ticks_per_s: u64) -> Option<CpuTimes> {
     let after = &stat[stat.rfind(')')? + 1..];
     // After the name: field 3 (state) is the first; utime is field 14.
     let mut it = after.split_ascii_whitespace().skip(11);
@@ -38,7 +38,7 @@ pub fn parse_stat_times(stat: &str, ticks_per_s: u64) -> Option<CpuTimes> {
 }
 
 /// This process's CPU times (zero if procfs is unreadable).
-pub fn cpu_times() -> CpuTimes {
+pub(crate) fn cpu_times() -> CpuTimes {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| parse_stat_times(&s, rustix::param::clock_ticks_per_second()))
@@ -46,27 +46,27 @@ pub fn cpu_times() -> CpuTimes {
 }
 
 /// The process CPU clock, in seconds.
-pub fn process_cpu_s() -> f64 {
+pub(crate) fn process_cpu_s() -> f64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// A point to measure CPU from.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuMark {
+pub(crate) struct CpuMark {
     times: CpuTimes,
     total_s: f64,
 }
 
 impl CpuMark {
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Self {
             times: cpu_times(),
             total_s: process_cpu_s(),
         }
     }
 
-    pub fn since(&self) -> CpuUsage {
+    pub(crate) fn since(&self) -> CpuUsage {
         let now = CpuMark::now();
         CpuUsage {
             user_s: (now.times.user_s - self.times.user_s).max(0.0),
@@ -79,12 +79,12 @@ impl CpuMark {
 /// Resets the process's peak RSS (`clear_refs` 5), so that the next
 /// [`peak_rss_kb`] measures one configuration. Returns false where the
 /// kernel refuses, in which case the peak is the process's so far.
-pub fn reset_peak_rss() -> bool {
+pub(crate) fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", b"5").is_ok()
 }
 
 /// `VmHWM` of `/proc/self/status` text, in KiB.
-pub fn parse_vm_hwm_kb(status: &str) -> Option<u64> {
+pub(crate) fn parse_vm_hwm_kb(status: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -93,7 +93,7 @@ pub fn parse_vm_hwm_kb(status: &str) -> Option<u64> {
 }
 
 /// Peak resident set size in KiB (0 if unreadable).
-pub fn peak_rss_kb() -> u64 {
+pub(crate) fn peak_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| parse_vm_hwm_kb(&s))

@@ -77,14 +77,14 @@ pub struct SequenceFound {
     /// Counters missing between the first and the last.
     pub gaps: u64,
     /// A counter that did not increase (out of order or duplicated).
-    pub disorder: u64,
+    pub(crate) disorder: u64,
     /// Contiguous runs of counters.
     pub runs: u64,
     /// Loss markers (`previous_packet_dropped`) of this sequence.
     pub loss_markers: u64,
     /// Gaps, the one before the first packet included, with no loss marker
     /// of this sequence since the packet before.
-    pub unmarked_gaps: u64,
+    pub(crate) unmarked_gaps: u64,
     /// A loss marker follows the last test packet.
     pub trailing_marker: bool,
 }
@@ -245,11 +245,11 @@ pub struct Retention {
     pub runs: u64,
     /// Counters missing before the first kept packet, between kept packets,
     /// and after the last kept one up to the last offered.
-    pub lost_before: u64,
-    pub lost_between: u64,
-    pub lost_after: u64,
+    pub(crate) lost_before: u64,
+    pub(crate) lost_between: u64,
+    pub(crate) lost_after: u64,
     /// Gaps (the tail included) with no loss marker in their place.
-    pub unmarked_gaps: u64,
+    pub(crate) unmarked_gaps: u64,
     /// A loss marker follows the last kept packet.
     pub trailing_marker: bool,
     /// A pass took data while the writers wrote.

@@ -22,7 +22,7 @@ use crate::ringbuf::{Writer, slot_header_bytes};
 use crate::sources::for_testing::{SeqValues, encode_test_packet, max_packet_len};
 
 /// Packets per timed batch (and per stop/pacing check).
-pub const BATCH: u64 = 64;
+pub(crate) const BATCH: u64 = 64;
 
 /// What one writer thread writes.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,7 +34,7 @@ pub struct WriterPlan {
     /// Bytes of the TestEvent `str` filler.
     pub filler_len: usize,
     /// Packets per second, or as fast as possible.
-    pub rate_pps: Option<f64>,
+    pub(crate) rate_pps: Option<f64>,
     /// Packets to offer, or until stopped.
     pub packets: Option<u64>,
     pub seed: u32,
@@ -42,10 +42,10 @@ pub struct WriterPlan {
 
 /// Live counters a writer publishes once per batch (plain stores).
 #[derive(Debug, Default)]
-pub struct WriterProgress {
+pub(crate) struct WriterProgress {
     pub offered: AtomicU64,
     /// Framed bytes offered (accepted or not).
-    pub offered_bytes: AtomicU64,
+    pub(crate) offered_bytes: AtomicU64,
     pub done: AtomicBool,
 }
 
@@ -60,12 +60,12 @@ pub struct WriterOutcome {
     pub first_accepted: Option<u64>,
     pub last_accepted: Option<u64>,
     pub dropped: u64,
-    pub offered_bytes: u64,
-    pub accepted_bytes: u64,
+    pub(crate) offered_bytes: u64,
+    pub(crate) accepted_bytes: u64,
     pub write: LatencyHistogram,
-    pub acquire: LatencyHistogram,
+    pub(crate) acquire: LatencyHistogram,
     /// Acquisitions that found no chunk (the packet was dropped).
-    pub acquire_failures: u64,
+    pub(crate) acquire_failures: u64,
     /// From the common start to the last packet offered.
     pub elapsed: Duration,
     /// When the last packet was offered.
@@ -96,7 +96,7 @@ pub fn filler_for(packet_size: usize) -> usize {
 /// Where the writers wait until all of them are running, so that they start
 /// together with the flusher's clock.
 #[derive(Debug, Default)]
-pub struct StartGate {
+pub(crate) struct StartGate {
     /// (writers waiting, open); each holder stores one count or flag, so
     /// a poisoned state is still whole.
     state: Mutex<(usize, bool)>,
@@ -105,7 +105,7 @@ pub struct StartGate {
 
 impl StartGate {
     /// A writer is ready: returns once the gate opens.
-    pub fn wait(&self) {
+    pub(crate) fn wait(&self) {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.0 += 1;
         self.changed.notify_all();
@@ -115,7 +115,7 @@ impl StartGate {
     }
 
     /// Waits until `writers` are waiting, then lets them all go.
-    pub fn open_when_ready(&self, writers: usize) {
+    pub(crate) fn open_when_ready(&self, writers: usize) {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         while s.0 < writers {
             s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
@@ -125,7 +125,7 @@ impl StartGate {
     }
 
     /// Lets every writer go now.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
         self.changed.notify_all();
     }
@@ -133,7 +133,7 @@ impl StartGate {
 
 /// Runs one writer, from the moment every writer is running and the
 /// flusher lets them go through `start`, until its packet count is reached or `stop` is set.
-pub fn run_writer(
+pub(crate) fn run_writer(
     mut writer: Writer,
     plan: WriterPlan,
     start: Arc<StartGate>,

@@ -34,7 +34,7 @@ fn stop_at(args: &BenchArgs) -> Result<Option<StopAt>, StopAtError> {
 }
 
 /// Runs `recorder bench`; returns the exit code.
-pub fn run(args: &BenchArgs) -> ExitCode {
+pub(crate) fn run(args: &BenchArgs) -> ExitCode {
     let stop = match stop_at(args) {
         Ok(s) => s,
         Err(e) => {

@@ -10,7 +10,7 @@ use crate::cli::Cli;
 /// The script `shell` loads, as packages install it (bash:
 /// `/usr/share/bash-completion/completions/recorder`; zsh: `_recorder` on
 /// `$fpath`; fish: `vendor_completions.d/recorder.fish`).
-pub fn script(shell: Shell) -> Vec<u8> {
+pub(crate) fn script(shell: Shell) -> Vec<u8> {
     let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "recorder", &mut out);
@@ -18,7 +18,7 @@ pub fn script(shell: Shell) -> Vec<u8> {
 }
 
 /// Prints the script for `shell` on stdout.
-pub fn run(shell: Shell) -> ExitCode {
+pub(crate) fn run(shell: Shell) -> ExitCode {
     match super::print_out(String::from_utf8_lossy(&script(shell))) {
         Ok(()) => ExitCode::Success,
         Err(code) => code,

@@ -16,7 +16,7 @@ const MAX_ERROR_BYTES: usize = 4096;
 /// Prints a config error (it carries its own `file:line:col` and caret),
 /// with control characters escaped (the config is untrusted text) and cut
 /// to MAX_ERROR_BYTES.
-pub fn report(e: &ConfigError) -> ExitCode {
+pub(crate) fn report(e: &ConfigError) -> ExitCode {
     let mut text = config::diagnostic::terminal_safe(&e.to_string());
     if text.len() > MAX_ERROR_BYTES {
         let cut = (0..=MAX_ERROR_BYTES)
@@ -59,7 +59,7 @@ fn kernel_formats() -> Option<crate::sources::ftrace::tracefs::Tracefs> {
 /// tracefs can be read, the kernel's event formats: a usage error (every
 /// refusal printed) when one does not fit. `checked` tells whether the
 /// kernel check ran.
-pub fn rules_for(
+pub(crate) fn rules_for(
     spec: &config::RecorderSpec,
     args: &RuleArgs,
     ctx: RuleContext,
@@ -76,7 +76,11 @@ pub fn rules_for(
 }
 
 /// What each rule will do, for `config check` and `--dry-run`.
-pub fn rules_plan(rules: &[Rule], spec: &config::RecorderSpec, kernel_checked: bool) -> String {
+pub(crate) fn rules_plan(
+    rules: &[Rule],
+    spec: &config::RecorderSpec,
+    kernel_checked: bool,
+) -> String {
     if rules.is_empty() {
         return String::new();
     }
@@ -148,21 +152,25 @@ fn context_beside(file: &Path) -> RuleContext {
 }
 
 /// Loads `file` against our schema and the user's (`--proto`, …).
-pub fn load(file: &Path, opts: LoadOptions, protos: &ProtoArgs) -> Result<LoadedConfig, ExitCode> {
+pub(crate) fn load(
+    file: &Path,
+    opts: LoadOptions,
+    protos: &ProtoArgs,
+) -> Result<LoadedConfig, ExitCode> {
     load_with_inputs(file, opts, protos).map(|(l, _)| l)
 }
 
 /// Every file a load read — the config, `--proto` files and their imports,
 /// descriptor sets — by identity: `-o` must name none of them.
 #[derive(Debug, Default)]
-pub struct Inputs(
+pub(crate) struct Inputs(
     Vec<config::proto_input::InputFile>,
     Option<std::path::PathBuf>,
 );
 
 impl Inputs {
     /// The input `out` is (the same file, through any path or link), if any.
-    pub fn named_by(&self, out: &Path) -> Option<&Path> {
+    pub(crate) fn named_by(&self, out: &Path) -> Option<&Path> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(out).ok()?;
         self.0
@@ -173,7 +181,7 @@ impl Inputs {
 }
 
 /// As [`load`], with the files read.
-pub fn load_with_inputs(
+pub(crate) fn load_with_inputs(
     file: &Path,
     opts: LoadOptions,
     protos: &ProtoArgs,
@@ -197,7 +205,7 @@ pub fn load_with_inputs(
 }
 
 /// Refuses (exit 2, printed) an `-o` that names one of `inputs`.
-pub fn refuse_input_as_output(out: &Path, inputs: &Inputs) -> Result<(), ExitCode> {
+pub(crate) fn refuse_input_as_output(out: &Path, inputs: &Inputs) -> Result<(), ExitCode> {
     match inputs.named_by(out) {
         Some(input) => {
             let what = if inputs.1.as_deref() == Some(input) {
@@ -233,7 +241,7 @@ fn producer_socket_line(spec: &config::RecorderSpec) -> String {
 /// `--dry-run`: the config as text (for light mode, the one built), then
 /// what `config check` says of it, each line a `#` comment, so the whole
 /// can be saved and run with `--config`.
-pub fn dry_run(loaded: &LoadedConfig, rules: &RuleArgs, ctx: RuleContext) -> ExitCode {
+pub(crate) fn dry_run(loaded: &LoadedConfig, rules: &RuleArgs, ctx: RuleContext) -> ExitCode {
     let spec = match loaded.validate() {
         Ok(spec) => spec,
         Err(e) => return report(&e),
@@ -304,7 +312,7 @@ fn subbuf_line(spec: &config::RecorderSpec) -> Option<String> {
 }
 
 /// Validates `file` and prints the plan; with `explain`, every field's fate.
-pub fn check(file: &Path, form: &FormArgs, explain: bool, rule_args: &RuleArgs) -> ExitCode {
+pub(crate) fn check(file: &Path, form: &FormArgs, explain: bool, rule_args: &RuleArgs) -> ExitCode {
     let loaded = match load(file, form.options(), &form.protos) {
         Ok(l) => l,
         Err(code) => return code,
@@ -385,7 +393,7 @@ pub fn check(file: &Path, form: &FormArgs, explain: bool, rule_args: &RuleArgs) 
 }
 
 /// Converts `file` to the other form (or `to`), onto `out` or stdout.
-pub fn convert(
+pub(crate) fn convert(
     file: &Path,
     to: Option<TargetForm>,
     out: Option<&Path>,

@@ -9,7 +9,7 @@ use crate::producer::quota::{Limit, UidReport};
 
 /// Fires `names` at every session; 0 when at least one session accepted
 /// one of them (or, busy, queued them), 1 otherwise, saying which.
-pub fn fire(names: &[String], producer: &str) -> ExitCode {
+pub(crate) fn fire(names: &[String], producer: &str) -> ExitCode {
     // What a session would refuse is refused here, before connecting, with
     // the rule (and without echoing a huge or unprintable name).
     use crate::control::wire::{self, MAX_NAME_BYTES, MAX_REQUEST_BYTES, MAX_TRIGGER_NAMES};
@@ -83,7 +83,7 @@ pub fn fire(names: &[String], producer: &str) -> ExitCode {
 
 /// Lists the live sessions: 0 when there are none or at least one
 /// answered, 1 when every session refused or failed to answer.
-pub fn query(json: bool) -> ExitCode {
+pub(crate) fn query(json: bool) -> ExitCode {
     let all = client::query_all();
     let code = if all.is_empty() || all.iter().any(|(_, r)| r.is_ok()) {
         ExitCode::Success
@@ -227,7 +227,7 @@ fn quota_text(q: &UidQuotaStatus) -> String {
 
 /// Stops one session, or all the caller may stop: 0 when each one is
 /// stopping (or already was, or has exited meanwhile), 1 otherwise.
-pub fn stop(pid: Option<u32>, all: bool) -> ExitCode {
+pub(crate) fn stop(pid: Option<u32>, all: bool) -> ExitCode {
     let results = match (pid, all) {
         (Some(p), _) => vec![(p, client::stop(p))],
         (None, true) => {
@@ -273,7 +273,7 @@ pub fn stop(pid: Option<u32>, all: bool) -> ExitCode {
 /// Rotates one segmented session (the only one running, or `pid`), or
 /// every one the caller may: 0 when each closed its segment, 1 otherwise
 /// (a session that writes one file refuses, saying so).
-pub fn rotate(pid: Option<u32>, all: bool) -> ExitCode {
+pub(crate) fn rotate(pid: Option<u32>, all: bool) -> ExitCode {
     let results = match (pid, all) {
         (Some(p), _) => vec![(p, client::rotate(p))],
         (None, true) => {
@@ -315,7 +315,7 @@ pub fn rotate(pid: Option<u32>, all: bool) -> ExitCode {
 
 /// Starts one `deferred_start` session (the only one running, or `pid`),
 /// or every one the caller may start: 0 when each started, 1 otherwise.
-pub fn start(pid: Option<u32>, all: bool) -> ExitCode {
+pub(crate) fn start(pid: Option<u32>, all: bool) -> ExitCode {
     let me = rustix::process::geteuid().as_raw();
     let targets: Vec<u32> = match (pid, all) {
         (Some(p), _) => vec![p],

@@ -73,7 +73,7 @@ fn render(pieces: &[Piece], row: &serde_json::Value) -> String {
 /// Prints the rows of `path` (only those `unshipped` lacks, when given).
 /// Exit 1 when a listed row is not `ok` (after printing them all) or a
 /// path cannot be read; 2 for a bad template.
-pub fn run(path: &Path, unshipped: Option<&Path>, format: Option<&str>) -> ExitCode {
+pub(crate) fn run(path: &Path, unshipped: Option<&Path>, format: Option<&str>) -> ExitCode {
     let template = match format.map(parse_template).transpose() {
         Ok(t) => t,
         Err(e) => {

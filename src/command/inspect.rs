@@ -11,7 +11,7 @@ use crate::trace::{inspect, inspect_set, store};
 /// Prints what a trace (or a directory of segments) holds; exit 1 when it is
 /// corrupt beyond a torn tail (the report is still printed, up to the
 /// corruption).
-pub fn run(path: &Path, json: bool) -> ExitCode {
+pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
     if path.is_dir() {
         match inspect_set::report_dir(path) {
             Ok(r) => print_report(path, &r, json, r.verdict()),

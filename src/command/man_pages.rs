@@ -32,7 +32,7 @@ pub fn pages() -> Result<Vec<(String, Vec<u8>)>, std::io::Error> {
 
 /// Writes every page into `dir` (made if missing), each file new (never
 /// through a link); prints their paths.
-pub fn run(dir: &Path) -> ExitCode {
+pub(crate) fn run(dir: &Path) -> ExitCode {
     let pages = match pages() {
         Ok(p) => p,
         Err(e) => {

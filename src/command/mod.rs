@@ -1,18 +1,18 @@
 //! The commands (layer 5, beside `cli`): each takes parsed arguments, calls
 //! the library, prints for people and returns an [`ExitCode`].
 
-pub mod bench;
-pub mod completions;
-pub mod config;
-pub mod control;
+pub(crate) mod bench;
+pub(crate) mod completions;
+pub(crate) mod config;
+pub(crate) mod control;
 mod exit;
-pub mod index;
-pub mod inspect;
+pub(crate) mod index;
+pub(crate) mod inspect;
 pub mod man_pages;
-pub mod open;
-pub mod record;
-pub mod recover;
-pub mod serve;
+pub(crate) mod open;
+pub(crate) mod record;
+pub(crate) mod recover;
+pub(crate) mod serve;
 
 pub use exit::ExitCode;
 
@@ -42,7 +42,7 @@ pub fn main() -> std::process::ExitCode {
 }
 
 /// Dispatches parsed arguments to their command.
-pub fn run(cli: Cli) -> ExitCode {
+pub(crate) fn run(cli: Cli) -> ExitCode {
     let Some(command) = cli.command else {
         return record::run_main_job(&cli.main);
     };
@@ -99,7 +99,7 @@ pub fn run(cli: Cli) -> ExitCode {
 /// reader that went away (`recorder inspect T | head`) ends the command
 /// quietly with success, as other Unix tools do; any other write error is a
 /// runtime failure, said once.
-pub fn print_out(text: impl std::fmt::Display) -> Result<(), ExitCode> {
+pub(crate) fn print_out(text: impl std::fmt::Display) -> Result<(), ExitCode> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match write!(out, "{text}").and_then(|()| out.flush()) {

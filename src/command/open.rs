@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use super::ExitCode;
 
-pub use crate::cli::{OPEN_DEFAULT_ORIGIN as DEFAULT_ORIGIN, OPEN_DEFAULT_PORT as DEFAULT_PORT};
+pub(crate) use crate::cli::{
+    OPEN_DEFAULT_ORIGIN as DEFAULT_ORIGIN, OPEN_DEFAULT_PORT as DEFAULT_PORT,
+};
 
 /// Longest request head read before answering 431.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -63,7 +65,7 @@ const TOKEN_BYTES: usize = 16;
 
 /// What `open` was asked to do.
 #[derive(Debug, Clone)]
-pub struct OpenRequest<'a> {
+pub(crate) struct OpenRequest<'a> {
     pub trace: &'a Path,
     pub port: u16,
     pub browser: bool,
@@ -72,7 +74,7 @@ pub struct OpenRequest<'a> {
 
 /// Serves the trace until the UI fetched it or the user stops; returns the
 /// exit code.
-pub fn run(req: &OpenRequest<'_>) -> ExitCode {
+pub(crate) fn run(req: &OpenRequest<'_>) -> ExitCode {
     if let Err(e) = check_origin(req.origin) {
         eprintln!("recorder open: --origin {:?}: {e}", req.origin);
         return ExitCode::Usage;
@@ -186,14 +188,14 @@ fn new_token() -> Result<String, rand::rand_core::OsError> {
 }
 
 /// The Perfetto UI link that makes the UI fetch the trace from us.
-pub fn ui_link(origin: &str, port: u16, name: &str) -> String {
+pub(crate) fn ui_link(origin: &str, port: u16, name: &str) -> String {
     format!("{origin}/#!/?url=http://127.0.0.1:{port}/{name}")
 }
 
 /// The file name with every byte outside `[A-Za-z0-9._-]` replaced by `_`:
 /// it goes into a URL inside a URL fragment, where escapes are decoded a
 /// different number of times by different hops.
-pub fn url_name(trace: &Path) -> String {
+pub(crate) fn url_name(trace: &Path) -> String {
     let raw = trace
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -26,7 +26,7 @@ use crate::sys::signals::Signals;
 /// the sources' start) is seen by the event loop as soon as it runs, so the
 /// session stops at once with a valid trace (possibly holding only the
 /// recorder's own packets) and the exit code of any signal stop, 0.
-pub fn run_main_job(args: &MainArgs) -> ExitCode {
+pub(crate) fn run_main_job(args: &MainArgs) -> ExitCode {
     let signals = match Signals::install() {
         Ok(s) => Some(s),
         Err(e) => {
@@ -115,7 +115,7 @@ fn rule_context(args: &MainArgs) -> crate::config::rule::check::RuleContext {
 }
 
 /// What names light mode's config in messages.
-pub const LIGHT_ORIGIN: &str = "light mode";
+pub(crate) const LIGHT_ORIGIN: &str = "light mode";
 
 /// Light mode's config ([`crate::config::light`]), loaded like a file's; a
 /// word that is neither a category nor an event is a usage error.
@@ -157,7 +157,7 @@ fn kernel_events() -> Option<Vec<String>> {
 
 /// Records as `spec` says; `signals` are the handlers installed before the
 /// set-up began (the event loop installs its own when `None`).
-pub fn run(
+pub(crate) fn run(
     spec: &RecorderSpec,
     args: &MainArgs,
     signals: Option<Signals>,

@@ -25,7 +25,7 @@ use crate::trace::salvage::{self, Head, Ring, SalvageOptions, SavedBy};
 
 /// Why nothing could be recovered.
 #[derive(Debug, thiserror::Error)]
-pub enum RecoverError {
+pub(crate) enum RecoverError {
     #[error("cannot read the directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -57,7 +57,7 @@ struct Found {
 }
 
 /// Runs the command; see the module docs for the exit codes.
-pub fn run(dir: &Path, out: &Path, no_clobber: bool) -> ExitCode {
+pub(crate) fn run(dir: &Path, out: &Path, no_clobber: bool) -> ExitCode {
     match recover(dir, out, no_clobber) {
         Ok(code) => code,
         Err((code, e)) => {

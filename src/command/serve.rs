@@ -23,7 +23,7 @@ fn refuse_root(why: &str) -> ExitCode {
 }
 
 /// Runs the service.
-pub fn run(args: &ServeArgs) -> ExitCode {
+pub(crate) fn run(args: &ServeArgs) -> ExitCode {
     // Read before anything is claimed: a bad value leaves nothing behind.
     let direct_io = match super::record::direct_io_from_env() {
         Ok(d) => d,

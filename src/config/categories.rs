@@ -15,7 +15,7 @@
 
 /// One category: its word, what it covers, the events it adds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Category {
+pub(crate) struct Category {
     /// The word (`sched`).
     pub name: &'static str,
     /// What it covers, for people.
@@ -25,7 +25,7 @@ pub struct Category {
 }
 
 /// Every category that adds kernel events on Linux, by name.
-pub const CATEGORIES: &[Category] = &[
+pub(crate) const CATEGORIES: &[Category] = &[
     Category {
         name: "binder_driver",
         about: "Android binder transactions",
@@ -372,7 +372,7 @@ pub const CATEGORIES: &[Category] = &[
 ];
 
 /// The category named `name`, if it is one.
-pub fn find(name: &str) -> Option<&'static Category> {
+pub(crate) fn find(name: &str) -> Option<&'static Category> {
     CATEGORIES.iter().find(|c| c.name == name)
 }
 

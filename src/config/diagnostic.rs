@@ -35,7 +35,7 @@ impl TextError {
     }
 
     /// 1-based line and column (in characters) of the error in `src`.
-    pub fn line_col(&self, src: &str) -> (usize, usize) {
+    pub(crate) fn line_col(&self, src: &str) -> (usize, usize) {
         let at = self.offset.min(src.len());
         let before = &src[..floor_char_boundary(src, at)];
         let line = before.matches('\n').count() + 1;
@@ -124,7 +124,7 @@ fn visible_char(c: char) -> String {
 
 /// Multi-line text for a terminal: control characters escaped except
 /// newlines and tabs.
-pub fn terminal_safe(s: &str) -> String {
+pub(crate) fn terminal_safe(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c == '\n' {
@@ -137,7 +137,7 @@ pub fn terminal_safe(s: &str) -> String {
 }
 
 /// `s` with control characters escaped, cut to `max` characters.
-pub fn visible(s: &str, max: usize) -> String {
+pub(crate) fn visible(s: &str, max: usize) -> String {
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
         if i == max {
@@ -158,7 +158,7 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 
 /// Edit distance counting a swap of two neighbours as one edit (optimal
 /// string alignment), for "did you mean" suggestions.
-pub fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
     // Three rows: two back (for swaps), the previous one, the current one.
@@ -183,7 +183,10 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 
 /// The candidate closest to `word`, if it is close enough to be a likely typo
 /// (at most a third of the word's length, and at least 1 edit allowed).
-pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let chars = word.chars().count();
     // No name is that long: a huge token gets no suggestion, and costs no
     // quadratic comparisons.

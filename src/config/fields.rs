@@ -58,7 +58,7 @@ impl fmt::Display for FieldReport {
 
 /// What the table says about a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rule {
+pub(crate) enum Rule {
     /// Honoured; the text says how (empty: as the field says).
     Applied(&'static str),
     /// Accepted with no effect: a warning names the field and says why.
@@ -78,7 +78,7 @@ pub enum Rule {
 /// One row of the table: a field of a message (names without the
 /// `perfetto.protos.` package).
 #[derive(Debug, Clone, Copy)]
-pub struct FieldRule {
+pub(crate) struct FieldRule {
     /// `TraceConfig.BufferConfig`.
     pub message: &'static str,
     /// `size_kb`.
@@ -114,7 +114,7 @@ const ONE_MACHINE: &str = "recorder traces the machine it runs on";
 const FORWARDED: &[&str] = &[];
 
 /// Every field of the messages recorder reads, and what becomes of it.
-pub const FIELDS: &[FieldRule] = &[
+pub(crate) const FIELDS: &[FieldRule] = &[
     // TraceConfig.
     r(TC, "buffers", N),
     r(TC, "data_sources", N),
@@ -593,7 +593,7 @@ const BUILT_IN: &[&str] = &[
 ];
 
 /// The table's entry for `field` of `message` (package-less full name).
-pub fn rule(message: &str, field: &str) -> Option<Rule> {
+pub(crate) fn rule(message: &str, field: &str) -> Option<Rule> {
     FIELDS
         .iter()
         .find(|f| f.message == message && f.field == field)
@@ -601,13 +601,13 @@ pub fn rule(message: &str, field: &str) -> Option<Rule> {
 }
 
 /// The package-less full name of a message.
-pub fn short_name(full: &str) -> &str {
+pub(crate) fn short_name(full: &str) -> &str {
     full.strip_prefix("perfetto.protos.").unwrap_or(full)
 }
 
 /// What a walk of a config found.
 #[derive(Debug, Default)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// One per field the config sets.
     pub fields: Vec<FieldReport>,
     /// (path, message): fields the table ignores.
@@ -618,7 +618,7 @@ pub struct Judgement {
 
 /// Walks `msg` (a TraceConfig, or a message under it at `path`) against the
 /// table; `outcomes` are validation's own decisions by exact path.
-pub fn judge(
+pub(crate) fn judge(
     msg: &DynamicMessage,
     path: &str,
     outcomes: &[(String, FieldStatus)],
@@ -775,7 +775,7 @@ fn scalar(fd: &FieldDescriptor, v: &Value) -> String {
 
 /// The explanation `config check --explain` prints: every field the config
 /// sets, by path, with its fate.
-pub fn explain(fields: &[FieldReport], unknown: &[String]) -> String {
+pub(crate) fn explain(fields: &[FieldReport], unknown: &[String]) -> String {
     let mut s = String::new();
     for f in fields {
         s.push_str(&format!("  {f}\n"));

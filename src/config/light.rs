@@ -74,30 +74,30 @@ fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Opt
 }
 
 /// Perfetto's defaults for `-t` and `-b`.
-pub const DEFAULT_TIME_MS: u64 = 10_000;
+pub(crate) const DEFAULT_TIME_MS: u64 = 10_000;
 /// 32 MiB.
-pub const DEFAULT_BUFFER_KB: u64 = 32 * 1024;
+pub(crate) const DEFAULT_BUFFER_KB: u64 = 32 * 1024;
 /// The flush period Perfetto's light mode sets.
-pub const FLUSH_PERIOD_MS: u64 = 30_000;
+pub(crate) const FLUSH_PERIOD_MS: u64 = 30_000;
 /// The disk statistics period the `disk` category adds.
-pub const DISKSTAT_PERIOD_MS: u64 = 1000;
+pub(crate) const DISKSTAT_PERIOD_MS: u64 = 1000;
 
 /// What the command line asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LightRequest {
+pub(crate) struct LightRequest {
     /// `-t` in milliseconds (`None`: [`DEFAULT_TIME_MS`]; 0: no duration).
-    pub time_ms: Option<u64>,
+    pub(crate) time_ms: Option<u64>,
     /// `-b` in KiB (`None`: [`DEFAULT_BUFFER_KB`]).
     pub buffer_kb: Option<u64>,
     /// `-s` in KiB: stream to the file and stop at this size.
-    pub max_file_size_kb: Option<u64>,
+    pub(crate) max_file_size_kb: Option<u64>,
     /// Events (`GROUP/NAME`, `GROUP/*`) and categories, in order.
     pub words: Vec<String>,
 }
 
 /// Why a command line makes no config.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum LightError {
+pub(crate) enum LightError {
     /// A word that is neither a category nor an event.
     #[error("{word:?} is neither a category nor an ftrace event{}", suggestion(.nearest))]
     Unknown {
@@ -158,7 +158,7 @@ fn suggestion(nearest: &Option<String>) -> String {
 /// Why a `-t` or `-b`/`-s` value is not one.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("{value:?} is not {what} (expected {expected})")]
-pub struct UnitError {
+pub(crate) struct UnitError {
     value: String,
     what: &'static str,
     expected: &'static str,
@@ -189,7 +189,7 @@ fn with_unit(
 }
 
 /// `-t`: `500ms`, `10s`, `5m`, `1h` (or `0`) in milliseconds.
-pub fn parse_time_ms(arg: &str) -> Result<u64, UnitError> {
+pub(crate) fn parse_time_ms(arg: &str) -> Result<u64, UnitError> {
     with_unit(
         arg,
         &[("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)],
@@ -199,7 +199,7 @@ pub fn parse_time_ms(arg: &str) -> Result<u64, UnitError> {
 }
 
 /// `-b`, `-s`: `512kb`, `32mb`, `1gb` (or `k`, `m`, `g`) in KiB.
-pub fn parse_size_kb(arg: &str) -> Result<u64, UnitError> {
+pub(crate) fn parse_size_kb(arg: &str) -> Result<u64, UnitError> {
     with_unit(
         arg,
         &[
@@ -330,7 +330,7 @@ fn nearest_word(w: &str, kernel_events: Option<&[String]>, commands: &[&str]) ->
 /// `group/name` tracefs lists, `None` when it cannot be read: events are
 /// then checked when recording) and `commands` are for refusing and
 /// suggesting.
-pub fn build(
+pub(crate) fn build(
     req: &LightRequest,
     kernel_events: Option<&[String]>,
     commands: &[&str],

@@ -21,21 +21,21 @@
 //! of Perfetto's test producer, `android.perfetto.FakeProducer`.
 
 pub mod categories;
-pub mod diagnostic;
-pub mod event_name;
-pub mod fields;
-pub mod light;
-pub mod pattern;
-pub mod plan;
-pub mod proto_input;
+pub(crate) mod diagnostic;
+pub(crate) mod event_name;
+pub(crate) mod fields;
+pub(crate) mod light;
+pub(crate) mod pattern;
+pub(crate) mod plan;
+pub(crate) mod proto_input;
 pub mod raw;
-pub mod resources;
+pub(crate) mod resources;
 pub mod rule;
-pub mod schema;
-pub mod segments;
+pub(crate) mod schema;
+pub(crate) mod segments;
 pub mod spec;
-pub mod text;
-pub mod token;
+pub(crate) mod text;
+pub(crate) mod token;
 pub mod validate;
 
 use std::io::Read;
@@ -43,7 +43,7 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
+use prost_reflect::{DescriptorPool, DynamicMessage, Value};
 use thiserror::Error;
 
 pub use diagnostic::TextError;
@@ -71,13 +71,14 @@ pub fn pool() -> DescriptorPool {
 /// Lets go of the decoded schema: a session whose config is a spec needs
 /// none of it. Its memory is freed once the last handle is dropped; a later
 /// [`pool`] decodes it again.
-pub fn release_pool() {
+pub(crate) fn release_pool() {
     // As in `pool`: a whole handle or none, whatever a panic left.
     POOL.lock().unwrap_or_else(PoisonError::into_inner).take();
 }
 
 /// The `TraceConfig` descriptor.
-pub fn trace_config_descriptor() -> MessageDescriptor {
+#[cfg(test)]
+pub(crate) fn trace_config_descriptor() -> prost_reflect::MessageDescriptor {
     pool()
         .get_message_by_name("perfetto.protos.TraceConfig")
         .expect("protos/trace_config.proto defines perfetto.protos.TraceConfig")
@@ -96,7 +97,7 @@ pub enum ConfigForm {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Parse as text even if the bytes do not look like text (`--txt`).
-    pub force_text: bool,
+    pub(crate) force_text: bool,
     /// Skip unknown text fields instead of failing (`--txt-lossy`; implies text).
     pub lossy: bool,
 }
@@ -104,9 +105,9 @@ pub struct LoadOptions {
 /// The largest config read, in bytes. Perfetto's own service takes a
 /// config over a 128 KiB IPC frame; this leaves room while bounding the
 /// memory a hostile input can make the parser use (tens of MiB at most).
-pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 /// The most data sources one config may list.
-pub const MAX_DATA_SOURCES: usize = 1024;
+pub(crate) const MAX_DATA_SOURCES: usize = 1024;
 
 /// Errors of loading and validating a config.
 #[derive(Debug, Error)]
@@ -203,7 +204,7 @@ fn is_text_blank(b: u8) -> bool {
 /// Whether bytes are plausibly a text config: UTF-8 with no control
 /// characters but protobuf-text whitespace. Binary TraceConfigs almost
 /// always start with a tag followed by a small length byte, which fails this.
-pub fn looks_like_text(bytes: &[u8]) -> bool {
+pub(crate) fn looks_like_text(bytes: &[u8]) -> bool {
     match std::str::from_utf8(bytes) {
         Ok(s) => s
             .bytes()
@@ -216,7 +217,7 @@ pub fn looks_like_text(bytes: &[u8]) -> bool {
 /// NUL, a Latin-1 letter): they start like text (a letter, `_` or `#` after
 /// blanks) and at least 9 in 10 are printable ASCII or blanks. Such input is
 /// diagnosed as text, at the offending byte, unless it decodes as binary.
-pub fn mostly_text(bytes: &[u8]) -> bool {
+pub(crate) fn mostly_text(bytes: &[u8]) -> bool {
     let texty = bytes
         .iter()
         .filter(|b| (0x20..0x7f).contains(*b) || is_text_blank(**b))
@@ -284,7 +285,7 @@ fn read_capped(r: impl Read, origin: &str) -> Result<Vec<u8>, ConfigError> {
 }
 
 /// Reads a config from a file, or stdin for `-`, up to [`MAX_CONFIG_BYTES`].
-pub fn read_source(path: &Path) -> Result<(String, Vec<u8>), ConfigError> {
+pub(crate) fn read_source(path: &Path) -> Result<(String, Vec<u8>), ConfigError> {
     if path == Path::new("-") {
         let origin = "<stdin>".to_string();
         let buf = read_capped(std::io::stdin().lock(), &origin)?;
@@ -326,7 +327,7 @@ pub fn load_bytes(
 }
 
 /// [`load_bytes`] against `schema`.
-pub fn load_bytes_in(
+pub(crate) fn load_bytes_in(
     bytes: &[u8],
     origin: &str,
     opts: LoadOptions,
@@ -442,7 +443,7 @@ pub fn load_binary_in(
 }
 
 /// Paths of every unknown field in `msg`, e.g. `data_sources[0].config.#5000`.
-pub fn unknown_paths(msg: &DynamicMessage, path: &str, out: &mut Vec<String>) {
+pub(crate) fn unknown_paths(msg: &DynamicMessage, path: &str, out: &mut Vec<String>) {
     for u in msg.unknown_fields() {
         let p = if path.is_empty() {
             format!("#{}", u.number())
@@ -513,6 +514,7 @@ pub fn load_spec(path: &Path, opts: LoadOptions) -> Result<RecorderSpec, ConfigE
     load_path(path, opts)?.validate()
 }
 
+#[cfg(test)]
 fn all_counters(enum_name: &str) -> Vec<Counter> {
     pool()
         .get_enum_by_name(enum_name)
@@ -530,13 +532,15 @@ fn all_counters(enum_name: &str) -> Vec<Counter> {
 
 /// Every meminfo counter our schema knows (what an empty
 /// `meminfo_counters` list means), in enum order.
-pub fn all_meminfo_counters() -> Vec<Counter> {
+#[cfg(test)]
+pub(crate) fn all_meminfo_counters() -> Vec<Counter> {
     all_counters("perfetto.protos.MeminfoCounters")
 }
 
 /// Every vmstat counter our schema knows (what an empty `vmstat_counters`
 /// list means), in enum order.
-pub fn all_vmstat_counters() -> Vec<Counter> {
+#[cfg(test)]
+pub(crate) fn all_vmstat_counters() -> Vec<Counter> {
     all_counters("perfetto.protos.VmstatCounters")
 }
 

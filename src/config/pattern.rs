@@ -6,13 +6,13 @@
 /// filters and trigger regexes match.
 /// With a compiled size of at most [`REGEX_SIZE_LIMIT`]: compile time grows
 /// with it, and a producer or trigger name needs little.
-pub fn anchored(pattern: &str) -> Result<regex::Regex, regex::Error> {
+pub(crate) fn anchored(pattern: &str) -> Result<regex::Regex, regex::Error> {
     regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
 }
 
 /// The largest compiled regular expression (producer and trigger filters).
-pub const REGEX_SIZE_LIMIT: usize = 256 * 1024;
+pub(crate) const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 /// Distinct regular expressions one config may hold.
-pub const MAX_DISTINCT_REGEXES: usize = 64;
+pub(crate) const MAX_DISTINCT_REGEXES: usize = 64;

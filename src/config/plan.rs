@@ -112,7 +112,7 @@ fn kind_text(k: &SourceKind) -> String {
 }
 
 /// The plan, as `config check` prints it.
-pub fn describe(spec: &RecorderSpec) -> String {
+pub(crate) fn describe(spec: &RecorderSpec) -> String {
     let mut s = String::new();
     if !spec.activate_triggers.is_empty() {
         // Such a config only fires its triggers (as Perfetto's cmdline does):

@@ -19,19 +19,19 @@ use rustix::fs::{FileType, Mode, OFlags};
 /// Bytes read over every `.proto` file and descriptor set of one load.
 /// With [`MAX_PROTO_DECLARATIONS`] it bounds the compiler's time and memory
 /// (a load at the caps runs within 768 MiB of address space, tested).
-pub const MAX_PROTO_INPUT_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_PROTO_INPUT_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Messages nested deeper than this (in `.proto` text, braces; in a
 /// descriptor set, nested types) are refused before compiling: the
 /// compiler and the decoders recurse once per level.
-pub const MAX_PROTO_NESTING: usize = 64;
+pub(crate) const MAX_PROTO_NESTING: usize = 64;
 
 /// Declarations (messages, fields, enums, enum values, services, methods,
 /// extensions) over every `.proto` file and descriptor set of one load, at
 /// most. The compiler's memory grows with them (some 2 KiB each), more
 /// than with bytes: 4 MiB of dense nested messages is 336,000 of them.
 /// Counted on the parsed files before anything is compiled.
-pub const MAX_PROTO_DECLARATIONS: u64 = 65_536;
+pub(crate) const MAX_PROTO_DECLARATIONS: u64 = 65_536;
 
 /// Why an input could not be used. Never carries the file's content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +65,7 @@ impl InputError {
 /// descriptor sets and the compiler's file resolver; and every file read
 /// against it, by identity (so that `-o` can never name one).
 #[derive(Debug, Clone)]
-pub struct Budget(
+pub(crate) struct Budget(
     Arc<AtomicU64>,
     /// The files read (a holder only pushes one: whole even if poisoned).
     Arc<std::sync::Mutex<Vec<InputFile>>>,
@@ -77,7 +77,7 @@ pub struct Budget(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputFile {
     pub dev: u64,
-    pub ino: u64,
+    pub(crate) ino: u64,
     pub path: PathBuf,
 }
 
@@ -93,7 +93,7 @@ impl Default for Budget {
 
 impl Budget {
     /// The files read so far.
-    pub fn files(&self) -> Vec<InputFile> {
+    pub(crate) fn files(&self) -> Vec<InputFile> {
         // A list pushed to one whole entry at a time: whatever a panicking
         // holder left is valid.
         self.1
@@ -119,12 +119,12 @@ impl Budget {
     }
 
     /// Declarations still allowed.
-    pub fn declarations_left(&self) -> u64 {
+    pub(crate) fn declarations_left(&self) -> u64 {
         self.2.load(Ordering::SeqCst)
     }
 
     /// Charges `file`'s declarations ([`declarations`]).
-    pub fn take_declarations(&self, file: &FileDescriptorProto) -> Result<(), InputError> {
+    pub(crate) fn take_declarations(&self, file: &FileDescriptorProto) -> Result<(), InputError> {
         let n = declarations(file);
         self.2
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
@@ -150,7 +150,7 @@ impl Budget {
 
 /// Opens `path` without blocking (O_NONBLOCK: a FIFO with no writer would
 /// otherwise hang the open) and refuses anything but a regular file.
-pub fn open_regular(path: &Path) -> Result<std::fs::File, InputError> {
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, InputError> {
     let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
@@ -165,7 +165,7 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, InputError> {
 }
 
 /// Reads a regular file within what is left of `budget`.
-pub fn read_regular(path: &Path, budget: &Budget) -> Result<Vec<u8>, InputError> {
+pub(crate) fn read_regular(path: &Path, budget: &Budget) -> Result<Vec<u8>, InputError> {
     let f = open_regular(path)?;
     budget.note(&f, path);
     let mut bytes = Vec::new();
@@ -177,7 +177,8 @@ pub fn read_regular(path: &Path, budget: &Budget) -> Result<Vec<u8>, InputError>
 }
 
 /// How deep braces nest in `.proto` text, outside comments and strings.
-pub fn brace_depth(text: &str) -> usize {
+#[cfg(test)]
+pub(crate) fn brace_depth(text: &str) -> usize {
     shape(text).0
 }
 
@@ -185,7 +186,7 @@ pub fn brace_depth(text: &str) -> usize {
 /// (each `;` and `{` outside comments and strings: every declaration is
 /// one, so they bound the declarations before the text is parsed, whose
 /// memory grows with them).
-pub fn shape(text: &str) -> (usize, u64) {
+pub(crate) fn shape(text: &str) -> (usize, u64) {
     let b = text.as_bytes();
     let (mut depth, mut max, mut i) = (0usize, 0usize, 0usize);
     let mut statements = 0u64;
@@ -228,7 +229,7 @@ pub fn shape(text: &str) -> (usize, u64) {
 
 /// How deep message types nest in a descriptor set's file, walked without
 /// recursion.
-pub fn nesting_depth(file: &FileDescriptorProto) -> usize {
+pub(crate) fn nesting_depth(file: &FileDescriptorProto) -> usize {
     let mut max = 0;
     let mut stack: Vec<(&DescriptorProto, usize)> =
         file.message_type.iter().map(|m| (m, 1)).collect();
@@ -245,7 +246,7 @@ pub fn nesting_depth(file: &FileDescriptorProto) -> usize {
 /// The declarations of one file: messages (nested too), their fields,
 /// extensions and oneofs, enums and their values, services and their
 /// methods. Walked without recursion.
-pub fn declarations(file: &FileDescriptorProto) -> u64 {
+pub(crate) fn declarations(file: &FileDescriptorProto) -> u64 {
     let enums = |e: &[prost_types::EnumDescriptorProto]| {
         e.iter().map(|e| 1 + e.value.len() as u64).sum::<u64>()
     };
@@ -278,7 +279,7 @@ fn plain_relative(name: &str) -> Option<&Path> {
 
 /// Where `name` lives under `dir`, if it does: its real path stays inside
 /// the real `dir` (a link out of it does not count).
-pub fn inside(dir: &Path, name: &str) -> Option<PathBuf> {
+pub(crate) fn inside(dir: &Path, name: &str) -> Option<PathBuf> {
     let rel = plain_relative(name)?;
     let root = dir.canonicalize().ok()?;
     let path = dir.join(rel);
@@ -297,7 +298,7 @@ pub fn inside(dir: &Path, name: &str) -> Option<PathBuf> {
 /// costs `n²`; without them each error costs the same whatever the file's
 /// size, and the one error reported is placed afterwards
 /// (`schema::proto_error`).
-pub struct IncludeResolver {
+pub(crate) struct IncludeResolver {
     dirs: Vec<PathBuf>,
     budget: Budget,
     parsed: ParsedFiles,
@@ -306,7 +307,7 @@ pub struct IncludeResolver {
 /// A user's `.proto` file as parsed: its text, the positions of its
 /// elements, and the descriptor the compiler was given (without them).
 #[derive(Debug, Clone)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     pub source: String,
     pub info: prost_types::SourceCodeInfo,
     pub descriptor: FileDescriptorProto,
@@ -314,10 +315,10 @@ pub struct Parsed {
 
 /// The files an [`IncludeResolver`] parsed, by name. A poisoned map is
 /// only read for error positions, and skipped (each holder inserts once).
-pub type ParsedFiles = Arc<std::sync::Mutex<std::collections::HashMap<String, Parsed>>>;
+pub(crate) type ParsedFiles = Arc<std::sync::Mutex<std::collections::HashMap<String, Parsed>>>;
 
 impl IncludeResolver {
-    pub fn new(dirs: Vec<PathBuf>, budget: Budget) -> Self {
+    pub(crate) fn new(dirs: Vec<PathBuf>, budget: Budget) -> Self {
         IncludeResolver {
             dirs,
             budget,
@@ -326,7 +327,7 @@ impl IncludeResolver {
     }
 
     /// The files parsed so far (shared: still filled while compiling).
-    pub fn parsed(&self) -> ParsedFiles {
+    pub(crate) fn parsed(&self) -> ParsedFiles {
         self.parsed.clone()
     }
 }

@@ -72,7 +72,10 @@ impl ServiceFields {
 /// occurrence of an owned field is dropped and the new values are appended
 /// (last one wins on decode anyway). Every other byte is copied verbatim, in
 /// order.
-pub fn rewrite_service_fields(config: &[u8], svc: &ServiceFields) -> Result<Vec<u8>, WireError> {
+pub(crate) fn rewrite_service_fields(
+    config: &[u8],
+    svc: &ServiceFields,
+) -> Result<Vec<u8>, WireError> {
     let mut out = Vec::with_capacity(config.len() + 32);
     for f in fields(config) {
         let f = f?;

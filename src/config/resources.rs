@@ -13,11 +13,11 @@ use super::validate::Invalid;
 /// Room the head of a trace takes besides the config itself (clock
 /// snapshot, sync marker, uuid, system info, service events: about 1 KiB,
 /// doubled for margin).
-pub const HEAD_BYTES_BESIDES_CONFIG: u64 = 2048;
+pub(crate) const HEAD_BYTES_BESIDES_CONFIG: u64 = 2048;
 
 /// Memory a session may map now: `MemAvailable`, lowered by the cgroup's
 /// own limit when there is one. `None` when it cannot be read.
-pub fn available_memory(proc_root: &Path, cgroup_root: &Path) -> Option<u64> {
+pub(crate) fn available_memory(proc_root: &Path, cgroup_root: &Path) -> Option<u64> {
     let meminfo = std::fs::read_to_string(proc_root.join("meminfo")).ok()?;
     let kb: u64 = meminfo
         .lines()
@@ -51,7 +51,7 @@ fn gib(b: u64) -> String {
 /// The problems of `buffers` and `file` given `available` bytes of memory
 /// and a config of `config_bytes` bytes (written into the trace unless
 /// `trace_config_written` is false).
-pub fn check(
+pub(crate) fn check(
     buffers: &[BufferSpec],
     file: Option<&FileSpec>,
     available: Option<u64>,

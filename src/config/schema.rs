@@ -35,10 +35,10 @@ use super::proto_input::{self, Budget, IncludeResolver, MAX_PROTO_NESTING};
 /// SDK app). Perfetto cannot add fields past that either; its one reserved
 /// number there (268435455, a retired id) is outside the range. Must match the `extensions` line of
 /// `protos/data_source_config.proto` (a test checks).
-pub const EXTENSION_RANGE: RangeInclusive<u32> = 10_000_000..=16_777_215;
+pub(crate) const EXTENSION_RANGE: RangeInclusive<u32> = 10_000_000..=16_777_215;
 
 /// The message users extend.
-pub const EXTENDEE: &str = "perfetto.protos.DataSourceConfig";
+pub(crate) const EXTENDEE: &str = "perfetto.protos.DataSourceConfig";
 
 /// Where the user's schema comes from (`--proto`, `--proto-path`,
 /// `--descriptor-set`).

@@ -22,7 +22,7 @@ use crate::storage::segment::policy::{RotationPolicy, ValueError, parse_duration
 
 /// The settings file could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum SegmentsFileError {
+pub(crate) enum SegmentsFileError {
     #[error("{path}: {source}")]
     Read {
         path: PathBuf,
@@ -66,12 +66,12 @@ struct File {
 
 /// The settings file that belongs to `config`: the same name with the
 /// extension replaced by `.segments.toml`.
-pub fn adjacent_path(config: &Path) -> PathBuf {
+pub(crate) fn adjacent_path(config: &Path) -> PathBuf {
     config.with_extension("segments.toml")
 }
 
 /// Parses settings text (`path` only names it in errors).
-pub fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileError> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileError> {
     let f: File = toml::from_str(text).map_err(|source| SegmentsFileError::Parse {
         path: path.to_path_buf(),
         source,
@@ -109,7 +109,7 @@ pub fn parse(text: &str, path: &Path) -> Result<RotationPolicy, SegmentsFileErro
 }
 
 /// Loads the settings beside `config`, if there are any.
-pub fn load_adjacent(
+pub(crate) fn load_adjacent(
     config: &Path,
 ) -> Result<Option<(PathBuf, RotationPolicy)>, SegmentsFileError> {
     let path = adjacent_path(config);
@@ -123,7 +123,7 @@ pub fn load_adjacent(
 }
 
 /// `base` with every setting `over` gives replaced (flags over the file).
-pub fn overlay(base: RotationPolicy, over: RotationPolicy) -> RotationPolicy {
+pub(crate) fn overlay(base: RotationPolicy, over: RotationPolicy) -> RotationPolicy {
     RotationPolicy {
         size: over.size.or(base.size),
         period: over.period.or(base.period),
@@ -135,7 +135,7 @@ pub fn overlay(base: RotationPolicy, over: RotationPolicy) -> RotationPolicy {
 }
 
 /// The plan lines for `config check` (empty without rotation).
-pub fn describe(p: &RotationPolicy, from: Option<&Path>) -> String {
+pub(crate) fn describe(p: &RotationPolicy, from: Option<&Path>) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     if !p.rotates() {

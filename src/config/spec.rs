@@ -72,9 +72,9 @@ pub struct BufferSpec {
     /// Its fill policy.
     pub fill_policy: FillPolicy,
     /// Clone semantics (accepted; relevant once clone snapshots exist).
-    pub transfer_on_clone: bool,
+    pub(crate) transfer_on_clone: bool,
     /// Clone semantics.
-    pub clear_before_clone: bool,
+    pub(crate) clear_before_clone: bool,
 }
 
 /// A scalar counter of a `/proc` file, by its enum number and name (e.g.
@@ -90,7 +90,8 @@ pub struct Counter {
 impl Counter {
     /// The `/proc/vmstat` key of a vmstat counter: its name without `VMSTAT_`,
     /// in lower case.
-    pub fn vmstat_key(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn vmstat_key(&self) -> String {
         self.name.trim_start_matches("VMSTAT_").to_ascii_lowercase()
     }
 }
@@ -356,7 +357,7 @@ pub struct TestSourceSpec {
     /// Payload size in bytes.
     pub message_size: u32,
     /// Emit the whole batch at registration.
-    pub send_batch_on_register: bool,
+    pub(crate) send_batch_on_register: bool,
 }
 
 /// What a data source is, with its decoded sub-config.
@@ -423,7 +424,7 @@ pub struct TriggerSpec {
     /// Only producers whose name fully matches (validated pattern).
     pub producer_name_regex: Option<String>,
     /// Delay between the trigger and the stop (or the start's duration).
-    pub stop_delay: Duration,
+    pub(crate) stop_delay: Duration,
     /// Rate limit per 24 h (`None`: unlimited).
     pub max_per_24_h: Option<u32>,
     /// Probability in [0, 1] to ignore a hit.
@@ -447,9 +448,9 @@ pub struct FileSpec {
     /// Period of write passes (0 → 5000 ms, at least 100 ms).
     pub write_period: Duration,
     /// The file never exceeds this.
-    pub max_size: Option<ByteSize>,
+    pub(crate) max_size: Option<ByteSize>,
     /// fdatasync after each pass.
-    pub fdatasync_each_pass: bool,
+    pub(crate) fdatasync_each_pass: bool,
     /// `output_path` from the config, if any.
     pub output_path: Option<String>,
 }
@@ -469,21 +470,21 @@ pub enum FlushPlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuiltinSourcesSpec {
     /// No clock snapshots.
-    pub disable_clock_snapshotting: bool,
+    pub(crate) disable_clock_snapshotting: bool,
     /// No `trace_config` packet.
-    pub disable_trace_config: bool,
+    pub(crate) disable_trace_config: bool,
     /// No `system_info` packet.
-    pub disable_system_info: bool,
+    pub(crate) disable_system_info: bool,
     /// No service events.
-    pub disable_service_events: bool,
+    pub(crate) disable_service_events: bool,
     /// BuiltinClock number of the primary trace clock (6 = BOOTTIME).
-    pub primary_trace_clock: u32,
+    pub(crate) primary_trace_clock: u32,
     /// Period of clock snapshots and stats (default 10 s).
-    pub snapshot_interval: Duration,
+    pub(crate) snapshot_interval: Duration,
     /// Snapshot timer on the suspend-aware clock.
-    pub prefer_suspend_clock_for_snapshot: bool,
+    pub(crate) prefer_suspend_clock_for_snapshot: bool,
     /// No chunk-usage histograms in trace stats.
-    pub disable_chunk_usage_histograms: bool,
+    pub(crate) disable_chunk_usage_histograms: bool,
 }
 
 /// Output compression.
@@ -533,11 +534,11 @@ pub struct RecorderSpec {
     /// When data sources are asked to flush during the session.
     pub flush: FlushPlan,
     /// Bound on a flush (default 5 s).
-    pub flush_timeout: Duration,
+    pub(crate) flush_timeout: Duration,
     /// Bound on a data source's stop (default 5 s).
-    pub data_source_stop_timeout: Duration,
+    pub(crate) data_source_stop_timeout: Duration,
     /// Period of incremental-state clears (`None`: never).
-    pub incremental_state_clear_period: Option<Duration>,
+    pub(crate) incremental_state_clear_period: Option<Duration>,
     /// Triggers to send instead of recording (the config is then a trigger
     /// request, as with Perfetto's cmdline).
     pub activate_triggers: Vec<String>,
@@ -579,14 +580,14 @@ pub struct CustomField {
     /// The data source's name (who receives it).
     pub data_source: String,
     /// The .proto file that declares it.
-    pub declared_in: String,
+    pub(crate) declared_in: String,
     /// The value as text, on one line and cut short.
     pub value: String,
 }
 
 impl RecorderSpec {
     /// The data sources that write into `buffer`.
-    pub fn sources_of(&self, buffer: BufferId) -> impl Iterator<Item = &DataSourceSpec> {
+    pub(crate) fn sources_of(&self, buffer: BufferId) -> impl Iterator<Item = &DataSourceSpec> {
         self.data_sources
             .iter()
             .filter(move |d| d.target_buffer == buffer)

@@ -30,7 +30,7 @@ use crate::wire::{self, WireType, varint};
 
 /// The outcome of a successful text parse.
 #[derive(Debug, Clone)]
-pub struct ParsedText {
+pub(crate) struct ParsedText {
     /// The message.
     pub message: DynamicMessage,
     /// Paths of the fields skipped in lossy mode (`buffers[0].foo`).
@@ -38,7 +38,11 @@ pub struct ParsedText {
 }
 
 /// Parses `src` as a text-format `desc` message.
-pub fn parse(src: &str, desc: MessageDescriptor, lossy: bool) -> Result<ParsedText, TextError> {
+pub(crate) fn parse(
+    src: &str,
+    desc: MessageDescriptor,
+    lossy: bool,
+) -> Result<ParsedText, TextError> {
     let mut p = Parser {
         lex: Lexer::new(src),
         peeked: None,
@@ -712,7 +716,7 @@ pub(crate) fn radix_and_digits(body: &str) -> (u32, &str) {
 
 /// Parses an integer as configs write it: optional sign, decimal, `0x` hex or
 /// leading-`0` octal, with `_` allowed between digits.
-pub fn parse_int(text: &str) -> Option<i128> {
+pub(crate) fn parse_int(text: &str) -> Option<i128> {
     let (neg, body) = match text.as_bytes().first()? {
         b'-' => (true, &text[1..]),
         b'+' => (false, &text[1..]),
@@ -761,7 +765,7 @@ fn parse_float(text: &str) -> Option<f64> {
 /// Prints `msg` in the text format [`parse`] reads back: fields, then
 /// extensions by their full names, then fields the schema does not know by
 /// number (nothing is left out).
-pub fn print(msg: &DynamicMessage) -> String {
+pub(crate) fn print(msg: &DynamicMessage) -> String {
     let mut out = String::new();
     print_body(msg, 0, &mut out);
     out
@@ -769,7 +773,7 @@ pub fn print(msg: &DynamicMessage) -> String {
 
 /// A value on one line, as `config check` shows a custom field: the text
 /// form with its line breaks folded, cut at `max` characters.
-pub fn print_inline(slot_kind: &Kind, v: &Value, max: usize) -> String {
+pub(crate) fn print_inline(slot_kind: &Kind, v: &Value, max: usize) -> String {
     let mut out = String::new();
     match v {
         Value::Message(m) => {

@@ -4,7 +4,7 @@ use super::diagnostic::TextError;
 
 /// What a token is.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TokenKind {
+pub(crate) enum TokenKind {
     /// A bare word: field name, enum value, `true`, `inf`.
     Ident,
     /// A number as written (sign, prefix, digit separators included).
@@ -20,7 +20,7 @@ pub enum TokenKind {
 
 /// A token and where it is.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Token {
+pub(crate) struct Token {
     /// Kind (and the value of a string).
     pub kind: TokenKind,
     /// Byte offset of the first character.
@@ -30,19 +30,19 @@ pub struct Token {
 }
 
 /// Splits config text into tokens, skipping whitespace and `#` comments.
-pub struct Lexer<'a> {
+pub(crate) struct Lexer<'a> {
     src: &'a str,
     pos: usize,
 }
 
 impl<'a> Lexer<'a> {
     /// A lexer at the start of `src`.
-    pub fn new(src: &'a str) -> Self {
+    pub(crate) fn new(src: &'a str) -> Self {
         Lexer { src, pos: 0 }
     }
 
     /// The text of a token.
-    pub fn text(&self, t: &Token) -> &'a str {
+    pub(crate) fn text(&self, t: &Token) -> &'a str {
         &self.src[t.start..t.end]
     }
 
@@ -69,7 +69,7 @@ impl<'a> Lexer<'a> {
     }
 
     /// The next token.
-    pub fn next_token(&mut self) -> Result<Token, TextError> {
+    pub(crate) fn next_token(&mut self) -> Result<Token, TextError> {
         self.skip_blanks();
         let start = self.pos;
         let Some(b) = self.peek_byte(start) else {
@@ -118,7 +118,7 @@ impl<'a> Lexer<'a> {
     /// Any type URL (`type.googleapis.com/pkg.Msg`), as one token: the
     /// ordinary tokens would cut it at each dot. Blanks around it are
     /// skipped; an empty name is an empty token.
-    pub fn bracketed_name(&mut self) -> Token {
+    pub(crate) fn bracketed_name(&mut self) -> Token {
         self.skip_blanks();
         let start = self.pos;
         while self

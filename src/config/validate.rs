@@ -35,31 +35,31 @@ impl fmt::Display for Invalid {
 }
 
 /// Longest duration and trigger timeout the service accepts: 7 days.
-pub const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
+pub(crate) const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Most buffers per session.
-pub const MAX_BUFFERS: usize = 128;
+pub(crate) const MAX_BUFFERS: usize = 128;
 /// A buffer must be under 4 GiB.
-pub const MAX_BUFFER_KB: u64 = 4 * 1024 * 1024 - 1;
+pub(crate) const MAX_BUFFER_KB: u64 = 4 * 1024 * 1024 - 1;
 /// write_into_file period defaults.
-pub const DEFAULT_WRITE_PERIOD_MS: u32 = 5000;
+pub(crate) const DEFAULT_WRITE_PERIOD_MS: u32 = 5000;
 /// Smallest write_into_file period.
-pub const MIN_WRITE_PERIOD_MS: u32 = 100;
+pub(crate) const MIN_WRITE_PERIOD_MS: u32 = 100;
 /// The flush cadence the service uses under write_into_file in AUTO mode.
-pub const AUTO_FLUSH_PERIOD_MS: u32 = 5000;
+pub(crate) const AUTO_FLUSH_PERIOD_MS: u32 = 5000;
 
 /// BuiltinClock BOOTTIME, the trace clock.
 const BOOTTIME: i32 = 6;
 
 /// Names of the sources recorder provides itself.
-pub const FTRACE: &str = "linux.ftrace";
+pub(crate) const FTRACE: &str = "linux.ftrace";
 /// `linux.process_stats`.
-pub const PROCESS_STATS: &str = "linux.process_stats";
+pub(crate) const PROCESS_STATS: &str = "linux.process_stats";
 /// `linux.sys_stats`.
-pub const SYS_STATS: &str = "linux.sys_stats";
+pub(crate) const SYS_STATS: &str = "linux.sys_stats";
 /// The synthetic test source, under our name...
-pub const FOR_TESTING: &str = "for_testing";
+pub(crate) const FOR_TESTING: &str = "for_testing";
 /// ...and under the name Perfetto's own test producer registers.
-pub const FAKE_PRODUCER: &str = "android.perfetto.FakeProducer";
+pub(crate) const FAKE_PRODUCER: &str = "android.perfetto.FakeProducer";
 
 struct Ctx<'a> {
     errors: Vec<Invalid>,
@@ -194,7 +194,7 @@ fn writers_fit(cx: &mut Ctx<'_>, buffers: &[BufferSpec], data_sources: &[DataSou
 
 /// Validates `config_bytes`, a serialized TraceConfig. `unknown_fields` are the
 /// paths the loader found our schema does not know; they are carried along.
-pub fn validate(
+pub(crate) fn validate(
     config_bytes: &[u8],
     unknown_fields: Vec<String>,
     pool: &DescriptorPool,
@@ -663,7 +663,7 @@ fn ftrace_categories(cx: &mut Ctx<'_>, base: &str, f: &protos::FtraceConfig) -> 
 }
 
 /// The default ftrace drain period (Perfetto's).
-pub const DEFAULT_DRAIN_PERIOD_MS: u32 = 100;
+pub(crate) const DEFAULT_DRAIN_PERIOD_MS: u32 = 100;
 /// The watermark of the early ftrace drain when the config sets none: half
 /// full, so a burst still has the other half while the reader catches up.
 pub const DEFAULT_DRAIN_BUFFER_PERCENT: u32 = 50;
@@ -947,7 +947,7 @@ fn ftrace_tracefs_options(
 }
 
 /// Process polls faster than this are raised to it (Perfetto's minimum).
-pub const MIN_PROC_POLL_MS: u32 = 100;
+pub(crate) const MIN_PROC_POLL_MS: u32 = 100;
 
 fn process_stats(cx: &mut Ctx<'_>, path: &str, p: protos::ProcessStatsConfig) -> ProcessStatsSpec {
     let base = format!("{path}.config.process_stats_config");
@@ -1261,7 +1261,7 @@ fn file(
 
 /// The write period a `file_write_period_ms` value gives (ARCHITECTURE.md §8.5: 0 is
 /// 5000, under 100 is raised to 100), and what changed, if anything.
-pub fn write_period_ms(v: u32) -> (u32, Option<String>) {
+pub(crate) fn write_period_ms(v: u32) -> (u32, Option<String>) {
     match v {
         0 => (
             DEFAULT_WRITE_PERIOD_MS,

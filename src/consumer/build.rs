@@ -63,13 +63,13 @@ pub(super) struct Parts<'a> {
     /// The client's file (`write_into_file`); none: an in-memory file.
     pub output: Option<OwnedFd>,
     /// The backlog bound of a stream output.
-    pub stream_backlog: u64,
+    pub(crate) stream_backlog: u64,
     pub producers: Option<&'a ProducerService>,
     pub ftrace: Option<Arc<dyn RemoteTracefs>>,
-    pub direct_io: bool,
+    pub(crate) direct_io: bool,
     /// The broker that saves a session writing into its client's file if
     /// the service dies (root `recorder serve`).
-    pub saver: Option<Arc<Broker>>,
+    pub(crate) saver: Option<Arc<Broker>>,
 }
 
 /// A built session: its runner, the in-memory file ReadBuffers reads
@@ -78,7 +78,7 @@ pub(super) struct Parts<'a> {
 pub(super) struct Built {
     pub runner: Runner,
     pub file: Option<File>,
-    pub saved_at_death: bool,
+    pub(crate) saved_at_death: bool,
 }
 
 /// Builds `spec`'s session and prepares its sources (tracefs through the

@@ -56,18 +56,18 @@ pub(super) struct Connection {
     /// Since when the queue has waited without the client taking a byte.
     stalled_since: Option<Instant>,
     /// The last descriptor the client passed.
-    pub passed_fd: Option<OwnedFd>,
+    pub(crate) passed_fd: Option<OwnedFd>,
     /// The session it holds.
     pub session: Option<u64>,
     /// An ObserveEvents stream asked before EnableTracing: its request id
     /// and the events it asked for.
-    pub observer: Option<(u64, i32)>,
+    pub(crate) observer: Option<(u64, i32)>,
     /// ObserveEvents streams waiting for `all_data_sources_started`.
-    pub start_watchers: Vec<u64>,
+    pub(crate) start_watchers: Vec<u64>,
     /// The ReadBuffers being answered, slice by slice, as room comes.
     pub reading: Option<u64>,
     /// Requests to its session not answered yet.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
 }
 
 impl Connection {

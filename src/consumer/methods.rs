@@ -27,7 +27,7 @@ pub(super) const BUILTIN_SOURCES: [&str; 4] = [
 
 impl Hosted {
     /// How long it may take to stop before it is aborted.
-    pub fn stop_budget(&self) -> std::time::Duration {
+    pub(crate) fn stop_budget(&self) -> std::time::Duration {
         self.entry.stop_budget + ABORT_GRACE
     }
 }

@@ -19,7 +19,7 @@ use crate::wire::framing::{self, Step};
 const WINDOW: usize = 1 << 20;
 
 /// Reads a file of `0x0A <len> <packet>` records into ReadBuffers replies.
-pub struct Readback {
+pub(crate) struct Readback {
     file: File,
     /// File offset of `buf[0]`.
     at: u64,
@@ -35,7 +35,7 @@ pub struct Readback {
 }
 
 impl Readback {
-    pub fn new(file: File) -> Self {
+    pub(crate) fn new(file: File) -> Self {
         Self {
             file,
             at: 0,
@@ -49,14 +49,14 @@ impl Readback {
     }
 
     /// Looks for data written since the end was last seen.
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         self.eof = false;
     }
 
     /// The next reply; `None` once everything written so far was returned.
     /// A record still being written waits for the next call; a corrupt one
     /// ends the readback where it starts.
-    pub fn next_reply(&mut self) -> std::io::Result<Option<ReadBuffersResponse>> {
+    pub(crate) fn next_reply(&mut self) -> std::io::Result<Option<ReadBuffersResponse>> {
         let mut slices = Vec::new();
         let mut bytes = 0;
         loop {

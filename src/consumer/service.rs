@@ -32,7 +32,7 @@ use crate::transport::peer::{MAX_UIDS, OTHER_UIDS, Peer};
 const STOP_GRACE: Duration = Duration::from_secs(20);
 /// A session asked to stop has its flush and stop timeouts, then this
 /// much more, before it is aborted.
-pub const ABORT_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const ABORT_GRACE: Duration = Duration::from_secs(5);
 /// How long accepting pauses when the process is out of descriptors.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
@@ -66,7 +66,7 @@ enum Owner {
 }
 
 /// The consumer socket and everything it serves.
-pub struct Service {
+pub(crate) struct Service {
     listener: UnixListener,
     path: PathBuf,
     pub(super) conns: BTreeMap<ConnId, Connection>,
@@ -93,7 +93,7 @@ pub struct Service {
 impl Service {
     /// Serves on `listener` (bound at `path`) within `limits`; sessions that
     /// need apps attach to `producers` when given.
-    pub fn new(
+    pub(crate) fn new(
         listener: UnixListener,
         path: PathBuf,
         producers: Option<ProducerService>,
@@ -121,25 +121,25 @@ impl Service {
 
     /// Sessions record linux.ftrace themselves, on instances `remote` (the
     /// root broker) prepares, instead of leaving it to producers.
-    pub fn serve_ftrace(&mut self, remote: Arc<dyn RemoteTracefs>) {
+    pub(crate) fn serve_ftrace(&mut self, remote: Arc<dyn RemoteTracefs>) {
         self.ftrace = Some(remote);
     }
 
     /// Sessions writing into their clients' files are saved by `broker`
     /// if the service dies while they record (their buffers on memfds).
-    pub fn save_at_death(&mut self, broker: Arc<Broker>) {
+    pub(crate) fn save_at_death(&mut self, broker: Arc<Broker>) {
         self.saver = Some(broker);
     }
 
     /// Sessions write their files through the page cache even where
     /// `O_DIRECT` works (`RECORDER_DIRECT_IO=off`).
-    pub fn no_direct_io(&mut self) {
+    pub(crate) fn no_direct_io(&mut self) {
         self.direct_io = false;
     }
 
     /// Serves until SIGINT or SIGTERM, then stops every session and waits
     /// (bounded) for them to end and their clients to read them.
-    pub fn run(mut self) -> Result<(), ConsumerError> {
+    pub(crate) fn run(mut self) -> Result<(), ConsumerError> {
         let signals = Signals::install().map_err(|source| ConsumerError::Io {
             what: "signal handlers",
             source,

@@ -8,13 +8,13 @@ use crate::protos::ipc_frame::{BindServiceReply, InvokeMethodReply, Msg, bind_se
 use crate::transport::frame::{self, FrameError};
 
 /// The service a consumer binds.
-pub const SERVICE_NAME: &str = "ConsumerPort";
+pub(crate) const SERVICE_NAME: &str = "ConsumerPort";
 /// Its id in our replies (0 means "not connected" to a client).
-pub const SERVICE_ID: u32 = 1;
+pub(crate) const SERVICE_ID: u32 = 1;
 
 /// The methods, by id (1-based, declaration order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
+pub(crate) enum Method {
     EnableTracing = 1,
     DisableTracing,
     ReadBuffers,
@@ -33,7 +33,7 @@ pub enum Method {
 }
 
 /// Every method with its name, in id order.
-pub const METHODS: [(Method, &str); 15] = [
+pub(crate) const METHODS: [(Method, &str); 15] = [
     (Method::EnableTracing, "EnableTracing"),
     (Method::DisableTracing, "DisableTracing"),
     (Method::ReadBuffers, "ReadBuffers"),
@@ -53,23 +53,23 @@ pub const METHODS: [(Method, &str); 15] = [
 
 impl Method {
     /// The method with wire id `id`, if any.
-    pub fn from_id(id: u32) -> Option<Method> {
+    pub(crate) fn from_id(id: u32) -> Option<Method> {
         METHODS.get((id as usize).checked_sub(1)?).map(|m| m.0)
     }
 }
 
 /// `ObservableEvents.Type` flags.
-pub const EVENT_ALL_DATA_SOURCES_STARTED: i32 = 2;
-pub const EVENT_CLONE_TRIGGER_HIT: i32 = 4;
+pub(crate) const EVENT_ALL_DATA_SOURCES_STARTED: i32 = 2;
+pub(crate) const EVENT_CLONE_TRIGGER_HIT: i32 = 4;
 
 /// Bytes of reply payload (slices) per ReadBuffers frame: the frame, its
 /// header and the reply's own fields must stay under the 128 KiB a client
 /// accepts.
-pub const MAX_READ_REPLY_BYTES: usize = frame::MAX_PAYLOAD_BYTES - 1024;
+pub(crate) const MAX_READ_REPLY_BYTES: usize = frame::MAX_PAYLOAD_BYTES - 1024;
 
 /// The reply to BindService: our methods for `ConsumerPort`, a failure for
 /// any other name.
-pub fn bind_reply(request_id: u64, name: &str) -> IpcFrame {
+pub(crate) fn bind_reply(request_id: u64, name: &str) -> IpcFrame {
     let reply = if name == SERVICE_NAME {
         BindServiceReply {
             success: Some(true),
@@ -97,12 +97,12 @@ pub fn bind_reply(request_id: u64, name: &str) -> IpcFrame {
 }
 
 /// A successful reply carrying `reply`.
-pub fn reply(request_id: u64, reply: &impl Message, has_more: bool) -> IpcFrame {
+pub(crate) fn reply(request_id: u64, reply: &impl Message, has_more: bool) -> IpcFrame {
     invoke_reply(request_id, Some(reply.encode_to_vec()), has_more)
 }
 
 /// A failed call: the client runs its failure path.
-pub fn failure(request_id: u64) -> IpcFrame {
+pub(crate) fn failure(request_id: u64) -> IpcFrame {
     invoke_reply(request_id, None, false)
 }
 
@@ -119,7 +119,7 @@ fn invoke_reply(request_id: u64, reply_proto: Option<Vec<u8>>, has_more: bool) -
 }
 
 /// A frame as bytes on the wire.
-pub fn encode(f: &IpcFrame) -> Result<Vec<u8>, FrameError> {
+pub(crate) fn encode(f: &IpcFrame) -> Result<Vec<u8>, FrameError> {
     frame::encode_frame(f)
 }
 

@@ -30,32 +30,32 @@ use super::wire::{self, BadReply, InvalidReply, Reply, Request, SessionStatus, T
 /// The most one client command waits, for all sessions together. Longer
 /// than the server's own reply deadline, so a busy session's refusal
 /// (which says why) arrives before the client gives up.
-pub const CLIENT_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const CLIENT_DEADLINE: Duration = Duration::from_secs(5);
 /// The most sessions one command contacts (root's and the caller's first).
-pub const MAX_SESSIONS: usize = 256;
+pub(crate) const MAX_SESSIONS: usize = 256;
 
 const _: () = assert!(CLIENT_DEADLINE.as_millis() > server::REPLY_DEADLINE.as_millis());
 
 /// The deadline of a command started now.
-pub fn deadline() -> Instant {
+pub(crate) fn deadline() -> Instant {
     Instant::now() + CLIENT_DEADLINE
 }
 
 /// One live session's endpoints.
 #[derive(Clone, Debug)]
-pub struct SessionEndpoint {
+pub(crate) struct SessionEndpoint {
     pub pid: u32,
     pub trigger: PathBuf,
     pub control: PathBuf,
     /// Owner of the trigger socket file.
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
     /// The directory, when stale entries may be removed from it.
     cleanup: Option<RuntimeDir>,
 }
 
 impl SessionEndpoint {
     /// The endpoints of session `pid` in `dir` (nothing checked).
-    pub fn new(dir: &Path, pid: u32) -> Self {
+    pub(crate) fn new(dir: &Path, pid: u32) -> Self {
         let (trigger, control) = server::endpoint_paths(dir, pid);
         let owner_uid = std::fs::symlink_metadata(&trigger).map_or(u32::MAX, |m| m.uid());
         Self {
@@ -90,7 +90,7 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// The sessions listening in `dir`, with stale endpoints removed (where safe).
-pub fn sessions_in(dir: &Path) -> Vec<SessionEndpoint> {
+pub(crate) fn sessions_in(dir: &Path) -> Vec<SessionEndpoint> {
     let Some((rd, trusted)) = runtime_dir::open_for_client(dir) else {
         return Vec::new();
     };
@@ -142,7 +142,7 @@ pub fn sessions_in(dir: &Path) -> Vec<SessionEndpoint> {
 }
 
 /// The sessions in every candidate runtime directory.
-pub fn sessions() -> Vec<SessionEndpoint> {
+pub(crate) fn sessions() -> Vec<SessionEndpoint> {
     let mut all: Vec<SessionEndpoint> = runtime_dir::candidates()
         .iter()
         .flat_map(|d| sessions_in(d))
@@ -226,7 +226,8 @@ fn connect(path: &Path, pid: u32, deadline: Instant) -> Result<(UnixStream, u32)
 
 /// Sends one request to session `pid` at `path` and reads the reply, all
 /// before `deadline`.
-pub fn request(
+#[cfg(test)]
+pub(crate) fn request(
     path: &Path,
     pid: u32,
     req: &Request,
@@ -235,9 +236,10 @@ pub fn request(
     request_from(path, pid, req, deadline).map(|(reply, _)| reply)
 }
 
-/// [`request`], with the uid the kernel gives for the process that
+/// One request to session `pid` at `path`, its reply read before
+/// `deadline`, with the uid the kernel gives for the process that
 /// answered (SO_PEERCRED): what a session says of itself is not believed.
-pub fn request_from(
+pub(crate) fn request_from(
     path: &Path,
     pid: u32,
     req: &Request,
@@ -414,7 +416,7 @@ fn ask_from(
 
 /// A session's answer to a trigger request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TriggerAnswer {
+pub(crate) enum TriggerAnswer {
     /// The outcome per name.
     Outcomes(Vec<TriggerOutcome>),
     /// The session is busy: the names wait in its queue and will be acted
@@ -424,7 +426,7 @@ pub enum TriggerAnswer {
 
 /// Why one session gave no usable answer.
 #[derive(Debug, thiserror::Error)]
-pub enum NoAnswer {
+pub(crate) enum NoAnswer {
     /// It could not be asked, or its reply could not be read.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -440,10 +442,13 @@ pub enum NoAnswer {
 }
 
 /// Each session's answer: its pid and its answer, or why it could not answer.
-pub type TriggerResults = Vec<(u32, Result<TriggerAnswer, NoAnswer>)>;
+pub(crate) type TriggerResults = Vec<(u32, Result<TriggerAnswer, NoAnswer>)>;
 
 /// Delivers `names` to every session at once; returns each session's outcomes.
-pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults, ControlError> {
+pub(crate) fn fire_triggers(
+    names: &[String],
+    producer: &str,
+) -> Result<TriggerResults, ControlError> {
     let all = sessions();
     if all.is_empty() {
         return Err(ControlError::NoSessions(runtime_dir::candidates()));
@@ -475,7 +480,7 @@ pub fn fire_triggers(names: &[String], producer: &str) -> Result<TriggerResults,
 }
 
 /// Queries every session the caller may see, at once.
-pub fn query_all() -> Vec<(u32, Result<SessionStatus, NoAnswer>)> {
+pub(crate) fn query_all() -> Vec<(u32, Result<SessionStatus, NoAnswer>)> {
     let all = sessions();
     let deadline = deadline();
     each_session(&all, |s| {
@@ -498,7 +503,7 @@ pub fn query_all() -> Vec<(u32, Result<SessionStatus, NoAnswer>)> {
 
 /// How a stop request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stopped {
+pub(crate) enum Stopped {
     /// The session said it is stopping (or already was).
     Stopping,
     /// The session did not answer, but its process has exited.
@@ -532,7 +537,7 @@ fn stop_one(s: &SessionEndpoint, deadline: Instant) -> Result<Stopped, ControlEr
 }
 
 /// Asks session `pid` to stop gracefully.
-pub fn stop(pid: u32) -> Result<Stopped, ControlError> {
+pub(crate) fn stop(pid: u32) -> Result<Stopped, ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
         return Err(ControlError::NoSuchSession(pid));
     };
@@ -541,7 +546,7 @@ pub fn stop(pid: u32) -> Result<Stopped, ControlError> {
 
 /// Asks every session the caller may stop (its own; all of them for root)
 /// to stop, at once.
-pub fn stop_all() -> Vec<(u32, Result<Stopped, ControlError>)> {
+pub(crate) fn stop_all() -> Vec<(u32, Result<Stopped, ControlError>)> {
     let deadline = deadline();
     each_session(&my_sessions(), |s| stop_one(s, deadline))
 }
@@ -556,7 +561,7 @@ fn my_sessions() -> Vec<SessionEndpoint> {
 }
 
 /// Asks `deferred_start` session `pid` to start recording.
-pub fn start(pid: u32) -> Result<(), ControlError> {
+pub(crate) fn start(pid: u32) -> Result<(), ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
         return Err(ControlError::NoSuchSession(pid));
     };
@@ -578,7 +583,7 @@ pub fn start(pid: u32) -> Result<(), ControlError> {
 }
 
 /// Asks segmented session `pid` to close its segment and open the next.
-pub fn rotate(pid: u32) -> Result<(), ControlError> {
+pub(crate) fn rotate(pid: u32) -> Result<(), ControlError> {
     let Some(s) = sessions().into_iter().find(|s| s.pid == pid) else {
         return Err(ControlError::NoSuchSession(pid));
     };
@@ -602,18 +607,18 @@ fn rotate_one(s: &SessionEndpoint, deadline: Instant) -> Result<(), ControlError
 
 /// Asks every session the caller may rotate (its own; all of them for
 /// root) to rotate, at once.
-pub fn rotate_all() -> Vec<(u32, Result<(), ControlError>)> {
+pub(crate) fn rotate_all() -> Vec<(u32, Result<(), ControlError>)> {
     let deadline = deadline();
     each_session(&my_sessions(), |s| rotate_one(s, deadline))
 }
 
 /// The runtime directories searched, for messages.
-pub fn dirs_text() -> String {
+pub(crate) fn dirs_text() -> String {
     dirs_text_of(&runtime_dir::candidates())
 }
 
 /// `dirs` for a message: `A or B`.
-pub fn dirs_text_of(dirs: &[PathBuf]) -> String {
+pub(crate) fn dirs_text_of(dirs: &[PathBuf]) -> String {
     dirs.iter()
         .map(|d| d.display().to_string())
         .collect::<Vec<_>>()

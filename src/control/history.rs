@@ -20,13 +20,13 @@ use super::runtime_dir::{OwnFileError, RuntimeDir};
 
 const WINDOW_SECS: u64 = 24 * 3600;
 /// The most the file holds; older entries go first when it would grow past.
-pub const MAX_FILE_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_FILE_BYTES: usize = 256 * 1024;
 /// How long a lookup or an update waits for another session's lock.
-pub const LOCK_WAIT: Duration = Duration::from_millis(200);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_millis(200);
 
 /// Errors of the history (the session warns and goes on without it).
 #[derive(Debug, thiserror::Error)]
-pub enum HistoryError {
+pub(crate) enum HistoryError {
     #[error("{0}")]
     File(#[from] OwnFileError),
     #[error("{0}")]
@@ -37,7 +37,7 @@ pub enum HistoryError {
 
 /// The trigger history of the current user in one runtime directory.
 #[derive(Clone, Debug)]
-pub struct TriggerHistory {
+pub(crate) struct TriggerHistory {
     dir: RuntimeDir,
     name: String,
     /// The file opened once, for a session that gives up root after its
@@ -56,7 +56,7 @@ impl Drop for Unlock<'_> {
 
 impl TriggerHistory {
     /// The history file of the current user in `dir`.
-    pub fn new(dir: &RuntimeDir) -> Self {
+    pub(crate) fn new(dir: &RuntimeDir) -> Self {
         Self {
             dir: dir.clone(),
             name: format!("trigger-history.{}", rustix::process::geteuid().as_raw()),
@@ -66,7 +66,7 @@ impl TriggerHistory {
 
     /// Opens (creating) the file now and keeps it: from here on lookups and
     /// updates use this descriptor, so they work after a privilege drop.
-    pub fn hold_open(&mut self) -> Result<(), HistoryError> {
+    pub(crate) fn hold_open(&mut self) -> Result<(), HistoryError> {
         let f = self
             .dir
             .open_own_file(&self.name, true)?
@@ -113,7 +113,7 @@ impl TriggerHistory {
     }
 
     /// How many times `name` was accepted in the 24 hours before `now_secs`.
-    pub fn count(&self, name: &str, now_secs: u64) -> Result<u32, HistoryError> {
+    pub(crate) fn count(&self, name: &str, now_secs: u64) -> Result<u32, HistoryError> {
         let Some(mut f) = self.file(false)? else {
             return Ok(0);
         };
@@ -129,7 +129,7 @@ impl TriggerHistory {
 
     /// Records an acceptance of `name` at `now_secs`, dropping entries older
     /// than 24 hours (and the oldest ones beyond [`MAX_FILE_BYTES`]).
-    pub fn record(&self, name: &str, now_secs: u64) -> Result<(), HistoryError> {
+    pub(crate) fn record(&self, name: &str, now_secs: u64) -> Result<(), HistoryError> {
         let mut f = self
             .file(true)?
             .ok_or_else(|| std::io::Error::other("the history file was not created"))?;
@@ -154,7 +154,7 @@ impl TriggerHistory {
 }
 
 /// Seconds since the epoch.
-pub fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     crate::clock::realtime_ms() / 1000
 }
 

@@ -20,16 +20,16 @@
 //!   (peer credentials), read bounded replies under one overall deadline and
 //!   contact all sessions at once ([`client`]).
 
-pub mod client;
-pub mod history;
-pub mod runtime_dir;
-pub mod server;
-pub mod session_name;
+pub(crate) mod client;
+pub(crate) mod history;
+pub(crate) mod runtime_dir;
+pub(crate) mod server;
+pub(crate) mod session_name;
 pub mod wire;
 
 /// Errors of the control plane.
 #[derive(Debug, thiserror::Error)]
-pub enum ControlError {
+pub(crate) enum ControlError {
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,

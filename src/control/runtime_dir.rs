@@ -25,12 +25,12 @@ use super::ControlError;
 use crate::storage::create::{DirProblem, dir_problem};
 
 /// The environment variable that overrides the runtime directory.
-pub const ENV: &str = "RECORDER_RUNTIME_DIR";
+pub(crate) const ENV: &str = "RECORDER_RUNTIME_DIR";
 const SYSTEM: &str = "/run/recorder";
 const FALLBACK: &str = "/tmp/recorder";
 
 /// The directories a client looks in, in order.
-pub fn candidates() -> Vec<PathBuf> {
+pub(crate) fn candidates() -> Vec<PathBuf> {
     match std::env::var_os(ENV) {
         Some(d) if !d.is_empty() => vec![PathBuf::from(d)],
         _ => vec![PathBuf::from(SYSTEM), PathBuf::from(FALLBACK)],
@@ -39,14 +39,14 @@ pub fn candidates() -> Vec<PathBuf> {
 
 /// A runtime directory checked for the current user, held open.
 #[derive(Clone, Debug)]
-pub struct RuntimeDir {
+pub(crate) struct RuntimeDir {
     path: PathBuf,
     fd: Arc<OwnedFd>,
 }
 
 /// Why a file in the runtime directory is not ours to use.
 #[derive(Debug, thiserror::Error)]
-pub enum OwnFileError {
+pub(crate) enum OwnFileError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(
@@ -57,7 +57,7 @@ pub enum OwnFileError {
 
 /// What holds a name in the runtime directory that is not ours.
 #[derive(Debug, thiserror::Error)]
-pub enum Occupant {
+pub(crate) enum Occupant {
     /// An entry as `stat` sees it: its kind and owner.
     #[error("{kind} owned by uid {uid}")]
     Entry { kind: &'static str, uid: u32 },
@@ -71,19 +71,19 @@ pub enum Occupant {
 
 impl RuntimeDir {
     /// The directory's path, for messages and clients.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The checked directory descriptor.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// A path to `name` that resolves through the checked descriptor
     /// (`/proc/self/fd/N/name`), for calls that take no directory fd
     /// (bind(2)); the plain path where `/proc` is not mounted.
-    pub fn pinned_path(&self, name: &str) -> PathBuf {
+    pub(crate) fn pinned_path(&self, name: &str) -> PathBuf {
         let via = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
         if via.is_dir() {
             via.join(name)
@@ -93,7 +93,7 @@ impl RuntimeDir {
     }
 
     /// Removes the entry `name` if it is there (no error when absent).
-    pub fn remove(&self, name: &str) -> std::io::Result<()> {
+    pub(crate) fn remove(&self, name: &str) -> std::io::Result<()> {
         match rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(e.into()),
@@ -106,7 +106,11 @@ impl RuntimeDir {
     /// no other link. A root session removes an entry someone else planted
     /// under the name and starts afresh; anyone else refuses it.
     /// `Ok(None)`: absent and not created.
-    pub fn open_own_file(&self, name: &str, create: bool) -> Result<Option<File>, OwnFileError> {
+    pub(crate) fn open_own_file(
+        &self,
+        name: &str,
+        create: bool,
+    ) -> Result<Option<File>, OwnFileError> {
         let me = rustix::process::geteuid();
         for _ in 0..3 {
             let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
@@ -221,7 +225,7 @@ fn describe_entry(dir: &OwnedFd, name: &str) -> Occupant {
 
 /// Why a runtime directory is not used, explained with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UnsafeRuntimeDir {
+pub(crate) enum UnsafeRuntimeDir {
     #[error("it is a symbolic link or not a directory: remove it (rm {}) or set {ENV}", .0.display())]
     LinkOrNotDirectory(PathBuf),
     #[error("{}", explain(.path, *.me, .problem))]
@@ -272,7 +276,7 @@ fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
 
 /// Opens `dir` and checks it for the current user, creating it (mode 1777)
 /// when absent.
-pub fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
+pub(crate) fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
     let refused = |why: UnsafeRuntimeDir| ControlError::UnsafeRuntimeDir {
         path: dir.display().to_string(),
         why,
@@ -356,7 +360,7 @@ pub fn open_checked(dir: &Path) -> Result<RuntimeDir, ControlError> {
 /// safe for a session is still read (every answer is checked against the
 /// peer's credentials), but `trusted` says whether stale entries may be
 /// removed there.
-pub fn open_for_client(dir: &Path) -> Option<(RuntimeDir, bool)> {
+pub(crate) fn open_for_client(dir: &Path) -> Option<(RuntimeDir, bool)> {
     let fd = open_dir(dir).ok()?;
     let me = rustix::process::geteuid().as_raw();
     let trusted = check(dir, &fd, me).is_ok();
@@ -371,7 +375,7 @@ pub fn open_for_client(dir: &Path) -> Option<(RuntimeDir, bool)> {
 
 /// Why each runtime directory candidate was passed over.
 #[derive(Debug)]
-pub struct Tried(pub Vec<ControlError>);
+pub(crate) struct Tried(pub Vec<ControlError>);
 
 impl std::fmt::Display for Tried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -386,7 +390,7 @@ impl std::fmt::Display for Tried {
 }
 
 /// The directory a new session listens in, checked (and created if needed).
-pub fn for_server() -> Result<RuntimeDir, ControlError> {
+pub(crate) fn for_server() -> Result<RuntimeDir, ControlError> {
     let mut errors = Vec::new();
     for dir in candidates() {
         match open_checked(&dir) {

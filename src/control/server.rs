@@ -36,15 +36,15 @@ use super::wire::{self, Endpoint, Refusal, Reply, Request};
 use crate::transport::peer::{MAX_UIDS, OTHER_UIDS};
 
 /// How long a client has, from connecting, to send its whole request.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(1);
+pub(crate) const REQUEST_DEADLINE: Duration = Duration::from_secs(1);
 /// How long a connection waits for the event loop's answer.
-pub const REPLY_DEADLINE: Duration = Duration::from_secs(3);
+pub(crate) const REPLY_DEADLINE: Duration = Duration::from_secs(3);
 /// How long a client has to take its reply.
 const WRITE_DEADLINE: Duration = Duration::from_secs(1);
 /// Connections one peer uid may hold open at once.
-pub const MAX_CONNECTIONS_PER_UID: usize = 8;
+pub(crate) const MAX_CONNECTIONS_PER_UID: usize = 8;
 /// Connections the thread holds at once.
-pub const MAX_CONNECTIONS: usize = 128;
+pub(crate) const MAX_CONNECTIONS: usize = 128;
 /// How long a stopping server still writes the replies it has.
 const FINAL_WRITE_GRACE: Duration = Duration::from_millis(200);
 /// Connections taken from one listener per wake-up, so neither socket
@@ -62,16 +62,15 @@ struct ReplyTo {
 
 /// A checked request waiting for the event loop's answer.
 #[derive(Debug)]
-pub struct Incoming {
+pub(crate) struct Incoming {
     pub request: Request,
-    pub peer_uid: u32,
-    pub peer_pid: u32,
+    pub(crate) peer_uid: u32,
     reply: ReplyTo,
 }
 
 impl Incoming {
     /// Sends the reply to the waiting client.
-    pub fn answer(self, reply: Reply) {
+    pub(crate) fn answer(self, reply: Reply) {
         // The client may have gone: nothing to do then.
         let _ = self.reply.tx.send((self.reply.id, reply));
         let _ = rustix::io::write(&*self.reply.wake, &[1]);
@@ -79,7 +78,7 @@ impl Incoming {
 }
 
 /// Socket names of the session with process id `pid`.
-pub fn endpoint_names(pid: u32) -> (String, String) {
+pub(crate) fn endpoint_names(pid: u32) -> (String, String) {
     (
         format!("recorder-{pid}.trigger"),
         format!("recorder-{pid}.control"),
@@ -87,13 +86,13 @@ pub fn endpoint_names(pid: u32) -> (String, String) {
 }
 
 /// Socket paths of the session with process id `pid` in `dir`.
-pub fn endpoint_paths(dir: &Path, pid: u32) -> (PathBuf, PathBuf) {
+pub(crate) fn endpoint_paths(dir: &Path, pid: u32) -> (PathBuf, PathBuf) {
     let (t, c) = endpoint_names(pid);
     (dir.join(t), dir.join(c))
 }
 
 /// A running control server.
-pub struct ControlServer {
+pub(crate) struct ControlServer {
     requests: Receiver<Incoming>,
     wake_rx: OwnedFd,
     refused: Arc<AtomicU64>,
@@ -113,7 +112,8 @@ pub struct ControlServer {
 impl ControlServer {
     /// Binds both endpoints of session `pid` (owned by `owner_uid`) in the
     /// checked directory `dir` and starts serving them.
-    pub fn start(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
+    #[cfg(test)]
+    pub(crate) fn start(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
         let mut server = Self::bind(dir, pid, owner_uid)?;
         server.serve()?;
         Ok(server)
@@ -122,7 +122,7 @@ impl ControlServer {
     /// Starts serving the endpoints [`bind`](Self::bind) made: until then
     /// clients wait in the listen backlog and no byte of theirs is read (a
     /// root session serves only once it has given up root). Once only.
-    pub fn serve(&mut self) -> Result<(), ControlError> {
+    pub(crate) fn serve(&mut self) -> Result<(), ControlError> {
         let Some(worker) = self.held.take() else {
             return Ok(());
         };
@@ -137,9 +137,9 @@ impl ControlServer {
         Ok(())
     }
 
-    /// Binds both endpoints as [`start`](Self::start) does, without serving
-    /// them yet.
-    pub fn bind(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
+    /// Binds both endpoints of session `pid` (owned by `owner_uid`) in the
+    /// checked directory `dir`, without serving them yet.
+    pub(crate) fn bind(dir: &RuntimeDir, pid: u32, owner_uid: u32) -> Result<Self, ControlError> {
         let names = endpoint_names(pid);
         let trigger = bind(dir, &names.0, 0o666)?;
         let control = match bind(dir, &names.1, 0o600) {
@@ -196,12 +196,12 @@ impl ControlServer {
     }
 
     /// Readable when requests are pending: the event loop polls it.
-    pub fn wake_fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
         self.wake_rx.as_fd()
     }
 
     /// Takes the pending requests (and clears the wake-up pipe).
-    pub fn pending(&self) -> Vec<Incoming> {
+    pub(crate) fn pending(&self) -> Vec<Incoming> {
         let mut drain = [0u8; 64];
         while matches!(rustix::io::read(&self.wake_rx, &mut drain), Ok(n) if n > 0) {}
         let mut out = Vec::new();
@@ -215,26 +215,21 @@ impl ControlServer {
 
     /// Requests refused so far (malformed, oversized, not permitted, too
     /// slow, pushed out by a peer's connection cap).
-    pub fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
 
     /// The same, by the peer's uid (uids past `transport::peer::MAX_UIDS` share
     /// `transport::peer::OTHER_UIDS`).
-    pub fn refused_by_uid(&self) -> Vec<(u32, u64)> {
+    pub(crate) fn refused_by_uid(&self) -> Vec<(u32, u64)> {
         self.refused_by_uid.snapshot()
     }
 
     /// Tells the server the session is stopping: a further stop request is
     /// answered at once ("stopping") instead of waiting for a loop that is
     /// busy finishing the trace.
-    pub fn mark_stopping(&self) {
+    pub(crate) fn mark_stopping(&self) {
         self.stopping.store(true, Ordering::Relaxed);
-    }
-
-    /// The two socket paths.
-    pub fn paths(&self) -> (&Path, &Path) {
-        (&self.paths.0, &self.paths.1)
     }
 }
 
@@ -310,7 +305,6 @@ struct Conn {
     stream: UnixStream,
     endpoint: Endpoint,
     uid: u32,
-    pid: u32,
     phase: Phase,
     deadline: Instant,
 }
@@ -561,7 +555,7 @@ impl Worker {
     /// Checks a complete request line and passes it on.
     fn handle(&mut self, id: u64, line: &[u8]) {
         let Some(c) = self.conn(id) else { return };
-        let (endpoint, uid, pid) = (c.endpoint, c.uid, c.pid);
+        let (endpoint, uid) = (c.endpoint, c.uid);
         let request = match wire::decode_request(line, endpoint) {
             Ok(r) => r,
             Err(r) => return self.refuse_with(id, &r),
@@ -592,7 +586,6 @@ impl Worker {
         let incoming = Incoming {
             request,
             peer_uid: uid,
-            peer_pid: pid,
             reply: ReplyTo {
                 id,
                 tx: self.reply_tx.clone(),
@@ -677,7 +670,6 @@ impl Worker {
                 stream,
                 endpoint,
                 uid,
-                pid: cred.pid,
                 phase: Phase::Reading {
                     buf: Vec::with_capacity(256),
                 },

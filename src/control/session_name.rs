@@ -23,7 +23,7 @@ const MAX_NAME_IN_FILE: usize = 160;
 
 /// A held session name; dropping it releases the name.
 #[derive(Debug)]
-pub struct SessionNameLock {
+pub(crate) struct SessionNameLock {
     dir: RuntimeDir,
     file_name: String,
     file: File,
@@ -32,7 +32,7 @@ pub struct SessionNameLock {
 /// The lock file's name for `name` of user `uid`: characters other than
 /// `[A-Za-z0-9_-]` are %-escaped; a long name is cut and an FNV-1a hash of
 /// the whole name appended.
-pub fn lock_file_name(uid: u32, name: &str) -> String {
+pub(crate) fn lock_file_name(uid: u32, name: &str) -> String {
     let mut esc = String::new();
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
@@ -58,7 +58,7 @@ pub fn lock_file_name(uid: u32, name: &str) -> String {
 
 impl SessionNameLock {
     /// Takes `name` for this process, or says which session holds it.
-    pub fn acquire(dir: &RuntimeDir, name: &str) -> Result<Self, ControlError> {
+    pub(crate) fn acquire(dir: &RuntimeDir, name: &str) -> Result<Self, ControlError> {
         let uid = rustix::process::geteuid().as_raw();
         let file_name = lock_file_name(uid, name);
         let path = dir.path().join(&file_name).display().to_string();
@@ -120,7 +120,7 @@ impl SessionNameLock {
 
 impl SessionNameLock {
     /// The runtime directory and the lock file's name in it.
-    pub fn file(&self) -> (&RuntimeDir, &str) {
+    pub(crate) fn file(&self) -> (&RuntimeDir, &str) {
         (&self.dir, &self.file_name)
     }
 }

@@ -12,19 +12,19 @@
 use serde::{Deserialize, Serialize};
 
 /// Longest request accepted, newline included.
-pub const MAX_REQUEST_BYTES: usize = 4096;
+pub(crate) const MAX_REQUEST_BYTES: usize = 4096;
 /// Most trigger names in one request.
 pub const MAX_TRIGGER_NAMES: usize = 64;
 /// Longest trigger (or producer) name.
-pub const MAX_NAME_BYTES: usize = 256;
+pub(crate) const MAX_NAME_BYTES: usize = 256;
 /// Longest reply a client reads, newline included.
 pub const MAX_REPLY_BYTES: usize = 256 * 1024;
 /// Longest text in a reply (a path, a state, a refusal).
 pub const MAX_REPLY_TEXT_BYTES: usize = 8192;
 /// Most buffers in a status reply (as many as a config may have).
-pub const MAX_REPLY_BUFFERS: usize = 128;
+pub(crate) const MAX_REPLY_BUFFERS: usize = 128;
 /// Limits one uid's quota figures name at most in a status.
-pub const MAX_QUOTA_LIMITS: usize = 32;
+pub(crate) const MAX_QUOTA_LIMITS: usize = 32;
 
 /// Which socket a request arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub enum Refusal {
     Empty,
 }
 
-pub fn valid_name(s: &str) -> bool {
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_NAME_BYTES && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
@@ -123,7 +123,7 @@ pub fn decode_request(untrusted: &[u8], endpoint: Endpoint) -> Result<Request, R
 impl Request {
     /// Whether only the session's owner or root may make this request (on
     /// the control socket); anyone may fire triggers.
-    pub fn owner_only(&self) -> bool {
+    pub(crate) fn owner_only(&self) -> bool {
         match self {
             Request::Trigger { .. } => false,
             Request::Query {} | Request::Stop {} | Request::Start {} | Request::Rotate {} => true,
@@ -154,11 +154,11 @@ pub struct BufferStatus {
     pub index: u32,
     pub policy: String,
     pub size_bytes: u64,
-    pub buffered_bytes: u64,
+    pub(crate) buffered_bytes: u64,
     pub bytes_written: u64,
     pub bytes_overwritten: u64,
     pub bytes_discarded: u64,
-    pub packets_lost: u64,
+    pub(crate) packets_lost: u64,
 }
 
 /// A live session's status, as `recorder query` shows it.
@@ -170,16 +170,16 @@ pub struct SessionStatus {
     pub output: String,
     /// `waiting for trigger`, `recording`, `stopping`.
     pub state: String,
-    pub elapsed_ms: u64,
+    pub(crate) elapsed_ms: u64,
     pub bytes_written: u64,
     pub buffers: Vec<BufferStatus>,
-    pub control_requests_refused: u64,
+    pub(crate) control_requests_refused: u64,
     /// Segmented output: the segments so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<Box<crate::storage::segment::SegmentsStatus>>,
     /// Where Perfetto SDK apps connect, when the session listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub producer_socket: Option<String>,
+    pub(crate) producer_socket: Option<String>,
     /// The apps that connected (at most [`MAX_PRODUCERS_SHOWN`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub producers: Vec<ProducerStatus>,
@@ -192,9 +192,9 @@ pub struct SessionStatus {
 }
 
 /// Rules a status lists at most (as many as a session may have).
-pub const MAX_RULES_SHOWN: usize = 256;
+pub(crate) const MAX_RULES_SHOWN: usize = 256;
 /// Characters of a rule's text a status shows at most.
-pub const MAX_RULE_TEXT_SHOWN: usize = 160;
+pub(crate) const MAX_RULE_TEXT_SHOWN: usize = 160;
 
 /// One trigger rule of a live session.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,17 +203,17 @@ pub struct RuleStatus {
     /// The rule as written (cut to [`MAX_RULE_TEXT_SHOWN`] characters).
     pub text: String,
     pub matched: u64,
-    pub suppressed: u64,
+    pub(crate) suppressed: u64,
     pub fired: u64,
     /// Firings the session acted on.
     pub accepted: u64,
 }
 
 /// Producers a status lists at most (the reply stays small).
-pub const MAX_PRODUCERS_SHOWN: usize = 64;
+pub(crate) const MAX_PRODUCERS_SHOWN: usize = 64;
 /// Uids a status lists quota figures of at most: the ones with the most
 /// hits (the reply stays small).
-pub const MAX_QUOTA_UIDS_SHOWN: usize = 64;
+pub(crate) const MAX_QUOTA_UIDS_SHOWN: usize = 64;
 
 /// One uid's quota figures in a live session, as the summary shows them
 /// (`producer::quota`).
@@ -226,9 +226,9 @@ pub struct UidQuotaStatus {
     #[serde(default)]
     pub closed_producers: u64,
     #[serde(default)]
-    pub closed_packets: u64,
+    pub(crate) closed_packets: u64,
     #[serde(default)]
-    pub closed_bytes: u64,
+    pub(crate) closed_bytes: u64,
 }
 
 impl UidQuotaStatus {
@@ -277,7 +277,7 @@ pub struct ProducerStatus {
     pub losses: Vec<(String, u64)>,
     /// Chunks read by scraping before their commit.
     #[serde(default)]
-    pub chunks_scraped: u64,
+    pub(crate) chunks_scraped: u64,
 }
 
 /// A reply to a client.
@@ -470,7 +470,7 @@ pub fn decode_reply(untrusted: &[u8]) -> Result<Reply, BadReply> {
 
 /// `s` with control characters escaped, for a terminal: text from another
 /// user's session must not drive it.
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         crate::transport::log_budget::push_escaped(&mut out, c, c.is_control());

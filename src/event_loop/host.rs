@@ -7,11 +7,11 @@ use crate::session::Answer;
 
 /// The host's name for one of its requests, given back with the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Ticket(pub u64);
+pub(crate) struct Ticket(pub u64);
 
 /// A host's request to a session.
 #[derive(Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Start a `deferred_start` session (StartTracing).
     Start,
     /// Stop it (DisableTracing, the client gone, the service stopping).
@@ -27,7 +27,7 @@ pub enum Command {
 
 /// How a session answered a command.
 #[derive(Debug)]
-pub enum Response {
+pub(crate) enum Response {
     /// The session's own answer.
     Session(Answer),
     /// A clone's copy: its bytes, or why there is none.
@@ -36,7 +36,7 @@ pub enum Response {
 
 /// Why a clone's copy was not written.
 #[derive(Debug, thiserror::Error)]
-pub enum CloneError {
+pub(crate) enum CloneError {
     #[error("no output for the clone")]
     NoOutput,
     #[error("clone output")]
@@ -47,7 +47,7 @@ pub enum CloneError {
 
 /// What a session tells its host.
 #[derive(Debug)]
-pub enum SessionEvent {
+pub(crate) enum SessionEvent {
     /// The answer to the command of `ticket`.
     Answered { ticket: Ticket, response: Response },
     /// Every data source started (producers' that promised to say so

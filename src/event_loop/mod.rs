@@ -59,14 +59,14 @@ use crate::trace::service_log::ServiceLog;
 use status_line::StatusLine;
 
 /// One buffer of the session, as the loop needs it.
-pub struct SessionBuffer {
+pub(crate) struct SessionBuffer {
     pub buffer: Arc<Buffer>,
     /// `RING_BUFFER` or `DISCARD`, for people.
     pub policy: &'static str,
 }
 
 /// Everything a running session is made of; built by `app`.
-pub struct Recording {
+pub(crate) struct Recording {
     pub session: Session,
     pub buffers: Vec<SessionBuffer>,
     pub sources: Vec<Box<dyn DataSource>>,
@@ -75,28 +75,28 @@ pub struct Recording {
     /// zstd between the ring and the file (`compression { zstd {} }`, `--compress`).
     pub compress: Option<ZstdStage>,
     /// The output as people should read it (a path or `stdout`).
-    pub output_label: String,
+    pub(crate) output_label: String,
     /// Where snapshots go: `OUT.0`, `OUT.1`, … (CLONE_SNAPSHOT).
-    pub snapshot_base: Option<PathBuf>,
-    pub snapshot_open: SinkOpenOptions,
+    pub(crate) snapshot_base: Option<PathBuf>,
+    pub(crate) snapshot_open: SinkOpenOptions,
     pub log: ServiceLog,
-    pub max_file_size: Option<u64>,
+    pub(crate) max_file_size: Option<u64>,
     pub control: Option<ControlServer>,
     pub history: Option<TriggerHistory>,
     /// The producer socket and its connections (Perfetto SDK apps).
     pub producers: Option<ProducerHost>,
-    pub config_label: String,
+    pub(crate) config_label: String,
     /// Show a live status line on stderr (when it is a terminal).
-    pub status_line: bool,
+    pub(crate) status_line: bool,
     /// Where snapshots are made: the output's checked directory and the
     /// output's file name (CLONE_SNAPSHOT sessions).
-    pub snapshot_dir: Option<(OutputDir, String)>,
+    pub(crate) snapshot_dir: Option<(OutputDir, String)>,
     /// Whose quota figures the trace and the summary show.
-    pub quota_view: QuotaView,
+    pub(crate) quota_view: QuotaView,
     /// Snapshots are not written to files but published to the host
     /// ([`SessionEvent::CloneTriggerHit`]): the consumer clones the session
     /// (a CLONE_SNAPSHOT session of `recorder serve`).
-    pub snapshots_to_host: bool,
+    pub(crate) snapshots_to_host: bool,
     /// The trigger rules the recorder fires itself (`recorder --config`).
     pub rules: Option<rules::RuleBook>,
 }

@@ -10,27 +10,27 @@ use crate::storage::segment::SegmentsStatus;
 
 /// One buffer's figures at the end.
 #[derive(Clone, Debug)]
-pub struct BufferSummary {
+pub(crate) struct BufferSummary {
     pub policy: &'static str,
     pub stats: BufferStats,
 }
 
 /// How the session ended and what it wrote.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub reason: StopReason,
-    pub output_label: String,
+    pub(crate) output_label: String,
     pub bytes_written: u64,
     pub elapsed: Duration,
     pub buffers: Vec<BufferSummary>,
     pub snapshots: Vec<PathBuf>,
     /// CLONE_SNAPSHOT triggers refused: the budget was spent, or a
     /// snapshot was under way.
-    pub snapshots_refused: u64,
+    pub(crate) snapshots_refused: u64,
     pub passes: u64,
     pub triggered: bool,
     /// Which sink carried the data (io_uring, pwritev, stream).
-    pub sink_kind: String,
+    pub(crate) sink_kind: String,
     /// Errors met on the way that did not stop the session.
     pub warnings: Vec<String>,
     /// Segmented output: every segment, its size and fate.
@@ -38,7 +38,7 @@ pub struct Outcome {
     /// With compression: (bytes before, bytes after) over every pass.
     pub compression: Option<(u64, u64)>,
     /// Bytes `max_file_size_bytes` left out of the file.
-    pub cut_bytes: u64,
+    pub(crate) cut_bytes: u64,
     /// Every producer (SDK app) that connected, and what it did.
     pub producers: Vec<crate::producer::host::ProducerReport>,
     /// Every uid that hit a producer quota or whose closed producers were

@@ -35,40 +35,40 @@ struct StateRule {
 }
 
 /// What the state rules look at, read by the runner.
-pub struct StateView<'a> {
+pub(crate) struct StateView<'a> {
     pub buffers: &'a [BufferStats],
     /// Events the sources lost upstream of the buffers (the kernel's).
-    pub upstream_lost: u64,
+    pub(crate) upstream_lost: u64,
     /// Segments the disk budget deleted.
-    pub segments_deleted: u64,
+    pub(crate) segments_deleted: u64,
     /// Bytes in the output so far, and `max_file_size_bytes`.
     pub written: u64,
-    pub max_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
 }
 
 /// One rule's figures.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RuleReport {
+pub(crate) struct RuleReport {
     pub name: String,
     pub text: String,
     pub matched: u64,
-    pub suppressed: u64,
+    pub(crate) suppressed: u64,
     pub fired: u64,
     /// Firings the session acted on.
     pub accepted: u64,
     pub refused: u64,
     /// From the matched event to the runner, over the firings: median and
     /// most (ns).
-    pub delay_median_ns: Option<u64>,
-    pub delay_max_ns: Option<u64>,
+    pub(crate) delay_median_ns: Option<u64>,
+    pub(crate) delay_max_ns: Option<u64>,
     /// `freeze`: the last event in the kernel's buffers after the match (ns).
-    pub frozen_after_ns: Option<u64>,
+    pub(crate) frozen_after_ns: Option<u64>,
     /// Why the session refused the last refused firing.
-    pub last_refusal: Option<String>,
+    pub(crate) last_refusal: Option<String>,
 }
 
 /// A session's rules at its runner.
-pub struct RuleBook {
+pub(crate) struct RuleBook {
     pub plan: RulePlan,
     state: Vec<StateRule>,
     next_check: Instant,
@@ -82,7 +82,7 @@ pub struct RuleBook {
 impl RuleBook {
     /// The book of `plan`'s rules for a session of `spec` (`streams`: it
     /// writes while it records).
-    pub fn new(plan: RulePlan, spec: &RecorderSpec, streams: bool) -> Self {
+    pub(crate) fn new(plan: RulePlan, spec: &RecorderSpec, streams: bool) -> Self {
         let state = plan
             .rules
             .iter()
@@ -121,22 +121,22 @@ impl RuleBook {
         }
     }
 
-    pub fn rules(&self) -> &[Rule] {
+    pub(crate) fn rules(&self) -> &[Rule] {
         &self.plan.rules
     }
 
     /// When the state rules next look (none without such rules).
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         (!self.state.is_empty()).then_some(self.next_check)
     }
 
     /// Whether the state rules are due at `now`.
-    pub fn state_due(&self, now: Instant) -> bool {
+    pub(crate) fn state_due(&self, now: Instant) -> bool {
         !self.state.is_empty() && now >= self.next_check
     }
 
     /// The state rules look at `view`.
-    pub fn check_state(&mut self, now: Instant, view: &StateView<'_>) {
+    pub(crate) fn check_state(&mut self, now: Instant, view: &StateView<'_>) {
         self.next_check = now + STATE_PERIOD;
         let boot = crate::clock::boottime_ns();
         let lost: u64 = view.upstream_lost
@@ -197,7 +197,7 @@ impl RuleBook {
     }
 
     /// The firings queued since the last call, each with its rule's action.
-    pub fn take(&mut self) -> Vec<(Firing, RuleAction)> {
+    pub(crate) fn take(&mut self) -> Vec<(Firing, RuleAction)> {
         let now = crate::clock::boottime_ns();
         let firings = self.plan.queue.take();
         firings
@@ -215,7 +215,7 @@ impl RuleBook {
     }
 
     /// The session's answer to a firing of rule `i`.
-    pub fn answered(&mut self, i: usize, refusal: Option<&str>) {
+    pub(crate) fn answered(&mut self, i: usize, refusal: Option<&str>) {
         let Some(t) = self.plan.tallies.get(i) else {
             return;
         };
@@ -231,7 +231,7 @@ impl RuleBook {
     }
 
     /// Every rule's figures, in the rules' order.
-    pub fn reports(&self) -> Vec<RuleReport> {
+    pub(crate) fn reports(&self) -> Vec<RuleReport> {
         self.plan
             .rules
             .iter()
@@ -263,7 +263,7 @@ impl RuleBook {
 
     /// The figures as `trace_attributes` entries:
     /// `recorder.rule.<name>.{matched,fired,accepted,suppressed}`.
-    pub fn attributes(&self) -> Vec<(String, i64)> {
+    pub(crate) fn attributes(&self) -> Vec<(String, i64)> {
         let mut v = Vec::new();
         for r in self.reports() {
             for (what, n) in [

@@ -45,7 +45,7 @@ mod tests;
 /// `recorder serve` that hosts every session) waits on what
 /// [`Runner::interest`] and [`Runner::next_due`] say, then calls
 /// [`Runner::on_wake`] and [`Runner::settle`].
-pub struct Runner {
+pub(crate) struct Runner {
     rec: Recording,
     timers: Timers,
     queue: VecDeque<Event>,
@@ -120,7 +120,7 @@ fn run_due(
 impl Runner {
     /// A runner of `rec`, its time origin now; the session begins at the
     /// first [`settle`](Self::settle).
-    pub fn new(rec: Recording) -> Self {
+    pub(crate) fn new(rec: Recording) -> Self {
         let mut queue = VecDeque::new();
         queue.push_back(Event::Begin {
             wall_ms: crate::clock::realtime_ms(),
@@ -148,7 +148,7 @@ impl Runner {
 
     /// Hands every queued event to the session and carries out its
     /// decisions, until the queue is empty.
-    pub fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         while let Some(ev) = self.queue.pop_front() {
             let now = self.timers.now();
             for action in self.rec.session.on_event(ev, now) {
@@ -160,12 +160,12 @@ impl Runner {
     /// The session ended: its exit is decided and its output holds nothing
     /// its reader has not taken (a stream's backlog). The host reads the
     /// [`outcome`](Self::outcome).
-    pub fn is_over(&self) -> bool {
+    pub(crate) fn is_over(&self) -> bool {
         self.exit.is_some() && self.rec.sink.as_ref_sink().pending_fd().is_none()
     }
 
     /// The earliest of the session's timers and its sources' next work.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         let timer = self.timers.next_due();
         let sources = self.rec.sources.iter().filter_map(|s| s.next_due()).min();
         let rules = self.rec.rules.as_ref().and_then(RuleBook::next_due);
@@ -177,7 +177,7 @@ impl Runner {
     /// server's wake-up, the producer socket (the main job's own), each
     /// source's, then the output's room when it holds what its reader has
     /// not taken.
-    pub fn interest(&self) -> Vec<(BorrowedFd<'_>, PollFlags)> {
+    pub(crate) fn interest(&self) -> Vec<(BorrowedFd<'_>, PollFlags)> {
         let mut fds = Vec::new();
         if let Some(c) = &self.rec.control {
             fds.push((c.wake_fd(), PollFlags::IN));
@@ -198,7 +198,7 @@ impl Runner {
     /// producers' events, due timers, the sources' due work (`ready` is the
     /// readiness of [`interest`](Self::interest), in its order; empty: none
     /// known). Queues the events; [`settle`](Self::settle) decides on them.
-    pub fn on_wake(&mut self, ready: &[bool]) {
+    pub(crate) fn on_wake(&mut self, ready: &[bool]) {
         self.take_control_requests();
         self.take_producer_events();
         for t in self.timers.due() {
@@ -306,18 +306,18 @@ impl Runner {
 
     /// Whether the session serves producers (its events come from the
     /// producer socket).
-    pub fn has_producers(&self) -> bool {
+    pub(crate) fn has_producers(&self) -> bool {
         self.rec.producers.is_some()
     }
 
     /// SIGINT or SIGTERM reached the session's process.
-    pub fn signal(&mut self) {
+    pub(crate) fn signal(&mut self) {
         self.queue.push_back(Event::Signal);
     }
 
     /// A request of the host's (a consumer's, under `recorder serve`): its
     /// answer is published as [`SessionEvent::Answered`] with `ticket`.
-    pub fn command(&mut self, command: Command, ticket: Ticket) {
+    pub(crate) fn command(&mut self, command: Command, ticket: Ticket) {
         let id = RequestId(self.next_request);
         self.next_request += 1;
         let (ev, attachment) = match command {
@@ -333,7 +333,7 @@ impl Runner {
     }
 
     /// What the session published since the last call.
-    pub fn take_published(&mut self) -> Vec<SessionEvent> {
+    pub(crate) fn take_published(&mut self) -> Vec<SessionEvent> {
         std::mem::take(&mut self.published)
     }
 
@@ -957,7 +957,7 @@ impl Runner {
     }
 
     /// The session's state for people.
-    pub fn state_text(&self) -> &'static str {
+    pub(crate) fn state_text(&self) -> &'static str {
         match self.rec.session.state() {
             State::Deferred => "deferred (waiting for `recorder start`)",
             State::WaitingForTrigger => "waiting for trigger",
@@ -971,7 +971,7 @@ impl Runner {
     }
 
     /// The session's live status, with the quota lines `viewer` may see.
-    pub fn status(&self, viewer: QuotaView) -> SessionStatus {
+    pub(crate) fn status(&self, viewer: QuotaView) -> SessionStatus {
         SessionStatus {
             pid: std::process::id(),
             uid: self.rec.log.uid(),
@@ -1059,24 +1059,18 @@ impl Runner {
     }
 
     /// Each buffer's figures now.
-    pub fn buffer_stats(&self) -> Vec<crate::ringbuf::BufferStats> {
+    pub(crate) fn buffer_stats(&self) -> Vec<crate::ringbuf::BufferStats> {
         self.rec.buffers.iter().map(|b| b.buffer.stats()).collect()
     }
 
     /// The figures of the live status line.
-    pub fn status_figures(&self) -> StatusFigures<'static> {
+    pub(crate) fn status_figures(&self) -> StatusFigures<'static> {
         StatusFigures {
             elapsed: self.timers.now(),
             state: self.state_text(),
             bytes_written: self.rec.sink.bytes_written(),
             buffers: self.rec.buffers.iter().map(|b| b.buffer.stats()).collect(),
         }
-    }
-
-    /// The session's sessions-wide figures for `perfetto --query`: its
-    /// buffers' sizes and whether its sources started.
-    pub fn state(&self) -> State {
-        self.rec.session.state()
     }
 
     fn warn(&mut self, w: String) {
@@ -1086,7 +1080,7 @@ impl Runner {
 
     /// How the session ended; requests it never answered are told it
     /// ended.
-    pub fn outcome(mut self) -> Outcome {
+    pub(crate) fn outcome(mut self) -> Outcome {
         for (_, w) in self.pending.drain() {
             if let Waiting::Control(inc) = w {
                 inc.answer(Reply::Refused("the session has ended".into()));

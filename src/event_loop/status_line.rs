@@ -11,7 +11,7 @@ use crate::ringbuf::BufferStats;
 const PERIOD: Duration = Duration::from_millis(500);
 
 /// What the line shows, read when it is drawn.
-pub struct StatusFigures<'a> {
+pub(crate) struct StatusFigures<'a> {
     pub elapsed: Duration,
     pub state: &'a str,
     pub bytes_written: u64,

@@ -70,15 +70,15 @@ struct State {
 }
 
 /// Instances a uid's sessions may hold at once.
-pub const MAX_INSTANCES_PER_UID: usize = 4;
+pub(crate) const MAX_INSTANCES_PER_UID: usize = 4;
 /// Instances all sessions together may hold.
-pub const MAX_INSTANCES: usize = 16;
+pub(crate) const MAX_INSTANCES: usize = 16;
 /// Kernel buffer memory a uid's instances may hold, all CPUs (KiB).
-pub const MAX_BUFFER_KB_PER_UID: u64 = 256 * 1024;
+pub(crate) const MAX_BUFFER_KB_PER_UID: u64 = 256 * 1024;
 
 /// Served sessions that may be registered for saving at once: the most
 /// `--max-sessions` allows.
-pub const MAX_SAVED_SESSIONS: usize = u16::MAX as usize;
+pub(crate) const MAX_SAVED_SESSIONS: usize = u16::MAX as usize;
 
 /// Tracefs instances prepared for `recorder serve`'s sessions, and what
 /// is saved of each recording session if the service dies.
@@ -132,7 +132,7 @@ impl State {
 /// `prepares_ftrace`: `recorder serve`'s broker, which prepares tracefs
 /// instances for sessions on request. `by`: the root broker, or an
 /// unprivileged session's keeper.
-pub fn serve(sock: OwnedFd, prepares_ftrace: bool, by: SavedBy) {
+pub(crate) fn serve(sock: OwnedFd, prepares_ftrace: bool, by: SavedBy) {
     let mut st = State::new(prepares_ftrace.then(ServedInstances::default), by);
     loop {
         let (req, fd) = match wire::recv::<Request>(sock.as_fd()) {

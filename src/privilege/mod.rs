@@ -24,10 +24,10 @@
 //! what its buffers held to its trace ([`rescue`]). The root broker does
 //! the same for a root session.
 
-pub mod broker;
+pub(crate) mod broker;
 pub mod rescue;
-pub mod user;
-pub mod wire;
+pub(crate) mod user;
+pub(crate) mod wire;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -43,7 +43,7 @@ use crate::trace::salvage::SavedBy;
 
 /// The split failed.
 #[derive(Debug, thiserror::Error)]
-pub enum PrivilegeError {
+pub(crate) enum PrivilegeError {
     #[error("cannot choose the service user: {0}")]
     User(#[source] user::UserError),
     #[error("cannot start the privileged broker: {0}")]
@@ -56,7 +56,7 @@ pub enum PrivilegeError {
 
 /// A request to the broker failed.
 #[derive(Debug, thiserror::Error)]
-pub enum BrokerError {
+pub(crate) enum BrokerError {
     #[error("broker lock poisoned")]
     Poisoned,
     #[error(transparent)]
@@ -88,9 +88,8 @@ impl From<BrokerError> for RemoteError {
 
 /// The recorder's end of the broker's socket.
 #[derive(Debug)]
-pub struct Broker {
+pub(crate) struct Broker {
     sock: Mutex<OwnedFd>,
-    pid: u32,
 }
 
 impl Broker {
@@ -117,7 +116,7 @@ impl Broker {
     /// (`name` in the runtime directory `dir`), to remove at the end: the
     /// service user cannot unlink root's file in the sticky directory.
     /// Before the drop only.
-    pub fn register_name_lock(
+    pub(crate) fn register_name_lock(
         &self,
         dir: BorrowedFd<'_>,
         name: &str,
@@ -130,7 +129,7 @@ impl Broker {
     /// dies during its set-up (SIGKILL), the broker still removes its
     /// tracefs instances, kprobes and whichever of these sockets nobody
     /// listens on. Before the drop only.
-    pub fn register_early(
+    pub(crate) fn register_early(
         &self,
         pid: u32,
         leftovers: &[(BorrowedFd<'_>, String)],
@@ -177,14 +176,9 @@ impl Broker {
         Ok(Prepared { key, info, fds })
     }
 
-    /// The broker's pid.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// Undoes the tracefs changes and removes leftover sockets now (the end
     /// of the session), waiting until done.
-    pub fn teardown(&self) {
+    pub(crate) fn teardown(&self) {
         if let Err(e) = self.call(&Request::Teardown, None) {
             log::warn!("privileged broker teardown: {e}");
         }
@@ -288,7 +282,7 @@ impl RemoteHooks for Broker {
 
 /// A root session's plan: its broker, and whom to become.
 #[derive(Debug)]
-pub struct Privileges {
+pub(crate) struct Privileges {
     pub broker: Arc<Broker>,
     pub user: ServiceUser,
 }
@@ -297,7 +291,7 @@ pub struct Privileges {
 /// `root`). Call while the process is single-threaded. For a session going
 /// to the background, `detached_stderr` is where the broker's stderr goes
 /// (`Some(None)`: /dev/null), so that it holds no terminal or pipe.
-pub fn start(
+pub(crate) fn start(
     detached_stderr: Option<Option<BorrowedFd<'_>>>,
 ) -> Result<Option<Privileges>, PrivilegeError> {
     if !rustix::process::geteuid().is_root() {
@@ -314,7 +308,7 @@ pub fn start(
 /// session's own rights, which saves the session's buffers to its trace if
 /// the recorder dies (see [`rescue`]). Call while the process is
 /// single-threaded; register with [`Broker::register`].
-pub fn start_keeper(
+pub(crate) fn start_keeper(
     detached_stderr: Option<Option<BorrowedFd<'_>>>,
 ) -> Result<Arc<Broker>, PrivilegeError> {
     let (mine, theirs) = wire::pair().map_err(PrivilegeError::Start)?;
@@ -328,7 +322,6 @@ pub fn start_keeper(
             log::debug!("keeper: pid {child} (saves the buffers if the recorder dies)");
             Ok(Arc::new(Broker {
                 sock: Mutex::new(mine),
-                pid: child,
             }))
         }
     }
@@ -338,7 +331,7 @@ pub fn start_keeper(
 /// `user`: besides the teardown it prepares a tracefs instance per served
 /// session on request ([`crate::sources::ftrace::remote`]). Call while the
 /// process is single-threaded.
-pub fn start_for_serve(user: ServiceUser) -> Result<Privileges, PrivilegeError> {
+pub(crate) fn start_for_serve(user: ServiceUser) -> Result<Privileges, PrivilegeError> {
     fork(user, None, true)
 }
 
@@ -363,7 +356,6 @@ fn fork(
             Ok(Privileges {
                 broker: Arc::new(Broker {
                     sock: Mutex::new(mine),
-                    pid: child,
                 }),
                 user,
             })
@@ -406,14 +398,14 @@ fn run_broker(
 
 /// What the recorder registers with the broker before it drops.
 #[derive(Default)]
-pub struct Registration<'a> {
+pub(crate) struct Registration<'a> {
     /// Directories files are made in after the drop, with their names'
     /// prefixes and the session's files already there; each gets the id it
     /// is to use.
     pub dirs: Vec<(BorrowedFd<'a>, Vec<String>, Vec<String>)>,
     /// Sockets to remove at the end: (directory, name).
     pub leftovers: Vec<(BorrowedFd<'a>, String)>,
-    pub teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
+    pub(crate) teardowns: Vec<crate::sources::ftrace::tracefs::TracefsTeardown>,
     /// The `--on-segment-closed` command, the segments' directory (an
     /// index into `dirs`) and the command's timeout.
     pub hook: Option<(String, usize, Duration)>,
@@ -421,21 +413,21 @@ pub struct Registration<'a> {
     /// trace file (with its name and the recorder's pid), the ring
     /// directory and its files, the tracefs recording directories.
     pub rings: Vec<(u32, BorrowedFd<'a>)>,
-    pub save_to: Option<(BorrowedFd<'a>, String, u32)>,
+    pub(crate) save_to: Option<(BorrowedFd<'a>, String, u32)>,
     /// Or, for a segmented session, its segments' directory and names.
-    pub save_to_segments: Option<(
+    pub(crate) save_to_segments: Option<(
         BorrowedFd<'a>,
         crate::storage::segment::names::SegmentNames,
         u32,
     )>,
-    pub ring_files: Option<(BorrowedFd<'a>, Vec<String>)>,
+    pub(crate) ring_files: Option<(BorrowedFd<'a>, Vec<String>)>,
     pub drains: Vec<crate::sources::ftrace::Leftover>,
 }
 
 impl Privileges {
     /// Registers what the broker will do, seals, and gives up root for the
     /// whole process. Returns the registered directories' ids, in order.
-    pub fn drop_now(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
+    pub(crate) fn drop_now(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
         let ids = self.broker.register(reg)?;
         give_up_root(&self.user)?;
         Ok(ids)
@@ -447,7 +439,11 @@ impl Broker {
     /// service dies while it records — what `reg` says of its buffers'
     /// files, its trace file and its ftrace leftovers (the rest of `reg` is
     /// the main job's). Undone by [`Broker::served_saved`].
-    pub fn save_served(&self, session: u64, reg: Registration<'_>) -> Result<(), PrivilegeError> {
+    pub(crate) fn save_served(
+        &self,
+        session: u64,
+        reg: Registration<'_>,
+    ) -> Result<(), PrivilegeError> {
         let Some((to, label, _pid)) = reg.save_to else {
             return Ok(());
         };
@@ -462,14 +458,14 @@ impl Broker {
     }
 
     /// Served session `session` is done: nothing of it is saved any more.
-    pub fn served_saved(&self, session: u64) -> Result<(), PrivilegeError> {
+    pub(crate) fn served_saved(&self, session: u64) -> Result<(), PrivilegeError> {
         self.done(&Request::ServedSaved { session }, None)
     }
 
     /// Registers what the broker (or keeper) will do, and seals: nothing
     /// more can be registered. Returns the registered directories' ids, in
     /// order.
-    pub fn register(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
+    pub(crate) fn register(&self, reg: Registration<'_>) -> Result<Vec<u32>, PrivilegeError> {
         let b = self;
         let mut ids = Vec::with_capacity(reg.dirs.len());
         for (fd, prefixes, files) in reg.dirs {
@@ -528,7 +524,7 @@ impl Broker {
 }
 
 /// The drop itself; checked afterwards (uid and capabilities).
-pub fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
+pub(crate) fn give_up_root(user: &ServiceUser) -> Result<(), PrivilegeError> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
     let err = |e: rustix::io::Errno| PrivilegeError::Drop(e.into());
     // The bounding set first: dropping from it needs CAP_SETPCAP.

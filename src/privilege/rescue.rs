@@ -54,7 +54,7 @@ enum Target {
 
 /// What was registered for the save.
 #[derive(Debug, Default)]
-pub struct Rescue {
+pub(crate) struct Rescue {
     /// Each shared buffer's file, by index.
     rings: Vec<(u32, OwnedFd)>,
     /// Where the save goes, and the recorder's pid.
@@ -66,10 +66,10 @@ pub struct Rescue {
 }
 
 /// Most buffers a session registers (the config's limit).
-pub const MAX_RINGS: usize = 128;
+pub(crate) const MAX_RINGS: usize = 128;
 
 impl Rescue {
-    pub fn add_ring(&mut self, index: u32, fd: OwnedFd) -> bool {
+    pub(crate) fn add_ring(&mut self, index: u32, fd: OwnedFd) -> bool {
         if self.rings.len() >= MAX_RINGS {
             return false;
         }
@@ -77,21 +77,21 @@ impl Rescue {
         true
     }
 
-    pub fn save_to(&mut self, fd: OwnedFd, label: String, pid: u32) {
+    pub(crate) fn save_to(&mut self, fd: OwnedFd, label: String, pid: u32) {
         self.out = Some((Target::File { fd, label }, pid));
     }
 
     /// The save is to be the next segment of the session whose segments
     /// are `names` in `dir`.
-    pub fn save_to_segments(&mut self, dir: OwnedFd, names: SegmentNames, pid: u32) {
+    pub(crate) fn save_to_segments(&mut self, dir: OwnedFd, names: SegmentNames, pid: u32) {
         self.out = Some((Target::Segments { dir, names }, pid));
     }
 
-    pub fn ring_files(&mut self, dir: OwnedFd, names: Vec<String>) {
+    pub(crate) fn ring_files(&mut self, dir: OwnedFd, names: Vec<String>) {
         self.ring_files = Some((dir, names));
     }
 
-    pub fn add_drain(&mut self, l: Leftover) {
+    pub(crate) fn add_drain(&mut self, l: Leftover) {
         self.drains.push(l);
     }
 
@@ -99,7 +99,7 @@ impl Rescue {
     /// its buffers (and the kernel's leftover) held to its trace file, and
     /// prints one line saying so. Errors are printed; there is nobody left
     /// to return them to.
-    pub fn save(&mut self, by: SavedBy) {
+    pub(crate) fn save(&mut self, by: SavedBy) {
         let Some((target, pid)) = self.out.take() else {
             return;
         };

@@ -15,16 +15,16 @@
 //! running as that user could then signal or ptrace the recorder.
 
 /// The environment variable that chooses the user.
-pub const ENV: &str = "RECORDER_USER";
+pub(crate) const ENV: &str = "RECORDER_USER";
 /// The system user looked up first.
-pub const DEFAULT_NAME: &str = "recorder";
+pub(crate) const DEFAULT_NAME: &str = "recorder";
 /// systemd's dynamic-user range.
-pub const DYNAMIC: std::ops::RangeInclusive<u32> = 61184..=65519;
+pub(crate) const DYNAMIC: std::ops::RangeInclusive<u32> = 61184..=65519;
 const NOBODY: u32 = 65534;
 
 /// No service user could be chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UserError {
+pub(crate) enum UserError {
     #[error("{ENV}: uid/gid 0 is root; say {ENV}=root to keep root")]
     Root,
     #[error(
@@ -47,7 +47,7 @@ pub enum UserError {
 
 /// The user the recorder runs as after the drop.
 #[derive(Debug, Clone)]
-pub struct ServiceUser {
+pub(crate) struct ServiceUser {
     pub uid: u32,
     pub gid: u32,
     /// How it was chosen, for the log.
@@ -68,7 +68,7 @@ impl Eq for ServiceUser {}
 
 /// `Ok(None)`: stay root (`RECORDER_USER=root`). A uid of the dynamic range
 /// comes with its lock held ([`ServiceUser::hold`]).
-pub fn choose() -> Result<Option<ServiceUser>, UserError> {
+pub(crate) fn choose() -> Result<Option<ServiceUser>, UserError> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
     let env = std::env::var(ENV).ok().filter(|v| !v.is_empty());
@@ -104,7 +104,7 @@ const DYNAMIC_WHY: &str = "an unused uid of the dynamic-user range";
 
 /// Where the uids' locks are: one place for the whole machine (whatever
 /// runtime directory a session uses), writable by root alone.
-pub const LOCK_DIR: &str = "/run/recorder-uid";
+pub(crate) const LOCK_DIR: &str = "/run/recorder-uid";
 
 /// Takes `LOCK_DIR/N.lock`; `None` when another session holds it.
 fn hold(uid: u32) -> std::io::Result<Option<std::fs::File>> {
@@ -193,7 +193,7 @@ fn checked(u: ServiceUser) -> Result<ServiceUser, UserError> {
 
 /// The user `spec` names (a name in /etc/passwd or a uid), with the same
 /// refusals as [`choose`] (`recorder serve --user`).
-pub fn named(spec: &str) -> Result<ServiceUser, UserError> {
+pub(crate) fn named(spec: &str) -> Result<ServiceUser, UserError> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     match choose_from(Some(spec), &passwd, "") {
         Ok(Some(u)) => checked(u),
@@ -203,7 +203,7 @@ pub fn named(spec: &str) -> Result<ServiceUser, UserError> {
 }
 
 /// The choice from `RECORDER_USER` and the two files' contents.
-pub fn choose_from(
+pub(crate) fn choose_from(
     env: Option<&str>,
     passwd: &str,
     group: &str,

@@ -5,7 +5,7 @@
 
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
 use rustix::net::{
@@ -20,15 +20,15 @@ use crate::sources::ftrace::tracefs::TracefsTeardown;
 use crate::storage::segment::hook::HookCounts;
 
 /// The largest datagram either side sends or accepts.
-pub const MAX_MESSAGE: usize = 64 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors one datagram carries at most.
-pub const MAX_FDS: usize = 64;
+pub(crate) const MAX_FDS: usize = 64;
 
 /// What the unprivileged process asks. The `Register*` requests and
 /// `Seal` are accepted only before the drop; after `Seal`, only the
 /// operations on what was registered.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Request {
+pub(crate) enum Request {
     /// With a directory descriptor: files may be made there whose names
     /// start with one of `prefixes` (or `.` and a prefix: temporary names).
     /// `files`: the session's files already there (made before the drop);
@@ -170,7 +170,7 @@ pub enum Request {
 
 /// The broker's answer.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Reply {
+pub(crate) enum Reply {
     Done,
     Registered(u32),
     /// A descriptor comes with it.
@@ -202,7 +202,7 @@ pub enum Reply {
 /// sends one) from a limit of `recorder serve`'s ftrace instances and from
 /// an operation the system refused (with its errno), and words each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("registrations are closed")]
     Sealed,
     #[error("not sealed yet")]
@@ -267,7 +267,7 @@ pub enum Refusal {
 impl Refusal {
     /// `op` failed with `e`: its errno is the first OS error of its
     /// chain of causes.
-    pub fn system(op: Operation, e: &(dyn std::error::Error + 'static)) -> Self {
+    pub(crate) fn system(op: Operation, e: &(dyn std::error::Error + 'static)) -> Self {
         let mut errno = None;
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(c) = cause {
@@ -293,7 +293,8 @@ impl Refusal {
 
     /// A limit of `recorder serve`'s ftrace instances (the request may
     /// succeed once other sessions end), not a fault.
-    pub fn is_limit(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_limit(&self) -> bool {
         matches!(
             self,
             Refusal::UidInstances { .. } | Refusal::Instances(_) | Refusal::UidMemory { .. }
@@ -303,7 +304,7 @@ impl Refusal {
 
 /// What the broker tried when the system refused it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum Operation {
+pub(crate) enum Operation {
     #[error("registering the directory {0}")]
     RegisterDir(PathBuf),
     #[error("reading the name lock {0:?}")]
@@ -322,7 +323,7 @@ pub enum Operation {
 
 /// A message that could not be sent or read.
 #[derive(Debug, thiserror::Error)]
-pub enum MessageError {
+pub(crate) enum MessageError {
     #[error("the other end is gone")]
     Closed,
     #[error("{0}")]
@@ -336,7 +337,7 @@ pub enum MessageError {
 }
 
 /// Sends `msg` (with `fd`) as one datagram.
-pub fn send<T: Serialize>(
+pub(crate) fn send<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
@@ -345,7 +346,7 @@ pub fn send<T: Serialize>(
 }
 
 /// Sends `msg` with up to [`MAX_FDS`] descriptors as one datagram.
-pub fn send_many<T: Serialize>(
+pub(crate) fn send_many<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fds: &[BorrowedFd<'_>],
@@ -381,7 +382,7 @@ pub fn send_many<T: Serialize>(
 
 /// Receives one datagram: the message and the descriptor beside it, if
 /// any (any further one is closed).
-pub fn recv<T: for<'de> Deserialize<'de>>(
+pub(crate) fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<(T, Option<OwnedFd>), MessageError> {
     let (msg, fds) = recv_many(sock)?;
@@ -389,7 +390,7 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
 }
 
 /// Receives one datagram with the descriptors beside it.
-pub fn recv_many<T: for<'de> Deserialize<'de>>(
+pub(crate) fn recv_many<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<(T, Vec<OwnedFd>), MessageError> {
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
@@ -425,7 +426,7 @@ pub fn recv_many<T: for<'de> Deserialize<'de>>(
 }
 
 /// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).
-pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::SEQPACKET,
@@ -433,11 +434,6 @@ pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
         None,
     )
     .map_err(Into::into)
-}
-
-/// `fd` borrowed, for [`send`].
-pub fn borrow(fd: &impl AsFd) -> BorrowedFd<'_> {
-    fd.as_fd()
 }
 
 #[cfg(test)]

@@ -14,30 +14,30 @@
 //! each length against the chunk and reports what does not fit.
 
 /// Bytes of the chunk header.
-pub const HEADER_BYTES: usize = 8;
+pub(crate) const HEADER_BYTES: usize = 8;
 /// The first fragment continues the previous chunk's last packet.
-pub const FIRST_CONTINUES: u8 = 1;
+pub(crate) const FIRST_CONTINUES: u8 = 1;
 /// The last fragment continues in the next chunk.
-pub const LAST_CONTINUES: u8 = 2;
+pub(crate) const LAST_CONTINUES: u8 = 2;
 /// Patches are due before the chunk may be read.
-pub const NEEDS_PATCHING: u8 = 4;
+pub(crate) const NEEDS_PATCHING: u8 = 4;
 /// A fragment length that means "the writer dropped this packet".
-pub const DROPPED_PACKET_LEN: u32 = 0x0FFF_FFFF;
+pub(crate) const DROPPED_PACKET_LEN: u32 = 0x0FFF_FFFF;
 /// The longest length prefix of a fragment.
 const MAX_LEN_BYTES: usize = 4;
 
 /// The header of a chunk, untrusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkHeader {
-    pub chunk_id: u32,
-    pub writer_id: u16,
+pub(crate) struct ChunkHeader {
+    pub(crate) chunk_id: u32,
+    pub(crate) writer_id: u16,
     pub count: u16,
     pub flags: u8,
 }
 
 impl ChunkHeader {
     /// Reads the header at the start of `chunk` (None: shorter than one).
-    pub fn parse(chunk: &[u8]) -> Option<ChunkHeader> {
+    pub(crate) fn parse(chunk: &[u8]) -> Option<ChunkHeader> {
         let h = chunk.first_chunk::<HEADER_BYTES>()?;
         let packets = u16::from_le_bytes([h[6], h[7]]);
         Some(ChunkHeader {
@@ -51,7 +51,7 @@ impl ChunkHeader {
 
 /// One item of a chunk's payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fragment<'a> {
+pub(crate) enum Fragment<'a> {
     Bytes(&'a [u8]),
     /// The writer marked a packet as dropped (its SMB was full).
     Dropped,
@@ -59,7 +59,7 @@ pub enum Fragment<'a> {
 
 /// Why the rest of a chunk was abandoned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ChunkError {
+pub(crate) enum ChunkError {
     #[error("fragment length prefix runs past the chunk or over 4 bytes")]
     BadLength,
     #[error("fragment of {len_untrusted} bytes runs past the chunk")]
@@ -68,7 +68,7 @@ pub enum ChunkError {
 
 /// The fragments of a payload holding `count` of them. Iteration ends at the
 /// first error (the rest of the chunk cannot be trusted).
-pub fn fragments(payload: &[u8], count: u16) -> Fragments<'_> {
+pub(crate) fn fragments(payload: &[u8], count: u16) -> Fragments<'_> {
     Fragments {
         rest: payload,
         left: count,
@@ -78,7 +78,7 @@ pub fn fragments(payload: &[u8], count: u16) -> Fragments<'_> {
 
 /// Iterator of [`fragments`].
 #[derive(Debug)]
-pub struct Fragments<'a> {
+pub(crate) struct Fragments<'a> {
     rest: &'a [u8],
     left: u16,
     failed: bool,

@@ -39,10 +39,10 @@ use crate::transport::frame::{FrameDecoder, MAX_FRAME_BYTES, encode_frame};
 
 /// The only service: ProducerPort, id 1 (never 0: clients read 0 as "not
 /// connected").
-pub const SERVICE_NAME: &str = "ProducerPort";
+pub(crate) const SERVICE_NAME: &str = "ProducerPort";
 const SERVICE_ID: u32 = 1;
 /// Methods in declaration order: id = index + 1.
-pub const METHODS: [&str; 12] = [
+pub(crate) const METHODS: [&str; 12] = [
     "InitializeConnection",
     "RegisterDataSource",
     "UnregisterDataSource",
@@ -68,8 +68,8 @@ pub struct Registered {
     pub name: String,
     pub id: u64,
     pub will_notify_on_start: bool,
-    pub will_notify_on_stop: bool,
-    pub no_flush: bool,
+    pub(crate) will_notify_on_stop: bool,
+    pub(crate) no_flush: bool,
 }
 
 /// A data source instance started on this producer.
@@ -78,18 +78,18 @@ pub struct Instance {
     /// The attached session it belongs to.
     pub session: u64,
     /// Index into that session's config data sources.
-    pub wanted: usize,
+    pub(crate) wanted: usize,
     pub name: String,
     /// Global buffer id (index + 1).
     pub buffer: u32,
-    pub no_flush: bool,
+    pub(crate) no_flush: bool,
     pub will_notify_on_start: bool,
-    pub will_notify_on_stop: bool,
+    pub(crate) will_notify_on_stop: bool,
     /// The DataSourceConfig it was set up with (StartDataSource repeats it).
     pub config: Vec<u8>,
     /// StartDataSource was sent.
     pub started: bool,
-    pub started_ack: bool,
+    pub(crate) started_ack: bool,
     pub stopping: bool,
 }
 
@@ -278,7 +278,7 @@ impl Connection {
 
     /// Ends the sequences whose buffer `gone` names (a session detached):
     /// what they held is lost, and they no longer hold its rings.
-    pub fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
+    pub(crate) fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
         let lent = self.lend();
         let keys: Vec<(u16, u32)> = self
             .sequences
@@ -814,7 +814,7 @@ impl Connection {
     }
 
     /// Bytes of the shared memory buffer it was given (0 before).
-    pub fn shared_memory(&self) -> usize {
+    pub(crate) fn shared_memory(&self) -> usize {
         self.smb.as_ref().map_or(0, |s| s.size())
     }
 
@@ -823,7 +823,7 @@ impl Connection {
     /// than asked when needed, and not at all when even
     /// [`MIN_SHARED_MEMORY`] does not fit — a hit, and no instance);
     /// [`Connection::start_instance`] starts it. Whether it was set up.
-    pub fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
+    pub(crate) fn setup_instance(&mut self, id: u64, inst: Instance, room: usize) -> bool {
         if self.smb.is_none() {
             let (page, mut size) = smb::sizes(self.hints.0, self.hints.1);
             if size > room {
@@ -870,7 +870,7 @@ impl Connection {
     }
 
     /// Starts instance `id` (set up before); whether a start ack is due.
-    pub fn start_instance(&mut self, id: u64) -> bool {
+    pub(crate) fn start_instance(&mut self, id: u64) -> bool {
         let Some(i) = self.instances.get_mut(&id) else {
             return false;
         };
@@ -891,7 +891,7 @@ impl Connection {
     }
 
     /// Sends StopDataSource; whether an ack is due.
-    pub fn stop_instance(&mut self, id: u64) -> bool {
+    pub(crate) fn stop_instance(&mut self, id: u64) -> bool {
         let Some(i) = self.instances.get_mut(&id) else {
             return false;
         };
@@ -1003,7 +1003,7 @@ fn decode<T: Message + Default>(args: &[u8]) -> Result<T, Refused> {
 
 /// A producer's text (its name, SDK version, a data source's name) as a
 /// log line shows it: escaped, so a newline cannot forge a line, and cut.
-pub fn short(name: &str) -> String {
+pub(crate) fn short(name: &str) -> String {
     crate::transport::log_budget::for_log(name)
 }
 

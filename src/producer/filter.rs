@@ -5,7 +5,7 @@
 
 /// The producer filters of one config data source.
 #[derive(Clone, Debug, Default)]
-pub struct ProducerFilter {
+pub(crate) struct ProducerFilter {
     pub names: Vec<String>,
     /// Anchored at both ends.
     pub patterns: Vec<regex::Regex>,
@@ -13,7 +13,7 @@ pub struct ProducerFilter {
 
 impl ProducerFilter {
     /// Whether producer `name` takes part.
-    pub fn admits(&self, name: &str) -> bool {
+    pub(crate) fn admits(&self, name: &str) -> bool {
         (self.names.is_empty() && self.patterns.is_empty())
             || self.names.iter().any(|n| n == name)
             || self.patterns.iter().any(|p| p.is_match(name))

@@ -34,7 +34,7 @@ const SERVING_SLICE: Duration = Duration::from_micros(100);
 
 /// A config data source that producers may provide.
 #[derive(Clone, Debug)]
-pub struct WantedSource {
+pub(crate) struct WantedSource {
     pub name: String,
     pub filter: ProducerFilter,
     /// Buffer id: the session's buffer base + index + 1
@@ -50,7 +50,7 @@ pub struct WantedSource {
 /// (another local user's hits are not its business), root's and the main
 /// job's (`recorder --config`, one session) show every uid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QuotaView {
+pub(crate) enum QuotaView {
     All,
     Uid(u32),
 }
@@ -58,7 +58,7 @@ pub enum QuotaView {
 impl QuotaView {
     /// The view of a session run for `consumer` (a served session's
     /// client uid), or of the main job when there is none.
-    pub fn for_consumer(consumer: Option<u32>) -> Self {
+    pub(crate) fn for_consumer(consumer: Option<u32>) -> Self {
         match consumer {
             Some(uid) if uid != 0 => Self::Uid(uid),
             _ => Self::All,
@@ -67,7 +67,7 @@ impl QuotaView {
 
     /// The reports this view shows. The shared account of the uids past
     /// the table mixes other users, so a single-uid view leaves it out.
-    pub fn filter(self, mut reports: Vec<UidReport>) -> Vec<UidReport> {
+    pub(crate) fn filter(self, mut reports: Vec<UidReport>) -> Vec<UidReport> {
         if let Self::Uid(uid) = self {
             reports.retain(|r| r.uid == uid);
         }
@@ -77,7 +77,7 @@ impl QuotaView {
 
 /// What the loop turns into session events.
 #[derive(Clone, Debug, PartialEq)]
-pub enum HostEvent {
+pub(crate) enum HostEvent {
     Triggers {
         producer: String,
         uid: u32,
@@ -94,7 +94,7 @@ pub enum HostEvent {
 
 /// What one producer did, for the summary and `trace_stats`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProducerReport {
+pub(crate) struct ProducerReport {
     pub name: String,
     pub pid: u32,
     pub uid: u32,
@@ -105,7 +105,7 @@ pub struct ProducerReport {
 
 /// Errors of the producer side.
 #[derive(Debug, thiserror::Error)]
-pub enum HostError {
+pub(crate) enum HostError {
     #[error(transparent)]
     Socket(#[from] SocketPathError),
     #[error("producer service")]
@@ -113,7 +113,7 @@ pub enum HostError {
 }
 
 /// A session's producers.
-pub struct ProducerHost {
+pub(crate) struct ProducerHost {
     link: Link,
     /// The serving thread asked for [`SERVING_SLICE`] (on its first poll).
     slice_asked: bool,
@@ -134,7 +134,7 @@ enum Link {
 impl ProducerHost {
     /// Listens on `path` (see [`socket_path::claim`]) for a session of
     /// `buffers` buffers, whose ids are index + 1.
-    pub fn listen(path: &Path, buffers: usize) -> Result<Self, HostError> {
+    pub(crate) fn listen(path: &Path, buffers: usize) -> Result<Self, HostError> {
         let listener = socket_path::claim(path)?;
         let max = quota::connection_budget(quota::open_file_limit());
         log::info!(
@@ -154,7 +154,7 @@ impl ProducerHost {
 
     /// Attaches a session of `buffers` buffers to `service`; its buffer ids
     /// start after [`Self::buffer_base`].
-    pub fn attach(service: &ProducerService, buffers: usize) -> Result<Self, HostError> {
+    pub(crate) fn attach(service: &ProducerService, buffers: usize) -> Result<Self, HostError> {
         let (key, base) = lock(&service.registry).attach(buffers)?;
         Ok(Self {
             link: Link::Served(service.registry.clone()),
@@ -168,7 +168,7 @@ impl ProducerHost {
 
     /// What the session wants of producers, the rings its buffer ids name
     /// (in order) and the first sequence id its producers' writers get.
-    pub fn serve(
+    pub(crate) fn serve(
         &mut self,
         wanted: Vec<WantedSource>,
         buffers: Vec<Arc<Buffer>>,
@@ -179,11 +179,11 @@ impl ProducerHost {
     }
 
     /// Buffer `i` of the session has id `buffer_base() + i + 1`.
-    pub fn buffer_base(&self) -> u32 {
+    pub(crate) fn buffer_base(&self) -> u32 {
         self.base
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -204,7 +204,7 @@ impl ProducerHost {
 
     /// Descriptors to wait on: the session's own socket and producers; none
     /// under `recorder serve`, whose loop waits on the service's.
-    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+    pub(crate) fn fds(&self) -> Vec<BorrowedFd<'_>> {
         match &self.link {
             Link::Own(r) => r.fds(),
             Link::Served(_) => Vec::new(),
@@ -213,7 +213,7 @@ impl ProducerHost {
 
     /// Accepts, reads and handles what the producers sent (under `recorder
     /// serve` the service's loop did that) and returns the session's events.
-    pub fn poll(&mut self) -> Vec<HostEvent> {
+    pub(crate) fn poll(&mut self) -> Vec<HostEvent> {
         let key = self.key;
         if !std::mem::replace(&mut self.slice_asked, true) {
             ask_for_serving_slice();
@@ -231,58 +231,58 @@ impl ProducerHost {
     /// whatever connects later. Whether start acks are due from instances
     /// that promised them (`will_notify_on_start`; [`HostEvent::Started`]
     /// follows once they all came or their producers went).
-    pub fn start(&mut self) -> bool {
+    pub(crate) fn start(&mut self) -> bool {
         let key = self.key;
         self.with(|r| r.start(key))
     }
 
     /// The (producer, data source) pairs whose start ack is still awaited,
     /// at most `max`.
-    pub fn not_started(&self, max: usize) -> Vec<(String, String)> {
+    pub(crate) fn not_started(&self, max: usize) -> Vec<(String, String)> {
         self.read(|r| r.not_started(self.key, max))
     }
 
     /// Flush `id` (at the stop when `stop`): sends Flush to every producer
     /// with instances of the session that flush. Whether acks are due
     /// ([`HostEvent::Flushed`] follows).
-    pub fn flush(&mut self, id: u64, stop: bool) -> bool {
+    pub(crate) fn flush(&mut self, id: u64, stop: bool) -> bool {
         let key = self.key;
         self.with(|r| r.flush(key, id, stop))
     }
 
     /// Stops the session's instances. Whether stop acks are due
     /// ([`HostEvent::Stopped`] follows).
-    pub fn stop(&mut self) -> bool {
+    pub(crate) fn stop(&mut self) -> bool {
         let key = self.key;
         self.with(|r| r.stop(key))
     }
 
     /// Reads what every producer that allows it wrote for the session and
     /// has not committed yet (at the end of a flush and at the stop).
-    pub fn scrape(&mut self) {
+    pub(crate) fn scrape(&mut self) {
         let key = self.key;
         self.with(|r| r.scrape(key));
     }
 
     /// ClearIncrementalState to the session's instances.
-    pub fn clear_incremental_state(&mut self) {
+    pub(crate) fn clear_incremental_state(&mut self) {
         let key = self.key;
         self.with(|r| r.clear_incremental_state(key));
     }
 
     /// The figures of every producer in all, for `trace_stats`.
-    pub fn totals(&self) -> ProducerTotals {
+    pub(crate) fn totals(&self) -> ProducerTotals {
         self.read(|r| r.totals(self.key))
     }
 
     /// Every uid that hit a limit or whose closed producers were folded,
     /// by uid.
-    pub fn quota_reports(&self) -> Vec<UidReport> {
+    pub(crate) fn quota_reports(&self) -> Vec<UidReport> {
         self.read(ProducerRegistry::quota_reports)
     }
 
     /// Every producer seen so far, connected ones last.
-    pub fn reports(&self) -> Vec<ProducerReport> {
+    pub(crate) fn reports(&self) -> Vec<ProducerReport> {
         self.read(|r| r.reports(self.key))
     }
 }
@@ -303,45 +303,45 @@ impl Drop for ProducerHost {
 
 /// The producer socket of `recorder serve`: one registry for every
 /// session, polled by the service's loop for as long as it runs.
-pub struct ProducerService {
+pub(crate) struct ProducerService {
     registry: Arc<Mutex<ProducerRegistry>>,
     path: PathBuf,
 }
 
 impl ProducerService {
     /// Serves producers on `listener`, bound at `path`.
-    pub fn new(listener: UnixListener, path: &Path) -> Self {
+    pub(crate) fn new(listener: UnixListener, path: &Path) -> Self {
         Self {
             registry: Arc::new(Mutex::new(ProducerRegistry::new(listener, path, false))),
             path: path.to_path_buf(),
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The socket and every producer's, to wait on (shared handles: one
     /// closed meanwhile stays open until they are dropped).
-    pub fn handles(&self) -> (Arc<UnixListener>, Vec<Arc<UnixStream>>) {
+    pub(crate) fn handles(&self) -> (Arc<UnixListener>, Vec<Arc<UnixStream>>) {
         lock(&self.registry).handles()
     }
 
     /// Accepts, reads and handles what producers sent; each session takes
     /// its events ([`ProducerHost::poll`]).
-    pub fn poll(&self) {
+    pub(crate) fn poll(&self) {
         lock(&self.registry).poll();
     }
 
     /// Every connected producer with the data sources it registered.
-    pub fn producers(&self) -> Vec<ProducerReport> {
+    pub(crate) fn producers(&self) -> Vec<ProducerReport> {
         lock(&self.registry).listing()
     }
 }
 
 /// The calling thread serves producers from now on: it asks for
 /// `SERVING_SLICE`, and goes on with the default where the kernel says no.
-pub fn ask_for_serving_slice() {
+pub(crate) fn ask_for_serving_slice() {
     if let Err(e) = crate::sys::sched::request_slice(SERVING_SLICE) {
         log::debug!("producer service: default scheduler slice kept: {e}");
     }

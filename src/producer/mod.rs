@@ -39,12 +39,12 @@
 //! checked; a producer that breaks the protocol loses its connection and
 //! the refusal is counted, never a panic.
 
-pub mod chunk;
+pub(crate) mod chunk;
 pub mod connection;
-pub mod filter;
-pub mod host;
+pub(crate) mod filter;
+pub(crate) mod host;
 pub mod quota;
-pub mod registry;
+pub(crate) mod registry;
 pub mod sequence;
-pub mod smb;
+pub(crate) mod smb;
 pub mod stats;

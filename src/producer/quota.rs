@@ -33,29 +33,29 @@ use super::stats::ProducerStats;
 
 /// Producer connections one uid may hold at once. An app is one
 /// connection; this leaves room for many apps of one user.
-pub const MAX_CONNECTIONS_PER_UID: usize = 32;
+pub(crate) const MAX_CONNECTIONS_PER_UID: usize = 32;
 /// Producer connections in all, at most (and at most
 /// [`connection_budget`] of the open-file limit).
-pub const MAX_CONNECTIONS: usize = 512;
+pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// Descriptors never given to producers: the control and trigger sockets
 /// (their connections included), the output, the sources, the ring.
-pub const FDS_RESERVED: u64 = 256;
+pub(crate) const FDS_RESERVED: u64 = 256;
 /// Descriptors one producer connection may hold: its socket and its shared
 /// memory.
-pub const FDS_PER_CONNECTION: u64 = 2;
+pub(crate) const FDS_PER_CONNECTION: u64 = 2;
 /// The longest producer or data source name taken.
 pub const MAX_NAME_BYTES: usize = 1024;
 /// Bytes of a commit's chunks one connection copies out of its shared
 /// memory before parsing them, at most: a whole default (256 KiB) shared
 /// memory, and a bound on the copy whatever the producer names (no more
 /// than its own shared memory either).
-pub const MOVE_BATCH: usize = 1024 * 1024;
+pub(crate) const MOVE_BATCH: usize = 1024 * 1024;
 /// Data sources one producer may have registered at once.
 pub const MAX_DATA_SOURCES: usize = 256;
 /// Bytes of data source names one producer may have registered at once.
 pub const MAX_REGISTERED_BYTES: usize = 64 * 1024;
 /// Sequences (writer and buffer) and trace writers one producer may have.
-pub const MAX_SEQUENCES: usize = 1024;
+pub(crate) const MAX_SEQUENCES: usize = 1024;
 /// Sequences and trace writers one uid's producers may have in all: each
 /// stays attached to its buffer, so many producers of one uid must not
 /// multiply [`MAX_SEQUENCES`].
@@ -68,13 +68,13 @@ pub const MAX_SEQUENCES_PER_UID: usize = 4 * MAX_SEQUENCES;
 pub const MAX_HELD_BYTES_PER_UID: usize = super::smb::MAX_SIZE;
 /// Shared memory buffers one uid's producers may hold in all (the recorder
 /// creates them, and its reads can fault their pages in).
-pub const MAX_SHARED_MEMORY_PER_UID: usize = 128 * 1024 * 1024;
+pub(crate) const MAX_SHARED_MEMORY_PER_UID: usize = 128 * 1024 * 1024;
 /// The smallest buffer given when a uid's room is short of what its
 /// producer asked for (the default size).
-pub const MIN_SHARED_MEMORY: usize = 256 * 1024;
+pub(crate) const MIN_SHARED_MEMORY: usize = 256 * 1024;
 /// Closed producers kept one by one for the summary and `recorder query`;
 /// the ones after are folded into one line per uid.
-pub const MAX_CLOSED_KEPT: usize = 64;
+pub(crate) const MAX_CLOSED_KEPT: usize = 64;
 use crate::transport::log_budget::LogBucket;
 pub use crate::transport::log_budget::{LOG_BURST, LOG_INTERVAL};
 pub use crate::transport::peer::{MAX_UIDS, OTHER_UIDS};
@@ -82,7 +82,7 @@ pub use crate::transport::peer::{MAX_UIDS, OTHER_UIDS};
 /// Producer connections the open-file limit allows: what is left after
 /// [`FDS_RESERVED`], at [`FDS_PER_CONNECTION`] each, within
 /// [`MAX_CONNECTIONS`].
-pub fn connection_budget(open_files: u64) -> usize {
+pub(crate) fn connection_budget(open_files: u64) -> usize {
     let spare = open_files.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION;
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
@@ -90,7 +90,7 @@ pub fn connection_budget(open_files: u64) -> usize {
 }
 
 /// The soft open-file limit in force.
-pub fn open_file_limit() -> u64 {
+pub(crate) fn open_file_limit() -> u64 {
     rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(1 << 20)
@@ -98,7 +98,7 @@ pub fn open_file_limit() -> u64 {
 
 /// Raises the soft open-file limit to the hard one (at start), and returns
 /// the soft limit then in force.
-pub fn raise_open_file_limit() -> u64 {
+pub(crate) fn raise_open_file_limit() -> u64 {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut r = getrlimit(Resource::Nofile);
     if r.current != r.maximum {
@@ -171,7 +171,7 @@ impl Limit {
 
     /// The limit of a key (a status from another build may name one this
     /// build does not know: `None`).
-    pub fn from_key(key: &str) -> Option<Limit> {
+    pub(crate) fn from_key(key: &str) -> Option<Limit> {
         Limit::ALL.into_iter().find(|l| l.key() == key)
     }
 
@@ -209,7 +209,7 @@ impl Hits {
         self.0[l as usize]
     }
 
-    pub fn merge(&mut self, other: &Hits) {
+    pub(crate) fn merge(&mut self, other: &Hits) {
         for l in Limit::ALL {
             self.add(l, other.get(l));
         }
@@ -237,7 +237,7 @@ pub struct UidReport {
     /// Closed producers folded here (past [`MAX_CLOSED_KEPT`]).
     pub closed_producers: u64,
     /// What they did in all.
-    pub closed_stats: ProducerStats,
+    pub(crate) closed_stats: ProducerStats,
 }
 
 /// What one uid's producers hold now, shared by their connections' [`Holds`].
@@ -308,7 +308,7 @@ impl Holds {
 
     /// Gives one sequence back (its session detached while the connection
     /// stays, as under `recorder serve`).
-    pub fn give_sequence(&mut self) {
+    pub(crate) fn give_sequence(&mut self) {
         if self.sequences > 0 {
             self.sequences -= 1;
             self.uid.sequences.fetch_sub(1, Ordering::Relaxed);
@@ -373,7 +373,7 @@ impl Quotas {
     }
 
     /// The connections allowed in all.
-    pub fn max_connections(&self) -> usize {
+    pub(crate) fn max_connections(&self) -> usize {
         self.max_connections
     }
 
@@ -431,12 +431,12 @@ impl Quotas {
     }
 
     /// Shared memory `uid`'s producers may still be given.
-    pub fn shared_memory_room(&mut self, uid: u32) -> usize {
+    pub(crate) fn shared_memory_room(&mut self, uid: u32) -> usize {
         MAX_SHARED_MEMORY_PER_UID.saturating_sub(self.account(uid).shared_memory)
     }
 
     /// `uid`'s producers now hold `bytes` more (`grew`) or fewer.
-    pub fn shared_memory(&mut self, uid: u32, bytes: usize, grew: bool) {
+    pub(crate) fn shared_memory(&mut self, uid: u32, bytes: usize, grew: bool) {
         let a = self.account(uid);
         a.shared_memory = if grew {
             a.shared_memory.saturating_add(bytes)
@@ -520,7 +520,7 @@ impl Quotas {
     }
 
     /// What the folded producers did, in all.
-    pub fn closed_stats(&self) -> (u64, ProducerStats) {
+    pub(crate) fn closed_stats(&self) -> (u64, ProducerStats) {
         let mut all = ProducerStats::default();
         let mut n = 0;
         for a in self.accounts.values() {

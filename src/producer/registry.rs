@@ -115,14 +115,16 @@ impl Routes for Sessions {
 
 /// Why a session could not attach.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     #[error("no {0} free buffer ids left among the served sessions' (at most {MAX_BUFFER_ID})")]
     NoBufferIds(u32),
 }
 
 /// The producer socket, its connections and the attached sessions.
-pub struct ProducerRegistry {
+pub(crate) struct ProducerRegistry {
     listener: Arc<UnixListener>,
+    /// The socket's path (the unit tests connect to it).
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the unit tests read it"))]
     path: PathBuf,
     /// One session, which sees every producer's figures as its own
     /// (`recorder --config`).
@@ -145,7 +147,7 @@ pub struct ProducerRegistry {
 }
 
 impl ProducerRegistry {
-    pub fn new(listener: UnixListener, path: &Path, solo: bool) -> Self {
+    pub(crate) fn new(listener: UnixListener, path: &Path, solo: bool) -> Self {
         let max = quota::connection_budget(quota::open_file_limit());
         Self {
             listener: Arc::new(listener),
@@ -164,12 +166,13 @@ impl ProducerRegistry {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Descriptors to wait on, borrowed (the session's own loop).
-    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+    pub(crate) fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut v = vec![self.listener.as_fd()];
         v.extend(self.conns.values().map(|c| c.fd()));
         v
@@ -177,7 +180,7 @@ impl ProducerRegistry {
 
     /// The listener and every connection's socket, for a wait without the
     /// registry's lock held (the service's thread).
-    pub fn handles(&self) -> (Arc<UnixListener>, Vec<Arc<UnixStream>>) {
+    pub(crate) fn handles(&self) -> (Arc<UnixListener>, Vec<Arc<UnixStream>>) {
         (
             self.listener.clone(),
             self.conns.values().map(Connection::stream).collect(),
@@ -187,7 +190,7 @@ impl ProducerRegistry {
     /// Attaches a session of `buffers` buffers: its key and the base of
     /// its buffer ids (`base + 1 ..= base + buffers`), unique among the
     /// attached sessions. It wants nothing until [`Self::serve`].
-    pub fn attach(&mut self, buffers: usize) -> Result<(u64, u32), AttachError> {
+    pub(crate) fn attach(&mut self, buffers: usize) -> Result<(u64, u32), AttachError> {
         let len = u32::try_from(buffers).unwrap_or(u32::MAX);
         let base = self.free_range(len).ok_or(AttachError::NoBufferIds(len))?;
         self.next_buffer = base + len;
@@ -253,7 +256,7 @@ impl ProducerRegistry {
     /// What session `key` wants of producers, the rings its buffer ids
     /// name, and its first producer sequence id; instances are set up at
     /// once on the producers that provide them.
-    pub fn serve(
+    pub(crate) fn serve(
         &mut self,
         key: u64,
         wanted: Vec<WantedSource>,
@@ -272,7 +275,7 @@ impl ProducerRegistry {
 
     /// Session `key` ends: its instances are stopped (if not yet) and
     /// forgotten, its sequences end, its buffer ids are free.
-    pub fn detach(&mut self, key: u64) {
+    pub(crate) fn detach(&mut self, key: u64) {
         let Some(a) = self.sessions.0.get(&key) else {
             return;
         };
@@ -296,7 +299,7 @@ impl ProducerRegistry {
 
     /// Accepts, reads and handles what the producers sent; events land in
     /// each session's queue.
-    pub fn poll(&mut self) {
+    pub(crate) fn poll(&mut self) {
         self.accept();
         let ids: Vec<u32> = self.conns.keys().copied().collect();
         let mut changed = false;
@@ -349,7 +352,7 @@ impl ProducerRegistry {
     }
 
     /// Session `key`'s events since the last call.
-    pub fn take_events(&mut self, key: u64) -> Vec<HostEvent> {
+    pub(crate) fn take_events(&mut self, key: u64) -> Vec<HostEvent> {
         self.sessions
             .0
             .get_mut(&key)
@@ -494,7 +497,7 @@ impl ProducerRegistry {
     /// whatever connects later. Whether start acks are due from instances
     /// that promised them (`will_notify_on_start`; [`HostEvent::Started`]
     /// follows once they all came or their producers went).
-    pub fn start(&mut self, key: u64) -> bool {
+    pub(crate) fn start(&mut self, key: u64) -> bool {
         self.match_sources();
         let Some(a) = self.sessions.0.get_mut(&key) else {
             return false;
@@ -513,7 +516,7 @@ impl ProducerRegistry {
 
     /// The (producer, data source) pairs whose start ack session `key`
     /// still awaits, at most `max`.
-    pub fn not_started(&self, key: u64, max: usize) -> Vec<(String, String)> {
+    pub(crate) fn not_started(&self, key: u64, max: usize) -> Vec<(String, String)> {
         let Some(a) = self.sessions.0.get(&key) else {
             return Vec::new();
         };
@@ -531,7 +534,7 @@ impl ProducerRegistry {
     /// Flush `id` of session `key` (at its stop when `stop`): sends Flush
     /// for its instances that flush. Whether acks are due
     /// ([`HostEvent::Flushed`] follows).
-    pub fn flush(&mut self, key: u64, id: u64, stop: bool) -> bool {
+    pub(crate) fn flush(&mut self, key: u64, id: u64, stop: bool) -> bool {
         let request = self.next_flush_request;
         self.next_flush_request += 1;
         let mut waiting = BTreeSet::new();
@@ -580,7 +583,7 @@ impl ProducerRegistry {
 
     /// Stops session `key`'s instances. Whether stop acks are due
     /// ([`HostEvent::Stopped`] follows).
-    pub fn stop(&mut self, key: u64) -> bool {
+    pub(crate) fn stop(&mut self, key: u64) -> bool {
         let Some(a) = self.sessions.0.get_mut(&key) else {
             return false;
         };
@@ -603,7 +606,7 @@ impl ProducerRegistry {
     /// Reads what every producer that allows it wrote into session `key`'s
     /// buffers and has not committed yet (at the end of a flush and at
     /// the stop).
-    pub fn scrape(&mut self, key: u64) {
+    pub(crate) fn scrape(&mut self, key: u64) {
         let Some((base, len)) = self.sessions.0.get(&key).map(|a| (a.base, a.len)) else {
             return;
         };
@@ -613,7 +616,7 @@ impl ProducerRegistry {
     }
 
     /// ClearIncrementalState for session `key`'s instances.
-    pub fn clear_incremental_state(&mut self, key: u64) {
+    pub(crate) fn clear_incremental_state(&mut self, key: u64) {
         for c in self.conns.values_mut() {
             let ids = instances_of(c, key);
             if !ids.is_empty() {
@@ -630,7 +633,7 @@ impl ProducerRegistry {
     /// The figures for session `key`'s `trace_stats`: what producers did
     /// in its buffers; the connection counts are the service's, as
     /// Perfetto's.
-    pub fn totals(&self, key: u64) -> ProducerTotals {
+    pub(crate) fn totals(&self, key: u64) -> ProducerTotals {
         let zero = ProducerStats::default();
         let mut all = ProducerStats::default();
         let live = self.conns.values().filter(|c| c.closed.is_none());
@@ -667,14 +670,14 @@ impl ProducerRegistry {
 
     /// Every uid that hit a limit or whose closed producers were folded,
     /// by uid.
-    pub fn quota_reports(&self) -> Vec<UidReport> {
+    pub(crate) fn quota_reports(&self) -> Vec<UidReport> {
         self.quotas.reports()
     }
 
     /// Every producer session `key` has seen, connected ones last: all of
     /// them with their whole figures for a solo session, else those with
     /// instances in it and what they did there.
-    pub fn reports(&self, key: u64) -> Vec<ProducerReport> {
+    pub(crate) fn reports(&self, key: u64) -> Vec<ProducerReport> {
         if self.solo {
             let mut v = self.gone.clone();
             v.extend(
@@ -703,7 +706,7 @@ impl ProducerRegistry {
 
     /// Every connected producer with the data sources it registered (what
     /// `perfetto --query` lists).
-    pub fn listing(&self) -> Vec<ProducerReport> {
+    pub(crate) fn listing(&self) -> Vec<ProducerReport> {
         self.conns
             .values()
             .filter(|c| c.closed.is_none() && c.name.is_some())
@@ -715,7 +718,7 @@ impl ProducerRegistry {
     }
 
     /// At the end of a solo session: what producers still hold is lost.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         for c in self.conns.values_mut() {
             c.finish(&mut self.sessions);
         }

@@ -199,7 +199,7 @@ impl Sequence {
 
     /// The order in which chunks of this sequence are due: chunk ids
     /// counted from the next one expected (they are u32 and wrap).
-    pub fn due_order(&self, chunk_id: u32) -> u32 {
+    pub(crate) fn due_order(&self, chunk_id: u32) -> u32 {
         chunk_id.wrapping_sub(self.next_chunk.unwrap_or(chunk_id))
     }
 

@@ -49,11 +49,11 @@ use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 /// The default SMB size and page (a hint of 0, or an invalid one).
-pub const DEFAULT_SIZE: usize = 256 * 1024;
-pub const DEFAULT_PAGE: usize = 4096;
+pub(crate) const DEFAULT_SIZE: usize = 256 * 1024;
+pub(crate) const DEFAULT_PAGE: usize = 4096;
 /// What the service allows at most.
-pub const MAX_SIZE: usize = 32 * 1024 * 1024;
-pub const MAX_PAGE: usize = 32 * 1024;
+pub(crate) const MAX_SIZE: usize = 32 * 1024 * 1024;
+pub(crate) const MAX_PAGE: usize = 32 * 1024;
 /// Bytes of a page header.
 const PAGE_HEADER: usize = 8;
 /// CAS attempts on a page bitmap before giving up (the ABI's figure).
@@ -64,7 +64,7 @@ const STATE_COMPLETE: u32 = 3;
 
 /// Errors of creating the SMB.
 #[derive(Debug, thiserror::Error)]
-pub enum SmbError {
+pub(crate) enum SmbError {
     #[error("memfd: {0}")]
     Memfd(#[source] std::io::Error),
     #[error("mapping the shared memory: {0}")]
@@ -74,7 +74,7 @@ pub enum SmbError {
 /// The SMB size and page size for a producer's hints, as Perfetto's service
 /// picks them: 0 means the default, values are clamped to the maximum, and
 /// an invalid pair falls back to the defaults (ARCHITECTURE.md §9.5).
-pub fn sizes(page_hint: u32, size_hint: u32) -> (usize, usize) {
+pub(crate) fn sizes(page_hint: u32, size_hint: u32) -> (usize, usize) {
     let page = match page_hint as usize {
         0 => DEFAULT_PAGE,
         p => p.min(MAX_PAGE),
@@ -109,7 +109,7 @@ fn chunks_in_layout(layout: u32) -> u32 {
 
 /// Why a chunk named in CommitData could not be moved out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TakeRefusal {
+pub(crate) enum TakeRefusal {
     /// Page or chunk index outside the SMB or its page's layout.
     OutOfRange,
     /// The chunk is not Complete (or the producer kept changing the page).
@@ -118,7 +118,7 @@ pub enum TakeRefusal {
 
 /// A chunk copied by scraping; it stays in the SMB as it was.
 #[derive(Debug)]
-pub struct Scraped {
+pub(crate) struct Scraped {
     /// The writer had finished it (Complete) and not yet committed it;
     /// otherwise it is the writer's current chunk, still being written.
     pub complete: bool,
@@ -130,7 +130,7 @@ pub struct Scraped {
 
 /// A producer's shared memory.
 #[derive(Debug)]
-pub struct SharedMemory {
+pub(crate) struct SharedMemory {
     fd: OwnedFd,
     map: MmapRaw,
     size: usize,
@@ -141,7 +141,7 @@ impl SharedMemory {
     /// A sealed memfd of `size` bytes (against shrink, grow and further
     /// seals: the producer cannot make it smaller under our mapping), mapped
     /// shared. `page` and `size` come from [`sizes`].
-    pub fn create(size: usize, page: usize) -> Result<Self, SmbError> {
+    pub(crate) fn create(size: usize, page: usize) -> Result<Self, SmbError> {
         let io = |e: rustix::io::Errno| std::io::Error::from_raw_os_error(e.raw_os_error());
         let fd = rustix::fs::memfd_create(
             "perfetto_shmem",
@@ -165,19 +165,19 @@ impl SharedMemory {
     }
 
     /// The descriptor to send to the producer.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
-    pub fn page_size(&self) -> usize {
+    pub(crate) fn page_size(&self) -> usize {
         self.page
     }
 
-    pub fn pages(&self) -> usize {
+    pub(crate) fn pages(&self) -> usize {
         self.size / self.page
     }
 
@@ -197,7 +197,7 @@ impl SharedMemory {
     /// its bytes (header included), frees it. Returns the chunk's length.
     /// The copy is untrusted; the indexes are the producer's and are
     /// checked here.
-    pub fn take_chunk(
+    pub(crate) fn take_chunk(
         &self,
         page_untrusted: u32,
         chunk_untrusted: u32,
@@ -265,7 +265,7 @@ impl SharedMemory {
     /// those still being written when they hold at least two fragments (the
     /// last one may be the packet under way; the reader takes the ones
     /// before it). Everything copied is untrusted.
-    pub fn scrape(&self) -> Vec<Scraped> {
+    pub(crate) fn scrape(&self) -> Vec<Scraped> {
         let mut out = Vec::new();
         for page in 0..self.pages() {
             let bitmap = self.bitmap(page).load(Ordering::Acquire);

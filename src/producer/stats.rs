@@ -5,12 +5,12 @@
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProducerStats {
     /// Chunks named in CommitData and moved out of the SMB.
-    pub chunks_committed: u64,
+    pub(crate) chunks_committed: u64,
     /// Chunks whose packets were read into a ring buffer.
-    pub chunks_stored: u64,
+    pub(crate) chunks_stored: u64,
     /// Chunks read by scraping before their commit (at flushes, the stop
     /// and a disconnect); their commit adds only what came after.
-    pub chunks_scraped: u64,
+    pub(crate) chunks_scraped: u64,
     /// Packets stored, and their bytes (without the trusted fields).
     pub packets: u64,
     pub bytes: u64,
@@ -18,7 +18,7 @@ pub struct ProducerStats {
     /// not write, or given up waiting for patches.
     pub chunks_discarded: u64,
     pub chunks_committed_out_of_order: u64,
-    pub patches_succeeded: u64,
+    pub(crate) patches_succeeded: u64,
     pub patches_failed: u64,
     /// Bad fragment lengths and other breaches of the shared-memory ABI.
     pub abi_violations: u64,
@@ -27,9 +27,9 @@ pub struct ProducerStats {
     /// Packets that set a service-only field or are malformed.
     pub invalid_packets: u64,
     /// Packets larger than the buffer takes.
-    pub packets_too_big: u64,
+    pub(crate) packets_too_big: u64,
     /// IPC frames or requests refused (oversized, garbage, unknown).
-    pub ipc_refusals: u64,
+    pub(crate) ipc_refusals: u64,
 }
 
 impl ProducerStats {
@@ -68,7 +68,7 @@ impl ProducerStats {
     }
 
     /// Adds what changed from `before` to `after` (counters only grow).
-    pub fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
+    pub(crate) fn add_change(&mut self, before: &ProducerStats, after: &ProducerStats) {
         macro_rules! each {
             ($($f:ident),*) => {
                 $(self.$f += after.$f.saturating_sub(before.$f);)*
@@ -95,12 +95,12 @@ impl ProducerStats {
 
 /// The producers of a session in all.
 #[derive(Clone, Debug, Default)]
-pub struct ProducerTotals {
+pub(crate) struct ProducerTotals {
     /// What producers wrote into each buffer (by index).
-    pub per_buffer: Vec<ProducerStats>,
+    pub(crate) per_buffer: Vec<ProducerStats>,
     /// Everything, including what no buffer can be charged with.
     pub all: ProducerStats,
     pub connected: u32,
     pub seen: u64,
-    pub data_sources_registered: u32,
+    pub(crate) data_sources_registered: u32,
 }

@@ -10,4 +10,5 @@
 include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 
 /// The serialized `FileDescriptorSet` of every file under `protos/`.
-pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor_set.bin"));
+pub(crate) const DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/descriptor_set.bin"));

@@ -204,7 +204,7 @@ impl Buffer {
 
     /// The writer sequences this buffer has served, ascending (trace_stats
     /// names each sequence's buffer so that its losses are attributed).
-    pub fn writer_ids(&self) -> Vec<WriterId> {
+    pub(crate) fn writer_ids(&self) -> Vec<WriterId> {
         self.lock().table.writer_ids()
     }
 
@@ -256,7 +256,8 @@ impl Buffer {
 
     /// Bytes actually mapped (page-rounded): the chunks, and before them
     /// the header, the chunk table and the live page (`layout`).
-    pub fn mapped_bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn mapped_bytes(&self) -> usize {
         self.memory.len()
     }
 
@@ -269,7 +270,7 @@ impl Buffer {
 
     /// Writes what a file-backed buffer holds back to its file, and waits
     /// (`--ring-sync`); writers keep going meanwhile. A no-op for memory.
-    pub fn sync_to_file(&self) -> std::io::Result<()> {
+    pub(crate) fn sync_to_file(&self) -> std::io::Result<()> {
         self.memory.sync()
     }
 

@@ -94,7 +94,7 @@ impl FlushBatch {
     /// (an `IoSlice`, an iovec handed to the kernel) made from one — since
     /// a writer may overwrite them as soon as this returns. (A write pass
     /// keeps this through `storage::WriteList`, storage P1.)
-    pub unsafe fn release_written(&self, data_bytes: u64) -> u64 {
+    pub(crate) unsafe fn release_written(&self, data_bytes: u64) -> u64 {
         let from = self.released.get();
         let done = self.pins[from..].partition_point(|p| p.data_end <= data_bytes);
         if done > 0 {
@@ -106,7 +106,7 @@ impl FlushBatch {
 
     /// Where the regions let go of by [`release_written`](Self::release_written)
     /// end in the batch's data.
-    pub fn released_through(&self) -> u64 {
+    pub(crate) fn released_through(&self) -> u64 {
         match self.released.get() {
             0 => 0,
             n => self.pins[n - 1].data_end,

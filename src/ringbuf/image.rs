@@ -34,7 +34,7 @@ use crate::wire::framing::{Step, step};
 use crate::wire::trace_packet as tp;
 
 /// Bytes read at once from a region.
-pub const WINDOW: usize = 4 << 20;
+pub(crate) const WINDOW: usize = 4 << 20;
 /// Table entries read at once.
 const TABLE_BLOCK: usize = 1024;
 
@@ -90,7 +90,7 @@ impl ReadAt for InMemory<'_> {
 ///   against writes fails while any writable mapping of it exists), so a
 ///   shared slice of it stays what it was for as long as it lives; it is
 ///   unmapped only when the `SealedMap` is dropped, which no slice outlives.
-pub struct SealedMap {
+pub(crate) struct SealedMap {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
@@ -104,7 +104,7 @@ impl SealedMap {
     /// Seals `fd` against writes and maps it read-only; `None` where that
     /// cannot be done (not a sealable memfd, not sealed against resizing, a
     /// writable mapping of it still alive somewhere): read it instead.
-    pub fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<SealedMap> {
+    pub(crate) fn of(fd: std::os::fd::BorrowedFd<'_>) -> Option<SealedMap> {
         use rustix::fs::SealFlags;
         let seals = rustix::fs::fcntl_get_seals(fd).ok()?;
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
@@ -227,7 +227,7 @@ pub struct RegionView {
     pub open: bool,
     /// The writer lost data right before these bytes: a loss marker goes
     /// first.
-    pub loss_before: bool,
+    pub(crate) loss_before: bool,
 }
 
 /// What was left out of a ring, and why; every count is also what the
@@ -235,38 +235,38 @@ pub struct RegionView {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Damage {
     /// The first header copy was damaged (the second was used).
-    pub header_copy_damaged: bool,
+    pub(crate) header_copy_damaged: bool,
     /// Both meta copies were damaged: no config, no clock snapshot.
-    pub meta_damaged: bool,
+    pub(crate) meta_damaged: bool,
     /// The counters were caught mid-update or damaged.
-    pub stats_unreadable: bool,
+    pub(crate) stats_unreadable: bool,
     /// The file is shorter than its header says.
     pub truncated: bool,
     /// Table entries the process was rewriting when it died.
-    pub entries_mid_update: u64,
+    pub(crate) entries_mid_update: u64,
     /// Table entries that cannot be (out of range, impossible lengths).
-    pub entries_invalid: u64,
+    pub(crate) entries_invalid: u64,
     /// Region heads inside another region.
-    pub regions_overlapping: u64,
+    pub(crate) regions_overlapping: u64,
     /// Regions a writer held when the process died (a packet it had begun
     /// and not committed is left out of each).
-    pub regions_open: u64,
+    pub(crate) regions_open: u64,
     /// Regions a write pass held (its bytes were on their way to the file).
-    pub regions_in_flight: u64,
+    pub(crate) regions_in_flight: u64,
     /// Regions (or their ends) past the end of a truncated file.
-    pub regions_beyond_end: u64,
+    pub(crate) regions_beyond_end: u64,
     /// Records whose framing broke, and the bytes after them in their
     /// region.
-    pub bytes_unframed: u64,
+    pub(crate) bytes_unframed: u64,
     /// Whole records that are not packets of their region's writer.
-    pub packets_invalid: u64,
-    pub bytes_invalid: u64,
+    pub(crate) packets_invalid: u64,
+    pub(crate) bytes_invalid: u64,
 }
 
 impl Damage {
     /// Something was left out because it was damaged (not merely because
     /// a writer or a pass was busy with it when the process died).
-    pub fn is_damaged(&self) -> bool {
+    pub(crate) fn is_damaged(&self) -> bool {
         self.header_copy_damaged
             || self.meta_damaged
             || self.stats_unreadable
@@ -328,8 +328,6 @@ pub struct RingImage {
     /// data left).
     pub writers: Vec<u32>,
     pub damage: Damage,
-    /// The file's size when it was read.
-    pub file_len: u64,
 }
 
 impl RingImage {
@@ -370,7 +368,6 @@ impl RingImage {
             regions: Vec::new(),
             writers: Vec::new(),
             damage,
-            file_len,
         };
         image.read_table(src)?;
         Ok(image)
@@ -506,7 +503,7 @@ impl RingImage {
 
     /// The longest record a region may hold: what the engine takes (a
     /// chunk, or 1 MiB) with its header.
-    pub fn max_record(&self) -> usize {
+    pub(crate) fn max_record(&self) -> usize {
         (self.header.chunk_size as usize).max(super::BufferParams::MAX_PACKET_LEN)
             + super::MAX_SLOT_HEADER_BYTES
     }
@@ -524,7 +521,7 @@ impl RingImage {
     /// began inside it, where no check can see it (inside a string, say).
     /// Broken framing ends the region there, its rest counted. `buf` is
     /// reused between calls.
-    pub fn read_region(
+    pub(crate) fn read_region(
         &mut self,
         src: &dyn ReadAt,
         r: &RegionView,

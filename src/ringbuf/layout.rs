@@ -52,36 +52,36 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use super::{BufferStats, FillPolicy};
 
 /// The core header's magic.
-pub const MAGIC: [u8; 8] = *b"RECRING\0";
+pub(crate) const MAGIC: [u8; 8] = *b"RECRING\0";
 /// The meta area's magic.
-pub const META_MAGIC: [u8; 8] = *b"RECMETA\0";
+pub(crate) const META_MAGIC: [u8; 8] = *b"RECMETA\0";
 /// The layout version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// Written as a native `u32`: read back as such, it says whether the
 /// reader's byte order is the writer's (the atomics are native).
-pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
+pub(crate) const BYTE_ORDER_MARK: u32 = 0x0102_0304;
 /// Bytes of the core header, the checksum's last 8 included.
-pub const CORE_LEN: usize = 256;
+pub(crate) const CORE_LEN: usize = 256;
 /// The page every area is aligned to.
-pub const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 /// Bytes of one chunk-table entry.
-pub const DESC_BYTES: usize = 64;
+pub(crate) const DESC_BYTES: usize = 64;
 /// Most clocks a meta area holds.
-pub const MAX_CLOCKS: usize = 16;
+pub(crate) const MAX_CLOCKS: usize = 16;
 /// Most config bytes a meta area holds (the config loader's own limit).
-pub const MAX_CONFIG: usize = 1 << 20;
+pub(crate) const MAX_CONFIG: usize = 1 << 20;
 /// Most chunks a buffer has (buffers are under 4 GiB, chunks at least
 /// 256 bytes; smaller test buffers have fewer).
-pub const MAX_CHUNKS: usize = 1 << 24;
+pub(crate) const MAX_CHUNKS: usize = 1 << 24;
 
 /// The name of buffer `index`'s file in a ring directory (`--ring-dir`).
-pub fn file_name(index: u32) -> String {
+pub(crate) fn file_name(index: u32) -> String {
     format!("buffer-{index:03}.ring")
 }
 
 /// The buffer index a ring directory's file name stands for, if it is one
 /// of [`file_name`]'s.
-pub fn index_of_file(name: &str) -> Option<u32> {
+pub(crate) fn index_of_file(name: &str) -> Option<u32> {
     let digits = name.strip_prefix("buffer-")?.strip_suffix(".ring")?;
     if digits.len() < 3 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -91,32 +91,32 @@ pub fn index_of_file(name: &str) -> Option<u32> {
 }
 
 /// Chunk-table entry states ([`Desc::state`]).
-pub mod state {
+pub(crate) mod state {
     /// Nobody's: its bytes are stale.
-    pub const FREE: u32 = 0;
+    pub(crate) const FREE: u32 = 0;
     /// A later chunk of a region; the region is described at its head.
-    pub const MEMBER: u32 = 1;
+    pub(crate) const MEMBER: u32 = 1;
     /// A region's head, its writer still writing: the committed word says
     /// how far.
-    pub const WRITING: u32 = 2;
+    pub(crate) const WRITING: u32 = 2;
     /// A region's head, complete: `used` says how far.
-    pub const COMPLETE: u32 = 3;
+    pub(crate) const COMPLETE: u32 = 3;
 }
 
 /// [`Desc::flags`] bits.
-pub mod flags {
+pub(crate) mod flags {
     /// The writer lost data right before this region's unread bytes: a
     /// loss marker goes before them.
-    pub const LOSS_BEFORE: u32 = 1;
+    pub(crate) const LOSS_BEFORE: u32 = 1;
     /// Some of it was dropped by a clear.
-    pub const CLEARED: u32 = 2;
+    pub(crate) const CLEARED: u32 = 2;
 }
 
 /// One chunk-table entry, 64 bytes on a cache line of its own (two writers
 /// storing their committed words after every packet must not share one).
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
-pub struct Desc {
+pub(crate) struct Desc {
     /// The writing region's committed `(bytes, packets)`, packed as
     /// `table::pack` does; stored by the owning writer after every packet.
     pub committed: AtomicU64,
@@ -137,14 +137,14 @@ pub struct Desc {
     /// [`flags`] bits.
     pub flags: AtomicU32,
     /// Unreleased batches holding the region.
-    pub pins: AtomicU32,
+    pub(crate) pins: AtomicU32,
     _reserved: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Desc>() == DESC_BYTES);
 
 /// The table counters mirrored on the live page, in this order.
-pub const LIVE_STATS: [&str; 15] = [
+pub(crate) const LIVE_STATS: [&str; 15] = [
     "bytes_written",
     "chunks_written",
     "chunks_overwritten",
@@ -165,7 +165,7 @@ pub const LIVE_STATS: [&str; 15] = [
 /// The live page's contents.
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
-pub struct LiveArea {
+pub(crate) struct LiveArea {
     /// Odd while `stats` is rewritten.
     pub seq: AtomicU32,
     _pad: AtomicU32,
@@ -176,7 +176,7 @@ pub struct LiveArea {
 const _: () = assert!(std::mem::size_of::<LiveArea>() <= PAGE);
 
 /// The table counters in [`LIVE_STATS`] order.
-pub fn stats_words(s: &BufferStats) -> [u64; LIVE_STATS.len()] {
+pub(crate) fn stats_words(s: &BufferStats) -> [u64; LIVE_STATS.len()] {
     [
         s.bytes_written,
         s.chunks_written,
@@ -197,7 +197,7 @@ pub fn stats_words(s: &BufferStats) -> [u64; LIVE_STATS.len()] {
 }
 
 /// [`LIVE_STATS`] words back into counters (the others stay 0).
-pub fn stats_from_words(w: &[u64; LIVE_STATS.len()]) -> BufferStats {
+pub(crate) fn stats_from_words(w: &[u64; LIVE_STATS.len()]) -> BufferStats {
     BufferStats {
         bytes_written: w[0],
         chunks_written: w[1],
@@ -243,11 +243,11 @@ pub struct RingIdentity {
 
 /// Where each area lies, for a buffer's sizes and meta length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    pub meta_a: u64,
-    pub meta_b: u64,
+pub(crate) struct Layout {
+    pub(crate) meta_a: u64,
+    pub(crate) meta_b: u64,
     /// Bytes reserved for each meta copy (page-rounded).
-    pub meta_len: u64,
+    pub(crate) meta_len: u64,
     pub live: u64,
     pub table: u64,
     pub data: u64,
@@ -258,7 +258,7 @@ pub struct Layout {
 impl Layout {
     /// The layout of `chunk_count` chunks of `chunk_size` bytes holding
     /// `meta_bytes` of meta; `None` when it does not fit in 64 bits.
-    pub fn new(chunk_count: usize, chunk_size: usize, meta_bytes: usize) -> Option<Layout> {
+    pub(crate) fn new(chunk_count: usize, chunk_size: usize, meta_bytes: usize) -> Option<Layout> {
         let page = PAGE as u64;
         let meta_len = (meta_bytes as u64)
             .checked_next_multiple_of(page)?
@@ -288,16 +288,16 @@ impl Layout {
 /// The core header, as written and read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoreHeader {
-    pub file_len: u64,
+    pub(crate) file_len: u64,
     pub chunk_size: u32,
     pub chunk_count: u32,
     pub region_chunks: u32,
     pub policy: FillPolicy,
     pub index: u32,
     pub count: u32,
-    pub meta_a: u64,
-    pub meta_b: u64,
-    pub meta_len: u32,
+    pub(crate) meta_a: u64,
+    pub(crate) meta_b: u64,
+    pub(crate) meta_len: u32,
     pub live: u64,
     pub table: u64,
     pub data: u64,
@@ -326,7 +326,7 @@ pub enum HeaderError {
 }
 
 /// FNV-1a, 64 bits: damage detection, not security.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         h ^= u64::from(b);
@@ -498,7 +498,7 @@ const META_HEAD: usize = 24;
 
 impl Meta {
     /// Bytes the encoded meta takes.
-    pub fn encoded_len(clocks: usize, config: usize) -> usize {
+    pub(crate) fn encoded_len(clocks: usize, config: usize) -> usize {
         META_HEAD + clocks.min(MAX_CLOCKS) * 16 + 4 + config.min(MAX_CONFIG)
     }
 

@@ -230,6 +230,7 @@ impl Memory {
     }
 
     /// Mapped length in bytes (page-rounded).
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

@@ -234,14 +234,14 @@ impl BufferParams {
     pub const DEFAULT_REGION_BYTES: usize = 64 * 1024;
     /// The fewest chunks [`BufferParams::new`] cuts a buffer into (chunks
     /// shrink, by halves down to 256 bytes, to reach it).
-    pub const MIN_CHUNKS: usize = 64;
+    pub(crate) const MIN_CHUNKS: usize = 64;
     /// Smallest chunk accepted.
-    pub const MIN_CHUNK_SIZE: usize = 16;
+    pub(crate) const MIN_CHUNK_SIZE: usize = 16;
     /// Largest chunk accepted (offsets in a region are 32-bit).
-    pub const MAX_CHUNK_SIZE: usize = 64 * 1024 * 1024;
+    pub(crate) const MAX_CHUNK_SIZE: usize = 64 * 1024 * 1024;
     /// Packets up to this length are accepted whole (if the buffer holds at
     /// least four times as much; see [`Buffer::max_packet_len`]).
-    pub const MAX_PACKET_LEN: usize = 1024 * 1024;
+    pub(crate) const MAX_PACKET_LEN: usize = 1024 * 1024;
 
     /// Params with the default chunk size, shrunk (by halves, down to 256
     /// bytes) so that a small buffer still holds [`Self::MIN_CHUNKS`]

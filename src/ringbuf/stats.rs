@@ -32,12 +32,12 @@ pub struct BufferStats {
     /// pass in flight.
     pub packets_discarded_pinned: u64,
     /// Of `bytes_discarded`: framed bytes of those packets.
-    pub bytes_discarded_pinned: u64,
+    pub(crate) bytes_discarded_pinned: u64,
     /// Of `packets_discarded`: dropped while every other chunk was held by
     /// another writer (more writers than chunks).
     pub packets_discarded_held: u64,
     /// Of `bytes_discarded`: framed bytes of those packets.
-    pub bytes_discarded_held: u64,
+    pub(crate) bytes_discarded_held: u64,
     /// Packets refused as too big.
     pub packets_refused: u64,
     /// Framed bytes of the packets refused as too big.
@@ -60,9 +60,9 @@ pub struct BufferStats {
     /// which Perfetto counts inside its chunk records, not as padding.
     pub padding_bytes_written: u64,
     /// Chunks that held unread data dropped by `clear`.
-    pub chunks_cleared: u64,
+    pub(crate) chunks_cleared: u64,
     /// Unread bytes dropped by `clear`.
-    pub bytes_cleared: u64,
+    pub(crate) bytes_cleared: u64,
     /// Unread packets dropped by `clear`.
     pub packets_cleared: u64,
     /// Committed bytes not yet read (counted chunk by chunk, independently of
@@ -75,7 +75,7 @@ pub struct BufferStats {
 impl BufferStats {
     /// Packets and framed bytes discarded because DISCARD's buffer was full
     /// of unread data (the rest of the discards have their own reasons).
-    pub fn discarded_full(&self) -> (u64, u64) {
+    pub(crate) fn discarded_full(&self) -> (u64, u64) {
         (
             self.packets_discarded
                 .saturating_sub(self.packets_discarded_pinned + self.packets_discarded_held),

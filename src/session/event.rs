@@ -9,15 +9,15 @@ use crate::trace::service::ServiceEvent;
 
 /// Identifies a control request the session answers (assigned by the loop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
+pub(crate) struct RequestId(pub u64);
 
 /// Identifies one flush of the data sources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FlushId(pub u64);
+pub(crate) struct FlushId(pub u64);
 
 /// Timers the session asks the loop to keep. Setting one again moves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Timer {
+pub(crate) enum Timer {
     /// `duration_ms`, or a trigger's stop delay.
     Stop,
     TriggerTimeout,
@@ -42,18 +42,18 @@ pub enum Timer {
 
 /// One trigger name as it arrived, with what the loop looked up for it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TriggerName {
+pub(crate) struct TriggerName {
     pub name: String,
     /// A uniform random number in [0, 1) for `skip_probability`.
-    pub draw: f64,
+    pub(crate) draw: f64,
     /// How many times this name was accepted in the last 24 hours
     /// (machine-wide), for `max_per_24_h`.
-    pub matches_last_24h: u32,
+    pub(crate) matches_last_24h: u32,
 }
 
 /// Triggers from one sender.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TriggerArrival {
+pub(crate) struct TriggerArrival {
     /// The control request to answer (`None`: nobody waits for a reply).
     pub request: Option<RequestId>,
     /// The sender's producer name (matched by `producer_name_regex`).
@@ -63,12 +63,12 @@ pub struct TriggerArrival {
     pub names: Vec<TriggerName>,
     /// When what fired them happened (BOOTTIME ns): a rule's matched event,
     /// written as the `trigger` packet's time; `None`: when they arrived.
-    pub at_ns: Option<u64>,
+    pub(crate) at_ns: Option<u64>,
 }
 
 /// Inputs to the session.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Event {
+pub(crate) enum Event {
     /// The session is configured. `wall_ms` is the wall clock (ms since the
     /// epoch) at the time origin, so periodic work aligns to wall-clock
     /// multiples of its period, as Perfetto's service does.
@@ -121,7 +121,7 @@ pub enum Event {
 
 /// When a data source failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SourcePhase {
+pub(crate) enum SourcePhase {
     /// Its start was refused (the session had asked it to start).
     Starting,
     /// It failed on its own thread while recording.
@@ -131,7 +131,7 @@ pub enum SourcePhase {
 /// A data source that failed: which, when, and why (the source's error
 /// itself, shared: events are cloned, errors are not).
 #[derive(Clone, Debug)]
-pub struct SourceFailure {
+pub(crate) struct SourceFailure {
     pub source: String,
     pub phase: SourcePhase,
     pub cause: std::sync::Arc<crate::sources::SourceError>,
@@ -162,15 +162,15 @@ impl std::fmt::Display for SourceFailure {
 
 /// The segment being written, after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SegmentFill {
+pub(crate) struct SegmentFill {
     pub bytes: u64,
     /// Time since it was opened.
-    pub age: Duration,
+    pub(crate) age: Duration,
 }
 
 /// Which write pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// A periodic streaming pass: consume what is committed.
     Periodic,
     /// The last pass: consume everything, with `trace_stats`.
@@ -179,20 +179,20 @@ pub enum Pass {
 
 /// A trigger the session acted on.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AcceptedTrigger {
+pub(crate) struct AcceptedTrigger {
     pub name: String,
     pub producer: String,
     pub uid: u32,
-    pub stop_delay: Duration,
+    pub(crate) stop_delay: Duration,
     /// The snapshot this trigger takes (CLONE_SNAPSHOT).
     pub snapshot: Option<u32>,
     /// When what fired it happened (see [`TriggerArrival::at_ns`]).
-    pub at_ns: Option<u64>,
+    pub(crate) at_ns: Option<u64>,
 }
 
 /// Why a trigger was not acted on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TriggerRefusal {
+pub(crate) enum TriggerRefusal {
     NotListed,
     ProducerMismatch,
     Skipped,
@@ -214,7 +214,7 @@ pub enum TriggerRefusal {
 
 impl TriggerRefusal {
     /// The reason as the control protocol spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TriggerRefusal::NotListed => "not_listed",
             TriggerRefusal::ProducerMismatch => "producer_mismatch",
@@ -231,7 +231,7 @@ impl TriggerRefusal {
 
 /// Why `recorder start` was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StartRefusal {
+pub(crate) enum StartRefusal {
     /// The session was not configured with `deferred_start`, or already started.
     AlreadyStarted,
     /// The session is stopping or finished.
@@ -240,7 +240,7 @@ pub enum StartRefusal {
 
 impl StartRefusal {
     /// The reason as the control protocol spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StartRefusal::AlreadyStarted => "already_started",
             StartRefusal::NotRecording => "not_recording",
@@ -250,7 +250,7 @@ impl StartRefusal {
 
 /// The session's answer to a control request.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// One outcome per trigger name, in the request's order.
     Triggers(Vec<(String, Result<(), TriggerRefusal>)>),
     Stopping,
@@ -267,7 +267,7 @@ pub enum Answer {
 
 /// Why `recorder rotate` was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RotateRefusal {
+pub(crate) enum RotateRefusal {
     /// The output is one file, not segments.
     NotSegmented,
     /// Not recording (yet, or any more), or nothing written yet.
@@ -276,7 +276,7 @@ pub enum RotateRefusal {
 
 impl RotateRefusal {
     /// The reason as the control protocol spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RotateRefusal::NotSegmented => "not_segmented",
             RotateRefusal::NotRecording => "not_recording",
@@ -286,7 +286,7 @@ impl RotateRefusal {
 
 /// Why a consumer's clone was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CloneRefusal {
+pub(crate) enum CloneRefusal {
     /// Not recording (yet, or any more).
     NotRecording,
     /// A `write_into_file` session's data is in its file, not its buffers.
@@ -294,7 +294,7 @@ pub enum CloneRefusal {
 }
 
 impl CloneRefusal {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CloneRefusal::NotRecording => "the session is not recording",
             CloneRefusal::WritesIntoFile => {
@@ -306,7 +306,7 @@ impl CloneRefusal {
 
 /// Why the session stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StopReason {
+pub(crate) enum StopReason {
     DurationElapsed,
     Signal,
     StopRequested,
@@ -327,7 +327,7 @@ pub enum StopReason {
 impl StopReason {
     /// Whether the final pass writes the buffers (a session that never got
     /// its trigger writes nothing, as Perfetto's does).
-    pub fn writes_buffers(&self) -> bool {
+    pub(crate) fn writes_buffers(&self) -> bool {
         !matches!(
             self,
             StopReason::TriggerTimeout | StopReason::OutputFailed(_) | StopReason::SizeCap
@@ -335,7 +335,7 @@ impl StopReason {
     }
 
     /// Whether the process should exit with a failure.
-    pub fn is_failure(&self) -> bool {
+    pub(crate) fn is_failure(&self) -> bool {
         matches!(
             self,
             StopReason::OutputFailed(_) | StopReason::SourceFailed(_)
@@ -363,7 +363,7 @@ impl std::fmt::Display for StopReason {
 
 /// What the event loop must do, in order.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Start the data sources and note `tracing_started`; answer with
     /// [`Event::SourcesStarted`] once every one that acknowledges its start
     /// has.

@@ -55,7 +55,7 @@ use crate::trace::service::ServiceEvent;
 
 /// Where the session is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// `deferred_start`: configured, waiting for `recorder start`.
     Deferred,
     /// START_TRACING: waiting for the trigger that starts the sources.
@@ -90,7 +90,7 @@ enum StopPhase {
 
 /// The lifecycle state machine.
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     timeline: Timeline,
     state: State,
     /// Wall clock (ms) at the origin, from [`Event::Begin`].
@@ -126,14 +126,14 @@ pub struct Session {
 /// stop or a second signal), so once none is pending `requested =
 /// succeeded + failed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlushCounts {
+pub(crate) struct FlushCounts {
     pub requested: u64,
     pub succeeded: u64,
     pub failed: u64,
 }
 
 impl Session {
-    pub fn new(timeline: Timeline) -> Self {
+    pub(crate) fn new(timeline: Timeline) -> Self {
         Self {
             timeline,
             state: State::Deferred,
@@ -156,37 +156,33 @@ impl Session {
         }
     }
 
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
     /// The flushes so far, for `trace_stats`.
-    pub fn flush_counts(&self) -> FlushCounts {
+    pub(crate) fn flush_counts(&self) -> FlushCounts {
         self.flush_counts
     }
 
-    pub fn timeline(&self) -> &Timeline {
+    pub(crate) fn timeline(&self) -> &Timeline {
         &self.timeline
     }
 
     /// Whether a trigger has been accepted.
-    pub fn triggered(&self) -> bool {
+    pub(crate) fn triggered(&self) -> bool {
         self.triggered
     }
 
     /// CLONE_SNAPSHOT triggers refused (budget spent, or one under way).
-    pub fn snapshots_refused(&self) -> u64 {
+    pub(crate) fn snapshots_refused(&self) -> u64 {
         self.snapshots_refused
-    }
-
-    pub fn stop_reason(&self) -> Option<&StopReason> {
-        self.stop_reason.as_ref()
     }
 
     /// Whether the session still waits for what makes its data count (a
     /// trigger, or `recorder start`): until then nothing is written, not even
     /// the recorder's own packets (ARCHITECTURE.md §8.8).
-    pub fn waiting_for_trigger(&self) -> bool {
+    pub(crate) fn waiting_for_trigger(&self) -> bool {
         if self.timeline.deferred_start && !self.started {
             return true;
         }
@@ -200,7 +196,7 @@ impl Session {
     }
 
     /// The session's decision on `ev`, which happened `now` after the origin.
-    pub fn on_event(&mut self, ev: Event, now: Duration) -> Vec<Action> {
+    pub(crate) fn on_event(&mut self, ev: Event, now: Duration) -> Vec<Action> {
         match ev {
             Event::Begin { wall_ms } => {
                 self.wall_origin_ms = wall_ms;

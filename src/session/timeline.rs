@@ -11,7 +11,7 @@ use crate::storage::write_pass::Take;
 
 /// How triggers drive the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TriggerMode {
+pub(crate) enum TriggerMode {
     None,
     StartTracing,
     StopTracing,
@@ -20,19 +20,19 @@ pub enum TriggerMode {
 
 /// One trigger the config lists.
 #[derive(Clone, Debug)]
-pub struct TriggerRule {
+pub(crate) struct TriggerRule {
     pub name: String,
     /// Pattern on the sending producer's name, compiled with [`anchored`].
-    pub producer_regex: Option<regex::Regex>,
-    pub stop_delay: Duration,
+    pub(crate) producer_regex: Option<regex::Regex>,
+    pub(crate) stop_delay: Duration,
     /// 0: unlimited.
-    pub max_per_24h: u32,
+    pub(crate) max_per_24h: u32,
     pub skip_probability: f64,
 }
 
 /// When data sources are asked to flush while the session records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlushCadence {
+pub(crate) enum FlushCadence {
     /// Only at stop (and before snapshots).
     AtStop,
     /// Every period, aligned to wall-clock multiples.
@@ -43,33 +43,33 @@ pub enum FlushCadence {
 
 /// The timing rules of one session.
 #[derive(Clone, Debug)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     /// `duration_ms`; `None` for "until stopped".
     pub duration: Option<Duration>,
     pub mode: TriggerMode,
-    pub trigger_timeout: Duration,
+    pub(crate) trigger_timeout: Duration,
     pub rules: Vec<TriggerRule>,
     /// The write period when streaming (`write_into_file`).
     pub write_period: Option<Duration>,
     /// How often the trace gets `trace_stats`, the sync marker and a clock
     /// snapshot (`builtin_data_sources.snapshot_interval_ms`, default 10 s).
-    pub stats_period: Duration,
+    pub(crate) stats_period: Duration,
     pub flush: FlushCadence,
     /// Bound on one flush of the data sources (`flush_timeout_ms`).
-    pub flush_timeout: Duration,
+    pub(crate) flush_timeout: Duration,
     /// Bound on the data sources' stop (`data_source_stop_timeout_ms`).
-    pub stop_timeout: Duration,
+    pub(crate) stop_timeout: Duration,
     /// `incremental_state_config.clear_period_ms`.
-    pub clear_period: Option<Duration>,
+    pub(crate) clear_period: Option<Duration>,
     /// `deferred_start`: configured, but records only after `recorder start`.
     pub deferred_start: bool,
     /// Segmented output: when to cut (`--rotate-size`, `--rotate-period`).
     pub rotation: Option<RotationPolicy>,
     /// How many CLONE_SNAPSHOT snapshots the session may write.
-    pub snapshot_budget: SnapshotBudget,
+    pub(crate) snapshot_budget: SnapshotBudget,
     /// fdatasync after every write pass (`fdatasync_each_pass`); the final
     /// pass always syncs.
-    pub sync_each_pass: bool,
+    pub(crate) sync_each_pass: bool,
     /// What a snapshot does to each buffer, in the config's order.
     pub clone: Vec<CloneRule>,
 }
@@ -77,16 +77,16 @@ pub struct Timeline {
 /// What a CLONE_SNAPSHOT snapshot does to one buffer
 /// (`transfer_on_clone`, `clear_before_clone`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CloneRule {
+pub(crate) struct CloneRule {
     /// The snapshot consumes the buffer's data instead of copying it.
-    pub transfer: bool,
+    pub(crate) transfer: bool,
     /// The buffer is emptied when the snapshot begins, before its flush.
-    pub clear_first: bool,
+    pub(crate) clear_first: bool,
 }
 
 impl CloneRule {
     /// How the snapshot's pass takes this buffer's data.
-    pub fn take(self) -> Take {
+    pub(crate) fn take(self) -> Take {
         if self.transfer {
             Take::Consume
         } else {
@@ -99,18 +99,18 @@ impl CloneRule {
 /// refused (and counted), so that any local user who may send triggers
 /// cannot fill the disk or keep the ring pinned by snapshots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SnapshotBudget {
+pub(crate) struct SnapshotBudget {
     /// Snapshots in all.
-    pub max_count: u32,
+    pub(crate) max_count: u32,
     /// Bytes in all, counting each snapshot at its largest (`bytes_each`).
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
     /// The most one snapshot can hold: every buffer full.
-    pub bytes_each: u64,
+    pub(crate) bytes_each: u64,
     /// The session's user. Its triggers and root's always find room: a
     /// quarter of the budget ([`SnapshotBudget::reserved`]) is theirs alone,
     /// and every other uid may take at most its share of the rest
     /// ([`SnapshotBudget::share`]).
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
 }
 
 /// Snapshots a session writes at most unless told otherwise.
@@ -120,13 +120,13 @@ pub(super) const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
 impl SnapshotBudget {
     /// Whether the snapshot after `taken` ones still fits.
-    pub fn allows(&self, taken: u32) -> bool {
+    pub(crate) fn allows(&self, taken: u32) -> bool {
         taken < self.max_count
             && u64::from(taken + 1).saturating_mul(self.bytes_each) <= self.max_bytes
     }
 
     /// Snapshots the budget holds in all, by count and by bytes.
-    pub fn total(&self) -> u32 {
+    pub(crate) fn total(&self) -> u32 {
         match self.max_bytes.checked_div(self.bytes_each) {
             Some(fit) => self.max_count.min(u32::try_from(fit).unwrap_or(u32::MAX)),
             None => self.max_count,
@@ -135,13 +135,13 @@ impl SnapshotBudget {
 
     /// Snapshots kept for root and the session's user alone: a quarter of
     /// all, rounded up.
-    pub fn reserved(&self) -> u32 {
+    pub(crate) fn reserved(&self) -> u32 {
         self.total().div_ceil(4)
     }
 
     /// Snapshots every other uid may take, at most: a quarter of what is
     /// not reserved (at least one while anything is left to others).
-    pub fn share(&self) -> u32 {
+    pub(crate) fn share(&self) -> u32 {
         match self.total() - self.reserved() {
             0 => 0,
             others => (others / 4).max(1),
@@ -149,7 +149,7 @@ impl SnapshotBudget {
     }
 
     /// Whether `uid` is one whose triggers always find room.
-    pub fn privileged(&self, uid: u32) -> bool {
+    pub(crate) fn privileged(&self, uid: u32) -> bool {
         uid == 0 || uid == self.owner_uid
     }
 }
@@ -157,7 +157,7 @@ impl SnapshotBudget {
 /// A trigger's `producer_name_regex` does not compile.
 #[derive(Debug, thiserror::Error)]
 #[error("trigger_config.triggers[{index}].producer_name_regex: {source}")]
-pub struct TimelineError {
+pub(crate) struct TimelineError {
     pub index: usize,
     #[source]
     pub source: regex::Error,
@@ -165,7 +165,7 @@ pub struct TimelineError {
 
 impl Timeline {
     /// The timeline a validated spec asks for.
-    pub fn from_spec(spec: &RecorderSpec) -> Result<Timeline, TimelineError> {
+    pub(crate) fn from_spec(spec: &RecorderSpec) -> Result<Timeline, TimelineError> {
         let (mode, trigger_timeout, rules) = match &spec.trigger {
             None => (TriggerMode::None, Duration::ZERO, Vec::new()),
             Some(plan) => {
@@ -230,13 +230,13 @@ impl Timeline {
 
     /// The session's user, whose snapshot triggers (like root's) always
     /// find room in the budget.
-    pub fn with_snapshot_owner(mut self, uid: u32) -> Timeline {
+    pub(crate) fn with_snapshot_owner(mut self, uid: u32) -> Timeline {
         self.snapshot_budget.owner_uid = uid;
         self
     }
 
     /// `--max-disk` for the snapshots of a session that does not rotate.
-    pub fn with_snapshot_disk(mut self, max_disk: Option<u64>) -> Timeline {
+    pub(crate) fn with_snapshot_disk(mut self, max_disk: Option<u64>) -> Timeline {
         if let Some(d) = max_disk {
             self.snapshot_budget.max_bytes = d;
         }
@@ -247,7 +247,7 @@ impl Timeline {
     /// `write_into_file` is written every 5 s (its default period), so a
     /// STOP_TRACING flight recorder becomes an on-disk one whose disk budget
     /// keeps the newest segments until the trigger.
-    pub fn with_rotation(mut self, policy: RotationPolicy) -> Timeline {
+    pub(crate) fn with_rotation(mut self, policy: RotationPolicy) -> Timeline {
         if policy.rotates() {
             self.write_period
                 .get_or_insert(Duration::from_millis(u64::from(DEFAULT_WRITE_PERIOD_MS)));
@@ -258,13 +258,14 @@ impl Timeline {
 
     /// Whether the data counts before a trigger: a STOP_TRACING session
     /// writing segments streams from the start.
-    pub fn streams_before_trigger(&self) -> bool {
+    pub(crate) fn streams_before_trigger(&self) -> bool {
         self.mode == TriggerMode::StopTracing && self.rotation.is_some()
     }
 
     /// A timeline with no triggers, no streaming and default cadences: the
     /// base that tests and benches adjust.
-    pub fn plain() -> Timeline {
+    #[cfg(test)]
+    pub(crate) fn plain() -> Timeline {
         Timeline {
             duration: None,
             mode: TriggerMode::None,

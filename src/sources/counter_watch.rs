@@ -27,7 +27,7 @@ const MAX_NAMES: usize = 1 << 16;
 
 /// What a counter rule reads, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CounterKey {
+pub(crate) enum CounterKey {
     /// A `MeminfoCounters` number (values in KiB).
     Meminfo(u64),
     /// A `VmstatCounters` number.
@@ -44,7 +44,7 @@ fn is_process(k: &CounterKey) -> bool {
 }
 
 /// The key a counter names, or a refusal pointing at it.
-pub fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
+pub(crate) fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
     let table = |t: &'static [(&'static str, u32)], what: &str| {
         t.iter()
             .find(|(k, _)| *k == c.key)
@@ -91,7 +91,11 @@ pub fn resolve(rule: &Rule, c: &CounterRef) -> Result<CounterKey, RuleError> {
 
 /// Checks a counter rule against the counters the config samples: a
 /// meminfo or vmstat counter left out of its list is never recorded.
-pub fn check_listed(rule: &Rule, c: &CounterRef, spec: &RecorderSpec) -> Result<(), RuleError> {
+pub(crate) fn check_listed(
+    rule: &Rule,
+    c: &CounterRef,
+    spec: &RecorderSpec,
+) -> Result<(), RuleError> {
     let key = resolve(rule, c)?;
     let (meminfo, n, list) = match key {
         CounterKey::Meminfo(n) => (true, n, "meminfo_counters"),
@@ -134,7 +138,7 @@ struct CounterRule {
 }
 
 /// The counter rules of one stats source.
-pub struct CounterWatch {
+pub(crate) struct CounterWatch {
     plan: RulePlan,
     rules: Vec<CounterRule>,
     /// Process names by pid (command base name), from process trees.
@@ -144,7 +148,7 @@ pub struct CounterWatch {
 impl CounterWatch {
     /// The counter rules `plan` has for a source of process stats
     /// (`processes`) or of system stats; `None` when there are none.
-    pub fn new(plan: &RulePlan, processes: bool) -> Option<CounterWatch> {
+    pub(crate) fn new(plan: &RulePlan, processes: bool) -> Option<CounterWatch> {
         let rules: Vec<CounterRule> = plan
             .rules
             .iter()
@@ -179,7 +183,7 @@ impl CounterWatch {
     }
 
     /// One packet the source wrote.
-    pub fn on_packet(&mut self, packet: &[u8]) {
+    pub(crate) fn on_packet(&mut self, packet: &[u8]) {
         let mut ts = 0;
         let mut body = None;
         for f in fields(packet).flatten() {
@@ -372,7 +376,7 @@ impl CounterWatch {
 
 /// A stats source's output with its counter rules looking on: each packet
 /// goes on to `out`, then to the watch.
-pub struct Tap<'a> {
+pub(crate) struct Tap<'a> {
     pub out: &'a mut dyn PacketOutput,
     pub watch: &'a mut CounterWatch,
 }

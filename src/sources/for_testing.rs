@@ -17,17 +17,14 @@ use crate::ringbuf::Writer;
 use crate::trace::encoder::ProtoEncoder;
 use crate::wire::{test_event, trace_packet};
 
-/// The names this source answers to.
-pub const NAMES: [&str; 2] = ["for_testing", "android.perfetto.FakeProducer"];
-
 /// What the source writes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TestOptions {
+pub(crate) struct TestOptions {
     pub message_count: u64,
     pub max_messages_per_second: u32,
     pub message_size: u32,
     pub seed: u32,
-    pub send_batch_on_register: bool,
+    pub(crate) send_batch_on_register: bool,
 }
 
 /// The source of one session: its writer and where it is in its sequence.
@@ -36,7 +33,7 @@ pub struct TestOptions {
 /// [`PACED_STEP`]; an unpaced one writes [`UNPACED_BATCH`] packets per run
 /// and is due again at once, so the loop serves everything else between
 /// its batches.
-pub struct ForTesting {
+pub(crate) struct ForTesting {
     name: String,
     opts: TestOptions,
     writer: Option<Writer>,
@@ -45,7 +42,7 @@ pub struct ForTesting {
 }
 
 impl ForTesting {
-    pub fn new(name: &str, opts: TestOptions, writer: Writer) -> Self {
+    pub(crate) fn new(name: &str, opts: TestOptions, writer: Writer) -> Self {
         Self {
             name: name.to_string(),
             opts,
@@ -111,9 +108,9 @@ pub fn max_packet_len(filler_len: usize) -> usize {
 /// A paced source runs at most this often: the packets due meanwhile are
 /// written together (each stamped when written), so a rate of thousands
 /// per second costs a thousand wake-ups, not one per packet.
-pub const PACED_STEP: Duration = Duration::from_millis(1);
+pub(crate) const PACED_STEP: Duration = Duration::from_millis(1);
 /// Unpaced, one run writes at most this many packets.
-pub const UNPACED_BATCH: u64 = 1024;
+pub(crate) const UNPACED_BATCH: u64 = 1024;
 
 /// When packet `n` is due, in nanoseconds after the first: `n / rate`
 /// seconds, so packets leave at a steady rate from the start, not in bursts.

@@ -15,7 +15,7 @@ use super::{DataSource, SourceError, UpstreamLoss};
 use crate::ringbuf::Writer;
 
 /// The running (or ready) ftrace source of one session.
-pub struct FtraceDataSource {
+pub(crate) struct FtraceDataSource {
     name: String,
     inner: FtraceSource<Writer>,
     started: bool,
@@ -32,7 +32,7 @@ pub struct FtraceDataSource {
 
 impl FtraceDataSource {
     /// Finds tracefs; nothing is changed in it before `start`.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         opts: FtraceOptions,
         writer: Writer,
@@ -57,7 +57,7 @@ impl FtraceDataSource {
     /// A served session's source: its instance is prepared by `remote` (the
     /// privileged side) for consumer `uid`, from a request made of the
     /// config; it reads it through the descriptors it is handed.
-    pub fn served(
+    pub(crate) fn served(
         name: &str,
         opts: FtraceOptions,
         writer: Writer,

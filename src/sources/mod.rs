@@ -13,11 +13,11 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-pub mod counter_watch;
+pub(crate) mod counter_watch;
 pub mod for_testing;
 pub mod ftrace;
-pub mod ftrace_source;
-pub mod output;
+pub(crate) mod ftrace_source;
+pub(crate) mod output;
 pub mod polled;
 pub mod poller;
 pub mod process_stats;
@@ -26,7 +26,7 @@ pub mod rules;
 pub mod sys_stats;
 
 /// The producer name of the built-in sources (Perfetto's probes daemon).
-pub const PRODUCER_NAME: &str = "perfetto.traced_probes";
+pub(crate) const PRODUCER_NAME: &str = "perfetto.traced_probes";
 
 /// Errors of data sources.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +48,7 @@ pub enum SourceError {
 impl SourceError {
     /// What went wrong, without the source's name (which `Display` leads
     /// with).
-    pub fn cause_text(&self) -> String {
+    pub(crate) fn cause_text(&self) -> String {
         match self {
             SourceError::Failed { cause, .. } => cause.to_string(),
             SourceError::FlushTimeout { timeout, .. } => {

@@ -75,7 +75,7 @@ impl<S: PolledSource> PolledDataSource<S> {
     }
 
     /// Shows every packet it writes to `watch`'s counter rules.
-    pub fn watch_counters(mut self, watch: Option<CounterWatch>) -> Self {
+    pub(crate) fn watch_counters(mut self, watch: Option<CounterWatch>) -> Self {
         self.counters = watch;
         self
     }

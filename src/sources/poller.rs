@@ -45,14 +45,14 @@ pub trait PolledSource: Send + 'static {
 
 /// When a polled source's next sample is due.
 #[derive(Clone, Copy, Debug)]
-pub struct Ticker {
+pub(crate) struct Ticker {
     period_ms: Option<u32>,
     next: Option<Instant>,
 }
 
 impl Ticker {
     /// A schedule for `period_ms` (none, or 0: no periodic samples).
-    pub fn new(period_ms: Option<u32>) -> Self {
+    pub(crate) fn new(period_ms: Option<u32>) -> Self {
         Self {
             period_ms: period_ms.filter(|p| *p > 0),
             next: None,
@@ -60,22 +60,22 @@ impl Ticker {
     }
 
     /// The source started: its first tick is due now.
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         self.next = self.period_ms.map(|_| Instant::now());
     }
 
     /// Stopped: nothing more is due.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.next = None;
     }
 
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.next
     }
 
     /// Whether a tick is due at `now`; if so the next one is set to the
     /// following wall-clock multiple of the period.
-    pub fn take_due(&mut self, now: Instant) -> bool {
+    pub(crate) fn take_due(&mut self, now: Instant) -> bool {
         match (self.next, self.period_ms) {
             (Some(at), Some(p)) if at <= now => {
                 self.next = Some(next_deadline(p));

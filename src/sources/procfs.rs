@@ -16,9 +16,9 @@ pub struct HostPaths {
     /// procfs root, normally `/proc`.
     pub proc_root: PathBuf,
     /// sysfs root, normally `/sys`.
-    pub sys_root: PathBuf,
+    pub(crate) sys_root: PathBuf,
     /// `USER_HZ`: the unit of the tick counts in `/proc/stat`.
-    pub user_hz: u64,
+    pub(crate) user_hz: u64,
 }
 
 impl Default for HostPaths {
@@ -42,7 +42,7 @@ impl HostPaths {
     }
 
     /// Nanoseconds per `USER_HZ` tick.
-    pub fn ns_per_tick(&self) -> u64 {
+    pub(crate) fn ns_per_tick(&self) -> u64 {
         1_000_000_000 / self.user_hz
     }
 }
@@ -50,14 +50,14 @@ impl HostPaths {
 /// A file kept open and re-read from offset 0 on every poll, as procfs
 /// sequence files allow: one `pread` loop per poll, no open/close.
 #[derive(Debug)]
-pub struct PolledFile {
+pub(crate) struct PolledFile {
     path: PathBuf,
     file: Option<File>,
 }
 
 impl PolledFile {
     /// Opens `path`; a file that cannot be opened reads as absent (logged once).
-    pub fn open(path: PathBuf) -> Self {
+    pub(crate) fn open(path: PathBuf) -> Self {
         let file = match File::open(&path) {
             Ok(f) => Some(f),
             Err(e) => {
@@ -70,7 +70,7 @@ impl PolledFile {
 
     /// Reads the whole file into `buf` (cleared first). `None` when the file
     /// is absent or a read fails; a failed file is closed and not retried.
-    pub fn read<'b>(&mut self, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
+    pub(crate) fn read<'b>(&mut self, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
         buf.clear();
         let file = self.file.as_ref()?;
         match read_at_to_end(file, buf) {
@@ -116,19 +116,19 @@ pub fn read_file(path: &Path, buf: &mut Vec<u8>) -> io::Result<usize> {
 }
 
 /// Non-empty lines of `buf`.
-pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
     buf.split(|b| *b == b'\n').filter(|l| !l.is_empty())
 }
 
 /// Words of a line, split on spaces and tabs.
-pub fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
     line.split(|b| *b == b' ' || *b == b'\t')
         .filter(|w| !w.is_empty())
 }
 
 /// The leading decimal digits of `s` as a number (saturating), 0 when there
 /// are none: `"92 kB"` → 92, like `strtoull`, which the kernel's formats suit.
-pub fn parse_u64(s: &[u8]) -> u64 {
+pub(crate) fn parse_u64(s: &[u8]) -> u64 {
     let mut v: u64 = 0;
     for &b in s {
         if !b.is_ascii_digit() {
@@ -140,7 +140,7 @@ pub fn parse_u64(s: &[u8]) -> u64 {
 }
 
 /// Like [`parse_u64`] with an optional leading `-` (and leading blanks).
-pub fn parse_i64(s: &[u8]) -> i64 {
+pub(crate) fn parse_i64(s: &[u8]) -> i64 {
     let s = trim_start(s);
     match s.strip_prefix(b"-") {
         Some(rest) => (parse_u64(rest).min(i64::MAX as u64) as i64).wrapping_neg(),
@@ -149,7 +149,7 @@ pub fn parse_i64(s: &[u8]) -> i64 {
 }
 
 /// Parses a whole word as an `i32`, `None` if it is not exactly a number.
-pub fn parse_i32_exact(s: &[u8]) -> Option<i32> {
+pub(crate) fn parse_i32_exact(s: &[u8]) -> Option<i32> {
     std::str::from_utf8(s).ok()?.parse().ok()
 }
 
@@ -162,7 +162,7 @@ fn trim_start(s: &[u8]) -> &[u8] {
 }
 
 /// `s` without trailing newlines.
-pub fn trim_newline(mut s: &[u8]) -> &[u8] {
+pub(crate) fn trim_newline(mut s: &[u8]) -> &[u8] {
     while let Some(rest) = s.strip_suffix(b"\n") {
         s = rest;
     }
@@ -171,7 +171,7 @@ pub fn trim_newline(mut s: &[u8]) -> &[u8] {
 
 /// The value of `key:` in a `/proc/PID/status`-style file, without the
 /// leading blanks: `status_field(b"Uid:\t0\t0\n", b"Uid")` → `b"0\t0"`.
-pub fn status_field<'a>(status: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+pub(crate) fn status_field<'a>(status: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
     lines(status).find_map(|line| {
         let rest = line.strip_prefix(key)?.strip_prefix(b":")?;
         Some(trim_start(rest))
@@ -180,7 +180,7 @@ pub fn status_field<'a>(status: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
 
 /// The numbers of `status_field` after the first one (the root namespace's):
 /// the ids in nested PID namespaces (`NSpid:\t1234\t7` → `[7]`).
-pub fn namespaced_ids(status: &[u8]) -> Vec<i32> {
+pub(crate) fn namespaced_ids(status: &[u8]) -> Vec<i32> {
     match status_field(status, b"NSpid") {
         Some(v) => words(v).skip(1).filter_map(parse_i32_exact).collect(),
         None => Vec::new(),
@@ -211,7 +211,7 @@ pub fn numeric_dirs(dir: &Path) -> io::Result<Vec<i32>> {
 
 /// The names in `dir` that start with `prefix` followed by a number, with that
 /// number, sorted by it (`cpu0`, `cpu1`, … or `thermal_zone0`, …).
-pub fn numbered_entries(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
+pub(crate) fn numbered_entries(dir: &Path, prefix: &str) -> Vec<(u32, String)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };

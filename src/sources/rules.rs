@@ -18,14 +18,14 @@ use crate::sources::ftrace::tracefs::Tracefs;
 
 /// Firings waiting for the runner at most; more are counted and dropped
 /// (each rule's own limits keep far below it).
-pub const MAX_QUEUED: usize = 4096;
+pub(crate) const MAX_QUEUED: usize = 4096;
 
 /// One firing: the rule (its index in the session's rules) and when what
 /// it matched happened (BOOTTIME ns).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Firing {
     pub rule: usize,
-    pub ts_ns: u64,
+    pub(crate) ts_ns: u64,
     /// What was matched, for the log (`pid 1234 on cpu 1`).
     pub note: String,
 }
@@ -72,7 +72,7 @@ pub struct Tally {
     /// Its condition held.
     pub matched: AtomicU64,
     /// Matches its count or rate left out.
-    pub suppressed: AtomicU64,
+    pub(crate) suppressed: AtomicU64,
     /// Matches that went on to the session.
     pub fired: AtomicU64,
     /// Firings the session acted on.
@@ -81,7 +81,7 @@ pub struct Tally {
     pub refused: AtomicU64,
     /// With `freeze`: how long after its first match the kernel's buffers
     /// held their last event (ns; `u64::MAX` until known).
-    pub frozen_after_ns: AtomicU64,
+    pub(crate) frozen_after_ns: AtomicU64,
 }
 
 /// The counts of every rule of a session, by rule index.
@@ -159,7 +159,7 @@ impl Limiter {
 pub struct RulePlan {
     pub rules: Vec<Rule>,
     pub queue: FiringQueue,
-    pub tallies: Tallies,
+    pub(crate) tallies: Tallies,
 }
 
 impl RulePlan {
@@ -200,7 +200,7 @@ impl RulePlan {
 /// Checks what the config cannot: each filter against its event's format
 /// as the kernel publishes it in `tracefs` (when it can be read: as root),
 /// each counter against what its source reads. Every refusal is returned.
-pub fn check(
+pub(crate) fn check(
     rules: &[Rule],
     spec: &crate::config::RecorderSpec,
     tracefs: Option<&Tracefs>,

@@ -12,7 +12,7 @@
 //! - The stage reads the ring's memory through the caller's iovecs (no
 //!   staging copy of the input) and owns only its output.
 //! - A group holds at most [`GROUP_INPUT_BYTES`] of input, so its packet stays
-//!   under Perfetto's recommended [`MAX_COMPRESSED_PACKET_BYTES`] whatever the
+//!   under Perfetto's recommended 512 KiB (`MAX_COMPRESSED_PACKET_BYTES`) whatever the
 //!   data (zstd's worst case is bounded by `compress_bound`). A single record
 //!   larger than a group is a group of its own and may exceed it.
 //! - Each zstd frame carries its content size, so any decoder can size its
@@ -30,30 +30,20 @@ use crate::wire::framing::{SlicedRecords, record_header};
 use crate::wire::{WireType, key, trace_packet, varint};
 
 /// `TracePacket.zstd_compressed_packets` (ARCHITECTURE.md §7.2).
-pub const ZSTD_COMPRESSED_PACKETS_FIELD: u32 = trace_packet::ZSTD_COMPRESSED_PACKETS;
+pub(crate) const ZSTD_COMPRESSED_PACKETS_FIELD: u32 = trace_packet::ZSTD_COMPRESSED_PACKETS;
 /// Perfetto's recommended ceiling for one compressed packet ("under 512 KB").
-pub const MAX_COMPRESSED_PACKET_BYTES: usize = 512 * 1024;
+#[cfg(test)]
+pub(crate) const MAX_COMPRESSED_PACKET_BYTES: usize = 512 * 1024;
 /// Input bytes per compressed packet: zstd's bound on this plus the framing
-/// stays under [`MAX_COMPRESSED_PACKET_BYTES`] (checked by a test).
-pub const GROUP_INPUT_BYTES: usize = 500 * 1024;
+/// stays under `MAX_COMPRESSED_PACKET_BYTES` (checked by a test).
+pub(crate) const GROUP_INPUT_BYTES: usize = 500 * 1024;
 /// zstd's own default level, used for `zstd {}` with no level and `--compress`.
-pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+pub(crate) const DEFAULT_ZSTD_LEVEL: i32 = 3;
 
 /// zstd refused the work (only a bad parameter or no memory do that).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("zstd compression failed: {0}")]
 pub struct CompressError(pub &'static str);
-
-/// What one call compressed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CompressStats {
-    /// Input bytes (the uncompressed records).
-    pub input_bytes: u64,
-    /// Output bytes (the framed compressed packets).
-    pub output_bytes: u64,
-    /// Compressed packets made.
-    pub packets: u64,
-}
 
 /// The compressed records of one pass; each is two owned parts (the
 /// record's framing and the zstd frame) handed to the sink as iovecs.
@@ -80,7 +70,7 @@ impl Compressed {
     /// For the first `written` bytes of [`slices`](Self::slices) (a prefix
     /// of whole records, as a cap keeps): the input bytes they hold and how
     /// many records they are.
-    pub fn input_of_prefix(&self, written: u64) -> (u64, u64) {
+    pub(crate) fn input_of_prefix(&self, written: u64) -> (u64, u64) {
         let (mut at, mut input, mut n) = (0u64, 0u64, 0u64);
         for ((head, frame), i) in self.records.iter().zip(&self.inputs) {
             at += (head.len() + frame.len()) as u64;
@@ -94,7 +84,7 @@ impl Compressed {
     }
 
     /// The TracePackets inside the first `written` bytes of whole records.
-    pub fn packets_of_prefix(&self, written: u64) -> u64 {
+    pub(crate) fn packets_of_prefix(&self, written: u64) -> u64 {
         let (mut at, mut n) = (0u64, 0u64);
         for ((head, frame), p) in self.records.iter().zip(&self.packets) {
             at += (head.len() + frame.len()) as u64;
@@ -287,11 +277,15 @@ impl<'s, 'a> Pieces<'s, 'a> {
 /// Where each group ends, as byte positions in the stream: whole records,
 /// at most `limit` bytes a group unless one record alone is larger. The last
 /// entry is the stream's length (none for an empty stream).
-pub fn group_ends(bufs: &[IoSlice<'_>], limit: usize) -> Vec<u64> {
+#[cfg(test)]
+pub(crate) fn group_ends(bufs: &[IoSlice<'_>], limit: usize) -> Vec<u64> {
     groups(bufs, limit).0
 }
 
-/// [`group_ends`] with the number of whole records in each group.
+/// Where each group ends, as byte positions in the stream (whole records,
+/// at most `limit` bytes a group unless one record alone is larger; the last
+/// entry is the stream's length), with the number of whole records in each
+/// group.
 fn groups(bufs: &[IoSlice<'_>], limit: usize) -> (Vec<u64>, Vec<u64>) {
     let limit = limit.max(1) as u64;
     let mut walk = SlicedRecords::new(bufs);
@@ -325,7 +319,7 @@ fn groups(bufs: &[IoSlice<'_>], limit: usize) -> (Vec<u64>, Vec<u64>) {
 }
 
 /// The whole records in `bufs` (a walk over their headers only).
-pub fn count_records(bufs: &[IoSlice<'_>]) -> u64 {
+pub(crate) fn count_records(bufs: &[IoSlice<'_>]) -> u64 {
     let mut walk = SlicedRecords::new(bufs);
     let mut n = 0;
     while walk.next_end().is_some() {
@@ -336,7 +330,7 @@ pub fn count_records(bufs: &[IoSlice<'_>]) -> u64 {
 
 /// A compressed payload that cannot be read back.
 #[derive(Debug, thiserror::Error)]
-pub enum DecompressError {
+pub(crate) enum DecompressError {
     /// Not a zstd frame, or a damaged one.
     #[error(transparent)]
     Frame(#[from] std::io::Error),
@@ -346,7 +340,7 @@ pub enum DecompressError {
 
 /// Decompresses one zstd frame (a `zstd_compressed_packets` payload), refusing
 /// output past `limit` bytes (a hostile file cannot make us allocate more).
-pub fn decompress_bounded(frame: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
+pub(crate) fn decompress_bounded(frame: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
     use std::io::Read;
     let mut dec = zstd::stream::read::Decoder::with_buffer(frame)?;
     let mut out = Vec::new();

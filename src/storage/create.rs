@@ -66,7 +66,7 @@ pub enum CreateError {
 
 /// A file operation done by someone else (the broker) on a registered
 /// directory, after this process gave up the rights to do it itself.
-pub trait Delegate: Send + Sync + std::fmt::Debug {
+pub(crate) trait Delegate: Send + Sync + std::fmt::Debug {
     fn create(&self, dir: u32, name: &str, replace: bool) -> Result<OwnedFd, CreateError>;
     fn rename(&self, dir: u32, from: &str, to: &str) -> Result<(), CreateError>;
     fn remove(&self, dir: u32, name: &str) -> Result<(), CreateError>;
@@ -84,10 +84,10 @@ pub struct OutputDir {
 }
 
 /// A file's identity: (device, inode).
-pub type FileId = (u64, u64);
+pub(crate) type FileId = (u64, u64);
 
 /// The identity of the open file `fd`.
-pub fn file_id(fd: impl AsFd) -> std::io::Result<FileId> {
+pub(crate) fn file_id(fd: impl AsFd) -> std::io::Result<FileId> {
     let st = rustix::fs::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
@@ -127,7 +127,7 @@ impl OutputDir {
                     delegate: None,
                 })
             }
-            Walk::Missing { .. } => Err(CreateError::OpenDir {
+            Walk::Missing => Err(CreateError::OpenDir {
                 path: path.to_path_buf(),
                 source: std::io::ErrorKind::NotFound.into(),
             }),
@@ -136,7 +136,7 @@ impl OutputDir {
 
     /// A directory already open (passed by another process), checked as
     /// [`OutputDir::open`] checks the directory itself.
-    pub fn from_fd(path: &Path, fd: OwnedFd) -> Result<Self, CreateError> {
+    pub(crate) fn from_fd(path: &Path, fd: OwnedFd) -> Result<Self, CreateError> {
         let me = rustix::process::geteuid().as_raw();
         check_dir(path, &fd, me).map_err(|why| CreateError::Refused {
             path: path.to_path_buf(),
@@ -151,14 +151,14 @@ impl OutputDir {
     }
 
     /// The directory holding `file` and the file's name in it.
-    pub fn of_file(file: &Path) -> Result<(Self, String), CreateError> {
+    pub(crate) fn of_file(file: &Path) -> Result<(Self, String), CreateError> {
         let (dir, name) = split(file)?;
         Ok((Self::open(&dir)?, name))
     }
 
     /// From now on, creations, renames and removals go to `delegate` under
     /// the id it registered this directory as.
-    pub fn delegate_to(&mut self, delegate: Arc<dyn Delegate>, id: u32) {
+    pub(crate) fn delegate_to(&mut self, delegate: Arc<dyn Delegate>, id: u32) {
         self.delegate = Some((delegate, id));
     }
 
@@ -222,7 +222,7 @@ impl OutputDir {
 
     /// A new file under a temporary name for `name` (`.NAME.tmp`, or with a
     /// random part when another entry holds that name).
-    pub fn create_temp(&self, name: &str) -> Result<(String, OwnedFd), CreateError> {
+    pub(crate) fn create_temp(&self, name: &str) -> Result<(String, OwnedFd), CreateError> {
         check_name(name)?;
         let mut tmp = format!(".{name}.tmp");
         for _ in 0..8 {
@@ -281,12 +281,6 @@ impl OutputDir {
         rustix::fs::fsync(&*self.fd).map_err(Into::into)
     }
 
-    /// The size of `name` (0 when it cannot be examined).
-    pub fn size_of(&self, name: &str) -> u64 {
-        rustix::fs::statat(&*self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_or(0, |st| st.st_size as u64)
-    }
-
     /// The names of the directory's entries (not `.` or `..`), read
     /// through the descriptor.
     pub fn entries(&self) -> std::io::Result<Vec<String>> {
@@ -320,14 +314,14 @@ impl OutputDir {
     /// `name` opened for reading when it is the regular file `id` (never
     /// through a link, never blocking on a FIFO); `None` when it is gone
     /// or anything else.
-    pub fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
+    pub(crate) fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
         open_if(self.fd(), name, id)
     }
 
     /// Removes `name` while it is the file `id`; false when it is not (gone,
     /// or another entry: left alone). Done here, not by a delegate: for the
     /// process that made the file (a hook runner, the broker).
-    pub fn remove_if(&self, name: &str, id: FileId) -> std::io::Result<bool> {
+    pub(crate) fn remove_if(&self, name: &str, id: FileId) -> std::io::Result<bool> {
         if !self.holds(name, id) {
             return Ok(false);
         }
@@ -342,7 +336,7 @@ impl OutputDir {
 
     /// Whether the directory's path still leads to this directory (the
     /// path others are given, a hook's, is this one).
-    pub fn path_leads_here(&self) -> bool {
+    pub(crate) fn path_leads_here(&self) -> bool {
         let here = rustix::fs::fstat(&*self.fd).map(|st| (st.st_dev, st.st_ino));
         let there = rustix::fs::stat(&self.path).map(|st| (st.st_dev, st.st_ino));
         matches!((here, there), (Ok(a), Ok(b)) if a == b)
@@ -350,7 +344,7 @@ impl OutputDir {
 
     /// A new directory of this user's alone (mode 0700) in this one, named
     /// `.BASE.RANDOM`: where a hook's links are made.
-    pub fn make_private_dir(&self, base: &str) -> std::io::Result<PrivateDir> {
+    pub(crate) fn make_private_dir(&self, base: &str) -> std::io::Result<PrivateDir> {
         let me = rustix::process::geteuid().as_raw();
         for _ in 0..8 {
             let name = format!(".{base}.{:016x}", rand::random::<u64>());
@@ -386,20 +380,20 @@ impl OutputDir {
 /// nobody else can add, swap or remove its entries, so a path through it
 /// keeps leading to what was linked there.
 #[derive(Debug)]
-pub struct PrivateDir {
+pub(crate) struct PrivateDir {
     parent: OutputDir,
     name: String,
     fd: OwnedFd,
 }
 
 impl PrivateDir {
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.parent.join(&self.name)
     }
 
     /// Links the entry `name` of `from` (itself, never what a symbolic
     /// link there points to) here under the same name.
-    pub fn link_from(&self, from: &OutputDir, name: &str) -> rustix::io::Result<()> {
+    pub(crate) fn link_from(&self, from: &OutputDir, name: &str) -> rustix::io::Result<()> {
         check_name(name).map_err(|_| Errno::INVAL)?;
         let link = || rustix::fs::linkat(from.fd(), name, &self.fd, name, AtFlags::empty());
         match link() {
@@ -412,22 +406,22 @@ impl PrivateDir {
     }
 
     /// Whether `name` here is the file `id`.
-    pub fn holds(&self, name: &str, id: FileId) -> bool {
+    pub(crate) fn holds(&self, name: &str, id: FileId) -> bool {
         holds(self.fd.as_fd(), name, id)
     }
 
     /// As [`OutputDir::open_if`], here.
-    pub fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
+    pub(crate) fn open_if(&self, name: &str, id: FileId) -> std::io::Result<Option<OwnedFd>> {
         open_if(self.fd.as_fd(), name, id)
     }
 
     /// Removes the entry `name` here, if any.
-    pub fn unlink(&self, name: &str) {
+    pub(crate) fn unlink(&self, name: &str) {
         let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
     }
 
     /// Removes the directory (when empty: what a command left there stays).
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         if let Err(e) =
             rustix::fs::unlinkat(self.parent.fd(), self.name.as_str(), AtFlags::REMOVEDIR)
         {
@@ -465,10 +459,10 @@ fn open_if(dir: BorrowedFd<'_>, name: &str, id: FileId) -> std::io::Result<Optio
 /// `dir` itself, or, when it does not exist yet (it will be created), its
 /// nearest existing ancestor — with every directory above it, as
 /// [`OutputDir::open`] walks them.
-pub fn check_ahead(dir: &Path) -> Result<(), CreateError> {
+pub(crate) fn check_ahead(dir: &Path) -> Result<(), CreateError> {
     match walk(dir, false)? {
         Walk::Found { fd, .. } => refuse_kernel_dir(dir, &fd),
-        Walk::Missing { .. } => Ok(()),
+        Walk::Missing => Ok(()),
     }
 }
 
@@ -488,15 +482,15 @@ fn refuse_kernel_dir(path: &Path, fd: &OwnedFd) -> Result<(), CreateError> {
 }
 
 /// Where a [`walk`] ended.
-pub enum Walk {
+pub(crate) enum Walk {
     /// The directory, and the ones above it (outermost first).
     Found {
         fd: OwnedFd,
         ancestors: Vec<OwnedFd>,
     },
-    /// `missing` does not exist (and was not to be made); every directory
-    /// above it was checked.
-    Missing { missing: PathBuf },
+    /// The directory does not exist (and was not to be made); every
+    /// directory above it was checked.
+    Missing,
 }
 
 /// The one safe way to a directory under paths others may write: from `/`
@@ -509,7 +503,7 @@ pub enum Walk {
 /// before. With `create`, a missing component is made (mode 0755) relative
 /// to its parent's descriptor and then entered and checked like any other:
 /// one another user made first is refused, never used.
-pub fn walk(path: &Path, create: bool) -> Result<Walk, CreateError> {
+pub(crate) fn walk(path: &Path, create: bool) -> Result<Walk, CreateError> {
     let me = rustix::process::geteuid().as_raw();
     let abs = std::path::absolute(path).map_err(|source| CreateError::OpenDir {
         path: path.to_path_buf(),
@@ -556,7 +550,7 @@ pub fn walk(path: &Path, create: bool) -> Result<Walk, CreateError> {
                     std::mem::replace(&mut shown, next),
                 ));
             }
-            Err(Errno::NOENT) if !create => return Ok(Walk::Missing { missing: next }),
+            Err(Errno::NOENT) if !create => return Ok(Walk::Missing),
             Err(Errno::NOENT) if made < 1024 => {
                 made += 1;
                 match rustix::fs::mkdirat(&cur, name.as_os_str(), Mode::from_raw_mode(DIR_MODE)) {
@@ -652,7 +646,7 @@ fn push_components(todo: &mut VecDeque<OsString>, path: &Path, front: bool) {
 
 /// Whether `path` names a FIFO, device or socket [`open_stream`] would open,
 /// or one of this process's descriptors ([`descriptor_path`]).
-pub fn is_named_stream(path: &Path) -> bool {
+pub(crate) fn is_named_stream(path: &Path) -> bool {
     descriptor_path(path).is_some() || stream_stat(path).is_some()
 }
 
@@ -665,7 +659,7 @@ const MAX_DESCRIPTOR_HOPS: usize = 8;
 /// process — directly or through symbolic links that belong to root or to
 /// this user. Such a path is written through the descriptor, never
 /// replaced by a file (`-o /dev/stdout > file` writes into `file`).
-pub fn descriptor_path(path: &Path) -> Option<i32> {
+pub(crate) fn descriptor_path(path: &Path) -> Option<i32> {
     let me = rustix::process::geteuid().as_raw();
     let pid = std::process::id().to_string();
     let mut at = std::path::absolute(path).ok()?;
@@ -714,7 +708,7 @@ fn names_descriptor(path: &Path, pid: &str) -> Option<i32> {
 /// directory of the kernel's (`/dev` itself, `/proc`, `/sys`, devpts), not a
 /// place for a trace. A name there (`/dev/stdout`, `/dev/sda`) is never
 /// replaced.
-pub fn system_dir(dir: &OwnedFd) -> Option<String> {
+pub(crate) fn system_dir(dir: &OwnedFd) -> Option<String> {
     const PROC: i64 = 0x9fa0;
     const SYSFS: i64 = 0x6265_6572;
     const DEVPTS: i64 = 0x1cd1;
@@ -751,7 +745,7 @@ fn stream_stat(path: &Path) -> Option<rustix::fs::Stat> {
 /// Writes `bytes` as a new file at `path` (replacing the entry there), or
 /// into the FIFO or device `path` names: for small outputs such as
 /// `config convert -o`.
-pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CreateError> {
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CreateError> {
     let fd = match open_stream(path)? {
         Some(fd) => fd,
         None => {
@@ -773,7 +767,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CreateError> {
 /// Only one that belongs to root or to us, reached through a symlink only
 /// when the link does too (the kernel's protected_symlinks and
 /// protected_fifos rules): what another user planted is never opened.
-pub fn open_stream(path: &Path) -> Result<Option<OwnedFd>, CreateError> {
+pub(crate) fn open_stream(path: &Path) -> Result<Option<OwnedFd>, CreateError> {
     if stream_stat(path).is_none() {
         return Ok(None);
     }
@@ -787,7 +781,7 @@ pub fn open_stream(path: &Path) -> Result<Option<OwnedFd>, CreateError> {
 
 /// Whether `fd` is written as a stream (a FIFO, character device or
 /// socket), not a file of offsets.
-pub fn is_stream(fd: &OwnedFd) -> bool {
+pub(crate) fn is_stream(fd: &OwnedFd) -> bool {
     rustix::fs::fstat(fd).is_ok_and(|st| is_stream_type(st.st_mode))
 }
 
@@ -799,7 +793,7 @@ fn is_stream_type(mode: u32) -> bool {
 }
 
 /// `file`'s directory (`.` when it has none) and its last component.
-pub fn split(file: &Path) -> Result<(PathBuf, String), CreateError> {
+pub(crate) fn split(file: &Path) -> Result<(PathBuf, String), CreateError> {
     let name = file
         .file_name()
         .and_then(|n| n.to_str())
@@ -816,7 +810,7 @@ pub fn split(file: &Path) -> Result<(PathBuf, String), CreateError> {
 
 /// The directory `file` is in, opened (read-only, close-on-exec), and its
 /// name there: what the broker is handed to act on that name later.
-pub fn open_parent(file: &Path) -> Option<(OwnedFd, String)> {
+pub(crate) fn open_parent(file: &Path) -> Option<(OwnedFd, String)> {
     let (dir, name) = split(file).ok()?;
     let fd = rustix::fs::open(
         &dir,
@@ -828,7 +822,7 @@ pub fn open_parent(file: &Path) -> Option<(OwnedFd, String)> {
 }
 
 /// A plain name inside a directory: no `/`, not `.` or `..`, not empty, no NUL.
-pub fn check_name(name: &str) -> Result<(), CreateError> {
+pub(crate) fn check_name(name: &str) -> Result<(), CreateError> {
     if name.is_empty()
         || name == "."
         || name == ".."
@@ -861,7 +855,7 @@ pub enum DirProblem {
 
 /// The problem with the open directory `fd` for `me`, if any: it must be
 /// a directory owned by root or `me`, and sticky if others may write it.
-pub fn dir_problem(fd: &OwnedFd, me: u32) -> Option<DirProblem> {
+pub(crate) fn dir_problem(fd: &OwnedFd, me: u32) -> Option<DirProblem> {
     let st = match rustix::fs::fstat(fd) {
         Ok(st) => st,
         Err(e) => return Some(DirProblem::Unexaminable(e.to_string())),
@@ -909,7 +903,7 @@ impl UnsafeDir {
 }
 
 /// Checks an open directory for writing by `me`.
-pub fn check_dir(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), UnsafeDir> {
+pub(crate) fn check_dir(path: &Path, fd: &OwnedFd, me: u32) -> Result<(), UnsafeDir> {
     match dir_problem(fd, me) {
         None => Ok(()),
         Some(problem) => Err(UnsafeDir {

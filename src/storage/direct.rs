@@ -73,7 +73,7 @@ pub const MIN_DIRECT_PASS: u64 = 256 * 1024;
 /// `align` (a block more when the gap is too short for a packet); empty
 /// when it is already there. Written through the page cache before
 /// `O_DIRECT` is turned back on.
-pub fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
+pub(crate) fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
     let align = align as u64;
     let mut gap = (align - len % align) % align;
     if gap == 0 {
@@ -154,7 +154,7 @@ pub fn enable(fd: &OwnedFd) -> Result<usize, DirectError> {
 /// [`enable`] for a file opened elsewhere (the descriptor a `recorder
 /// serve` client passed): only an empty regular file (on a file system
 /// that keeps it on a disk, as for every file).
-pub fn enable_passed(fd: &OwnedFd) -> Result<usize, DirectError> {
+pub(crate) fn enable_passed(fd: &OwnedFd) -> Result<usize, DirectError> {
     let st = rustix::fs::fstat(fd).map_err(DirectError::Stat)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(DirectError::NotRegular);
@@ -383,7 +383,7 @@ impl<'a> AlignedPass<'a> {
 
     /// The last run, left unpadded (see [`Self::new`]) and not a whole number
     /// of blocks: to be written without `O_DIRECT`.
-    pub fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
+    pub(crate) fn unaligned_tail(&self) -> Option<IoSlice<'_>> {
         match self.segs.last().map(|s| &s.seg) {
             Some(s @ Seg::Bounce(r)) if !r.len().is_multiple_of(self.align) => self.slice(s),
             _ => None,
@@ -391,12 +391,13 @@ impl<'a> AlignedPass<'a> {
     }
 
     /// Bytes of padding packets added.
-    pub fn padding_bytes(&self) -> u64 {
+    pub(crate) fn padding_bytes(&self) -> u64 {
         self.padding
     }
 
     /// Bytes written straight from the caller's memory.
-    pub fn direct_bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn direct_bytes(&self) -> u64 {
         self.segs
             .iter()
             .map(|s| match &s.seg {
@@ -411,7 +412,7 @@ impl<'a> AlignedPass<'a> {
     /// position, copied or not (copies count only once written, so that
     /// [`Self::output_of`] of anything at or below it is at or below
     /// `out_done`).
-    pub fn input_done(&self, out_done: u64) -> u64 {
+    pub(crate) fn input_done(&self, out_done: u64) -> u64 {
         let k = self
             .segs
             .partition_point(|s| s.out_start + s.out_len <= out_done);
@@ -424,7 +425,7 @@ impl<'a> AlignedPass<'a> {
     /// Where position `in_pos` of the caller's slices lies in the layout (a
     /// packet boundary there maps to one here: the bytes are the same, the
     /// padding follows a run's last packet).
-    pub fn output_of(&self, in_pos: u64) -> u64 {
+    pub(crate) fn output_of(&self, in_pos: u64) -> u64 {
         let k = self
             .segs
             .partition_point(|s| s.in_start + s.in_len < in_pos);

@@ -77,7 +77,7 @@ macro_rules! positioned_file_methods {
 
 mod backlog_sink;
 mod batch;
-pub mod create;
+pub(crate) mod create;
 mod cut;
 pub mod direct;
 mod output;
@@ -223,7 +223,7 @@ pub trait WriteProgress {
 
 /// Progress nobody listens to: the caller keeps all of its memory.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoProgress;
+pub(crate) struct NoProgress;
 
 impl WriteProgress for NoProgress {
     fn written(&mut self, _done: u64) -> u64 {
@@ -310,7 +310,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
     }
 
     /// Every byte has been handed out.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.cursor.is_done()
     }
 
@@ -371,7 +371,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
     /// the list that end within its first `n` bytes (`n` at most what was
     /// handed out), walked from the floor, a packet boundary: what a failed
     /// write keeps. Nothing below the floor is read (P1).
-    pub fn whole_packets_within(&self, n: u64) -> u64 {
+    pub(crate) fn whole_packets_within(&self, n: u64) -> u64 {
         let n = n.min(self.pos);
         if n <= self.floor {
             return n;
@@ -389,7 +389,7 @@ impl<'l, 'a> WriteList<'l, 'a> {
 /// Bytes a positioned sink hands the kernel per request (an io_uring SQE, a
 /// pwritev(2) call) at most: the step in which a pass's memory is let go of
 /// as it is written ([`WriteProgress`]), and what a short write resubmits.
-pub const WRITE_STEP_BYTES: usize = 4 << 20;
+pub(crate) const WRITE_STEP_BYTES: usize = 4 << 20;
 
 /// Where trace bytes go. Implementations never copy the data: the kernel
 /// reads the caller's memory (the ring buffer's mmap) directly.
@@ -564,15 +564,15 @@ mod tests {
         assert_eq!(progress.0, vec![20]);
     }
 }
-pub mod compress;
-pub mod segment;
+pub(crate) mod compress;
+pub(crate) mod segment;
 pub mod write_pass;
 
 /// Why the output failed: a write pass (a write, a sync, compression), or
 /// closing and opening segments. Cheap to clone, so the session can carry it
 /// as its stop reason.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum OutputError {
+pub(crate) enum OutputError {
     #[error(transparent)]
     Pass(#[from] write_pass::PassError),
     #[error(transparent)]

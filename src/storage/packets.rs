@@ -20,7 +20,7 @@
 /// The reserved TracePacket field the padding bytes go in.
 pub const PADDING_FIELD: u32 = crate::wire::trace_packet::PADDING;
 /// The shortest padding packet: `0A 00`.
-pub const MIN_PADDING: usize = 2;
+pub(crate) const MIN_PADDING: usize = 2;
 /// Widest varint used (as wide as the widest slot header's).
 const MAX_VARINT: usize = 5;
 
@@ -48,7 +48,7 @@ pub fn loss_marker(sequence_id: u32) -> Vec<u8> {
 /// Fills `out` with one padding packet of exactly `out.len()` bytes.
 /// Returns false (and writes nothing) for a length that cannot hold one:
 /// 0, 1, or above 2^28 bytes.
-pub fn write_padding(out: &mut [u8]) -> bool {
+pub(crate) fn write_padding(out: &mut [u8]) -> bool {
     let n = out.len();
     if !(MIN_PADDING..(1 << 28)).contains(&n) {
         return false;

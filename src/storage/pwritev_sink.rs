@@ -34,7 +34,7 @@ impl PwritevSink {
     }
 
     /// The fd was opened `O_DIRECT` (see [`super::direct::enable`]).
-    pub fn with_direct(self, align: Option<usize>) -> Self {
+    pub(crate) fn with_direct(self, align: Option<usize>) -> Self {
         PwritevSink {
             direct: align,
             direct_capable: align,

@@ -108,7 +108,7 @@ impl UringSink {
     }
 
     /// The fd was opened `O_DIRECT` (see [`super::direct::enable`]).
-    pub fn with_direct(self, align: Option<usize>) -> Self {
+    pub(crate) fn with_direct(self, align: Option<usize>) -> Self {
         UringSink {
             direct: align,
             direct_capable: align,

@@ -58,7 +58,7 @@ use crate::storage::{FileSink, SinkError, WriteProgress, cut_at_packet_boundary}
 /// (4 MiB groups measured 0.87× the rate of full-speed streaming, see
 /// BENCHMARKS.md), so ordinary passes (a 100 ms pass at 2 GB/s copies
 /// about 14 MiB) stay one group.
-pub const MAX_BOUNCE_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BOUNCE_BYTES: usize = 16 << 20;
 
 /// What a pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,9 +76,9 @@ pub struct PassReport {
     /// stage asked for the count (segments do, for their sidecars).
     pub packets: u64,
     /// The cap was reached: the session must stop.
-    pub cap_reached: bool,
+    pub(crate) cap_reached: bool,
     /// Bytes the cap left out of this pass (records not written).
-    pub cut_bytes: u64,
+    pub(crate) cut_bytes: u64,
     pub duration: Duration,
 }
 
@@ -143,7 +143,7 @@ pub struct PassError {
     /// Bytes of this pass kept in the file (whole packets).
     pub kept_bytes: u64,
     /// Bytes of this pass that are not in the file.
-    pub unwritten_bytes: u64,
+    pub(crate) unwritten_bytes: u64,
 }
 
 /// Runs one pass over `buffers` (each with how to take its data) into
@@ -513,7 +513,10 @@ fn write_kept(
 /// direct; the last run unpadded, through the page cache), else through the
 /// page cache. For the save of a dead recorder's rings, read in place.
 /// Returns the bytes written.
-pub fn write_last(sink: &mut dyn FileSink, records: &[IoSlice<'_>]) -> Result<u64, PassFailure> {
+pub(crate) fn write_last(
+    sink: &mut dyn FileSink,
+    records: &[IoSlice<'_>],
+) -> Result<u64, PassFailure> {
     let padding = settle_direct(sink, total_len(records), true, None)?;
     let direct = sink.direct_alignment().map(|align| Layout {
         align,

@@ -24,14 +24,14 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 const KILLING_SIGNAL: usize = 3;
 
 /// SIGINT/SIGTERM as the loop sees them.
-pub struct Signals {
+pub(crate) struct Signals {
     rx: UnixStream,
     ids: Vec<SigId>,
 }
 
 impl Signals {
     /// Installs the handlers for SIGINT and SIGTERM.
-    pub fn install() -> std::io::Result<Self> {
+    pub(crate) fn install() -> std::io::Result<Self> {
         let (rx, tx) = UnixStream::pair()?;
         rx.set_nonblocking(true)?;
         tx.set_nonblocking(true)?;
@@ -56,12 +56,12 @@ impl Signals {
     }
 
     /// Readable when signals arrived: the loop polls it.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.rx.as_fd()
     }
 
     /// How many signals arrived since the last call.
-    pub fn take(&self) -> usize {
+    pub(crate) fn take(&self) -> usize {
         let mut buf = [0u8; 16];
         let mut n = 0;
         let mut r = &self.rx;

@@ -107,7 +107,7 @@ pub struct MetaCounters {
     pub overrun: u64,
     pub read: u64,
     /// Events lost when the reader sub-buffer was swapped in.
-    pub reader_lost_events: u64,
+    pub(crate) reader_lost_events: u64,
 }
 
 /// One CPU's mapped ring buffer (meta page and sub-buffers).

@@ -16,9 +16,9 @@
 use crate::wire::{PackedKey, WireType, key, varint};
 
 /// Bytes reserved for the length of a nested message.
-pub const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
+pub(crate) const NESTED_LEN_BYTES: usize = varint::REDUNDANT4_LEN;
 /// Largest length a 4-byte redundant varint can hold.
-pub const MAX_NESTED_LEN: usize = varint::REDUNDANT4_MAX as usize;
+pub(crate) const MAX_NESTED_LEN: usize = varint::REDUNDANT4_MAX as usize;
 
 /// The encoder ran out of room (or a nested message outgrew 2^28 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +63,7 @@ impl<'a> ProtoEncoder<'a> {
 
     /// Bytes still free.
     #[inline]
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
@@ -154,14 +154,14 @@ impl<'a> ProtoEncoder<'a> {
 
     /// A varint field under a key encoded beforehand (hot paths).
     #[inline]
-    pub fn uint_at(&mut self, k: &PackedKey, v: u64) {
+    pub(crate) fn uint_at(&mut self, k: &PackedKey, v: u64) {
         self.packed_key(k);
         self.varint(v);
     }
 
     /// A `bytes`/`string` field under a key encoded beforehand.
     #[inline]
-    pub fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
+    pub(crate) fn bytes_at(&mut self, k: &PackedKey, b: &[u8]) {
         self.packed_key(k);
         self.varint(b.len() as u64);
         self.bytes_raw(b);
@@ -171,7 +171,7 @@ impl<'a> ProtoEncoder<'a> {
     /// (short text such as a comm): with room, all 16 are copied at once
     /// and `n` kept.
     #[inline]
-    pub fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
+    pub(crate) fn bytes16_at(&mut self, k: &PackedKey, word: &[u8; 16], n: usize) {
         self.packed_key(k);
         self.varint(n as u64);
         if self.overflow {
@@ -187,7 +187,7 @@ impl<'a> ProtoEncoder<'a> {
 
     /// [`begin_short`](Self::begin_short) under a key encoded beforehand.
     #[inline]
-    pub fn begin_short_at(&mut self, k: &PackedKey) -> Short {
+    pub(crate) fn begin_short_at(&mut self, k: &PackedKey) -> Short {
         self.packed_key(k);
         let at = self.pos;
         self.bytes_raw(&[0]);
@@ -197,7 +197,7 @@ impl<'a> ProtoEncoder<'a> {
     /// A `uint32`/`uint64`/`bool`/enum field, or an `int32`/`int64` holding a
     /// non-negative value.
     #[inline]
-    pub fn uint(&mut self, field: u32, v: u64) {
+    pub(crate) fn uint(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Varint);
         self.varint(v);
     }
@@ -215,20 +215,14 @@ impl<'a> ProtoEncoder<'a> {
     }
 
     #[inline]
-    pub fn fixed64(&mut self, field: u32, v: u64) {
+    pub(crate) fn fixed64(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Fixed64);
         self.bytes_raw(&v.to_le_bytes());
     }
 
     #[inline]
-    pub fn double(&mut self, field: u32, v: f64) {
+    pub(crate) fn double(&mut self, field: u32, v: f64) {
         self.fixed64(field, v.to_bits());
-    }
-
-    #[inline]
-    pub fn fixed32(&mut self, field: u32, v: u32) {
-        self.tag(field, WireType::Fixed32);
-        self.bytes_raw(&v.to_le_bytes());
     }
 
     /// A `bytes` or `string` field.
@@ -252,7 +246,7 @@ impl<'a> ProtoEncoder<'a> {
 
     /// Opens a nested message (or a packed repeated field) under `field`.
     #[inline]
-    pub fn begin_nested(&mut self, field: u32) -> Nested {
+    pub(crate) fn begin_nested(&mut self, field: u32) -> Nested {
         self.tag(field, WireType::Len);
         let at = self.pos;
         self.bytes_raw(&[0; NESTED_LEN_BYTES]);
@@ -261,7 +255,7 @@ impl<'a> ProtoEncoder<'a> {
 
     /// Closes a nested message, patching its length.
     #[inline]
-    pub fn end_nested(&mut self, n: Nested) {
+    pub(crate) fn end_nested(&mut self, n: Nested) {
         if self.overflow {
             return;
         }
@@ -286,7 +280,7 @@ impl<'a> ProtoEncoder<'a> {
     /// so small ftrace events are encoded without the 3 wasted bytes of a
     /// four-byte length and without a copy).
     #[inline]
-    pub fn begin_short(&mut self, field: u32) -> Short {
+    pub(crate) fn begin_short(&mut self, field: u32) -> Short {
         self.tag(field, WireType::Len);
         let at = self.pos;
         self.bytes_raw(&[0]);
@@ -296,7 +290,7 @@ impl<'a> ProtoEncoder<'a> {
     /// Closes a message opened with [`begin_short`](Self::begin_short).
     /// Positions taken inside it are stale afterwards (its body may move).
     #[inline]
-    pub fn end_short(&mut self, n: Short) {
+    pub(crate) fn end_short(&mut self, n: Short) {
         if self.overflow {
             return;
         }
@@ -325,11 +319,11 @@ impl<'a> ProtoEncoder<'a> {
 }
 
 /// Bytes a [`Window`] may take: every message in it has a one-byte length.
-pub const WINDOW_MAX_LEN: usize = 127;
+pub(crate) const WINDOW_MAX_LEN: usize = 127;
 /// The window's span, the room [`ProtoEncoder::window`] needs: its limit
 /// plus the widest single write (16 bytes of text), so that no write needs
 /// a check of its own.
-pub const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
+pub(crate) const WINDOW_SPAN: usize = WINDOW_MAX_LEN + 1 + 16;
 
 /// Room for one small message, checked once ([`ProtoEncoder::window`]): a
 /// caller that knows its message takes at most [`WINDOW_MAX_LEN`] bytes
@@ -392,7 +386,7 @@ impl Window<'_> {
 /// The writes of a message whose nested parts have one-byte lengths (a
 /// typed ftrace event), by the checked [`ProtoEncoder`] or by a [`Window`]:
 /// code written once against it emits the same bytes through either.
-pub trait ShortWriter {
+pub(crate) trait ShortWriter {
     /// Writes only bounded fields: at most 16 bytes of text each (a
     /// [`Window`]); callers keep longer text for the checked encoder.
     const BOUNDED: bool;

@@ -32,7 +32,7 @@ pub struct TestSequence {
     /// Values missing in those gaps.
     pub missing: u64,
     /// Times a value was not above the previous one (reorder or duplicate).
-    pub out_of_order: u64,
+    pub(crate) out_of_order: u64,
 }
 
 /// One `trusted_packet_sequence_id` (0: packets without one).
@@ -40,8 +40,8 @@ pub struct TestSequence {
 pub struct SequenceReport {
     pub packets: u64,
     pub bytes: u64,
-    pub first_timestamp: Option<u64>,
-    pub last_timestamp: Option<u64>,
+    pub(crate) first_timestamp: Option<u64>,
+    pub(crate) last_timestamp: Option<u64>,
     /// Packets marked `previous_packet_dropped`.
     pub losses: u64,
     pub for_testing: Option<TestSequence>,
@@ -77,7 +77,7 @@ pub struct ServiceEventSeen {
 pub struct Undecodable {
     pub count: u64,
     /// File offset of the first such packet's record.
-    pub first_offset: u64,
+    pub(crate) first_offset: u64,
 }
 
 /// The ftrace data of a trace.
@@ -98,20 +98,20 @@ pub struct CompressedSeen {
     pub packets: u64,
     pub bytes: u64,
     /// Bytes of the records inside them, decompressed.
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     /// The largest compressed packet (Perfetto recommends under 512 KiB).
-    pub largest_packet: u64,
+    pub(crate) largest_packet: u64,
 }
 
 /// Decompressed output accepted from one compressed packet (ours hold at
 /// most 500 KiB; Perfetto's about 1 MiB); more is treated as corruption.
-pub const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
 
 /// Everything `inspect` says about a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct InspectReport {
     /// Bytes read (the file size unless corruption stopped the scan).
-    pub file_bytes: u64,
+    pub(crate) file_bytes: u64,
     pub packets: u64,
     /// Bytes of whole records.
     pub packet_bytes: u64,
@@ -120,7 +120,7 @@ pub struct InspectReport {
     /// Producers (by trusted pid) and what they wrote.
     pub producers: BTreeMap<i32, ProducerSeen>,
     pub service_events: Vec<ServiceEventSeen>,
-    pub trace_stats_packets: u64,
+    pub(crate) trace_stats_packets: u64,
     pub last_trace_stats: Option<TraceStatsInfo>,
     /// Packets marked `previous_packet_dropped`, over all sequences.
     pub losses: u64,
@@ -131,7 +131,7 @@ pub struct InspectReport {
     pub torn_tail: Option<TornTail>,
     pub torn_tail_bytes: u64,
     pub corruption: Option<FramingError>,
-    pub undecodable: Option<Undecodable>,
+    pub(crate) undecodable: Option<Undecodable>,
 }
 
 /// The file is not a valid trace (beyond a torn tail), or cannot be read.
@@ -291,7 +291,7 @@ impl InspectReport {
     }
 
     /// `Ok` for a valid trace (a torn tail allowed); the error otherwise.
-    pub fn verdict(&self) -> Result<(), InspectError> {
+    pub(crate) fn verdict(&self) -> Result<(), InspectError> {
         if let Some(c) = &self.corruption {
             return Err(InspectError::Corrupt(c.clone()));
         }
@@ -315,7 +315,7 @@ pub fn report(bytes: &[u8]) -> InspectReport {
 }
 
 /// Inspects a trace file of any size, streaming it.
-pub fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
+pub(crate) fn report_file(path: &Path) -> Result<InspectReport, InspectError> {
     let name = path.display().to_string();
     // A segment's name in a shared directory may hold anything: a regular
     // file only, never a FIFO waited on, never another user's link.

@@ -18,7 +18,7 @@ use crate::storage::segment::sidecar::Sidecar;
 
 /// One segment of the set.
 #[derive(Debug, Clone, Serialize)]
-pub struct SegmentSeen {
+pub(crate) struct SegmentSeen {
     pub index: u64,
     pub path: PathBuf,
     /// Still under its `.partial` name (being written, or the session died).
@@ -26,19 +26,19 @@ pub struct SegmentSeen {
     pub bytes: u64,
     pub packets: u64,
     /// Bytes of the packets, decompressed (equal to `bytes` when uncompressed).
-    pub uncompressed_bytes: u64,
-    pub first_timestamp: Option<u64>,
-    pub last_timestamp: Option<u64>,
+    pub(crate) uncompressed_bytes: u64,
+    pub(crate) first_timestamp: Option<u64>,
+    pub(crate) last_timestamp: Option<u64>,
     /// Packets marked `previous_packet_dropped` in it.
-    pub packets_after_loss: u64,
+    pub(crate) packets_after_loss: u64,
     /// The sidecar's account of loss (bytes), and why.
-    pub sidecar_lost_bytes: Option<u64>,
+    pub(crate) sidecar_lost_bytes: Option<u64>,
     /// Events its sources lost before their buffers, per the sidecar.
-    pub sidecar_lost_events_upstream: Option<u64>,
-    pub sidecar_loss_why: Vec<String>,
+    pub(crate) sidecar_lost_events_upstream: Option<u64>,
+    pub(crate) sidecar_loss_why: Vec<String>,
     /// Whether it has a sidecar, and whether size and sha256 match it.
     pub sidecar: bool,
-    pub sidecar_matches: Option<bool>,
+    pub(crate) sidecar_matches: Option<bool>,
     /// Its own problem, if it is not a valid trace.
     pub error: Option<String>,
     /// `for_testing` counters per sequence: (first, last).
@@ -48,14 +48,14 @@ pub struct SegmentSeen {
 
 /// Something between two neighbouring segments.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Cut {
+pub(crate) struct Cut {
     /// The segments on either side.
     pub before: u64,
     pub after: u64,
     /// Segments missing between them (deleted by a budget, or lost).
     pub missing_segments: u64,
     /// ns from the last timestamped packet of one to the first of the next.
-    pub time_gap_ns: Option<i64>,
+    pub(crate) time_gap_ns: Option<i64>,
     /// for_testing counters skipped (`missing`) or repeated at the cut, per sequence.
     pub counters_missing: u64,
     pub counters_repeated: u64,
@@ -63,19 +63,19 @@ pub struct Cut {
 
 /// The whole set.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct SetReport {
+pub(crate) struct SetReport {
     pub dir: PathBuf,
     pub name: String,
     pub segments: Vec<SegmentSeen>,
     pub cuts: Vec<Cut>,
     pub bytes: u64,
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     pub packets: u64,
 }
 
 /// Inspecting a directory failed.
 #[derive(Debug, thiserror::Error)]
-pub enum SetError {
+pub(crate) enum SetError {
     #[error("cannot read {dir}: {source}")]
     Read {
         dir: PathBuf,
@@ -88,7 +88,7 @@ pub enum SetError {
 
 /// Why a set of segments fails inspection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SetFault {
+pub(crate) enum SetFault {
     /// The segment is not a valid trace (as its report tells).
     #[error("segment {index}: {error}")]
     Segment {
@@ -216,7 +216,7 @@ fn absorb(s: &mut SegmentSeen, r: &InspectReport) {
 
 /// Inspects every segment of the set in `dir` (the largest set, when the
 /// directory holds several names).
-pub fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
+pub(crate) fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
     let sets = sets_in(dir)?;
     let Some(((stem, ext), mut files)) = sets.into_iter().max_by_key(|(_, v)| v.len()) else {
         return Err(SetError::Empty(dir.to_path_buf()));
@@ -271,7 +271,7 @@ pub fn report_dir(dir: &Path) -> Result<SetReport, SetError> {
 impl SetReport {
     /// `Ok` when every segment is a valid trace matching its sidecar and no
     /// counter repeats across a cut.
-    pub fn verdict(&self) -> Result<(), SetFault> {
+    pub(crate) fn verdict(&self) -> Result<(), SetFault> {
         for s in &self.segments {
             if let Some(e) = &s.error {
                 return Err(SetFault::Segment {

@@ -2,10 +2,10 @@
 
 pub mod encoder;
 pub mod inspect;
-pub mod inspect_set;
+pub(crate) mod inspect_set;
 pub mod reader;
 pub mod salvage;
 pub mod service;
-pub mod service_log;
-pub mod store;
-pub mod untrusted;
+pub(crate) mod service_log;
+pub(crate) mod store;
+pub(crate) mod untrusted;

@@ -103,7 +103,7 @@ pub fn scan_reader(
 /// A packet that is not valid protobuf.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 #[error("malformed packet field at byte {at} of the packet")]
-pub struct Malformed {
+pub(crate) struct Malformed {
     pub at: usize,
     #[source]
     #[serde(skip)]
@@ -127,7 +127,7 @@ fn for_each_field<'a>(data: &'a [u8], mut f: impl FnMut(u32, Value<'a>)) -> Resu
 /// The payload of a `zstd_compressed_packets` packet, when the
 /// packet is one. Writers put that field alone in the packet, so only the
 /// first field is looked at (the other packets cost one varint).
-pub fn zstd_payload(packet: &[u8]) -> Option<&[u8]> {
+pub(crate) fn zstd_payload(packet: &[u8]) -> Option<&[u8]> {
     let mut pos = 0;
     let k = varint::read(packet, &mut pos).ok()?;
     if k != key(trace_packet::ZSTD_COMPRESSED_PACKETS, WireType::Len) {
@@ -146,12 +146,12 @@ fn name_in(table: &[(u32, &'static str)], field: u32) -> std::borrow::Cow<'stati
 }
 
 /// The name of a TracePacket `data` field.
-pub fn kind_name(field: u32) -> std::borrow::Cow<'static, str> {
+pub(crate) fn kind_name(field: u32) -> std::borrow::Cow<'static, str> {
     name_in(trace_packet::DATA_NAMES, field)
 }
 
 /// The name of a TracingServiceEvent field (ARCHITECTURE.md §7.8).
-pub fn service_event_name(field: u32) -> std::borrow::Cow<'static, str> {
+pub(crate) fn service_event_name(field: u32) -> std::borrow::Cow<'static, str> {
     match tracing_service_event::RECORDER_NAMES
         .iter()
         .find(|(n, _)| *n == field)
@@ -179,7 +179,7 @@ fn trace_stat_name(field: u32) -> std::borrow::Cow<'static, str> {
 
 /// What `inspect` reads of an FtraceEventBundle.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BundleInfo {
+pub(crate) struct BundleInfo {
     /// Typed and generic events plus the compact_sched switch and waking rows.
     pub events: u64,
     /// The kernel lost events before this bundle (`lost_events`).
@@ -214,10 +214,10 @@ impl BundleInfo {
 /// An FtraceStats packet: its phase and, per CPU, the events the kernel
 /// lost (overrun + dropped_events).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct FtraceStatsInfo {
+pub(crate) struct FtraceStatsInfo {
     /// 1 start of trace, 2 end of trace.
     pub phase: u64,
-    pub lost_per_cpu: Vec<(u64, u64)>,
+    pub(crate) lost_per_cpu: Vec<(u64, u64)>,
 }
 
 impl FtraceStatsInfo {
@@ -287,7 +287,7 @@ impl TraceStatsInfo {
 
 /// The top-level facts of one TracePacket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PacketInfo {
+pub(crate) struct PacketInfo {
     /// Field number of the `data` oneof member present (the last one wins).
     pub kind: Option<u32>,
     pub trusted_packet_sequence_id: Option<u32>,
@@ -298,20 +298,20 @@ pub struct PacketInfo {
     /// Non-zero when data was lost before this packet on its sequence.
     pub previous_packet_dropped: u64,
     /// `for_testing.counter` (0, 1, 2, … per sequence).
-    pub for_testing_counter: Option<u64>,
+    pub(crate) for_testing_counter: Option<u64>,
     /// The TracingServiceEvent fields set, in order.
     pub service_events: Vec<u32>,
     /// Decoded when the packet is a `trace_stats` one.
     pub trace_stats: Option<TraceStatsInfo>,
     /// Decoded when the packet is an ftrace bundle.
-    pub ftrace_bundle: Option<BundleInfo>,
+    pub(crate) ftrace_bundle: Option<BundleInfo>,
     /// Decoded when the packet is an `ftrace_stats` one.
     pub ftrace_stats: Option<FtraceStatsInfo>,
 }
 
 impl PacketInfo {
     /// Decodes the top-level fields (and the few nested ones `inspect` needs).
-    pub fn decode(packet: &[u8]) -> Result<PacketInfo, Malformed> {
+    pub(crate) fn decode(packet: &[u8]) -> Result<PacketInfo, Malformed> {
         let mut p = PacketInfo::default();
         let mut nested: Option<Malformed> = None;
         for_each_field(packet, |f, v| {

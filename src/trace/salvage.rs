@@ -94,7 +94,7 @@ pub struct SalvageReport {
     pub bytes: u64,
     pub loss_markers: u64,
     /// Packets written after the buffers' (the kernel's ftrace leftover).
-    pub extra_packets: u64,
+    pub(crate) extra_packets: u64,
     /// Buffers read.
     pub buffers: usize,
     /// Everything every buffer left out.
@@ -163,21 +163,21 @@ impl SalvageReport {
 }
 
 /// `trace_attributes` keys of a salvaged trace.
-pub mod attr {
-    pub const BY: &str = "recorder.salvage.by";
-    pub const PID: &str = "recorder.salvage.pid";
-    pub const SIGNAL: &str = "recorder.salvage.signal";
-    pub const PACKETS: &str = "recorder.salvage.packets";
-    pub const REGIONS_OPEN: &str = "recorder.salvage.regions_open";
-    pub const REGIONS_IN_FLIGHT: &str = "recorder.salvage.regions_in_flight";
-    pub const ENTRIES_MID_UPDATE: &str = "recorder.salvage.entries_mid_update";
-    pub const DAMAGED: &str = "recorder.salvage.damaged";
-    pub const BYTES_UNFRAMED: &str = "recorder.salvage.bytes_unframed";
-    pub const PACKETS_INVALID: &str = "recorder.salvage.packets_invalid";
-    pub const BYTES_INVALID: &str = "recorder.salvage.bytes_invalid";
-    pub const ENTRIES_INVALID: &str = "recorder.salvage.entries_invalid";
-    pub const REGIONS_OVERLAPPING: &str = "recorder.salvage.regions_overlapping";
-    pub const BUFFERS_MISSING: &str = "recorder.salvage.buffers_missing";
+pub(crate) mod attr {
+    pub(crate) const BY: &str = "recorder.salvage.by";
+    pub(crate) const PID: &str = "recorder.salvage.pid";
+    pub(crate) const SIGNAL: &str = "recorder.salvage.signal";
+    pub(crate) const PACKETS: &str = "recorder.salvage.packets";
+    pub(crate) const REGIONS_OPEN: &str = "recorder.salvage.regions_open";
+    pub(crate) const REGIONS_IN_FLIGHT: &str = "recorder.salvage.regions_in_flight";
+    pub(crate) const ENTRIES_MID_UPDATE: &str = "recorder.salvage.entries_mid_update";
+    pub(crate) const DAMAGED: &str = "recorder.salvage.damaged";
+    pub(crate) const BYTES_UNFRAMED: &str = "recorder.salvage.bytes_unframed";
+    pub(crate) const PACKETS_INVALID: &str = "recorder.salvage.packets_invalid";
+    pub(crate) const BYTES_INVALID: &str = "recorder.salvage.bytes_invalid";
+    pub(crate) const ENTRIES_INVALID: &str = "recorder.salvage.entries_invalid";
+    pub(crate) const REGIONS_OVERLAPPING: &str = "recorder.salvage.regions_overlapping";
+    pub(crate) const BUFFERS_MISSING: &str = "recorder.salvage.buffers_missing";
 }
 
 /// Writes the trace of `rings` (one session's, any order) to `out`. Writes
@@ -196,7 +196,7 @@ pub fn salvage(
 /// [`salvage`], with `extra`: framed packets of the session's own making
 /// that go after the buffers' data (the kernel's ftrace leftover, read by
 /// the broker), counted in [`SalvageReport::extra_packets`].
-pub fn salvage_with(
+pub(crate) fn salvage_with(
     rings: &mut [Ring<'_>],
     missing: u32,
     extra: &[Vec<u8>],
@@ -209,13 +209,13 @@ pub fn salvage_with(
 /// Where a salvaged trace goes, piece by piece: the recorder's own packets
 /// (and loss markers) as bytes, the rings' records as runs read from (or
 /// in place in) ring `ring` at byte `at` of its file.
-pub trait SalvageSink {
+pub(crate) trait SalvageSink {
     fn packets(&mut self, bytes: &[u8]) -> io::Result<()>;
     fn records(&mut self, ring: usize, at: u64, bytes: &[u8]) -> io::Result<()>;
 }
 
 /// Writes every piece as it comes.
-pub struct Streamed<'a>(pub &'a mut dyn Write);
+pub(crate) struct Streamed<'a>(pub &'a mut dyn Write);
 
 impl SalvageSink for Streamed<'_> {
     fn packets(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -229,7 +229,7 @@ impl SalvageSink for Streamed<'_> {
 
 /// One piece of a gathered trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Owned(Vec<u8>),
     /// `len` bytes at `at` in the file of ring `ring` (its position in the
     /// slice [`salvage_into`] sorted).
@@ -244,7 +244,7 @@ pub enum Piece {
 /// takes the rings' records in place (from a read-only mapping, straight
 /// to the disk).
 #[derive(Debug, Default)]
-pub struct Gathered {
+pub(crate) struct Gathered {
     pub pieces: Vec<Piece>,
 }
 
@@ -266,7 +266,7 @@ impl SalvageSink for Gathered {
 
 /// [`salvage_with`] into any [`SalvageSink`]; `rings` are left sorted by
 /// buffer index, as the pieces name them.
-pub fn salvage_into(
+pub(crate) fn salvage_into(
     rings: &mut [Ring<'_>],
     missing: u32,
     extra: &[Vec<u8>],

@@ -18,10 +18,10 @@ use crate::wire::{
 
 /// The sequence id of the recorder's own packets (Perfetto's
 /// `kServicePacketSequenceID`).
-pub const SERVICE_SEQUENCE_ID: u32 = 1;
+pub(crate) const SERVICE_SEQUENCE_ID: u32 = 1;
 
 /// The 16 bytes of the synchronisation marker (UUID 82477a76-b28d-42ba-81dc-33326d57a079).
-pub const SYNC_MARKER: [u8; 16] = [
+pub(crate) const SYNC_MARKER: [u8; 16] = [
     0x82, 0x47, 0x7a, 0x76, 0xb2, 0x8d, 0x42, 0xba, 0x81, 0xdc, 0x33, 0x32, 0x6d, 0x57, 0xa0, 0x79,
 ];
 
@@ -60,7 +60,7 @@ fn timestamped(enc: &mut ProtoEncoder<'_>, ts_ns: u64) {
 }
 
 /// A `clock_snapshot` packet (no TracePacket timestamp, as the service writes it).
-pub fn clock_snapshot(uid: u32, readings: &ClockReadings) -> Vec<u8> {
+pub(crate) fn clock_snapshot(uid: u32, readings: &ClockReadings) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         let snap = e.begin_nested(tp::CLOCK_SNAPSHOT);
@@ -79,7 +79,7 @@ pub fn clock_snapshot(uid: u32, readings: &ClockReadings) -> Vec<u8> {
 }
 
 /// The synchronisation marker, with its ABI-fixed field order.
-pub fn sync_marker(uid: u32) -> Vec<u8> {
+pub(crate) fn sync_marker(uid: u32) -> Vec<u8> {
     framed(|e| {
         e.uint(tp::TRUSTED_UID, uid as u64);
         e.uint(tp::TRUSTED_PACKET_SEQUENCE_ID, SERVICE_SEQUENCE_ID as u64);
@@ -88,7 +88,7 @@ pub fn sync_marker(uid: u32) -> Vec<u8> {
 }
 
 /// The `trace_config` packet: the config as loaded (its binary encoding).
-pub fn trace_config(uid: u32, ts_ns: u64, config_bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn trace_config(uid: u32, ts_ns: u64, config_bytes: &[u8]) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -97,7 +97,7 @@ pub fn trace_config(uid: u32, ts_ns: u64, config_bytes: &[u8]) -> Vec<u8> {
 }
 
 /// The `trace_uuid` packet.
-pub fn trace_uuid(uid: u32, ts_ns: u64, msb: i64, lsb: i64) -> Vec<u8> {
+pub(crate) fn trace_uuid(uid: u32, ts_ns: u64, msb: i64, lsb: i64) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -110,14 +110,14 @@ pub fn trace_uuid(uid: u32, ts_ns: u64, msb: i64, lsb: i64) -> Vec<u8> {
 
 /// One value of a `trace_attributes` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AttributeValue {
+pub(crate) enum AttributeValue {
     Long(i64),
     Text(String),
 }
 
 /// The `trace_attributes` packet: key/value facts about this trace file
 /// (segmented output puts the session UUID and segment index here).
-pub fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeValue)]) -> Vec<u8> {
+pub(crate) fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeValue)]) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -137,21 +137,21 @@ pub fn trace_attributes(uid: u32, ts_ns: u64, attrs: &[(&str, AttributeValue)]) 
 
 /// What `system_info` reports.
 #[derive(Clone, Debug, Default)]
-pub struct SystemInfo {
-    pub sysname: String,
+pub(crate) struct SystemInfo {
+    pub(crate) sysname: String,
     pub version: String,
     pub release: String,
     pub machine: String,
-    pub tracing_service_version: String,
+    pub(crate) tracing_service_version: String,
     pub page_size: u32,
-    pub num_cpus: u32,
-    pub timezone_off_mins: i32,
-    pub system_ram_bytes: u64,
+    pub(crate) num_cpus: u32,
+    pub(crate) timezone_off_mins: i32,
+    pub(crate) system_ram_bytes: u64,
 }
 
 impl SystemInfo {
     /// Reads this machine's facts.
-    pub fn current() -> Self {
+    pub(crate) fn current() -> Self {
         let uts = rustix::system::uname();
         let lossy = |s: &std::ffi::CStr| s.to_string_lossy().into_owned();
         Self {
@@ -173,7 +173,7 @@ impl SystemInfo {
 /// `tracing_service_version`: names recorder and its version, and the
 /// Perfetto service release whose behaviour it follows (trace processor reads
 /// the `Perfetto vNN.M` part to decide which service quirks apply).
-pub fn service_version() -> String {
+pub(crate) fn service_version() -> String {
     format!(
         "recorder {} (Perfetto v58.2 compatible)",
         env!("CARGO_PKG_VERSION")
@@ -232,7 +232,7 @@ fn tzif_current_offset_secs(d: &[u8]) -> Option<i32> {
 }
 
 /// The `system_info` packet.
-pub fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
+pub(crate) fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -255,13 +255,12 @@ pub fn system_info(uid: u32, ts_ns: u64, info: &SystemInfo) -> Vec<u8> {
 /// TracingServiceEvent kinds we emit (their field numbers, ARCHITECTURE.md §7.8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u32)]
-pub enum ServiceEvent {
+pub(crate) enum ServiceEvent {
     AllDataSourcesStarted = tse::ALL_DATA_SOURCES_STARTED,
     TracingStarted = tse::TRACING_STARTED,
     AllDataSourcesFlushed = tse::ALL_DATA_SOURCES_FLUSHED,
     ReadTracingBuffersCompleted = tse::READ_TRACING_BUFFERS_COMPLETED,
     TracingDisabled = tse::TRACING_DISABLED,
-    FlushStarted = tse::FLUSH_STARTED,
     CloneStarted = tse::CLONE_STARTED,
     /// The recorder's own: the recording process died, and another one
     /// wrote what its buffers held.
@@ -269,7 +268,7 @@ pub enum ServiceEvent {
 }
 
 /// One `service_event` packet.
-pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
+pub(crate) fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -280,11 +279,11 @@ pub fn service_event(uid: u32, ts_ns: u64, ev: ServiceEvent) -> Vec<u8> {
 }
 
 /// Data sources a slow-start or slow-flush event lists at most (ARCHITECTURE.md §7.8).
-pub const MAX_LISTED_DATA_SOURCES: usize = 32;
+pub(crate) const MAX_LISTED_DATA_SOURCES: usize = 32;
 
 /// A `slow_starting_data_sources` service event: the (producer, data
 /// source) pairs that had not acknowledged their start.
-pub fn slow_starting(uid: u32, ts_ns: u64, slow: &[(String, String)]) -> Vec<u8> {
+pub(crate) fn slow_starting(uid: u32, ts_ns: u64, slow: &[(String, String)]) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -302,7 +301,7 @@ pub fn slow_starting(uid: u32, ts_ns: u64, slow: &[(String, String)]) -> Vec<u8>
 }
 
 /// A `buffer_cloned` service event for buffer `index`.
-pub fn buffer_cloned(uid: u32, ts_ns: u64, index: u32) -> Vec<u8> {
+pub(crate) fn buffer_cloned(uid: u32, ts_ns: u64, index: u32) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);
@@ -314,16 +313,16 @@ pub fn buffer_cloned(uid: u32, ts_ns: u64, index: u32) -> Vec<u8> {
 
 /// A received trigger.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TriggerRecord {
+pub(crate) struct TriggerRecord {
     pub name: String,
     pub producer: String,
     pub uid: u32,
     pub stop_delay_ms: u64,
-    pub boot_ns: u64,
+    pub(crate) boot_ns: u64,
 }
 
 /// A `trigger` packet (or `clone_snapshot_trigger` in a snapshot).
-pub fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
+pub(crate) fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, t.boot_ns);
@@ -345,7 +344,7 @@ pub fn trigger(uid: u32, t: &TriggerRecord, for_clone: bool) -> Vec<u8> {
 /// each with Perfetto's meaning. Byte counts are framed packet bytes (there
 /// are no chunk headers to count).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BufferStatsRecord {
+pub(crate) struct BufferStatsRecord {
     pub buffer_size: u64,
     pub bytes_written: u64,
     pub chunks_written: u64,
@@ -365,14 +364,14 @@ pub struct BufferStatsRecord {
     /// apart (they are in `chunks_discarded` too): packets and framed bytes
     /// discarded while the space was pinned by a write pass, and while every
     /// free chunk was held by another writer. Written under field numbers
-    /// far above Perfetto's ([`RECORDER_BUFFER_STATS_FIELDS`]), so readers
+    /// far above Perfetto's (`RECORDER_BUFFER_STATS_FIELDS`), so readers
     /// that do not know them skip them.
     pub packets_discarded_pinned: u64,
-    pub bytes_discarded_pinned: u64,
+    pub(crate) bytes_discarded_pinned: u64,
     pub packets_discarded_held: u64,
-    pub bytes_discarded_held: u64,
+    pub(crate) bytes_discarded_held: u64,
     /// Producers' chunk patches applied and not applicable.
-    pub patches_succeeded: u64,
+    pub(crate) patches_succeeded: u64,
     pub patches_failed: u64,
     /// Breaches of the shared-memory ABI by producers writing here.
     pub abi_violations: u64,
@@ -381,11 +380,12 @@ pub struct BufferStatsRecord {
 
 /// BufferStats field numbers of the recorder's own counters (the table is
 /// [`crate::wire::buffer_stats::RECORDER_OWN`]).
-pub const RECORDER_BUFFER_STATS_FIELDS: [u32; 4] = bs::RECORDER_OWN;
+#[cfg(test)]
+pub(crate) const RECORDER_BUFFER_STATS_FIELDS: [u32; 4] = bs::RECORDER_OWN;
 
 impl BufferStatsRecord {
     /// The record of one engine buffer's counters.
-    pub fn from_engine(s: &BufferStats) -> Self {
+    pub(crate) fn from_engine(s: &BufferStats) -> Self {
         Self {
             buffer_size: s.buffer_size,
             bytes_written: s.bytes_written,
@@ -411,7 +411,7 @@ impl BufferStatsRecord {
 /// processor needs it to attribute a sequence's loss markers
 /// (`previous_packet_dropped`) to a buffer, as `traced_buf_sequence_packet_loss`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WriterStatsRecord {
+pub(crate) struct WriterStatsRecord {
     pub sequence_id: u32,
     /// Index of the buffer in the config.
     pub buffer: u32,
@@ -419,19 +419,19 @@ pub struct WriterStatsRecord {
 
 /// Session-level statistics for `trace_stats`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TraceStatsRecord {
+pub(crate) struct TraceStatsRecord {
     pub buffers: Vec<BufferStatsRecord>,
-    pub producers_connected: u32,
+    pub(crate) producers_connected: u32,
     pub producers_seen: u64,
-    pub data_sources_registered: u32,
-    pub data_sources_seen: u64,
+    pub(crate) data_sources_registered: u32,
+    pub(crate) data_sources_seen: u64,
     pub tracing_sessions: u32,
-    pub total_buffers: u32,
+    pub(crate) total_buffers: u32,
     pub flushes_requested: u64,
     pub flushes_succeeded: u64,
     pub flushes_failed: u64,
     /// 0 unspecified, 1 succeeded, 2 failed.
-    pub final_flush_outcome: u32,
+    pub(crate) final_flush_outcome: u32,
     /// One entry per packet sequence that wrote into a buffer.
     pub writers: Vec<WriterStatsRecord>,
     /// Producers' chunks refused (service-wide, as Perfetto counts them).
@@ -446,14 +446,14 @@ pub struct TraceStatsRecord {
     pub quota_hits: Vec<(String, i64)>,
     /// What each trigger rule did (`recorder.rule.<name>.<figure>`), beside
     /// the quota hits in the same `trace_attributes` packet.
-    pub rule_counts: Vec<(String, i64)>,
+    pub(crate) rule_counts: Vec<(String, i64)>,
 }
 
 impl TraceStatsRecord {
     /// The statistics of a session's buffers, in config order: one
     /// BufferStats each and one WriterStats per sequence that wrote into
     /// them.
-    pub fn of_buffers<'a>(buffers: impl IntoIterator<Item = &'a Buffer>) -> Self {
+    pub(crate) fn of_buffers<'a>(buffers: impl IntoIterator<Item = &'a Buffer>) -> Self {
         let mut rec = Self {
             producers_connected: 1,
             producers_seen: 1,
@@ -475,7 +475,7 @@ impl TraceStatsRecord {
 
 /// The `trace_stats` packet, and after it the `trace_attributes` packet of
 /// the per-uid quota hits when there are any.
-pub fn stats_packets(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<Vec<u8>> {
+pub(crate) fn stats_packets(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<Vec<u8>> {
     let mut out = vec![trace_stats(uid, ts_ns, s)];
     if !s.quota_hits.is_empty() || !s.rule_counts.is_empty() {
         let attrs: Vec<(&str, AttributeValue)> = s
@@ -490,7 +490,7 @@ pub fn stats_packets(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<Vec<u8>>
 }
 
 /// The `trace_stats` packet.
-pub fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
+pub(crate) fn trace_stats(uid: u32, ts_ns: u64, s: &TraceStatsRecord) -> Vec<u8> {
     framed(|e| {
         trusted(e, uid);
         timestamped(e, ts_ns);

@@ -24,12 +24,12 @@ struct SegmentHead {
 }
 
 /// `trace_attributes` keys of segmented output.
-pub const ATTR_SESSION_UUID: &str = "recorder.session_uuid";
-pub const ATTR_SEGMENT_INDEX: &str = "recorder.segment_index";
+pub(crate) const ATTR_SESSION_UUID: &str = "recorder.session_uuid";
+pub(crate) const ATTR_SEGMENT_INDEX: &str = "recorder.segment_index";
 
 /// The service packets of one session.
 #[derive(Debug)]
-pub struct ServiceLog {
+pub(crate) struct ServiceLog {
     uid: u32,
     config_bytes: Vec<u8>,
     uuid: (i64, i64),
@@ -44,13 +44,13 @@ pub struct ServiceLog {
     sync_due: bool,
     stats_due: bool,
     /// Leave out trace_config and triggers (`disable_trace_config`).
-    pub disable_trace_config: bool,
+    pub(crate) disable_trace_config: bool,
     /// Leave out system_info (`disable_system_info`).
-    pub disable_system_info: bool,
+    pub(crate) disable_system_info: bool,
     /// Leave out service events (`disable_service_events`).
-    pub disable_service_events: bool,
+    pub(crate) disable_service_events: bool,
     /// Leave out clock snapshots (`disable_clock_snapshotting`).
-    pub disable_clock_snapshotting: bool,
+    pub(crate) disable_clock_snapshotting: bool,
     segment: Option<SegmentHead>,
 }
 
@@ -58,7 +58,12 @@ pub struct ServiceLog {
 const MAX_QUEUED_SNAPSHOTS: usize = 16;
 
 impl ServiceLog {
-    pub fn new(uid: u32, config_bytes: Vec<u8>, uuid: (i64, i64), system_info: SystemInfo) -> Self {
+    pub(crate) fn new(
+        uid: u32,
+        config_bytes: Vec<u8>,
+        uuid: (i64, i64),
+        system_info: SystemInfo,
+    ) -> Self {
         Self {
             uid,
             config_bytes,
@@ -83,7 +88,7 @@ impl ServiceLog {
     /// The next pass heads segment `index` (trace UUID `uuid`): it begins
     /// with what a reader needs, as the first pass of a file does. For
     /// segment 0, call it before the first pass.
-    pub fn begin_segment(&mut self, index: u64, uuid: (i64, i64)) {
+    pub(crate) fn begin_segment(&mut self, index: u64, uuid: (i64, i64)) {
         self.segment = Some(SegmentHead { index, uuid });
         if self.first_pass_done {
             self.first_pass_done = false;
@@ -95,18 +100,18 @@ impl ServiceLog {
 
     /// The packets that close a segment after its last pass: `trace_stats`,
     /// so each segment carries the buffers' figures at its end.
-    pub fn segment_tail(&self, stats: &TraceStatsRecord) -> Vec<Vec<u8>> {
+    pub(crate) fn segment_tail(&self, stats: &TraceStatsRecord) -> Vec<Vec<u8>> {
         service::stats_packets(self.uid, clock::boottime_ns(), stats)
     }
 
     /// Tracing started: the initial clock snapshot and `tracing_started`.
-    pub fn started(&mut self) {
+    pub(crate) fn started(&mut self) {
         self.initial_snapshot = Some(clock::snapshot());
         self.event(ServiceEvent::TracingStarted);
     }
 
     /// Records a lifecycle event now.
-    pub fn event(&mut self, ev: ServiceEvent) {
+    pub(crate) fn event(&mut self, ev: ServiceEvent) {
         self.events.push((clock::boottime_ns(), ev));
         if matches!(
             ev,
@@ -118,26 +123,26 @@ impl ServiceLog {
 
     /// Records that these (producer, data source) pairs had not
     /// acknowledged their start by the deadline.
-    pub fn slow_starting(&mut self, slow: Vec<(String, String)>) {
+    pub(crate) fn slow_starting(&mut self, slow: Vec<(String, String)>) {
         self.slow_starts.push((clock::boottime_ns(), slow));
     }
 
     /// Records an accepted trigger.
-    pub fn trigger(&mut self, t: TriggerRecord) {
+    pub(crate) fn trigger(&mut self, t: TriggerRecord) {
         self.triggers.push(t);
         self.add_snapshot();
     }
 
     /// The periodic tick (every 10 s): a clock snapshot, and the sync marker
     /// and trace_stats on the next pass.
-    pub fn tick(&mut self) {
+    pub(crate) fn tick(&mut self) {
         self.add_snapshot();
         self.sync_due = true;
         self.stats_due = true;
     }
 
     /// Asks for trace_stats and a sync marker on the next pass (the final one).
-    pub fn want_stats(&mut self) {
+    pub(crate) fn want_stats(&mut self) {
         self.sync_due = true;
         self.stats_due = true;
     }
@@ -149,7 +154,7 @@ impl ServiceLog {
     }
 
     /// The framed packets that go before the buffers in this pass.
-    pub fn head(&mut self) -> Vec<Vec<u8>> {
+    pub(crate) fn head(&mut self) -> Vec<Vec<u8>> {
         let now = clock::boottime_ns();
         let mut out = Vec::new();
         if !self.disable_clock_snapshotting {
@@ -228,7 +233,7 @@ impl ServiceLog {
     /// `read_tracing_buffers_completed` would follow the last one with
     /// nothing between them, where trace processor's sorting does nothing
     /// (ARCHITECTURE.md §8.4), and an idle stream then writes nothing.
-    pub fn tail(
+    pub(crate) fn tail(
         &mut self,
         carried: bool,
         stats: impl FnOnce() -> TraceStatsRecord,
@@ -253,7 +258,7 @@ impl ServiceLog {
 
     /// The packets that head a snapshot file (CLONE_SNAPSHOT): a fresh
     /// clock snapshot, the config, the trigger, uuid and system info.
-    pub fn snapshot_head(&self, trigger: Option<&TriggerRecord>) -> Vec<Vec<u8>> {
+    pub(crate) fn snapshot_head(&self, trigger: Option<&TriggerRecord>) -> Vec<Vec<u8>> {
         let now = clock::boottime_ns();
         let mut out = vec![
             service::clock_snapshot(self.uid, &clock::snapshot()),
@@ -278,13 +283,13 @@ impl ServiceLog {
     }
 
     /// The session's uid (the trusted_uid of service packets).
-    pub fn uid(&self) -> u32 {
+    pub(crate) fn uid(&self) -> u32 {
         self.uid
     }
 }
 
 /// A random version-4 UUID as (msb, lsb).
-pub fn random_uuid() -> (i64, i64) {
+pub(crate) fn random_uuid() -> (i64, i64) {
     let mut b: [u8; 16] = rand::random();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;

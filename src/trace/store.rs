@@ -32,7 +32,7 @@ const MAX_SIDECAR_BYTES: u64 = 1 << 20;
 
 /// Reading a store failed.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -57,7 +57,7 @@ enum SidecarProblem {
 /// Segments of a store that are not `ok`, counted by status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("segments not ok: {}", self.parts())]
-pub struct NotOk(pub BTreeMap<Status, usize>);
+pub(crate) struct NotOk(pub BTreeMap<Status, usize>);
 
 impl NotOk {
     fn parts(&self) -> String {
@@ -71,7 +71,7 @@ impl NotOk {
 /// How a segment's copy stands against its sidecar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub(crate) enum Status {
     /// Size and sha256 match the sidecar.
     Ok,
     /// The sidecar is here but not the segment, or neither is while the
@@ -88,7 +88,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Status::Ok => "ok",
             Status::Missing => "missing",
@@ -102,25 +102,25 @@ impl Status {
 /// One segment of the store: its sidecar's account and its check. Fields
 /// the sidecar would give are null when there is no readable sidecar.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     pub host: Option<String>,
     pub boot_id: Option<String>,
     pub session_uuid: Option<String>,
     pub trace_uuid: Option<String>,
     pub index: u64,
     /// BOOTTIME ns of that boot (comparable within one boot only).
-    pub first_timestamp_ns: Option<u64>,
-    pub last_timestamp_ns: Option<u64>,
+    pub(crate) first_timestamp_ns: Option<u64>,
+    pub(crate) last_timestamp_ns: Option<u64>,
     /// The same instants on the wall clock (ns since the epoch).
     pub first_realtime_ns: Option<u64>,
     pub last_realtime_ns: Option<u64>,
     pub packets: Option<u64>,
     pub bytes: Option<u64>,
-    pub uncompressed_bytes: Option<u64>,
+    pub(crate) uncompressed_bytes: Option<u64>,
     pub compression: Option<String>,
     /// Bytes lost in the recorder's buffers and events lost before them.
-    pub lost_bytes: Option<u64>,
-    pub lost_events_upstream: Option<u64>,
+    pub(crate) lost_bytes: Option<u64>,
+    pub(crate) lost_events_upstream: Option<u64>,
     pub closed_by: Option<String>,
     pub sha256: Option<String>,
     /// The segment file, relative to the store (where it should be, when missing).
@@ -134,7 +134,7 @@ pub struct Row {
 }
 
 /// The fields of a [`Row`], in order (what `recorder index --format` may name).
-pub const FIELDS: &[&str] = &[
+pub(crate) const FIELDS: &[&str] = &[
     "host",
     "boot_id",
     "session_uuid",
@@ -160,7 +160,7 @@ pub const FIELDS: &[&str] = &[
 
 /// Every segment of a store.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct StoreReport {
+pub(crate) struct StoreReport {
     pub root: PathBuf,
     pub rows: Vec<Row>,
 }
@@ -177,7 +177,7 @@ type Groups = BTreeMap<(PathBuf, String, String), BTreeMap<u64, Files>>;
 
 /// Reads the store under `root` (a tree of any depth; symbolic links are
 /// not followed), or the one segment `root` names (a segment or its sidecar).
-pub fn scan(root: &Path) -> Result<StoreReport, StoreError> {
+pub(crate) fn scan(root: &Path) -> Result<StoreReport, StoreError> {
     let meta = std::fs::metadata(root).map_err(|source| StoreError::Read {
         path: root.to_path_buf(),
         source,
@@ -526,12 +526,12 @@ fn order_key(
 
 impl StoreReport {
     /// The rows that are not `ok`.
-    pub fn problems(&self) -> impl Iterator<Item = &Row> {
+    pub(crate) fn problems(&self) -> impl Iterator<Item = &Row> {
         self.rows.iter().filter(|r| r.status != Status::Ok)
     }
 
     /// `Ok` when every segment is there and matches its sidecar, once.
-    pub fn verdict(&self) -> Result<(), NotOk> {
+    pub(crate) fn verdict(&self) -> Result<(), NotOk> {
         let mut counts: BTreeMap<Status, usize> = BTreeMap::new();
         for r in self.problems() {
             *counts.entry(r.status).or_default() += 1;
@@ -544,7 +544,7 @@ impl StoreReport {
 
     /// This store's `ok` segments that `other` holds no matching copy of
     /// (same session, index and sha256): what is left to ship there.
-    pub fn missing_from<'a>(&'a self, other: &StoreReport) -> Vec<&'a Row> {
+    pub(crate) fn missing_from<'a>(&'a self, other: &StoreReport) -> Vec<&'a Row> {
         let there: BTreeSet<(&String, u64, &String)> = other
             .rows
             .iter()

@@ -42,7 +42,7 @@ impl From<UntrustedError> for io::Error {
 /// `path` opened for reading, with its size: a regular file, reached
 /// through a final symbolic link only when the link belongs to root or to
 /// this user or its directory is writable by nobody else.
-pub fn open_regular(path: &Path) -> Result<(File, u64), UntrustedError> {
+pub(crate) fn open_regular(path: &Path) -> Result<(File, u64), UntrustedError> {
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let fd: OwnedFd = match rustix::fs::open(path, flags | OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
@@ -78,13 +78,13 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), UntrustedError> {
 }
 
 /// Whether `path` is a regular file [`open_regular`] would open.
-pub fn is_regular(path: &Path) -> bool {
+pub(crate) fn is_regular(path: &Path) -> bool {
     open_regular(path).is_ok()
 }
 
 /// The whole of `path` (as [`open_regular`] opens it), when it holds at most
 /// `max` bytes.
-pub fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedError> {
+pub(crate) fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedError> {
     use std::io::Read;
     let (f, size) = open_regular(path)?;
     if size > max {

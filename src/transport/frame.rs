@@ -22,9 +22,9 @@ use crate::protos::IpcFrame;
 /// Header plus payload of one frame, at most (Perfetto's receive buffer).
 pub const MAX_FRAME_BYTES: usize = 128 * 1024;
 /// The length prefix.
-pub const HEADER_BYTES: usize = 4;
+pub(crate) const HEADER_BYTES: usize = 4;
 /// The largest payload a frame may carry.
-pub const MAX_PAYLOAD_BYTES: usize = MAX_FRAME_BYTES - HEADER_BYTES;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = MAX_FRAME_BYTES - HEADER_BYTES;
 
 /// Capacity a decoder keeps between frames; a larger buffer is given back
 /// once its frame is taken.

@@ -11,11 +11,11 @@ pub const LOG_BURST: u32 = 20;
 /// … and then one per interval; the rest are counted.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// Characters of a peer's text a log line shows at most.
-pub const MAX_LOGGED_CHARS: usize = 128;
+pub(crate) const MAX_LOGGED_CHARS: usize = 128;
 
 /// One uid's log budget.
 #[derive(Clone, Copy, Debug)]
-pub struct LogBucket {
+pub(crate) struct LogBucket {
     tokens: u32,
     /// When tokens were last added (`None`: never logged yet).
     refilled: Option<Instant>,
@@ -37,7 +37,7 @@ impl LogBucket {
     /// Whether a line may be written at `now`: `Some` with how many lines
     /// were left out before it, `None` when this one is left out (and
     /// counted).
-    pub fn take(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn take(&mut self, now: Instant) -> Option<u64> {
         let last = *self.refilled.get_or_insert(now);
         let refills = now.saturating_duration_since(last).as_nanos() / LOG_INTERVAL.as_nanos();
         if refills > 0 {
@@ -59,7 +59,7 @@ impl LogBucket {
 /// `text` from a peer as a log line may show it: control characters
 /// escaped (a newline cannot forge a line), at most [`MAX_LOGGED_CHARS`]
 /// characters, the length said when cut.
-pub fn for_log(text: &str) -> String {
+pub(crate) fn for_log(text: &str) -> String {
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {
         if n == MAX_LOGGED_CHARS {
@@ -73,7 +73,7 @@ pub fn for_log(text: &str) -> String {
 
 /// Pushes `c` to `out`, escaped as Rust writes it (`\n`, `\u{1b}`) when
 /// `escape`.
-pub fn push_escaped(out: &mut String, c: char, escape: bool) {
+pub(crate) fn push_escaped(out: &mut String, c: char, escape: bool) {
     if escape {
         out.extend(c.escape_default());
     } else {

@@ -13,6 +13,6 @@
 //! and [`crate::producer::connection`]).
 
 pub mod frame;
-pub mod log_budget;
-pub mod peer;
-pub mod socket_path;
+pub(crate) mod log_budget;
+pub(crate) mod peer;
+pub(crate) mod socket_path;

@@ -11,13 +11,13 @@ pub const OTHER_UIDS: u32 = u32::MAX;
 
 /// A connected peer, as the kernel names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Peer {
+pub(crate) struct Peer {
     pub uid: u32,
     pub pid: u32,
 }
 
 /// The peer of the connected socket `s`.
-pub fn of(s: impl AsFd) -> std::io::Result<Peer> {
+pub(crate) fn of(s: impl AsFd) -> std::io::Result<Peer> {
     let cred = rustix::net::sockopt::socket_peercred(s.as_fd())?;
     Ok(Peer {
         uid: cred.uid.as_raw(),

@@ -25,17 +25,17 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 /// The environment variable SDK apps read.
-pub const ENV_VAR: &str = "PERFETTO_PRODUCER_SOCK_NAME";
+pub(crate) const ENV_VAR: &str = "PERFETTO_PRODUCER_SOCK_NAME";
 /// The directory Perfetto's service uses where it exists.
-pub const RUN_DIR: &str = "/run/perfetto/";
+pub(crate) const RUN_DIR: &str = "/run/perfetto/";
 /// The socket in [`RUN_DIR`].
-pub const RUN_SOCKET: &str = "/run/perfetto/traced-producer.sock";
+pub(crate) const RUN_SOCKET: &str = "/run/perfetto/traced-producer.sock";
 /// The fallback.
-pub const TMP_SOCKET: &str = "/tmp/perfetto-producer";
+pub(crate) const TMP_SOCKET: &str = "/tmp/perfetto-producer";
 
 /// Errors of claiming the socket path.
 #[derive(Debug, thiserror::Error)]
-pub enum SocketPathError {
+pub(crate) enum SocketPathError {
     #[error(
         "{path} is held by a live listener (Perfetto's traced or another recorder): stop it, \
          or listen elsewhere with --producer-socket PATH (and point the apps there with \
@@ -56,7 +56,7 @@ pub enum SocketPathError {
 
 /// Why a session opens the producer socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// `--producer-socket PATH`.
     Flag,
     /// The config names data sources only apps provide (their names).
@@ -86,7 +86,7 @@ impl std::fmt::Display for Reason {
 
 /// Whether the producer socket opens, and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Opening {
+pub(crate) enum Opening {
     /// No app can connect; nothing is claimed on the file system.
     Closed,
     Open {
@@ -99,7 +99,7 @@ pub enum Opening {
 /// (`flag`), the config names data sources no built-in source provides
 /// (`app_sources`), or `serve` says so. The environment (`env`, the value
 /// of [`ENV_VAR`]) only chooses the path of a socket that opens.
-pub fn decide(
+pub(crate) fn decide(
     flag: Option<&Path>,
     env: Option<&str>,
     app_sources: &[String],
@@ -122,7 +122,7 @@ pub fn decide(
 
 /// The path to listen on: the flag, else the environment, else where an SDK
 /// app looks by default on this machine.
-pub fn resolve(flag: Option<&Path>, env: Option<&str>) -> Result<PathBuf, SocketPathError> {
+pub(crate) fn resolve(flag: Option<&Path>, env: Option<&str>) -> Result<PathBuf, SocketPathError> {
     if let Some(p) = flag {
         return Ok(p.to_path_buf());
     }
@@ -139,7 +139,7 @@ pub fn resolve(flag: Option<&Path>, env: Option<&str>) -> Result<PathBuf, Socket
 
 /// Binds `path` for any local user, replacing a stale socket and refusing
 /// a live one.
-pub fn claim(path: &Path) -> Result<UnixListener, SocketPathError> {
+pub(crate) fn claim(path: &Path) -> Result<UnixListener, SocketPathError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if UnixStream::connect(path).is_ok() {

@@ -14,7 +14,7 @@ use super::varint::{self, VarintError};
 
 /// Groups nested deeper than this are refused (prost's recursion limit), so
 /// hostile input cannot make a walk arbitrarily deep.
-pub const MAX_GROUP_DEPTH: usize = 100;
+pub(crate) const MAX_GROUP_DEPTH: usize = 100;
 
 /// A malformed protobuf byte string; offsets are into the walked message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, serde::Serialize)]
@@ -75,7 +75,8 @@ pub struct Field<'a> {
 }
 
 impl Field<'_> {
-    pub fn wire_type(&self) -> WireType {
+    #[cfg(test)]
+    pub(crate) fn wire_type(&self) -> WireType {
         match self.value {
             Value::Varint(_) => WireType::Varint,
             Value::Fixed64(_) => WireType::Fixed64,
@@ -189,7 +190,7 @@ fn skip_group(data: &[u8], pos: &mut usize, number: u32) -> Result<usize, WireEr
 /// so it walks without building [`Field`]s and takes one-byte keys and
 /// lengths (nearly all of them) without the general varint decoder. Agrees
 /// with [`fields`] (checked by a property test).
-pub fn plain_without(message: &[u8], refused: impl Fn(u32) -> bool) -> bool {
+pub(crate) fn plain_without(message: &[u8], refused: impl Fn(u32) -> bool) -> bool {
     let mut pos = 0;
     while let Some(&b) = message.get(pos) {
         let key = if b < 0x80 {

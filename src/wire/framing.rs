@@ -22,7 +22,7 @@ pub const PACKET_TAG: u8 = key_byte(trace::PACKET, WireType::Len);
 /// A declared packet length past this is corruption, not a torn tail.
 pub const MAX_PACKET_BYTES: u64 = 1 << 32;
 /// Most bytes a record header (tag and length) takes.
-pub const MAX_HEADER_BYTES: usize = 1 + varint::MAX_LEN;
+pub(crate) const MAX_HEADER_BYTES: usize = 1 + varint::MAX_LEN;
 
 /// One record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct Frame<'a> {
     /// Offset of the record's tag byte.
     pub offset: u64,
     /// Bytes of tag + length varint.
-    pub header_len: usize,
+    pub(crate) header_len: usize,
     /// The TracePacket bytes.
     pub packet: &'a [u8],
 }
@@ -78,7 +78,7 @@ pub struct ScanEnd {
 
 /// A record header read from the front of some bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Header {
+pub(crate) enum Header {
     /// A whole header: its length and the packet length it declares.
     Whole {
         header_len: usize,
@@ -91,7 +91,7 @@ pub enum Header {
 
 /// Reads the record header at the start of `data` (`offset` names where
 /// `data` starts, for errors).
-pub fn parse_header(data: &[u8], offset: u64) -> Header {
+pub(crate) fn parse_header(data: &[u8], offset: u64) -> Header {
     let Some(&tag) = data.first() else {
         return Header::Incomplete;
     };
@@ -113,7 +113,7 @@ pub fn parse_header(data: &[u8], offset: u64) -> Header {
 
 /// What the front of some bytes holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<'a> {
+pub(crate) enum Step<'a> {
     Frame(Frame<'a>),
     /// The rest is an incomplete record (or nothing, when empty).
     NeedMore,
@@ -121,7 +121,7 @@ pub enum Step<'a> {
 }
 
 /// The record at the start of `data`, which starts at `offset`.
-pub fn step(data: &[u8], offset: u64) -> Step<'_> {
+pub(crate) fn step(data: &[u8], offset: u64) -> Step<'_> {
     match parse_header(data, offset) {
         Header::Incomplete => Step::NeedMore,
         Header::Corrupt(e) => Step::Corrupt(e),
@@ -208,7 +208,7 @@ impl Frames<'_> {
 
 /// The header of a record holding `packet_len` bytes, with its length.
 #[inline]
-pub fn record_header(packet_len: usize) -> ([u8; MAX_HEADER_BYTES], usize) {
+pub(crate) fn record_header(packet_len: usize) -> ([u8; MAX_HEADER_BYTES], usize) {
     let mut h = [0u8; MAX_HEADER_BYTES];
     h[0] = PACKET_TAG;
     let n = varint::put(&mut h[1..], packet_len as u64).unwrap_or(varint::MAX_LEN);
@@ -216,7 +216,7 @@ pub fn record_header(packet_len: usize) -> ([u8; MAX_HEADER_BYTES], usize) {
 }
 
 /// Appends `packet` as one record.
-pub fn push_record(out: &mut Vec<u8>, packet: &[u8]) {
+pub(crate) fn push_record(out: &mut Vec<u8>, packet: &[u8]) {
     let (h, n) = record_header(packet.len());
     out.extend_from_slice(&h[..n]);
     out.extend_from_slice(packet);
@@ -232,7 +232,7 @@ pub fn record(packet: &[u8]) -> Vec<u8> {
 /// Walks the record headers of data held in several slices (a write pass's
 /// iovecs), where a record may span slices. Only headers are read; bodies
 /// are skipped.
-pub struct SlicedRecords<'s, S> {
+pub(crate) struct SlicedRecords<'s, S> {
     bufs: &'s [S],
     idx: usize,
     off: usize,
@@ -241,7 +241,7 @@ pub struct SlicedRecords<'s, S> {
 }
 
 impl<'s, S: Deref<Target = [u8]>> SlicedRecords<'s, S> {
-    pub fn new(bufs: &'s [S]) -> Self {
+    pub(crate) fn new(bufs: &'s [S]) -> Self {
         Self {
             bufs,
             idx: 0,
@@ -252,7 +252,7 @@ impl<'s, S: Deref<Target = [u8]>> SlicedRecords<'s, S> {
     }
 
     /// Bytes in all the slices.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
@@ -288,7 +288,7 @@ impl<'s, S: Deref<Target = [u8]>> SlicedRecords<'s, S> {
     /// The end (offset just past it) of the next whole record, or `None` at
     /// the end of the data, at a record cut off by it, or at framing that is
     /// not a record (the walk stays there).
-    pub fn next_end(&mut self) -> Option<u64> {
+    pub(crate) fn next_end(&mut self) -> Option<u64> {
         let mut h = [0u8; MAX_HEADER_BYTES];
         let n = self.peek(&mut h);
         let Header::Whole { header_len, len } = parse_header(&h[..n], self.pos) else {

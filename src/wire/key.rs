@@ -8,9 +8,9 @@
 use super::varint;
 
 /// Smallest valid field number.
-pub const MIN_FIELD: u32 = 1;
+pub(crate) const MIN_FIELD: u32 = 1;
 /// Largest valid field number (keys fit in 32 bits).
-pub const MAX_FIELD: u32 = (1 << 29) - 1;
+pub(crate) const MAX_FIELD: u32 = (1 << 29) - 1;
 
 /// Protobuf wire types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,7 +26,7 @@ pub enum WireType {
 
 impl WireType {
     /// The wire type of a key's low three bits (`None` for 6 and 7).
-    pub const fn from_bits(bits: u8) -> Option<WireType> {
+    pub(crate) const fn from_bits(bits: u8) -> Option<WireType> {
         Some(match bits {
             0 => WireType::Varint,
             1 => WireType::Fixed64,
@@ -53,7 +53,7 @@ pub const fn key_len(field: u32) -> usize {
 
 /// The single byte of a key that fits in one (fields 1–15), for byte-level
 /// matching such as the `0x0A` of `Trace.packet`.
-pub const fn key_byte(field: u32, wt: WireType) -> u8 {
+pub(crate) const fn key_byte(field: u32, wt: WireType) -> u8 {
     assert!(field >= MIN_FIELD && field < 16, "a one-byte key");
     key(field, wt) as u8
 }
@@ -91,7 +91,7 @@ impl PackedKey {
 
 /// Why a key is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// Field number 0, or a key past 32 bits.
     BadNumber,
     /// Wire type 6 or 7.
@@ -100,7 +100,7 @@ pub enum KeyError {
 
 /// Splits a decoded key into its field number and wire type.
 #[inline]
-pub fn split(key: u64) -> Result<(u32, WireType), KeyError> {
+pub(crate) fn split(key: u64) -> Result<(u32, WireType), KeyError> {
     let key = u32::try_from(key).map_err(|_| KeyError::BadNumber)?;
     let bits = (key & 7) as u8;
     let wt = WireType::from_bits(bits).ok_or(KeyError::BadWireType(bits))?;

@@ -9,9 +9,9 @@
 
 pub mod fields;
 pub mod framing;
-pub mod key;
-pub mod numbers;
-pub mod varint;
+pub(crate) mod key;
+pub(crate) mod numbers;
+pub(crate) mod varint;
 
 pub use fields::{Field, Fields, Value, WireError, fields, for_each};
 pub use key::{PackedKey, WireType, key, key_len};

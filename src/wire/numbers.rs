@@ -5,32 +5,32 @@
 //! them; only field numbers are here.
 
 /// `Trace`: the file.
-pub mod trace {
-    pub const PACKET: u32 = 1;
+pub(crate) mod trace {
+    pub(crate) const PACKET: u32 = 1;
 }
 
 /// `TracePacket` (ARCHITECTURE.md §7.2).
 pub mod trace_packet {
     /// Reserved by Perfetto (a retired field that will not be reused): the
     /// recorder's padding packets put their filler bytes here.
-    pub const PADDING: u32 = 55;
+    pub(crate) const PADDING: u32 = 55;
     // Fields outside the `data` oneof.
     pub const TRUSTED_UID: u32 = 3;
-    pub const TIMESTAMP: u32 = 8;
+    pub(crate) const TIMESTAMP: u32 = 8;
     pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
-    pub const INTERNED_DATA: u32 = 12;
-    pub const SEQUENCE_FLAGS: u32 = 13;
-    pub const INCREMENTAL_STATE_CLEARED: u32 = 41;
+    pub(crate) const INTERNED_DATA: u32 = 12;
+    pub(crate) const SEQUENCE_FLAGS: u32 = 13;
+    pub(crate) const INCREMENTAL_STATE_CLEARED: u32 = 41;
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
-    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
-    pub const TRACE_PACKET_DEFAULTS: u32 = 59;
+    pub(crate) const TIMESTAMP_CLOCK_ID: u32 = 58;
+    pub(crate) const TRACE_PACKET_DEFAULTS: u32 = 59;
     pub const TRUSTED_PID: u32 = 79;
-    pub const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
+    pub(crate) const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
     pub const MACHINE_ID: u32 = 98;
 
     /// Fields only the service may write (ARCHITECTURE.md §7.3): a producer packet
     /// that sets one is dropped and counted.
-    pub const SERVICE_ONLY: &[u32] = &[
+    pub(crate) const SERVICE_ONLY: &[u32] = &[
         TRUSTED_UID,
         TRUSTED_PACKET_SEQUENCE_ID,
         TRACE_CONFIG,
@@ -46,7 +46,7 @@ pub mod trace_packet {
     ];
 
     /// Every field outside the `data` oneof.
-    pub const NON_DATA: &[u32] = &[
+    pub(crate) const NON_DATA: &[u32] = &[
         TRUSTED_UID,
         TIMESTAMP,
         TRUSTED_PACKET_SEQUENCE_ID,
@@ -62,41 +62,41 @@ pub mod trace_packet {
     ];
 
     // Members of the `data` oneof.
-    pub const FTRACE_EVENTS: u32 = 1;
-    pub const PROCESS_TREE: u32 = 2;
-    pub const INODE_FILE_MAP: u32 = 4;
-    pub const CHROME_EVENTS: u32 = 5;
-    pub const CLOCK_SNAPSHOT: u32 = 6;
-    pub const SYS_STATS: u32 = 7;
-    pub const PROCESS_STATS: u32 = 9;
-    pub const TRACK_EVENT: u32 = 11;
-    pub const TRACE_CONFIG: u32 = 33;
-    pub const FTRACE_STATS: u32 = 34;
-    pub const TRACE_STATS: u32 = 35;
-    pub const SYNCHRONIZATION_MARKER: u32 = 36;
-    pub const PROFILE_PACKET: u32 = 37;
-    pub const PROCESS_DESCRIPTOR: u32 = 43;
-    pub const THREAD_DESCRIPTOR: u32 = 44;
-    pub const SYSTEM_INFO: u32 = 45;
-    pub const TRIGGER: u32 = 46;
-    pub const PACKAGES_LIST: u32 = 47;
-    pub const PERFETTO_METATRACE: u32 = 49;
-    pub const COMPRESSED_PACKETS: u32 = 50;
-    pub const TRACK_DESCRIPTOR: u32 = 60;
-    pub const SERVICE_EVENT: u32 = 69;
-    pub const EXTENSION_DESCRIPTOR: u32 = 72;
-    pub const TRACE_UUID: u32 = 89;
-    pub const REMOTE_CLOCK_SYNC: u32 = 107;
-    pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
-    pub const TRACE_PROVENANCE: u32 = 124;
-    pub const PROTOVMS: u32 = 125;
-    pub const TRACE_ATTRIBUTES: u32 = 126;
-    pub const ZSTD_COMPRESSED_PACKETS: u32 = 133;
-    pub const CONCURRENT_SESSION_EVENT: u32 = 134;
+    pub(crate) const FTRACE_EVENTS: u32 = 1;
+    pub(crate) const PROCESS_TREE: u32 = 2;
+    pub(crate) const INODE_FILE_MAP: u32 = 4;
+    pub(crate) const CHROME_EVENTS: u32 = 5;
+    pub(crate) const CLOCK_SNAPSHOT: u32 = 6;
+    pub(crate) const SYS_STATS: u32 = 7;
+    pub(crate) const PROCESS_STATS: u32 = 9;
+    pub(crate) const TRACK_EVENT: u32 = 11;
+    pub(crate) const TRACE_CONFIG: u32 = 33;
+    pub(crate) const FTRACE_STATS: u32 = 34;
+    pub(crate) const TRACE_STATS: u32 = 35;
+    pub(crate) const SYNCHRONIZATION_MARKER: u32 = 36;
+    pub(crate) const PROFILE_PACKET: u32 = 37;
+    pub(crate) const PROCESS_DESCRIPTOR: u32 = 43;
+    pub(crate) const THREAD_DESCRIPTOR: u32 = 44;
+    pub(crate) const SYSTEM_INFO: u32 = 45;
+    pub(crate) const TRIGGER: u32 = 46;
+    pub(crate) const PACKAGES_LIST: u32 = 47;
+    pub(crate) const PERFETTO_METATRACE: u32 = 49;
+    pub(crate) const COMPRESSED_PACKETS: u32 = 50;
+    pub(crate) const TRACK_DESCRIPTOR: u32 = 60;
+    pub(crate) const SERVICE_EVENT: u32 = 69;
+    pub(crate) const EXTENSION_DESCRIPTOR: u32 = 72;
+    pub(crate) const TRACE_UUID: u32 = 89;
+    pub(crate) const REMOTE_CLOCK_SYNC: u32 = 107;
+    pub(crate) const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
+    pub(crate) const TRACE_PROVENANCE: u32 = 124;
+    pub(crate) const PROTOVMS: u32 = 125;
+    pub(crate) const TRACE_ATTRIBUTES: u32 = 126;
+    pub(crate) const ZSTD_COMPRESSED_PACKETS: u32 = 133;
+    pub(crate) const CONCURRENT_SESSION_EVENT: u32 = 134;
     pub const FOR_TESTING: u32 = 900;
 
     /// The `data` members by name (for `inspect`).
-    pub const DATA_NAMES: &[(u32, &str)] = &[
+    pub(crate) const DATA_NAMES: &[(u32, &str)] = &[
         (FTRACE_EVENTS, "ftrace_events"),
         (PROCESS_TREE, "process_tree"),
         (INODE_FILE_MAP, "inode_file_map"),
@@ -133,76 +133,76 @@ pub mod trace_packet {
 }
 
 /// `ClockSnapshot` (ARCHITECTURE.md §7.7).
-pub mod clock_snapshot {
-    pub const CLOCKS: u32 = 1;
-    pub const PRIMARY_TRACE_CLOCK: u32 = 2;
+pub(crate) mod clock_snapshot {
+    pub(crate) const CLOCKS: u32 = 1;
+    pub(crate) const PRIMARY_TRACE_CLOCK: u32 = 2;
 }
 
 /// `ClockSnapshot.Clock`.
-pub mod clock {
-    pub const CLOCK_ID: u32 = 1;
-    pub const TIMESTAMP: u32 = 2;
+pub(crate) mod clock {
+    pub(crate) const CLOCK_ID: u32 = 1;
+    pub(crate) const TIMESTAMP: u32 = 2;
 }
 
 /// `TraceUuid` (ARCHITECTURE.md §7.8).
-pub mod trace_uuid {
-    pub const MSB: u32 = 1;
-    pub const LSB: u32 = 2;
+pub(crate) mod trace_uuid {
+    pub(crate) const MSB: u32 = 1;
+    pub(crate) const LSB: u32 = 2;
 }
 
 /// `TraceAttributes`.
-pub mod trace_attributes {
-    pub const ATTRIBUTE: u32 = 1;
+pub(crate) mod trace_attributes {
+    pub(crate) const ATTRIBUTE: u32 = 1;
 }
 
 /// `TraceAttributes.Attribute`.
-pub mod attribute {
-    pub const KEY: u32 = 1;
-    pub const LONG_VALUE: u32 = 2;
-    pub const STRING_VALUE: u32 = 3;
+pub(crate) mod attribute {
+    pub(crate) const KEY: u32 = 1;
+    pub(crate) const LONG_VALUE: u32 = 2;
+    pub(crate) const STRING_VALUE: u32 = 3;
 }
 
 /// `SystemInfo` (ARCHITECTURE.md §7.8).
-pub mod system_info {
-    pub const UTSNAME: u32 = 1;
-    pub const TRACING_SERVICE_VERSION: u32 = 4;
-    pub const PAGE_SIZE: u32 = 6;
-    pub const TIMEZONE_OFF_MINS: u32 = 7;
-    pub const NUM_CPUS: u32 = 8;
-    pub const SYSTEM_RAM_BYTES: u32 = 16;
+pub(crate) mod system_info {
+    pub(crate) const UTSNAME: u32 = 1;
+    pub(crate) const TRACING_SERVICE_VERSION: u32 = 4;
+    pub(crate) const PAGE_SIZE: u32 = 6;
+    pub(crate) const TIMEZONE_OFF_MINS: u32 = 7;
+    pub(crate) const NUM_CPUS: u32 = 8;
+    pub(crate) const SYSTEM_RAM_BYTES: u32 = 16;
 }
 
 /// `Utsname`.
-pub mod utsname {
-    pub const SYSNAME: u32 = 1;
-    pub const VERSION: u32 = 2;
-    pub const RELEASE: u32 = 3;
-    pub const MACHINE: u32 = 4;
+pub(crate) mod utsname {
+    pub(crate) const SYSNAME: u32 = 1;
+    pub(crate) const VERSION: u32 = 2;
+    pub(crate) const RELEASE: u32 = 3;
+    pub(crate) const MACHINE: u32 = 4;
 }
 
 /// `TracingServiceEvent` (ARCHITECTURE.md §7.8): a oneof, one field per event.
 pub mod tracing_service_event {
-    pub const ALL_DATA_SOURCES_STARTED: u32 = 1;
-    pub const TRACING_STARTED: u32 = 2;
-    pub const ALL_DATA_SOURCES_FLUSHED: u32 = 3;
-    pub const READ_TRACING_BUFFERS_COMPLETED: u32 = 4;
-    pub const TRACING_DISABLED: u32 = 5;
-    pub const SEIZED_FOR_BUGREPORT: u32 = 6;
-    pub const SLOW_STARTING_DATA_SOURCES: u32 = 7;
-    pub const LAST_FLUSH_SLOW_DATA_SOURCES: u32 = 8;
-    pub const FLUSH_STARTED: u32 = 9;
-    pub const CLONE_STARTED: u32 = 10;
-    pub const BUFFER_CLONED: u32 = 11;
+    pub(crate) const ALL_DATA_SOURCES_STARTED: u32 = 1;
+    pub(crate) const TRACING_STARTED: u32 = 2;
+    pub(crate) const ALL_DATA_SOURCES_FLUSHED: u32 = 3;
+    pub(crate) const READ_TRACING_BUFFERS_COMPLETED: u32 = 4;
+    pub(crate) const TRACING_DISABLED: u32 = 5;
+    pub(crate) const SEIZED_FOR_BUGREPORT: u32 = 6;
+    pub(crate) const SLOW_STARTING_DATA_SOURCES: u32 = 7;
+    pub(crate) const LAST_FLUSH_SLOW_DATA_SOURCES: u32 = 8;
+    pub(crate) const FLUSH_STARTED: u32 = 9;
+    pub(crate) const CLONE_STARTED: u32 = 10;
+    pub(crate) const BUFFER_CLONED: u32 = 11;
     /// The recorder's own event, far above Perfetto's numbers so readers
     /// that do not know it skip it: the recording process died and another
     /// process wrote what its buffers held (`trace::salvage`).
     pub const RECORDER_DIED: u32 = 1001;
 
     /// The recorder's own events by name.
-    pub const RECORDER_NAMES: &[(u32, &str)] = &[(RECORDER_DIED, "recorder_died")];
+    pub(crate) const RECORDER_NAMES: &[(u32, &str)] = &[(RECORDER_DIED, "recorder_died")];
 
     /// The events by name (for `inspect`).
-    pub const NAMES: &[(u32, &str)] = &[
+    pub(crate) const NAMES: &[(u32, &str)] = &[
         (ALL_DATA_SOURCES_STARTED, "all_data_sources_started"),
         (TRACING_STARTED, "tracing_started"),
         (ALL_DATA_SOURCES_FLUSHED, "all_data_sources_flushed"),
@@ -223,40 +223,40 @@ pub mod tracing_service_event {
 /// `TracingServiceEvent.DataSources` (slow_starting_data_sources,
 /// last_flush_slow_data_sources; ARCHITECTURE.md §7.8): repeated `data_source`, each
 /// {producer_name, data_source_name}.
-pub mod service_event_data_sources {
-    pub const DATA_SOURCE: u32 = 1;
-    pub const PRODUCER_NAME: u32 = 1;
-    pub const DATA_SOURCE_NAME: u32 = 2;
+pub(crate) mod service_event_data_sources {
+    pub(crate) const DATA_SOURCE: u32 = 1;
+    pub(crate) const PRODUCER_NAME: u32 = 1;
+    pub(crate) const DATA_SOURCE_NAME: u32 = 2;
 }
 
 /// `Trigger` (ARCHITECTURE.md §7.8).
-pub mod trigger {
-    pub const TRIGGER_NAME: u32 = 1;
-    pub const PRODUCER_NAME: u32 = 2;
-    pub const TRUSTED_PRODUCER_UID: u32 = 3;
-    pub const STOP_DELAY_MS: u32 = 4;
+pub(crate) mod trigger {
+    pub(crate) const TRIGGER_NAME: u32 = 1;
+    pub(crate) const PRODUCER_NAME: u32 = 2;
+    pub(crate) const TRUSTED_PRODUCER_UID: u32 = 3;
+    pub(crate) const STOP_DELAY_MS: u32 = 4;
 }
 
 /// `TraceStats` (ARCHITECTURE.md §7.6).
-pub mod trace_stats {
-    pub const BUFFER_STATS: u32 = 1;
-    pub const PRODUCERS_CONNECTED: u32 = 2;
-    pub const PRODUCERS_SEEN: u32 = 3;
-    pub const DATA_SOURCES_REGISTERED: u32 = 4;
-    pub const DATA_SOURCES_SEEN: u32 = 5;
-    pub const TRACING_SESSIONS: u32 = 6;
-    pub const TOTAL_BUFFERS: u32 = 7;
-    pub const CHUNKS_DISCARDED: u32 = 8;
-    pub const PATCHES_DISCARDED: u32 = 9;
-    pub const INVALID_PACKETS: u32 = 10;
-    pub const FLUSHES_REQUESTED: u32 = 12;
-    pub const FLUSHES_SUCCEEDED: u32 = 13;
-    pub const FLUSHES_FAILED: u32 = 14;
-    pub const FINAL_FLUSH_OUTCOME: u32 = 15;
-    pub const WRITER_STATS: u32 = 18;
+pub(crate) mod trace_stats {
+    pub(crate) const BUFFER_STATS: u32 = 1;
+    pub(crate) const PRODUCERS_CONNECTED: u32 = 2;
+    pub(crate) const PRODUCERS_SEEN: u32 = 3;
+    pub(crate) const DATA_SOURCES_REGISTERED: u32 = 4;
+    pub(crate) const DATA_SOURCES_SEEN: u32 = 5;
+    pub(crate) const TRACING_SESSIONS: u32 = 6;
+    pub(crate) const TOTAL_BUFFERS: u32 = 7;
+    pub(crate) const CHUNKS_DISCARDED: u32 = 8;
+    pub(crate) const PATCHES_DISCARDED: u32 = 9;
+    pub(crate) const INVALID_PACKETS: u32 = 10;
+    pub(crate) const FLUSHES_REQUESTED: u32 = 12;
+    pub(crate) const FLUSHES_SUCCEEDED: u32 = 13;
+    pub(crate) const FLUSHES_FAILED: u32 = 14;
+    pub(crate) const FINAL_FLUSH_OUTCOME: u32 = 15;
+    pub(crate) const WRITER_STATS: u32 = 18;
 
     /// The scalar fields by name (for `inspect`).
-    pub const SCALAR_NAMES: &[(u32, &str)] = &[
+    pub(crate) const SCALAR_NAMES: &[(u32, &str)] = &[
         (PRODUCERS_CONNECTED, "producers_connected"),
         (PRODUCERS_SEEN, "producers_seen"),
         (DATA_SOURCES_REGISTERED, "data_sources_registered"),
@@ -274,30 +274,30 @@ pub mod trace_stats {
 }
 
 /// `TraceStats.BufferStats` (ARCHITECTURE.md §7.6): all uint64, numbered 1–20.
-pub mod buffer_stats {
-    pub const BYTES_WRITTEN: u32 = 1;
-    pub const CHUNKS_WRITTEN: u32 = 2;
-    pub const CHUNKS_OVERWRITTEN: u32 = 3;
-    pub const WRITE_WRAP_COUNT: u32 = 4;
-    pub const PATCHES_SUCCEEDED: u32 = 5;
-    pub const PATCHES_FAILED: u32 = 6;
-    pub const ABI_VIOLATIONS: u32 = 9;
-    pub const CHUNKS_COMMITTED_OUT_OF_ORDER: u32 = 11;
-    pub const BUFFER_SIZE: u32 = 12;
-    pub const BYTES_OVERWRITTEN: u32 = 13;
-    pub const BYTES_READ: u32 = 14;
-    pub const PADDING_BYTES_WRITTEN: u32 = 15;
-    pub const CHUNKS_READ: u32 = 17;
-    pub const CHUNKS_DISCARDED: u32 = 18;
-    pub const TRACE_WRITER_PACKET_LOSS: u32 = 19;
+pub(crate) mod buffer_stats {
+    pub(crate) const BYTES_WRITTEN: u32 = 1;
+    pub(crate) const CHUNKS_WRITTEN: u32 = 2;
+    pub(crate) const CHUNKS_OVERWRITTEN: u32 = 3;
+    pub(crate) const WRITE_WRAP_COUNT: u32 = 4;
+    pub(crate) const PATCHES_SUCCEEDED: u32 = 5;
+    pub(crate) const PATCHES_FAILED: u32 = 6;
+    pub(crate) const ABI_VIOLATIONS: u32 = 9;
+    pub(crate) const CHUNKS_COMMITTED_OUT_OF_ORDER: u32 = 11;
+    pub(crate) const BUFFER_SIZE: u32 = 12;
+    pub(crate) const BYTES_OVERWRITTEN: u32 = 13;
+    pub(crate) const BYTES_READ: u32 = 14;
+    pub(crate) const PADDING_BYTES_WRITTEN: u32 = 15;
+    pub(crate) const CHUNKS_READ: u32 = 17;
+    pub(crate) const CHUNKS_DISCARDED: u32 = 18;
+    pub(crate) const TRACE_WRITER_PACKET_LOSS: u32 = 19;
     /// The recorder's own counters, far above Perfetto's numbers (which end
     /// at 21) so readers that do not know them skip them: packets and bytes
     /// discarded while the space was pinned by a write pass, then packets
     /// and bytes discarded while every free chunk was held by another writer.
-    pub const RECORDER_OWN: [u32; 4] = [1001, 1002, 1003, 1004];
+    pub(crate) const RECORDER_OWN: [u32; 4] = [1001, 1002, 1003, 1004];
 
     /// Every field's name, field `i + 1` at index `i`.
-    pub const NAMES: [&str; 20] = [
+    pub(crate) const NAMES: [&str; 20] = [
         "bytes_written",
         "chunks_written",
         "chunks_overwritten",
@@ -322,252 +322,251 @@ pub mod buffer_stats {
 }
 
 /// `TraceStats.WriterStats`.
-pub mod writer_stats {
-    pub const SEQUENCE_ID: u32 = 1;
-    pub const BUFFER: u32 = 4;
+pub(crate) mod writer_stats {
+    pub(crate) const SEQUENCE_ID: u32 = 1;
+    pub(crate) const BUFFER: u32 = 4;
 }
 
 /// `FtraceEventBundle` (ARCHITECTURE.md §7.4).
-pub mod ftrace_event_bundle {
-    pub const CPU: u32 = 1;
-    pub const EVENT: u32 = 2;
-    pub const LOST_EVENTS: u32 = 3;
-    pub const COMPACT_SCHED: u32 = 4;
-    pub const FTRACE_CLOCK: u32 = 5;
-    pub const PREVIOUS_BUNDLE_END_TIMESTAMP: u32 = 10;
+pub(crate) mod ftrace_event_bundle {
+    pub(crate) const CPU: u32 = 1;
+    pub(crate) const EVENT: u32 = 2;
+    pub(crate) const LOST_EVENTS: u32 = 3;
+    pub(crate) const COMPACT_SCHED: u32 = 4;
+    pub(crate) const FTRACE_CLOCK: u32 = 5;
+    pub(crate) const PREVIOUS_BUNDLE_END_TIMESTAMP: u32 = 10;
 }
 
 /// `FtraceEventBundle.CompactSched`: packed columns and the intern table.
-pub mod compact_sched {
-    pub const SWITCH_TIMESTAMP: u32 = 1;
-    pub const SWITCH_PREV_STATE: u32 = 2;
-    pub const SWITCH_NEXT_PID: u32 = 3;
-    pub const SWITCH_NEXT_PRIO: u32 = 4;
-    pub const INTERN_TABLE: u32 = 5;
-    pub const SWITCH_NEXT_COMM_INDEX: u32 = 6;
-    pub const WAKING_TIMESTAMP: u32 = 7;
-    pub const WAKING_PID: u32 = 8;
-    pub const WAKING_TARGET_CPU: u32 = 9;
-    pub const WAKING_PRIO: u32 = 10;
-    pub const WAKING_COMM_INDEX: u32 = 11;
-    pub const WAKING_COMMON_FLAGS: u32 = 12;
+pub(crate) mod compact_sched {
+    pub(crate) const SWITCH_TIMESTAMP: u32 = 1;
+    pub(crate) const SWITCH_PREV_STATE: u32 = 2;
+    pub(crate) const SWITCH_NEXT_PID: u32 = 3;
+    pub(crate) const SWITCH_NEXT_PRIO: u32 = 4;
+    pub(crate) const INTERN_TABLE: u32 = 5;
+    pub(crate) const SWITCH_NEXT_COMM_INDEX: u32 = 6;
+    pub(crate) const WAKING_TIMESTAMP: u32 = 7;
+    pub(crate) const WAKING_PID: u32 = 8;
+    pub(crate) const WAKING_TARGET_CPU: u32 = 9;
+    pub(crate) const WAKING_PRIO: u32 = 10;
+    pub(crate) const WAKING_COMM_INDEX: u32 = 11;
+    pub(crate) const WAKING_COMMON_FLAGS: u32 = 12;
 }
 
 /// `FtraceEvent`: the common fields and the generic event (the typed
 /// events' numbers come with the event table).
-pub mod ftrace_event {
-    pub const TIMESTAMP: u32 = 1;
-    pub const PID: u32 = 2;
-    pub const GENERIC: u32 = 327;
+pub(crate) mod ftrace_event {
+    pub(crate) const TIMESTAMP: u32 = 1;
+    pub(crate) const PID: u32 = 2;
+    pub(crate) const GENERIC: u32 = 327;
 }
 
 /// `GenericFtraceEvent`.
-pub mod generic_ftrace_event {
-    pub const EVENT_NAME: u32 = 1;
-    pub const FIELD: u32 = 2;
+pub(crate) mod generic_ftrace_event {
+    pub(crate) const EVENT_NAME: u32 = 1;
+    pub(crate) const FIELD: u32 = 2;
 }
 
 /// `GenericFtraceEvent.Field`.
-pub mod generic_field {
-    pub const NAME: u32 = 1;
-    pub const STR_VALUE: u32 = 3;
-    pub const INT_VALUE: u32 = 4;
-    pub const UINT_VALUE: u32 = 5;
+pub(crate) mod generic_field {
+    pub(crate) const NAME: u32 = 1;
+    pub(crate) const STR_VALUE: u32 = 3;
+    pub(crate) const INT_VALUE: u32 = 4;
+    pub(crate) const UINT_VALUE: u32 = 5;
 }
 
 /// `FtraceStats` (ARCHITECTURE.md §7.4).
-pub mod ftrace_stats {
-    pub const PHASE: u32 = 1;
-    pub const CPU_STATS: u32 = 2;
-    pub const UNKNOWN_FTRACE_EVENTS: u32 = 6;
-    pub const FAILED_FTRACE_EVENTS: u32 = 7;
-    pub const PRESERVE_FTRACE_BUFFER: u32 = 8;
-    pub const FTRACE_PARSE_ERRORS: u32 = 9;
-    pub const CPU_BUFFER_SIZE_PAGES: u32 = 11;
+pub(crate) mod ftrace_stats {
+    pub(crate) const PHASE: u32 = 1;
+    pub(crate) const CPU_STATS: u32 = 2;
+    pub(crate) const UNKNOWN_FTRACE_EVENTS: u32 = 6;
+    pub(crate) const FAILED_FTRACE_EVENTS: u32 = 7;
+    pub(crate) const PRESERVE_FTRACE_BUFFER: u32 = 8;
+    pub(crate) const FTRACE_PARSE_ERRORS: u32 = 9;
+    pub(crate) const CPU_BUFFER_SIZE_PAGES: u32 = 11;
 }
 
 /// `FtraceCpuStats`.
-pub mod ftrace_cpu_stats {
-    pub const CPU: u32 = 1;
-    pub const ENTRIES: u32 = 2;
-    pub const OVERRUN: u32 = 3;
-    pub const COMMIT_OVERRUN: u32 = 4;
-    pub const BYTES_READ: u32 = 5;
-    pub const OLDEST_EVENT_TS: u32 = 6;
-    pub const NOW_TS: u32 = 7;
-    pub const DROPPED_EVENTS: u32 = 8;
-    pub const READ_EVENTS: u32 = 9;
+pub(crate) mod ftrace_cpu_stats {
+    pub(crate) const CPU: u32 = 1;
+    pub(crate) const ENTRIES: u32 = 2;
+    pub(crate) const OVERRUN: u32 = 3;
+    pub(crate) const COMMIT_OVERRUN: u32 = 4;
+    pub(crate) const BYTES_READ: u32 = 5;
+    pub(crate) const OLDEST_EVENT_TS: u32 = 6;
+    pub(crate) const NOW_TS: u32 = 7;
+    pub(crate) const DROPPED_EVENTS: u32 = 8;
+    pub(crate) const READ_EVENTS: u32 = 9;
 }
 
 /// `TestEvent` (the `for_testing` payload).
-pub mod test_event {
-    pub const STR: u32 = 1;
-    pub const SEQ_VALUE: u32 = 2;
-    pub const COUNTER: u32 = 3;
-    pub const IS_LAST: u32 = 4;
+pub(crate) mod test_event {
+    pub(crate) const STR: u32 = 1;
+    pub(crate) const SEQ_VALUE: u32 = 2;
+    pub(crate) const COUNTER: u32 = 3;
+    pub(crate) const IS_LAST: u32 = 4;
 }
 
 /// `ProcessTree` (ARCHITECTURE.md §7.5).
-pub mod process_tree {
-    pub const PROCESSES: u32 = 1;
-    pub const THREADS: u32 = 2;
-    pub const COLLECTION_END_TIMESTAMP: u32 = 3;
+pub(crate) mod process_tree {
+    pub(crate) const PROCESSES: u32 = 1;
+    pub(crate) const THREADS: u32 = 2;
+    pub(crate) const COLLECTION_END_TIMESTAMP: u32 = 3;
 }
 
 /// `ProcessTree.Process`.
-pub mod process_tree_process {
-    pub const PID: u32 = 1;
-    pub const PPID: u32 = 2;
-    pub const CMDLINE: u32 = 3;
-    pub const UID: u32 = 5;
-    pub const NSPID: u32 = 6;
-    pub const PROCESS_START_FROM_BOOT: u32 = 7;
-    pub const IS_KTHREAD: u32 = 8;
-    pub const CMDLINE_IS_COMM: u32 = 9;
+pub(crate) mod process_tree_process {
+    pub(crate) const PID: u32 = 1;
+    pub(crate) const PPID: u32 = 2;
+    pub(crate) const CMDLINE: u32 = 3;
+    pub(crate) const UID: u32 = 5;
+    pub(crate) const NSPID: u32 = 6;
+    pub(crate) const PROCESS_START_FROM_BOOT: u32 = 7;
+    pub(crate) const IS_KTHREAD: u32 = 8;
+    pub(crate) const CMDLINE_IS_COMM: u32 = 9;
 }
 
 /// `ProcessTree.Thread`.
-pub mod process_tree_thread {
-    pub const TID: u32 = 1;
-    pub const NAME: u32 = 2;
-    pub const TGID: u32 = 3;
-    pub const NSTID: u32 = 4;
+pub(crate) mod process_tree_thread {
+    pub(crate) const TID: u32 = 1;
+    pub(crate) const NAME: u32 = 2;
+    pub(crate) const TGID: u32 = 3;
+    pub(crate) const NSTID: u32 = 4;
 }
 
 /// `ProcessStats` (ARCHITECTURE.md §7.5).
-pub mod process_stats {
-    pub const PROCESSES: u32 = 1;
-    pub const COLLECTION_END_TIMESTAMP: u32 = 2;
+pub(crate) mod process_stats {
+    pub(crate) const PROCESSES: u32 = 1;
+    pub(crate) const COLLECTION_END_TIMESTAMP: u32 = 2;
 }
 
 /// `ProcessStats.Process`.
-pub mod process_stats_process {
-    pub const PID: u32 = 1;
-    pub const VM_SIZE_KB: u32 = 2;
-    pub const VM_RSS_KB: u32 = 3;
-    pub const RSS_ANON_KB: u32 = 4;
-    pub const RSS_FILE_KB: u32 = 5;
-    pub const RSS_SHMEM_KB: u32 = 6;
-    pub const VM_SWAP_KB: u32 = 7;
-    pub const VM_LOCKED_KB: u32 = 8;
-    pub const VM_HWM_KB: u32 = 9;
-    pub const OOM_SCORE_ADJ: u32 = 10;
-    pub const SMR_RSS_KB: u32 = 16;
-    pub const SMR_PSS_KB: u32 = 17;
-    pub const SMR_PSS_ANON_KB: u32 = 18;
-    pub const SMR_PSS_FILE_KB: u32 = 19;
-    pub const SMR_PSS_SHMEM_KB: u32 = 20;
-    pub const RUNTIME_USER_MODE: u32 = 21;
-    pub const RUNTIME_KERNEL_MODE: u32 = 22;
-    pub const SMR_SWAP_PSS_KB: u32 = 23;
+pub(crate) mod process_stats_process {
+    pub(crate) const PID: u32 = 1;
+    pub(crate) const VM_SIZE_KB: u32 = 2;
+    pub(crate) const VM_RSS_KB: u32 = 3;
+    pub(crate) const RSS_ANON_KB: u32 = 4;
+    pub(crate) const RSS_FILE_KB: u32 = 5;
+    pub(crate) const RSS_SHMEM_KB: u32 = 6;
+    pub(crate) const VM_SWAP_KB: u32 = 7;
+    pub(crate) const VM_LOCKED_KB: u32 = 8;
+    pub(crate) const VM_HWM_KB: u32 = 9;
+    pub(crate) const OOM_SCORE_ADJ: u32 = 10;
+    pub(crate) const SMR_RSS_KB: u32 = 16;
+    pub(crate) const SMR_PSS_KB: u32 = 17;
+    pub(crate) const SMR_PSS_ANON_KB: u32 = 18;
+    pub(crate) const SMR_PSS_FILE_KB: u32 = 19;
+    pub(crate) const SMR_PSS_SHMEM_KB: u32 = 20;
+    pub(crate) const RUNTIME_USER_MODE: u32 = 21;
+    pub(crate) const RUNTIME_KERNEL_MODE: u32 = 22;
+    pub(crate) const SMR_SWAP_PSS_KB: u32 = 23;
 }
 
 /// `SysStats` (ARCHITECTURE.md §7.5).
-pub mod sys_stats {
-    pub const MEMINFO: u32 = 1;
-    pub const VMSTAT: u32 = 2;
-    pub const CPU_STAT: u32 = 3;
-    pub const NUM_FORKS: u32 = 4;
-    pub const NUM_IRQ_TOTAL: u32 = 5;
-    pub const NUM_IRQ: u32 = 6;
-    pub const NUM_SOFTIRQ_TOTAL: u32 = 7;
-    pub const NUM_SOFTIRQ: u32 = 8;
-    pub const COLLECTION_END_TIMESTAMP: u32 = 9;
-    pub const DEVFREQ: u32 = 10;
-    pub const CPUFREQ_KHZ: u32 = 11;
-    pub const BUDDY_INFO: u32 = 12;
-    pub const DISK_STAT: u32 = 13;
-    pub const PSI: u32 = 14;
-    pub const THERMAL_ZONE: u32 = 15;
-    pub const CPUIDLE_STATE: u32 = 16;
+pub(crate) mod sys_stats {
+    pub(crate) const MEMINFO: u32 = 1;
+    pub(crate) const VMSTAT: u32 = 2;
+    pub(crate) const CPU_STAT: u32 = 3;
+    pub(crate) const NUM_FORKS: u32 = 4;
+    pub(crate) const NUM_IRQ_TOTAL: u32 = 5;
+    pub(crate) const NUM_IRQ: u32 = 6;
+    pub(crate) const NUM_SOFTIRQ_TOTAL: u32 = 7;
+    pub(crate) const NUM_SOFTIRQ: u32 = 8;
+    pub(crate) const COLLECTION_END_TIMESTAMP: u32 = 9;
+    pub(crate) const DEVFREQ: u32 = 10;
+    pub(crate) const CPUFREQ_KHZ: u32 = 11;
+    pub(crate) const BUDDY_INFO: u32 = 12;
+    pub(crate) const DISK_STAT: u32 = 13;
+    pub(crate) const PSI: u32 = 14;
+    pub(crate) const THERMAL_ZONE: u32 = 15;
+    pub(crate) const CPUIDLE_STATE: u32 = 16;
 }
 
 /// The `{key = 1, value = 2}` entries of `SysStats`: meminfo, vmstat,
 /// devfreq.
-pub mod key_value {
-    pub const KEY: u32 = 1;
-    pub const VALUE: u32 = 2;
+pub(crate) mod key_value {
+    pub(crate) const KEY: u32 = 1;
+    pub(crate) const VALUE: u32 = 2;
 }
 
 /// `SysStats.CpuTimes`: `cpu_id`, then the eight times in `/proc/stat`'s
 /// column order, numbered from `USER_NS`.
-pub mod cpu_times {
-    pub const CPU_ID: u32 = 1;
-    pub const USER_NS: u32 = 2;
+pub(crate) mod cpu_times {
+    pub(crate) const CPU_ID: u32 = 1;
+    pub(crate) const USER_NS: u32 = 2;
 }
 
 /// `SysStats.InterruptCount`.
-pub mod interrupt_count {
-    pub const IRQ: u32 = 1;
-    pub const COUNT: u32 = 2;
+pub(crate) mod interrupt_count {
+    pub(crate) const IRQ: u32 = 1;
+    pub(crate) const COUNT: u32 = 2;
 }
 
 /// `SysStats.BuddyInfo`.
-pub mod buddy_info {
-    pub const NODE: u32 = 1;
-    pub const ZONE: u32 = 2;
-    pub const ORDER_PAGES: u32 = 3;
+pub(crate) mod buddy_info {
+    pub(crate) const NODE: u32 = 1;
+    pub(crate) const ZONE: u32 = 2;
+    pub(crate) const ORDER_PAGES: u32 = 3;
 }
 
 /// `SysStats.DiskStat`.
-pub mod disk_stat {
-    pub const DEVICE_NAME: u32 = 1;
-    pub const READ_SECTORS: u32 = 2;
-    pub const READ_TIME_MS: u32 = 3;
-    pub const WRITE_SECTORS: u32 = 4;
-    pub const WRITE_TIME_MS: u32 = 5;
-    pub const DISCARD_SECTORS: u32 = 6;
-    pub const DISCARD_TIME_MS: u32 = 7;
-    pub const FLUSH_COUNT: u32 = 8;
-    pub const FLUSH_TIME_MS: u32 = 9;
+pub(crate) mod disk_stat {
+    pub(crate) const DEVICE_NAME: u32 = 1;
+    pub(crate) const READ_SECTORS: u32 = 2;
+    pub(crate) const READ_TIME_MS: u32 = 3;
+    pub(crate) const WRITE_SECTORS: u32 = 4;
+    pub(crate) const WRITE_TIME_MS: u32 = 5;
+    pub(crate) const DISCARD_SECTORS: u32 = 6;
+    pub(crate) const DISCARD_TIME_MS: u32 = 7;
+    pub(crate) const FLUSH_COUNT: u32 = 8;
+    pub(crate) const FLUSH_TIME_MS: u32 = 9;
 }
 
 /// `SysStats.PsiSample`.
-pub mod psi_sample {
-    pub const RESOURCE: u32 = 1;
-    pub const TOTAL_NS: u32 = 2;
+pub(crate) mod psi_sample {
+    pub(crate) const RESOURCE: u32 = 1;
+    pub(crate) const TOTAL_NS: u32 = 2;
 }
 
 /// `SysStats.ThermalZone`.
-pub mod thermal_zone {
-    pub const NAME: u32 = 1;
-    pub const TEMP: u32 = 2;
-    pub const TYPE: u32 = 3;
+pub(crate) mod thermal_zone {
+    pub(crate) const NAME: u32 = 1;
+    pub(crate) const TEMP: u32 = 2;
+    pub(crate) const TYPE: u32 = 3;
 }
 
 /// `SysStats.CpuIdleState`.
-pub mod cpuidle_state {
-    pub const CPU_ID: u32 = 1;
-    pub const CPUIDLE_STATE_ENTRY: u32 = 2;
+pub(crate) mod cpuidle_state {
+    pub(crate) const CPU_ID: u32 = 1;
+    pub(crate) const CPUIDLE_STATE_ENTRY: u32 = 2;
 }
 
 /// `SysStats.CpuIdleStateEntry`.
-pub mod cpuidle_state_entry {
-    pub const STATE: u32 = 1;
-    pub const DURATION_US: u32 = 2;
+pub(crate) mod cpuidle_state_entry {
+    pub(crate) const STATE: u32 = 1;
+    pub(crate) const DURATION_US: u32 = 2;
 }
 
 /// `TraceConfig` (ARCHITECTURE.md §7.10), the fields read at wire level.
-pub mod trace_config {
-    pub const DATA_SOURCES: u32 = 2;
-    pub const FLUSH_PERIOD_MS: u32 = 13;
+pub(crate) mod trace_config {
+    pub(crate) const DATA_SOURCES: u32 = 2;
+    pub(crate) const FLUSH_PERIOD_MS: u32 = 13;
 }
 
 /// `TraceConfig.DataSource`.
-pub mod trace_config_data_source {
-    pub const CONFIG: u32 = 1;
+pub(crate) mod trace_config_data_source {
+    pub(crate) const CONFIG: u32 = 1;
 }
 
 /// `DataSourceConfig`: the fields the tracing service owns (ARCHITECTURE.md §7.10).
-pub mod data_source_config {
-    pub const NAME: u32 = 1;
-    pub const TARGET_BUFFER: u32 = 2;
-    pub const TRACE_DURATION_MS: u32 = 3;
-    pub const TRACING_SESSION_ID: u32 = 4;
-    pub const ENABLE_EXTRA_GUARDRAILS: u32 = 6;
-    pub const STOP_TIMEOUT_MS: u32 = 7;
-    pub const SESSION_INITIATOR: u32 = 8;
-    pub const PREFER_SUSPEND_CLOCK_FOR_DURATION: u32 = 122;
+pub(crate) mod data_source_config {
+    pub(crate) const TARGET_BUFFER: u32 = 2;
+    pub(crate) const TRACE_DURATION_MS: u32 = 3;
+    pub(crate) const TRACING_SESSION_ID: u32 = 4;
+    pub(crate) const ENABLE_EXTRA_GUARDRAILS: u32 = 6;
+    pub(crate) const STOP_TIMEOUT_MS: u32 = 7;
+    pub(crate) const SESSION_INITIATOR: u32 = 8;
+    pub(crate) const PREFER_SUSPEND_CLOCK_FOR_DURATION: u32 = 122;
 }
 
 #[cfg(test)]

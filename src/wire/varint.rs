@@ -10,17 +10,17 @@
 //! tests): at most ten bytes, and the tenth may only hold the 64th bit.
 
 /// Most bytes a varint of a `u64` takes.
-pub const MAX_LEN: usize = 10;
+pub(crate) const MAX_LEN: usize = 10;
 
 /// Bytes of a four-byte redundant varint (see [`put_redundant4`]).
-pub const REDUNDANT4_LEN: usize = 4;
+pub(crate) const REDUNDANT4_LEN: usize = 4;
 
 /// Largest value a four-byte redundant varint holds.
-pub const REDUNDANT4_MAX: u32 = (1 << 28) - 1;
+pub(crate) const REDUNDANT4_MAX: u32 = (1 << 28) - 1;
 
 /// Bytes `v` takes as a minimal varint.
 #[inline(always)]
-pub const fn len(v: u64) -> usize {
+pub(crate) const fn len(v: u64) -> usize {
     // One byte per 7 significant bits, at least one.
     let bits = 64 - (v | 1).leading_zeros() as usize;
     bits.div_ceil(7)
@@ -28,14 +28,14 @@ pub const fn len(v: u64) -> usize {
 
 /// [`len`] of a `usize` (lengths of buffers and packets).
 #[inline(always)]
-pub const fn len_usize(v: usize) -> usize {
+pub(crate) const fn len_usize(v: usize) -> usize {
     len(v as u64)
 }
 
 /// Writes `v` as a minimal varint at the start of `out`; the bytes used, or
 /// `None` (nothing useful written) when `out` is too short.
 #[inline]
-pub fn put(out: &mut [u8], mut v: u64) -> Option<usize> {
+pub(crate) fn put(out: &mut [u8], mut v: u64) -> Option<usize> {
     let mut i = 0;
     loop {
         let byte = out.get_mut(i)?;
@@ -52,7 +52,7 @@ pub fn put(out: &mut [u8], mut v: u64) -> Option<usize> {
 /// [`put`] into a window known to hold any varint: the loop is bounded by
 /// the window, so it runs without a length check per byte.
 #[inline(always)]
-pub fn put_max(out: &mut [u8; MAX_LEN], mut v: u64) -> usize {
+pub(crate) fn put_max(out: &mut [u8; MAX_LEN], mut v: u64) -> usize {
     for (i, b) in out.iter_mut().enumerate().take(MAX_LEN - 1) {
         if v < 0x80 {
             *b = v as u8;
@@ -68,7 +68,7 @@ pub fn put_max(out: &mut [u8; MAX_LEN], mut v: u64) -> usize {
 
 /// Appends `v` as a minimal varint; the bytes it took.
 #[inline]
-pub fn push(out: &mut Vec<u8>, mut v: u64) -> usize {
+pub(crate) fn push(out: &mut Vec<u8>, mut v: u64) -> usize {
     // Byte pushes: cheaper than staging and copying a 1–3 byte slice.
     let mut n = 1;
     while v >= 0x80 {
@@ -82,7 +82,7 @@ pub fn push(out: &mut Vec<u8>, mut v: u64) -> usize {
 
 /// `v` as a minimal varint in a fixed array, with its length.
 #[inline]
-pub fn encode(v: u64) -> ([u8; MAX_LEN], usize) {
+pub(crate) fn encode(v: u64) -> ([u8; MAX_LEN], usize) {
     let mut b = [0u8; MAX_LEN];
     let n = put(&mut b, v).unwrap_or(MAX_LEN);
     (b, n)
@@ -91,7 +91,7 @@ pub fn encode(v: u64) -> ([u8; MAX_LEN], usize) {
 /// Writes `v` as a varint of exactly `width` bytes (a redundant varint when
 /// wider than needed) into `out[..width]`; padding packets use it to hit any
 /// length exactly. The caller keeps `len_usize(v) <= width <= MAX_LEN`.
-pub fn put_width(out: &mut [u8], v: usize, width: usize) {
+pub(crate) fn put_width(out: &mut [u8], v: usize, width: usize) {
     for (i, b) in out[..width].iter_mut().enumerate() {
         let more = i + 1 < width;
         *b = ((v >> (7 * i)) & 0x7F) as u8 | if more { 0x80 } else { 0 };
@@ -102,7 +102,7 @@ pub fn put_width(out: &mut [u8], v: usize, width: usize) {
 /// padding with continuation bytes: protobuf accepts non-minimal varints, so
 /// a length can be reserved before the body it measures is written.
 #[inline]
-pub fn put_redundant4(out: &mut [u8; REDUNDANT4_LEN], v: u32) {
+pub(crate) fn put_redundant4(out: &mut [u8; REDUNDANT4_LEN], v: u32) {
     out[0] = (v as u8 & 0x7f) | 0x80;
     out[1] = ((v >> 7) as u8 & 0x7f) | 0x80;
     out[2] = ((v >> 14) as u8 & 0x7f) | 0x80;
@@ -111,7 +111,7 @@ pub fn put_redundant4(out: &mut [u8; REDUNDANT4_LEN], v: u32) {
 
 /// Why a varint could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VarintError {
+pub(crate) enum VarintError {
     /// The data ends inside the varint.
     Truncated,
     /// More than ten bytes, or a tenth byte with bits past the 64th.
@@ -120,7 +120,7 @@ pub enum VarintError {
 
 /// Reads the varint at the start of `data`: its value and length.
 #[inline]
-pub fn decode(data: &[u8]) -> Result<(u64, usize), VarintError> {
+pub(crate) fn decode(data: &[u8]) -> Result<(u64, usize), VarintError> {
     let mut v = 0u64;
     for i in 0..MAX_LEN {
         let Some(&b) = data.get(i) else {
@@ -140,7 +140,7 @@ pub fn decode(data: &[u8]) -> Result<(u64, usize), VarintError> {
 /// Reads the varint at `*pos` and moves past it (`*pos` is left alone on
 /// error).
 #[inline]
-pub fn read(data: &[u8], pos: &mut usize) -> Result<u64, VarintError> {
+pub(crate) fn read(data: &[u8], pos: &mut usize) -> Result<u64, VarintError> {
     let (v, n) = decode(data.get(*pos..).unwrap_or_default())?;
     *pos += n;
     Ok(v)
@@ -149,19 +149,21 @@ pub fn read(data: &[u8], pos: &mut usize) -> Result<u64, VarintError> {
 /// How many varints end in `packed` (the values of a packed repeated
 /// field), without decoding them.
 #[inline]
-pub fn count(packed: &[u8]) -> usize {
+pub(crate) fn count(packed: &[u8]) -> usize {
     packed.iter().filter(|&&b| b & 0x80 == 0).count()
 }
 
 /// `sint32`/`sint64` zigzag: small magnitudes of either sign stay short.
 #[inline]
-pub const fn zigzag(v: i64) -> u64 {
+#[cfg(test)]
+pub(crate) const fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
 /// The inverse of [`zigzag`].
 #[inline]
-pub const fn unzigzag(v: u64) -> i64 {
+#[cfg(test)]
+pub(crate) const fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 

@@ -13,15 +13,19 @@ use crate::config::spec::{
 
 /// What the session the rules run in is, beyond its config.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RuleContext {
+pub(crate) struct RuleContext {
     /// The output is cut into segments (`--rotate-size`, `--rotate-period`).
     pub segmented: bool,
     /// Segments are deleted by a budget (`--max-disk`, `--max-segments`).
-    pub segment_budget: bool,
+    pub(crate) segment_budget: bool,
 }
 
 /// Checks every rule; all refusals are returned.
-pub fn against(rules: &[Rule], spec: &RecorderSpec, ctx: RuleContext) -> Result<(), RuleErrors> {
+pub(crate) fn against(
+    rules: &[Rule],
+    spec: &RecorderSpec,
+    ctx: RuleContext,
+) -> Result<(), RuleErrors> {
     let mut errors = Vec::new();
     let mut names = HashSet::new();
     for r in rules {
@@ -139,7 +143,7 @@ fn ftrace_sources(spec: &RecorderSpec) -> Vec<(usize, &FtraceSpec)> {
 /// Whether `f` records `group/name`: listed (exactly, as `group/*`, or by
 /// bare name), added by an atrace category, or implied (ftrace/print with
 /// atrace, raw_syscalls with syscall_events).
-pub fn records(f: &FtraceSpec, group: &str, name: &str) -> bool {
+pub(crate) fn records(f: &FtraceSpec, group: &str, name: &str) -> bool {
     let path = format!("{group}/{name}");
     let listed = f
         .events
@@ -314,7 +318,7 @@ fn condition(r: &Rule, spec: &RecorderSpec, ctx: RuleContext) -> Result<(), Rule
 }
 
 /// The index of the buffer a rule names (its index or its name).
-pub fn buffer_index(spec: &RecorderSpec, name: &str) -> Option<usize> {
+pub(crate) fn buffer_index(spec: &RecorderSpec, name: &str) -> Option<usize> {
     match name.parse::<usize>() {
         Ok(i) => (i < spec.buffers.len()).then_some(i),
         Err(_) => spec

@@ -17,15 +17,15 @@
 use super::Span;
 
 /// Nesting of `(` and `!` at most.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Comparisons in one filter at most.
-pub const MAX_COMPARES: usize = 64;
+pub(crate) const MAX_COMPARES: usize = 64;
 
 /// A filter and where it is in its rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Filter {
     pub expr: FilterExpr,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// A filter's expression tree.
@@ -39,12 +39,14 @@ pub enum FilterExpr {
 
 impl FilterExpr {
     /// Every comparison, left to right.
-    pub fn compares(&self) -> Vec<&Compare> {
+    #[cfg(test)]
+    pub(crate) fn compares(&self) -> Vec<&Compare> {
         let mut out = Vec::new();
         self.walk(&mut out);
         out
     }
 
+    #[cfg(test)]
     fn walk<'a>(&'a self, out: &mut Vec<&'a Compare>) {
         match self {
             FilterExpr::And(a, b) | FilterExpr::Or(a, b) => {
@@ -61,11 +63,11 @@ impl FilterExpr {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Compare {
     pub field: String,
-    pub field_span: Span,
+    pub(crate) field_span: Span,
     pub op: FilterOp,
-    pub op_span: Span,
+    pub(crate) op_span: Span,
     pub value: FilterValue,
-    pub value_span: Span,
+    pub(crate) value_span: Span,
 }
 
 /// A comparison's operator.
@@ -84,7 +86,7 @@ pub enum FilterOp {
 }
 
 impl FilterOp {
-    pub fn from_op(op: &str) -> Option<Self> {
+    pub(crate) fn from_op(op: &str) -> Option<Self> {
         Some(match op {
             "==" => FilterOp::Eq,
             "!=" => FilterOp::Ne,
@@ -99,12 +101,12 @@ impl FilterOp {
     }
 
     /// Whether text fields take it.
-    pub fn for_text(self) -> bool {
+    pub(crate) fn for_text(self) -> bool {
         matches!(self, FilterOp::Eq | FilterOp::Ne | FilterOp::Glob)
     }
 
     /// Whether integer fields take it.
-    pub fn for_int(self) -> bool {
+    pub(crate) fn for_int(self) -> bool {
         self != FilterOp::Glob
     }
 }
@@ -128,7 +130,7 @@ impl FilterValue {
 
 /// A number as the kernel reads one (`kstrtoll` with base 0): decimal,
 /// `0x` hex, a leading `0` octal, an optional sign. `None` when it is not.
-pub fn kernel_int(s: &str) -> Option<i128> {
+pub(crate) fn kernel_int(s: &str) -> Option<i128> {
     let (neg, body) = match s.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -144,7 +146,7 @@ pub fn kernel_int(s: &str) -> Option<i128> {
 /// Whether `text` matches the glob `pattern` (`*` any run, `?` one byte,
 /// `[abc]`/`[a-z]`/`[!a]` a class), byte by byte as the kernel's
 /// `glob_match`.
-pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     // Where to resume after the last `*`: its pattern position and the
     // text position it has eaten up to.

@@ -19,8 +19,8 @@ pub(super) enum Tok {
 /// One token and where it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Token {
-    pub tok: Tok,
-    pub span: Span,
+    pub(crate) tok: Tok,
+    pub(crate) span: Span,
 }
 
 /// Operators, longest first so `<=` is not read as `<` then `=`.

@@ -24,8 +24,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub mod check;
-pub mod filter;
+pub(crate) mod check;
+pub(crate) mod filter;
 mod lex;
 mod parse;
 
@@ -35,28 +35,28 @@ pub use parse::{PROCESS_FIELDS, PSI_RESOURCES, parse_duration};
 use super::diagnostic::TextError;
 
 /// The producer name the recorder's own firings carry.
-pub const PRODUCER_NAME: &str = "recorder";
+pub(crate) const PRODUCER_NAME: &str = "recorder";
 /// Rules a session takes at most.
-pub const MAX_RULES: usize = 256;
+pub(crate) const MAX_RULES: usize = 256;
 /// Bytes of one rule at most.
-pub const MAX_RULE_BYTES: usize = 8192;
+pub(crate) const MAX_RULE_BYTES: usize = 8192;
 /// Bytes of one filter at most: the kernel takes a filter or trigger in one
 /// page.
-pub const MAX_FILTER_BYTES: usize = 4000;
+pub(crate) const MAX_FILTER_BYTES: usize = 4000;
 /// Bytes of a `--trigger-rules` file at most.
-pub const MAX_RULES_FILE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_RULES_FILE_BYTES: usize = 1 << 20;
 /// Firings of one rule in a session, unless `count` says: a rule that
 /// matches every event takes at most this many snapshots (fewer than a
 /// session's snapshot budget).
-pub const DEFAULT_COUNT: u32 = 10;
+pub(crate) const DEFAULT_COUNT: u32 = 10;
 /// Firings of one rule per period, unless `rate` says: one per 10 s, so
 /// that a rule matching every event leaves a snapshot time to be written.
-pub const DEFAULT_RATE: Rate = Rate {
+pub(crate) const DEFAULT_RATE: Rate = Rate {
     n: 1,
     per: Duration::from_secs(10),
 };
 /// The largest `count`.
-pub const MAX_COUNT: u32 = 1_000_000;
+pub(crate) const MAX_COUNT: u32 = 1_000_000;
 
 /// A byte range of a rule's source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -182,7 +182,7 @@ impl Rate {
 pub struct EventRef {
     pub group: String,
     pub name: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 impl EventRef {
@@ -215,7 +215,7 @@ pub struct CounterRef {
     /// The counter within its source: a meminfo or vmstat key, a PSI
     /// `resource.some|full`, a process field.
     pub key: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// How a value is compared with a threshold.
@@ -252,7 +252,7 @@ impl CounterOp {
 pub struct SpanKey {
     pub begin: String,
     pub end: String,
-    pub span: Span,
+    pub(crate) span: Span,
 }
 
 /// When a rule fires.
@@ -340,12 +340,12 @@ pub enum RuleAction {
 pub struct Rule {
     pub source: Arc<RuleSource>,
     /// The whole rule in its source.
-    pub span: Span,
+    pub(crate) span: Span,
     pub name: String,
-    pub name_span: Span,
+    pub(crate) name_span: Span,
     pub condition: Condition,
     /// Where the condition is written.
-    pub condition_span: Span,
+    pub(crate) condition_span: Span,
     pub action: RuleAction,
     /// Firings in the session at most.
     pub count: u32,
@@ -371,7 +371,7 @@ impl Rule {
     }
 
     /// A filter's text, as the kernel takes it.
-    pub fn filter_text(&self, f: &Filter) -> &str {
+    pub(crate) fn filter_text(&self, f: &Filter) -> &str {
         self.source.slice(f.span)
     }
 }
@@ -379,7 +379,7 @@ impl Rule {
 /// Reads the rules given on the command line: each `--trigger-rule` one
 /// rule, each `--trigger-rules` file one per line (`#` comments and blank
 /// lines skipped). Every error found is returned.
-pub fn read(args: &[String], files: &[std::path::PathBuf]) -> Result<Vec<Rule>, RuleErrors> {
+pub(crate) fn read(args: &[String], files: &[std::path::PathBuf]) -> Result<Vec<Rule>, RuleErrors> {
     let mut rules = Vec::new();
     let mut errors = Vec::new();
     if args.len() > MAX_RULES {
@@ -505,7 +505,7 @@ fn parse_one(src: &Arc<RuleSource>, span: Span) -> Result<Rule, RuleError> {
 }
 
 /// What a rule does, in a line, for `config check`.
-pub fn describe(rule: &Rule, trigger: Option<&super::spec::TriggerPlan>) -> String {
+pub(crate) fn describe(rule: &Rule, trigger: Option<&super::spec::TriggerPlan>) -> String {
     let when = match &rule.condition {
         Condition::Event { event, filter } => match filter {
             Some(f) => format!("when {} matches `{}`", event.path(), rule.filter_text(f)),
@@ -586,7 +586,7 @@ pub fn describe(rule: &Rule, trigger: Option<&super::spec::TriggerPlan>) -> Stri
 }
 
 /// A duration for people: `50 ms`, `2 s`.
-pub fn duration_text(d: Duration) -> String {
+pub(crate) fn duration_text(d: Duration) -> String {
     let ns = d.as_nanos();
     if ns == 0 {
         "0 s".into()

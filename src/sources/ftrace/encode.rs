@@ -360,7 +360,7 @@ impl Span {
     /// The whole of a page that starts at `start` in a feed's bytes, or
     /// `None` (counted by its parse status) when its header is bad.
     #[inline]
-    pub fn of_page(
+    pub(crate) fn of_page(
         page: &[u8],
         start: usize,
         layout: &PageLayout,
@@ -396,14 +396,14 @@ pub trait PageFeed {
 }
 
 /// Whole pages back to back in one buffer (what read(2) fills).
-pub struct PagesFeed<'a> {
+pub(crate) struct PagesFeed<'a> {
     pages: &'a [u8],
     layout: PageLayout,
     next: usize,
 }
 
 impl<'a> PagesFeed<'a> {
-    pub fn new(pages: &'a [u8], layout: &PageLayout) -> Self {
+    pub(crate) fn new(pages: &'a [u8], layout: &PageLayout) -> Self {
         Self {
             pages,
             layout: *layout,
@@ -541,7 +541,7 @@ impl BundleEncoder {
 
     /// Where a drain starting now cuts the latency rules' events (see
     /// [`Watch::settle`]); `None` without rules.
-    pub fn watch_cutoff(&self) -> Option<u64> {
+    pub(crate) fn watch_cutoff(&self) -> Option<u64> {
         self.watch.as_ref().map(|w| w.now())
     }
 
@@ -636,7 +636,7 @@ impl BundleEncoder {
 
     /// Encodes every span `feed` gives (one CPU, in read order) as
     /// bundles, then flushes `out`.
-    pub fn encode_feed<F: PageFeed + ?Sized>(
+    pub(crate) fn encode_feed<F: PageFeed + ?Sized>(
         &mut self,
         out: &mut dyn PacketOutput,
         table: &EventTable,

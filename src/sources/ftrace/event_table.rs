@@ -21,7 +21,7 @@ use crate::wire::{PackedKey, WireType, varint};
 
 /// How a kernel field is written into its typed proto message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProtoKind {
+pub(crate) enum ProtoKind {
     /// `int32`/`int64`: sign-extended.
     Int,
     /// `uint32`/`uint64`.
@@ -221,7 +221,7 @@ const TYPED: &[TypedSpec] = &[
 const PID_FIELDS: &[&str] = &["pid", "prev_pid", "next_pid", "parent_pid", "child_pid"];
 
 /// Whether Perfetto has a typed message for `group/name`.
-pub fn is_typed(group: &str, name: &str) -> bool {
+pub(crate) fn is_typed(group: &str, name: &str) -> bool {
     TYPED.iter().any(|t| t.0 == group && t.1 == name)
 }
 
@@ -270,7 +270,7 @@ impl IntAt {
 
     /// The raw little-endian value (no sign extension).
     #[inline(always)]
-    pub fn uint(self, rec: &[u8]) -> Option<u64> {
+    pub(crate) fn uint(self, rec: &[u8]) -> Option<u64> {
         // Branch-free for any width; only a record shorter than 8 bytes
         // takes the byte-wise read.
         match self.word(rec) {
@@ -350,7 +350,7 @@ impl TextAt {
 /// The 16 bytes at `at` as one word with the bytes from the first NUL on
 /// cleared, and the count before it (≤ 16).
 #[inline(always)]
-pub fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
+pub(crate) fn comm16(rec: &[u8], at: usize) -> Option<(u128, usize)> {
     const LO: u128 = u128::from_le_bytes([1; 16]);
     const HI: u128 = u128::from_le_bytes([0x80; 16]);
     let v = u128::from_le_bytes(*rec.get(at..)?.first_chunk::<16>()?);
@@ -424,7 +424,7 @@ pub struct WakingPlan {
     pub target_cpu: IntAt,
     pub prio: IntAt,
     pub comm: TextAt,
-    pub common_flags: Option<IntAt>,
+    pub(crate) common_flags: Option<IntAt>,
 }
 
 /// sched_wakeup and sched_waking as their typed messages, straight-line:
@@ -492,9 +492,9 @@ pub struct EventEntry {
     pub pid: Option<IntAt>,
     /// Integer fields naming threads (for process_stats), in
     /// `PID_FIELDS` order; the thread filter checks them too.
-    pub pid_fields: Vec<IntAt>,
+    pub(crate) pid_fields: Vec<IntAt>,
     /// `ftrace/print`'s text, subject to the print filter.
-    pub print_buf: Option<TextAt>,
+    pub(crate) print_buf: Option<TextAt>,
     /// Rules watch it: the index + 1 of its hooks in the encoder's
     /// `super::watch::Watch` (0: none).
     pub watch: u16,

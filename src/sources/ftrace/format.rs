@@ -63,7 +63,7 @@ pub enum FieldKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: String,
-    pub type_name: String,
+    pub(crate) type_name: String,
     pub offset: usize,
     pub size: usize,
     pub signed: bool,
@@ -218,7 +218,7 @@ pub fn parse_header_page(text: &str) -> Result<PageLayout, FormatError> {
 /// Checks `events/header_event` describes the layout the page walker
 /// implements: a 32-bit header of 5-bit type_len and 27-bit time_delta, with
 /// padding 29, time extend 30, absolute time stamp 31 and data up to 28.
-pub fn check_header_event(text: &str) -> Result<(), FormatError> {
+pub(crate) fn check_header_event(text: &str) -> Result<(), FormatError> {
     let squash: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     for (needle, what) in [
         ("type_len : 5 bits", "type_len : 5 bits"),
@@ -273,7 +273,7 @@ pub fn parse_event_format(group: &str, text: &str) -> Result<EventFormat, Format
 
 /// Reads an unsigned little-endian integer of `size` bytes at `offset`.
 #[inline(always)]
-pub fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
+pub(crate) fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
     let b = rec.get(offset..offset.checked_add(size)?)?;
     Some(match size {
         1 => b[0] as u64,
@@ -286,7 +286,7 @@ pub fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
 
 /// Reads an integer field, sign-extending signed ones.
 #[inline(always)]
-pub fn read_int(rec: &[u8], f: &Field) -> Option<i64> {
+pub(crate) fn read_int(rec: &[u8], f: &Field) -> Option<i64> {
     let v = read_uint(rec, f.offset, f.size)?;
     Some(if f.signed && f.size < 8 {
         let shift = 64 - 8 * f.size as u32;
@@ -298,7 +298,7 @@ pub fn read_int(rec: &[u8], f: &Field) -> Option<i64> {
 
 /// The bytes of a text field, up to its first NUL.
 #[inline]
-pub fn read_str<'r>(rec: &'r [u8], f: &Field) -> Option<&'r [u8]> {
+pub(crate) fn read_str<'r>(rec: &'r [u8], f: &Field) -> Option<&'r [u8]> {
     let raw = match f.kind {
         FieldKind::CharArray => rec.get(f.offset..f.offset.checked_add(f.size)?)?,
         FieldKind::TailString => rec.get(f.offset..)?,
@@ -316,7 +316,7 @@ pub fn read_str<'r>(rec: &'r [u8], f: &Field) -> Option<&'r [u8]> {
 /// `raw` up to its first NUL, looked for eight bytes at a time (comms and
 /// other char arrays are read on every event).
 #[inline]
-pub fn until_nul(raw: &[u8]) -> &[u8] {
+pub(crate) fn until_nul(raw: &[u8]) -> &[u8] {
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
     let mut words = raw.chunks_exact(8);

@@ -27,8 +27,8 @@ pub mod event_table;
 pub mod format;
 pub mod page;
 pub mod reader;
-pub mod refusal;
-pub mod remote;
+pub(crate) mod refusal;
+pub(crate) mod remote;
 pub mod stats;
 pub mod subbuf;
 pub mod tracefs;
@@ -58,7 +58,7 @@ use crate::config::spec::FtraceSpec;
 /// Largest bundle packet.
 pub const DEFAULT_MAX_PACKET_BYTES: usize = 32 * 1024;
 /// `FtraceClock` MONO_RAW (FtraceEventBundle.ftrace_clock).
-pub const FTRACE_CLOCK_MONO_RAW: u32 = 4;
+pub(crate) const FTRACE_CLOCK_MONO_RAW: u32 = 4;
 
 /// The clock `trace_clock` shows selected (`[boot] local` → `boot`).
 fn restorable_clock(text: &str) -> String {
@@ -104,7 +104,7 @@ impl Default for FtraceOptions {
 /// The per-CPU buffer when none is configured: enough for two 100 ms drains
 /// at the highest rates measured here (67 MB/s over 2 CPUs), more on big
 /// machines as Perfetto does.
-pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
+pub(crate) fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
     if mem_total_kb >= 7 * 1024 * 1024 {
         8192
     } else {
@@ -113,7 +113,7 @@ pub fn default_buffer_size_kb(mem_total_kb: u64) -> u32 {
 }
 
 /// The machine's memory (KiB) as `proc`/meminfo says; 0 when unreadable.
-pub fn mem_total_kb(proc: &std::path::Path) -> u64 {
+pub(crate) fn mem_total_kb(proc: &std::path::Path) -> u64 {
     std::fs::read_to_string(proc.join("meminfo"))
         .ok()
         .and_then(|t| {
@@ -171,7 +171,7 @@ pub struct FtraceSummary {
 }
 
 /// The events the kernel's counters say were lost, all CPUs together.
-pub fn events_lost(cpus: &[CpuStats]) -> u64 {
+pub(crate) fn events_lost(cpus: &[CpuStats]) -> u64 {
     cpus.iter().map(|c| c.overrun + c.dropped_events).sum()
 }
 
@@ -334,14 +334,14 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     }
 
     /// See [`TracefsSession::hand_over`].
-    pub fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
+    pub(crate) fn hand_over_teardown(&mut self) -> Option<tracefs::TracefsTeardown> {
         self.session.as_mut()?.hand_over()
     }
 
     /// What reading the kernel's leftover of this recording needs, once
     /// prepared: for the broker, which reads it if the recorder dies
     /// ([`drain_leftover`]).
-    pub fn leftover(&self) -> Option<Leftover> {
+    pub(crate) fn leftover(&self) -> Option<Leftover> {
         Some(Leftover {
             dir: self.session.as_ref()?.dir().root().to_path_buf(),
             sequence_id: self.opts.sequence_id,
@@ -598,7 +598,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// After [`prepare`](Self::prepare), on the privileged side: hands the
     /// prepared instance over — what decoding needs, its descriptors (see
     /// [`remote::PreparedInfo`]) and its teardown — and keeps nothing of it.
-    pub fn export(
+    pub(crate) fn export(
         &mut self,
     ) -> Result<(remote::PreparedInfo, Vec<OwnedFd>, tracefs::TracefsTeardown), FtraceError> {
         let prepared = self
@@ -656,7 +656,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Takes an instance prepared elsewhere ([`export`](Self::export)), ready
     /// to [`arm`](Self::arm); the teardown stays with whoever prepared it.
-    pub fn adopt(
+    pub(crate) fn adopt(
         &mut self,
         info: remote::PreparedInfo,
         fds: Vec<OwnedFd>,
@@ -738,7 +738,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// meanwhile: the kernel checks a tracefs file's permission when it is
     /// opened, not when it is written. On error everything changed is put
     /// back.
-    pub fn prepare(&mut self) -> Result<(), FtraceError> {
+    pub(crate) fn prepare(&mut self) -> Result<(), FtraceError> {
         if self.prepared.is_some() || self.running.is_some() || self.output.is_none() {
             return Err(FtraceError::State("prepare twice"));
         }
@@ -1014,7 +1014,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// Writes the start FtraceStats, turns tracing on through the
     /// descriptor [`prepare`](Self::prepare) opened, and starts the reader.
     /// Needs no privileges.
-    pub fn arm(&mut self) -> Result<(), FtraceError> {
+    pub(crate) fn arm(&mut self) -> Result<(), FtraceError> {
         if self.running.is_some() {
             return Err(FtraceError::State("start twice"));
         }
@@ -1109,7 +1109,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
     /// Events the kernel lost before they were read (overruns and dropped
     /// events, all CPUs) since tracing started: its counters now while
     /// running, those at the end after the stop.
-    pub fn kernel_lost(&self) -> u64 {
+    pub(crate) fn kernel_lost(&self) -> u64 {
         let now = if self.running.is_some() {
             events_lost(&self.cpu_stats())
         } else {
@@ -1145,7 +1145,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Drains when the period came, or early when a watched pipe was
     /// readable (`woken`).
-    pub fn on_due(&mut self, now: Instant, woken: bool) {
+    pub(crate) fn on_due(&mut self, now: Instant, woken: bool) {
         if let Some(r) = &mut self.running {
             r.on_due(now, woken);
         }
@@ -1247,7 +1247,7 @@ impl<O: PacketOutput + 'static> FtraceSource<O> {
 
     /// Closes every tracefs file held (an instance with a file open cannot
     /// be removed).
-    pub fn close_files(&mut self) {
+    pub(crate) fn close_files(&mut self) {
         self.prepared = None;
         self.stats_files.clear();
         self.tracing_on = None;
@@ -1289,7 +1289,7 @@ pub struct Leftover {
 /// events enabled there (`set_event`, and `ftrace/print`), encoded as the
 /// recording did on its sequence. Returns the framed packets. Needs the
 /// rights to open the directory's files (the broker's).
-pub fn drain_leftover(l: &Leftover) -> Result<Vec<u8>, FtraceError> {
+pub(crate) fn drain_leftover(l: &Leftover) -> Result<Vec<u8>, FtraceError> {
     let dir = Tracefs::at(&l.dir)?;
     if let Err(e) = dir.write("tracing_on", "0") {
         log::warn!(

@@ -56,7 +56,7 @@ pub enum PageError {
 
 impl PageError {
     /// Perfetto's `FtraceParseStatus` number for this error.
-    pub fn parse_status(self) -> u32 {
+    pub(crate) fn parse_status(self) -> u32 {
         self as u32
     }
 }
@@ -70,7 +70,7 @@ pub struct PageHeader {
     /// The kernel dropped events before this page (ring overwritten).
     pub missed_events: bool,
     /// How many, when the kernel stored the count.
-    pub missed_count: Option<u64>,
+    pub(crate) missed_count: Option<u64>,
 }
 
 /// One data record of a page.
@@ -104,7 +104,7 @@ pub fn parse_header(page: &[u8], layout: &PageLayout) -> Result<PageHeader, Page
 /// The header from a page's two words, for pages not held as one slice
 /// (a mapped sub-buffer): `room` is the data bytes the page holds and
 /// `stored_count` reads the `long` at that offset after the data start.
-pub fn header_from_words(
+pub(crate) fn header_from_words(
     timestamp: u64,
     commit: u64,
     room: usize,
@@ -154,7 +154,7 @@ impl<'p> EventIter<'p> {
 
     /// Walks `bytes[pos..end]`, events of one page whose running timestamp
     /// at `pos` is `ts` (a page's data, or the rest of it after a pause).
-    pub fn span(bytes: &'p [u8], pos: usize, end: usize, ts: u64) -> Self {
+    pub(crate) fn span(bytes: &'p [u8], pos: usize, end: usize, ts: u64) -> Self {
         let end = end.min(bytes.len());
         Self {
             page: bytes,

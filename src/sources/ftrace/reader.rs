@@ -38,14 +38,14 @@ use crate::sys::trace_map::{SUBBUF_DATA_OFFSET, TraceMap, TraceMapError};
 
 /// Pages taken from one CPU before they are encoded, through the mapping or
 /// splice (bounds the staging buffer). read(2) encodes each page as it comes.
-pub const BATCH_PAGES: usize = 64;
+pub(crate) const BATCH_PAGES: usize = 64;
 
 /// Shortest time between two watermark-driven drains: if a kernel reports
 /// the pipes readable at any fill level, the reader still does not spin.
-pub const MIN_WAKE_INTERVAL: Duration = Duration::from_millis(5);
+pub(crate) const MIN_WAKE_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Pages one splice moves (the pipe is sized to hold them).
-pub const SPLICE_PIPE_PAGES: usize = 16;
+pub(crate) const SPLICE_PIPE_PAGES: usize = 16;
 
 /// How pages leave the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -70,7 +70,7 @@ pub enum ReadMode {
 pub struct UnknownReadMode(pub String);
 
 /// The environment variable that picks the [`ReadMode`].
-pub const READ_MODE_ENV: &str = "RECORDER_FTRACE_READ";
+pub(crate) const READ_MODE_ENV: &str = "RECORDER_FTRACE_READ";
 
 impl ReadMode {
     /// `auto`, `mmap`, `read` or `splice`.
@@ -87,7 +87,7 @@ impl ReadMode {
 
     /// The mode [`READ_MODE_ENV`] names (`Read` when unset); a value it
     /// does not know is an error naming the ones it does.
-    pub fn from_env() -> Result<Self, UnknownReadMode> {
+    pub(crate) fn from_env() -> Result<Self, UnknownReadMode> {
         match std::env::var(READ_MODE_ENV) {
             Err(_) => Ok(Self::default()),
             Ok(v) => Self::parse(&v).ok_or(UnknownReadMode(v)),
@@ -105,7 +105,7 @@ pub struct MappedCpu {
     /// The running timestamp at `consumed`; unknown when a walk was cut
     /// short (the rest of that sub-buffer is then skipped).
     ts: Option<u64>,
-    pub ioctl_errors: u64,
+    pub(crate) ioctl_errors: u64,
 }
 
 impl MappedCpu {
@@ -324,28 +324,28 @@ impl PageFeed for ReadFeed<'_> {
 pub type PidSink = Box<dyn FnMut(&[i32]) + Send>;
 
 /// One CPU's raw pipe.
-pub struct CpuPipe {
+pub(crate) struct CpuPipe {
     pub cpu: u32,
     pub file: File,
     /// Bytes read from it so far.
     pub bytes_read: u64,
-    pub read_errors: u64,
-    pub cursor: CpuCursor,
+    pub(crate) read_errors: u64,
+    pub(crate) cursor: CpuCursor,
     /// (read end, write end) of the pipe splice moves pages through.
-    pub splice_pipe: Option<(OwnedFd, OwnedFd)>,
+    pub(crate) splice_pipe: Option<(OwnedFd, OwnedFd)>,
     /// The mapped ring buffer, when read through the mapping.
     pub map: Option<MappedCpu>,
 }
 
 /// Everything the reader holds while it runs, with its schedule.
-pub struct ReaderState<O: PacketOutput> {
+pub(crate) struct ReaderState<O: PacketOutput> {
     pub output: O,
     pub encoder: BundleEncoder,
     pub pipes: Vec<CpuPipe>,
     pub table: Arc<EventTable>,
     pub filter: PrintFilter,
     pub layout: PageLayout,
-    pub pid_sink: Option<PidSink>,
+    pub(crate) pid_sink: Option<PidSink>,
     pub mode: ReadMode,
     staging: Vec<u8>,
     pids: Vec<i32>,
@@ -363,7 +363,7 @@ pub struct ReaderState<O: PacketOutput> {
 }
 
 impl<O: PacketOutput> ReaderState<O> {
-    pub fn new(
+    pub(crate) fn new(
         output: O,
         encoder: BundleEncoder,
         pipes: Vec<CpuPipe>,
@@ -394,7 +394,7 @@ impl<O: PacketOutput> ReaderState<O> {
     }
 
     /// Drains every `period` from now on (the first after one period).
-    pub fn schedule(&mut self, period: Duration) {
+    pub(crate) fn schedule(&mut self, period: Duration) {
         self.period = period;
         self.next = Instant::now() + period;
         self.quiet_until = Instant::now();
@@ -475,7 +475,7 @@ impl<O: PacketOutput> ReaderState<O> {
     /// Reads and encodes everything available on every CPU. With splice a
     /// partly filled page stays in the kernel until `final_pass`, which
     /// reads it with read(2).
-    pub fn drain(&mut self, final_pass: bool) {
+    pub(crate) fn drain(&mut self, final_pass: bool) {
         // Latency rules pair events older than the drain's start (watch.rs).
         let cutoff = self.encoder.watch_cutoff();
         for i in 0..self.pipes.len() {
@@ -593,7 +593,7 @@ impl<O: PacketOutput> ReaderState<O> {
     /// When the reader next wants [`on_due`](Self::on_due) without a CPU
     /// waking it: the periodic drain, or the end of a quiet spell (the
     /// pipes are watched again then).
-    pub fn next_due(&self) -> Instant {
+    pub(crate) fn next_due(&self) -> Instant {
         if self.watermark && !self.watching(Instant::now()) {
             self.next.min(self.quiet_until)
         } else {
@@ -602,7 +602,7 @@ impl<O: PacketOutput> ReaderState<O> {
     }
 
     /// The CPUs' pipes to wait on for the watermark (none outside it).
-    pub fn watched(&self) -> Vec<BorrowedFd<'_>> {
+    pub(crate) fn watched(&self) -> Vec<BorrowedFd<'_>> {
         if !self.watching(Instant::now()) {
             return Vec::new();
         }
@@ -611,7 +611,7 @@ impl<O: PacketOutput> ReaderState<O> {
 
     /// The periodic drain when it is due; or, when a watched pipe was
     /// readable (`woken`), an early drain at the watermark.
-    pub fn on_due(&mut self, now: Instant, woken: bool) {
+    pub(crate) fn on_due(&mut self, now: Instant, woken: bool) {
         if now >= self.next {
             let late = now.saturating_duration_since(self.next);
             let t = Instant::now();

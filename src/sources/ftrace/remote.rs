@@ -20,15 +20,15 @@ use crate::config::event_name::{event_spec_problem, is_plain_name};
 use crate::config::spec::{ByteSize, FtraceSpec};
 
 /// Events a request may name at most.
-pub const MAX_EVENTS: usize = 512;
+pub(crate) const MAX_EVENTS: usize = 512;
 /// Trace options a request may set at most.
-pub const MAX_OPTIONS: usize = 64;
+pub(crate) const MAX_OPTIONS: usize = 64;
 /// The largest per-CPU buffer a request may ask for (KiB).
-pub const MAX_BUFFER_KB: u32 = 64 * 1024;
+pub(crate) const MAX_BUFFER_KB: u32 = 64 * 1024;
 
 /// Why a request fails the privileged side's check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     #[error("1 to {MAX_EVENTS} events, not {0}")]
     EventCount(usize),
     /// An entry the event grammar refuses.
@@ -57,7 +57,7 @@ pub enum RemoteError {
 
 /// What a served session asks of tracefs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FtraceRequest {
+pub(crate) struct FtraceRequest {
     /// `group/name`, `group/*` or `name`, in the config's grammar.
     pub events: Vec<String>,
     /// `group/name` of the atrace categories' events: enabled where the
@@ -80,14 +80,14 @@ pub struct FtraceRequest {
 #[error(
     "linux.ftrace under recorder serve: {0} is not served (record it with `recorder --config`, or run `recorder serve --no-builtin-ftrace` with traced_probes)"
 )]
-pub struct Unsupported(pub &'static str);
+pub(crate) struct Unsupported(pub &'static str);
 
 impl FtraceRequest {
     /// The request for `spec`; fields that need more than an instance with
     /// events and options (kprobes, function_graph, syscall filters, a named
     /// instance, CPU mask, pid filter, a preserved buffer) are refused by
     /// name rather than ignored.
-    pub fn from_spec(spec: &FtraceSpec) -> Result<Self, Unsupported> {
+    pub(crate) fn from_spec(spec: &FtraceSpec) -> Result<Self, Unsupported> {
         let refused = [
             ("kprobe_events", !spec.kprobe_events.is_empty()),
             ("enable_function_graph", spec.enable_function_graph),
@@ -123,7 +123,7 @@ impl FtraceRequest {
 
     /// The privileged side's own check: the event grammar, plain option
     /// names, and bounds on every list and size.
-    pub fn check(&self) -> Result<(), RequestError> {
+    pub(crate) fn check(&self) -> Result<(), RequestError> {
         if self.events.is_empty() || self.events.len() > MAX_EVENTS {
             return Err(RequestError::EventCount(self.events.len()));
         }
@@ -154,7 +154,7 @@ impl FtraceRequest {
     }
 
     /// The spec the privileged side prepares (the request's fields only).
-    pub fn to_spec(&self) -> FtraceSpec {
+    pub(crate) fn to_spec(&self) -> FtraceSpec {
         FtraceSpec {
             events: self.events.clone(),
             category_events: self.category_events.clone(),
@@ -174,10 +174,10 @@ impl FtraceRequest {
 /// descriptors come in the order `tracing_on`, each CPU's
 /// `trace_pipe_raw`, each CPU's `stats`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct PreparedInfo {
+pub(crate) struct PreparedInfo {
     pub cpus: Vec<u32>,
     pub header_page: String,
-    pub header_event: String,
+    pub(crate) header_event: String,
     /// (group, name, format text) of each enabled event.
     pub formats: Vec<(String, String, String)>,
     pub unknown_events: Vec<String>,
@@ -188,21 +188,21 @@ pub struct PreparedInfo {
 
 impl PreparedInfo {
     /// How many descriptors come with it.
-    pub fn fd_count(&self) -> usize {
+    pub(crate) fn fd_count(&self) -> usize {
         1 + 2 * self.cpus.len()
     }
 }
 
 /// An instance prepared elsewhere, as its user holds it.
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The privileged side's name for it (for the release).
     pub key: u64,
     pub info: PreparedInfo,
-    pub fds: Vec<OwnedFd>,
+    pub(crate) fds: Vec<OwnedFd>,
 }
 
 /// The privileged side, as a served session's ftrace source sees it.
-pub trait RemoteTracefs: Send + Sync {
+pub(crate) trait RemoteTracefs: Send + Sync {
     /// Prepares an instance for `request`, charged to consumer `uid`.
     fn prepare(&self, uid: u32, request: &FtraceRequest) -> Result<Prepared, RemoteError>;
     /// Undoes instance `key` (its descriptors closed first).

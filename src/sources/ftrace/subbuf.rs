@@ -15,14 +15,14 @@
 
 /// The environment variable that sets the size in KiB (`4` keeps one page
 /// per sub-buffer as the kernel does by default).
-pub const SUBBUF_ENV: &str = "RECORDER_FTRACE_SUBBUF_KB";
+pub(crate) const SUBBUF_ENV: &str = "RECORDER_FTRACE_SUBBUF_KB";
 
 /// The size chosen when none is asked for.
 pub const DEFAULT_SUBBUF_KB: u32 = 16;
 
 /// Sub-buffers a per-CPU buffer keeps at least: below that the kernel's
 /// default is left alone, so a small buffer does not lose in large steps.
-pub const MIN_SUBBUFS: u32 = 64;
+pub(crate) const MIN_SUBBUFS: u32 = 64;
 
 /// The largest size accepted (the kernel refuses orders above its own limit;
 /// beyond this nothing is gained and a partial sub-buffer costs much more).
@@ -57,7 +57,7 @@ impl SubbufSize {
     }
 
     /// The size [`SUBBUF_ENV`] asks for (`Auto` when unset).
-    pub fn from_env() -> Result<Self, BadSubbufSize> {
+    pub(crate) fn from_env() -> Result<Self, BadSubbufSize> {
         match std::env::var(SUBBUF_ENV) {
             Err(_) => Ok(Self::Auto),
             Ok(v) => Self::parse(&v).ok_or(BadSubbufSize(v)),

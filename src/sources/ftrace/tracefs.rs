@@ -10,10 +10,10 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// Roots tried in order.
-pub const TRACEFS_ROOTS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+pub(crate) const TRACEFS_ROOTS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 /// Prefix of the instances this program creates (`recorder-<pid>`, then
 /// `recorder-<pid>-<n>` for further sources of the same process).
-pub const INSTANCE_PREFIX: &str = "recorder-";
+pub(crate) const INSTANCE_PREFIX: &str = "recorder-";
 
 static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -160,7 +160,7 @@ impl Tracefs {
     /// when it died during its set-up: its instances (`recorder-<pid>`,
     /// `recorder-<pid>-<n>`, tracing off first) and its kprobes (group
     /// `recorder_<pid>`). Returns what was removed.
-    pub fn remove_leftovers_of(&self, pid: u32) -> Vec<String> {
+    pub(crate) fn remove_leftovers_of(&self, pid: u32) -> Vec<String> {
         let mut removed = Vec::new();
         let own = format!("{INSTANCE_PREFIX}{pid}");
         for name in list_dirs(&self.path("instances")) {
@@ -243,7 +243,7 @@ fn list_dirs(p: &Path) -> Vec<String> {
 
 /// The value of a tracefs setting as it is to be written back:
 /// `[boot] local global` → `boot`; `7 (expanded: 1408)` → `7`.
-pub fn restorable_value(rel: &str, text: &str) -> String {
+pub(crate) fn restorable_value(rel: &str, text: &str) -> String {
     let t = text.trim();
     if rel.ends_with("trace_clock")
         && let (Some(a), Some(b)) = (t.find('['), t.find(']'))
@@ -278,7 +278,7 @@ enum Undo {
 
 /// The tracefs directory a recording uses, with everything it changed.
 /// Dropping it restores the changes (and removes an instance it created).
-pub struct TracefsSession {
+pub(crate) struct TracefsSession {
     top: Tracefs,
     dir: Tracefs,
     created_instance: bool,
@@ -291,7 +291,7 @@ impl TracefsSession {
     /// Opens the directory to record in: `instance_name` if given (created
     /// if absent), else our own `recorder-<pid>`. Stale instances of dead
     /// runs are removed first.
-    pub fn open(
+    pub(crate) fn open(
         top: &Tracefs,
         instance_name: Option<&str>,
         proc: &Path,
@@ -330,7 +330,8 @@ impl TracefsSession {
     }
 
     /// Records in `top` itself (no instance).
-    pub fn top_level(top: &Tracefs) -> Self {
+    #[cfg(test)]
+    pub(crate) fn top_level(top: &Tracefs) -> Self {
         Self {
             top: top.clone(),
             dir: top.clone(),
@@ -341,27 +342,23 @@ impl TracefsSession {
     }
 
     /// The directory being recorded in.
-    pub fn dir(&self) -> &Tracefs {
+    pub(crate) fn dir(&self) -> &Tracefs {
         &self.dir
     }
 
     /// The tracefs top level.
-    pub fn top(&self) -> &Tracefs {
+    pub(crate) fn top(&self) -> &Tracefs {
         &self.top
     }
 
-    pub fn created_instance(&self) -> bool {
-        self.created_instance
-    }
-
     /// Writes `value` to `rel`, remembering the old value the first time.
-    pub fn set(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
+    pub(crate) fn set(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
         self.set_in(false, rel, value)
     }
 
     /// [`TracefsSession::set`] on a file of the tracefs top level (global
     /// settings such as `max_graph_depth`).
-    pub fn set_top(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
+    pub(crate) fn set_top(&mut self, rel: &str, value: &str) -> Result<(), TracefsError> {
         self.set_in(true, rel, value)
     }
 
@@ -384,13 +381,18 @@ impl TracefsSession {
 
     /// Appends `line` to `rel` of the top level (`kprobe_events`); `undo` is
     /// appended at restore.
-    pub fn append_top(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
+    pub(crate) fn append_top(
+        &mut self,
+        rel: &str,
+        line: &str,
+        undo: &str,
+    ) -> Result<(), TracefsError> {
         self.append_in(true, rel, line, undo)
     }
 
     /// Appends `line` to `rel` of the recording directory (an event's
     /// `trigger`); `undo` is appended at restore.
-    pub fn append(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
+    pub(crate) fn append(&mut self, rel: &str, line: &str, undo: &str) -> Result<(), TracefsError> {
         self.append_in(false, rel, line, undo)
     }
 
@@ -422,7 +424,7 @@ impl TracefsSession {
 
     /// Puts back every setting, newest first; removes an instance we
     /// created. Idempotent; errors are logged, the rest still restored.
-    pub fn restore(&mut self) {
+    pub(crate) fn restore(&mut self) {
         if self.restored {
             return;
         }
@@ -433,7 +435,7 @@ impl TracefsSession {
     /// Hands the undoing over to someone else (the privileged broker, after
     /// this process gave up root): returns what [`restore`](Self::restore)
     /// would do, and this session will no longer do it.
-    pub fn hand_over(&mut self) -> Option<TracefsTeardown> {
+    pub(crate) fn hand_over(&mut self) -> Option<TracefsTeardown> {
         if self.restored {
             return None;
         }

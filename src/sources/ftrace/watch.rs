@@ -54,7 +54,7 @@ type KeyMap = HashMap<i64, u64, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// A compiled filter.
 #[derive(Clone, Debug)]
-pub struct Program(Node);
+pub(crate) struct Program(Node);
 
 #[derive(Clone, Debug)]
 enum Node {
@@ -207,7 +207,7 @@ impl Program {
     /// (one comparison, an `&&` or `||` chain of them) are tested in line;
     /// only nested ones recurse.
     #[inline]
-    pub fn eval(&self, rec: &[u8], cpu: u32) -> bool {
+    pub(crate) fn eval(&self, rec: &[u8], cpu: u32) -> bool {
         match &self.0 {
             Node::All(xs) => xs.iter().all(|x| x.test(rec, cpu)),
             Node::Any(xs) => xs.iter().any(|x| x.test(rec, cpu)),
@@ -355,7 +355,11 @@ fn flatten(p: Option<Program>, trees: &mut Vec<Node>) -> (bool, Vec<Leaf>) {
 const CPU_FIELDS: &[&str] = &["CPU", "cpu", "common_cpu"];
 
 /// Compiles `filter` (of `rule`) against `format`.
-pub fn compile(rule: &Rule, filter: &Filter, format: &EventFormat) -> Result<Program, RuleError> {
+pub(crate) fn compile(
+    rule: &Rule,
+    filter: &Filter,
+    format: &EventFormat,
+) -> Result<Program, RuleError> {
     node(rule, &filter.expr, format).map(Program)
 }
 
@@ -555,7 +559,7 @@ fn format_of(
 
 /// Checks a rule's events and filters against the kernel's formats in
 /// `tracefs` (the same the recording's instance has).
-pub fn check(rule: &Rule, tracefs: &Tracefs) -> Result<(), RuleError> {
+pub(crate) fn check(rule: &Rule, tracefs: &Tracefs) -> Result<(), RuleError> {
     match &rule.condition {
         Condition::Event { event, filter } => {
             let f = format_of(rule, tracefs, &event.group, &event.name, event.span)?;
@@ -952,7 +956,7 @@ impl Watch {
 
     /// Events that `freeze` rules stop the kernel at, with their filters:
     /// `(group, name, filter)`.
-    pub fn freezes(plan: &RulePlan) -> Vec<(String, String, Option<String>)> {
+    pub(crate) fn freezes(plan: &RulePlan) -> Vec<(String, String, Option<String>)> {
         plan.rules
             .iter()
             .filter(|r| r.freeze.is_some())
@@ -981,7 +985,7 @@ impl Watch {
     /// checks lie in one run of memory, so what it costs is a few
     /// predictable branches and adjacent loads.
     #[inline(never)]
-    pub fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
+    pub(crate) fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
         let Watch {
             hooks,
             event_hooks,
@@ -1127,7 +1131,7 @@ impl Watch {
     /// took (`armed`: its events) and that matched, how long after its
     /// match the last event of any CPU was (`last_ts`, trace clock), in the
     /// rule's tally.
-    pub fn note_freeze(&self, last_ts: u64, armed: &[(String, String)]) {
+    pub(crate) fn note_freeze(&self, last_ts: u64, armed: &[(String, String)]) {
         for r in &self.events {
             if let Some(Some(at)) = r.freeze
                 && armed.contains(&r.event)

@@ -29,10 +29,6 @@ use crate::sources::procfs::{self, HostPaths};
 use crate::wire::{process_stats, process_tree, trace_packet};
 use packets::{PacketPlan, encode_stats_record, encode_tree_entry, write_split};
 
-/// The data source's name, as configs select it.
-pub const DATA_SOURCE_NAME: &str = "linux.process_stats";
-/// It forgets which pids it wrote when incremental state is cleared.
-pub const HANDLES_INCREMENTAL_STATE: bool = true;
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat`: the kthread test for
 /// kernels without the `Kthread:` status line (before 6.4).
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -56,11 +52,11 @@ type CachedCounters = StatsRecord;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessStatsCounters {
     pub tree_packets: u64,
-    pub stats_packets: u64,
-    pub processes_written: u64,
-    pub threads_written: u64,
+    pub(crate) stats_packets: u64,
+    pub(crate) processes_written: u64,
+    pub(crate) threads_written: u64,
     /// Entries too large for any packet.
-    pub entries_dropped: u64,
+    pub(crate) entries_dropped: u64,
 }
 
 /// The `linux.process_stats` source: call its methods from one thread (the

@@ -27,7 +27,7 @@ pub struct ProcessRecord {
     pub nspid: Vec<i32>,
     pub is_kthread: Option<bool>,
     /// Start time, ns after boot (`record_process_age`).
-    pub start_from_boot_ns: Option<u64>,
+    pub(crate) start_from_boot_ns: Option<u64>,
 }
 
 /// One (non-main) thread of a ProcessTree.
@@ -36,7 +36,7 @@ pub struct ThreadRecord {
     pub tid: i32,
     pub tgid: i32,
     pub name: Option<String>,
-    pub nstid: Vec<i32>,
+    pub(crate) nstid: Vec<i32>,
 }
 
 /// ProcessTree entries in scan order (a process, then its threads).
@@ -61,15 +61,15 @@ pub struct StatsRecord {
     pub vm_hwm_kb: Option<u64>,
     pub oom_score_adj: Option<i64>,
     /// CPU time in user and kernel mode, ns (`record_process_runtime`).
-    pub runtime_user_ns: Option<u64>,
-    pub runtime_kernel_ns: Option<u64>,
+    pub(crate) runtime_user_ns: Option<u64>,
+    pub(crate) runtime_kernel_ns: Option<u64>,
     /// From smaps_rollup (`scan_smaps_rollup`).
     pub smr_rss_kb: Option<u64>,
     pub smr_pss_kb: Option<u64>,
-    pub smr_pss_anon_kb: Option<u64>,
-    pub smr_pss_file_kb: Option<u64>,
-    pub smr_pss_shmem_kb: Option<u64>,
-    pub smr_swap_pss_kb: Option<u64>,
+    pub(crate) smr_pss_anon_kb: Option<u64>,
+    pub(crate) smr_pss_file_kb: Option<u64>,
+    pub(crate) smr_pss_shmem_kb: Option<u64>,
+    pub(crate) smr_swap_pss_kb: Option<u64>,
 }
 
 impl StatsRecord {
@@ -155,15 +155,15 @@ pub(super) fn encode_stats_record(e: &mut ProtoEncoder<'_>, r: &StatsRecord) {
 
 /// How a run of entries becomes packets.
 pub(super) struct PacketPlan {
-    pub timestamp_ns: u64,
+    pub(crate) timestamp_ns: u64,
     pub sequence_id: u32,
     /// TracePacket field of the payload (ProcessTree or ProcessStats).
-    pub payload_field: u32,
+    pub(crate) payload_field: u32,
     /// `collection_end_timestamp` field inside the payload.
-    pub end_field: u32,
+    pub(crate) end_field: u32,
     /// Set `incremental_state_cleared` on the first packet.
     pub incremental_state_cleared: bool,
-    pub soft_limit: usize,
+    pub(crate) soft_limit: usize,
 }
 
 /// Counts of what `write_split` did.

@@ -1,7 +1,7 @@
 //! `linux.sys_stats`: system counters from `/proc` and `/sys` at their
 //! configured periods, one SysStats TracePacket per tick.
 //!
-//! Period rules (Perfetto's): a period under [`MIN_PERIOD_MS`] is raised to
+//! Period rules (Perfetto's): a period under 10 ms is raised to
 //! it; the tick is the smallest non-zero period; every period must be a
 //! multiple of the tick, else nothing is scheduled ([`SysStatsError`]).
 //! Ticks fall on wall-clock multiples of the tick period (the poller aligns
@@ -35,12 +35,6 @@ use crate::trace::encoder::ProtoEncoder;
 use crate::wire::{sys_stats, trace_packet};
 use readers::Readers;
 
-/// The data source's name, as configs select it.
-pub const DATA_SOURCE_NAME: &str = "linux.sys_stats";
-/// As in traced_probes, sys_stats keeps no incremental state.
-pub const HANDLES_INCREMENTAL_STATE: bool = false;
-/// Periods below this are raised to it.
-pub const MIN_PERIOD_MS: u32 = 10;
 /// First size of the packet buffer; it doubles when a tick needs more.
 const INITIAL_PACKET_BYTES: usize = 64 * 1024;
 /// A tick larger than this is not written (counted).
@@ -80,7 +74,7 @@ impl Group {
     ];
 
     /// The config field that sets this group's period.
-    pub fn period_field(self) -> &'static str {
+    pub(crate) fn period_field(self) -> &'static str {
         match self {
             Group::Meminfo => "meminfo_period_ms",
             Group::Vmstat => "vmstat_period_ms",
@@ -116,7 +110,7 @@ impl Group {
     }
 
     /// Groups this build reads; others only take part in the tick rules.
-    pub fn is_supported(self) -> bool {
+    pub(crate) fn is_supported(self) -> bool {
         !matches!(self, Group::Gpufreq | Group::Slab)
     }
 }
@@ -145,7 +139,7 @@ pub struct Schedule {
 
 impl Schedule {
     /// The tick and each group's share of it; `Ok(None)` when no period is
-    /// set. Periods are as validated (at least [`MIN_PERIOD_MS`]).
+    /// set. Periods are as validated (at least 10 ms).
     pub fn from_spec(o: &SysStatsSpec) -> Result<Option<Schedule>, SysStatsError> {
         let mut periods = [0u32; Group::ALL.len()];
         for (i, g) in Group::ALL.iter().enumerate() {
@@ -175,7 +169,7 @@ impl Schedule {
     }
 
     /// Whether `g` is read on tick number `tick` (0-based).
-    pub fn is_due(&self, g: Group, tick: u64) -> bool {
+    pub(crate) fn is_due(&self, g: Group, tick: u64) -> bool {
         let n = self.every(g);
         n != 0 && tick.is_multiple_of(u64::from(n))
     }
@@ -222,11 +216,6 @@ impl SysStatsSource {
 
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
-    }
-
-    /// Ticks whose packet exceeded the maximum size and were not written.
-    pub fn oversized_ticks(&self) -> u64 {
-        self.oversized_ticks
     }
 
     /// Reads what is due on the next tick and writes its packet.

@@ -54,7 +54,7 @@ impl ProcFile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct ThermalZone {
     pub name: String,
-    pub temp_c: Option<u64>,
+    pub(crate) temp_c: Option<u64>,
     pub kind: Option<String>,
 }
 

@@ -62,12 +62,12 @@ use rustix::process::{Pid, Signal};
 use crate::storage::create::{FileId, OutputDir, PrivateDir};
 
 /// Closed segments waiting for their command, at most.
-pub const MAX_QUEUED: usize = 1024;
+pub(crate) const MAX_QUEUED: usize = 1024;
 /// How long one command may run before its process group is killed, unless
 /// `--hook-timeout` (or `hook_timeout` in NAME.segments.toml) says otherwise.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bytes of a command's output kept (its last lines), for the log.
-pub const OUTPUT_TAIL: usize = 4096;
+pub(crate) const OUTPUT_TAIL: usize = 4096;
 /// Lines of that tail quoted in a failure's message.
 const TAIL_LINES: usize = 5;
 /// How often the runner looks at the stop flag while a command runs.
@@ -77,7 +77,7 @@ const PRIVATE_DIR: &str = "recorder-hook";
 
 /// A command that cannot be run safely with a path appended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HookCommandError {
+pub(crate) enum HookCommandError {
     #[error("--on-segment-closed: the command is empty")]
     Empty,
     #[error(
@@ -97,7 +97,7 @@ const OPENING_WORDS: &[&str] = &[
 /// newline there would make the path a command of its own). A command that
 /// still ends where the shell expects a command (`;`, `&`, `|`, `(`, a
 /// trailing backslash, a keyword such as `then` or `!`) is refused.
-pub fn shell_line(command: &str) -> Result<String, HookCommandError> {
+pub(crate) fn shell_line(command: &str) -> Result<String, HookCommandError> {
     let trimmed = command.trim_end_matches(|c: char| c.is_ascii_whitespace());
     if trimmed.trim().is_empty() {
         return Err(HookCommandError::Empty);
@@ -122,11 +122,11 @@ pub fn shell_line(command: &str) -> Result<String, HookCommandError> {
 /// One closed segment for the command: its names in the runner's
 /// directory and the identity of the files the recorder wrote there.
 #[derive(Debug, Clone)]
-pub struct HookJob {
+pub(crate) struct HookJob {
     pub file: String,
-    pub file_id: FileId,
+    pub(crate) file_id: FileId,
     pub sidecar: String,
-    pub sidecar_id: FileId,
+    pub(crate) sidecar_id: FileId,
     pub index: u64,
 }
 
@@ -141,7 +141,7 @@ pub struct HookCounts {
     pub failed: u64,
     /// Of the failed, the ones killed at their timeout.
     #[serde(default)]
-    pub timed_out: u64,
+    pub(crate) timed_out: u64,
     /// Not run: the queue was full, the session ended first, or the
     /// segment was gone before its turn.
     pub skipped: u64,
@@ -174,7 +174,7 @@ struct Counters {
 }
 
 /// The thread that runs the command.
-pub struct HookRunner {
+pub(crate) struct HookRunner {
     tx: Option<SyncSender<HookJob>>,
     counters: Arc<Counters>,
     thread: Option<JoinHandle<()>>,
@@ -186,7 +186,11 @@ impl HookRunner {
     /// Starts the thread for `command` on the segments of `dir`; each run
     /// may last `timeout`. A command [`shell_line`] refuses is an error
     /// (`InvalidInput`).
-    pub fn start(command: String, timeout: Duration, dir: OutputDir) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        command: String,
+        timeout: Duration,
+        dir: OutputDir,
+    ) -> std::io::Result<Self> {
         let line = shell_line(&command)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(MAX_QUEUED);
@@ -221,7 +225,7 @@ impl HookRunner {
     }
 
     /// Queues a closed segment; never blocks.
-    pub fn submit(&self, job: HookJob) {
+    pub(crate) fn submit(&self, job: HookJob) {
         let Some(tx) = &self.tx else { return };
         self.counters.queued.fetch_add(1, Ordering::SeqCst);
         match tx.try_send(job) {
@@ -238,7 +242,7 @@ impl HookRunner {
         }
     }
 
-    pub fn counts(&self) -> HookCounts {
+    pub(crate) fn counts(&self) -> HookCounts {
         let c = &self.counters;
         HookCounts {
             ran: c.ran.load(Ordering::SeqCst),
@@ -256,7 +260,7 @@ impl HookRunner {
     }
 
     /// The indices of the segments their command deleted or moved, so far.
-    pub fn deleted(&self) -> Vec<u64> {
+    pub(crate) fn deleted(&self) -> Vec<u64> {
         self.counters
             .deleted
             .lock()
@@ -265,7 +269,7 @@ impl HookRunner {
     }
 
     /// The last failure, for the summary.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.counters
             .last_error
             .lock()
@@ -276,7 +280,7 @@ impl HookRunner {
     /// Waits up to `grace` for the queued commands; then the running one's
     /// group is killed (counted as stopped) and the rest are not run. The
     /// counts returned are final: the thread has ended.
-    pub fn finish(&mut self, grace: Duration) -> HookCounts {
+    pub(crate) fn finish(&mut self, grace: Duration) -> HookCounts {
         self.tx = None; // the thread ends once the queue is drained
         let deadline = Instant::now() + grace;
         while self.counters.queued.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {

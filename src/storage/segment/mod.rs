@@ -19,10 +19,10 @@
 //! one as a valid trace under its `.partial` name (plus at most a torn
 //! packet).
 
-pub mod hook;
-pub mod names;
-pub mod policy;
-pub mod sidecar;
+pub(crate) mod hook;
+pub(crate) mod names;
+pub(crate) mod policy;
+pub(crate) mod sidecar;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::IoSlice;
@@ -42,11 +42,11 @@ use super::{FileSink, OpenOptions, SinkError, SinkKind, StorageError, WriteList}
 use crate::ringbuf::{Buffer, BufferStats};
 
 /// How long the end of a session waits for queued `--on-segment-closed` commands.
-pub const HOOK_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const HOOK_GRACE: Duration = Duration::from_secs(10);
 
 /// Segmented output failed.
 #[derive(Debug, thiserror::Error)]
-pub enum SegmentError {
+pub(crate) enum SegmentError {
     #[error(
         "{dir} already holds segments of this name ({first}, …): move them or choose another output"
     )]
@@ -80,7 +80,7 @@ const MAX_SKIPPED_NAMES: u64 = 64;
 
 /// `--on-segment-closed` run by another process (the privileged broker,
 /// so that the command keeps the invoking user's rights).
-pub trait RemoteHooks: Send + Sync {
+pub(crate) trait RemoteHooks: Send + Sync {
     /// Runs the command on segment `index` (`file`, `sidecar`: names in the
     /// segments' directory).
     fn submit(&self, index: u64, file: &str, sidecar: &str);
@@ -133,7 +133,7 @@ impl Hooks {
 
 /// Who and where, for every sidecar of the session.
 #[derive(Debug, Clone, Default)]
-pub struct SegmentIdentity {
+pub(crate) struct SegmentIdentity {
     pub host: String,
     pub boot_id: String,
     /// The session's UUID as (msb, lsb); segment N's trace UUID is derived from it.
@@ -145,7 +145,7 @@ pub struct SegmentIdentity {
 /// Segment `index`'s trace UUID: the session's with the index folded into
 /// its low half, so segment 0 carries the session's own UUID and every
 /// other segment opens in Perfetto as a trace of its own.
-pub fn segment_uuid(session: (i64, i64), index: u64) -> (i64, i64) {
+pub(crate) fn segment_uuid(session: (i64, i64), index: u64) -> (i64, i64) {
     (session.0, session.1 ^ index as i64)
 }
 
@@ -155,13 +155,13 @@ pub struct SegmentRecord {
     pub index: u64,
     pub path: PathBuf,
     pub bytes: u64,
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     pub packets: u64,
     /// Still on disk (false once the budget deleted it).
     pub kept: bool,
     /// `size`, `period`, `end`, `write_failed`; empty while open.
     pub closed_by: String,
-    pub lost_bytes: u64,
+    pub(crate) lost_bytes: u64,
 }
 
 /// The segments of the session so far.
@@ -172,7 +172,7 @@ pub struct SegmentsStatus {
     pub segments: Vec<SegmentRecord>,
     /// Closed segments the budget deleted.
     pub deleted: u64,
-    pub bytes_on_disk: u64,
+    pub(crate) bytes_on_disk: u64,
     pub hook: Option<HookCounts>,
     /// Errors met while closing or deleting that did not stop the session.
     pub warnings: Vec<String>,
@@ -180,7 +180,7 @@ pub struct SegmentsStatus {
 
 impl SegmentsStatus {
     /// Bytes written over all segments, before and after compression.
-    pub fn totals(&self) -> (u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64) {
         self.segments
             .iter()
             .fold((0, 0), |(u, c), s| (u + s.uncompressed_bytes, c + s.bytes))
@@ -217,7 +217,7 @@ struct Upstream {
 /// [`FileSink`]: writes go to the segment being written, and
 /// [`FileSink::bytes_written`] is that segment's size (what
 /// `max_file_size_bytes` and the rotation size apply to).
-pub struct SegmentWriter {
+pub(crate) struct SegmentWriter {
     names: SegmentNames,
     dir: OutputDir,
     policy: RotationPolicy,
@@ -239,7 +239,7 @@ pub struct SegmentWriter {
 impl SegmentWriter {
     /// Creates the directory if needed, refuses one that already holds
     /// segments of this name, and opens segment 0.
-    pub fn create(
+    pub(crate) fn create(
         names: SegmentNames,
         policy: RotationPolicy,
         open_opts: OpenOptions,
@@ -293,17 +293,17 @@ impl SegmentWriter {
     }
 
     /// The segments' names.
-    pub fn names(&self) -> &SegmentNames {
+    pub(crate) fn names(&self) -> &SegmentNames {
         &self.names
     }
 
     /// The directory the segments are made in.
-    pub fn dir(&self) -> &OutputDir {
+    pub(crate) fn dir(&self) -> &OutputDir {
         &self.dir
     }
 
     /// The directory, to hand its operations to a broker.
-    pub fn dir_mut(&mut self) -> &mut OutputDir {
+    pub(crate) fn dir_mut(&mut self) -> &mut OutputDir {
         &mut self.dir
     }
 
@@ -373,7 +373,7 @@ impl SegmentWriter {
     /// Records `source`'s count of events lost before its buffer, from its
     /// start (the kernel's overruns, say). Called before each close, so the
     /// closing segment's sidecar holds what grew while it was written.
-    pub fn note_upstream_loss(&mut self, source: &str, events: u64, advice: &str) {
+    pub(crate) fn note_upstream_loss(&mut self, source: &str, events: u64, advice: &str) {
         self.upstream.insert(
             source.to_string(),
             Upstream {
@@ -384,17 +384,17 @@ impl SegmentWriter {
     }
 
     /// The index of the segment being written.
-    pub fn index(&self) -> u64 {
+    pub(crate) fn index(&self) -> u64 {
         self.current.as_ref().map_or(self.next_index, |c| c.index)
     }
 
     /// The trace UUID of the segment being written.
-    pub fn trace_uuid(&self) -> (i64, i64) {
+    pub(crate) fn trace_uuid(&self) -> (i64, i64) {
         segment_uuid(self.identity.session_uuid, self.index())
     }
 
     /// Notes what a pass wrote (packets, bytes before compression).
-    pub fn record_pass(&mut self, rep: &PassReport) {
+    pub(crate) fn record_pass(&mut self, rep: &PassReport) {
         if let Some(c) = &mut self.current {
             c.packets += rep.packets;
             c.input_bytes += rep.input_bytes;
@@ -408,13 +408,14 @@ impl SegmentWriter {
     }
 
     /// How full the segment being written is: its bytes and its age.
-    pub fn fill(&self) -> Option<(u64, Duration)> {
+    pub(crate) fn fill(&self) -> Option<(u64, Duration)> {
         let c = self.current.as_ref()?;
         Some((c.sink.bytes_written(), c.opened.elapsed()))
     }
 
     /// The rotation decision for the segment being written, now.
-    pub fn rotation_due(&self) -> Option<RotateReason> {
+    #[cfg(test)]
+    pub(crate) fn rotation_due(&self) -> Option<RotateReason> {
         let (bytes, age) = self.fill()?;
         policy::rotation_due(&self.policy, bytes, age)
     }
@@ -422,14 +423,18 @@ impl SegmentWriter {
     /// Closes the segment being written (after appending `tail`, its closing
     /// service packets) and opens the next. The old one is closed even when
     /// opening the next fails.
-    pub fn rotate(&mut self, tail: &[Vec<u8>], reason: RotateReason) -> Result<(), SegmentError> {
+    pub(crate) fn rotate(
+        &mut self,
+        tail: &[Vec<u8>],
+        reason: RotateReason,
+    ) -> Result<(), SegmentError> {
         self.close_current(tail, Sidecar::closed_by_rotation(reason), true)?;
         self.open_next()
     }
 
     /// Ends the set: the segment being written is closed with `tail`, and
     /// queued commands get [`HOOK_GRACE`] to finish.
-    pub fn finish(&mut self, tail: &[Vec<u8>]) -> Result<(), SegmentError> {
+    pub(crate) fn finish(&mut self, tail: &[Vec<u8>]) -> Result<(), SegmentError> {
         let r = self.close_current(tail, "end", false);
         self.finish_hooks();
         r
@@ -438,7 +443,7 @@ impl SegmentWriter {
     /// After the output failed: the segment being written keeps what earlier
     /// passes wrote; it is closed as such (rename, sidecar with
     /// `closed_by: write_failed`) as far as the disk allows.
-    pub fn finish_after_failure(&mut self) -> Result<(), SegmentError> {
+    pub(crate) fn finish_after_failure(&mut self) -> Result<(), SegmentError> {
         let r = self.close_current(&[], "write_failed", false);
         self.finish_hooks();
         r
@@ -446,7 +451,7 @@ impl SegmentWriter {
 
     /// The files this writer has made that are still there (the segment
     /// being written): handed to a broker that will act on them later.
-    pub fn files_made(&self) -> Vec<String> {
+    pub(crate) fn files_made(&self) -> Vec<String> {
         self.current
             .as_ref()
             .map(|c| vec![self.names.partial_name(c.index)])
@@ -454,14 +459,14 @@ impl SegmentWriter {
     }
 
     /// The `--on-segment-closed` command and its timeout, if any.
-    pub fn hook_command(&self) -> Option<(&str, Duration)> {
+    pub(crate) fn hook_command(&self) -> Option<(&str, Duration)> {
         let timeout = self.policy.hook_timeout.unwrap_or(hook::DEFAULT_TIMEOUT);
         self.policy.on_closed.as_deref().map(|c| (c, timeout))
     }
 
     /// From now on the command runs in `remote`; the local runner (which
     /// has run nothing yet when this is called at the start) is ended.
-    pub fn hand_hooks_to(&mut self, remote: Arc<dyn RemoteHooks>) {
+    pub(crate) fn hand_hooks_to(&mut self, remote: Arc<dyn RemoteHooks>) {
         if let Some(Hooks::Local(r)) = &mut self.hooks {
             r.finish(Duration::ZERO);
         }
@@ -737,7 +742,7 @@ impl SegmentWriter {
     }
 
     /// The segments so far, for the summary and `recorder query`.
-    pub fn status(&self) -> SegmentsStatus {
+    pub(crate) fn status(&self) -> SegmentsStatus {
         let mut s = self.status.clone();
         if let (Some(c), Some(last)) = (&self.current, s.segments.last_mut()) {
             last.bytes = c.sink.bytes_written();
@@ -758,7 +763,7 @@ impl SegmentWriter {
     }
 
     /// Bytes written over every segment.
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.status().totals().1
     }
 }
@@ -797,14 +802,14 @@ impl FileSink for SegmentWriter {
 }
 
 /// The trace output: one file (or stdout), or numbered segments.
-pub enum Output {
+pub(crate) enum Output {
     File(Box<dyn FileSink>),
     Segments(Box<SegmentWriter>),
 }
 
 impl Output {
     /// The sink write passes go to.
-    pub fn as_sink(&mut self) -> &mut dyn FileSink {
+    pub(crate) fn as_sink(&mut self) -> &mut dyn FileSink {
         match self {
             Output::File(s) => s.as_mut(),
             Output::Segments(w) => w.as_mut(),
@@ -812,7 +817,7 @@ impl Output {
     }
 
     /// The sink, to look at.
-    pub fn as_ref_sink(&self) -> &dyn FileSink {
+    pub(crate) fn as_ref_sink(&self) -> &dyn FileSink {
         match self {
             Output::File(s) => s.as_ref(),
             Output::Segments(w) => w.as_ref(),
@@ -820,25 +825,25 @@ impl Output {
     }
 
     /// Bytes written over the whole session.
-    pub fn bytes_written(&self) -> u64 {
+    pub(crate) fn bytes_written(&self) -> u64 {
         match self {
             Output::File(s) => s.bytes_written(),
             Output::Segments(w) => w.total_bytes(),
         }
     }
 
-    pub fn kind(&self) -> SinkKind {
+    pub(crate) fn kind(&self) -> SinkKind {
         match self {
             Output::File(s) => s.kind(),
             Output::Segments(w) => w.kind(),
         }
     }
 
-    pub fn sync_data(&mut self) -> Result<(), SinkError> {
+    pub(crate) fn sync_data(&mut self) -> Result<(), SinkError> {
         self.as_sink().sync_data()
     }
 
-    pub fn segments(&self) -> Option<SegmentsStatus> {
+    pub(crate) fn segments(&self) -> Option<SegmentsStatus> {
         match self {
             Output::File(_) => None,
             Output::Segments(w) => Some(w.status()),

@@ -14,22 +14,22 @@ use std::path::{Path, PathBuf};
 
 /// The file names of one session's segments.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentNames {
+pub(crate) struct SegmentNames {
     pub dir: PathBuf,
-    pub stem: String,
+    pub(crate) stem: String,
     pub ext: String,
 }
 
 /// The suffix of a segment still being written.
-pub const PARTIAL_SUFFIX: &str = ".partial";
+pub(crate) const PARTIAL_SUFFIX: &str = ".partial";
 /// The suffix of a segment's sidecar.
-pub const SIDECAR_SUFFIX: &str = ".json";
+pub(crate) const SIDECAR_SUFFIX: &str = ".json";
 
 impl SegmentNames {
     /// Names from `-o`: a directory (existing, or given with a trailing `/`)
     /// holds `trace-NNNNNN.pftrace`; a file path `DIR/NAME.EXT` becomes
     /// `DIR/NAME-NNNNNN.EXT`.
-    pub fn from_output(out: &Path) -> Self {
+    pub(crate) fn from_output(out: &Path) -> Self {
         let as_dir = out.as_os_str().to_string_lossy().ends_with('/') || out.is_dir();
         if as_dir {
             return Self {
@@ -52,37 +52,37 @@ impl SegmentNames {
     }
 
     /// The closed segment's file name.
-    pub fn file_name(&self, index: u64) -> String {
+    pub(crate) fn file_name(&self, index: u64) -> String {
         format!("{}-{index:06}.{}", self.stem, self.ext)
     }
 
     /// The file name while it is written.
-    pub fn partial_name(&self, index: u64) -> String {
+    pub(crate) fn partial_name(&self, index: u64) -> String {
         format!("{}{PARTIAL_SUFFIX}", self.file_name(index))
     }
 
     /// The sidecar's file name.
-    pub fn sidecar_name(&self, index: u64) -> String {
+    pub(crate) fn sidecar_name(&self, index: u64) -> String {
         format!("{}{SIDECAR_SUFFIX}", self.file_name(index))
     }
 
     /// The closed segment's path.
-    pub fn path(&self, index: u64) -> PathBuf {
+    pub(crate) fn path(&self, index: u64) -> PathBuf {
         self.dir.join(self.file_name(index))
     }
 
     /// The path while it is written.
-    pub fn partial(&self, index: u64) -> PathBuf {
+    pub(crate) fn partial(&self, index: u64) -> PathBuf {
         self.dir.join(self.partial_name(index))
     }
 
     /// The sidecar's path.
-    pub fn sidecar(&self, index: u64) -> PathBuf {
+    pub(crate) fn sidecar(&self, index: u64) -> PathBuf {
         self.dir.join(self.sidecar_name(index))
     }
 
     /// The index of a file of this set (closed, partial or sidecar), if it is one.
-    pub fn index_of(&self, file_name: &str) -> Option<u64> {
+    pub(crate) fn index_of(&self, file_name: &str) -> Option<u64> {
         let rest = file_name.strip_prefix(&self.stem)?.strip_prefix('-')?;
         let digits_end = rest.find(|c: char| !c.is_ascii_digit())?;
         let (digits, tail) = rest.split_at(digits_end);
@@ -99,7 +99,7 @@ impl SegmentNames {
 
     /// Files of this set among `entries` (a directory's names), as paths,
     /// sorted.
-    pub fn existing_among(&self, entries: &[String]) -> Vec<PathBuf> {
+    pub(crate) fn existing_among(&self, entries: &[String]) -> Vec<PathBuf> {
         let mut found: Vec<PathBuf> = entries
             .iter()
             .filter(|n| self.index_of(n).is_some())
@@ -111,7 +111,8 @@ impl SegmentNames {
 
     /// Files of this set already in the directory (sorted), so a new session
     /// does not mix its segments with an earlier one's.
-    pub fn existing(&self) -> std::io::Result<Vec<PathBuf>> {
+    #[cfg(test)]
+    pub(crate) fn existing(&self) -> std::io::Result<Vec<PathBuf>> {
         let mut found = Vec::new();
         let rd = match std::fs::read_dir(&self.dir) {
             Ok(rd) => rd,

@@ -5,17 +5,17 @@ use std::time::Duration;
 
 /// The rotation policy of a session, validated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RotationPolicy {
+pub(crate) struct RotationPolicy {
     /// Cut after the write pass that brings a segment to this many bytes.
     pub size: Option<u64>,
     /// Cut after the first write pass once a segment is this old.
     pub period: Option<Duration>,
     /// Keep at most this many segments on disk, the one being written included.
-    pub max_segments: Option<u32>,
+    pub(crate) max_segments: Option<u32>,
     /// Keep closed segments and the one being written within this many bytes.
-    pub max_disk: Option<u64>,
+    pub(crate) max_disk: Option<u64>,
     /// A shell command run with each closed segment's path.
-    pub on_closed: Option<String>,
+    pub(crate) on_closed: Option<String>,
     /// How long each run of `on_closed` may take (default
     /// [`super::hook::DEFAULT_TIMEOUT`]).
     pub hook_timeout: Option<Duration>,
@@ -24,7 +24,7 @@ pub struct RotationPolicy {
 /// Why a segment was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RotateReason {
+pub(crate) enum RotateReason {
     Size,
     Period,
     /// `recorder rotate`, or a rule's `then rotate`.
@@ -33,7 +33,7 @@ pub enum RotateReason {
 
 /// A policy that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PolicyError {
+pub(crate) enum PolicyError {
     #[error(
         "{0} needs --rotate-size or --rotate-period (there is nothing to keep or delete without segments)"
     )]
@@ -56,12 +56,12 @@ pub enum PolicyError {
 
 impl RotationPolicy {
     /// Whether the output is cut into segments at all.
-    pub fn rotates(&self) -> bool {
+    pub(crate) fn rotates(&self) -> bool {
         self.size.is_some() || self.period.is_some()
     }
 
     /// Refuses settings that cannot be honoured.
-    pub fn check(&self) -> Result<(), PolicyError> {
+    pub(crate) fn check(&self) -> Result<(), PolicyError> {
         if self.size == Some(0) {
             return Err(PolicyError::Zero {
                 what: "--rotate-size",
@@ -111,7 +111,11 @@ impl RotationPolicy {
 /// The rotation decision, pure: after a write pass, with the segment at
 /// `bytes` and `age` old, is it time to cut? Size first (it bounds disk use).
 /// An empty segment is never cut (a quiet session does not make empty files).
-pub fn rotation_due(policy: &RotationPolicy, bytes: u64, age: Duration) -> Option<RotateReason> {
+pub(crate) fn rotation_due(
+    policy: &RotationPolicy,
+    bytes: u64,
+    age: Duration,
+) -> Option<RotateReason> {
     if bytes == 0 {
         return None;
     }
@@ -126,7 +130,7 @@ pub fn rotation_due(policy: &RotationPolicy, bytes: u64, age: Duration) -> Optio
 
 /// A size or a duration as written that cannot be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ValueError {
+pub(crate) enum ValueError {
     #[error("{text:?} is not a size (examples: 1048576, 256M, 2G)")]
     NotASize {
         text: String,
@@ -147,7 +151,7 @@ pub enum ValueError {
 
 /// A byte size: `1048576`, `256K`, `256M`, `2G`, `1T` (powers of 1024, also
 /// written `KiB`, `MiB`, …), or `KB`, `MB`, `GB`, `TB` (powers of 1000).
-pub fn parse_size(s: &str) -> Result<u64, ValueError> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, ValueError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '_'))
@@ -180,7 +184,7 @@ pub fn parse_size(s: &str) -> Result<u64, ValueError> {
 }
 
 /// A duration: `90s`, `10m`, `1h`, `1h30m`, `500ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, ValueError> {
     humantime::parse_duration(s.trim()).map_err(|source| ValueError::NotADuration {
         text: s.to_string(),
         source,

@@ -14,11 +14,11 @@ use super::policy::RotateReason;
 use crate::storage::create::OutputDir;
 
 /// Format version of the sidecar.
-pub const SIDECAR_VERSION: u32 = 1;
+pub(crate) const SIDECAR_VERSION: u32 = 1;
 
 /// What was lost while a segment was the one being written, and why.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SegmentLoss {
+pub(crate) struct SegmentLoss {
     /// RING_BUFFER reused chunks nobody had read.
     pub bytes_overwritten: u64,
     pub packets_overwritten: u64,
@@ -37,7 +37,8 @@ pub struct SegmentLoss {
 }
 
 impl SegmentLoss {
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.bytes_overwritten == 0
             && self.bytes_discarded == 0
             && self.packets_overwritten == 0
@@ -49,7 +50,11 @@ impl SegmentLoss {
 
 /// A sidecar that cannot be read back.
 #[derive(Debug, thiserror::Error)]
-pub enum SidecarError {
+pub(crate) enum SidecarError {
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "made by `Sidecar::read`, which only tests use")
+    )]
     #[error("{}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -66,7 +71,7 @@ pub enum SidecarError {
 
 /// The sidecar of one segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sidecar {
+pub(crate) struct Sidecar {
     pub version: u32,
     /// The segment's file name (in the same directory).
     pub file: String,
@@ -82,8 +87,8 @@ pub struct Sidecar {
     /// BOOTTIME ns when the segment was opened and when its last write pass
     /// ended (its service packets carry these times; data read in its first
     /// pass may be up to one write period older).
-    pub first_timestamp_ns: u64,
-    pub last_timestamp_ns: u64,
+    pub(crate) first_timestamp_ns: u64,
+    pub(crate) last_timestamp_ns: u64,
     /// The same two instants on the wall clock (REALTIME ns since the
     /// epoch, read with BOOTTIME when the segment closed), so segments of
     /// different machines can be placed on one time line. Absent in
@@ -97,7 +102,7 @@ pub struct Sidecar {
     /// Bytes of the file.
     pub bytes: u64,
     /// Bytes of its packets before compression (equal to `bytes` without).
-    pub uncompressed_bytes: u64,
+    pub(crate) uncompressed_bytes: u64,
     /// `zstd` with its level, or `none`.
     pub compression: String,
     pub loss: SegmentLoss,
@@ -111,7 +116,7 @@ pub struct Sidecar {
 
 impl Sidecar {
     /// How a rotation reason reads in `closed_by`.
-    pub fn closed_by_rotation(r: RotateReason) -> &'static str {
+    pub(crate) fn closed_by_rotation(r: RotateReason) -> &'static str {
         match r {
             RotateReason::Size => "size",
             RotateReason::Period => "period",
@@ -121,7 +126,7 @@ impl Sidecar {
 
     /// Writes `self` as `name` in `dir` atomically: a temporary file made
     /// there, fdatasync, rename. Returns its size and identity.
-    pub fn write_atomically(
+    pub(crate) fn write_atomically(
         &self,
         dir: &OutputDir,
         name: &str,
@@ -146,7 +151,8 @@ impl Sidecar {
     /// Reads a sidecar the recorder wrote itself (tests, tools on its own
     /// directory). Readers of shared directories read the bytes with
     /// `trace::untrusted` and parse them with [`Sidecar::parse`].
-    pub fn read(path: &Path) -> Result<Sidecar, SidecarError> {
+    #[cfg(test)]
+    pub(crate) fn read(path: &Path) -> Result<Sidecar, SidecarError> {
         let bytes = std::fs::read(path).map_err(|source| SidecarError::Read {
             path: path.to_path_buf(),
             source,
@@ -156,7 +162,7 @@ impl Sidecar {
 
     /// A sidecar from its bytes (untrusted: any file in the directory);
     /// `path` names it in errors.
-    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Sidecar, SidecarError> {
+    pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Sidecar, SidecarError> {
         serde_json::from_slice(bytes).map_err(|source| SidecarError::Parse {
             path: path.to_path_buf(),
             source,
@@ -165,7 +171,7 @@ impl Sidecar {
 }
 
 /// A UUID as people write it.
-pub fn uuid_text(msb: i64, lsb: i64) -> String {
+pub(crate) fn uuid_text(msb: i64, lsb: i64) -> String {
     let b: Vec<u8> = msb
         .to_be_bytes()
         .into_iter()
@@ -183,7 +189,7 @@ pub fn uuid_text(msb: i64, lsb: i64) -> String {
 }
 
 /// This machine's name and boot id (empty when unreadable).
-pub fn host_and_boot_id() -> (String, String) {
+pub(crate) fn host_and_boot_id() -> (String, String) {
     let host = rustix::system::uname()
         .nodename()
         .to_string_lossy()
