@@ -111,12 +111,6 @@ const TMP_SOCKET: &str = "/tmp/perfetto-consumer";
 /// Errors of serving consumers.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConsumerError {
-    #[expect(
-        dead_code,
-        reason = "no path makes it yet; kept as part of the error's contract"
-    )]
-    #[error("consumer socket")]
-    Socket(#[source] crate::transport::socket_path::SocketPathError),
     #[error("an abstract or network consumer socket ({0}) is not supported: give a path")]
     NotAPath(String),
     #[error("{what}")]

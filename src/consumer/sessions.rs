@@ -147,12 +147,6 @@ pub(crate) enum NotAdmitted {
         "a tracing session of uid {uid} with the unique_session_name {name:?} is already running"
     )]
     UniqueName { uid: u32, name: String },
-    #[expect(
-        dead_code,
-        reason = "no refusal makes it yet; kept as part of the error's contract"
-    )]
-    #[error("recorder serve has no producer socket")]
-    NoProducerSocket,
 }
 
 /// Every session, and the connections counted against their uids.
