@@ -42,10 +42,16 @@ pub enum Request {
     /// Fire triggers; `producer` is the sender's self-declared producer name
     /// (matched by `producer_name_regex`); its uid comes from the socket.
     Trigger {
+        /// The triggers to fire (1 to [`MAX_TRIGGER_NAMES`]), as the
+        /// config's `trigger_config` names them.
         names: Vec<String>,
+        /// The sender's producer name.
         producer: String,
     },
+    /// Ask for the session's status: answered by [`Reply::Status`].
     Query {},
+    /// Stop the session as its duration would: flush, write what is left
+    /// and end. Answered by [`Reply::Stopping`].
     Stop {},
     /// Start a `deferred_start` session.
     Start {},
@@ -56,30 +62,50 @@ pub enum Request {
 /// Why a request was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// More than [`MAX_REQUEST_BYTES`] arrived before the newline.
     #[error("request larger than {MAX_REQUEST_BYTES} bytes")]
     TooLarge,
+    /// The line is not JSON, or not a request object (an unknown `op` or
+    /// an unknown field included).
     #[error("request is not one JSON line: {0}")]
     Malformed(#[source] JsonError),
+    /// A newline before the end: one connection carries one request.
     #[error("request is not one JSON line: more than one line")]
     NotOneLine,
     /// The request could not be read: the errno (an `io::Error` is neither
     /// `Clone` nor `Eq`, which a refusal is).
     #[error("request is not one JSON line: reading the request: {}", std::io::Error::from(*.0))]
     Unread(rustix::io::Errno),
+    /// A trigger or producer name that is empty, too long, or holds a
+    /// space or a non-printable byte; the name as sent.
     #[error("invalid name {0:?}: 1 to {MAX_NAME_BYTES} printable, non-space ASCII characters")]
     BadName(String),
+    /// A trigger request with no names, or more than
+    /// [`MAX_TRIGGER_NAMES`].
     #[error("no trigger names given, or more than {MAX_TRIGGER_NAMES}")]
     NameCount,
+    /// An owner-only request (query, stop, start, rotate) on the trigger
+    /// socket.
     #[error("this socket accepts triggers only")]
     NotAllowedHere,
+    /// An owner-only request on the control socket from a uid that is
+    /// neither the session's owner nor root.
     #[error("permission denied: only the session's owner or root may do this")]
     PermissionDenied,
+    /// The whole request line did not arrive within the deadline, in ms.
     #[error("request not complete within {0} ms")]
     Slow(u64),
+    /// The peer's uid holds its cap of connections at once (the cap given):
+    /// sent to the oldest one pushed out, or to the new one when none can
+    /// be.
     #[error("too many connections from your uid (at most {0} at once): the oldest was dropped")]
     TooManyConnections(usize),
+    /// The session cannot take the request now: too many queued, or it is
+    /// ending or shutting down (the reason given).
     #[error("busy: {0}")]
     Busy(&'static str),
+    /// The peer closed the connection without sending a byte; nothing is
+    /// answered.
     #[error("the connection closed without a request")]
     Empty,
 }
@@ -141,7 +167,9 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
 /// The outcome of one trigger name at one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TriggerOutcome {
+    /// The trigger name, as asked.
     pub name: String,
+    /// Whether the session took the trigger and will act on it.
     pub accepted: bool,
     /// Why not, when refused (`not_listed`, `skipped`, `rate_limited`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,12 +179,19 @@ pub struct TriggerOutcome {
 /// One buffer's live figures.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BufferStatus {
+    /// The buffer's index in the config's `buffers`.
     pub index: u32,
+    /// Its fill policy: `RING_BUFFER` or `DISCARD`.
     pub policy: String,
+    /// Its size.
     pub size_bytes: u64,
     pub(crate) buffered_bytes: u64,
+    /// Bytes data sources and producers have committed to it.
     pub bytes_written: u64,
+    /// Unread bytes lost to a ring buffer wrapping over them.
     pub bytes_overwritten: u64,
+    /// Bytes of packets dropped because no chunk could be had (a full
+    /// `DISCARD` buffer, among others).
     pub bytes_discarded: u64,
     pub(crate) packets_lost: u64,
 }
@@ -164,14 +199,22 @@ pub struct BufferStatus {
 /// A live session's status, as `recorder query` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionStatus {
+    /// The recording process.
     pub pid: u32,
+    /// The session's uid; a client replaces it with the uid the kernel
+    /// gives for the socket's peer, not trusting the session's word.
     pub uid: u32,
+    /// Where the config came from: its path, `stdin`, or the consumer it
+    /// was received from.
     pub config: String,
+    /// Where the trace goes: the output's path, or what stands for it.
     pub output: String,
     /// `waiting for trigger`, `recording`, `stopping`.
     pub state: String,
     pub(crate) elapsed_ms: u64,
+    /// Bytes in the output so far, as its sink knows them.
     pub bytes_written: u64,
+    /// Every buffer of the session, in config order.
     pub buffers: Vec<BufferStatus>,
     pub(crate) control_requests_refused: u64,
     /// Segmented output: the segments so far.
@@ -199,11 +242,14 @@ pub(crate) const MAX_RULE_TEXT_SHOWN: usize = 160;
 /// One trigger rule of a live session.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleStatus {
+    /// The rule's name (the trigger a `then trigger` rule fires).
     pub name: String,
     /// The rule as written (cut to [`MAX_RULE_TEXT_SHOWN`] characters).
     pub text: String,
+    /// Times its condition held.
     pub matched: u64,
     pub(crate) suppressed: u64,
+    /// Firings: matches that its count and rate let through.
     pub fired: u64,
     /// Firings the session acted on.
     pub accepted: u64,
@@ -219,6 +265,7 @@ pub(crate) const MAX_QUOTA_UIDS_SHOWN: usize = 64;
 /// (`producer::quota`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UidQuotaStatus {
+    /// The producers' uid.
     pub uid: u32,
     /// Hits by limit key (`producer::quota::Limit::key`), non-zero ones only.
     pub hits: Vec<(String, u64)>,
@@ -263,14 +310,21 @@ impl UidQuotaStatus {
 /// One producer (a Perfetto SDK app) of a live session.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProducerStatus {
+    /// The name the producer gave itself when it connected.
     pub name: String,
+    /// Its process, as the kernel reports the socket's peer.
     pub pid: u32,
+    /// Its user, as the kernel reports the socket's peer.
     pub uid: u32,
+    /// The data sources it registered, by name.
     pub data_sources: Vec<String>,
+    /// Packets stored from it.
     pub packets: u64,
+    /// Their bytes (without the trusted fields the recorder adds).
     pub bytes: u64,
     /// Chunks and packets refused or lost on the way in.
     pub refused: u64,
+    /// Whether it is still connected.
     pub connected: bool,
     /// What was refused or lost, by reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -284,13 +338,17 @@ pub struct ProducerStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reply {
+    /// To a trigger request: one outcome per name asked, in order.
     Triggers(Vec<TriggerOutcome>),
+    /// To a query: the session's status.
     Status(Box<SessionStatus>),
+    /// To a stop: the session is stopping (or already was).
     Stopping,
     /// A `deferred_start` session started.
     Started,
     /// The segment was closed and the next opened.
     Rotated,
+    /// The request was refused; why, for people.
     Refused(String),
     /// The session is busy: the request waits in its queue and will be
     /// acted on, but no answer came in time.
@@ -307,14 +365,20 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
 /// Why a client does not believe a reply.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BadReply {
+    /// More than [`MAX_REPLY_BYTES`] arrived.
     #[error("reply larger than {MAX_REPLY_BYTES} bytes")]
     TooLarge,
+    /// The reply is empty: the session closed the connection before a
+    /// line came.
     #[error("the reply ended before its newline")]
     Truncated,
+    /// A newline before the end: a reply is one line.
     #[error("more than one line")]
     NotOneLine,
+    /// The line is not JSON, or not a [`Reply`].
     #[error("not a reply: {0}")]
     Malformed(#[source] JsonError),
+    /// The reply decoded but cannot be believed.
     #[error("{0}")]
     Invalid(InvalidReply),
 }
@@ -322,8 +386,11 @@ pub enum BadReply {
 /// A reply that decoded but breaks a bound or names what was not asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidReply {
+    /// A text over [`MAX_REPLY_TEXT_BYTES`]; which one (`config`, `output`,
+    /// `state`, `policy`, `rule`, `refusal`, ...).
     #[error("{0} longer than {MAX_REPLY_TEXT_BYTES} bytes")]
     TextTooLong(&'static str),
+    /// More trigger outcomes than a request may name; how many.
     #[error("{0} trigger outcomes; a request has at most {MAX_TRIGGER_NAMES}")]
     TooManyOutcomes(usize),
     /// The name as the session sent it.
@@ -332,14 +399,19 @@ pub enum InvalidReply {
     /// The reason as the session sent it.
     #[error("invalid reason {0:?}")]
     BadReason(String),
+    /// A status with more buffers than a config may have; how many.
     #[error("{0} buffers; a session has at most {MAX_REPLY_BUFFERS}")]
     TooManyBuffers(usize),
+    /// A status with quota figures of too many uids, or of too many limits
+    /// for one uid; how many uids.
     #[error(
         "quota figures of {0} uids; a status has at most {MAX_QUOTA_UIDS_SHOWN}, of at most {MAX_QUOTA_LIMITS} limits each"
     )]
     TooManyQuotas(usize),
+    /// A status with more rules than a session may have; how many.
     #[error("{0} rules; a session has at most {MAX_RULES_SHOWN}")]
     TooManyRules(usize),
+    /// Trigger outcomes that are not one per name sent, in order.
     #[error("outcomes for names that were not sent")]
     UnaskedOutcomes,
     /// The name of the request asked.

@@ -42,6 +42,8 @@ pub struct ProtoEncoder<'a> {
 }
 
 impl<'a> ProtoEncoder<'a> {
+    /// An encoder writing from the start of `buf` (typically the free part
+    /// of a chunk); the message may take at most `buf.len()` bytes.
     pub fn new(buf: &'a mut [u8]) -> Self {
         Self {
             buf,
@@ -56,6 +58,7 @@ impl<'a> ProtoEncoder<'a> {
         self.pos
     }
 
+    /// Whether nothing has been written yet.
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.pos == 0
@@ -131,6 +134,8 @@ impl<'a> ProtoEncoder<'a> {
         }
     }
 
+    /// A field key alone; the caller writes the value that its wire type
+    /// announces.
     #[inline]
     pub fn tag(&mut self, field: u32, wt: WireType) {
         self.varint(key(field, wt));
@@ -209,6 +214,7 @@ impl<'a> ProtoEncoder<'a> {
         self.uint(field, v as u64);
     }
 
+    /// A `bool` field, as a one-byte varint.
     #[inline]
     pub fn bool(&mut self, field: u32, v: bool) {
         self.uint(field, v as u64);
@@ -233,6 +239,7 @@ impl<'a> ProtoEncoder<'a> {
         self.bytes_raw(b);
     }
 
+    /// A `string` field: the UTF-8 bytes, length-delimited.
     #[inline]
     pub fn string(&mut self, field: u32, s: &str) {
         self.bytes(field, s.as_bytes());

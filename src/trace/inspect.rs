@@ -17,15 +17,20 @@ use super::reader::{self, Frame, FramingError, PacketInfo, ScanEnd, TornTail, Tr
 /// Packets and bytes (framing included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Tally {
+    /// Packets counted.
     pub packets: u64,
+    /// Their records' bytes, tag and length included.
     pub bytes: u64,
 }
 
 /// The `for_testing` sequence numbers seen on one sequence.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct TestSequence {
+    /// `for_testing` packets with a counter.
     pub count: u64,
+    /// The first counter value seen.
     pub first: u64,
+    /// The last counter value seen, in file order.
     pub last: u64,
     /// Times a value was more than one past the previous one.
     pub gaps: u64,
@@ -38,16 +43,21 @@ pub struct TestSequence {
 /// One `trusted_packet_sequence_id` (0: packets without one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SequenceReport {
+    /// Packets on the sequence.
     pub packets: u64,
+    /// Their records' bytes.
     pub bytes: u64,
     pub(crate) first_timestamp: Option<u64>,
     pub(crate) last_timestamp: Option<u64>,
     /// Packets marked `previous_packet_dropped`.
     pub losses: u64,
+    /// The `TestEvent.counter` values seen, when the sequence carries
+    /// `for_testing` packets.
     pub for_testing: Option<TestSequence>,
     /// The producer's process and user (`trusted_pid`, `trusted_uid`), for
     /// sequences written by a producer over the socket.
     pub pid: Option<i32>,
+    /// The producer's `trusted_uid`, when it has a `trusted_pid`.
     pub uid: Option<i32>,
 }
 
@@ -56,9 +66,13 @@ pub struct SequenceReport {
 /// summary give them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ProducerSeen {
+    /// The producer's `trusted_uid`, as its last sequence carries it.
     pub uid: Option<i32>,
+    /// The `trusted_packet_sequence_id`s it wrote on, in ascending order.
     pub sequences: Vec<u32>,
+    /// Packets over those sequences.
     pub packets: u64,
+    /// Their records' bytes.
     pub bytes: u64,
     /// Packets marked `previous_packet_dropped` on its sequences.
     pub losses: u64,
@@ -67,14 +81,21 @@ pub struct ProducerSeen {
 /// A service event packet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServiceEventSeen {
+    /// The `TracingServiceEvent` field set, by name (`tracing_started`,
+    /// `all_data_sources_flushed`, the recorder's `recorder_died`, ...).
     pub name: String,
+    /// The packet's `TracePacket.timestamp`, if it has one.
     pub timestamp: Option<u64>,
+    /// File offset of the packet's record (of the compressed packet holding
+    /// it, for one inside `zstd_compressed_packets`).
     pub offset: u64,
 }
 
 /// A packet whose fields do not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Undecodable {
+    /// Packets whose fields do not parse (compressed packets that do not
+    /// decompress included).
     pub count: u64,
     /// File offset of the first such packet's record.
     pub(crate) first_offset: u64,
@@ -83,7 +104,9 @@ pub struct Undecodable {
 /// The ftrace data of a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FtraceSeen {
+    /// `ftrace_events` packets, one `FtraceEventBundle` each.
     pub bundles: u64,
+    /// Events in those bundles, compact-sched events included.
     pub events: u64,
     /// Bundles marked `lost_events` (the kernel dropped events before them).
     pub bundles_after_loss: u64,
@@ -96,6 +119,7 @@ pub struct FtraceSeen {
 pub struct CompressedSeen {
     /// `zstd_compressed_packets` records and their bytes in the file.
     pub packets: u64,
+    /// Bytes of those records in the file, framing included.
     pub bytes: u64,
     /// Bytes of the records inside them, decompressed.
     pub(crate) uncompressed_bytes: u64,
@@ -112,24 +136,37 @@ pub(crate) const MAX_DECOMPRESSED_BYTES: usize = 64 << 20;
 pub struct InspectReport {
     /// Bytes read (the file size unless corruption stopped the scan).
     pub(crate) file_bytes: u64,
+    /// Packets read, those inside compressed packets counted one by one.
     pub packets: u64,
     /// Bytes of whole records.
     pub packet_bytes: u64,
+    /// Packets by the `TracePacket.data` member they hold (`ftrace_events`,
+    /// `trace_stats`, ...; `(no data)` for none).
     pub by_kind: BTreeMap<String, Tally>,
+    /// Packets by `trusted_packet_sequence_id` (0: none).
     pub by_sequence: BTreeMap<u32, SequenceReport>,
     /// Producers (by trusted pid) and what they wrote.
     pub producers: BTreeMap<i32, ProducerSeen>,
+    /// The service event packets, in file order.
     pub service_events: Vec<ServiceEventSeen>,
     pub(crate) trace_stats_packets: u64,
+    /// The last `trace_stats` packet in the file: the service's final
+    /// counts, when the recording ended cleanly.
     pub last_trace_stats: Option<TraceStatsInfo>,
     /// Packets marked `previous_packet_dropped`, over all sequences.
     pub losses: u64,
+    /// Present when the trace holds ftrace bundles or an end-of-trace
+    /// `FtraceStats`.
     pub ftrace: Option<FtraceSeen>,
     /// Present when the trace holds compressed packets; the packets inside
     /// them are counted everywhere else as if written plainly.
     pub compressed: Option<CompressedSeen>,
+    /// The incomplete record the file ends in, if any: what a crash
+    /// mid-write leaves, not corruption.
     pub torn_tail: Option<TornTail>,
+    /// Bytes of that torn tail (0 without one).
     pub torn_tail_bytes: u64,
+    /// The framing error that stopped the scan, if any.
     pub corruption: Option<FramingError>,
     pub(crate) undecodable: Option<Undecodable>,
 }
@@ -137,10 +174,13 @@ pub struct InspectReport {
 /// The file is not a valid trace (beyond a torn tail), or cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
+    /// The framing breaks before the end of the file (not a torn tail).
     #[error("corrupt trace: {0}")]
     Corrupt(FramingError),
+    /// The framing holds, but some packets are not valid protobuf.
     #[error("corrupt trace: {} packet(s) do not decode, the first at offset {}", .0.count, .0.first_offset)]
     Undecodable(Undecodable),
+    /// The file could not be opened or read.
     #[error(transparent)]
     Read(#[from] reader::ReadError),
 }

@@ -19,9 +19,13 @@ pub use crate::wire::framing::{
 /// Reading a trace failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// The file could not be opened (or is not a regular file), or a read
+    /// from it failed.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file, as named to the reader.
         path: String,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },

@@ -46,6 +46,7 @@ pub enum SavedBy {
 }
 
 impl SavedBy {
+    /// The name the `recorder.salvage.by` trace attribute carries.
     pub fn name(self) -> &'static str {
         match self {
             SavedBy::Keeper => "keeper",
@@ -68,11 +69,16 @@ pub enum Head {
 /// How to write it.
 #[derive(Clone, Copy, Debug)]
 pub struct SalvageOptions {
+    /// Whether to write a new trace's head or append to one begun.
     pub head: Head,
+    /// How closely each packet is checked before it is copied.
     pub check: Check,
+    /// Who is writing, for the attributes.
     pub by: SavedBy,
     /// The recorder's pid and, when it is known, the signal that ended it.
     pub pid: Option<u32>,
+    /// The signal that ended the recorder, when it is known
+    /// (`recorder.salvage.signal`).
     pub signal: Option<i32>,
     /// The trace is segment `index` of a segmented session: it carries the
     /// segment's own trace UUID and names the session and its index, as
@@ -82,7 +88,10 @@ pub struct SalvageOptions {
 
 /// One ring to read: what its table says, and its file.
 pub struct Ring<'a> {
+    /// The ring's header, counters and unread regions, as read from its
+    /// file.
     pub image: RingImage,
+    /// The ring's file, read again for the regions' bytes.
     pub src: &'a dyn ReadAt,
 }
 
@@ -91,7 +100,10 @@ pub struct Ring<'a> {
 pub struct SalvageReport {
     /// Packets of the buffers written, and their framed bytes.
     pub packets: u64,
+    /// Framed bytes of those packets.
     pub bytes: u64,
+    /// Loss markers written, one before each writer's packets that follow
+    /// lost data.
     pub loss_markers: u64,
     /// Packets written after the buffers' (the kernel's ftrace leftover).
     pub(crate) extra_packets: u64,

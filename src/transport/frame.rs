@@ -33,17 +33,31 @@ const IDLE_CAPACITY: usize = 4096;
 /// Why a byte stream was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
+    /// A length prefix (from the peer, or of a frame about to be sent)
+    /// over [`MAX_PAYLOAD_BYTES`].
     #[error("frame length {len_untrusted} over the {MAX_PAYLOAD_BYTES}-byte limit")]
-    TooLarge { len_untrusted: u32 },
+    TooLarge {
+        /// The length declared (saturated at `u32::MAX` for an outgoing
+        /// frame).
+        len_untrusted: u32,
+    },
+    /// A whole frame arrived whose payload does not decode as an
+    /// `IpcFrame`.
     #[error("frame of {len} bytes is not an IPCFrame: {source}")]
     Garbage {
+        /// The payload's length.
         len: usize,
+        /// What the protobuf decoder refused.
         #[source]
         source: prost::DecodeError,
     },
+    /// Encoding an outgoing `IpcFrame` failed (not expected: the frame is
+    /// encoded into a growable buffer).
     #[error("frame of {len} bytes is not an IPCFrame: {source}")]
     Unencodable {
+        /// The payload's encoded length.
         len: usize,
+        /// What the protobuf encoder reported.
         #[source]
         source: prost::EncodeError,
     },
@@ -56,6 +70,7 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
+    /// A decoder holding no bytes, at the start of a stream.
     pub fn new() -> Self {
         Self::default()
     }

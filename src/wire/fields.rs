@@ -54,8 +54,14 @@ impl WireError {
 /// One field's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value<'a> {
+    /// Wire type 0: an integer, bool or enum, still zigzag-encoded for
+    /// `sint` fields.
     Varint(u64),
+    /// Wire type 1: eight little-endian bytes (`fixed64`, `sfixed64`,
+    /// `double`).
     Fixed64(u64),
+    /// Wire type 5: four little-endian bytes (`fixed32`, `sfixed32`,
+    /// `float`).
     Fixed32(u32),
     /// A string, bytes, nested message or packed repeated field.
     Len(&'a [u8]),
@@ -66,7 +72,9 @@ pub enum Value<'a> {
 /// One top-level field of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field<'a> {
+    /// The field number from the key (1 to 2^29 - 1).
     pub number: u32,
+    /// What follows the key, as its wire type reads.
     pub value: Value<'a>,
     /// Offset of the field's key in the message.
     pub start: usize,

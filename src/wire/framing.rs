@@ -45,13 +45,26 @@ impl Frame<'_> {
 /// Where framing broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 pub enum FramingError {
+    /// A record starts with a byte other than [`PACKET_TAG`]: the bytes
+    /// there are not a `Trace.packet` field.
     #[error("offset {offset}: expected a packet record (tag 0x0a), found byte {byte:#04x}")]
-    BadTag { offset: u64, byte: u8 },
+    BadTag {
+        /// Offset of the byte where a tag was expected.
+        offset: u64,
+        /// The byte found there.
+        byte: u8,
+    },
+    /// The length varint after the tag is overlong, or declares more than
+    /// [`MAX_PACKET_BYTES`].
     #[error("offset {offset}: malformed packet length")]
-    BadLength { offset: u64 },
+    BadLength {
+        /// Offset of the record's tag byte.
+        offset: u64,
+    },
 }
 
 impl FramingError {
+    /// Where the broken record starts.
     pub fn offset(&self) -> u64 {
         match self {
             FramingError::BadTag { offset, .. } | FramingError::BadLength { offset } => *offset,
@@ -62,7 +75,9 @@ impl FramingError {
 /// An incomplete last record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct TornTail {
+    /// Offset of the incomplete record's tag byte.
     pub offset: u64,
+    /// Bytes from there to the end of the data.
     pub bytes: u64,
 }
 
@@ -71,8 +86,11 @@ pub struct TornTail {
 pub struct ScanEnd {
     /// Bytes looked at (all of them unless corruption stopped the walk).
     pub bytes: u64,
+    /// Whole records walked.
     pub packets: u64,
+    /// The incomplete record the data ends in, if any (a crash mid-write).
     pub torn_tail: Option<TornTail>,
+    /// The framing error that stopped the walk, if any.
     pub corruption: Option<FramingError>,
 }
 

@@ -16,11 +16,18 @@ pub(crate) const MAX_FIELD: u32 = (1 << 29) - 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum WireType {
+    /// A varint: integers, bools and enums.
     Varint = 0,
+    /// Eight little-endian bytes.
     Fixed64 = 1,
+    /// A varint length, then that many bytes: strings, bytes, nested
+    /// messages and packed repeated fields.
     Len = 2,
+    /// Opens a group (a deprecated nested message without a length).
     StartGroup = 3,
+    /// Closes the group its field number opened.
     EndGroup = 4,
+    /// Four little-endian bytes.
     Fixed32 = 5,
 }
 

@@ -15,17 +15,28 @@ pub mod trace_packet {
     /// recorder's padding packets put their filler bytes here.
     pub(crate) const PADDING: u32 = 55;
     // Fields outside the `data` oneof.
+    /// `TracePacket.trusted_uid`, field 3: the uid of the producer that
+    /// wrote the packet, stamped by the service, never by the producer.
     pub const TRUSTED_UID: u32 = 3;
     pub(crate) const TIMESTAMP: u32 = 8;
+    /// `TracePacket.trusted_packet_sequence_id`, field 10: the writer
+    /// sequence the packet belongs to, stamped by the service; readers
+    /// order and de-intern per sequence.
     pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
     pub(crate) const INTERNED_DATA: u32 = 12;
     pub(crate) const SEQUENCE_FLAGS: u32 = 13;
     pub(crate) const INCREMENTAL_STATE_CLEARED: u32 = 41;
+    /// `TracePacket.previous_packet_dropped`, field 42: set on the first
+    /// packet after packets of the same sequence were lost.
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
     pub(crate) const TIMESTAMP_CLOCK_ID: u32 = 58;
     pub(crate) const TRACE_PACKET_DEFAULTS: u32 = 59;
+    /// `TracePacket.trusted_pid`, field 79: the pid of the producer that
+    /// wrote the packet, stamped by the service.
     pub const TRUSTED_PID: u32 = 79;
     pub(crate) const FIRST_PACKET_ON_SEQUENCE: u32 = 87;
+    /// `TracePacket.machine_id`, field 98: which machine of a
+    /// multi-machine trace the packet came from; service-only.
     pub const MACHINE_ID: u32 = 98;
 
     /// Fields only the service may write (ARCHITECTURE.md §7.3): a producer packet
@@ -93,6 +104,8 @@ pub mod trace_packet {
     pub(crate) const TRACE_ATTRIBUTES: u32 = 126;
     pub(crate) const ZSTD_COMPRESSED_PACKETS: u32 = 133;
     pub(crate) const CONCURRENT_SESSION_EVENT: u32 = 134;
+    /// `TracePacket.for_testing`, field 900: a `TestEvent`, the payload of
+    /// the `for_testing` data source.
     pub const FOR_TESTING: u32 = 900;
 
     /// The `data` members by name (for `inspect`).

@@ -24,6 +24,7 @@ pub(crate) const MAX_COMPARES: usize = 64;
 /// A filter and where it is in its rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Filter {
+    /// The parsed expression.
     pub expr: FilterExpr,
     pub(crate) span: Span,
 }
@@ -31,9 +32,13 @@ pub struct Filter {
 /// A filter's expression tree.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FilterExpr {
+    /// `a && b`: both hold.
     And(Box<FilterExpr>, Box<FilterExpr>),
+    /// `a || b`: either holds.
     Or(Box<FilterExpr>, Box<FilterExpr>),
+    /// `!a`: `a` does not hold.
     Not(Box<FilterExpr>),
+    /// A leaf: one field compared with a value.
     Compare(Box<Compare>),
 }
 
@@ -62,10 +67,13 @@ impl FilterExpr {
 /// `FIELD OP VALUE`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Compare {
+    /// A field of the event, as its tracefs `format` names it.
     pub field: String,
     pub(crate) field_span: Span,
+    /// How the field is compared.
     pub op: FilterOp,
     pub(crate) op_span: Span,
+    /// What it is compared with.
     pub value: FilterValue,
     pub(crate) value_span: Span,
 }
@@ -73,11 +81,17 @@ pub struct Compare {
 /// A comparison's operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FilterOp {
+    /// `==`: equal (integers or text).
     Eq,
+    /// `!=`: not equal (integers or text).
     Ne,
+    /// `<` (integers only).
     Lt,
+    /// `<=` (integers only).
     Le,
+    /// `>` (integers only).
     Gt,
+    /// `>=` (integers only).
     Ge,
     /// `&`: any of the value's bits set.
     BitAnd,
@@ -121,6 +135,7 @@ pub enum FilterValue {
 }
 
 impl FilterValue {
+    /// The value's text, without quotes.
     pub fn text(&self) -> &str {
         match self {
             FilterValue::Text(s) | FilterValue::Word(s) => s,

@@ -61,15 +61,19 @@ pub(crate) const MAX_COUNT: u32 = 1_000_000;
 /// A byte range of a rule's source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Span {
+    /// Byte offset of the first byte in the source's text.
     pub start: usize,
+    /// Bytes covered (0 for a point, such as the end of the text).
     pub len: usize,
 }
 
 impl Span {
+    /// The `len` bytes from `start`.
     pub fn new(start: usize, len: usize) -> Self {
         Self { start, len }
     }
 
+    /// Offset just past the range.
     pub fn end(self) -> usize {
         self.start + self.len
     }
@@ -86,10 +90,12 @@ impl Span {
 pub struct RuleSource {
     /// `--trigger-rule[2]` or the file's path.
     pub origin: String,
+    /// The argument, or the whole file's text.
     pub text: String,
 }
 
 impl RuleSource {
+    /// A source named `origin` holding `text`.
     pub fn new(origin: &str, text: &str) -> Self {
         Self {
             origin: origin.to_string(),
@@ -117,27 +123,38 @@ pub enum RuleError {
     /// At a place in a rule: rendered with its line and a caret.
     #[error("{rendered}")]
     At {
+        /// The message, its place in the source and its help.
         error: TextError,
         /// Text: the user's rule quoted under a caret (`error` is its typed
         /// form).
         rendered: String,
     },
+    /// A `--trigger-rules` file could not be opened or read.
     #[error("{origin}: cannot read: {source}")]
     Io {
+        /// The file's path.
         origin: String,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// Too many rules (`counted`: given on the command line, or in all).
     #[error("{origin}: {count} rules {counted}; a session takes at most {MAX_RULES}")]
     TooMany {
+        /// `--trigger-rule` when the arguments alone are too many, `rules`
+        /// for arguments and files together.
         origin: &'static str,
+        /// Rules counted.
         count: usize,
+        /// `given` or `in all`, for the message.
         counted: &'static str,
     },
     /// Too large a rules file.
     #[error("{origin}: larger than {MAX_RULES_FILE_BYTES} bytes: is this the right file?")]
-    TooLarge { origin: String },
+    TooLarge {
+        /// The file's path.
+        origin: String,
+    },
 }
 
 /// Every error found in a set of rules.
@@ -166,7 +183,9 @@ fn render_all(errors: &[RuleError]) -> String {
 /// At most `n` firings per `per`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
+    /// Firings allowed per period (1 to 1000).
     pub n: u32,
+    /// The period.
     pub per: Duration,
 }
 
@@ -180,7 +199,9 @@ impl Rate {
 /// A kernel event a rule names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventRef {
+    /// The event's tracefs group (`sched`, `syscalls`, ...).
     pub group: String,
+    /// The event within its group (`sched_switch`, ...).
     pub name: String,
     pub(crate) span: Span,
 }
@@ -211,6 +232,7 @@ pub enum CounterSource {
 /// `process.myapp.rss`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CounterRef {
+    /// Which sampled data the counter is read from.
     pub source: CounterSource,
     /// The counter within its source: a meminfo or vmstat key, a PSI
     /// `resource.some|full`, a process field.
@@ -221,13 +243,18 @@ pub struct CounterRef {
 /// How a value is compared with a threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CounterOp {
+    /// `<`: the value is below the threshold.
     Lt,
+    /// `<=`: the value is at most the threshold.
     Le,
+    /// `>`: the value is above the threshold.
     Gt,
+    /// `>=`: the value is at least the threshold.
     Ge,
 }
 
 impl CounterOp {
+    /// Whether `value` compares so with `threshold`.
     pub fn holds(self, value: f64, threshold: f64) -> bool {
         match self {
             CounterOp::Lt => value < threshold,
@@ -237,6 +264,7 @@ impl CounterOp {
         }
     }
 
+    /// The operator as a rule writes it.
     pub fn as_str(self) -> &'static str {
         match self {
             CounterOp::Lt => "<",
@@ -250,7 +278,10 @@ impl CounterOp {
 /// A field on each side of a span, whose values pair a begin with its end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanKey {
+    /// The begin event's field (`common_pid` unless `by` names one).
     pub begin: String,
+    /// The end event's field: the same name as `begin` unless `by A = B`
+    /// names another.
     pub end: String,
     pub(crate) span: Span,
 }
@@ -260,30 +291,45 @@ pub struct SpanKey {
 pub enum Condition {
     /// A kernel event the session records, matching `filter`.
     Event {
+        /// The event.
         event: EventRef,
+        /// The `if` filter over the event's fields; `None` matches every
+        /// occurrence.
         filter: Option<Filter>,
     },
     /// A thread woken (sched_waking, or sched_wakeup) and switched in more
     /// than `over` later; `filter` is over the wakeup event's fields.
     SchedLatency {
+        /// The wait that fires the rule when exceeded.
         over: Duration,
+        /// The `if` filter over the wakeup event's fields, if any.
         filter: Option<Filter>,
     },
     /// A `begin` event followed by an `end` event of the same key more than
     /// `over` later.
     Span {
+        /// The event that opens a span.
         begin: EventRef,
+        /// The `if` filter an opening event must match, if any.
         begin_filter: Option<Filter>,
+        /// The event that closes it.
         end: EventRef,
+        /// The `if` filter a closing event must match, if any.
         end_filter: Option<Filter>,
+        /// The fields that pair an end with its begin.
         key: SpanKey,
+        /// The span length that fires the rule when exceeded.
         over: Duration,
     },
     /// A counter's sample crosses `threshold` (fires when the comparison
     /// becomes true).
     Counter {
+        /// The counter watched.
         counter: CounterRef,
+        /// How a sample is compared with the threshold.
         op: CounterOp,
+        /// The threshold, in the counter's unit (bytes for meminfo,
+        /// percent for PSI).
         threshold: f64,
         /// The threshold as written.
         threshold_text: String,
@@ -293,8 +339,11 @@ pub enum Condition {
     Loss,
     /// A buffer more than `percent` full.
     Fill {
+        /// The buffer as written: its index in the config, or its name.
         buffer: String,
+        /// Where the buffer is named in the rule, for errors.
         buffer_span: Span,
+        /// The fill level, above 0 and at most 100.
         percent: f64,
     },
     /// The disk budget bites: a segment deleted by `--max-disk` or
@@ -338,17 +387,24 @@ pub enum RuleAction {
 /// One rule.
 #[derive(Clone, Debug)]
 pub struct Rule {
+    /// The argument or file the rule was read from.
     pub source: Arc<RuleSource>,
     /// The whole rule in its source.
     pub(crate) span: Span,
+    /// The trigger a `then trigger` rule fires (one the config's
+    /// `trigger_config` lists); its counts in the summary and the trace's
+    /// attributes go by it too.
     pub name: String,
     pub(crate) name_span: Span,
+    /// When it fires.
     pub condition: Condition,
     /// Where the condition is written.
     pub(crate) condition_span: Span,
+    /// What a firing does (`then`; a trigger by default).
     pub action: RuleAction,
     /// Firings in the session at most.
     pub count: u32,
+    /// Firings per period at most (`rate`; one per 10 s unless given).
     pub rate: Rate,
     /// `freeze`: the kernel stops the ftrace buffers at the event.
     pub freeze: Option<Span>,
