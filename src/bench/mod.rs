@@ -80,26 +80,40 @@ pub use sweep::{OutputPlan, StopAt, Sweep, from_spec};
 /// Why a bench could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// The command line or the config asks for what the bench cannot run;
+    /// the message says what.
     #[error("{0}")]
     Usage(&'static str),
+    /// A swept option was given an empty list (the option named).
     #[error("{0} needs at least one value")]
     NoValue(&'static str),
+    /// A buffer of the configuration could not be made.
     #[error("buffer {index}: {source}")]
     Buffer {
+        /// Its position in the configuration.
         index: usize,
+        /// What the engine refused.
         #[source]
         source: crate::ringbuf::RingbufError,
     },
+    /// A writer of the config targets a buffer the config does not define
+    /// (the index named).
     #[error("a writer targets buffer {0}, which does not exist")]
     NoSuchBuffer(usize),
+    /// The trace file could not be opened.
     #[error("output: {0}")]
     Output(#[from] crate::storage::StorageError),
+    /// Syncing the trace file after the last write pass failed.
     #[error("write failed: {0}")]
     Sink(crate::storage::SinkError),
+    /// A write pass failed, so the run has no whole file to verify.
     #[error("write pass failed: {0}")]
     Pass(#[source] crate::storage::write_pass::PassError),
+    /// The system refused to start a writer thread.
     #[error("cannot start a writer thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// A writer thread panicked; its counts are lost, so the run has no
+    /// report.
     #[error("a writer thread panicked")]
     WriterPanicked,
 }

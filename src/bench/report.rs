@@ -301,12 +301,15 @@ pub(crate) fn short_run_warnings(
 /// Everything measured for one configuration.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigReport {
+    /// Position in the sweep (0-based).
     pub index: usize,
+    /// Writer threads.
     pub writers: usize,
     /// The swept packet size (TracePacket bytes, framing excluded).
     pub(crate) packet_size: Option<usize>,
     /// Policy, size and chunk of the first buffer (the swept one).
     pub policy: &'static str,
+    /// The first buffer's size in KiB.
     pub buffer_kb: u64,
     pub(crate) chunk_kb: f64,
     pub(crate) write_period_ms: u64,
@@ -323,6 +326,7 @@ pub struct ConfigReport {
     pub wall_s: f64,
     /// What makes the figures less than representative (a short run).
     pub warnings: Vec<String>,
+    /// Packets the writers offered, accepted or not.
     pub offered_packets: u64,
     pub(crate) accepted_packets: u64,
     pub(crate) offered_pps: f64,
@@ -331,28 +335,44 @@ pub struct ConfigReport {
     pub(crate) offered_mbps: f64,
     pub(crate) accepted_mbps: f64,
     pub(crate) bytes_offered: u64,
+    /// Bytes the writers committed into the buffers.
     pub bytes_written: u64,
+    /// Unread bytes lost to RING_BUFFER reuse.
     pub bytes_overwritten: u64,
+    /// Framed bytes of the packets dropped because no chunk could be had.
     pub bytes_discarded: u64,
     pub(crate) bytes_retained: u64,
+    /// Unread packets lost to RING_BUFFER reuse.
     pub packets_overwritten: u64,
+    /// Packets dropped because no chunk could be had (a full DISCARD
+    /// buffer, or space pinned by a pass or held by other writers).
     pub packets_discarded: u64,
+    /// Packets refused as too big.
     pub packets_refused: u64,
+    /// Packets the write passes took to the file.
     pub packets_retained: u64,
+    /// Retained packets as a percentage of those offered.
     pub retained_pct: f64,
     /// Mean time per packet, from batches of 64.
     pub(crate) write_latency: Percentiles,
     /// `begin_packet` calls that took a new chunk.
     pub(crate) acquire_latency: Percentiles,
     pub(crate) acquire_failures: u64,
+    /// The write passes: count, durations, bytes.
     pub passes: PassSummary,
+    /// CPU time of the whole process during the run.
     pub cpu: CpuUsage,
     pub(crate) peak_rss_kb: u64,
+    /// Per buffer: its counters and sizing advice.
     pub buffers: Vec<BufferReport>,
+    /// Whether the file shows exactly the loss the counters report, and
+    /// what each sequence kept.
     pub verify: Verification,
 }
 
 impl ConfigReport {
+    /// The report of `cfg` from what its run measured; every rate is per
+    /// `elapsed`, the writers' time.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &BenchConfig,

@@ -22,9 +22,12 @@ use crate::storage::{
 /// One buffer of a configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferSetup {
+    /// Buffer size in bytes.
     pub size_bytes: usize,
     /// `None`: the engine's default for this size.
     pub chunk_size: Option<usize>,
+    /// What the writers do when no chunk is free: RING_BUFFER overwrites,
+    /// DISCARD drops.
     pub policy: FillPolicy,
 }
 
@@ -54,17 +57,24 @@ pub enum OutputTarget {
 /// One configuration of a sweep.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
+    /// Position in the sweep (0-based).
     pub index: usize,
+    /// The buffers, by index; the first is the one the report's top line
+    /// describes.
     pub buffers: Vec<BufferSetup>,
+    /// One plan per writer thread.
     pub writers: Vec<WriterPlan>,
     /// The swept packet size (for the report), if one was swept.
     pub(crate) packet_size: Option<usize>,
     /// Total offered rate (for the report); `None` is as fast as possible.
     pub(crate) rate_pps: Option<f64>,
+    /// Period of the write passes.
     pub write_period: Duration,
     /// Stop after this long; `None`: when every writer has offered its count.
     pub duration: Option<Duration>,
+    /// Where the trace goes.
     pub output: OutputTarget,
+    /// Which sink writes the trace file.
     pub io: IoChoice,
 }
 

@@ -38,17 +38,23 @@ pub enum OutputPlan {
 /// The sweep the command line asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
+    /// Writer threads per configuration, all on the one buffer.
     pub writers: usize,
     pub(crate) packet_sizes: Vec<usize>,
+    /// Fill policies to sweep.
     pub policies: Vec<FillPolicy>,
+    /// Buffer sizes to sweep, in KiB.
     pub buffer_kb: Vec<u64>,
     /// Empty: the engine's default chunk size for each buffer size.
     pub(crate) chunk_kb: Vec<u64>,
     pub(crate) write_period_ms: Vec<u64>,
     /// Total offered rate; `None` is as fast as possible.
     pub(crate) rate_pps: Option<f64>,
+    /// When each configuration ends.
     pub stop: StopAt,
+    /// Where the traces go.
     pub output: OutputPlan,
+    /// Which sink writes the trace files.
     pub io: IoChoice,
 }
 

@@ -51,18 +51,39 @@ use crate::wire::{Value, test_event, trace_packet};
 /// Why a trace did not decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// A record does not start with the packet tag: not a trace, or
+    /// damaged there.
     #[error("byte {offset}: record tag {tag:#04x}, not a packet (0x0a)")]
-    NotAPacket { offset: usize, tag: u8 },
+    NotAPacket {
+        /// Where the record starts in the file.
+        offset: usize,
+        /// The byte found instead of 0x0a.
+        tag: u8,
+    },
+    /// A record's length is not a well-formed varint, or the file ends
+    /// inside it.
     #[error("byte {offset}: malformed varint")]
-    Varint { offset: usize },
+    Varint {
+        /// Where the record starts in the file.
+        offset: usize,
+    },
+    /// The last record claims more bytes than the file has left: a torn
+    /// tail, which a finished bench file must not have.
     #[error("byte {offset}: packet of {len} bytes runs past the end ({size} bytes)")]
     Torn {
+        /// Where the record starts in the file.
         offset: usize,
+        /// The packet length its header claims.
         len: u64,
+        /// The file's size.
         size: usize,
     },
+    /// A packet's fields do not parse as protobuf.
     #[error("packet at byte {offset}: malformed field")]
-    Field { offset: usize },
+    Field {
+        /// Where the packet's record starts in the file.
+        offset: usize,
+    },
 }
 
 /// One sequence's test packets as found in the file.
@@ -72,7 +93,9 @@ pub struct SequenceFound {
     pub packets: u64,
     /// Their framed bytes.
     pub bytes: u64,
+    /// Counter of the first test packet found.
     pub first_counter: Option<u64>,
+    /// Highest counter found.
     pub last_counter: Option<u64>,
     /// Counters missing between the first and the last.
     pub gaps: u64,
@@ -94,6 +117,7 @@ pub struct SequenceFound {
 pub struct TraceFound {
     /// Every packet (service packets too).
     pub packets: u64,
+    /// Test packets by `trusted_packet_sequence_id`.
     pub sequences: BTreeMap<u32, SequenceFound>,
 }
 
@@ -189,10 +213,16 @@ pub fn decode(data: &[u8]) -> Result<TraceFound, DecodeError> {
 /// What one writer wrote, as the retention check needs it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Written {
+    /// The writer's `trusted_packet_sequence_id`.
     pub sequence_id: u32,
+    /// Packets offered, accepted or not: the counters run from 0 to
+    /// `offered - 1`.
     pub offered: u64,
+    /// Packets the buffer accepted.
     pub accepted: u64,
+    /// Counter of the first accepted packet.
     pub first_accepted: Option<u64>,
+    /// Counter of the last accepted packet.
     pub last_accepted: Option<u64>,
 }
 
@@ -215,6 +245,7 @@ pub enum Kept {
 }
 
 impl Kept {
+    /// Its name in the table and the JSON (`newest`, `runs`, …).
     pub fn name(self) -> &'static str {
         match self {
             Kept::None => "none",
@@ -230,16 +261,23 @@ impl Kept {
 /// One sequence's retained data, set against what its writer wrote.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Retention {
+    /// The writer's `trusted_packet_sequence_id`.
     pub sequence: u32,
     /// `ring` or `discard`.
     pub policy: &'static str,
+    /// Packets the writer offered, accepted or not.
     pub offered: u64,
+    /// Packets its buffer accepted.
     pub accepted: u64,
     /// Test packets of this sequence in the file.
     pub kept: u64,
+    /// Counter of the first test packet of this sequence in the file.
     pub first_kept: Option<u64>,
+    /// Highest counter of this sequence in the file.
     pub last_kept: Option<u64>,
+    /// Counter of the first accepted packet.
     pub first_accepted: Option<u64>,
+    /// Counter of the last accepted packet.
     pub last_accepted: Option<u64>,
     /// Contiguous runs of counters in the file.
     pub runs: u64,
@@ -254,7 +292,10 @@ pub struct Retention {
     pub trailing_marker: bool,
     /// A pass took data while the writers wrote.
     pub streaming: bool,
+    /// Which packets the file kept, as one shape.
     pub shape: Kept,
+    /// The buffer's policy, for the checks (`policy` is its name in the
+    /// JSON).
     #[serde(skip)]
     pub fill: FillPolicy,
 }

@@ -37,6 +37,7 @@ pub struct WriterPlan {
     pub(crate) rate_pps: Option<f64>,
     /// Packets to offer, or until stopped.
     pub packets: Option<u64>,
+    /// Seed of the `seq_value` generator: the same seed, the same values.
     pub seed: u32,
 }
 
@@ -52,16 +53,24 @@ pub(crate) struct WriterProgress {
 /// What a writer did.
 #[derive(Clone, Debug, Default)]
 pub struct WriterOutcome {
+    /// The writer's `trusted_packet_sequence_id`.
     pub sequence_id: u32,
+    /// Index of the buffer written to.
     pub buffer: usize,
+    /// Packets offered (`begin_packet` calls), accepted or not.
     pub offered: u64,
+    /// Packets committed to the buffer.
     pub accepted: u64,
     /// Counters of the first and the last accepted packet.
     pub first_accepted: Option<u64>,
+    /// Counter of the last accepted packet.
     pub last_accepted: Option<u64>,
+    /// Packets offered but not stored: `begin_packet` found no room.
     pub dropped: u64,
     pub(crate) offered_bytes: u64,
     pub(crate) accepted_bytes: u64,
+    /// Write latency: each batch's mean per packet, recorded once per
+    /// packet.
     pub write: LatencyHistogram,
     pub(crate) acquire: LatencyHistogram,
     /// Acquisitions that found no chunk (the packet was dropped).

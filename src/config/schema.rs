@@ -74,6 +74,7 @@ pub enum SchemaError {
     Input {
         /// The file, or the flags when the files together are refused.
         path: String,
+        /// Why it could not be read.
         #[source]
         source: proto_input::InputError,
     },

@@ -65,8 +65,13 @@ const READ_BUDGET: usize = 4 * MAX_FRAME_BYTES;
 /// A data source a producer registered.
 #[derive(Clone, Debug)]
 pub struct Registered {
+    /// The data source's name, which configs ask for.
     pub name: String,
+    /// The producer's id for it.
     pub id: u64,
+    /// The producer acknowledges each start (NotifyDataSourceStarted); the
+    /// acks are awaited for `all_data_sources_started`, never by the
+    /// session's work.
     pub will_notify_on_start: bool,
     pub(crate) will_notify_on_stop: bool,
     pub(crate) no_flush: bool,
@@ -79,10 +84,12 @@ pub struct Instance {
     pub session: u64,
     /// Index into that session's config data sources.
     pub(crate) wanted: usize,
+    /// The data source's name.
     pub name: String,
     /// Global buffer id (index + 1).
     pub buffer: u32,
     pub(crate) no_flush: bool,
+    /// The producer acknowledges the start (NotifyDataSourceStarted).
     pub will_notify_on_start: bool,
     pub(crate) will_notify_on_stop: bool,
     /// The DataSourceConfig it was set up with (StartDataSource repeats it).
@@ -90,6 +97,7 @@ pub struct Instance {
     /// StartDataSource was sent.
     pub started: bool,
     pub(crate) started_ack: bool,
+    /// StopDataSource was sent.
     pub stopping: bool,
 }
 
@@ -98,10 +106,15 @@ pub struct Instance {
 pub enum Note {
     /// The producer registered, or can now be sent, data sources.
     Changed,
+    /// The producer activated these triggers (ActivateTriggers).
     Triggers(Vec<String>),
+    /// A CommitData carried this flush request id: the producer's answer
+    /// to that flush.
     FlushAck(u64),
     /// An instance acknowledged its start.
     Started(u64),
+    /// This instance stopped: it acknowledged StopDataSource, or its data
+    /// source was unregistered.
     Stopped(u64),
 }
 
@@ -119,12 +132,18 @@ pub trait Routes {
 
 /// One producer.
 pub struct Connection {
+    /// The service's number for this connection.
     pub id: u32,
     /// Shared with the service's poll, which may wait on it unlocked.
     stream: Arc<UnixStream>,
     decoder: FrameDecoder,
+    /// The peer's uid, from the socket's credentials, never from what it
+    /// says: the quotas are charged to it.
     pub uid: u32,
+    /// The peer's pid, from the socket's credentials.
     pub pid: u32,
+    /// The name from InitializeConnection; `None` until it has
+    /// initialized.
     pub name: Option<String>,
     bound: bool,
     async_request: Option<u64>,
@@ -133,7 +152,9 @@ pub struct Connection {
     /// unspecified means no, as in Perfetto's service).
     scraping: bool,
     smb: Option<SharedMemory>,
+    /// Data sources it registered, in registration order.
     pub registered: Vec<Registered>,
+    /// Data source instances set up on it, by instance id.
     pub instances: BTreeMap<u64, Instance>,
     writers: HashMap<u16, u32>,
     sequences: HashMap<(u16, u32), Sequence>,
@@ -146,6 +167,7 @@ pub struct Connection {
     /// Its share of its uid's holds; the host gives it the uid's on
     /// admission (`quota::Quotas::holds`).
     pub holds: Holds,
+    /// What it did, for `trace_stats` and the summary.
     pub stats: ProducerStats,
     /// Its quota hits (`producer::quota`), charged to its uid by the host.
     pub hits: Hits,
@@ -159,6 +181,8 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Takes an accepted producer socket, made non-blocking, with the
+    /// peer's credentials read; fails when either cannot be done.
     pub fn new(id: u32, stream: UnixStream) -> std::io::Result<Self> {
         stream.set_nonblocking(true)?;
         let cred = crate::transport::peer::of(&stream)?;
@@ -190,6 +214,7 @@ impl Connection {
         })
     }
 
+    /// The socket's descriptor, to poll.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
     }

@@ -118,15 +118,31 @@ pub(crate) fn raise_open_file_limit() -> u64 {
 /// One limit, as counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Limit {
+    /// A new connection past `MAX_CONNECTIONS_PER_UID` of its uid.
     ConnectionsPerUid,
+    /// A new connection past `MAX_CONNECTIONS` (or the open-file budget)
+    /// in all.
     Connections,
+    /// A producer or data source name longer than `MAX_NAME_BYTES`.
     NameLength,
+    /// A RegisterDataSource past `MAX_DATA_SOURCES` registered.
     DataSources,
+    /// A RegisterDataSource past `MAX_REGISTERED_BYTES` of names.
     RegisteredBytes,
+    /// A chunk that would open a sequence or trace writer past
+    /// `MAX_SEQUENCES` of its producer.
     Sequences,
+    /// A chunk that would open a sequence or trace writer past
+    /// `MAX_SEQUENCES_PER_UID` of its uid.
     SequencesPerUid,
+    /// Bytes held for patches and partial packets past
+    /// `MAX_HELD_BYTES_PER_UID` of the uid: they are given up as lost.
     HeldBytes,
+    /// Shared memory past `MAX_SHARED_MEMORY_PER_UID` of the uid: a smaller
+    /// buffer, or none and the data source is not set up.
     SharedMemory,
+    /// A log line past the uid's `LOG_BURST` and rate: counted, not
+    /// written.
     LogLines,
     /// Requests on the control and trigger sockets refused (counted there).
     ControlRequests,
@@ -136,6 +152,7 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// Every limit, in declaration order (the order reports list them in).
     pub const ALL: [Limit; 12] = [
         Limit::ConnectionsPerUid,
         Limit::Connections,
@@ -201,10 +218,12 @@ impl Limit {
 pub struct Hits([u64; Limit::ALL.len()]);
 
 impl Hits {
+    /// Counts `n` hits of `l` (saturating).
     pub fn add(&mut self, l: Limit, n: u64) {
         self.0[l as usize] = self.0[l as usize].saturating_add(n);
     }
 
+    /// The hits of `l`.
     pub fn get(&self, l: Limit) -> u64 {
         self.0[l as usize]
     }
@@ -215,6 +234,7 @@ impl Hits {
         }
     }
 
+    /// No limit was hit.
     pub fn is_empty(&self) -> bool {
         self.0.iter().all(|n| *n == 0)
     }
@@ -232,7 +252,9 @@ impl Hits {
 /// producers that were not kept one by one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UidReport {
+    /// The uid, or `OTHER_UIDS` for the uids past `MAX_UIDS`.
     pub uid: u32,
+    /// Its hits of each limit.
     pub hits: Hits,
     /// Closed producers folded here (past [`MAX_CLOSED_KEPT`]).
     pub closed_producers: u64,

@@ -46,6 +46,7 @@ const MAX_READ_AHEAD: usize = 1024;
 /// `producer::quota::Holds`).
 #[derive(Debug, Default)]
 pub struct Budget {
+    /// Bytes that may still be held, of what was lent.
     pub left: usize,
     /// Times held chunks or a partial packet were given up for want of it.
     pub short: u64,
@@ -54,8 +55,11 @@ pub struct Budget {
 /// Who wrote the packets (from the socket, not from the producer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Trust {
+    /// The producer's uid, from its socket.
     pub uid: u32,
+    /// The producer's pid, from its socket.
     pub pid: u32,
+    /// The `trusted_packet_sequence_id` of this (producer, writer, buffer).
     pub sequence_id: u32,
 }
 
@@ -93,6 +97,8 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// A sequence writing into `writer`, its packets stamped with
+    /// `trust`'s fields.
     pub fn new(writer: Writer, trust: Trust) -> Self {
         let mut suffix = Vec::with_capacity(TRUSTED_SUFFIX_MAX);
         for (field, v) in [

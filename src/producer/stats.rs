@@ -13,12 +13,17 @@ pub struct ProducerStats {
     pub(crate) chunks_scraped: u64,
     /// Packets stored, and their bytes (without the trusted fields).
     pub packets: u64,
+    /// Bytes of those packets, without the trusted fields.
     pub bytes: u64,
     /// Chunks refused: not complete, out of range, a buffer the producer may
     /// not write, or given up waiting for patches.
     pub chunks_discarded: u64,
+    /// Chunks that were not the next of their sequence: the packet spanning
+    /// the gap is given up and the next stored one marked as after a loss.
     pub chunks_committed_out_of_order: u64,
     pub(crate) patches_succeeded: u64,
+    /// Patches not applied (no such chunk waiting, out of its bounds, or
+    /// malformed), and chunks still waiting for patches at the end.
     pub patches_failed: u64,
     /// Bad fragment lengths and other breaches of the shared-memory ABI.
     pub abi_violations: u64,

@@ -16,7 +16,10 @@ pub enum FlushItem<'a> {
     Data(&'a [u8]),
     /// The writer's data was lost here (overwritten, discarded or cleared);
     /// its next packet should carry `previous_packet_dropped`.
-    Loss { writer: WriterId },
+    Loss {
+        /// The writer that lost data.
+        writer: WriterId,
+    },
 }
 
 /// What one `take_flush` (or `snapshot`) gathered. The ranges stay pinned —

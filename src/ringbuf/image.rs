@@ -201,11 +201,17 @@ fn read_full(src: &dyn ReadAt, buf: &mut [u8], offset: u64) -> io::Result<usize>
 /// Why a file is not a ring at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    /// Reading the file failed.
     #[error("cannot read: {0}")]
     Io(#[from] io::Error),
     /// Neither header copy could be read: `a` and `b` say why.
     #[error("not a ring buffer, or its header is damaged in both copies (first: {a}; second: {b})")]
-    Header { a: HeaderError, b: HeaderError },
+    Header {
+        /// Why the first copy was not taken.
+        a: HeaderError,
+        /// Why the second copy was not taken.
+        b: HeaderError,
+    },
 }
 
 /// One region with unread data, as the chunk table describes it.
@@ -213,6 +219,7 @@ pub enum ImageError {
 pub struct RegionView {
     /// Its first chunk.
     pub head: u32,
+    /// Its length in chunks.
     pub chunks: u32,
     /// The writer sequence (its packets' `trusted_packet_sequence_id`).
     pub writer: u32,
@@ -220,6 +227,7 @@ pub struct RegionView {
     pub order: u64,
     /// Unread bytes: `[from, to)` within the region.
     pub from: u32,
+    /// End of the unread bytes, exclusive.
     pub to: u32,
     /// Packets in those bytes, as the table counted them.
     pub packets: u32,
@@ -310,6 +318,7 @@ pub enum Check {
 /// What one region gave.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RegionRead {
+    /// Whole packets handed on.
     pub packets: u64,
     /// Framed bytes handed on.
     pub bytes: u64,
@@ -320,13 +329,21 @@ pub struct RegionRead {
 /// in write order) and what was left out so far.
 #[derive(Clone, Debug)]
 pub struct RingImage {
+    /// The core header, from whichever copy was intact.
     pub header: CoreHeader,
+    /// The clock snapshot and TraceConfig; `None` when both meta copies
+    /// are damaged.
     pub meta: Option<Meta>,
+    /// The counters of the live page; `None` when caught mid-update or
+    /// unreadable.
     pub stats: Option<BufferStats>,
+    /// The regions holding unread data, grouped by writer (ascending),
+    /// each writer's in write order.
     pub regions: Vec<RegionView>,
     /// Every writer the table names (loss markers may name ones with no
     /// data left).
     pub writers: Vec<u32>,
+    /// What was found damaged and left out so far.
     pub damage: Damage,
 }
 

@@ -224,6 +224,7 @@ pub(crate) fn stats_from_words(w: &[u64; LIVE_STATS.len()]) -> BufferStats {
 pub struct RingIdentity {
     /// The buffer's index in the config, and how many the session has.
     pub index: u32,
+    /// How many buffers the session has.
     pub count: u32,
     /// The session's trace UUID (msb, lsb).
     pub uuid: (i64, i64),
@@ -289,38 +290,61 @@ impl Layout {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoreHeader {
     pub(crate) file_len: u64,
+    /// Bytes per chunk.
     pub chunk_size: u32,
+    /// Chunks in the data area.
     pub chunk_count: u32,
+    /// Chunks a writer takes at once at most when the buffer has room.
     pub region_chunks: u32,
+    /// What the writers did when no chunk was free: RING_BUFFER or
+    /// DISCARD.
     pub policy: FillPolicy,
+    /// The buffer's index in the session's config.
     pub index: u32,
+    /// How many buffers the session has.
     pub count: u32,
     pub(crate) meta_a: u64,
     pub(crate) meta_b: u64,
     pub(crate) meta_len: u32,
+    /// Offset of the live page (the counters).
     pub live: u64,
+    /// Offset of the chunk table.
     pub table: u64,
+    /// Offset of the first chunk.
     pub data: u64,
+    /// The session's trace UUID (msb, lsb).
     pub uuid: (i64, i64),
+    /// The trusted uid of the session's own packets.
     pub uid: u32,
+    /// The recording process.
     pub pid: u32,
+    /// `/proc/sys/kernel/random/boot_id` as 16 bytes (zero when unknown).
     pub boot_id: [u8; 16],
+    /// Wall time of creation, ns since the epoch.
     pub created_realtime_ns: u64,
 }
 
 /// Why a header or meta area was not taken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
+    /// The area is shorter than a header: the file is cut short there.
     #[error("too short")]
     Short,
+    /// The magic is wrong: not a ring buffer, or the area is overwritten.
     #[error("not a ring buffer (magic)")]
     Magic,
+    /// Written by a build with another layout version (the one found).
     #[error("layout version {0} (this build reads {VERSION})")]
     Version(u32),
+    /// Written on a machine of the other byte order, whose atomics' words
+    /// this one would misread.
     #[error("written on a machine of the other byte order")]
     ByteOrder,
+    /// The checksum does not match: the copy is damaged.
     #[error("checksum mismatch")]
     Checksum,
+    /// The fields disagree with each other or with what the engine makes
+    /// (which one is named).
     #[error("inconsistent: {0}")]
     Inconsistent(&'static str),
 }
@@ -488,7 +512,9 @@ impl CoreHeader {
 /// What the meta area holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Meta {
+    /// (builtin clock id, ns) read together when the buffer was made.
     pub clocks: Vec<(u32, u64)>,
+    /// The session's TraceConfig, binary.
     pub config: Vec<u8>,
 }
 

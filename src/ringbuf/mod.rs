@@ -280,22 +280,35 @@ impl BufferParams {
 /// Why a buffer could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum RingbufError {
+    /// The chunk size is outside the range the engine takes.
     #[error(
         "chunk_size {chunk_size} is out of range ({min}..={max})",
         min = BufferParams::MIN_CHUNK_SIZE,
         max = BufferParams::MAX_CHUNK_SIZE
     )]
-    ChunkSize { chunk_size: usize },
-    #[error("region_chunks must be at least 1")]
-    RegionChunks,
-    #[error("buffer of {size_bytes} bytes holds fewer than 2 chunks of {chunk_size} bytes")]
-    TooSmall {
-        size_bytes: usize,
+    ChunkSize {
+        /// The chunk size asked for, in bytes.
         chunk_size: usize,
     },
+    /// A region was asked to span no chunk.
+    #[error("region_chunks must be at least 1")]
+    RegionChunks,
+    /// The buffer holds fewer than 2 chunks of the chunk size, or more
+    /// than the chunk table can describe.
+    #[error("buffer of {size_bytes} bytes holds fewer than 2 chunks of {chunk_size} bytes")]
+    TooSmall {
+        /// The buffer size asked for.
+        size_bytes: usize,
+        /// The chunk size in use.
+        chunk_size: usize,
+    },
+    /// The mapping could not be made: its layout overflows, the memfd or
+    /// ring file could not be made or sized, or `mmap` failed.
     #[error("cannot map a buffer of {size_bytes} bytes: {source}")]
     Map {
+        /// The buffer size asked for.
         size_bytes: usize,
+        /// What the system said.
         source: std::io::Error,
     },
 }

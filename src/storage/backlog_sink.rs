@@ -28,12 +28,17 @@ use crate::sys::nowait;
 /// Why a stream cannot be written without waiting.
 #[derive(Debug, thiserror::Error)]
 pub enum BacklogError {
+    /// The descriptor could not be inspected (`fstat` failed).
     #[error("cannot look at the output descriptor: {0}")]
     Stat(#[source] std::io::Error),
+    /// The kernel does not take `RWF_NOWAIT` writes on this stream, so a
+    /// write could block.
     #[error(
         "the output stream cannot be written without waiting ({0}): give a file, a pipe or a socket"
     )]
     CannotWait(#[source] std::io::Error),
+    /// The output is not a stream (the kind it is named): a regular file
+    /// takes a positioned sink instead.
     #[error("the output is a {0}, not a pipe, FIFO, socket or character device")]
     NotAStream(&'static str),
 }

@@ -92,22 +92,34 @@ pub(crate) fn padding_to_block(len: u64, align: usize) -> Vec<u8> {
 /// Why `O_DIRECT` was not used, or a pass could not be laid out for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DirectError {
+    /// `O_DIRECT` could not be set on the descriptor.
     #[error("cannot set O_DIRECT: {0}")]
     Flag(rustix::io::Errno),
+    /// The probe block written through `O_DIRECT` failed: the file system
+    /// does not take direct writes there.
     #[error("an O_DIRECT write of {DIRECT_ALIGN} bytes failed: {0}")]
     Write(rustix::io::Errno),
+    /// The probe block was written only in part (the bytes written).
     #[error("an O_DIRECT write of {DIRECT_ALIGN} bytes wrote {0}")]
     Short(usize),
+    /// The probe block could not be cut off again.
     #[error("cannot truncate the probe block: {0}")]
     Truncate(rustix::io::Errno),
+    /// No page-aligned bounce buffer could be mapped for the probe or for a
+    /// pass's blocks.
     #[error("cannot map a bounce buffer: {0}")]
     Bounce(rustix::io::Errno),
+    /// The file or its file system could not be inspected.
     #[error("cannot stat the file: {0}")]
     Stat(rustix::io::Errno),
+    /// A passed descriptor is not a regular file.
     #[error("not a regular file")]
     NotRegular,
+    /// A passed file already holds data, which the probe would cut off.
     #[error("the file is not empty")]
     NotEmpty,
+    /// Its file system keeps files in memory (tmpfs, ramfs, hugetlbfs):
+    /// `O_DIRECT` would bypass nothing and only cost padding.
     #[error("its file system keeps files in memory")]
     InMemory,
 }

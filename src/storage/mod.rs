@@ -113,6 +113,7 @@ pub enum SinkKind {
 }
 
 impl SinkKind {
+    /// Its name in the trace and the summary.
     pub fn name(self) -> &'static str {
         match self {
             SinkKind::IoUring => "io_uring",
@@ -134,12 +135,17 @@ pub enum SinkError {
     /// The kernel refused a write (ENOSPC, EIO, EPIPE, ...).
     #[error("write at file offset {offset} failed: {errno}")]
     Write {
+        /// What the kernel returned.
         errno: rustix::io::Errno,
+        /// File offset the write was at.
         offset: u64,
     },
     /// A write returned 0 bytes with data left: it cannot continue.
     #[error("write at file offset {offset} made no progress")]
-    NoProgress { offset: u64 },
+    NoProgress {
+        /// File offset the write was at.
+        offset: u64,
+    },
     /// `fdatasync` failed.
     #[error("fdatasync failed: {0}")]
     Sync(rustix::io::Errno),
@@ -151,7 +157,12 @@ pub enum SinkError {
     #[error(
         "the reader of the output took too little: {held} bytes would wait for it (at offset {offset})"
     )]
-    Blocked { held: u64, offset: u64 },
+    Blocked {
+        /// Bytes that would have waited for the reader.
+        held: u64,
+        /// File offset the write was at.
+        offset: u64,
+    },
 }
 
 impl SinkError {
@@ -177,18 +188,31 @@ impl SinkError {
 /// Opening the output failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
+    /// The output exists and no-clobber forbids replacing it.
     #[error("{path}: already exists (no-clobber)")]
-    Exists { path: std::path::PathBuf },
+    Exists {
+        /// The output named.
+        path: std::path::PathBuf,
+    },
+    /// The output, or its directory, could not be opened or created.
     #[error("cannot open {path}: {source}")]
     Open {
+        /// The path it failed on.
         path: std::path::PathBuf,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// Standard output cannot carry the trace: its descriptor could not be
+    /// copied or inspected, or it is a directory.
     #[error("cannot use stdout for the trace: {0}")]
     Stdout(#[source] std::io::Error),
+    /// io_uring was asked for explicitly and the system does not offer it,
+    /// or it could not be set up with no way back to `pwritev`.
     #[error("io_uring was requested but is unavailable: {0}")]
     IoUringUnavailable(#[source] uring_sink::UringUnavailable),
+    /// Creating the output was refused: an unsafe directory, a name that
+    /// is not a plain file name, or the privileged broker's refusal.
     #[error(transparent)]
     Create(create::CreateError),
 }
@@ -394,6 +418,7 @@ pub(crate) const WRITE_STEP_BYTES: usize = 4 << 20;
 /// Where trace bytes go. Implementations never copy the data: the kernel
 /// reads the caller's memory (the ring buffer's mmap) directly.
 pub trait FileSink: Send {
+    /// Which implementation this is.
     fn kind(&self) -> SinkKind;
     /// Appends all of `bufs`, in order, at the end of what was written so far;
     /// returns when every byte is on its way to the file (completions

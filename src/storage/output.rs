@@ -12,6 +12,8 @@ use super::{FileSink, PwritevSink, StorageError, StreamSink, UringSink};
 /// Where the trace goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutputPath {
+    /// A path: a new file (replacing what is there unless no-clobber), or a
+    /// stream where it names a FIFO, device, socket or `/dev/fd/N`.
     File(PathBuf),
     /// `-o -`: a pipe or a redirected file; written as a stream.
     Stdout,
@@ -25,13 +27,16 @@ pub enum IoChoice {
     Auto,
     /// io_uring or an error.
     IoUring,
+    /// `pwritev(2)`, even where io_uring would do.
     Pwritev,
 }
 
+/// How to open the output and which sink to write it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpenOptions {
     /// `O_EXCL`: refuse to replace an existing file.
     pub no_clobber: bool,
+    /// Which positioned sink writes a file.
     pub io: IoChoice,
     /// Write with `O_DIRECT` where the file allows it (probed; the page
     /// cache otherwise, logged). For traces without compression

@@ -382,23 +382,32 @@ impl FileSink for UringSink {
 /// Why io_uring cannot carry the sink here.
 #[derive(Debug, thiserror::Error)]
 pub enum UringUnavailable {
+    /// The ring could not be set up: io_uring is absent, disabled
+    /// (`kernel.io_uring_disabled`) or blocked by seccomp.
     #[error("io_uring_setup failed: {0} (blocked by seccomp or kernel.io_uring_disabled?)")]
     Setup(#[source] std::io::Error),
+    /// The kernel's io_uring cannot write vectors (`IORING_OP_WRITEV`).
     #[error("io_uring does not support WRITEV")]
     NoWritev,
+    /// The probe's NOP did not fit in the submission queue.
     #[error("io_uring push failed: {0}")]
     Push(#[source] io_uring::squeue::PushError),
+    /// Submitting the probe's NOP failed.
     #[error("io_uring_enter failed: {0}")]
     Enter(#[source] std::io::Error),
+    /// The probe's NOP was submitted but no completion came back.
     #[error("io_uring NOP did not complete")]
     NoCompletion,
+    /// The probe's NOP completed with an error.
     #[error("io_uring NOP failed: {0}")]
     Nop(#[source] Errno),
     /// The ring could not be set up after the probe passed, and the file
     /// could not be kept for `pwritev` instead.
     #[error("{ring}; {dup}")]
     NoFallback {
+        /// Why the ring could not be set up.
         ring: std::io::Error,
+        /// Why the file could not be kept (duplicated) for `pwritev`.
         dup: std::io::Error,
     },
 }

@@ -79,6 +79,8 @@ pub struct PassReport {
     pub(crate) cap_reached: bool,
     /// Bytes the cap left out of this pass (records not written).
     pub(crate) cut_bytes: u64,
+    /// Wall time of the pass, from taking the buffers' data to handing the
+    /// last byte over (the sync included when asked).
     pub duration: Duration,
 }
 
@@ -124,10 +126,14 @@ impl std::fmt::Debug for PassStage<'_> {
 /// What made a pass fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PassFailure {
+    /// The sink failed, and is poisoned: no retries.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The compression stage failed.
     #[error(transparent)]
     Compress(#[from] CompressError),
+    /// The pass could not be laid out in `O_DIRECT` blocks (no bounce
+    /// buffer could be mapped).
     #[error(transparent)]
     Direct(#[from] DirectError),
 }
@@ -138,6 +144,7 @@ pub enum PassFailure {
     "{source}; {unwritten_bytes} bytes of this write pass did not reach the file ({kept_bytes} bytes of whole packets before them did)"
 )]
 pub struct PassError {
+    /// What failed.
     #[source]
     pub source: PassFailure,
     /// Bytes of this pass kept in the file (whole packets).
