@@ -58,9 +58,12 @@ impl ForTesting {
 pub struct SeqValues(u32);
 
 impl SeqValues {
+    /// The generator seeded with `seed` (0, which xorshift never leaves, is
+    /// replaced by a fixed non-zero seed).
     pub fn new(seed: u32) -> Self {
         Self(if seed == 0 { 0x9e37_79b9 } else { seed })
     }
+    /// The next value of the sequence.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u32 {
         let mut x = self.0;

@@ -34,13 +34,18 @@ pub enum SourceError {
     /// The cause is kept (and also shown, so a plain `to_string` is whole).
     #[error("{source_name}: {cause}")]
     Failed {
+        /// The data source that failed (`linux.ftrace`, …).
         source_name: String,
+        /// What failed, kept whole for the error chain.
         #[source]
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A flush the session asked for did not finish in the time it allowed.
     #[error("{source_name}: flush did not finish within {timeout:?}")]
     FlushTimeout {
+        /// The data source that did not finish.
         source_name: String,
+        /// How long the session waited.
         timeout: Duration,
     },
 }
@@ -58,15 +63,18 @@ impl SourceError {
     }
 }
 
-/// A data source instance of one session.
 /// A running count of events a source lost before its buffer, with what to
 /// change to lose fewer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UpstreamLoss {
+    /// Events lost since the source started.
     pub events: u64,
+    /// The config change that loses fewer (ftrace: a bigger per-CPU buffer, or
+    /// draining sooner).
     pub advice: &'static str,
 }
 
+/// A data source instance of one session.
 pub trait DataSource: Send {
     /// The data source name (`linux.ftrace`, …).
     fn name(&self) -> &str;

@@ -73,7 +73,10 @@ impl PacketOutput for Vec<Vec<u8>> {
 /// commit is moved into [`bytes`](Self::bytes) at the next packet and at
 /// [`flush`](PacketOutput::flush).
 pub struct VecOutput {
+    /// The framed `Trace` so far: every packet committed and moved out of the
+    /// staging ring.
     pub bytes: Vec<u8>,
+    /// Packets framed into `bytes` so far.
     pub packets: usize,
     ring: Arc<Buffer>,
     writer: Writer,
@@ -84,6 +87,7 @@ impl VecOutput {
     /// engine needs to take a packet of [`BufferParams::MAX_PACKET_LEN`].
     const RING_BYTES: usize = 4 * BufferParams::MAX_PACKET_LEN;
 
+    /// An empty output with its own staging ring.
     pub fn new() -> Self {
         let params = BufferParams {
             prefault: false,

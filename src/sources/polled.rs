@@ -60,6 +60,8 @@ pub struct PolledDataSource<S: PolledSource> {
 }
 
 impl<S: PolledSource> PolledDataSource<S> {
+    /// `source` as the data source `name`, run on its tick period and writing
+    /// through `writer`.
     pub fn new(name: &str, source: S, writer: Writer) -> Self {
         let ticker = Ticker::new(source.tick_period_ms());
         Self {

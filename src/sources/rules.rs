@@ -24,6 +24,7 @@ pub(crate) const MAX_QUEUED: usize = 4096;
 /// it matched happened (BOOTTIME ns).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Firing {
+    /// The rule's index in the session's rules.
     pub rule: usize,
     pub(crate) ts_ns: u64,
     /// What was matched, for the log (`pid 1234 on cpu 1`).
@@ -46,6 +47,7 @@ impl FiringQueue {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Queues a firing; past [`MAX_QUEUED`] it is counted as dropped instead.
     pub fn push(&self, f: Firing) {
         let mut q = self.lock();
         if q.0.len() >= MAX_QUEUED {
@@ -89,6 +91,7 @@ pub struct Tally {
 pub struct Tallies(Arc<[Tally]>);
 
 impl Tallies {
+    /// Zeroed counts for `rules` rules.
     pub fn new(rules: usize) -> Self {
         Self(
             (0..rules)
@@ -100,24 +103,29 @@ impl Tallies {
         )
     }
 
+    /// The counts of rule `rule`.
     pub fn get(&self, rule: usize) -> Option<&Tally> {
         self.0.get(rule)
     }
 
+    /// How many rules there are.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether the session has no rule.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }
 
 impl Tally {
+    /// Adds `n` to one of a tally's counters.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The current value of one of a tally's counters.
     pub fn load(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
@@ -134,6 +142,7 @@ pub struct Limiter {
 }
 
 impl Limiter {
+    /// The bound of `rule`: its `count` firings, one per its rate's interval.
     pub fn of(rule: &Rule) -> Self {
         Self {
             left: rule.count,
@@ -157,12 +166,15 @@ impl Limiter {
 /// What a rule set needs from the sources, and where its firings go.
 #[derive(Clone, Debug)]
 pub struct RulePlan {
+    /// The session's trigger rules, by index.
     pub rules: Vec<Rule>,
+    /// Where the sources put their firings.
     pub queue: FiringQueue,
     pub(crate) tallies: Tallies,
 }
 
 impl RulePlan {
+    /// The plan of `rules`, with an empty queue and zeroed tallies.
     pub fn new(rules: Vec<Rule>) -> Self {
         let tallies = Tallies::new(rules.len());
         Self {

@@ -57,10 +57,15 @@ pub use crate::config::spec::{PrintFilter, PrintMatch, PrintRule};
 /// Counters of the encoder, summed over the recording.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EncodeStats {
+    /// Pages walked.
     pub pages: u64,
+    /// Events written, in any form.
     pub events: u64,
+    /// Events written as their Perfetto typed message.
     pub typed_events: u64,
+    /// sched_switch and sched_waking events written into compact_sched.
     pub compact_events: u64,
+    /// Events written as generic events (no typed message in Perfetto).
     pub generic_events: u64,
     /// Records whose id is not in the table (not enabled by us).
     pub unknown_ids: u64,
@@ -70,6 +75,7 @@ pub struct EncodeStats {
     pub filtered_tids: u64,
     /// Events larger than a whole packet, dropped.
     pub oversized_events: u64,
+    /// FtraceEventBundle packets committed.
     pub bundles: u64,
     /// Bundles lost because the output had no space.
     pub dropped_bundles: u64,
@@ -84,6 +90,7 @@ pub struct EncodeStats {
 /// Per-CPU state carried from one bundle to the next.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuCursor {
+    /// The CPU whose pages this follows.
     pub cpu: u32,
     /// Timestamp of the last event of the previous bundle on this CPU.
     pub prev_bundle_end_ts: u64,
@@ -338,6 +345,7 @@ pub struct BundleEncoder {
     fast: bool,
     /// The rules evaluated on the events (`super::watch`).
     watch: Option<Watch>,
+    /// Counters summed over the recording.
     pub stats: EncodeStats,
 }
 
@@ -348,7 +356,9 @@ const PID_CACHE: usize = 1024;
 /// offsets into [`PageFeed::bytes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
+    /// Offset of the span's first record in the feed's bytes.
     pub pos: usize,
+    /// Offset just past the span's last record.
     pub end: usize,
     /// The running timestamp at `pos`.
     pub ts: u64,

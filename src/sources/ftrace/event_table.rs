@@ -229,9 +229,11 @@ pub(crate) fn is_typed(group: &str, name: &str) -> bool {
 /// once from its format line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntAt {
+    /// Byte offset of the field in the record.
     pub offset: usize,
     /// 1, 2, 4 or 8.
     pub size: u8,
+    /// The format file says `signed:1`: the value is sign-extended.
     pub signed: bool,
     /// The field is read from the 8-byte word ending here: at its own end,
     /// or at byte 8 for a field in the first 8 (the common header).
@@ -304,7 +306,12 @@ pub enum TextAt {
     /// `char name[16]` (comms): read as one 16-byte word.
     Comm16(usize),
     /// `char name[N]`, N ≠ 16: `size` bytes, NUL-padded.
-    Array { offset: usize, size: usize },
+    Array {
+        /// Byte offset of the array in the record.
+        offset: usize,
+        /// Its declared length, `N`.
+        size: usize,
+    },
     /// `__data_loc char[] name`: a u32 at `offset` holding `len << 16 | at`.
     DataLoc(usize),
     /// `char name[]`: the rest of the record.
@@ -382,6 +389,7 @@ pub enum TypedOp {
 pub struct TypedPlan {
     /// Key of the `FtraceEvent` field holding the message.
     pub key: PackedKey,
+    /// The message's fields, each with where its value sits in the record.
     pub ops: Vec<TypedOp>,
     /// The most bytes the message takes, key and length included, when
     /// every field is bounded (integers, comms); `None` with other text.
@@ -411,18 +419,26 @@ impl TypedPlan {
 /// The fields compact_sched needs from sched_switch.
 #[derive(Clone, Copy, Debug)]
 pub struct SwitchPlan {
+    /// `prev_state`: the state of the task switched out.
     pub prev_state: IntAt,
+    /// `next_pid`: the thread switched in.
     pub next_pid: IntAt,
+    /// `next_prio`: its priority.
     pub next_prio: IntAt,
+    /// `next_comm`: its name, interned per bundle.
     pub next_comm: TextAt,
 }
 
 /// The fields compact_sched needs from sched_waking.
 #[derive(Clone, Copy, Debug)]
 pub struct WakingPlan {
+    /// `pid`: the thread woken.
     pub pid: IntAt,
+    /// `target_cpu`: the CPU it is to run on.
     pub target_cpu: IntAt,
+    /// `prio`: its priority.
     pub prio: IntAt,
+    /// `comm`: its name, interned per bundle.
     pub comm: TextAt,
     pub(crate) common_flags: Option<IntAt>,
 }
@@ -435,9 +451,13 @@ pub struct WakingPlan {
 pub struct WakeupPlan {
     /// Key of the `FtraceEvent` field holding the message.
     pub key: PackedKey,
+    /// `comm`'s key, and the offset of its 16 bytes in the record.
     pub comm: (PackedKey, usize),
+    /// `pid`'s key, and where the field sits.
     pub pid: (PackedKey, IntAt),
+    /// `prio`'s key, and where the field sits.
     pub prio: (PackedKey, IntAt),
+    /// `target_cpu`'s key, and where the field sits.
     pub target_cpu: (PackedKey, IntAt),
     /// Records at least this long hold every field (and `common_pid`)
     /// whole; shorter ones take the typed plan.
@@ -475,15 +495,21 @@ impl WakeupPlan {
 /// Which compact form an event takes when compact_sched is on.
 #[derive(Clone, Copy, Debug)]
 pub enum CompactPlan {
+    /// sched_switch, as a row of compact_sched's switch columns.
     Switch(SwitchPlan),
+    /// sched_waking, as a row of compact_sched's waking columns.
     Waking(WakingPlan),
 }
 
 /// Everything known about one event id.
 #[derive(Clone, Debug)]
 pub struct EventEntry {
+    /// The event's parsed `format` file.
     pub format: EventFormat,
+    /// Its typed message's plan; `None` writes it as a generic event.
     pub typed: Option<TypedPlan>,
+    /// Its compact_sched form: only sched_switch and sched_waking, with
+    /// compact_sched on and the fields it needs present.
     pub compact: Option<CompactPlan>,
     /// sched_wakeup/sched_waking written by their own encoder (the same
     /// bytes as `typed`), when their only `pid_fields` entry is its pid.
@@ -517,6 +543,7 @@ fn text_field(f: &EventFormat, name: &str) -> Option<TextAt> {
 }
 
 impl EventTable {
+    /// An empty table.
     pub fn new() -> Self {
         Self::default()
     }
@@ -637,15 +664,18 @@ impl EventTable {
         }
     }
 
+    /// The entry of event `id`, if it was inserted.
     #[inline]
     pub fn get(&self, id: u16) -> Option<&EventEntry> {
         self.by_id.get(id as usize).and_then(Option::as_ref)
     }
 
+    /// How many events the table holds.
     pub fn len(&self) -> usize {
         self.by_id.iter().filter(|e| e.is_some()).count()
     }
 
+    /// Whether the table holds no event.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

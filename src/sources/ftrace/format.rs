@@ -13,14 +13,34 @@
 /// Why a tracefs layout file could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
+    /// A `field:` line lacks its declaration, `offset:` or `size:`.
     #[error("line {line}: malformed field description: {text:?}")]
-    BadField { line: usize, text: String },
+    BadField {
+        /// The line's number in the file, from 1.
+        line: usize,
+        /// The line as read.
+        text: String,
+    },
+    /// A field or line the file must have is absent (`name:`, `ID:`,
+    /// `common_type`, or a page header field).
     #[error("missing `{0}`")]
     Missing(&'static str),
+    /// A field has a size the walker does not implement (a page timestamp
+    /// other than 8 bytes, a commit other than 4 or 8, a `common_type` other than
+    /// 1, 2 or 4).
     #[error("unsupported layout: {what} of {size} bytes")]
-    Size { what: &'static str, size: usize },
+    Size {
+        /// Which field (`page commit`, `common_type`, …).
+        what: &'static str,
+        /// Its size in bytes, as the file gives it.
+        size: usize,
+    },
+    /// `header_page` puts the page's data before the end of its commit field, or
+    /// gives it no room.
     #[error("unsupported layout: page data before its header")]
     DataBeforeHeader,
+    /// `header_event` does not describe the event header the page walker
+    /// implements (what it lacks).
     #[error("unsupported layout: header_event lacks `{0}`")]
     HeaderEventLacks(&'static str),
 }
@@ -28,11 +48,15 @@ pub enum FormatError {
 /// Where the page header fields live (from `events/header_page`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageLayout {
+    /// Where the page's u64 timestamp sits in the page header.
     pub timestamp_offset: usize,
+    /// Where the commit word (data length and loss flags) sits.
     pub commit_offset: usize,
     /// 8 on 64-bit kernels (`local_t`), 4 on 32-bit ones.
     pub commit_size: usize,
+    /// Where the event data starts: the header's size.
     pub data_offset: usize,
+    /// Bytes of event data a page has room for.
     pub data_size: usize,
 }
 
@@ -62,19 +86,28 @@ pub enum FieldKind {
 /// One field of an event record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
+    /// The field's name in the declaration (`prev_comm`).
     pub name: String,
     pub(crate) type_name: String,
+    /// Byte offset in the record (`offset:`).
     pub offset: usize,
+    /// Bytes it takes (`size:`); for `__data_loc`, those of the u32 locator.
     pub size: usize,
+    /// Whether the format file says `signed:1`.
     pub signed: bool,
+    /// How its bytes are read.
     pub kind: FieldKind,
 }
 
 /// One event's id and layout (from `events/GROUP/NAME/format`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventFormat {
+    /// The event's group (`sched` of `sched/sched_switch`).
     pub group: String,
+    /// The event's name (`name:`).
     pub name: String,
+    /// The kernel's id of the event (`ID:`), which each record leads with
+    /// (`common_type`).
     pub id: u16,
     /// The `common_*` fields shared by every event.
     pub common: Vec<Field>,

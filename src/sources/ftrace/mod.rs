@@ -76,7 +76,10 @@ pub struct FtraceOptions {
     pub proc_root: PathBuf,
     /// trusted_packet_sequence_id of every packet written.
     pub sequence_id: u32,
+    /// Largest bundle packet written; an event bigger than this is dropped.
     pub max_packet_bytes: usize,
+    /// How pages leave the kernel's per-CPU ring buffers (read(2), splice or
+    /// the mapping).
     pub read_mode: ReadMode,
     /// The kernel's sub-buffer size for the recording's buffers.
     pub subbuf: SubbufSize,
@@ -124,19 +127,32 @@ pub(crate) fn mem_total_kb(proc: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Errors of the ftrace source: tracefs, the kernel's format files, the
+/// config against this kernel, or a call out of order.
 #[derive(Debug, thiserror::Error)]
 pub enum FtraceError {
+    /// Reading or writing tracefs failed, or it was not found.
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
+    /// A layout file (`events/header_page`, `events/header_event` or an
+    /// event's `format`) could not be parsed.
     #[error("{file}: {source}")]
     Format {
+        /// The layout file, relative to the recording directory.
         file: String,
+        /// Why it could not be used.
         source: format::FormatError,
     },
+    /// None of the requested events (nor kprobes) exists on this kernel; the
+    /// names asked for.
     #[error("none of the requested ftrace events exist: {0:?} (see events/ in tracefs)")]
     NoEvents(Vec<String>),
+    /// A call the source's state does not allow yet or any more (what was
+    /// attempted).
     #[error("the source is not in the state this needs ({0})")]
     State(&'static str),
+    /// The output had no room for a packet the source must write (the
+    /// FtraceStats packet named).
     #[error("the output has no room for the {0} packet")]
     NoRoom(&'static str),
     /// The pipe splice reads pages through could not be made.
@@ -154,10 +170,17 @@ pub enum FtraceError {
 /// Counters of a finished (or running) recording.
 #[derive(Clone, Debug, Default)]
 pub struct FtraceSummary {
+    /// What the encoder counted (pages, events, bundles, losses).
     pub encode: EncodeStats,
+    /// Bytes read from the CPUs' `trace_pipe_raw` (or their mappings).
     pub bytes_read: u64,
+    /// Requested events this kernel does not have (no `events/GROUP/NAME`).
     pub unknown_events: Vec<String>,
+    /// Events that exist but could not be enabled, or kprobes that could not
+    /// be made (`group/name`).
     pub failed_events: Vec<String>,
+    /// Drains after which a CPU's last timestamp was earlier than before it:
+    /// the kernel's clock or buffer went backwards.
     pub non_monotonic: u64,
     /// Drains started early because a CPU buffer passed the watermark.
     pub watermark_drains: u64,
@@ -1276,10 +1299,14 @@ impl<O: PacketOutput + 'static> Drop for FtraceSource<O> {
 /// kernel's buffers: where it is and how its events were encoded.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Leftover {
+    /// The recording directory (a tracefs instance).
     pub dir: PathBuf,
     /// The sequence the recording wrote its bundles on.
     pub sequence_id: u32,
+    /// Whether sched_switch and sched_waking were written as compact_sched.
     pub compact_sched: bool,
+    /// Whether the recording used the MONO_RAW trace clock, so the bundles
+    /// say so.
     pub mono_raw: bool,
 }
 

@@ -34,22 +34,33 @@ const TS_MASK: u64 = (1 << 59) - 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[repr(u32)]
 pub enum PageError {
+    /// The page is shorter than its header, or its commit claims more data than
+    /// the page holds.
     #[error("page shorter than its header or commit beyond the page")]
     InvalidPageHeader = 4,
+    /// The page ends inside an event's 4-byte header.
     #[error("event header truncated")]
     ShortEventHeader = 5,
+    /// The page ends before a padding record's length word.
     #[error("padding length truncated")]
     ShortPaddingLength = 7,
+    /// A padding record's length runs past the page's data, or is shorter
+    /// than its own length word.
     #[error("padding beyond the page")]
     InvalidPaddingLength = 8,
+    /// The page ends inside a time extend's second word.
     #[error("time extend truncated")]
     ShortTimeExtend = 9,
+    /// The page ends inside an absolute time stamp's second word.
     #[error("absolute time stamp truncated")]
     ShortTimeStamp = 10,
+    /// The page ends before the length word of a `type_len` 0 event.
     #[error("data length truncated")]
     ShortDataLength = 11,
+    /// A `type_len` 0 event whose length word leaves no payload.
     #[error("zero data length")]
     ZeroDataLength = 12,
+    /// A data event runs past the page's data.
     #[error("event beyond the page")]
     InvalidDataLength = 13,
 }
@@ -64,6 +75,7 @@ impl PageError {
 /// The decoded page header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageHeader {
+    /// The timestamp the page's first event delta counts from.
     pub timestamp: u64,
     /// Bytes of event data after the header.
     pub data_len: usize,
@@ -76,6 +88,7 @@ pub struct PageHeader {
 /// One data record of a page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEvent<'p> {
+    /// The event's timestamp: the page's, plus every delta up to it.
     pub timestamp: u64,
     /// Offset of the payload within the page.
     pub offset: usize,
@@ -175,7 +188,6 @@ impl<'p> EventIter<'p> {
         read_uint(&self.page[..self.end], at, 4).map(|v| v as u32)
     }
 
-    /// The next record, `Ok(None)` at the span's end.
     /// The data event whose payload is `start..next`, `delta` after the
     /// one before; the walk goes on after it.
     fn event(&mut self, delta: u64, start: usize, next: usize) -> Result<RawEvent<'p>, PageError> {
@@ -191,6 +203,8 @@ impl<'p> EventIter<'p> {
         })
     }
 
+    /// The next data record, time records and padding applied on the way;
+    /// `Ok(None)` at the span's end.
     pub fn step(&mut self) -> Result<Option<RawEvent<'p>>, PageError> {
         loop {
             if self.pos >= self.end {
@@ -270,11 +284,15 @@ impl<'p> Iterator for EventIter<'p> {
 pub mod build {
     /// Appends events to a page image.
     pub struct PageBuilder {
+        /// The page image so far: the header's timestamp and a zero commit, then
+        /// the records appended.
         pub buf: Vec<u8>,
         page_size: usize,
     }
 
     impl PageBuilder {
+        /// An empty page of `page_size` bytes whose header timestamp is
+        /// `timestamp`.
         pub fn new(timestamp: u64, page_size: usize) -> Self {
             let mut buf = Vec::with_capacity(page_size);
             buf.extend_from_slice(&timestamp.to_le_bytes());
@@ -302,6 +320,7 @@ pub mod build {
             self
         }
 
+        /// A time extend adding `delta` to the running timestamp.
         pub fn time_extend(&mut self, delta: u64) -> &mut Self {
             self.header(30, (delta & ((1 << 27) - 1)) as u32);
             self.buf
@@ -309,6 +328,7 @@ pub mod build {
             self
         }
 
+        /// An absolute time stamp setting the running timestamp to `ts`.
         pub fn time_stamp(&mut self, ts: u64) -> &mut Self {
             self.header(31, (ts & ((1 << 27) - 1)) as u32);
             self.buf

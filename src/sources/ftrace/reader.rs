@@ -109,6 +109,7 @@ pub struct MappedCpu {
 }
 
 impl MappedCpu {
+    /// The kernel's counters on the CPU's meta page (entries, overrun, read).
     pub fn counters(&self) -> crate::sys::trace_map::MetaCounters {
         self.map.counters()
     }

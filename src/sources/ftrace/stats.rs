@@ -6,21 +6,36 @@ use crate::wire::{ftrace_cpu_stats as cs, ftrace_stats as fs, trace_packet};
 /// FtraceStats.phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
+    /// Counters taken as the recording starts.
     StartOfTrace = 1,
+    /// Counters taken as the recording stops.
     EndOfTrace = 2,
 }
 
 /// One CPU's kernel ring-buffer counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CpuStats {
+    /// The CPU (N of `cpuN`).
     pub cpu: u64,
+    /// `entries`: events in the buffer now.
     pub entries: u64,
+    /// `overrun`: events lost because the ring buffer wrapped over them
+    /// before they were read.
     pub overrun: u64,
+    /// `commit overrun`: events dropped because writes nested inside one
+    /// being committed filled the buffer.
     pub commit_overrun: u64,
+    /// `bytes`: bytes of events in the buffer not yet read (Perfetto calls it
+    /// `bytes_read`).
     pub bytes_read: u64,
+    /// `oldest event ts`: the oldest event's timestamp, in seconds.
     pub oldest_event_ts: f64,
+    /// `now ts`: the trace clock when the file was read, in seconds.
     pub now_ts: f64,
+    /// `dropped events`: events refused because the buffer was full and set
+    /// not to overwrite.
     pub dropped_events: u64,
+    /// `read events`: events already read from the buffer.
     pub read_events: u64,
 }
 
@@ -56,11 +71,16 @@ impl CpuStats {
 /// What one FtraceStats packet reports.
 #[derive(Clone, Debug, Default)]
 pub struct StatsReport<'a> {
+    /// Each CPU's counters, from `per_cpu/cpuN/stats`.
     pub cpus: &'a [CpuStats],
+    /// Requested events this kernel does not have.
     pub unknown_events: &'a [String],
+    /// Events that exist but could not be enabled, or kprobes that could not
+    /// be made.
     pub failed_events: &'a [String],
     /// Perfetto `FtraceParseStatus` values seen, one entry each.
     pub parse_errors: &'a [u32],
+    /// Size of each per-CPU ring buffer, in pages.
     pub cpu_buffer_size_pages: u64,
     /// The kernel buffer was not cleared at start (trace processor then
     /// keeps events older than the session's start).

@@ -17,14 +17,27 @@ pub(crate) const INSTANCE_PREFIX: &str = "recorder-";
 
 static NEXT_INSTANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Errors of finding and using tracefs.
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
+    /// tracefs is mounted at none of the places tried, nor could it be mounted.
     #[error(
         "tracefs not found at {tried}; mount it (mount -t tracefs nodev /sys/kernel/tracing) or run as root"
     )]
-    NotFound { tried: String },
+    NotFound {
+        /// The places tried, comma-separated.
+        tried: String,
+    },
+    /// A tracefs file or directory could not be read, written or created.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the system call returned.
+        source: io::Error,
+    },
+    /// The configured instance name is not a plain name, or names the
+    /// kernel's own `hyp`/`hypervisor` instance.
     #[error("instance name {0:?} is reserved or not a plain name")]
     BadInstanceName(String),
 }
@@ -91,10 +104,12 @@ impl Tracefs {
         })
     }
 
+    /// The directory: the tracefs mount, or an instance under `instances/`.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// The path of `rel` (`events/header_page`, `per_cpu/cpu0/stats`) in it.
     pub fn path(&self, rel: &str) -> PathBuf {
         self.root.join(rel)
     }
@@ -119,6 +134,7 @@ impl Tracefs {
             .map_err(|e| io_err(&p, io::Error::new(io::ErrorKind::InvalidData, e)))
     }
 
+    /// Writes `value` to the file `rel` in one write, as tracefs expects.
     pub fn write(&self, rel: &str, value: &str) -> Result<(), TracefsError> {
         let p = self.path(rel);
         fs::write(&p, value).map_err(|e| io_err(&p, e))
@@ -496,7 +512,10 @@ impl TracefsSession {
 /// One write of a restore.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TeardownStep {
+    /// The tracefs file to write.
     pub path: PathBuf,
+    /// What to write: the value the recording found there, or the line that
+    /// undoes one it appended (`-:group/name`).
     pub value: String,
     /// Appended as a line (`kprobe_events`) rather than written.
     pub append: bool,
@@ -506,7 +525,10 @@ pub struct TeardownStep {
 /// instance directory to remove.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TracefsTeardown {
+    /// The writes, in order.
     pub steps: Vec<TeardownStep>,
+    /// The instance directory to remove after them, when the recording
+    /// created it.
     pub remove_dir: Option<PathBuf>,
 }
 

@@ -51,6 +51,7 @@ type CachedCounters = StatsRecord;
 /// Counters of what the source wrote and skipped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessStatsCounters {
+    /// ProcessTree packets written.
     pub tree_packets: u64,
     pub(crate) stats_packets: u64,
     pub(crate) processes_written: u64,
@@ -114,10 +115,12 @@ impl ProcessStatsSource {
         self.soft_limit = bytes.clamp(256, MAX_PACKET_BYTES);
     }
 
+    /// The validated `ProcessStatsConfig` the source runs with.
     pub fn options(&self) -> &ProcessStatsSpec {
         &self.opts
     }
 
+    /// What the source has written and skipped so far.
     pub fn counters(&self) -> ProcessStatsCounters {
         self.counters
     }

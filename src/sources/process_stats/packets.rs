@@ -19,12 +19,22 @@ const TAIL_BYTES: usize = 16;
 /// One process of a ProcessTree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessRecord {
+    /// The process id (the thread group id).
     pub pid: i32,
+    /// The parent's pid (`PPid` in `/proc/PID/status`).
     pub ppid: i32,
+    /// The real user id (first number of `Uid`).
     pub uid: i32,
+    /// The arguments of `/proc/PID/cmdline`; the process's name alone when
+    /// that is empty.
     pub cmdline: Vec<String>,
+    /// `cmdline` is the name from `status` (kernel threads, zombies).
     pub cmdline_is_comm: bool,
+    /// Its pids in nested PID namespaces, outermost first (`NSpid` without
+    /// the root namespace's); empty when it is in the root one.
     pub nspid: Vec<i32>,
+    /// Whether it is a kernel thread (`Kthread` in `status`, else
+    /// PF_KTHREAD in `stat`); `None` when neither says.
     pub is_kthread: Option<bool>,
     /// Start time, ns after boot (`record_process_age`).
     pub(crate) start_from_boot_ns: Option<u64>,
@@ -33,8 +43,11 @@ pub struct ProcessRecord {
 /// One (non-main) thread of a ProcessTree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ThreadRecord {
+    /// The thread id.
     pub tid: i32,
+    /// The pid of its process.
     pub tgid: i32,
+    /// Its name from `/proc/PID/comm`, when thread names are recorded.
     pub name: Option<String>,
     pub(crate) nstid: Vec<i32>,
 }
@@ -42,7 +55,9 @@ pub struct ThreadRecord {
 /// ProcessTree entries in scan order (a process, then its threads).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TreeEntry {
+    /// A process (`ProcessTree.processes`).
     Process(ProcessRecord),
+    /// A thread other than the main one (`ProcessTree.threads`).
     Thread(ThreadRecord),
 }
 
@@ -50,21 +65,32 @@ pub enum TreeEntry {
 /// saw them (unchanged ones are `None` and not written).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatsRecord {
+    /// The process the counters belong to.
     pub pid: i32,
+    /// `VmSize`: virtual memory size, KiB.
     pub vm_size_kb: Option<u64>,
+    /// `VmRSS`: resident set size, KiB.
     pub vm_rss_kb: Option<u64>,
+    /// `RssAnon`: resident anonymous memory, KiB.
     pub rss_anon_kb: Option<u64>,
+    /// `RssFile`: resident file mappings, KiB.
     pub rss_file_kb: Option<u64>,
+    /// `RssShmem`: resident shared memory, KiB.
     pub rss_shmem_kb: Option<u64>,
+    /// `VmSwap`: anonymous memory swapped out, KiB.
     pub vm_swap_kb: Option<u64>,
+    /// `VmLck`: locked memory, KiB.
     pub vm_locked_kb: Option<u64>,
+    /// `VmHWM`: peak resident set size, KiB.
     pub vm_hwm_kb: Option<u64>,
+    /// `/proc/PID/oom_score_adj`.
     pub oom_score_adj: Option<i64>,
     /// CPU time in user and kernel mode, ns (`record_process_runtime`).
     pub(crate) runtime_user_ns: Option<u64>,
     pub(crate) runtime_kernel_ns: Option<u64>,
     /// From smaps_rollup (`scan_smaps_rollup`).
     pub smr_rss_kb: Option<u64>,
+    /// `Pss` from smaps_rollup, KiB.
     pub smr_pss_kb: Option<u64>,
     pub(crate) smr_pss_anon_kb: Option<u64>,
     pub(crate) smr_pss_file_kb: Option<u64>,
@@ -73,6 +99,7 @@ pub struct StatsRecord {
 }
 
 impl StatsRecord {
+    /// Whether no counter changed (nothing but the pid to write).
     pub fn is_empty(&self) -> bool {
         *self
             == StatsRecord {
@@ -169,6 +196,7 @@ pub(super) struct PacketPlan {
 /// Counts of what `write_split` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SplitOutcome {
+    /// Packets written.
     pub packets: usize,
     /// Entries too large for even a packet of their own.
     pub dropped: usize,

@@ -49,8 +49,13 @@ pub const MEMINFO_KEYS: &[(&str, u32)] = &[
 
 /// StatCounters (SysStatsConfig.stat_counters).
 pub const STAT_CPU_TIMES: u32 = 1;
+/// StatCounters IRQ_COUNTS: the interrupt counts of `/proc/stat`'s
+/// `intr` line.
 pub const STAT_IRQ_COUNTS: u32 = 2;
+/// StatCounters SOFTIRQ_COUNTS: the softirq counts of the `softirq`
+/// line.
 pub const STAT_SOFTIRQ_COUNTS: u32 = 3;
+/// StatCounters FORK_COUNT: the `processes` line (forks since boot).
 pub const STAT_FORK_COUNT: u32 = 4;
 
 /// A key → number map of the enabled counters of `table`: all of them when

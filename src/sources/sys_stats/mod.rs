@@ -43,21 +43,36 @@ const MAX_PACKET_BYTES: usize = 16 * 1024 * 1024;
 /// The counter groups, in the order a tick reads them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Group {
+    /// `/proc/meminfo` counters.
     Meminfo,
+    /// `/proc/vmstat` counters.
     Vmstat,
+    /// `/proc/stat`: CPU times, interrupt and softirq counts, forks.
     Stat,
+    /// Device frequencies from `/sys/class/devfreq`.
     Devfreq,
+    /// Each CPU's current frequency (`cpufreq/scaling_cur_freq`).
     Cpufreq,
+    /// `/proc/buddyinfo`: free pages per order, zone and node.
     Buddyinfo,
+    /// `/proc/diskstats`.
     Diskstat,
+    /// PSI: `/proc/pressure/{cpu,io,memory}`.
     Psi,
+    /// Thermal zone temperatures from `/sys/class/thermal`.
     Thermal,
+    /// Time in each CPU idle state (`cpuidle`).
     Cpuidle,
+    /// GPU frequencies: not read by this recorder (a period only counts
+    /// toward the tick).
     Gpufreq,
+    /// Slab allocator counters: not read by this recorder (a period only
+    /// counts toward the tick).
     Slab,
 }
 
 impl Group {
+    /// Every group, in the order a tick reads them.
     pub const ALL: [Group; 12] = [
         Group::Meminfo,
         Group::Vmstat,
@@ -118,14 +133,18 @@ impl Group {
 /// Errors of `linux.sys_stats`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SysStatsError {
+    /// A configured period is not a multiple of the smallest one (the tick).
     #[error(
         "sys_stats_config.{field} = {period_ms} ms is not a multiple of the tick ({tick_ms} ms, \
          the smallest period); every sys_stats period must be a multiple of the smallest one, \
          so no counter is scheduled"
     )]
     PeriodNotMultiple {
+        /// The config field of that period.
         field: &'static str,
+        /// Its value.
         period_ms: u32,
+        /// The tick: the smallest non-zero period.
         tick_ms: u32,
     },
 }
@@ -133,6 +152,7 @@ pub enum SysStatsError {
 /// When each group is read: every `ticks[g]`-th tick of `tick_ms` (0 = never).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schedule {
+    /// The tick period: the smallest non-zero configured period.
     pub tick_ms: u32,
     ticks: [u32; Group::ALL.len()],
 }
@@ -214,6 +234,7 @@ impl SysStatsSource {
         })
     }
 
+    /// When each group is read; `None` when no period is set.
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
     }

@@ -21,10 +21,15 @@ use crate::wire::{
 
 /// PsiSample.PsiResource values.
 pub const PSI_CPU_SOME: u64 = 1;
+/// PSI resource: CPU, `full` line.
 pub const PSI_CPU_FULL: u64 = 2;
+/// PSI resource: IO, `some` line.
 pub const PSI_IO_SOME: u64 = 3;
+/// PSI resource: IO, `full` line.
 pub const PSI_IO_FULL: u64 = 4;
+/// PSI resource: memory, `some` line.
 pub const PSI_MEMORY_SOME: u64 = 5;
+/// PSI resource: memory, `full` line.
 pub const PSI_MEMORY_FULL: u64 = 6;
 
 /// One file under `/proc`, kept open, with its last reading.
