@@ -64,7 +64,10 @@
 
 // A `pub` item must be reachable from outside the crate: what only the
 // crate uses says `pub(crate)`, so the compiler finds what nothing uses.
+// What stays public (the binary's, benches', fuzz targets' and tests' view)
+// says what it is.
 #![warn(unreachable_pub)]
+#![warn(missing_docs)]
 // The docs are built with `--document-private-items` (the modules the
 // binary alone uses are part of the contract), so links to them resolve.
 #![allow(rustdoc::private_intra_doc_links)]
