@@ -629,6 +629,7 @@ duration_ms: 4000
         "a {:.0} ms gap between meminfo polls while passes took up to {slowest:?}",
         gap as f64 / 1e6
     );
+    trace_processor::check(&fs.backing.join("t.pftrace"));
 }
 
 /// A `Duration`'s Debug text (`680.5ms`, `1.2s`, `95µs`) read back.
