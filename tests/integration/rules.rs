@@ -326,7 +326,7 @@ fn a_frozen_flight_recorder_ends_at_the_segfault() {
     segfault_stops_the_flight_recorder(true);
 }
 
-/// A thread kept off its CPU ~400 ms by a real-time hog on that CPU fires
+/// A thread kept off its CPU ~400 ms by a higher real-time hog on that CPU fires
 /// `latency sched > 50ms`; trace processor's thread_state shows the
 /// runnable interval that ends when the trigger says.
 #[test]
@@ -359,6 +359,7 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers {
     );
     let cpu = cpus - 1;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let sleeper = {
         let stop = stop.clone();
         std::thread::Builder::new()
@@ -367,14 +368,26 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers {
                 let mut set = rustix::thread::CpuSet::new();
                 set.set(cpu);
                 rustix::thread::sched_setaffinity(None, &set).expect("pin the sleeper");
+                let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     // Sleeping and waking is what this thread is for.
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                rustix::thread::gettid().as_raw_nonzero().get()
             })
             .expect("the sleeper")
     };
+    let tid = tid_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the sleeper's tid");
+    // Real-time below the hog: the kernel's fair server (6.12+) may give an
+    // ordinary thread some of a real-time hog's time, which made the wait
+    // shorter than 50 ms now and then; nothing serves a lower FIFO thread
+    // while a higher one runs.
+    let rt = Command::new("chrt")
+        .args(["-f", "-p", "10", &tid.to_string()])
+        .status()
+        .expect("chrt runs");
+    assert!(rt.success(), "chrt -f -p 10 {tid}: {rt}");
     // The sleeper runs unhindered a while (its normal latency), then
     // its CPU is kept for 400 ms.
     std::thread::sleep(Duration::from_millis(300));
@@ -394,7 +407,7 @@ trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 60000 triggers {
     assert!(hog.success(), "chrt/taskset/python3: {hog}");
     let (status, log) = s.wait_exit(Duration::from_secs(30));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let tid = sleeper.join().expect("the sleeper ends");
+    sleeper.join().expect("the sleeper ends");
     assert!(status.success(), "{log}");
     assert!(log.contains("ended: stop trigger \"slow\""), "{log}");
     assert!(
