@@ -872,11 +872,14 @@ impl BundleEncoder {
             if entry.watch != 0
                 && let Some(w) = &mut self.watch
             {
-                w.on_event(entry.watch, cpu, ev.timestamp, rec);
+                w.saw(entry.watch, ev.timestamp, ev.offset, rec.len());
             }
             at = it.position();
             n += 1;
             last = ev.timestamp;
+        }
+        if let Some(w) = &mut self.watch {
+            w.on_walk(bytes, cpu);
         }
         pc.walk = Some((at.0, end, at.1));
         (n > 0).then_some((n, last))

@@ -1,7 +1,11 @@
 //! Rules evaluated where ftrace events are decoded: each filter compiled
 //! against its event's format into a [`Program`] over the raw record (the
 //! offsets `format` read from tracefs), called for the events that have
-//! rules and for no others (`EventEntry::watched`).
+//! rules and for no others (`EventEntry::watch`). The encoder's fast walk
+//! over a page hands over its watched events at its end
+//! ([`Watch::on_walk`]); each hook then runs over all of them, a filter one
+//! comparison at a time, so the kind of a hook or a comparison is matched
+//! once per walk, not once per event.
 //!
 //! An `event` rule fires as its event is decoded. Latency rules pair two
 //! events of one thread (a wakeup and the switch that puts it on a CPU) or
@@ -28,8 +32,12 @@ use crate::sources::rules::{Limiter, RulePlan};
 /// Threads (or span keys) awaiting their end at most per rule: beyond, the
 /// oldest half is forgotten (a thread woken and never run is rare).
 const MAX_PENDING: usize = 1 << 16;
-/// Stamps held for ordering at most; beyond, they are paired as they stand.
+/// Span stamps held for ordering at most; beyond, they are paired as they
+/// stand.
 const MAX_ORDERED: usize = 1 << 18;
+/// A latency rule's packed stamps held at most (8 MiB); beyond, they are
+/// paired as they stand.
+const MAX_HELD: usize = 1 << 20;
 
 /// Hashes thread ids and span keys: one multiply (the maps are the
 /// recorder's own, keyed by what the kernel recorded).
@@ -309,34 +317,58 @@ impl Leaf {
             }
         }
     }
+}
 
-    /// Tested by kind in order of likelihood, as compare-and-branch: a
-    /// jump table over the kinds mispredicts when events of different
-    /// rules alternate.
+impl Leaf {
+    /// Tests the events `idx` of `evs` (records in `bytes`), telling `on`
+    /// each one's index and result: the leaf's kind is matched once, not
+    /// per event.
     #[inline(always)]
-    fn test(&self, trees: &[Node], rec: &[u8], cpu: u32) -> bool {
-        if let Leaf::Int { at, test } = *self {
-            return at.int(rec).is_some_and(|v| test.test(v as u64));
+    fn sift(
+        &self,
+        trees: &[Node],
+        bytes: &[u8],
+        cpu: u32,
+        evs: &[Seen],
+        idx: impl Iterator<Item = u32>,
+        mut on: impl FnMut(u32, bool),
+    ) {
+        let rec = |k: u32| evs.get(k as usize).map_or(&[][..], |e| e.rec(bytes));
+        match *self {
+            Leaf::Int { at, test } => {
+                for k in idx {
+                    on(k, at.int(rec(k)).is_some_and(|v| test.test(v as u64)));
+                }
+            }
+            Leaf::Comm {
+                at,
+                word,
+                len,
+                equal,
+            } => {
+                for k in idx {
+                    let hit =
+                        comm16(rec(k), at).is_some_and(|(w, n)| (w == word && n == len) == equal);
+                    on(k, hit);
+                }
+            }
+            Leaf::CommPrefix { at, word, mask } => {
+                for k in idx {
+                    on(k, comm16(rec(k), at).is_some_and(|(w, _)| w & mask == word));
+                }
+            }
+            Leaf::Cpu(test) => {
+                let hit = test.test(u64::from(cpu));
+                for k in idx {
+                    on(k, hit);
+                }
+            }
+            Leaf::Tree(i) => {
+                for k in idx {
+                    on(k, trees.get(i).is_some_and(|t| t.test(rec(k), cpu)));
+                }
+            }
         }
-        if let Leaf::Comm {
-            at,
-            word,
-            len,
-            equal,
-        } = *self
-        {
-            return comm16(rec, at).is_some_and(|(w, n)| (w == word && n == len) == equal);
-        }
-        if let Leaf::CommPrefix { at, word, mask } = *self {
-            return comm16(rec, at).is_some_and(|(w, _)| w & mask == word);
-        }
-        if let Leaf::Cpu(test) = *self {
-            return test.test(u64::from(cpu));
-        }
-        if let Leaf::Tree(i) = *self {
-            return trees.get(i).is_some_and(|t| t.test(rec, cpu));
-        }
-        false
     }
 }
 
@@ -680,6 +712,166 @@ struct SchedRule {
     limiter: Limiter,
     /// Woken threads not yet switched in: tid → wakeup time.
     woken: Woken,
+    /// Wakeups and switches awaiting their turn.
+    held: Held,
+}
+
+impl SchedRule {
+    /// Keeps a wakeup (or a switch) of `tid` at `ts` for pairing; pairs what
+    /// is held as it stands when there is no room or the time does not fit.
+    #[inline(always)]
+    fn stamp(&mut self, plan: &RulePlan, to_boot: i64, ts: u64, tid: i64, switch: bool) {
+        if !self.held.push(ts, tid, switch) {
+            self.settle(plan, to_boot, u64::MAX);
+            self.held.push(ts, tid, switch);
+        }
+    }
+
+    /// Pairs the held stamps older than `cutoff`, in time order: the
+    /// wakeups and the switches merged.
+    fn settle(&mut self, plan: &RulePlan, to_boot: i64, cutoff: u64) {
+        let (nw, ns) = self.held.sort_before(cutoff);
+        let base = self.held.base;
+        let wakes = self.held.wakes.get(..nw).unwrap_or_default();
+        let switches = self.held.switches.get(..ns).unwrap_or_default();
+        let (mut i, mut j) = (0, 0);
+        loop {
+            // A wakeup first at the same time (and tid): it led to the switch.
+            let (w, s) = (wakes.get(i), switches.get(j));
+            match (w, s) {
+                (Some(&w), s) if s.is_none_or(|&s| w <= s) => {
+                    let (ts, tid) = Held::unpack(base, w);
+                    self.woken.wake(tid, ts);
+                    i += 1;
+                }
+                (_, Some(&s)) => {
+                    j += 1;
+                    let (ts, tid) = Held::unpack(base, s);
+                    let Some(woke) = self.woken.take(tid) else {
+                        continue;
+                    };
+                    let waited = ts.saturating_sub(woke);
+                    if waited > self.over {
+                        let boot = ts.saturating_add_signed(to_boot);
+                        plan.matched(self.rule, &mut self.limiter, boot, || {
+                            format!(
+                                "tid {tid} waited {:.3} ms from its wakeup to a CPU",
+                                waited as f64 / 1e6
+                            )
+                        });
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.held.keep_after(nw, ns, cutoff);
+    }
+}
+
+/// A latency rule's wakeups and switches, each packed into one word:
+/// `[ts − base: 42 bits][tid: 22 bits]`. The kernel's tids are below 2^22
+/// (its PID_MAX_LIMIT); 42 bits of nanoseconds are 73 minutes.
+/// Sorting the words sorts by time, and a drain's worth, 8 bytes an event,
+/// stays in cache where 24-byte stamps did not. Each list is a few runs
+/// already in time order (one per CPU read since the last drain, and what
+/// that drain left), so sorting it merges them.
+struct Held {
+    /// What the times are counted from: `SLACK` before the last drain's
+    /// cutoff (or the first stamp), so that a CPU read later whose events
+    /// are older than another's still fits.
+    base: u64,
+    wakes: Vec<u64>,
+    switches: Vec<u64>,
+}
+
+impl Held {
+    const SHIFT: u32 = 22;
+    const TID_LIMIT: i64 = 1 << Self::SHIFT;
+    const MAX_DELTA: u64 = (1 << (64 - Self::SHIFT)) - 1;
+    const SLACK: u64 = 1 << 38;
+
+    fn new() -> Self {
+        Held {
+            base: u64::MAX,
+            wakes: Vec::new(),
+            switches: Vec::new(),
+        }
+    }
+
+    /// Holds a stamp. False when it does not fit: more than 73 minutes
+    /// after the base, or `MAX_HELD` held (the held ones must be paired
+    /// first). A tid the kernel cannot have is dropped, and so is the idle
+    /// task (tid 0): switched to, never woken, it pairs with nothing. A time
+    /// before the base (which the drain's order rules out) counts as the
+    /// base.
+    #[inline(always)]
+    fn push(&mut self, ts: u64, tid: i64, switch: bool) -> bool {
+        if self.wakes.is_empty() && self.switches.is_empty() {
+            self.base = ts.saturating_sub(Self::SLACK);
+        }
+        let delta = ts.saturating_sub(self.base);
+        if delta > Self::MAX_DELTA || self.wakes.len() + self.switches.len() >= MAX_HELD {
+            return false;
+        }
+        if (1..Self::TID_LIMIT).contains(&tid) {
+            let w = delta << Self::SHIFT | tid as u64;
+            if switch {
+                self.switches.push(w);
+            } else {
+                self.wakes.push(w);
+            }
+        }
+        true
+    }
+
+    #[inline(always)]
+    fn unpack(base: u64, w: u64) -> (u64, i64) {
+        (
+            base + (w >> Self::SHIFT),
+            (w & (Self::TID_LIMIT as u64 - 1)) as i64,
+        )
+    }
+
+    /// Sorts the held stamps; how many wakeups and switches are older than
+    /// `cutoff`.
+    fn sort_before(&mut self, cutoff: u64) -> (usize, usize) {
+        let limit = match cutoff.checked_sub(self.base) {
+            Some(d) if d <= Self::MAX_DELTA => d << Self::SHIFT,
+            Some(_) => u64::MAX,
+            None => 0,
+        };
+        let before = |v: &mut Vec<u64>| {
+            // Stable and run-aware: this merges the runs.
+            v.sort();
+            if limit == u64::MAX {
+                v.len()
+            } else {
+                v.partition_point(|&w| w < limit)
+            }
+        };
+        (before(&mut self.wakes), before(&mut self.switches))
+    }
+
+    /// Forgets the first `nw` wakeups and `ns` switches (paired) and counts
+    /// the rest from `SLACK` before `cutoff`.
+    fn keep_after(&mut self, nw: usize, ns: usize, cutoff: u64) {
+        self.wakes.drain(..nw);
+        self.switches.drain(..ns);
+        let base = cutoff.saturating_sub(Self::SLACK).max(self.base);
+        // The rest are newer than the cutoff, so no delta goes below zero.
+        let shift = (base - self.base) << Self::SHIFT;
+        let low = [self.wakes.first(), self.switches.first()]
+            .into_iter()
+            .flatten()
+            .min();
+        if shift == 0 || low.is_none_or(|&w| w < shift) {
+            return;
+        }
+        for w in self.wakes.iter_mut().chain(&mut self.switches) {
+            *w -= shift;
+        }
+        self.base = base;
+    }
 }
 
 struct SpanRule {
@@ -750,7 +942,37 @@ struct IdHooks {
     spans: Vec<Hook>,
 }
 
-/// A latency rule's event, kept for ordering.
+/// One thing a watched event does; an event's are one run of
+/// `Watch::ops`, so it costs a walk over a few adjacent words.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// A latency rule's switch-in: `next_pid` stamped.
+    Switch { slot: u16, at: IntAt },
+    /// A latency rule's wakeup: `pid` stamped, if the rule's filter passes.
+    Waking { slot: u16, at: IntAt },
+    /// An `event` rule's checks.
+    Check(EventHook),
+    /// A span's begin or end.
+    Span(Hook),
+}
+
+/// A watched event of the encoder's walk: its time and where its record is.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    ts: u64,
+    at: u32,
+    len: u32,
+}
+
+impl Seen {
+    #[inline(always)]
+    fn rec(self, bytes: &[u8]) -> &[u8] {
+        let at = self.at as usize;
+        bytes.get(at..at + self.len as usize).unwrap_or_default()
+    }
+}
+
+/// A span rule's event, kept for ordering.
 #[derive(Clone, Copy, Debug)]
 struct Stamp {
     ts: u64,
@@ -761,9 +983,19 @@ struct Stamp {
 /// The rules of one ftrace source, compiled against its event table.
 pub struct Watch {
     plan: RulePlan,
-    /// What each watched event does; the event table holds its index + 1
-    /// (`EventEntry::watch`).
+    /// What each watched event does, by kind, while building; the event
+    /// table holds its index + 1 (`EventEntry::watch`).
     hooks: Vec<IdHooks>,
+    /// The same as one run of `ops` per watched event.
+    runs: Vec<(u32, u32)>,
+    ops: Vec<Op>,
+    /// The watched events of the encoder's current walk, by watched event.
+    seen: Vec<Vec<Seen>>,
+    /// Scratch of `check`: the events that passed, those left to test, and
+    /// those left after the leaf being tested.
+    pass: Vec<u32>,
+    left: Vec<u32>,
+    next: Vec<u32>,
     /// Hook index by event id, while building.
     by_id: std::collections::BTreeMap<u16, usize>,
     /// Every `event` rule's checks, each event's in one run.
@@ -791,6 +1023,12 @@ impl Watch {
         let mut w = Watch {
             plan: plan.clone(),
             hooks: Vec::new(),
+            runs: Vec::new(),
+            ops: Vec::new(),
+            seen: Vec::new(),
+            pass: Vec::new(),
+            left: Vec::new(),
+            next: Vec::new(),
             by_id: std::collections::BTreeMap::new(),
             event_hooks: Vec::new(),
             leaves: Vec::new(),
@@ -863,6 +1101,7 @@ impl Watch {
                         next_pid: int(&switch, "next_pid")?,
                         limiter: Limiter::of(rule),
                         woken: Woken::new(),
+                        held: Held::new(),
                     });
                     w.hook(table, wake_id, Some(Hook::Waking(slot)));
                     w.hook(table, switch_id, Some(Hook::Switch(slot)));
@@ -928,6 +1167,28 @@ impl Watch {
             let h = w.by_id[&id];
             w.hooks[h].events = (start, end);
         }
+        for h in std::mem::take(&mut w.hooks) {
+            let start = w.ops.len() as u32;
+            for &slot in &h.switch {
+                if let Some(r) = w.sched.get(usize::from(slot)) {
+                    w.ops.push(Op::Switch {
+                        slot,
+                        at: r.next_pid,
+                    });
+                }
+            }
+            for &slot in &h.waking {
+                if let Some(r) = w.sched.get(usize::from(slot)) {
+                    w.ops.push(Op::Waking { slot, at: r.pid });
+                }
+            }
+            let hooks = w.event_hooks.get(h.events.0 as usize..h.events.1 as usize);
+            w.ops
+                .extend(hooks.unwrap_or_default().iter().map(|&hk| Op::Check(hk)));
+            w.ops.extend(h.spans.iter().map(|&hk| Op::Span(hk)));
+            w.runs.push((start, w.ops.len() as u32));
+            w.seen.push(Vec::new());
+        }
         let watches = !(w.events.is_empty() && w.sched.is_empty() && w.spans.is_empty());
         Ok(watches.then_some(w))
     }
@@ -980,85 +1241,119 @@ impl Watch {
         ts.saturating_add_signed(self.to_boot)
     }
 
-    /// A watched event (`watch`: its entry's `EventEntry::watch`), at `ts`,
-    /// recorded on `cpu`. Each kind of hook has its own list, and an event's
-    /// checks lie in one run of memory, so what it costs is a few
-    /// predictable branches and adjacent loads.
+    /// A watched event of the encoder's walk over `bytes` (`watch`: its
+    /// entry's `EventEntry::watch`): its record is `len` bytes at `at`.
+    /// Kept until the walk ends ([`Self::on_walk`]).
+    #[inline(always)]
+    pub(crate) fn saw(&mut self, watch: u16, ts: u64, at: usize, len: usize) {
+        if let Some(v) = self.seen.get_mut(usize::from(watch).wrapping_sub(1)) {
+            v.push(Seen {
+                ts,
+                at: at as u32,
+                len: len as u32,
+            });
+        }
+    }
+
+    /// The end of a walk over `bytes`, on `cpu`: the rules run over the
+    /// events it saw, one rule's check at a time over all the events it
+    /// watches (what a check costs is then its loads and compares, not a
+    /// dispatch per event).
     #[inline(never)]
-    pub(crate) fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
-        let Watch {
-            hooks,
-            event_hooks,
-            leaves,
-            trees,
-            events,
-            sched,
-            spans,
-            ordered,
-            plan,
-            to_boot,
-            ..
-        } = self;
-        let Some(h) = hooks.get(usize::from(watch).wrapping_sub(1)) else {
-            return;
-        };
-        for &s in &h.switch {
-            if let Some(key) = sched[usize::from(s)].next_pid.int(rec) {
-                ordered.push(Stamp {
-                    ts,
-                    key,
-                    hook: Hook::Switch(s),
-                });
-            }
-        }
-        for &s in &h.waking {
-            let r = &sched[usize::from(s)];
-            if r.filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
-                && let Some(key) = r.pid.int(rec)
-            {
-                ordered.push(Stamp {
-                    ts,
-                    key,
-                    hook: Hook::Waking(s),
-                });
-            }
-        }
-        let (a, b) = (h.events.0 as usize, h.events.1 as usize);
-        for hk in event_hooks.get(a..b).unwrap_or_default() {
-            let ls = leaves
-                .get(hk.leaves.0 as usize..hk.leaves.1 as usize)
-                .unwrap_or_default();
-            let pass = if hk.all {
-                ls.iter().all(|l| l.test(trees, rec, cpu))
-            } else {
-                ls.iter().any(|l| l.test(trees, rec, cpu))
-            };
-            if pass {
-                let r = &mut events[usize::from(hk.slot)];
-                if let Some(None) = r.freeze {
-                    r.freeze = Some(Some(ts));
-                }
-                let pid = r.pid.and_then(|p| p.int(rec)).unwrap_or(0);
-                let boot = ts.saturating_add_signed(*to_boot);
-                plan.matched(r.rule, &mut r.limiter, boot, || {
-                    format!("pid {pid} on cpu {cpu}")
-                });
-            }
-        }
-        for &hook in &h.spans {
-            let (Hook::Begin(s) | Hook::End(s)) = hook else {
+    pub(crate) fn on_walk(&mut self, bytes: &[u8], cpu: u32) {
+        for i in 0..self.seen.len() {
+            let Some(evs) = self.seen.get_mut(i).filter(|v| !v.is_empty()) else {
                 continue;
             };
-            let r = &spans[usize::from(s)];
-            let (filter, key) = if matches!(hook, Hook::Begin(_)) {
-                &r.begin
-            } else {
-                &r.end
+            let evs = std::mem::take(evs);
+            self.columns(i, bytes, cpu, &evs);
+            if let Some(v) = self.seen.get_mut(i) {
+                *v = evs;
+                v.clear();
+            }
+        }
+    }
+
+    /// One watched event (`watch`: its entry's `EventEntry::watch`), at `ts`,
+    /// recorded on `cpu`: what the encoder's general path shows the rules.
+    #[inline(never)]
+    pub(crate) fn on_event(&mut self, watch: u16, cpu: u32, ts: u64, rec: &[u8]) {
+        let one = [Seen {
+            ts,
+            at: 0,
+            len: rec.len() as u32,
+        }];
+        self.columns(usize::from(watch).wrapping_sub(1), rec, cpu, &one);
+    }
+
+    /// The hooks of watched event `i` over its events `evs` (records in
+    /// `bytes`), each hook over all of them in turn.
+    fn columns(&mut self, i: usize, bytes: &[u8], cpu: u32, evs: &[Seen]) {
+        let Some(&(a, b)) = self.runs.get(i) else {
+            return;
+        };
+        for k in a as usize..b as usize {
+            let Some(&op) = self.ops.get(k) else {
+                break;
             };
-            if filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
-                && let Some(key) = key.read(rec)
-            {
-                ordered.push(Stamp { ts, key, hook });
+            let Watch {
+                sched,
+                spans,
+                ordered,
+                plan,
+                to_boot,
+                ..
+            } = self;
+            match op {
+                Op::Switch { slot, at } => {
+                    let Some(r) = sched.get_mut(usize::from(slot)) else {
+                        continue;
+                    };
+                    for e in evs {
+                        if let Some(tid) = at.int(e.rec(bytes)) {
+                            r.stamp(plan, *to_boot, e.ts, tid, true);
+                        }
+                    }
+                }
+                Op::Waking { slot, at } => {
+                    let Some(r) = sched.get_mut(usize::from(slot)) else {
+                        continue;
+                    };
+                    for e in evs {
+                        let rec = e.rec(bytes);
+                        if let Some(tid) = at.int(rec)
+                            && r.filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
+                        {
+                            r.stamp(plan, *to_boot, e.ts, tid, false);
+                        }
+                    }
+                }
+                Op::Check(hk) => self.check(hk, bytes, cpu, evs),
+                Op::Span(hook) => {
+                    let (Hook::Begin(s) | Hook::End(s)) = hook else {
+                        continue;
+                    };
+                    let Some(r) = spans.get(usize::from(s)) else {
+                        continue;
+                    };
+                    let (filter, key) = if matches!(hook, Hook::Begin(_)) {
+                        &r.begin
+                    } else {
+                        &r.end
+                    };
+                    for e in evs {
+                        let rec = e.rec(bytes);
+                        if filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
+                            && let Some(key) = key.read(rec)
+                        {
+                            ordered.push(Stamp {
+                                ts: e.ts,
+                                key,
+                                hook,
+                            });
+                        }
+                    }
+                }
             }
         }
         if self.ordered.len() >= MAX_ORDERED {
@@ -1067,10 +1362,87 @@ impl Watch {
         }
     }
 
+    /// An `event` rule's check over `evs`: an `&&` chain leaf by leaf, each
+    /// over the events the ones before passed (most rules' first leaf
+    /// passes none); an `||` chain leaf by leaf over those none passed yet.
+    /// The matches fire in time order.
+    fn check(&mut self, hk: EventHook, bytes: &[u8], cpu: u32, evs: &[Seen]) {
+        let Watch {
+            leaves,
+            trees,
+            events,
+            plan,
+            to_boot,
+            pass,
+            left,
+            next,
+            ..
+        } = self;
+        let leaves = leaves
+            .get(hk.leaves.0 as usize..hk.leaves.1 as usize)
+            .unwrap_or_default();
+        let all = 0..evs.len() as u32;
+        pass.clear();
+        match leaves.split_first() {
+            None => pass.extend(all),
+            Some((first, rest)) if hk.all => {
+                first.sift(trees, bytes, cpu, evs, all, |k, p| {
+                    if p {
+                        pass.push(k)
+                    }
+                });
+                for leaf in rest {
+                    if pass.is_empty() {
+                        break;
+                    }
+                    std::mem::swap(pass, left);
+                    pass.clear();
+                    leaf.sift(trees, bytes, cpu, evs, left.iter().copied(), |k, p| {
+                        if p {
+                            pass.push(k)
+                        }
+                    });
+                }
+            }
+            Some(_) => {
+                left.clear();
+                left.extend(all);
+                for leaf in leaves {
+                    if left.is_empty() {
+                        break;
+                    }
+                    next.clear();
+                    leaf.sift(trees, bytes, cpu, evs, left.iter().copied(), |k, p| {
+                        if p { pass.push(k) } else { next.push(k) }
+                    });
+                    std::mem::swap(left, next);
+                }
+                pass.sort_unstable();
+            }
+        }
+        let Some(r) = events.get_mut(usize::from(hk.slot)) else {
+            return;
+        };
+        for e in pass.iter().filter_map(|&k| evs.get(k as usize)) {
+            if let Some(None) = r.freeze {
+                r.freeze = Some(Some(e.ts));
+            }
+            let rec = e.rec(bytes);
+            let pid = r.pid.and_then(|p| p.int(rec)).unwrap_or(0);
+            let boot = e.ts.saturating_add_signed(*to_boot);
+            plan.matched(r.rule, &mut r.limiter, boot, || {
+                format!("pid {pid} on cpu {cpu}")
+            });
+        }
+    }
+
     /// The end of a drain that began at `cutoff` (trace clock; `u64::MAX`
     /// for the last): pairs the latency events older than it, in time
     /// order.
     pub fn settle(&mut self, cutoff: u64) {
+        for r in &mut self.sched {
+            r.settle(&self.plan, self.to_boot, cutoff);
+        }
         if self.ordered.is_empty() {
             return;
         }
@@ -1087,25 +1459,8 @@ impl Watch {
     fn pair(&mut self, s: Stamp) {
         let boot = self.boot(s.ts);
         match s.hook {
-            Hook::Waking(i) => {
-                let r = &mut self.sched[usize::from(i)];
-                r.woken.wake(s.key, s.ts);
-            }
-            Hook::Switch(i) => {
-                let r = &mut self.sched[usize::from(i)];
-                if let Some(w) = r.woken.take(s.key) {
-                    let waited = s.ts.saturating_sub(w);
-                    if waited > r.over {
-                        let tid = s.key;
-                        self.plan.matched(r.rule, &mut r.limiter, boot, || {
-                            format!(
-                                "tid {tid} waited {:.3} ms from its wakeup to a CPU",
-                                waited as f64 / 1e6
-                            )
-                        });
-                    }
-                }
-            }
+            // Latency rules' stamps are their own (`Held`).
+            Hook::Waking(_) | Hook::Switch(_) => {}
             Hook::Begin(i) => {
                 let r = &mut self.spans[usize::from(i)];
                 if r.open.len() >= MAX_PENDING {

@@ -295,9 +295,12 @@ proptest::proptest! {
     fn latency_pairs_as_if_every_event_came_in_time_order(
         events in proptest::collection::vec((0u32..4, proptest::bool::ANY, 1i64..6, 1u64..30), 1..200),
         drains in proptest::collection::vec((1u64..400, proptest::collection::vec(0u64..60, 4)), 1..8),
+        seconds in proptest::bool::ANY,
     ) {
-        let ms = 1_000_000u64;
-        let plan = RulePlan::new(vec![rule("slow: latency sched > 20ms")]);
+        // In milliseconds, or in fifths of a second (up to 20 minutes: the
+        // times are counted from a base that moves drain after drain).
+        let (ms, over) = if seconds { (200_000_000u64, "4s") } else { (1_000_000, "20ms") };
+        let plan = RulePlan::new(vec![rule(&format!("slow: latency sched > {over}"))]);
         let mut t = table();
         let mut w = Watch::new(&plan, &mut t, 0).expect("compiles").expect("watches");
         let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
@@ -328,6 +331,8 @@ proptest::proptest! {
             for cpu in 0..4u32 {
                 let mine: Vec<_> = timed.iter().filter(|e| e.0 == cpu).collect();
                 let at = &mut fed[cpu as usize];
+                // Odd CPUs' events as one walk, even ones' one by one.
+                let mut walk = Vec::new();
                 while let Some(e) = mine.get(*at).filter(|e| e.1 < limits[cpu as usize]) {
                     let pid = e.3.to_string();
                     let rec = if e.2 {
@@ -335,9 +340,16 @@ proptest::proptest! {
                     } else {
                         record(&sw, &[("next_pid", &pid)])
                     };
-                    w.on_event(if e.2 { wk_id } else { sw_id }, cpu, e.1, &rec);
+                    let id = if e.2 { wk_id } else { sw_id };
+                    if cpu % 2 == 1 {
+                        w.saw(id, e.1, walk.len(), rec.len());
+                        walk.extend(&rec);
+                    } else {
+                        w.on_event(id, cpu, e.1, &rec);
+                    }
                     *at += 1;
                 }
+                w.on_walk(&walk, cpu);
             }
             w.settle(*cut);
         }
@@ -345,4 +357,113 @@ proptest::proptest! {
         let matched = plan.tallies.get(0).expect("a tally").matched.load(std::sync::atomic::Ordering::Relaxed);
         proptest::prop_assert_eq!(matched, latency_matches(&model, 20 * ms));
     }
+}
+
+/// A filter of `sched_switch` built from `leaves` (indexes into a list of
+/// comparisons) joined as `joins` say: `&&`, `||`, or a nested group.
+fn switch_filter(leaves: &[(usize, u8)], joins: &[u8]) -> String {
+    const COMMS: [&str; 3] = ["myapp", "other", "my"];
+    let leaf = |&(kind, v): &(usize, u8)| -> String {
+        let v = i64::from(v % 4);
+        let comm = COMMS[v as usize % 3];
+        match kind % 8 {
+            0 => format!("prev_state & {v}"),
+            1 => format!("next_pid == {}", v - 2),
+            2 => format!("next_pid < {}", v - 1),
+            3 => format!("prev_comm == \"{comm}\""),
+            4 => format!("prev_comm != \"{comm}\""),
+            5 => format!("prev_comm ~ \"{comm}*\""),
+            6 => format!("CPU >= {}", v % 3),
+            _ => format!("!(next_pid >= {v})"),
+        }
+    };
+    let mut text = leaf(&leaves[0]);
+    for (l, j) in leaves[1..].iter().zip(joins) {
+        text = match j % 3 {
+            0 => format!("{text} && {}", leaf(l)),
+            1 => format!("{text} || {}", leaf(l)),
+            _ => format!("({text}) && ({} || prev_state & 1)", leaf(l)),
+        };
+    }
+    text
+}
+
+proptest::proptest! {
+    /// A walk's events checked rule by rule, leaf by leaf, match exactly
+    /// the events the filter's tree passes one by one, and fire in time
+    /// order.
+    #[test]
+    fn a_walk_fires_the_events_each_filter_passes(
+        leaves in proptest::collection::vec((0usize..8, proptest::num::u8::ANY), 1..5),
+        joins in proptest::collection::vec(proptest::num::u8::ANY, 4),
+        events in proptest::collection::vec((0u8..4, -3i64..3, 0usize..3), 1..60),
+        cpu in 0u32..3,
+    ) {
+        let filter = switch_filter(&leaves, &joins);
+        let text = format!("x: event sched/sched_switch if {filter} count 1");
+        let sw = format("sched", "sched_switch");
+        let oracle = program(&text, &sw).expect("compiles");
+        let plan = RulePlan::new(vec![rule(&text)]);
+        let mut t = table();
+        let mut w = Watch::new(&plan, &mut t, 0).expect("compiles").expect("watches");
+        let id = t.find("sched", "sched_switch").expect("switch").1.watch;
+        // One walk: the records one after another, as on a page.
+        let mut bytes = vec![0u8; 4];
+        let mut want = Vec::new();
+        for (i, &(state, pid, comm)) in events.iter().enumerate() {
+            let rec = record(&sw, &[
+                ("prev_state", &state.to_string()),
+                ("next_pid", &pid.to_string()),
+                ("prev_comm", ["myapp", "other", "mine"][comm]),
+            ]);
+            let ts = 1_000 + i as u64;
+            if oracle.eval(&rec, cpu) {
+                want.push(ts);
+            }
+            w.saw(id, ts, bytes.len(), rec.len());
+            bytes.extend(&rec);
+            bytes.extend([0u8; 4]);
+        }
+        w.on_walk(&bytes, cpu);
+        let tally = plan.tallies.get(0).expect("a tally");
+        proptest::prop_assert_eq!(Tally::load(&tally.matched), want.len() as u64, "{}", filter);
+        let fired: Vec<u64> = plan.queue.take().iter().map(|f| f.ts_ns).collect();
+        proptest::prop_assert_eq!(fired, want.first().copied().into_iter().collect::<Vec<_>>(), "{}", filter);
+    }
+}
+
+/// Stamps too far apart to count from one base (over 73 minutes) still
+/// pair: the held ones are paired first, as they stand. The idle task's
+/// switches are not held at all.
+#[test]
+fn a_wait_longer_than_the_packed_times_still_fires() {
+    let plan = RulePlan::new(vec![rule("slow: latency sched > 1h")]);
+    let mut t = table();
+    let mut w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
+    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    let (sw, wk) = (
+        format("sched", "sched_switch"),
+        format("sched", "sched_waking"),
+    );
+    let hour = 3_600_000_000_000u64;
+    w.on_event(wk_id, 0, 5, &record(&wk, &[("pid", "9")]));
+    w.on_event(sw_id, 1, 6, &record(&sw, &[("next_pid", "0")]));
+    w.on_event(sw_id, 1, 2 * hour, &record(&sw, &[("next_pid", "9")]));
+    let held = |w: &Watch| {
+        w.sched
+            .iter()
+            .map(|r| r.held.wakes.len() + r.held.switches.len())
+            .sum::<usize>()
+    };
+    // The wakeup was paired when the switch did not fit beside it.
+    assert_eq!(held(&w), 1);
+    w.settle(u64::MAX);
+    let fired = plan.queue.take();
+    assert_eq!(
+        fired.iter().map(|f| f.ts_ns).collect::<Vec<_>>(),
+        [2 * hour]
+    );
 }
