@@ -178,6 +178,12 @@ fn bench_sched(c: &mut Criterion) {
         .chunks_exact(l.page_size())
         .map(|p| count_page_events(p, &l).expect("clean fixture"))
         .sum();
+    // Where cpu1's pages start.
+    let split = std::fs::metadata(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ftrace/pingpong_cpu0.raw"),
+    )
+    .map_or(0, |m| m.len() as usize)
+    .min(pages.len());
     let mut g = c.benchmark_group("ftrace_rules");
     g.throughput(Throughput::Elements(events as u64));
     let filter = PrintFilter::default();
@@ -205,8 +211,14 @@ fn bench_sched(c: &mut Criterion) {
         };
         g.bench_function(name, |b| {
             b.iter(|| {
-                let mut cur = CpuCursor::default();
-                enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(&pages));
+                // A drain: each CPU's pages, then the rules pair what they kept.
+                for (cpu, part) in [(0, &pages[..split]), (1, &pages[split..])] {
+                    let mut cur = CpuCursor {
+                        cpu,
+                        ..CpuCursor::default()
+                    };
+                    enc.encode_pages(&mut sink, &table, &filter, &l, &mut cur, black_box(part));
+                }
                 enc.settle_watch(u64::MAX);
             })
         });
