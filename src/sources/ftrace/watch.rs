@@ -7,13 +7,13 @@
 //! comparison at a time, so the kind of a hook or a comparison is matched
 //! once per walk, not once per event.
 //!
-//! An `event` rule fires as its event is decoded. Latency rules pair two
-//! events of one thread (a wakeup and the switch that puts it on a CPU) or
-//! one key (a span's begin and end), which may come from different CPUs:
-//! the reader drains the CPUs one after the other, so those events are
-//! kept in time order first. At the end of each drain they are sorted
-//! (each CPU's run is already in order) and those older than the drain's
-//! start are paired: every CPU's buffer has been read past that time by
+//! An `event` rule fires as the walk that decoded its event ends. Latency
+//! rules pair two events of one thread (a wakeup and the switch that puts
+//! it on a CPU) or one key (a span's begin and end), which may come from
+//! different CPUs: the reader drains the CPUs one after the other, so
+//! those events are kept first. At the end of each drain they are put in
+//! time order (each CPU's run is already in order) and those older than
+//! the drain's start are paired: every CPU's buffer has been read past that time by
 //! then (a drain reads each CPU until the page the kernel is writing).
 //! The rest wait for the next drain; the last drain pairs everything.
 
