@@ -681,13 +681,9 @@ fn key_of(rule: &Rule, f: &EventFormat, field: &str, at: Span) -> Result<KeyAt, 
         .ok_or_else(|| rule.error(at, format!("{field} of {event} cannot be a key"), None))
 }
 
-/// What a watched event does.
+/// A span rule's begin or end (its slot).
 #[derive(Clone, Copy, Debug)]
 enum Hook {
-    /// The wakeup of a scheduling-latency rule.
-    Waking(u16),
-    /// The sched_switch of a scheduling-latency rule.
-    Switch(u16),
     Begin(u16),
     End(u16),
 }
@@ -932,14 +928,36 @@ impl Woken {
     }
 }
 
-/// The hooks of one watched event, by kind: its `event` rules' checks as a
-/// run of `Watch::event_hooks`, its latency rules' slots.
+/// The hooks of one watched event, by kind, while the rules are compiled.
 #[derive(Clone, Debug, Default)]
 struct IdHooks {
-    events: (u32, u32),
+    checks: Vec<EventHook>,
     waking: Vec<u16>,
     switch: Vec<u16>,
     spans: Vec<Hook>,
+}
+
+/// Every watched event's hooks while the rules are compiled; the event
+/// table holds each one's index + 1 (`EventEntry::watch`).
+#[derive(Default)]
+struct Hooks {
+    list: Vec<IdHooks>,
+    by_id: std::collections::BTreeMap<u16, usize>,
+}
+
+impl Hooks {
+    /// Event `id`'s hooks, marking it watched in `table` the first time.
+    fn of(&mut self, table: &mut EventTable, id: u16) -> &mut IdHooks {
+        let n = self.list.len();
+        let i = *self.by_id.entry(id).or_insert_with(|| {
+            table.set_watch(id, (n + 1) as u16);
+            n
+        });
+        if i == n {
+            self.list.push(IdHooks::default());
+        }
+        &mut self.list[i]
+    }
 }
 
 /// One thing a watched event does; an event's are one run of
@@ -983,10 +1001,8 @@ struct Stamp {
 /// The rules of one ftrace source, compiled against its event table.
 pub struct Watch {
     plan: RulePlan,
-    /// What each watched event does, by kind, while building; the event
-    /// table holds its index + 1 (`EventEntry::watch`).
-    hooks: Vec<IdHooks>,
-    /// The same as one run of `ops` per watched event.
+    /// What each watched event does: one run of `ops` per watched event
+    /// (`EventEntry::watch` − 1).
     runs: Vec<(u32, u32)>,
     ops: Vec<Op>,
     /// The watched events of the encoder's current walk, by watched event.
@@ -996,10 +1012,7 @@ pub struct Watch {
     pass: Vec<u32>,
     left: Vec<u32>,
     next: Vec<u32>,
-    /// Hook index by event id, while building.
-    by_id: std::collections::BTreeMap<u16, usize>,
-    /// Every `event` rule's checks, each event's in one run.
-    event_hooks: Vec<EventHook>,
+    /// Every `event` rule's comparisons, each rule's in one run.
     leaves: Vec<Leaf>,
     /// What does not fit a leaf (text, nested expressions).
     trees: Vec<Node>,
@@ -1022,15 +1035,12 @@ impl Watch {
     ) -> Result<Option<Watch>, RuleError> {
         let mut w = Watch {
             plan: plan.clone(),
-            hooks: Vec::new(),
             runs: Vec::new(),
             ops: Vec::new(),
             seen: Vec::new(),
             pass: Vec::new(),
             left: Vec::new(),
             next: Vec::new(),
-            by_id: std::collections::BTreeMap::new(),
-            event_hooks: Vec::new(),
             leaves: Vec::new(),
             trees: Vec::new(),
             events: Vec::new(),
@@ -1039,8 +1049,7 @@ impl Watch {
             ordered: Vec::new(),
             to_boot,
         };
-        // `event` rules' checks, laid out per event once all are known.
-        let mut pending: Vec<(u16, u16, Option<Program>)> = Vec::new();
+        let mut hooks = Hooks::default();
         for (i, rule) in plan.rules.iter().enumerate() {
             let find = |group: &str, name: &str| {
                 table
@@ -1065,7 +1074,14 @@ impl Watch {
                         .map(|f| compile(rule, f, &format))
                         .transpose()?;
                     let slot = w.events.len() as u16;
-                    pending.push((id, slot, program));
+                    let (all, leaves) = flatten(program, &mut w.trees);
+                    let first = w.leaves.len() as u32;
+                    w.leaves.extend(leaves);
+                    hooks.of(table, id).checks.push(EventHook {
+                        slot,
+                        all,
+                        leaves: (first, w.leaves.len() as u32),
+                    });
                     w.events.push(EventRule {
                         rule: i,
                         pid: format.field("common_pid").and_then(IntAt::of),
@@ -1103,8 +1119,8 @@ impl Watch {
                         woken: Woken::new(),
                         held: Held::new(),
                     });
-                    w.hook(table, wake_id, Some(Hook::Waking(slot)));
-                    w.hook(table, switch_id, Some(Hook::Switch(slot)));
+                    hooks.of(table, wake_id).waking.push(slot);
+                    hooks.of(table, switch_id).switch.push(slot);
                 }
                 Condition::Span {
                     begin,
@@ -1139,35 +1155,13 @@ impl Watch {
                         limiter: Limiter::of(rule),
                         open: KeyMap::default(),
                     });
-                    w.hook(table, bid, Some(Hook::Begin(slot)));
-                    w.hook(table, eid, Some(Hook::End(slot)));
+                    hooks.of(table, bid).spans.push(Hook::Begin(slot));
+                    hooks.of(table, eid).spans.push(Hook::End(slot));
                 }
                 _ => {}
             }
         }
-        pending.sort_by_key(|(id, _, _)| *id);
-        let mut at = 0;
-        while at < pending.len() {
-            let id = pending[at].0;
-            let start = w.event_hooks.len() as u32;
-            while at < pending.len() && pending[at].0 == id {
-                let (_, slot, program) = std::mem::replace(&mut pending[at], (id, 0, None));
-                let (all, leaves) = flatten(program, &mut w.trees);
-                let first = w.leaves.len() as u32;
-                w.leaves.extend(leaves);
-                w.event_hooks.push(EventHook {
-                    slot,
-                    all,
-                    leaves: (first, w.leaves.len() as u32),
-                });
-                at += 1;
-            }
-            let end = w.event_hooks.len() as u32;
-            w.hook(table, id, None);
-            let h = w.by_id[&id];
-            w.hooks[h].events = (start, end);
-        }
-        for h in std::mem::take(&mut w.hooks) {
+        for h in hooks.list {
             let start = w.ops.len() as u32;
             for &slot in &h.switch {
                 if let Some(r) = w.sched.get(usize::from(slot)) {
@@ -1182,37 +1176,13 @@ impl Watch {
                     w.ops.push(Op::Waking { slot, at: r.pid });
                 }
             }
-            let hooks = w.event_hooks.get(h.events.0 as usize..h.events.1 as usize);
-            w.ops
-                .extend(hooks.unwrap_or_default().iter().map(|&hk| Op::Check(hk)));
+            w.ops.extend(h.checks.iter().map(|&hk| Op::Check(hk)));
             w.ops.extend(h.spans.iter().map(|&hk| Op::Span(hk)));
             w.runs.push((start, w.ops.len() as u32));
             w.seen.push(Vec::new());
         }
         let watches = !(w.events.is_empty() && w.sched.is_empty() && w.spans.is_empty());
         Ok(watches.then_some(w))
-    }
-
-    /// Adds `h` (none: only the entry) to event `id`'s hooks, marking the
-    /// event watched in `table`.
-    fn hook(&mut self, table: &mut EventTable, id: u16, h: Option<Hook>) {
-        let i = match self.by_id.get(&id) {
-            Some(&i) => i,
-            None => {
-                self.hooks.push(IdHooks::default());
-                let i = self.hooks.len() - 1;
-                self.by_id.insert(id, i);
-                table.set_watch(id, (i + 1) as u16);
-                i
-            }
-        };
-        let hooks = &mut self.hooks[i];
-        match h {
-            Some(Hook::Waking(s)) => hooks.waking.push(s),
-            Some(Hook::Switch(s)) => hooks.switch.push(s),
-            Some(h @ (Hook::Begin(_) | Hook::End(_))) => hooks.spans.push(h),
-            None => {}
-        }
     }
 
     /// Events that `freeze` rules stop the kernel at, with their filters:
@@ -1330,9 +1300,7 @@ impl Watch {
                 }
                 Op::Check(hk) => self.check(hk, bytes, cpu, evs),
                 Op::Span(hook) => {
-                    let (Hook::Begin(s) | Hook::End(s)) = hook else {
-                        continue;
-                    };
+                    let (Hook::Begin(s) | Hook::End(s)) = hook;
                     let Some(r) = spans.get(usize::from(s)) else {
                         continue;
                     };
@@ -1459,8 +1427,6 @@ impl Watch {
     fn pair(&mut self, s: Stamp) {
         let boot = self.boot(s.ts);
         match s.hook {
-            // Latency rules' stamps are their own (`Held`).
-            Hook::Waking(_) | Hook::Switch(_) => {}
             Hook::Begin(i) => {
                 let r = &mut self.spans[usize::from(i)];
                 if r.open.len() >= MAX_PENDING {

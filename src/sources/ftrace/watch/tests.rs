@@ -110,6 +110,23 @@ fn table() -> EventTable {
     t
 }
 
+/// A watch of the one latency rule `text`: its plan, the watch, the
+/// `EventEntry::watch` of sched_switch and sched_waking, and their formats.
+fn latency_watch(text: &str) -> (RulePlan, Watch, u16, u16, EventFormat, EventFormat) {
+    let plan = RulePlan::new(vec![rule(text)]);
+    let mut t = table();
+    let w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
+    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    let (sw, wk) = (
+        format("sched", "sched_switch"),
+        format("sched", "sched_waking"),
+    );
+    (plan, w, sw_id, wk_id, sw, wk)
+}
+
 #[test]
 fn event_rules_fire_within_their_bounds() {
     let plan = RulePlan::new(vec![rule(
@@ -151,19 +168,8 @@ fn event_rules_fire_within_their_bounds() {
 
 #[test]
 fn scheduling_latency_pairs_events_read_out_of_order() {
-    let plan = RulePlan::new(vec![rule(
-        "slow: latency sched > 50ms if comm == \"sleeper\" rate 10/1s",
-    )]);
-    let mut t = table();
-    let mut w = Watch::new(&plan, &mut t, 0)
-        .expect("compiles")
-        .expect("watches");
-    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
-    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
-    let (sw, wk) = (
-        format("sched", "sched_switch"),
-        format("sched", "sched_waking"),
-    );
+    let (plan, mut w, sw_id, wk_id, sw, wk) =
+        latency_watch("slow: latency sched > 50ms if comm == \"sleeper\" rate 10/1s");
     let ms = 1_000_000u64;
     // CPU 0 is drained first: its switch (the sleeper running 400 ms after
     // its wakeup) comes before CPU 1's wakeup in the drain.
@@ -300,12 +306,8 @@ proptest::proptest! {
         // In milliseconds, or in fifths of a second (up to 20 minutes: the
         // times are counted from a base that moves drain after drain).
         let (ms, over) = if seconds { (200_000_000u64, "4s") } else { (1_000_000, "20ms") };
-        let plan = RulePlan::new(vec![rule(&format!("slow: latency sched > {over}"))]);
-        let mut t = table();
-        let mut w = Watch::new(&plan, &mut t, 0).expect("compiles").expect("watches");
-        let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
-        let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
-        let (sw, wk) = (format("sched", "sched_switch"), format("sched", "sched_waking"));
+        let (plan, mut w, sw_id, wk_id, sw, wk) =
+            latency_watch(&format!("slow: latency sched > {over}"));
         // Unique, increasing times; each CPU's events in its order.
         let mut ts = 0;
         let timed: Vec<(u32, u64, bool, i64)> = events
@@ -437,17 +439,7 @@ proptest::proptest! {
 /// switches are not held at all.
 #[test]
 fn a_wait_longer_than_the_packed_times_still_fires() {
-    let plan = RulePlan::new(vec![rule("slow: latency sched > 1h")]);
-    let mut t = table();
-    let mut w = Watch::new(&plan, &mut t, 0)
-        .expect("compiles")
-        .expect("watches");
-    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
-    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
-    let (sw, wk) = (
-        format("sched", "sched_switch"),
-        format("sched", "sched_waking"),
-    );
+    let (plan, mut w, sw_id, wk_id, sw, wk) = latency_watch("slow: latency sched > 1h");
     let hour = 3_600_000_000_000u64;
     w.on_event(wk_id, 0, 5, &record(&wk, &[("pid", "9")]));
     w.on_event(sw_id, 1, 6, &record(&sw, &[("next_pid", "0")]));
