@@ -192,19 +192,36 @@ impl RulePlan {
         ts_ns: u64,
         note: impl FnOnce() -> String,
     ) {
-        let Some(t) = self.tallies.get(i) else {
+        let admitted = limiter.admit(ts_ns);
+        if admitted {
+            self.fire(i, ts_ns, note());
+        }
+        self.count(i, 1, u64::from(admitted));
+    }
+
+    /// A firing of rule `i` at `ts_ns` its limiter admitted, counted apart
+    /// ([`Self::count`]).
+    pub(crate) fn fire(&self, i: usize, ts_ns: u64, note: String) {
+        self.queue.push(Firing {
+            rule: i,
+            ts_ns,
+            note,
+        });
+    }
+
+    /// Counts `matched` matches of rule `i`, `fired` of them fired and the
+    /// rest held back: once for many matches (a rule matching every event
+    /// of a load costs its compares, not shared counters per match).
+    pub(crate) fn count(&self, i: usize, matched: u64, fired: u64) {
+        let Some(t) = self.tallies.get(i).filter(|_| matched > 0) else {
             return;
         };
-        Tally::add(&t.matched, 1);
-        if limiter.admit(ts_ns) {
-            Tally::add(&t.fired, 1);
-            self.queue.push(Firing {
-                rule: i,
-                ts_ns,
-                note: note(),
-            });
-        } else {
-            Tally::add(&t.suppressed, 1);
+        Tally::add(&t.matched, matched);
+        if fired > 0 {
+            Tally::add(&t.fired, fired);
+        }
+        if matched > fired {
+            Tally::add(&t.suppressed, matched - fired);
         }
     }
 }

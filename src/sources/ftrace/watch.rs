@@ -699,6 +699,35 @@ struct EventRule {
     freeze: Option<Option<u64>>,
 }
 
+impl EventRule {
+    /// Its matches `evs` (in time order) of a walk over `bytes` on `cpu`:
+    /// those its limiter admits fire; all are counted once.
+    #[inline]
+    fn fire<'a>(
+        &mut self,
+        plan: &RulePlan,
+        to_boot: i64,
+        bytes: &[u8],
+        cpu: u32,
+        evs: impl Iterator<Item = &'a Seen>,
+    ) {
+        let (mut matched, mut fired) = (0, 0);
+        for e in evs {
+            if let Some(None) = self.freeze {
+                self.freeze = Some(Some(e.ts));
+            }
+            matched += 1;
+            let boot = e.ts.saturating_add_signed(to_boot);
+            if self.limiter.admit(boot) {
+                fired += 1;
+                let pid = self.pid.and_then(|p| p.int(e.rec(bytes))).unwrap_or(0);
+                plan.fire(self.rule, boot, format!("pid {pid} on cpu {cpu}"));
+            }
+        }
+        plan.count(self.rule, matched, fired);
+    }
+}
+
 struct SchedRule {
     rule: usize,
     over: u64,
@@ -1352,7 +1381,8 @@ impl Watch {
         let all = 0..evs.len() as u32;
         pass.clear();
         match leaves.split_first() {
-            None => pass.extend(all),
+            // Every event matches: `fire` walks them all.
+            None => {}
             Some((first, rest)) if hk.all => {
                 first.sift(trees, bytes, cpu, evs, all, |k, p| {
                     if p {
@@ -1391,16 +1421,16 @@ impl Watch {
         let Some(r) = events.get_mut(usize::from(hk.slot)) else {
             return;
         };
-        for e in pass.iter().filter_map(|&k| evs.get(k as usize)) {
-            if let Some(None) = r.freeze {
-                r.freeze = Some(Some(e.ts));
-            }
-            let rec = e.rec(bytes);
-            let pid = r.pid.and_then(|p| p.int(rec)).unwrap_or(0);
-            let boot = e.ts.saturating_add_signed(*to_boot);
-            plan.matched(r.rule, &mut r.limiter, boot, || {
-                format!("pid {pid} on cpu {cpu}")
-            });
+        if leaves.is_empty() {
+            r.fire(plan, *to_boot, bytes, cpu, evs.iter());
+        } else {
+            r.fire(
+                plan,
+                *to_boot,
+                bytes,
+                cpu,
+                pass.iter().filter_map(|&k| evs.get(k as usize)),
+            );
         }
     }
 

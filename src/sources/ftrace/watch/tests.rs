@@ -166,6 +166,45 @@ fn event_rules_fire_within_their_bounds() {
     assert_eq!(Tally::load(&tally.suppressed), 497);
 }
 
+/// A rule with no filter matches every event of a walk: all are counted
+/// (once for the walk), those its limits admit fire, in time order, each
+/// naming its event's pid.
+#[test]
+fn a_rule_matching_every_event_of_a_walk_counts_them_all() {
+    let plan = RulePlan::new(vec![rule(
+        "x: event sched/sched_switch count 3 rate 1/10ms",
+    )]);
+    let mut t = table();
+    let mut w = Watch::new(&plan, &mut t, 0)
+        .expect("compiles")
+        .expect("watches");
+    let id = t.find("sched", "sched_switch").expect("switch").1.watch;
+    let sw = format("sched", "sched_switch");
+    let mut bytes = Vec::new();
+    for i in 0..1000u64 {
+        let rec = record(&sw, &[("common_pid", &(100 + i).to_string())]);
+        w.saw(id, i * 1_000_000, bytes.len(), rec.len());
+        bytes.extend(&rec);
+    }
+    w.on_walk(&bytes, 1);
+    let firings = plan.queue.take();
+    assert_eq!(
+        firings
+            .iter()
+            .map(|f| (f.ts_ns / 1_000_000, f.note.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (0, "pid 100 on cpu 1"),
+            (10, "pid 110 on cpu 1"),
+            (20, "pid 120 on cpu 1")
+        ]
+    );
+    let tally = plan.tallies.get(0).expect("tally");
+    assert_eq!(Tally::load(&tally.matched), 1000);
+    assert_eq!(Tally::load(&tally.fired), 3);
+    assert_eq!(Tally::load(&tally.suppressed), 997);
+}
+
 #[test]
 fn scheduling_latency_pairs_events_read_out_of_order() {
     let (plan, mut w, sw_id, wk_id, sw, wk) =
