@@ -198,6 +198,10 @@ fn bench_sched(c: &mut Criterion) {
             "encode_compact_latency_rule",
             Some("d: latency sched > 10s\n"),
         ),
+        (
+            "encode_compact_every_switch_rule",
+            Some("s: event sched/sched_switch\n"),
+        ),
     ] {
         let mut sink = Sink::new();
         let mut enc = BundleEncoder::new(2, 32 * 1024);
