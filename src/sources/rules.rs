@@ -193,14 +193,14 @@ impl RulePlan {
         note: impl FnOnce() -> String,
     ) {
         let admitted = limiter.admit(ts_ns);
+        self.count(i, 1, u64::from(admitted));
         if admitted {
             self.fire(i, ts_ns, note());
         }
-        self.count(i, 1, u64::from(admitted));
     }
 
-    /// A firing of rule `i` at `ts_ns` its limiter admitted, counted apart
-    /// ([`Self::count`]).
+    /// A firing of rule `i` at `ts_ns` its limiter admitted, counted
+    /// first ([`Self::count`]).
     pub(crate) fn fire(&self, i: usize, ts_ns: u64, note: String) {
         self.queue.push(Firing {
             rule: i,

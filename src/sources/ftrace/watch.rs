@@ -711,7 +711,10 @@ impl EventRule {
         cpu: u32,
         evs: impl Iterator<Item = &'a Seen>,
     ) {
-        let (mut matched, mut fired) = (0, 0);
+        let mut matched = 0;
+        // Few: the limiter admits at most its rate. Counted before they are
+        // queued, so that what takes them never counts more than fired.
+        let mut admitted = Vec::new();
         for e in evs {
             if let Some(None) = self.freeze {
                 self.freeze = Some(Some(e.ts));
@@ -719,12 +722,14 @@ impl EventRule {
             matched += 1;
             let boot = e.ts.saturating_add_signed(to_boot);
             if self.limiter.admit(boot) {
-                fired += 1;
-                let pid = self.pid.and_then(|p| p.int(e.rec(bytes))).unwrap_or(0);
-                plan.fire(self.rule, boot, format!("pid {pid} on cpu {cpu}"));
+                admitted.push((boot, e));
             }
         }
-        plan.count(self.rule, matched, fired);
+        plan.count(self.rule, matched, admitted.len() as u64);
+        for (boot, e) in admitted {
+            let pid = self.pid.and_then(|p| p.int(e.rec(bytes))).unwrap_or(0);
+            plan.fire(self.rule, boot, format!("pid {pid} on cpu {cpu}"));
+        }
     }
 }
 
