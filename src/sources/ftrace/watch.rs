@@ -1383,11 +1383,14 @@ impl Watch {
         let leaves = leaves
             .get(hk.leaves.0 as usize..hk.leaves.1 as usize)
             .unwrap_or_default();
+        let Some(r) = events.get_mut(usize::from(hk.slot)) else {
+            return;
+        };
         let all = 0..evs.len() as u32;
         pass.clear();
         match leaves.split_first() {
-            // Every event matches: `fire` walks them all.
-            None => {}
+            // No filter: every event matches.
+            None => return r.fire(plan, *to_boot, bytes, cpu, evs.iter()),
             Some((first, rest)) if hk.all => {
                 first.sift(trees, bytes, cpu, evs, all, |k, p| {
                     if p {
@@ -1423,20 +1426,13 @@ impl Watch {
                 pass.sort_unstable();
             }
         }
-        let Some(r) = events.get_mut(usize::from(hk.slot)) else {
-            return;
-        };
-        if leaves.is_empty() {
-            r.fire(plan, *to_boot, bytes, cpu, evs.iter());
-        } else {
-            r.fire(
-                plan,
-                *to_boot,
-                bytes,
-                cpu,
-                pass.iter().filter_map(|&k| evs.get(k as usize)),
-            );
-        }
+        r.fire(
+            plan,
+            *to_boot,
+            bytes,
+            cpu,
+            pass.iter().filter_map(|&k| evs.get(k as usize)),
+        );
     }
 
     /// The end of a drain that began at `cutoff` (trace clock; `u64::MAX`

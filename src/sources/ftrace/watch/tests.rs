@@ -110,16 +110,37 @@ fn table() -> EventTable {
     t
 }
 
-/// A watch of the one latency rule `text`: its plan, the watch, the
-/// `EventEntry::watch` of sched_switch and sched_waking, and their formats.
-fn latency_watch(text: &str) -> (RulePlan, Watch, u16, u16, EventFormat, EventFormat) {
+/// The one rule `text` compiled against [`table`]: its plan, its watch,
+/// and the table (with the events it watches marked).
+fn watch_of(text: &str) -> (RulePlan, Watch, EventTable) {
     let plan = RulePlan::new(vec![rule(text)]);
     let mut t = table();
     let w = Watch::new(&plan, &mut t, 0)
         .expect("compiles")
         .expect("watches");
-    let sw_id = t.find("sched", "sched_switch").expect("switch").1.watch;
-    let wk_id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    (plan, w, t)
+}
+
+/// `sched/NAME`'s `EventEntry::watch` in `t`.
+fn watched(t: &EventTable, name: &str) -> u16 {
+    t.find("sched", name).expect("in the table").1.watch
+}
+
+/// The one rule's matched, fired and held back.
+fn tally(plan: &RulePlan) -> (u64, u64, u64) {
+    let t = plan.tallies.get(0).expect("a tally");
+    (
+        Tally::load(&t.matched),
+        Tally::load(&t.fired),
+        Tally::load(&t.suppressed),
+    )
+}
+
+/// A watch of the one latency rule `text`: its plan, the watch, the
+/// `EventEntry::watch` of sched_switch and sched_waking, and their formats.
+fn latency_watch(text: &str) -> (RulePlan, Watch, u16, u16, EventFormat, EventFormat) {
+    let (plan, w, t) = watch_of(text);
+    let (sw_id, wk_id) = (watched(&t, "sched_switch"), watched(&t, "sched_waking"));
     let (sw, wk) = (
         format("sched", "sched_switch"),
         format("sched", "sched_waking"),
@@ -129,23 +150,11 @@ fn latency_watch(text: &str) -> (RulePlan, Watch, u16, u16, EventFormat, EventFo
 
 #[test]
 fn event_rules_fire_within_their_bounds() {
-    let plan = RulePlan::new(vec![rule(
-        "x: event sched/sched_switch if prev_state & 2 count 3 rate 1/10ms",
-    )]);
-    let mut t = table();
-    let mut w = Watch::new(&plan, &mut t, 0)
-        .expect("compiles")
-        .expect("watches");
-    let (_, entry) = t.find("sched", "sched_switch").expect("in the table");
-    assert_ne!(entry.watch, 0);
-    let id = entry.watch;
-    assert_eq!(
-        t.find("sched", "sched_waking")
-            .expect("in the table")
-            .1
-            .watch,
-        0
-    );
+    let (plan, mut w, t) =
+        watch_of("x: event sched/sched_switch if prev_state & 2 count 3 rate 1/10ms");
+    let id = watched(&t, "sched_switch");
+    assert_ne!(id, 0);
+    assert_eq!(watched(&t, "sched_waking"), 0);
     let sw = format("sched", "sched_switch");
     let hit = record(&sw, &[("prev_state", "2")]);
     let miss = record(&sw, &[("prev_state", "1")]);
@@ -160,10 +169,7 @@ fn event_rules_fire_within_their_bounds() {
             .collect::<Vec<_>>(),
         [0, 10, 20]
     );
-    let tally = plan.tallies.get(0).expect("tally");
-    assert_eq!(Tally::load(&tally.matched), 500);
-    assert_eq!(Tally::load(&tally.fired), 3);
-    assert_eq!(Tally::load(&tally.suppressed), 497);
+    assert_eq!(tally(&plan), (500, 3, 497));
 }
 
 /// A rule with no filter matches every event of a walk: all are counted
@@ -171,14 +177,8 @@ fn event_rules_fire_within_their_bounds() {
 /// naming its event's pid.
 #[test]
 fn a_rule_matching_every_event_of_a_walk_counts_them_all() {
-    let plan = RulePlan::new(vec![rule(
-        "x: event sched/sched_switch count 3 rate 1/10ms",
-    )]);
-    let mut t = table();
-    let mut w = Watch::new(&plan, &mut t, 0)
-        .expect("compiles")
-        .expect("watches");
-    let id = t.find("sched", "sched_switch").expect("switch").1.watch;
+    let (plan, mut w, t) = watch_of("x: event sched/sched_switch count 3 rate 1/10ms");
+    let id = watched(&t, "sched_switch");
     let sw = format("sched", "sched_switch");
     let mut bytes = Vec::new();
     for i in 0..1000u64 {
@@ -199,10 +199,7 @@ fn a_rule_matching_every_event_of_a_walk_counts_them_all() {
             (20, "pid 120 on cpu 1")
         ]
     );
-    let tally = plan.tallies.get(0).expect("tally");
-    assert_eq!(Tally::load(&tally.matched), 1000);
-    assert_eq!(Tally::load(&tally.fired), 3);
-    assert_eq!(Tally::load(&tally.suppressed), 997);
+    assert_eq!(tally(&plan), (1000, 3, 997));
 }
 
 #[test]
@@ -250,14 +247,10 @@ fn scheduling_latency_pairs_events_read_out_of_order() {
 
 #[test]
 fn spans_pair_begin_and_end_by_key() {
-    let plan = RulePlan::new(vec![rule(
+    let (plan, mut w, t) = watch_of(
         "iter: latency sched/sched_waking if comm ~ \"B*\" to sched/sched_waking if comm ~ \"E*\" by pid > 100ms",
-    )]);
-    let mut t = table();
-    let mut w = Watch::new(&plan, &mut t, 0)
-        .expect("compiles")
-        .expect("watches");
-    let id = t.find("sched", "sched_waking").expect("waking").1.watch;
+    );
+    let id = watched(&t, "sched_waking");
     let wk = format("sched", "sched_waking");
     let ms = 1_000_000u64;
     let ev = |c: &str, pid: &str| record(&wk, &[("comm", c), ("pid", pid)]);
@@ -395,8 +388,7 @@ proptest::proptest! {
             w.settle(*cut);
         }
         let model: Vec<(u64, bool, i64)> = timed.iter().map(|e| (e.1, e.2, e.3)).collect();
-        let matched = plan.tallies.get(0).expect("a tally").matched.load(std::sync::atomic::Ordering::Relaxed);
-        proptest::prop_assert_eq!(matched, latency_matches(&model, 20 * ms));
+        proptest::prop_assert_eq!(tally(&plan).0, latency_matches(&model, 20 * ms));
     }
 }
 
@@ -444,10 +436,8 @@ proptest::proptest! {
         let text = format!("x: event sched/sched_switch if {filter} count 1");
         let sw = format("sched", "sched_switch");
         let oracle = program(&text, &sw).expect("compiles");
-        let plan = RulePlan::new(vec![rule(&text)]);
-        let mut t = table();
-        let mut w = Watch::new(&plan, &mut t, 0).expect("compiles").expect("watches");
-        let id = t.find("sched", "sched_switch").expect("switch").1.watch;
+        let (plan, mut w, t) = watch_of(&text);
+        let id = watched(&t, "sched_switch");
         // One walk: the records one after another, as on a page.
         let mut bytes = vec![0u8; 4];
         let mut want = Vec::new();
@@ -466,8 +456,7 @@ proptest::proptest! {
             bytes.extend([0u8; 4]);
         }
         w.on_walk(&bytes, cpu);
-        let tally = plan.tallies.get(0).expect("a tally");
-        proptest::prop_assert_eq!(Tally::load(&tally.matched), want.len() as u64, "{}", filter);
+        proptest::prop_assert_eq!(tally(&plan).0, want.len() as u64, "{}", filter);
         let fired: Vec<u64> = plan.queue.take().iter().map(|f| f.ts_ns).collect();
         proptest::prop_assert_eq!(fired, want.first().copied().into_iter().collect::<Vec<_>>(), "{}", filter);
     }
