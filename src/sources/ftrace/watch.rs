@@ -740,17 +740,20 @@ struct SchedRule {
     pid: IntAt,
     next_pid: IntAt,
     limiter: Limiter,
-    /// Woken threads not yet switched in: tid → wakeup time.
+    /// Each thread's wakeup not yet served, or that it is on a CPU.
     woken: Woken,
+    /// The thread each CPU last switched to, by CPU.
+    on_cpu: Vec<i64>,
     /// Wakeups and switches awaiting their turn.
     held: Held,
 }
 
 impl SchedRule {
-    /// Keeps a wakeup (or a switch) of `tid` at `ts` for pairing; pairs what
-    /// is held as it stands when there is no room or the time does not fit.
+    /// Keeps a wakeup of `tid` (or a switch to it on `cpu`) at `ts` for
+    /// pairing; pairs what is held as it stands when there is no room or
+    /// the time does not fit.
     #[inline(always)]
-    fn stamp(&mut self, plan: &RulePlan, to_boot: i64, ts: u64, tid: i64, switch: bool) {
+    fn stamp(&mut self, plan: &RulePlan, to_boot: i64, ts: u64, tid: i64, switch: Option<u32>) {
         if !self.held.push(ts, tid, switch) {
             self.settle(plan, to_boot, u64::MAX);
             self.held.push(ts, tid, switch);
@@ -758,60 +761,106 @@ impl SchedRule {
     }
 
     /// Pairs the held stamps older than `cutoff`, in time order: the
-    /// wakeups and the switches merged.
+    /// wakeups and each CPU's switches merged. A switch on a CPU also ends
+    /// the run of the thread that CPU last switched to, so a wakeup of a
+    /// thread while it runs (on its way to sleep) is served by that run.
     fn settle(&mut self, plan: &RulePlan, to_boot: i64, cutoff: u64) {
-        let (nw, ns) = self.held.sort_before(cutoff);
-        let base = self.held.base;
-        let wakes = self.held.wakes.get(..nw).unwrap_or_default();
-        let switches = self.held.switches.get(..ns).unwrap_or_default();
-        let (mut i, mut j) = (0, 0);
-        loop {
-            // A wakeup first at the same time (and tid): it led to the switch.
-            let (w, s) = (wakes.get(i), switches.get(j));
-            match (w, s) {
-                (Some(&w), s) if s.is_none_or(|&s| w <= s) => {
-                    let (ts, tid) = Held::unpack(base, w);
-                    self.woken.wake(tid, ts);
-                    i += 1;
-                }
-                (_, Some(&s)) => {
-                    j += 1;
-                    let (ts, tid) = Held::unpack(base, s);
-                    let Some(woke) = self.woken.take(tid) else {
-                        continue;
-                    };
-                    let waited = ts.saturating_sub(woke);
-                    if waited > self.over {
-                        let boot = ts.saturating_add_signed(to_boot);
-                        plan.matched(self.rule, &mut self.limiter, boot, || {
-                            format!(
-                                "tid {tid} waited {:.3} ms from its wakeup to a CPU",
-                                waited as f64 / 1e6
-                            )
-                        });
+        let nw = self.held.sort_before(cutoff);
+        let Held {
+            base,
+            wakes,
+            switches,
+            heads,
+            ..
+        } = &mut self.held;
+        let base = *base;
+        let wakes = wakes.get(..nw).unwrap_or_default();
+        if self.on_cpu.len() < switches.len() {
+            self.on_cpu.resize(switches.len(), -1);
+        }
+        // The earliest switch of any CPU not yet paired, and the earliest
+        // of the other CPUs' (until which that CPU's switches come next):
+        // a compare per CPU, once per run of one CPU's switches.
+        let earliest = |heads: &[(usize, usize)]| {
+            let (mut s, mut cpu, mut bound) = (u64::MAX, usize::MAX, u64::MAX);
+            for (c, (&(at, end), list)) in heads.iter().zip(switches.iter()).enumerate() {
+                if at < end
+                    && let Some(&h) = list.get(at)
+                {
+                    if h < s {
+                        (s, cpu, bound) = (h, c, s);
+                    } else if h < bound {
+                        bound = h;
                     }
                 }
-                _ => break,
+            }
+            (s, cpu, bound)
+        };
+        let mut i = 0;
+        let (mut s, mut cpu, mut bound) = earliest(heads);
+        loop {
+            // A wakeup first at the same time (and tid): it led to the switch.
+            if let Some(&w) = wakes.get(i)
+                && (cpu == usize::MAX || w <= s)
+            {
+                let (ts, tid) = Held::unpack(base, w);
+                self.woken.wake(tid, ts);
+                i += 1;
+                continue;
+            }
+            let (Some(head), Some(last)) = (heads.get_mut(cpu), self.on_cpu.get_mut(cpu)) else {
+                break;
+            };
+            head.0 += 1;
+            let (ts, tid) = Held::unpack(base, s);
+            match switches.get(cpu).and_then(|v| v.get(head.0)) {
+                Some(&next) if head.0 < head.1 && next <= bound => s = next,
+                _ => (s, cpu, bound) = earliest(heads),
+            }
+            // The thread it switched from ran since any wakeup it had.
+            if *last != tid {
+                self.woken.ran(*last);
+            }
+            *last = tid;
+            let Some(woke) = self.woken.run(tid) else {
+                continue;
+            };
+            let waited = ts.saturating_sub(woke);
+            if waited > self.over {
+                let boot = ts.saturating_add_signed(to_boot);
+                plan.matched(self.rule, &mut self.limiter, boot, || {
+                    format!(
+                        "tid {tid} waited {:.3} ms from its wakeup to a CPU",
+                        waited as f64 / 1e6
+                    )
+                });
             }
         }
-        self.held.keep_after(nw, ns, cutoff);
+        self.held.keep_after(nw, cutoff);
     }
 }
 
 /// A latency rule's wakeups and switches, each packed into one word:
 /// `[ts − base: 42 bits][tid: 22 bits]`. The kernel's tids are below 2^22
-/// (its PID_MAX_LIMIT); 42 bits of nanoseconds are 73 minutes.
-/// Sorting the words sorts by time, and a drain's worth, 8 bytes an event,
-/// stays in cache where 24-byte stamps did not. Each list is a few runs
-/// already in time order (one per CPU read since the last drain, and what
-/// that drain left), so sorting it merges them.
+/// (its PID_MAX_LIMIT); 42 bits of nanoseconds are 73 minutes. Comparing
+/// words compares times, and a drain's worth, 8 bytes an event, stays in
+/// cache where 24-byte stamps did not. The wakeups are a few runs already
+/// in time order (one per CPU read since the last drain, and what that
+/// drain left), so sorting them merges them; each CPU's switches are one
+/// run, kept apart so that pairing knows which CPU a switch ended a run on.
 struct Held {
     /// What the times are counted from: `SLACK` before the last drain's
     /// cutoff (or the first stamp), so that a CPU read later whose events
     /// are older than another's still fits.
     base: u64,
     wakes: Vec<u64>,
-    switches: Vec<u64>,
+    /// Each CPU's switches, by CPU.
+    switches: Vec<Vec<u64>>,
+    /// Pairing's place in each CPU's switches, and where those older than
+    /// the cutoff end.
+    heads: Vec<(usize, usize)>,
+    /// Stamps held.
+    len: usize,
 }
 
 impl Held {
@@ -825,30 +874,44 @@ impl Held {
             base: u64::MAX,
             wakes: Vec::new(),
             switches: Vec::new(),
+            heads: Vec::new(),
+            len: 0,
         }
     }
 
-    /// Holds a stamp. False when it does not fit: more than 73 minutes
-    /// after the base, or `MAX_HELD` held (the held ones must be paired
-    /// first). A tid the kernel cannot have is dropped, and so is the idle
-    /// task (tid 0): switched to, never woken, it pairs with nothing. A time
-    /// before the base (which the drain's order rules out) counts as the
-    /// base.
+    /// Holds a wakeup, or a switch on CPU `switch`. False when it does not
+    /// fit: more than 73 minutes after the base, or `MAX_HELD` held (the
+    /// held ones must be paired first). A tid the kernel cannot have is
+    /// dropped (and so is a wakeup of the idle task, tid 0, which has
+    /// none; a switch to it ends a run). A time before the base (which the
+    /// drain's order rules out) counts as the base.
     #[inline(always)]
-    fn push(&mut self, ts: u64, tid: i64, switch: bool) -> bool {
-        if self.wakes.is_empty() && self.switches.is_empty() {
+    fn push(&mut self, ts: u64, tid: i64, switch: Option<u32>) -> bool {
+        if self.len == 0 {
             self.base = ts.saturating_sub(Self::SLACK);
         }
         let delta = ts.saturating_sub(self.base);
-        if delta > Self::MAX_DELTA || self.wakes.len() + self.switches.len() >= MAX_HELD {
+        if delta > Self::MAX_DELTA || self.len >= MAX_HELD {
             return false;
         }
-        if (1..Self::TID_LIMIT).contains(&tid) {
+        if (0..Self::TID_LIMIT).contains(&tid) {
             let w = delta << Self::SHIFT | tid as u64;
-            if switch {
-                self.switches.push(w);
-            } else {
-                self.wakes.push(w);
+            match switch {
+                Some(cpu) => {
+                    let cpu = cpu as usize;
+                    if self.switches.len() <= cpu {
+                        self.switches.resize_with(cpu + 1, Vec::new);
+                    }
+                    if let Some(list) = self.switches.get_mut(cpu) {
+                        list.push(w);
+                        self.len += 1;
+                    }
+                }
+                None if tid != 0 => {
+                    self.wakes.push(w);
+                    self.len += 1;
+                }
+                None => {}
             }
         }
         true
@@ -862,42 +925,59 @@ impl Held {
         )
     }
 
-    /// Sorts the held stamps; how many wakeups and switches are older than
-    /// `cutoff`.
-    fn sort_before(&mut self, cutoff: u64) -> (usize, usize) {
+    /// Orders the held stamps and marks, CPU by CPU, the switches older
+    /// than `cutoff` (`heads`); how many wakeups are.
+    fn sort_before(&mut self, cutoff: u64) -> usize {
         let limit = match cutoff.checked_sub(self.base) {
             Some(d) if d <= Self::MAX_DELTA => d << Self::SHIFT,
             Some(_) => u64::MAX,
             None => 0,
         };
         let before = |v: &mut Vec<u64>| {
-            // Stable and run-aware: this merges the runs.
-            v.sort();
+            // Stable and run-aware: this merges the runs (a CPU's
+            // switches are one already, unless its clock stepped back).
+            if !v.is_sorted() {
+                v.sort();
+            }
             if limit == u64::MAX {
                 v.len()
             } else {
                 v.partition_point(|&w| w < limit)
             }
         };
-        (before(&mut self.wakes), before(&mut self.switches))
+        self.heads.clear();
+        for list in &mut self.switches {
+            let n = before(list);
+            self.heads.push((0, n));
+        }
+        before(&mut self.wakes)
     }
 
-    /// Forgets the first `nw` wakeups and `ns` switches (paired) and counts
+    /// Forgets the first `nw` wakeups and the switches paired, and counts
     /// the rest from `SLACK` before `cutoff`.
-    fn keep_after(&mut self, nw: usize, ns: usize, cutoff: u64) {
-        self.wakes.drain(..nw);
-        self.switches.drain(..ns);
+    fn keep_after(&mut self, nw: usize, cutoff: u64) {
+        self.wakes.drain(..nw.min(self.wakes.len()));
+        for (list, &(at, _)) in self.switches.iter_mut().zip(&self.heads) {
+            list.drain(..at.min(list.len()));
+        }
+        self.len = self.wakes.len() + self.switches.iter().map(Vec::len).sum::<usize>();
         let base = cutoff.saturating_sub(Self::SLACK).max(self.base);
         // The rest are newer than the cutoff, so no delta goes below zero.
         let shift = (base - self.base) << Self::SHIFT;
-        let low = [self.wakes.first(), self.switches.first()]
-            .into_iter()
-            .flatten()
+        let low = self
+            .switches
+            .iter()
+            .filter_map(|v| v.first())
+            .chain(self.wakes.first())
             .min();
         if shift == 0 || low.is_none_or(|&w| w < shift) {
             return;
         }
-        for w in self.wakes.iter_mut().chain(&mut self.switches) {
+        for w in self
+            .wakes
+            .iter_mut()
+            .chain(self.switches.iter_mut().flatten())
+        {
             *w -= shift;
         }
         self.base = base;
@@ -934,6 +1014,8 @@ impl Woken {
     const PLACES: usize = 1 << 16;
     /// A place's time when it holds no thread.
     const FREE: u64 = u64::MAX;
+    /// A place's time when its thread is on a CPU.
+    const RUNNING: u64 = u64::MAX - 1;
 
     fn new() -> Self {
         Woken(vec![(0, Self::FREE); Self::PLACES])
@@ -944,7 +1026,8 @@ impl Woken {
         tid as usize & (Self::PLACES - 1)
     }
 
-    /// A wakeup of `tid` at `ts`: its first since it last ran counts.
+    /// A wakeup of `tid` at `ts`: its first since it last ran counts, and
+    /// none while it runs.
     #[inline]
     fn wake(&mut self, tid: i64, ts: u64) {
         if let Some(p) = self.0.get_mut(Self::place(tid))
@@ -954,11 +1037,23 @@ impl Woken {
         }
     }
 
-    /// `tid` runs: when it was woken, if it waited.
+    /// `tid` is switched in: when it was woken, if it waited.
     #[inline]
-    fn take(&mut self, tid: i64) -> Option<u64> {
+    fn run(&mut self, tid: i64) -> Option<u64> {
         let p = self.0.get_mut(Self::place(tid))?;
-        (p.0 == tid && p.1 != Self::FREE).then(|| std::mem::replace(&mut p.1, Self::FREE))
+        let woke = (p.0 == tid && p.1 < Self::RUNNING).then_some(p.1);
+        *p = (tid, Self::RUNNING);
+        woke
+    }
+
+    /// `tid` is switched out: it ran since any wakeup it had.
+    #[inline]
+    fn ran(&mut self, tid: i64) {
+        if let Some(p) = self.0.get_mut(Self::place(tid))
+            && p.0 == tid
+        {
+            p.1 = Self::FREE;
+        }
     }
 }
 
@@ -998,7 +1093,7 @@ impl Hooks {
 /// `Watch::ops`, so it costs a walk over a few adjacent words.
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    /// A latency rule's switch-in: `next_pid` stamped.
+    /// A latency rule's switch: `next_pid` stamped, with the CPU.
     Switch { slot: u16, at: IntAt },
     /// A latency rule's wakeup: `pid` stamped, if the rule's filter passes.
     Waking { slot: u16, at: IntAt },
@@ -1151,6 +1246,7 @@ impl Watch {
                         next_pid: int(&switch, "next_pid")?,
                         limiter: Limiter::of(rule),
                         woken: Woken::new(),
+                        on_cpu: Vec::new(),
                         held: Held::new(),
                     });
                     hooks.of(table, wake_id).waking.push(slot);
@@ -1315,7 +1411,7 @@ impl Watch {
                     };
                     for e in evs {
                         if let Some(tid) = at.int(e.rec(bytes)) {
-                            r.stamp(plan, *to_boot, e.ts, tid, true);
+                            r.stamp(plan, *to_boot, e.ts, tid, Some(cpu));
                         }
                     }
                 }
@@ -1328,7 +1424,7 @@ impl Watch {
                         if let Some(tid) = at.int(rec)
                             && r.filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
                         {
-                            r.stamp(plan, *to_boot, e.ts, tid, false);
+                            r.stamp(plan, *to_boot, e.ts, tid, None);
                         }
                     }
                 }
