@@ -817,12 +817,13 @@ impl SchedRule {
                 Some(&next) if head.0 < head.1 && next <= bound => s = next,
                 _ => (s, cpu, bound) = earliest(heads),
             }
-            // The thread it switched from ran since any wakeup it had.
-            if *last != tid {
+            // The thread it switched from ran since any wakeup it had. The
+            // idle task (tid 0), never woken, takes no place among them.
+            if *last > 0 && *last != tid {
                 self.woken.ran(*last);
             }
             *last = tid;
-            let Some(woke) = self.woken.run(tid) else {
+            let Some(woke) = (tid > 0).then(|| self.woken.run(tid)).flatten() else {
                 continue;
             };
             let waited = ts.saturating_sub(woke);

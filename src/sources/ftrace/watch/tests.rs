@@ -281,6 +281,28 @@ fn a_wakeup_while_running_is_served_by_that_run() {
     );
 }
 
+/// The idle task, switched to and from all the time, leaves the wakeup of
+/// a thread whose tid shares its place (tid 65536) alone.
+#[test]
+fn switches_to_idle_leave_other_threads_wakeups_alone() {
+    let (plan, mut w, sw_id, wk_id, sw, wk) = latency_watch("slow: latency sched > 50ms");
+    let ms = 1_000_000u64;
+    w.on_event(wk_id, 0, 0, &record(&wk, &[("pid", "65536")]));
+    for i in 1..60 {
+        let next = if i % 2 == 0 { "0" } else { "5" };
+        w.on_event(sw_id, 1, i * ms, &record(&sw, &[("next_pid", next)]));
+    }
+    w.on_event(sw_id, 0, 60 * ms, &record(&sw, &[("next_pid", "65536")]));
+    w.settle(u64::MAX);
+    let f = plan.queue.take();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].note.contains("tid 65536 waited 60.000 ms"),
+        "{}",
+        f[0].note
+    );
+}
+
 #[test]
 fn spans_pair_begin_and_end_by_key() {
     let (plan, mut w, t) = watch_of(
