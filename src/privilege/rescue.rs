@@ -33,7 +33,7 @@
 //! no ring holds an unread byte: a death while idle (waiting for a start
 //! trigger) or after the final pass writes nothing twice.
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 
 use crate::ringbuf::image::{Check, ReadAt, RingImage, SealedMap};
@@ -275,13 +275,14 @@ fn write_save(
     } else if rings.iter().all(|r| r.src.slice(0, 0).is_some()) {
         return write_in_place(out, rings, unreadable, drained, &opts);
     }
-    let mut file = std::fs::File::from(out.try_clone()?);
-    file.seek(SeekFrom::Start(whole))?;
+    let file = std::fs::File::from(out.try_clone()?);
     // Unbuffered: the packets go in runs of whole regions, straight from
     // the rings (in place where sealed), with no copy of our own.
-    let mut w = &file;
+    let mut w = WriteFrom {
+        file: &file,
+        at: whole,
+    };
     let report = salvage::salvage_with(rings, unreadable, drained, &mut w, &opts)?;
-    w.flush()?;
     file.sync_data()?;
     Ok(report)
 }
@@ -331,6 +332,28 @@ fn whole_prefix(fd: &OwnedFd) -> std::io::Result<u64> {
 
 /// Positioned reads from the start of a file, as a `Read` (the descriptor's
 /// own offset is shared with the trace's writer, and left alone).
+/// Writes from `at` on with positioned writes, never at the file's own
+/// offset: that offset is shared with every descriptor of the file's
+/// opening, and the client that handed the file over may move it at any
+/// moment (Perfetto's client seeks when its session ends, which is when
+/// the save is written).
+struct WriteFrom<'a> {
+    file: &'a std::fs::File,
+    at: u64,
+}
+
+impl Write for WriteFrom<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::write_at(self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 struct ReadFrom<'a> {
     file: &'a std::fs::File,
     at: u64,
@@ -362,4 +385,90 @@ fn death_signal(pid: u32) -> Option<i32> {
         std::thread::sleep(std::time::Duration::from_millis(4));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ringbuf::{Backing, Buffer, BufferParams, FillPolicy, RingIdentity, WriterId};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A memfd ring of `size` bytes wrapped once with 1 KiB packets; only
+    /// its descriptor is kept, as after a death.
+    fn dead_ring(size: usize) -> OwnedFd {
+        let identity = RingIdentity {
+            count: 1,
+            uuid: (1, 2),
+            ..RingIdentity::default()
+        };
+        let b = Buffer::create(
+            BufferParams::new(size, FillPolicy::RingBuffer),
+            Backing::Memfd,
+            &identity,
+        )
+        .expect("a memfd ring");
+        let mut w = b.writer(WriterId(2));
+        // trusted_packet_sequence_id 2, then a bytes field filling 1 KiB.
+        let mut p = vec![0x50, 2, 0xA2, 0x38];
+        let body = 1024 - p.len() - 2;
+        p.extend_from_slice(&[(body as u8) | 0x80, (body >> 7) as u8]);
+        p.resize(1024, 0x5A);
+        for _ in 0..(size / 1024 + size / 8192) {
+            w.write_packet(&p).expect("a ring never refuses");
+        }
+        drop(w);
+        let fd = b
+            .shared_file()
+            .expect("shared")
+            .try_clone_to_owned()
+            .expect("dup");
+        drop(b);
+        fd
+    }
+
+    /// The client that handed its file over shares the file's offset and
+    /// may move it while the save is written after its head: the save
+    /// lands where it belongs all the same, whole packet after whole packet.
+    #[test]
+    fn a_save_is_not_moved_by_others_seeking_the_shared_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("client.pftrace");
+        // The head the recorder wrote: one packet.
+        let head = [0x0A, 0x02, 0x50, 0x01];
+        std::fs::write(&path, head).expect("head");
+        let out: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .into();
+        let client = out.try_clone().expect("the client's descriptor");
+        let rings = [(0u32, dead_ring(4 << 20))];
+        let stop = AtomicBool::new(false);
+        let opts = SalvageOptions {
+            head: Head::Full,
+            check: Check::Packets,
+            by: SavedBy::Broker,
+            pid: None,
+            signal: None,
+            segment: None,
+        };
+        let report = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = rustix::fs::seek(&client, rustix::fs::SeekFrom::Start(0));
+                }
+            });
+            let r = save_rings(&out, &rings, &[], opts);
+            stop.store(true, Ordering::Relaxed);
+            r
+        })
+        .expect("saved")
+        .expect("the ring held data");
+        let data = std::fs::read(&path).expect("read");
+        assert_eq!(&data[..head.len()], head);
+        assert_eq!(whole_prefix(&out).expect("scanned"), data.len() as u64);
+        assert!(report.packets >= 3500, "{} packets", report.packets);
+        assert!(data.len() as u64 > report.bytes, "{} bytes", data.len());
+    }
 }
