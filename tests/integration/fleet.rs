@@ -416,8 +416,12 @@ fn a_budget_faster_than_the_shipper_leaves_named_gaps_never_torn_copies() {
     let out = run.dir.path().join("segs");
     let script = repo_root().join("scripts/ship_segment.sh");
     // Each shipping starts after the budget (one closed segment kept while
-    // recording) has deleted its segment, but for the last two.
-    let hook = format!("sleep 0.4; {} {}", script.display(), fleet.dest());
+    // recording) has deleted its segment, but for the first and the last
+    // two: the first command's second holds the next back until two more
+    // segments have closed (at 500 ms) with half a second to spare. (With
+    // 0.4 s the next could start as the third closed: once, on a loaded
+    // machine, no segment was deleted before its command.)
+    let hook = format!("sleep 1; {} {}", script.display(), fleet.dest());
     let mut c = run.command_to("pwritev", &out.join(""));
     c.args(["--rotate-period", "250ms", "--max-segments", "2"])
         .args(["--on-segment-closed", &hook])
