@@ -136,6 +136,14 @@ fn tally(plan: &RulePlan) -> (u64, u64, u64) {
     )
 }
 
+/// The one firing `plan` queued, which must say `note`: its time.
+fn fired_once(plan: &RulePlan, note: &str) -> u64 {
+    let f = plan.queue.take();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].note.contains(note), "{}", f[0].note);
+    f[0].ts_ns
+}
+
 /// A watch of the one latency rule `text`: its plan, the watch, the
 /// `EventEntry::watch` of sched_switch and sched_waking, and their formats.
 fn latency_watch(text: &str) -> (RulePlan, Watch, u16, u16, EventFormat, EventFormat) {
@@ -231,14 +239,7 @@ fn scheduling_latency_pairs_events_read_out_of_order() {
         &record(&wk, &[("comm", "sleeper"), ("pid", "77")]),
     );
     w.settle(800 * ms);
-    let f = plan.queue.take();
-    assert_eq!(f.len(), 1, "{f:?}");
-    assert_eq!(f[0].ts_ns, 500 * ms);
-    assert!(
-        f[0].note.contains("tid 77 waited 400.000 ms"),
-        "{}",
-        f[0].note
-    );
+    assert_eq!(fired_once(&plan, "tid 77 waited 400.000 ms"), 500 * ms);
     // The held wakeup pairs with its switch in the next drain.
     w.on_event(sw_id, 0, 990 * ms, &record(&sw, &[("next_pid", "77")]));
     w.settle(u64::MAX);
@@ -272,13 +273,7 @@ fn a_wakeup_while_running_is_served_by_that_run() {
     w.on_event(wk_id, 1, 500 * ms, &wake("77"));
     w.on_event(sw_id, 0, 570 * ms, &switch("0", "77"));
     w.settle(u64::MAX);
-    let f = plan.queue.take();
-    assert_eq!(f.len(), 1, "{f:?}");
-    assert!(
-        f[0].note.contains("tid 77 waited 70.000 ms"),
-        "{}",
-        f[0].note
-    );
+    fired_once(&plan, "tid 77 waited 70.000 ms");
 }
 
 /// The idle task, switched to and from all the time, leaves the wakeup of
@@ -294,13 +289,7 @@ fn switches_to_idle_leave_other_threads_wakeups_alone() {
     }
     w.on_event(sw_id, 0, 60 * ms, &record(&sw, &[("next_pid", "65536")]));
     w.settle(u64::MAX);
-    let f = plan.queue.take();
-    assert_eq!(f.len(), 1, "{f:?}");
-    assert!(
-        f[0].note.contains("tid 65536 waited 60.000 ms"),
-        "{}",
-        f[0].note
-    );
+    fired_once(&plan, "tid 65536 waited 60.000 ms");
 }
 
 #[test]
@@ -317,9 +306,7 @@ fn spans_pair_begin_and_end_by_key() {
     w.on_event(id, 0, 50 * ms, &ev("End", "1"));
     w.on_event(id, 1, 300 * ms, &ev("End", "2"));
     w.settle(u64::MAX);
-    let f = plan.queue.take();
-    assert_eq!(f.iter().map(|f| f.ts_ns).collect::<Vec<_>>(), [300 * ms]);
-    assert!(f[0].note.contains("290.000 ms"), "{}", f[0].note);
+    assert_eq!(fired_once(&plan, "290.000 ms"), 300 * ms);
 }
 
 proptest::proptest! {
