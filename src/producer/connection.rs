@@ -675,7 +675,7 @@ impl Connection {
                     .push((h.chunk_id, s));
             }
         }
-        for (writer, mut chunks) in by_writer {
+        for (writer, chunks) in by_writer {
             let Some(&buffer_id) = self.writers.get(&writer) else {
                 continue;
             };
@@ -689,13 +689,8 @@ impl Connection {
             ) else {
                 continue;
             };
-            chunks.sort_by_key(|(id, _)| seq.due_order(*id));
             let before = self.stats.clone();
-            for (_, s) in chunks {
-                if !seq.on_scraped(&s.bytes, s.complete, &mut self.stats, &mut self.budget) {
-                    break;
-                }
-            }
+            seq.on_scrape(chunks, &mut self.stats, &mut self.budget);
             shared.account(buffer_id, self.id, &before, &self.stats);
         }
     }

@@ -48,3 +48,5 @@ pub(crate) mod registry;
 pub mod sequence;
 pub(crate) mod smb;
 pub mod stats;
+#[cfg(test)]
+mod writer_model;

@@ -18,6 +18,7 @@
 use std::collections::VecDeque;
 
 use super::chunk::{self, ChunkHeader, Fragment};
+use super::smb::Scraped;
 use super::stats::ProducerStats;
 use crate::ringbuf::Writer;
 use crate::wire::fields::plain_without;
@@ -203,10 +204,24 @@ impl Sequence {
         }
     }
 
-    /// The order in which chunks of this sequence are due: chunk ids
-    /// counted from the next one expected (they are u32 and wrap).
-    pub(crate) fn due_order(&self, chunk_id: u32) -> u32 {
-        chunk_id.wrapping_sub(self.next_chunk.unwrap_or(chunk_id))
+    /// This writer's chunks copied by one scrape, in any order: read in
+    /// chunk-id order from the next one due (ids are u32 and wrap), each
+    /// only while everything before it was read whole.
+    pub(crate) fn on_scrape(
+        &mut self,
+        mut chunks: Vec<(u32, Scraped)>,
+        stats: &mut ProducerStats,
+        budget: &mut Budget,
+    ) {
+        // From the latest chunk stored: a scrape may have read only part of
+        // it, and the rest comes before anything of the next one.
+        let base = self.next_chunk.map_or(0, |next| next.wrapping_sub(1));
+        chunks.sort_by_key(|(id, _)| id.wrapping_sub(base));
+        for (_, s) in chunks {
+            if !self.on_scraped(&s.bytes, s.complete, stats, budget) {
+                break;
+            }
+        }
     }
 
     /// A chunk copied by scraping, still in the producer's memory (header
@@ -241,9 +256,11 @@ impl Sequence {
             Some(_) if latest != Some(header.chunk_id) => return true,
             Some(_) => {}
             None => {
-                if self.next_chunk.is_some_and(|n| n != header.chunk_id) {
-                    // A gap (the missing chunk is the commit's business) or
-                    // an old chunk id: not read ahead of its turn.
+                if self.next_chunk.unwrap_or(0) != header.chunk_id {
+                    // A gap (the missing chunk is the commit's business), an
+                    // old chunk id, or a sequence not begun whose first
+                    // chunk (id 0, as writers number them) was not read:
+                    // not read ahead of its turn.
                     return false;
                 }
             }
