@@ -304,11 +304,16 @@ impl Connection {
     /// Ends the sequences whose buffer `gone` names (a session detached):
     /// what they held is lost, and they no longer hold its rings.
     pub(crate) fn finish_where(&mut self, shared: &mut dyn Routes, gone: impl Fn(u32) -> bool) {
+        self.end_sequences(shared, |(_, b)| gone(b));
+    }
+
+    /// Ends the sequences whose (writer, buffer) `gone` names.
+    fn end_sequences(&mut self, shared: &mut dyn Routes, gone: impl Fn((u16, u32)) -> bool) {
         let lent = self.lend();
         let keys: Vec<(u16, u32)> = self
             .sequences
             .keys()
-            .filter(|(_, b)| gone(*b))
+            .filter(|k| gone(**k))
             .copied()
             .collect();
         for key in keys {
@@ -454,8 +459,14 @@ impl Connection {
             }
             "RegisterTraceWriter" => decode(&args).and_then(|r| self.register_writer(r)),
             "UnregisterTraceWriter" => decode::<pb::UnregisterTraceWriterRequest>(&args).map(|r| {
-                if let Ok(id) = u16::try_from(r.trace_writer_id.unwrap_or(0)) {
-                    self.writers.remove(&id);
+                if let Ok(id) = u16::try_from(r.trace_writer_id.unwrap_or(0))
+                    && self.writers.remove(&id).is_some()
+                {
+                    // The writer is gone, after committing what it wrote (the
+                    // same socket carried that first). Its id may be given to
+                    // a new writer, whose chunks start again at 0: a sequence
+                    // of its own, not a gap in this one.
+                    self.end_sequences(shared, |(w, _)| w == id);
                 }
                 Answer::Done
             }),
@@ -1272,13 +1283,25 @@ mod tests {
         assert_eq!(c.hits.get(Limit::RegisteredBytes), 3);
     }
 
-    #[test]
-    fn shared_memory_fits_the_uids_room_or_is_not_given() {
-        let inst = || Instance {
+    /// Buffer 1 of a session whose sequences count from 10.
+    struct OneRing {
+        ring: Arc<Buffer>,
+        next: u32,
+    }
+
+    impl Routes for OneRing {
+        fn ring(&mut self, id: u32) -> Option<(&Arc<Buffer>, &mut u32)> {
+            (id == 1).then_some((&self.ring, &mut self.next))
+        }
+        fn account(&mut self, _: u32, _: u32, _: &ProducerStats, _: &ProducerStats) {}
+    }
+
+    fn instance(buffer: u32) -> Instance {
+        Instance {
             session: 1,
             wanted: 0,
             name: "ds".into(),
-            buffer: 1,
+            buffer,
             no_flush: false,
             will_notify_on_start: false,
             will_notify_on_stop: false,
@@ -1286,14 +1309,117 @@ mod tests {
             started: false,
             started_ack: false,
             stopping: false,
+        }
+    }
+
+    /// A writer the app destroyed gives its id back, and the app's next
+    /// writer may get it: its chunks count from 0 again. That is a sequence
+    /// of its own (the old one ended when its writer was unregistered), not
+    /// a gap or a reordering in the old one.
+    #[test]
+    fn a_writer_id_given_again_starts_a_sequence_of_its_own() {
+        use crate::ringbuf::{BufferParams, FillPolicy, FlushItem};
+        let (ours, mut peer) = UnixStream::pair().expect("pair");
+        let mut c = Connection::new(1, ours).expect("connection");
+        let mut routes = OneRing {
+            ring: Buffer::new(BufferParams::new(1 << 20, FillPolicy::Discard)).expect("ring"),
+            next: 10,
         };
+        let init = InitializeConnectionRequest {
+            producer_name: Some("app".into()),
+            ..Default::default()
+        };
+        peer.write_all(
+            &[
+                bind(1, SERVICE_NAME),
+                invoke(2, 1, init.encode_to_vec(), false),
+            ]
+            .concat(),
+        )
+        .expect("write");
+        c.read(&mut routes);
+        assert!(c.setup_instance(1, instance(1), 1 << 20));
+        let writer = |rid, method, msg: Vec<u8>| invoke(rid, method, msg, true);
+        for (round, page) in [(1u8, 0u32), (2, 1)] {
+            let register = pb::RegisterTraceWriterRequest {
+                trace_writer_id: Some(5),
+                target_buffer: Some(1),
+            };
+            // Chunk 0 of writer 5: one packet, a timestamp.
+            let mut chunk = Vec::new();
+            chunk.extend(0u32.to_le_bytes()); // chunk 0
+            chunk.extend(5u16.to_le_bytes()); // of writer 5
+            chunk.extend(1u16.to_le_bytes()); // one fragment:
+            chunk.extend([0x82, 0x80, 0x80, 0x00, 8 << 3, round]); // 2 bytes
+            chunk.resize(64, 0);
+            c.smb
+                .as_ref()
+                .expect("smb")
+                .put_complete_chunk(page as usize, &chunk);
+            let commit = pb::CommitDataRequest {
+                chunks_to_move: vec![pb::commit_data_request::ChunksToMove {
+                    page: Some(page),
+                    chunk: Some(0),
+                    target_buffer: Some(1),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let unregister = pb::UnregisterTraceWriterRequest {
+                trace_writer_id: Some(5),
+            };
+            let rid = 10 * u64::from(round);
+            peer.write_all(
+                &[
+                    writer(rid, 6, register.encode_to_vec()),
+                    writer(rid + 1, 4, commit.encode_to_vec()),
+                    writer(rid + 2, 7, unregister.encode_to_vec()),
+                ]
+                .concat(),
+            )
+            .expect("write");
+            c.read(&mut routes);
+        }
+        let batch = routes.ring.take_flush();
+        let mut packets = Vec::new();
+        for item in batch.items() {
+            if let FlushItem::Data(bytes) = item {
+                for f in crate::wire::framing::frames(bytes) {
+                    packets.push(crate::protos::TracePacket::decode(f.packet).expect("packet"));
+                }
+            }
+        }
+        let seen: Vec<_> = packets
+            .iter()
+            .map(|p| {
+                (
+                    p.timestamp,
+                    p.optional_trusted_packet_sequence_id,
+                    p.previous_packet_dropped,
+                )
+            })
+            .collect();
+        use crate::protos::trace_packet::OptionalTrustedPacketSequenceId::TrustedPacketSequenceId as Seq;
+        assert_eq!(
+            seen,
+            vec![
+                (Some(1), Some(Seq(10)), None),
+                (Some(2), Some(Seq(11)), None)
+            ]
+        );
+        assert_eq!(c.stats.chunks_committed_out_of_order, 0);
+        assert!(c.sequences.is_empty(), "both ended with their writers");
+    }
+
+    #[test]
+    fn shared_memory_fits_the_uids_room_or_is_not_given() {
         let (ours, _peer) = UnixStream::pair().expect("pair");
         let mut c = Connection::new(1, ours).expect("connection");
         c.hints = (4096, 4 * 1024 * 1024);
-        assert!(!c.setup_instance(1, inst(), MIN_SHARED_MEMORY - 1));
+        assert!(!c.setup_instance(1, instance(1), MIN_SHARED_MEMORY - 1));
         assert_eq!(c.hits.get(Limit::SharedMemory), 1);
         assert_eq!((c.shared_memory(), c.instances.len()), (0, 0));
-        assert!(c.setup_instance(2, inst(), 1024 * 1024 + 100));
+        assert!(c.setup_instance(2, instance(1), 1024 * 1024 + 100));
         assert_eq!(c.shared_memory(), 1024 * 1024, "cut to the room, in pages");
         assert_eq!(c.instances.len(), 1);
     }

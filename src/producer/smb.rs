@@ -337,6 +337,17 @@ impl SharedMemory {
         }
     }
 
+    /// Test support: page `page` as one complete chunk holding `chunk`
+    /// (header included), as a producer leaves it before its commit.
+    #[cfg(test)]
+    pub(crate) fn put_complete_chunk(&self, page: usize, chunk: &[u8]) {
+        self.poke(
+            page * self.page,
+            &((1u32 << 28) | STATE_COMPLETE).to_le_bytes(),
+        );
+        self.poke(page * self.page + PAGE_HEADER, chunk);
+    }
+
     /// Test and hostile-producer support: writes `bytes` at `offset`, as a
     /// producer would through its own mapping.
     #[cfg(test)]
