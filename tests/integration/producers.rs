@@ -593,8 +593,49 @@ fn assert_every_packet_once(run: &Run, n: u64) {
             .query("select count(*) as n from slice where name = 'work'")
             .scalar()
             .int();
-        assert_eq!(slices, n as i64, "trace processor sees every slice once");
+        if slices != n as i64 {
+            panic!(
+                "trace processor sees {slices} of {n} `work` slices\n{}",
+                explain_missing_slices(run, &tp, &packets)
+            );
+        }
     }
+}
+
+/// What a trace with slices missing in trace processor says about them: the
+/// `work` slices it kept (by their `seq` argument), its info stats, each
+/// sequence's loss markers, the trace's own stats; and where the trace was
+/// kept for a look.
+fn explain_missing_slices(
+    run: &Run,
+    tp: &trace_processor::Tp,
+    packets: &[perfetto_protos::trace_packet::TracePacket],
+) -> String {
+    let kept = tp.query(
+        "select min(a.int_value) as lo, max(a.int_value) as hi from slice s \
+         join args a on a.arg_set_id = s.arg_set_id and a.key = 'debug.seq' \
+         where s.name = 'work'",
+    );
+    let mut by_seq: std::collections::BTreeMap<u32, (usize, usize, usize)> = Default::default();
+    for p in packets {
+        let e = by_seq.entry(p.trusted_packet_sequence_id()).or_default();
+        e.0 += 1;
+        e.1 += usize::from(p.has_track_event());
+        e.2 += usize::from(p.previous_packet_dropped());
+    }
+    let keep = std::env::temp_dir().join(format!("recorder-failed-{}.pftrace", std::process::id()));
+    let kept_at = match std::fs::copy(&run.out, &keep) {
+        Ok(_) => keep.display().to_string(),
+        Err(e) => format!("not kept: {e}"),
+    };
+    format!(
+        "kept slices' seq (lo, hi): {:?}\ninfo stats: {:?}\n\
+         sequences (packets, track events, loss markers): {by_seq:?}\n\
+         trace_stats: {:?}\ntrace kept at {kept_at}",
+        kept.rows,
+        tp.stats("info"),
+        last_trace_stats(packets)
+    )
 }
 
 /// An app that writes a few packets and never fills or commits its chunks
