@@ -703,6 +703,72 @@ fn chunks_scraped_at_flushes_are_not_stored_twice_when_committed() {
     assert_eq!(b.abi_violations(), 0, "{stats:?}");
 }
 
+/// A scrape that finds a chunk it read in part now complete, its commit not
+/// yet come, and the next chunk already holding the end of a packet begun
+/// in it (tests/producer/late_commit_producer.py plays that, flush by
+/// flush): the rest of the first chunk is read before the next, and the
+/// late commit stores nothing twice. Every packet once, in order, no loss
+/// marked, in our decoder, Python's and trace processor.
+#[test]
+fn a_commit_later_than_the_scrape_of_the_next_chunk_loses_nothing() {
+    let s = Session::start(&config("flush_period_ms: 100\n"));
+    let script = repo_root().join("tests/producer/late_commit_producer.py");
+    let mut late = Command::new("python3")
+        .arg(&script)
+        .arg(&s.socket)
+        .arg(SEQUENCE_DS)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut lines = BufReader::new(late.stdout.take().expect("stdout"));
+    let mut out = String::new();
+    while !out.contains("done") {
+        let mut line = String::new();
+        if lines.read_line(&mut line).expect("read") == 0 {
+            break;
+        }
+        out.push_str(&line);
+    }
+    if !out.contains("done") {
+        let _ = wait_exit(&mut late, Duration::from_secs(10));
+        let mut err = String::new();
+        let _ = late.stderr.take().map(|mut e| e.read_to_string(&mut err));
+        require!(need::present(
+            !err.contains("No module named"),
+            &format!("python perfetto package missing: {err}"),
+        ));
+        panic!("the producer did not finish: {out}\n{err}");
+    }
+    let (run, summary) = s.stop();
+    let _ = late.kill();
+    let _ = late.wait();
+    let packets = decode(&run.trace());
+    let by_pid = counters_by_pid(&packets);
+    assert_eq!(by_pid.len(), 1, "{by_pid:?}\n{summary}");
+    assert_eq!(by_pid[0].2, vec![1, 2, 3], "each packet once, in order");
+    let ours: Vec<_> = packets
+        .iter()
+        .filter(|p| p.trusted_packet_sequence_id() == by_pid[0].0)
+        .collect();
+    assert!(
+        ours.iter().all(|p| !p.previous_packet_dropped()),
+        "no loss marked: {ours:?}"
+    );
+    let stats = last_trace_stats(&packets);
+    let b = &stats.buffer_stats[0];
+    assert_eq!(b.chunks_committed_out_of_order(), 0, "{stats:?}");
+    assert_eq!(b.abi_violations(), 0, "{stats:?}");
+    if let Some(py) = python_summary(&run.out) {
+        let c = &py["sequences"][by_pid[0].0.to_string()]["counters"];
+        let c: Vec<u64> = serde_json::from_value(c.clone()).expect("counters");
+        assert_eq!(c, vec![1, 2, 3], "python agrees");
+    }
+    if let Some(tp) = trace_processor::check(&run.out) {
+        assert_eq!(tp.stat("traced_buf_sequence_packet_loss", Some(0)), 0);
+    }
+}
+
 /// Service events of a trace by name, with their timestamps.
 fn service_events_named(
     packets: &[perfetto_protos::trace_packet::TracePacket],

@@ -1,5 +1,6 @@
-"""Perfetto's producer IPC, as much of it as the hostile test peers speak
-(tests/producer/hostile_producer.py, tests/attacker/hostile_peer.py):
+"""Perfetto's producer IPC, as much of it as the scripted test peers speak
+(tests/producer/hostile_producer.py, tests/producer/late_commit_producer.py,
+tests/attacker/hostile_peer.py):
 messages encoded by hand from the field numbers, frames read back with the
 descriptor that comes along (the shared memory), and the producer's
 handshake (bind, initialize, register a data source)."""
