@@ -17,9 +17,11 @@ Needs the PyPI packages `perfetto` and `pandas`, and a trace_processor_shell
 """
 
 import argparse
+import atexit
 import json
 import os
 import sys
+import urllib.request
 
 import pandas as pd
 from perfetto.batch_trace_processor.api import (BatchTraceProcessor,
@@ -134,4 +136,8 @@ def main():
 
 
 if __name__ == "__main__":
+    # perfetto's TraceProcessor polls each shell's /status with
+    # urlretrieve and no file name: the replies land in temporary files
+    # urllib removes only when asked.
+    atexit.register(urllib.request.urlcleanup)
     sys.exit(main())
