@@ -205,16 +205,17 @@ impl Sequence {
     }
 
     /// This writer's chunks copied by one scrape, in any order: read in
-    /// chunk-id order from the next one due (ids are u32 and wrap), each
-    /// only while everything before it was read whole.
+    /// chunk-id order (ids are u32 and wrap) from the latest one stored, or
+    /// from chunk 0 before any was, each only while everything before it
+    /// was read whole.
     pub(crate) fn on_scrape(
         &mut self,
         mut chunks: Vec<(u32, Scraped)>,
         stats: &mut ProducerStats,
         budget: &mut Budget,
     ) {
-        // From the latest chunk stored: a scrape may have read only part of
-        // it, and the rest comes before anything of the next one.
+        // The latest chunk stored may have been read only in part: the rest
+        // of it comes before anything of the next one.
         let base = self.next_chunk.map_or(0, |next| next.wrapping_sub(1));
         chunks.sort_by_key(|(id, _)| id.wrapping_sub(base));
         for (_, s) in chunks {
