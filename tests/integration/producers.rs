@@ -86,6 +86,20 @@ impl Session {
         App::spawn(&self.socket, name, args)
     }
 
+    /// A scripted producer (`tests/producer/NAME`) of the test data source
+    /// on this session's socket, with `args`; its output piped.
+    fn script(&self, name: &str, args: &[&str]) -> Child {
+        Command::new("python3")
+            .arg(repo_root().join("tests/producer").join(name))
+            .arg(&self.socket)
+            .arg(SEQUENCE_DS)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 runs")
+    }
+
     /// What `recorder query` says of the session.
     fn query(&self) -> String {
         let q = Command::new(recorder_bin())
@@ -107,6 +121,22 @@ impl Session {
         assert!(out.success(), "recorder failed: {out:?}\n{err}");
         (self.run, err)
     }
+}
+
+/// What a scripted producer wrote on stderr.
+fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    err
+}
+
+/// Met unless a scripted producer's stderr says Python has no `perfetto`
+/// package.
+fn python_perfetto(err: &str) -> Option<need::Missing> {
+    need::present(
+        !err.contains("No module named"),
+        &format!("python perfetto package missing: {err}"),
+    )
 }
 
 fn sigint(child: &Child) {
@@ -464,15 +494,7 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
     let s = Session::start(&config(""));
     let mut app = s.app("honest_app", &["--packets", "1000"]);
     app.expect("started");
-    let script = repo_root().join("tests/producer/hostile_producer.py");
-    let mut hostile = Command::new("python3")
-        .arg(&script)
-        .arg(&s.socket)
-        .arg(SEQUENCE_DS)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
+    let mut hostile = s.script("hostile_producer.py", &[]);
     let hostile_pid = hostile.id();
     let mut out = String::new();
     hostile
@@ -482,15 +504,8 @@ fn a_hostile_producer_cannot_touch_the_sessions_data() {
         .read_to_string(&mut out)
         .expect("read");
     let st = wait_exit(&mut hostile, Duration::from_secs(30));
-    let mut err = String::new();
-    let _ = hostile
-        .stderr
-        .take()
-        .map(|mut e| e.read_to_string(&mut err));
-    require!(need::present(
-        !err.contains("No module named"),
-        &format!("python perfetto package missing: {err}"),
-    ));
+    let err = stderr_of(&mut hostile);
+    require!(python_perfetto(&err));
     assert!(st.success() && out.contains("done"), "{out}\n{err}");
     app.expect("wrote 1000");
     // `recorder query` names the hostile producer and why its data was lost.
@@ -712,15 +727,7 @@ fn chunks_scraped_at_flushes_are_not_stored_twice_when_committed() {
 #[test]
 fn a_commit_later_than_the_scrape_of_the_next_chunk_loses_nothing() {
     let s = Session::start(&config("flush_period_ms: 100\n"));
-    let script = repo_root().join("tests/producer/late_commit_producer.py");
-    let mut late = Command::new("python3")
-        .arg(&script)
-        .arg(&s.socket)
-        .arg(SEQUENCE_DS)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
+    let mut late = s.script("late_commit_producer.py", &[]);
     let mut lines = BufReader::new(late.stdout.take().expect("stdout"));
     let mut out = String::new();
     while !out.contains("done") {
@@ -732,12 +739,8 @@ fn a_commit_later_than_the_scrape_of_the_next_chunk_loses_nothing() {
     }
     if !out.contains("done") {
         let _ = wait_exit(&mut late, Duration::from_secs(10));
-        let mut err = String::new();
-        let _ = late.stderr.take().map(|mut e| e.read_to_string(&mut err));
-        require!(need::present(
-            !err.contains("No module named"),
-            &format!("python perfetto package missing: {err}"),
-        ));
+        let err = stderr_of(&mut late);
+        require!(python_perfetto(&err));
         panic!("the producer did not finish: {out}\n{err}");
     }
     let (run, summary) = s.stop();
@@ -793,16 +796,7 @@ fn service_events_named(
 fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing() {
     for ack in ["700", "never"] {
         let s = Session::start(&config("deferred_start: true\n"));
-        let script = repo_root().join("tests/producer/hostile_producer.py");
-        let mut slow = Command::new("python3")
-            .arg(&script)
-            .arg(&s.socket)
-            .arg(SEQUENCE_DS)
-            .args(["--start-ack", ack])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("python3 runs");
+        let mut slow = s.script("hostile_producer.py", &["--start-ack", ack]);
         let mut slow_out = BufReader::new(slow.stdout.take().expect("stdout"));
         let mut line = String::new();
         let mut next_line = |want: &str| {
@@ -811,14 +805,10 @@ fn the_start_waits_for_start_acks_and_a_producer_that_never_acks_stalls_nothing(
             line.trim() == want
         };
         if !next_line("setup") {
-            let mut err = String::new();
-            let _ = slow.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            let err = stderr_of(&mut slow);
             let _ = slow.kill();
             let _ = slow.wait();
-            require!(need::present(
-                !err.contains("No module named"),
-                &format!("python perfetto package missing: {err}"),
-            ));
+            require!(python_perfetto(&err));
             panic!("the slow producer was not set up: {err}");
         }
         let mut app = s.app("sdk_app", &["--packets", "50"]);
