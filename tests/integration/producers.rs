@@ -638,9 +638,18 @@ fn explain_missing_slices(
         e.1 += usize::from(p.has_track_event());
         e.2 += usize::from(p.previous_packet_dropped());
     }
-    let keep = std::env::temp_dir().join(format!("recorder-failed-{}.pftrace", std::process::id()));
-    let kept_at = match std::fs::copy(&run.out, &keep) {
-        Ok(_) => keep.display().to_string(),
+    // A new file of its own under the build's directory, not a name in the
+    // shared /tmp.
+    let copy = tempfile::Builder::new()
+        .prefix("recorder-failed-")
+        .suffix(".pftrace")
+        .tempfile_in(env!("CARGO_TARGET_TMPDIR"))
+        .and_then(|mut f| {
+            std::io::copy(&mut std::fs::File::open(&run.out)?, &mut f)?;
+            f.keep().map_err(|e| e.error)
+        });
+    let kept_at = match copy {
+        Ok((_, path)) => path.display().to_string(),
         Err(e) => format!("not kept: {e}"),
     };
     format!(
