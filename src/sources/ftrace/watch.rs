@@ -335,26 +335,55 @@ impl Leaf {
     ) {
         let rec = |k: u32| evs.get(k as usize).map_or(&[][..], |e| e.rec(bytes));
         match *self {
-            Leaf::Int { at, test } => {
-                for k in idx {
-                    on(k, at.int(rec(k)).is_some_and(|v| test.test(v as u64)));
+            // The common widths read as themselves, with no shifts by the
+            // field's place.
+            Leaf::Int { at, test } => match (at.size, at.signed) {
+                (4, true) => {
+                    for k in idx {
+                        let v = field::<4>(evs, bytes, k, at.offset).map(i32::from_le_bytes);
+                        on(k, v.is_some_and(|v| test.test(i64::from(v) as u64)));
+                    }
                 }
-            }
+                (4, false) => {
+                    for k in idx {
+                        let v = field::<4>(evs, bytes, k, at.offset).map(u32::from_le_bytes);
+                        on(k, v.is_some_and(|v| test.test(u64::from(v))));
+                    }
+                }
+                (8, _) => {
+                    for k in idx {
+                        let v = field::<8>(evs, bytes, k, at.offset).map(u64::from_le_bytes);
+                        on(k, v.is_some_and(|v| test.test(v)));
+                    }
+                }
+                _ => {
+                    for k in idx {
+                        on(k, at.int(rec(k)).is_some_and(|v| test.test(v as u64)));
+                    }
+                }
+            },
             Leaf::Comm {
                 at,
                 word,
                 len,
                 equal,
             } => {
+                // The name's bytes and the NUL after them (none after 16):
+                // one masked compare of the raw 16 bytes.
+                let mask = u128::MAX
+                    .checked_shl(8 * (len as u32 + 1))
+                    .map_or(u128::MAX, |m| !m);
                 for k in idx {
-                    let hit =
-                        comm16(rec(k), at).is_some_and(|(w, n)| (w == word && n == len) == equal);
-                    on(k, hit);
+                    let v = field::<16>(evs, bytes, k, at).map(u128::from_le_bytes);
+                    on(k, v.is_some_and(|v| (v & mask == word) == equal));
                 }
             }
+            // The pattern holds no NUL, so its bytes equal to the raw
+            // ones are the name's own.
             Leaf::CommPrefix { at, word, mask } => {
                 for k in idx {
-                    on(k, comm16(rec(k), at).is_some_and(|(w, _)| w & mask == word));
+                    let v = field::<16>(evs, bytes, k, at).map(u128::from_le_bytes);
+                    on(k, v.is_some_and(|v| v & mask == word));
                 }
             }
             Leaf::Cpu(test) => {
@@ -1118,6 +1147,37 @@ impl Seen {
         let at = self.at as usize;
         bytes.get(at..at + self.len as usize).unwrap_or_default()
     }
+
+    /// The `N` bytes at `offset` of its record, if the record holds them.
+    #[inline(always)]
+    fn field<const N: usize>(self, bytes: &[u8], offset: usize) -> Option<[u8; N]> {
+        if offset + N > self.len as usize {
+            return None;
+        }
+        bytes
+            .get(self.at as usize + offset..)?
+            .first_chunk::<N>()
+            .copied()
+    }
+
+    /// The integer `at` of its record: a thread id (a signed 32-bit field
+    /// in the kernel's formats) read as itself, any other width through
+    /// the general read.
+    #[inline(always)]
+    fn int(self, bytes: &[u8], at: IntAt) -> Option<i64> {
+        if (at.size, at.signed) == (4, true) {
+            self.field::<4>(bytes, at.offset)
+                .map(|b| i64::from(i32::from_le_bytes(b)))
+        } else {
+            at.int(self.rec(bytes))
+        }
+    }
+}
+
+/// The `N` bytes at `offset` of event `k`'s record, if its record holds them.
+#[inline(always)]
+fn field<const N: usize>(evs: &[Seen], bytes: &[u8], k: u32, offset: usize) -> Option<[u8; N]> {
+    evs.get(k as usize)?.field(bytes, offset)
 }
 
 /// A span rule's event, kept for ordering.
@@ -1137,11 +1197,9 @@ pub struct Watch {
     ops: Vec<Op>,
     /// The watched events of the encoder's current walk, by watched event.
     seen: Vec<Vec<Seen>>,
-    /// Scratch of `check`: the events that passed, those left to test, and
-    /// those left after the leaf being tested.
+    /// Scratch of `check`: the events that passed, and those left to test.
     pass: Vec<u32>,
     left: Vec<u32>,
-    next: Vec<u32>,
     /// Every `event` rule's comparisons, each rule's in one run.
     leaves: Vec<Leaf>,
     /// What does not fit a leaf (text, nested expressions).
@@ -1170,7 +1228,6 @@ impl Watch {
             seen: Vec::new(),
             pass: Vec::new(),
             left: Vec::new(),
-            next: Vec::new(),
             leaves: Vec::new(),
             trees: Vec::new(),
             events: Vec::new(),
@@ -1411,7 +1468,7 @@ impl Watch {
                         continue;
                     };
                     for e in evs {
-                        if let Some(tid) = at.int(e.rec(bytes)) {
+                        if let Some(tid) = e.int(bytes, at) {
                             r.stamp(plan, *to_boot, e.ts, tid, Some(cpu));
                         }
                     }
@@ -1421,9 +1478,8 @@ impl Watch {
                         continue;
                     };
                     for e in evs {
-                        let rec = e.rec(bytes);
-                        if let Some(tid) = at.int(rec)
-                            && r.filter.as_ref().is_none_or(|p| p.eval(rec, cpu))
+                        if let Some(tid) = e.int(bytes, at)
+                            && r.filter.as_ref().is_none_or(|p| p.eval(e.rec(bytes), cpu))
                         {
                             r.stamp(plan, *to_boot, e.ts, tid, None);
                         }
@@ -1463,8 +1519,8 @@ impl Watch {
 
     /// An `event` rule's check over `evs`: an `&&` chain leaf by leaf, each
     /// over the events the ones before passed (most rules' first leaf
-    /// passes none); an `||` chain leaf by leaf over those none passed yet.
-    /// The matches fire in time order.
+    /// passes none); an `||` chain each leaf over them all, the events any
+    /// passed merged. The matches fire in time order.
     fn check(&mut self, hk: EventHook, bytes: &[u8], cpu: u32, evs: &[Seen]) {
         let Watch {
             leaves,
@@ -1474,7 +1530,6 @@ impl Watch {
             to_boot,
             pass,
             left,
-            next,
             ..
         } = self;
         let leaves = leaves
@@ -1507,20 +1562,20 @@ impl Watch {
                     });
                 }
             }
+            // Each comparison over every event, what passes gathered: with
+            // the usual comparison that most events fail there is nothing
+            // to narrow, and a list of what failed would cost more than
+            // the tests it saves.
             Some(_) => {
-                left.clear();
-                left.extend(all);
                 for leaf in leaves {
-                    if left.is_empty() {
-                        break;
-                    }
-                    next.clear();
-                    leaf.sift(trees, bytes, cpu, evs, left.iter().copied(), |k, p| {
-                        if p { pass.push(k) } else { next.push(k) }
+                    leaf.sift(trees, bytes, cpu, evs, all.clone(), |k, p| {
+                        if p {
+                            pass.push(k)
+                        }
                     });
-                    std::mem::swap(left, next);
                 }
                 pass.sort_unstable();
+                pass.dedup();
             }
         }
         r.fire(

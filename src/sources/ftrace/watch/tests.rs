@@ -491,7 +491,7 @@ proptest::proptest! {
     fn a_walk_fires_the_events_each_filter_passes(
         leaves in proptest::collection::vec((0usize..8, proptest::num::u8::ANY), 1..5),
         joins in proptest::collection::vec(proptest::num::u8::ANY, 4),
-        events in proptest::collection::vec((0u8..4, -3i64..3, 0usize..3), 1..60),
+        events in proptest::collection::vec((0u8..4, -3i64..3, 0usize..6), 1..60),
         cpu in 0u32..3,
     ) {
         let filter = switch_filter(&leaves, &joins);
@@ -507,7 +507,9 @@ proptest::proptest! {
             let rec = record(&sw, &[
                 ("prev_state", &state.to_string()),
                 ("next_pid", &pid.to_string()),
-                ("prev_comm", ["myapp", "other", "mine"][comm]),
+                // Names with old bytes after their NUL, as a renamed
+                // task's may have, and one with no NUL at all.
+                ("prev_comm", ["myapp", "other", "mine", "my\0pp", "myapp\0xyz", "myappmyappmyappm"][comm]),
             ]);
             let ts = 1_000 + i as u64;
             if oracle.eval(&rec, cpu) {
