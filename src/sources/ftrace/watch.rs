@@ -338,53 +338,42 @@ impl Leaf {
             // The common widths read as themselves, with no shifts by the
             // field's place.
             Leaf::Int { at, test } => match (at.size, at.signed) {
-                (4, true) => {
-                    for k in idx {
-                        let v = field::<4>(evs, bytes, k, at.offset).map(i32::from_le_bytes);
-                        on(k, v.is_some_and(|v| test.test(i64::from(v) as u64)));
-                    }
-                }
-                (4, false) => {
-                    for k in idx {
-                        let v = field::<4>(evs, bytes, k, at.offset).map(u32::from_le_bytes);
-                        on(k, v.is_some_and(|v| test.test(u64::from(v))));
-                    }
-                }
-                (8, _) => {
-                    for k in idx {
-                        let v = field::<8>(evs, bytes, k, at.offset).map(u64::from_le_bytes);
-                        on(k, v.is_some_and(|v| test.test(v)));
-                    }
-                }
+                (4, true) => sift_field(evs, bytes, at.offset, idx, &mut on, |b| {
+                    test.test(i64::from(i32::from_le_bytes(b)) as u64)
+                }),
+                (4, false) => sift_field(evs, bytes, at.offset, idx, &mut on, |b| {
+                    test.test(u64::from(u32::from_le_bytes(b)))
+                }),
+                (8, _) => sift_field(evs, bytes, at.offset, idx, &mut on, |b| {
+                    test.test(u64::from_le_bytes(b))
+                }),
                 _ => {
                     for k in idx {
                         on(k, at.int(rec(k)).is_some_and(|v| test.test(v as u64)));
                     }
                 }
             },
+            // The name's bytes and the NUL after them (none after 16): one
+            // masked compare of the raw 16 bytes.
             Leaf::Comm {
                 at,
                 word,
                 len,
                 equal,
             } => {
-                // The name's bytes and the NUL after them (none after 16):
-                // one masked compare of the raw 16 bytes.
                 let mask = u128::MAX
                     .checked_shl(8 * (len as u32 + 1))
                     .map_or(u128::MAX, |m| !m);
-                for k in idx {
-                    let v = field::<16>(evs, bytes, k, at).map(u128::from_le_bytes);
-                    on(k, v.is_some_and(|v| (v & mask == word) == equal));
-                }
+                sift_field(evs, bytes, at, idx, &mut on, |b| {
+                    (u128::from_le_bytes(b) & mask == word) == equal
+                });
             }
             // The pattern holds no NUL, so its bytes equal to the raw
             // ones are the name's own.
             Leaf::CommPrefix { at, word, mask } => {
-                for k in idx {
-                    let v = field::<16>(evs, bytes, k, at).map(u128::from_le_bytes);
-                    on(k, v.is_some_and(|v| v & mask == word));
-                }
+                sift_field(evs, bytes, at, idx, &mut on, |b| {
+                    u128::from_le_bytes(b) & mask == word
+                });
             }
             Leaf::Cpu(test) => {
                 let hit = test.test(u64::from(cpu));
@@ -1174,10 +1163,24 @@ impl Seen {
     }
 }
 
-/// The `N` bytes at `offset` of event `k`'s record, if its record holds them.
+/// Tells `on`, for each event of `idx`, whether the `N` bytes at `offset`
+/// of its record pass `test` (no: the record is shorter): one loop for
+/// each width, the width's read in line.
 #[inline(always)]
-fn field<const N: usize>(evs: &[Seen], bytes: &[u8], k: u32, offset: usize) -> Option<[u8; N]> {
-    evs.get(k as usize)?.field(bytes, offset)
+fn sift_field<const N: usize>(
+    evs: &[Seen],
+    bytes: &[u8],
+    offset: usize,
+    idx: impl Iterator<Item = u32>,
+    on: &mut impl FnMut(u32, bool),
+    test: impl Fn([u8; N]) -> bool,
+) {
+    for k in idx {
+        let v = evs
+            .get(k as usize)
+            .and_then(|e| e.field::<N>(bytes, offset));
+        on(k, v.is_some_and(&test));
+    }
 }
 
 /// A span rule's event, kept for ordering.
