@@ -9,6 +9,7 @@ are interleaved: every round runs each tracer once, in a rotated order.
   cargo build --release && sudo python3 scripts/bench_ftrace_peer.py \\
       [--secs 8] [--rounds 3] [--zstd 1] [--modes mmap,read] [--dir /var/tmp]
       [--load switch:2] [--variants compact,plain] [--serve] [--serve-probes]
+      [--rules hot,cold]
 
   RECORDER_TRACEBOX   tracebox binary (default `tracebox` on PATH)
   RECORDER_BIN        recorder binary (default target/release/recorder)
@@ -28,6 +29,21 @@ source (CPU: serve and its broker, plus the client). `--serve-probes` adds
 one with `recorder serve --no-builtin-ftrace` and `traced_probes` reading
 ftrace as its producer.
 
+`--rules hot,cold` adds flight-recorder rows, per variant and mode: the
+config as a flight recorder (its ring kept to the end, no write_into_file,
+which triggers rule out; STOP_TRACING with five triggers, each stopping 10
+minutes after it fires, so a firing never ends a row; the four rarer events
+the `cold` rules watch recorded too), run by Perfetto, by the recorder with
+no rules, and by the recorder with each set of five trigger rules
+(`--trigger-rules`; the sets of scripts/bench_rules.py: `hot` watches every
+event of the load, `cold` is a flight recorder's usual five on rarer
+events). A ring keeps only its last 64 MiB (and writes nothing when no
+trigger fired), so these rows count the events the tracer read from the
+kernel while the load ran (the `read events` of its tracefs instance's
+per-CPU stats; `overrun` + `dropped events` for the loss), not those in the
+trace. The ratios add each rule row against the recorder with none and
+against Perfetto's flight recorder.
+
 Ends with the ratios recorder ÷ Perfetto (medians over the rounds): CPU per
 event, the load's throughput, bytes per event, and the kernel loss of each.
 The machine's load average is printed with them: the figures are only as
@@ -44,9 +60,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_ftrace as bf  # noqa: E402
+import bench_rules as br  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SW = ["sched/sched_switch", "sched/sched_wakeup"]
+# What the flight-recorder rows (--rules) record: SW and the events the
+# rules watch.
+FLIGHT_EVENTS = SW + br.RULE_EVENTS
+# The triggers the rule sets fire, none of which ends a row.
+FLIGHT_TRIGGERS = ("trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 3600000\n  "
+                 + " ".join(f'triggers {{ name: "{t}" stop_delay_ms: 600000 }}' for t in "abcde")
+                 + " }")
 
 CONFIG = """
 buffers {{ size_kb: 65536 fill_policy: RING_BUFFER }}
@@ -54,11 +78,12 @@ data_sources {{ config {{ name: "linux.ftrace" ftrace_config {{
   {events}
   compact_sched {{ enabled: {compact} }}
 }} }} }}
-write_into_file: true
-file_write_period_ms: 1000
-duration_ms: 3600000
+{end}
 {extra}
 """
+STREAM = """write_into_file: true
+file_write_period_ms: 1000
+duration_ms: 3600000"""
 
 
 def tracebox():
@@ -71,9 +96,11 @@ def tracebox():
     return found
 
 
-def config(events, compact, extra=""):
-    ev = "\n  ".join(f'ftrace_events: "{e}"' for e in events)
-    return CONFIG.format(events=ev, compact="true" if compact else "false", extra=extra)
+def config(compact, extra="", flight=False):
+    """The config every row runs; `flight`: as a flight recorder."""
+    ev = "\n  ".join(f'ftrace_events: "{e}"' for e in (FLIGHT_EVENTS if flight else SW))
+    return CONFIG.format(events=ev, compact="true" if compact else "false",
+                         end=FLIGHT_TRIGGERS if flight else STREAM, extra=extra)
 
 
 def cpu_of(pids):
@@ -122,10 +149,31 @@ def decode(path):
     return events, flagged, lost, len(data)
 
 
-def run_recorder(d, secs, compact, mode, zstd=None):
+def kernel_counts(inst):
+    """The events a tracefs instance's readers have read, and those it lost
+    (overrun + dropped), summed over its CPUs."""
+    read = lost = 0
+    for name in os.listdir(f"{inst}/per_cpu"):
+        stats = dict(line.split(": ", 1) for line in bf.read(f"{inst}/per_cpu/{name}/stats").splitlines()
+                     if ": " in line)
+        read += int(stats.get("read events", 0))
+        lost += int(stats.get("overrun", 0)) + int(stats.get("dropped events", 0))
+    return read, lost
+
+
+def measured(pids, inst, secs):
+    """Runs the load: its bogo ops/s, the tracers' CPU seconds in its window,
+    and the events read and lost from `inst` in that window."""
+    c0, k0 = cpu_of(pids), kernel_counts(inst)
+    ops = bf.load(secs)
+    window, k1 = cpu_of(pids) - c0, kernel_counts(inst)
+    return ops, window, k1[0] - k0[0], k1[1] - k0[1]
+
+
+def run_recorder(d, secs, compact, mode, zstd=None, rules=None, flight=False):
     cfg = os.path.join(d, "peer.cfg")
     with open(cfg, "w") as f:
-        f.write(config(SW, compact))
+        f.write(config(compact, flight=flight))
     out = os.path.join(d, "recorder.pftrace")
     # `read@4`: the mode with that sub-buffer size in KiB (4: the kernel's one page).
     mode, _, subbuf = mode.partition("@")
@@ -133,18 +181,25 @@ def run_recorder(d, secs, compact, mode, zstd=None):
     if subbuf:
         env["RECORDER_FTRACE_SUBBUF_KB"] = subbuf
     extra = [f"--compress={zstd}"] if zstd else []
+    if rules:
+        path = os.path.join(d, "peer.rules")
+        with open(path, "w") as f:
+            f.write(rules)
+        extra.append(f"--trigger-rules={path}")
     proc = subprocess.Popen([bf.BIN, "--config", cfg, "-o", out, *extra], stderr=subprocess.PIPE, text=True, env=env)
     inst = f"{bf.TRACEFS}/instances/recorder-{proc.pid}"
     bf.wait_for(lambda: bf.read(f"{inst}/tracing_on") == "1", "the recorder's instance")
-    c0 = cpu_of([proc.pid])
-    ops = bf.load(secs)
-    window = cpu_of([proc.pid]) - c0
+    ops, window, read, kernel_lost = measured([proc.pid], inst, secs)
     bf.stop_and_rusage(proc)
     err = proc.stderr.read()
     if proc.returncode != 0:
         raise SystemExit(f"recorder failed ({proc.returncode}): {err}")
     events, flagged, lost, size = decode(out)
     os.unlink(out)
+    if flight:
+        # The ring kept only its end (or nothing, no trigger having fired):
+        # the events read from the kernel in the load window instead.
+        events, lost = read, kernel_lost
     return dict(events=events, flagged=flagged, lost=lost, out=size, window=window, ops=ops)
 
 
@@ -174,7 +229,7 @@ def ftrace_started(service):
     return False
 
 
-def run_perfetto(d, secs, compact, zstd=None, service="traced"):
+def run_perfetto(d, secs, compact, zstd=None, service="traced", flight=False):
     run = tempfile.mkdtemp(dir=d, prefix="pf")
     # recorder serve drops root: its sockets' directory must be reachable.
     os.chmod(run, 0o755)
@@ -194,7 +249,7 @@ def run_perfetto(d, secs, compact, zstd=None, service="traced"):
         cfg = os.path.join(run, "peer.pbtxt")
         extra = f"compression {{ zstd {{ level: {zstd} }} }}" if zstd else ""
         with open(cfg, "w") as f:
-            f.write(config(SW, compact, extra))
+            f.write(config(compact, extra, flight))
         out = os.path.join(run, "perfetto.pftrace")
         client = subprocess.Popen([tb, "perfetto", "--txt", "-c", cfg, "-o", out], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -202,14 +257,15 @@ def run_perfetto(d, secs, compact, zstd=None, service="traced"):
         bf.wait_for(lambda: ftrace_started(service), f"{service} to start ftrace")
         time.sleep(0.5)
         pids = [p.pid for p in procs]
-        c0 = cpu_of(pids)
-        ops = bf.load(secs)
-        window = cpu_of(pids) - c0
+        # traced_probes records in the top-level instance.
+        ops, window, read, kernel_lost = measured(pids, bf.TRACEFS, secs)
         client.send_signal(signal.SIGINT)
         err = client.communicate(timeout=60)[1]
         if client.returncode != 0:
             raise SystemExit(f"perfetto client failed ({client.returncode}): {err}")
         events, flagged, lost, size = decode(out)
+        if flight:
+            events, lost = read, kernel_lost
     finally:
         for p in procs:
             if p.poll() is None:
@@ -252,7 +308,16 @@ def main():
     ap.add_argument("--serve-probes", action="store_true",
                     help="a row with `recorder serve --no-builtin-ftrace` in place of traced, "
                          "traced_probes reading ftrace")
+    ap.add_argument("--rules", default="",
+                    help="rule sets of scripts/bench_rules.py (hot, cold): a recorder row with each")
     args = ap.parse_args()
+    rule_sets = {}
+    if args.rules:
+        known = {"hot": br.five_rules(), "cold": br.COLD_RULES.strip() + "\n"}
+        for k in args.rules.split(","):
+            if k not in known:
+                raise SystemExit(f"--rules: no set {k!r} (hot, cold)")
+            rule_sets[k] = known[k]
     name, n = args.load.split(":")
     bf.LOAD = (name, int(n))
     variants = [v == "compact" for v in args.variants.split(",") if v]
@@ -268,7 +333,17 @@ def main():
             tag = "compact" if compact else "plain"
             for m in modes:
                 rows.append((f"recorder {m}, {tag}", lambda c=compact, m=m: run_recorder(d, args.secs, c, m)))
+                if rule_sets:
+                    rows.append((f"recorder {m}, {tag}, flight recorder",
+                                 lambda c=compact, m=m: run_recorder(d, args.secs, c, m, flight=True)))
+                for k, rules in rule_sets.items():
+                    rows.append((f"recorder {m}, {tag}, flight recorder, {k} rules",
+                                 lambda c=compact, m=m, r=rules: run_recorder(d, args.secs, c, m, rules=r,
+                                                                              flight=True)))
             rows.append((f"perfetto, {tag}", lambda c=compact: run_perfetto(d, args.secs, c)))
+            if rule_sets:
+                rows.append((f"perfetto, {tag}, flight recorder",
+                             lambda c=compact: run_perfetto(d, args.secs, c, flight=True)))
             if args.serve:
                 rows.append((f"perfetto → recorder serve, {tag}",
                              lambda c=compact: run_perfetto(d, args.secs, c, service="serve")))
@@ -312,6 +387,10 @@ def main():
     for tag in tags:
         for m in modes:
             pairs.append((f"recorder {m}, {tag}", f"perfetto, {tag}"))
+            if rule_sets:
+                pairs.append((f"recorder {m}, {tag}, flight recorder", f"perfetto, {tag}, flight recorder"))
+            for k in rule_sets:
+                pairs.append((f"recorder {m}, {tag}, flight recorder, {k} rules", f"perfetto, {tag}, flight recorder"))
         if args.serve:
             pairs.append((f"perfetto → recorder serve, {tag}", f"perfetto, {tag}"))
         if args.serve_probes:
@@ -324,9 +403,27 @@ def main():
         # makes few events) has no ratio.
         cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb) if per_event(y) > 0] or [float("nan")])
         ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb) if y["ops"] > 0] or [float("nan")])
-        byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1)) for x, y in zip(ra, rb)])
+        # A flight recorder's rows write nothing when no trigger fired.
+        byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1))
+                      for x, y in zip(ra, rb) if y["out"] > 0] or [float("nan")])
         loss = lambda rs: sum(r["lost"] or 0 for r in rs)
         print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× | {loss(ra):,} against {loss(rb):,} |")
+    if rule_sets:
+        print("\n| rules ÷ none, the recorder (medians of per-round ratios) | CPU/event | load throughput "
+              "| kernel loss, summed over the rounds |")
+        print("|---|---|---|---|")
+        for tag in tags:
+            for m in modes:
+                base = results[f"recorder {m}, {tag}, flight recorder"]
+                for k in rule_sets:
+                    name = f"recorder {m}, {tag}, flight recorder, {k} rules"
+                    rs = results[name]
+                    cpu = median([per_event(x) / per_event(y) for x, y in zip(rs, base) if per_event(y) > 0]
+                                 or [float("nan")])
+                    ops = median([x["ops"] / y["ops"] for x, y in zip(rs, base) if y["ops"] > 0] or [float("nan")])
+                    loss = lambda rows: sum(r["lost"] or 0 for r in rows)
+                    print(f"| {k} rules ÷ none, recorder {m}, {tag} | {cpu:.2f}× | {ops:.2f}× | "
+                          f"{loss(rs):,} against {loss(base):,} |")
     if len(modes) > 1:
         for tag in tags:
             a, b = results[f"recorder {modes[0]}, {tag}"], results[f"recorder {modes[1]}, {tag}"]

@@ -69,15 +69,13 @@ d: event task/task_newtask if comm == "myapp"
 e: loss
 """
 
+# The events COLD_RULES watch.
+RULE_EVENTS = ["signal/signal_deliver", "ftrace/print", "sched/sched_process_exit", "task/task_newtask"]
+
 CPU_CONFIG = """
 buffers { size_kb: 65536 fill_policy: RING_BUFFER }
 data_sources { config { name: "linux.ftrace" ftrace_config {
-  ftrace_events: "sched/sched_switch"
-  ftrace_events: "sched/sched_wakeup"
-  ftrace_events: "signal/signal_deliver"
-  ftrace_events: "ftrace/print"
-  ftrace_events: "sched/sched_process_exit"
-  ftrace_events: "task/task_newtask"
+""" + "".join(f'  ftrace_events: "{e}"\n' for e in ["sched/sched_switch", "sched/sched_wakeup", *RULE_EVENTS]) + """\
   compact_sched { enabled: true }
 } } }
 trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 3600000
