@@ -1,5 +1,7 @@
+use super::filter::IntTest;
 use super::*;
-use crate::config::rule::parse_text;
+use crate::config::rule::{FilterOp, parse_text};
+use crate::sources::ftrace::format::FieldKind;
 use crate::sources::rules::Tally;
 
 fn format(group: &str, name: &str) -> EventFormat {
@@ -535,7 +537,7 @@ fn a_wait_longer_than_the_packed_times_still_fires() {
     w.on_event(wk_id, 0, 5, &record(&wk, &[("pid", "9")]));
     w.on_event(sw_id, 1, 6, &record(&sw, &[("next_pid", "0")]));
     w.on_event(sw_id, 1, 2 * hour, &record(&sw, &[("next_pid", "9")]));
-    let held = |w: &Watch| w.sched.iter().map(|r| r.held.len).sum::<usize>();
+    let held = |w: &Watch| w.sched.iter().map(|r| r.held()).sum::<usize>();
     // The wakeup was paired when the switch did not fit beside it.
     assert_eq!(held(&w), 1);
     w.settle(u64::MAX);
