@@ -21,6 +21,17 @@ pub(super) enum Node {
     /// Any one (an `||` chain).
     Any(Vec<Node>),
     Not(Box<Node>),
+    Compare(Comparison),
+    Text {
+        at: TextAt,
+        m: Match,
+    },
+}
+
+/// A comparison of fixed size: what a flattened filter's [`Leaf`] holds in
+/// line, as a tree's [`Node`] does.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Comparison {
     Int {
         at: IntAt,
         test: IntTest,
@@ -40,10 +51,25 @@ pub(super) enum Node {
         word: u128,
         mask: u128,
     },
-    Text {
-        at: TextAt,
-        m: Match,
-    },
+}
+
+impl Comparison {
+    #[inline(always)]
+    fn test(self, rec: &[u8], cpu: u32) -> bool {
+        match self {
+            Comparison::Int { at, test } => at.int(rec).is_some_and(|v| test.test(v as u64)),
+            Comparison::Comm {
+                at,
+                word,
+                len,
+                equal,
+            } => comm16(rec, at).is_some_and(|(w, n)| (w == word && n == len) == equal),
+            Comparison::CommPrefix { at, word, mask } => {
+                comm16(rec, at).is_some_and(|(w, _)| w & mask == word)
+            }
+            Comparison::Cpu(test) => test.test(u64::from(cpu)),
+        }
+    }
 }
 
 /// Every integer comparison as one test without branches on the operator:
@@ -179,17 +205,7 @@ impl Node {
     #[inline(always)]
     fn test(&self, rec: &[u8], cpu: u32) -> bool {
         match self {
-            Node::Int { at, test } => at.int(rec).is_some_and(|v| test.test(v as u64)),
-            Node::Comm {
-                at,
-                word,
-                len,
-                equal,
-            } => comm16(rec, *at).is_some_and(|(w, n)| (w == *word && n == *len) == *equal),
-            Node::CommPrefix { at, word, mask } => {
-                comm16(rec, *at).is_some_and(|(w, _)| w & *mask == *word)
-            }
-            Node::Cpu(test) => test.test(u64::from(cpu)),
+            Node::Compare(c) => c.test(rec, cpu),
             Node::Text { at, m } => at.read(rec).is_some_and(|s| m.test(s)),
             _ => self.eval(rec, cpu),
         }
@@ -224,22 +240,7 @@ impl Node {
 /// few adjacent words, not a chain of pointers.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Leaf {
-    Int {
-        at: IntAt,
-        test: IntTest,
-    },
-    Comm {
-        at: usize,
-        word: u128,
-        len: usize,
-        equal: bool,
-    },
-    CommPrefix {
-        at: usize,
-        word: u128,
-        mask: u128,
-    },
-    Cpu(IntTest),
+    Compare(Comparison),
     /// Text or a nested expression: the tree of this index.
     Tree(usize),
 }
@@ -247,20 +248,7 @@ pub(super) enum Leaf {
 impl Leaf {
     fn of(n: Node, trees: &mut Vec<Node>) -> Leaf {
         match n {
-            Node::Int { at, test } => Leaf::Int { at, test },
-            Node::Comm {
-                at,
-                word,
-                len,
-                equal,
-            } => Leaf::Comm {
-                at,
-                word,
-                len,
-                equal,
-            },
-            Node::CommPrefix { at, word, mask } => Leaf::CommPrefix { at, word, mask },
-            Node::Cpu(t) => Leaf::Cpu(t),
+            Node::Compare(c) => Leaf::Compare(c),
             n => {
                 trees.push(n);
                 Leaf::Tree(trees.len() - 1)
@@ -287,7 +275,7 @@ impl Leaf {
         match *self {
             // The common widths read as themselves, with no shifts by the
             // field's place.
-            Leaf::Int { at, test } => match (at.size, at.signed) {
+            Leaf::Compare(Comparison::Int { at, test }) => match (at.size, at.signed) {
                 (4, true) => sift_field(evs, bytes, at.offset, idx, &mut on, |b| {
                     test.test(i64::from(i32::from_le_bytes(b)) as u64)
                 }),
@@ -305,12 +293,12 @@ impl Leaf {
             },
             // The name's bytes and the NUL after them (none after 16): one
             // masked compare of the raw 16 bytes.
-            Leaf::Comm {
+            Leaf::Compare(Comparison::Comm {
                 at,
                 word,
                 len,
                 equal,
-            } => {
+            }) => {
                 let mask = u128::MAX
                     .checked_shl(8 * (len as u32 + 1))
                     .map_or(u128::MAX, |m| !m);
@@ -320,12 +308,12 @@ impl Leaf {
             }
             // The pattern holds no NUL, so its bytes equal to the raw
             // ones are the name's own.
-            Leaf::CommPrefix { at, word, mask } => {
+            Leaf::Compare(Comparison::CommPrefix { at, word, mask }) => {
                 sift_field(evs, bytes, at, idx, &mut on, |b| {
                     u128::from_le_bytes(b) & mask == word
                 });
             }
-            Leaf::Cpu(test) => {
+            Leaf::Compare(Comparison::Cpu(test)) => {
                 let hit = test.test(u64::from(cpu));
                 for k in idx {
                     on(k, hit);
@@ -408,7 +396,11 @@ fn node(rule: &Rule, e: &FilterExpr, format: &EventFormat) -> Result<Node, RuleE
             let Some(f) = format.field(&c.field) else {
                 if CPU_FIELDS.contains(&c.field.as_str()) {
                     check_op(rule, c.op, c.op_span, &c.field, false)?;
-                    return Ok(Node::Cpu(IntTest::new(c.op, number(true)?, true)));
+                    return Ok(Node::Compare(Comparison::Cpu(IntTest::new(
+                        c.op,
+                        number(true)?,
+                        true,
+                    ))));
                 }
                 let mut names: Vec<&str> = format
                     .fields
@@ -437,10 +429,10 @@ fn node(rule: &Rule, e: &FilterExpr, format: &EventFormat) -> Result<Node, RuleE
                     let at = IntAt::of(f).ok_or_else(|| {
                         rule.error(c.field_span, format!("{} cannot be read", c.field), None)
                     })?;
-                    Node::Int {
+                    Node::Compare(Comparison::Int {
                         at,
                         test: IntTest::new(c.op, number(f.signed)?, f.signed),
-                    }
+                    })
                 }
                 FieldKind::CharArray | FieldKind::DataLoc | FieldKind::TailString => {
                     check_op(rule, c.op, c.op_span, &c.field, true)?;
@@ -458,12 +450,12 @@ fn node(rule: &Rule, e: &FilterExpr, format: &EventFormat) -> Result<Node, RuleE
                         {
                             let mut b = [0u8; 16];
                             b[..pattern.len()].copy_from_slice(pattern);
-                            Node::Comm {
+                            Node::Compare(Comparison::Comm {
                                 at: off,
                                 word: u128::from_le_bytes(b),
                                 len: pattern.len(),
                                 equal: c.op == FilterOp::Eq,
-                            }
+                            })
                         }
                         TextAt::Comm16(off) => match Match::of(c.op, pattern) {
                             // A prefix of a comm: the word's first bytes.
@@ -472,11 +464,11 @@ fn node(rule: &Rule, e: &FilterExpr, format: &EventFormat) -> Result<Node, RuleE
                                 b[..p.len()].copy_from_slice(&p);
                                 let mut m = [0u8; 16];
                                 m[..p.len()].fill(0xff);
-                                Node::CommPrefix {
+                                Node::Compare(Comparison::CommPrefix {
                                     at: off,
                                     word: u128::from_le_bytes(b),
                                     mask: u128::from_le_bytes(m),
-                                }
+                                })
                             }
                             m => Node::Text { at, m },
                         },
