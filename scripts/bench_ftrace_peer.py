@@ -397,16 +397,21 @@ def main():
             pairs.append((f"perfetto → recorder serve + traced_probes, {tag}", f"perfetto, {tag}"))
     if args.zstd:
         pairs.append((f"recorder {zmode}, compact, zstd {args.zstd}", f"perfetto, compact, zstd {args.zstd}"))
+    def ratio(ra, rb, of):
+        """The median over the rounds of `of(row a) / of(row b)`; a round
+        whose `of(row b)` is 0 has none (too short for the clock-tick CPU
+        counts: `--load fork:2` makes few events; a flight recorder's row
+        writes nothing when no trigger fired)."""
+        return median([of(x) / of(y) for x, y in zip(ra, rb) if of(y) > 0] or [float("nan")])
+
+    def loss(rs):
+        return sum(r["lost"] or 0 for r in rs)
+
     for a, b in pairs:
         ra, rb = results[a], results[b]
-        # A round too short for the clock-tick CPU counts (0 s: `--load fork:2`
-        # makes few events) has no ratio.
-        cpu = median([per_event(x) / per_event(y) for x, y in zip(ra, rb) if per_event(y) > 0] or [float("nan")])
-        ops = median([x["ops"] / y["ops"] for x, y in zip(ra, rb) if y["ops"] > 0] or [float("nan")])
-        # A flight recorder's rows write nothing when no trigger fired.
-        byt = median([(x["out"] / max(x["events"], 1)) / (y["out"] / max(y["events"], 1))
-                      for x, y in zip(ra, rb) if y["out"] > 0] or [float("nan")])
-        loss = lambda rs: sum(r["lost"] or 0 for r in rs)
+        cpu = ratio(ra, rb, per_event)
+        ops = ratio(ra, rb, lambda r: r["ops"])
+        byt = ratio(ra, rb, lambda r: r["out"] / max(r["events"], 1))
         print(f"| {a} ÷ {b} | {cpu:.2f}× | {ops:.2f}× | {byt:.2f}× | {loss(ra):,} against {loss(rb):,} |")
     if rule_sets:
         print("\n| rules ÷ none, the recorder (medians of per-round ratios) | CPU/event | load throughput "
@@ -418,16 +423,14 @@ def main():
                 for k in rule_sets:
                     name = f"recorder {m}, {tag}, flight recorder, {k} rules"
                     rs = results[name]
-                    cpu = median([per_event(x) / per_event(y) for x, y in zip(rs, base) if per_event(y) > 0]
-                                 or [float("nan")])
-                    ops = median([x["ops"] / y["ops"] for x, y in zip(rs, base) if y["ops"] > 0] or [float("nan")])
-                    loss = lambda rows: sum(r["lost"] or 0 for r in rows)
+                    cpu = ratio(rs, base, per_event)
+                    ops = ratio(rs, base, lambda r: r["ops"])
                     print(f"| {k} rules ÷ none, recorder {m}, {tag} | {cpu:.2f}× | {ops:.2f}× | "
                           f"{loss(rs):,} against {loss(base):,} |")
     if len(modes) > 1:
         for tag in tags:
             a, b = results[f"recorder {modes[0]}, {tag}"], results[f"recorder {modes[1]}, {tag}"]
-            cpu = median([per_event(x) / per_event(y) for x, y in zip(a, b) if per_event(y) > 0] or [float("nan")])
+            cpu = ratio(a, b, per_event)
             print(f"\nrecorder {modes[0]} ÷ {modes[1]}, {tag}: CPU/event {cpu:.2f}×")
 
 
